@@ -1,0 +1,1 @@
+"""difflite compiler: diffusers pipeline -> ONNX -> fused passes -> .tflite output folder."""

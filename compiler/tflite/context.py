@@ -1,0 +1,215 @@
+"""The lowering context: what a lowering function sees of the graph being written.
+
+It maps each ONNX value to a TFLite tensor plus the layout (`perm`) it is stored in, hands out
+inputs in the layout an op needs (emitting TRANSPOSE or RESHAPE only when needed), and turns
+compile-time constants into TFLite constant tensors (float16 + DEQUANTIZE at --precision fp16)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from compiler.errors import UnsupportedOp
+from compiler.tflite import layout
+from compiler.tflite.builder import ModelBuilder
+
+ONNX_TO_NUMPY = {
+    ir.DataType.FLOAT: np.float32,
+    ir.DataType.FLOAT16: np.float16,
+    ir.DataType.DOUBLE: np.float32,  # TFLite has no float64 activations
+    ir.DataType.INT64: np.int32,     # TFLite (and mobile GPUs) index with int32
+    ir.DataType.INT32: np.int32,
+    ir.DataType.BOOL: np.bool_,
+    ir.DataType.UINT8: np.uint8,
+    ir.DataType.INT8: np.int8,
+}
+FP16_MIN_ELEMENTS = 64  # smaller constants stay float32: no size to win, and exact biases
+
+
+@dataclass
+class Stored:
+    index: int
+    perm: tuple[int, ...]
+
+
+@dataclass
+class LoweringContext:
+    builder: ModelBuilder
+    precision: str = "fp32"
+    fuse: frozenset = frozenset()
+    values: dict[str, Stored] = field(default_factory=dict)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    _in_layout: dict[tuple, int] = field(default_factory=dict)
+    _const_tensors: dict[tuple, int] = field(default_factory=dict)
+    node: ir.Node | None = None  # the node being lowered, for error messages and names
+    _names: dict[str, int] = field(default_factory=dict)
+
+    # -- facts about ONNX values ---------------------------------------------------------
+    def shape(self, value: ir.Value) -> tuple[int, ...]:
+        if value.name in self.shapes:
+            return self.shapes[value.name]
+        const = self.const(value)
+        if const is not None:
+            return tuple(const.shape)
+        if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+            raise self.unsupported(f"value '{value.name}' has no static shape ({value.shape})")
+        return tuple(int(d) for d in value.shape)
+
+    def rank(self, value: ir.Value) -> int:
+        return len(self.shape(value))
+
+    def dtype(self, value: ir.Value) -> np.dtype:
+        const = self.const(value)
+        if const is not None:
+            return self._tflite_dtype(const.dtype)
+        if value.name in self.values:
+            return self.builder.dtype_of(self.values[value.name].index)
+        if value.dtype not in ONNX_TO_NUMPY:
+            raise self.unsupported(f"value '{value.name}' has unsupported type {value.dtype}")
+        return np.dtype(ONNX_TO_NUMPY[value.dtype])
+
+    @staticmethod
+    def _tflite_dtype(dtype) -> np.dtype:
+        dtype = np.dtype(dtype)
+        if dtype == np.int64:
+            return np.dtype(np.int32)
+        if dtype == np.float64:
+            return np.dtype(np.float32)
+        return dtype
+
+    def const(self, value: ir.Value | None) -> np.ndarray | None:
+        if value is None:
+            return None
+        if value.name in self.constants:
+            return self.constants[value.name]
+        if value.const_value is not None:
+            array = value.const_value.numpy()
+            self.constants[value.name] = array
+            return array
+        return None
+
+    def is_const(self, value: ir.Value | None) -> bool:
+        return self.const(value) is not None
+
+    def perm(self, value: ir.Value) -> tuple[int, ...]:
+        if self.is_const(value):
+            return layout.identity(self.rank(value))
+        return self.values[value.name].perm
+
+    def unsupported(self, detail: str) -> UnsupportedOp:
+        node = self.node
+        return UnsupportedOp(node.op_type if node else "?", node.name if node else "?", detail)
+
+    # -- TFLite tensors ----------------------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        count = self._names.get(base, 0)
+        self._names[base] = count + 1
+        return base if count == 0 else f"{base}:{count}"
+
+    def temp(self, suffix: str, shape, dtype=np.float32) -> int:
+        base = self.node.outputs[0].name if self.node is not None else "tmp"
+        return self.builder.tensor(self.unique_name(f"{base}/{suffix}"), shape, dtype)
+
+    def output(self, value: ir.Value, perm, dtype=None) -> int:
+        """Create the TFLite tensor for ONNX output `value`, stored in layout `perm`."""
+        perm = tuple(perm)
+        shape = layout.apply(self.shape(value), perm)
+        index = self.builder.tensor(self.unique_name(value.name), shape, dtype or self.dtype(value))
+        self.define(value, index, perm)
+        return index
+
+    def define(self, value: ir.Value, index: int, perm) -> None:
+        self.values[value.name] = Stored(index, tuple(perm))
+        self.shapes.setdefault(value.name, self.shape_from_tensor(index, perm))
+
+    def shape_from_tensor(self, index: int, perm) -> tuple[int, ...]:
+        stored = self.builder.shape_of(index)
+        inv = layout.inverse(perm)
+        return tuple(stored[i] for i in inv)
+
+    # -- inputs in a wanted layout -------------------------------------------------------
+    def input(self, value: ir.Value, perm=None, rank: int | None = None) -> int:
+        """The TFLite tensor of `value` stored in layout `perm` (default: as it is stored).
+        With `rank`, a lower-rank value is first padded with leading unit axes (broadcasting)."""
+        if self.is_const(value):
+            array = self.const(value)
+            if rank is not None and array.ndim < rank:
+                array = array.reshape((1,) * (rank - array.ndim) + array.shape)
+            perm = tuple(perm) if perm is not None else layout.identity(array.ndim)
+            return self.constant(np.transpose(array, perm) if array.ndim else array, value.name, perm)
+        stored = self.values[value.name]
+        own_rank = len(stored.perm)
+        if perm is None:
+            perm = stored.perm
+        perm = tuple(perm)
+        if rank is not None and own_rank < rank:
+            flat = self.input(value, layout.identity(own_rank))
+            padded_shape = (1,) * (rank - own_rank) + self.shape(value)
+            padded = self._reshape_cached(value.name, flat, padded_shape)
+            return self._transpose_cached(value.name + "/bcast", padded, layout.identity(rank), perm,
+                                          padded_shape)
+        return self._transpose_cached(value.name, stored.index, stored.perm, perm, self.shape(value))
+
+    def _transpose_cached(self, key: str, index: int, current, wanted, onnx_shape) -> int:
+        if tuple(current) == tuple(wanted):
+            return index
+        cache_key = (key, tuple(wanted))
+        if cache_key not in self._in_layout:
+            out_shape = layout.apply(onnx_shape, wanted)
+            out = self.builder.tensor(self.unique_name(f"{key}/{''.join(map(str, wanted))}"),
+                                      out_shape, self.builder.dtype_of(index))
+            stored_shape = layout.apply(onnx_shape, current)
+            rel = layout.relative(current, wanted)
+            if layout.transpose_is_reshape(stored_shape, rel):
+                self.reshape_op(index, out, out_shape)
+            else:
+                self.builder.op("TRANSPOSE", [index, self.int_constant(rel)], [out])
+            self._in_layout[cache_key] = out
+        return self._in_layout[cache_key]
+
+    def _reshape_cached(self, key: str, index: int, shape) -> int:
+        cache_key = (key, "reshape", tuple(shape))
+        if cache_key not in self._in_layout:
+            out = self.builder.tensor(self.unique_name(f"{key}/r"), shape, self.builder.dtype_of(index))
+            self.reshape_op(index, out, shape)
+            self._in_layout[cache_key] = out
+        return self._in_layout[cache_key]
+
+    def reshape_op(self, src: int, dst: int, shape) -> None:
+        self.builder.op("RESHAPE", [src, self.int_constant(shape)], [dst], newShape=[int(d) for d in shape])
+
+    # -- constants -------------------------------------------------------------------------
+    def int_constant(self, values) -> int:
+        array = np.asarray(values, dtype=np.int32)
+        key = ("int", array.shape, array.tobytes())
+        if key not in self._const_tensors:
+            self._const_tensors[key] = self.builder.constant(self.unique_name("const/int"), array)
+        return self._const_tensors[key]
+
+    def float_constant(self, values, name: str = "const/float") -> int:
+        return self.constant(np.asarray(values, dtype=np.float32), name, None)
+
+    def constant(self, array: np.ndarray, name: str, perm=None) -> int:
+        """A constant tensor; float weights become float16 + DEQUANTIZE at precision fp16."""
+        array = np.asarray(array)
+        if array.dtype == np.int64:
+            if array.size and (array.max() > np.iinfo(np.int32).max or array.min() < np.iinfo(np.int32).min):
+                raise self.unsupported(f"constant '{name}' does not fit int32")
+            array = array.astype(np.int32)
+        elif array.dtype == np.float64:
+            array = array.astype(np.float32)
+        key = (name, tuple(perm) if perm is not None else None, array.shape, array.dtype.str)
+        if key in self._const_tensors:
+            return self._const_tensors[key]
+        tensor_name = self.unique_name(name)
+        if self.precision == "fp16" and array.dtype == np.float32 and array.size >= FP16_MIN_ELEMENTS:
+            half = self.builder.constant(tensor_name + "/fp16", array.astype(np.float16))
+            index = self.builder.tensor(tensor_name, array.shape, np.float32)
+            self.builder.op("DEQUANTIZE", [half], [index])
+        else:
+            index = self.builder.constant(tensor_name, array)
+        self._const_tensors[key] = index
+        return index

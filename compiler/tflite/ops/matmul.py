@@ -1,0 +1,78 @@
+"""MatMul and Gemm: FULLY_CONNECTED for constant right operands, BATCH_MATMUL otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.tflite import layout
+from compiler.tflite.ops import attr, lowers
+
+
+def last_axis_last(perm) -> tuple[int, ...]:
+    """`perm` if the last ONNX axis is stored last (FULLY_CONNECTED contracts the stored last
+    axis and keeps the others in place), else the identity."""
+    rank = len(perm)
+    return tuple(perm) if perm[-1] == rank - 1 else layout.identity(rank)
+
+
+def fully_connected(ctx, x, weights_nk: np.ndarray, bias: np.ndarray | None, out_value, name: str):
+    perm = last_axis_last(ctx.perm(x))
+    xi = ctx.input(x, perm)
+    inputs = [xi, ctx.constant(weights_nk.astype(np.float32), name)]
+    if bias is not None:
+        inputs.append(ctx.constant(np.asarray(bias, np.float32).reshape(-1), name + "/bias"))
+    else:
+        inputs.append(-1)
+    out = ctx.output(out_value, perm)
+    ctx.builder.op("FULLY_CONNECTED", inputs, [out], keepNumDims=True)
+
+
+def matmul_operand(ctx, value, rank: int) -> tuple[int, bool]:
+    """An operand for BATCH_MATMUL: stored as ONNX orders it, or with its last two axes swapped
+    (then the adjoint flag is set instead of transposing)."""
+    if ctx.is_const(value):
+        return ctx.input(value, layout.identity(rank), rank), False
+    perm = ctx.perm(value)
+    own = len(perm)
+    swapped = (*range(own - 2), own - 1, own - 2)
+    if own == rank and tuple(perm) == swapped and own >= 2:
+        return ctx.input(value), True
+    return ctx.input(value, layout.identity(rank), rank), False
+
+
+@lowers("MatMul")
+def lower_matmul(ctx, node):
+    a, b = node.inputs
+    out_value = node.outputs[0]
+    weights = ctx.const(b)
+    if weights is not None and weights.ndim == 2 and ctx.rank(a) >= 2:
+        fully_connected(ctx, a, weights.T, None, out_value, f"{b.name}/nk")
+        return
+    rank = ctx.rank(out_value)
+    if ctx.rank(a) < 2 or ctx.rank(b) < 2:
+        raise ctx.unsupported("MatMul with a 1-D operand")
+    ai, adj_x = matmul_operand(ctx, a, rank)
+    bi, adj_y = matmul_operand(ctx, b, rank)
+    out = ctx.output(out_value, layout.identity(rank))
+    ctx.builder.op("BATCH_MATMUL", [ai, bi], [out], adjX=adj_x, adjY=adj_y)
+
+
+@lowers("Gemm")
+def lower_gemm(ctx, node):
+    a, b = node.inputs[0], node.inputs[1]
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    weights = ctx.const(b)
+    bias = ctx.const(c) if c is not None else None
+    if weights is None or (c is not None and bias is None):
+        raise ctx.unsupported("Gemm needs constant B and C")
+    if attr(node, "transA", 0):
+        raise ctx.unsupported("Gemm with transA=1")
+    alpha, beta = attr(node, "alpha", 1.0), attr(node, "beta", 1.0)
+    weights_nk = weights if attr(node, "transB", 0) else weights.T
+    n = weights_nk.shape[0]
+    if bias is not None:
+        bias = np.broadcast_to(np.asarray(bias, np.float32) * beta, (n,)) if bias.size in (1, n) else None
+        if bias is None:
+            raise ctx.unsupported("Gemm bias must be a vector over the output features")
+    fully_connected(ctx, a, weights_nk * alpha if alpha != 1.0 else weights_nk, bias,
+                    node.outputs[0], f"{b.name}/nk")
