@@ -1,0 +1,189 @@
+"""The difflite command line (DESIGN §4). Exit codes: 0 ok, 1 a verification or benchmark target
+failed, 2 bad input (one line naming the file, the layer or the op)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from compiler.errors import BadInput, VerificationFailed
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def fail_bad_input(message: str) -> None:
+    click.echo(f"difflite: error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+class Group(click.Group):
+    """Turns BadInput into exit 2 and VerificationFailed into exit 1, without a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BadInput as exc:
+            fail_bad_input(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        except VerificationFailed as exc:
+            click.echo(f"difflite: {exc}", err=True)
+            sys.exit(EXIT_FAILED)
+        except KeyboardInterrupt:
+            click.echo("difflite: interrupted", err=True)
+            sys.exit(130)
+
+
+def print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def console():
+    from rich.console import Console
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def table(title: str, columns: list[str], rows: list[list]):
+    from rich.table import Table
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    return t
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option("0.1.0", prog_name="difflite")
+def main():
+    """difflite: compile a diffusers Stable Diffusion pipeline into TFLite models with fused,
+    GPU-aware custom ops, and verify, inspect and benchmark the result."""
+
+
+def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
+    from compiler.custom_ops import FUSE_KINDS
+    if no_fuse:
+        if fuse:
+            raise BadInput("--fuse and --no-fuse exclude each other")
+        return ()
+    if fuse is None:
+        return ()
+    kinds = tuple(k.strip() for k in fuse.split(",") if k.strip())
+    bad = [k for k in kinds if k not in FUSE_KINDS]
+    if bad:
+        raise BadInput(f"--fuse: unknown kind(s) {', '.join(bad)} (choose from {', '.join(FUSE_KINDS)})")
+    return kinds
+
+
+@main.command()
+@click.argument("model")
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
+              help="Output folder (created; existing difflite files in it are replaced).")
+@click.option("--config", type=click.Path(), default=None,
+              help="Diffusers folder with the configs, for a single .safetensors/.ckpt MODEL.")
+@click.option("--components", default="text_encoder,unet,vae_decoder", show_default=True,
+              help="Comma-separated: text_encoder, unet, vae_decoder, vae_encoder.")
+@click.option("--height", default=512, show_default=True, type=int, help="Image height in pixels.")
+@click.option("--width", default=512, show_default=True, type=int, help="Image width in pixels.")
+@click.option("--batch", default=1, show_default=True, type=int,
+              help="UNet batch (2 = classifier-free guidance in one call).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="Weight storage: fp16 stores float16 weights + DEQUANTIZE.")
+@click.option("--fuse", default=None, help="Comma-separated fusions to apply.")
+@click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only.")
+@click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def convert(model, out, config, components, height, width, batch, precision, fuse, no_fuse,
+            keep_onnx, seed, as_json):
+    """Convert MODEL into .tflite files in OUT.
+
+    MODEL is a local diffusers folder, a .safetensors/.ckpt file (with --config FOLDER), or
+    preset:NAME (preset:tiny, preset:sd15, preset:sd21: real architectures, seeded random weights).
+    """
+    from compiler.convert import ConvertOptions, convert as run_convert
+
+    options = ConvertOptions(
+        components=tuple(c.strip() for c in components.split(",") if c.strip()),
+        height=height, width=width, batch=batch, precision=precision,
+        fuse=parse_fuse(fuse, no_fuse), keep_onnx=keep_onnx, seed=seed)
+    quiet = as_json
+
+    def log(message):
+        if not quiet:
+            click.echo(f"[difflite] {message}", err=True)
+
+    report = run_convert(model, out, options, config=config, log=log)
+    if as_json:
+        print_json(report)
+        return
+    rows = []
+    for name, r in report["components"].items():
+        stages = r["stages"]
+        rows.append([name, r["ops"], ", ".join(f"{k}:{v}" for k, v in r["op_histogram"].items() if k.startswith("difflite.")) or "-",
+                     f"{r['weights_mb']:.1f}", f"{r['intermediate_mb']:.1f}",
+                     f"{stages['export']['seconds']:.1f}+{stages['write']['seconds']:.1f}"])
+    console().print(table(f"difflite convert {model} -> {out}",
+                          ["component", "ops", "custom ops", "weights MB", "intermediates MB", "export+write s"], rows))
+    click.echo(f"total {report['total_seconds']:.1f} s, peak RSS {report['peak_rss_mb']:.0f} MB")
+
+
+@main.command()
+@click.argument("target", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def inspect(target, as_json):
+    """Show ops, custom ops, signatures, weights and planned memory of OUT or FILE.tflite."""
+    from compiler.inspect import inspect_target
+
+    info = inspect_target(target)
+    if as_json:
+        print_json(info)
+        return
+    out = console()
+    for name, c in info["models"].items():
+        out.print(f"[bold]{name}[/bold]  {c['file']}  {c['file_mb']:.2f} MB, weights {c['weights_mb']:.2f} MB, "
+                  f"planned intermediates {c['intermediate_mb']:.2f} MB, {c['ops']} ops")
+        for sig, io in c["signatures"].items():
+            for kind in ("inputs", "outputs"):
+                for t in io[kind]:
+                    out.print(f"  {kind[:-1]:6} {t['name']:24} {t['dtype']:8} {t['shape']}")
+        out.print("  ops: " + ", ".join(f"{k} x{v}" for k, v in c["op_histogram"].items()))
+        for op in c["custom_ops"]:
+            out.print(f"  custom {op['name']} {op['options']}")
+
+
+@main.command()
+@click.argument("out", type=click.Path())
+@click.option("--model", default=None, help="Verify against this source instead of the one in the manifest.")
+@click.option("--config", default=None, help="Config folder for a single-file --model.")
+@click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True)
+@click.option("--seeds", default="0,1", show_default=True, help="Comma-separated input seeds.")
+@click.option("--components", default=None, help="Comma-separated subset of the components.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def verify(out, model, config, backend, seeds, components, as_json):
+    """Run each component in OUT against PyTorch; exit 1 if any error is over tolerance."""
+    from compiler.verify import as_rows, verify as run_verify
+
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {seeds!r} is not a comma-separated list of integers") from exc
+    checks = run_verify(out, model=model, config=config, backend=backend, seeds=seed_list,
+                        components=components.split(",") if components else None)
+    if as_json:
+        print_json({"passed": all(c.passed for c in checks), "checks": as_rows(checks)})
+    else:
+        console().print(table(f"difflite verify {out} (backend {backend})",
+                              ["component", "output", "seed", "max |err|", "max |ref|", "rel err", "PSNR dB", "ok"],
+                              [[c.component, c.output, c.seed, f"{c.max_abs_error:.3g}", f"{c.max_abs_reference:.3g}",
+                                f"{c.relative_error:.3g}", f"{c.psnr_db:.1f}", "yes" if c.passed else "NO"]
+                               for c in checks]))
+    if not all(c.passed for c in checks):
+        raise VerificationFailed("verification failed: error over tolerance")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    main()

@@ -1,0 +1,165 @@
+"""`difflite convert`: model -> ONNX export -> passes -> .tflite per component -> output folder.
+
+Every component is exported first and the torch models are released before the graphs are
+rewritten and written, so the peak memory is that of the largest single stage."""
+
+from __future__ import annotations
+
+import gc
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from compiler import export, manifest, memory, models
+from compiler.custom_ops import FUSE_KINDS
+from compiler.errors import BadInput
+from compiler.tflite.reader import read_tflite
+from compiler.tflite.writer import load_onnx, write_tflite
+
+DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+PRECISIONS = ("fp32", "fp16")
+VERSION = "0.1.0"
+
+
+@dataclass
+class ConvertOptions:
+    components: tuple[str, ...] = DEFAULT_COMPONENTS
+    height: int = 512
+    width: int = 512
+    batch: int = 1
+    precision: str = "fp32"
+    fuse: tuple[str, ...] = ()
+    keep_onnx: bool = False
+    seed: int = 0  # the preset's weights
+
+    def validate(self) -> None:
+        unknown = [c for c in self.components if c not in export.COMPONENTS]
+        if unknown or not self.components:
+            raise BadInput(f"unknown component(s) {unknown} (choose from {', '.join(export.COMPONENTS)})")
+        if self.precision not in PRECISIONS:
+            raise BadInput(f"precision {self.precision!r} must be one of {', '.join(PRECISIONS)}")
+        bad = [k for k in self.fuse if k not in FUSE_KINDS]
+        if bad:
+            raise BadInput(f"unknown fusion kind(s) {bad} (choose from {', '.join(FUSE_KINDS)})")
+        if self.batch not in (1, 2):
+            raise BadInput(f"batch {self.batch} must be 1 or 2")
+
+    def manifest_dict(self) -> dict:
+        d = asdict(self)
+        d["components"] = list(self.components)
+        d["fuse"] = sorted(self.fuse)
+        return d
+
+
+@dataclass
+class StageLog:
+    """Wall time and peak RSS per (component, stage)."""
+    entries: dict = field(default_factory=dict)
+
+    def run(self, component: str, stage: str, fn: Callable, *args, **kwargs):
+        reset_peak_rss()
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        self.entries.setdefault(component, {})[stage] = {
+            "seconds": round(time.perf_counter() - start, 3), "peak_rss_mb": round(peak_rss_mb(), 1)}
+        return result
+
+
+def reset_peak_rss() -> None:
+    """Linux lets a process reset its own high-water mark (VmHWM), which gives per-stage peaks."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def convert(model: str, out, options: ConvertOptions, config: str | None = None,
+            log: Callable[[str], None] = lambda message: None) -> dict:
+    """Convert `model` into the output folder `out`; returns the report."""
+    options.validate()
+    stages = StageLog()
+    started = time.perf_counter()
+    log(f"loading {model}")
+    pipe = stages.run("pipeline", "load", models.load_pipeline, model, config, options.seed)
+    export.check_size(pipe, options.height, options.width)
+    with manifest.StagedFolder(Path(out)) as staged:
+        pipe.save_tokenizer(staged.path("tokenizer"))
+        pipe.save_scheduler(staged.path("scheduler"))
+        onnx_dir = staged.path("onnx")
+        for name in options.components:
+            log(f"exporting {name} to ONNX")
+            spec = export.component_spec(pipe, name, options.height, options.width, options.batch)
+            stages.run(name, "export", export.export_onnx, spec, onnx_dir / f"{name}.onnx")
+            del spec
+        latent = latent_info(pipe, options)
+        source = {"model": pipe.source, "sha256": pipe.source_hash,
+                  "config": str(Path(config).absolute()) if config else None}
+        del pipe
+        gc.collect()
+        entries, reports = {}, {}
+        for name in options.components:
+            log(f"rewriting and writing {name}.tflite")
+            entries[name], reports[name] = stages.run(
+                name, "write", write_component, name, onnx_dir / f"{name}.onnx", staged, options)
+        if not options.keep_onnx:
+            shutil.rmtree(onnx_dir)
+        for name in options.components:
+            reports[name]["stages"] = stages.entries[name]
+        man = {
+            "format": manifest.FORMAT, "format_version": manifest.FORMAT_VERSION,
+            "difflite_version": VERSION, "source": source, "options": options.manifest_dict(),
+            "latent": latent, "components": entries,
+        }
+        report = {"components": reports, "pipeline": stages.entries.get("pipeline", {}),
+                  "total_seconds": round(time.perf_counter() - started, 3),
+                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+        staged.write_json(manifest.REPORT, report)
+        staged.write_json(manifest.MANIFEST, man)
+        staged.commit()
+    return report
+
+
+def latent_info(pipe, options: ConvertOptions) -> dict:
+    h, w = export.latent_size(pipe, options.height, options.width)
+    return {"channels": int(pipe.vae.config.latent_channels), "height": h, "width": w,
+            "vae_scale_factor": pipe.vae_scale_factor,
+            "scaling_factor": float(pipe.vae.config.scaling_factor),
+            "text_length": int(pipe.text_encoder.config.max_position_embeddings),
+            "text_hidden": int(pipe.text_encoder.config.hidden_size),
+            "image_height": options.height, "image_width": options.width, "batch": options.batch}
+
+
+def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
+                    options: ConvertOptions) -> tuple[dict, dict]:
+    from passes import run_passes
+
+    graph = load_onnx(onnx_path)
+    fusion = run_passes(graph, set(options.fuse))
+    result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
+                          description=f"difflite {VERSION} {name}")
+    del graph
+    filename = f"{name}.tflite"
+    path = staged.write_bytes(filename, result.data)
+    del result.data
+    summary = read_tflite(path)
+    plan = memory.plan(summary)
+    entry = {"file": filename, "sha256": manifest.sha256_file(path), "bytes": path.stat().st_size,
+             "inputs": result.inputs, "outputs": result.outputs, "custom_ops": result.custom_ops}
+    report = {"fusion": fusion, "op_histogram": result.op_histogram, "ops": sum(result.op_histogram.values()),
+              **plan.as_dict()}
+    return entry, report

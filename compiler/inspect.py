@@ -1,0 +1,37 @@
+"""`difflite inspect`: what is inside an output folder or any .tflite file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compiler import manifest, memory
+from compiler.errors import BadInput
+from compiler.tflite.reader import read_tflite
+
+MB = 1024 * 1024
+
+
+def describe_model(path: Path) -> dict:
+    summary = read_tflite(path)
+    plan = memory.plan(summary)
+    signatures = {
+        key: {kind: [{"name": name, "shape": list(summary.tensors[i].shape), "dtype": summary.tensors[i].dtype}
+                     for name, i in io[kind].items()] for kind in ("inputs", "outputs")}
+        for key, io in summary.signatures.items()}
+    return {
+        "file": str(path), "file_mb": round(summary.file_bytes / MB, 3), "ops": len(summary.ops),
+        "op_histogram": summary.op_histogram, "signatures": signatures,
+        "custom_ops": [{"name": op.name, "options": op.custom_options} for op in summary.custom_ops],
+        **plan.as_dict(),
+    }
+
+
+def inspect_target(target) -> dict:
+    target = Path(target)
+    if target.is_dir():
+        man = manifest.read_manifest(target)
+        models = {name: describe_model(target / entry["file"]) for name, entry in man["components"].items()}
+        return {"folder": str(target), "source": man["source"], "options": man["options"], "models": models}
+    if target.is_file():
+        return {"models": {target.stem: describe_model(target)}}
+    raise BadInput(f"{target}: no such file or folder")

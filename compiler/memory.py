@@ -1,0 +1,64 @@
+"""Static memory plan of an emitted model: weights, and the arena the intermediates need when
+each activation lives from the op that writes it to the last op that reads it and buffers are
+placed greedily by size (largest first, lowest free offset), as GPU delegates plan them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.tflite.reader import TFLiteSummary
+
+MB = 1024 * 1024
+
+
+@dataclass
+class MemoryPlan:
+    weights_bytes: int
+    arena_bytes: int        # planned intermediate memory (greedy placement by lifetime)
+    largest_tensor_bytes: int
+    naive_bytes: int        # every intermediate in its own buffer
+
+    def as_dict(self) -> dict:
+        return {"weights_mb": round(self.weights_bytes / MB, 3),
+                "intermediate_mb": round(self.arena_bytes / MB, 3),
+                "largest_intermediate_mb": round(self.largest_tensor_bytes / MB, 3),
+                "unplanned_intermediate_mb": round(self.naive_bytes / MB, 3)}
+
+
+def lifetimes(summary: TFLiteSummary) -> dict[int, tuple[int, int]]:
+    """tensor index -> (first op writing it, last op reading it) for computed tensors. Graph
+    inputs live from the start, graph outputs to the end; ops on constants only are weights."""
+    end = len(summary.ops)
+    spans: dict[int, list[int]] = {t: [-1, -1] for t in summary.inputs}
+    constant = {i for i, t in enumerate(summary.tensors) if t.constant}
+    for i, op in enumerate(summary.ops):
+        if op.inputs and all(t < 0 or t in constant for t in op.inputs):
+            constant.update(op.outputs)  # e.g. DEQUANTIZE of fp16 weights: folded at load time
+            continue
+        for t in op.outputs:
+            spans.setdefault(t, [i, i])
+        for t in op.inputs:
+            if t >= 0 and t in spans:
+                spans[t][1] = max(spans[t][1], i)
+    for t in summary.outputs:
+        if t in spans:
+            spans[t][1] = end
+    return {t: (a, b) for t, (a, b) in spans.items()}
+
+
+def plan(summary: TFLiteSummary, alignment: int = 64) -> MemoryPlan:
+    spans = lifetimes(summary)
+    sizes = {t: -(-summary.tensors[t].nbytes // alignment) * alignment for t in spans}
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+    arena = 0
+    for t in sorted(spans, key=lambda t: (-sizes[t], t)):
+        first, last = spans[t]
+        busy = sorted((off, off + size) for off, size, a, b in placed if a <= last and first <= b)
+        offset = 0
+        for lo, hi in busy:
+            if offset + sizes[t] <= lo:
+                break
+            offset = max(offset, hi)
+        placed.append((offset, sizes[t], first, last))
+        arena = max(arena, offset + sizes[t])
+    return MemoryPlan(summary.weight_bytes, arena, max(sizes.values(), default=0), sum(sizes.values()))
