@@ -23,5 +23,5 @@ def attr(node, name: str, default=None):
 
 
 from compiler.tflite.ops import (  # noqa: E402,F401  (registration side effects)
-    conv, elementwise, matmul, norm, reduce, resize, shape,
+    conv, custom, elementwise, matmul, norm, reduce, resize, shape,
 )

@@ -42,6 +42,8 @@ def elementwise(ctx, op_name: str, values, out_value, dtype=None, **options) -> 
 
 @lowers(*BINARY)
 def lower_binary(ctx, node):
+    if len(node.inputs) != 2:  # Max/Min are variadic in ONNX
+        raise ctx.unsupported(f"{len(node.inputs)} inputs (only the 2-input form is lowered)")
     a, b = node.inputs
     dtype = np.bool_ if node.op_type in ("Equal", "Less", "Greater", "LessOrEqual",
                                          "GreaterOrEqual", "And", "Or") else None

@@ -71,7 +71,7 @@ def lower_gemm(ctx, node):
     weights_nk = weights if attr(node, "transB", 0) else weights.T
     n = weights_nk.shape[0]
     if bias is not None:
-        bias = np.broadcast_to(np.asarray(bias, np.float32) * beta, (n,)) if bias.size in (1, n) else None
+        bias = np.broadcast_to(np.asarray(bias, np.float32).reshape(-1) * beta, (n,)) if bias.size in (1, n) else None
         if bias is None:
             raise ctx.unsupported("Gemm bias must be a vector over the output features")
     fully_connected(ctx, a, weights_nk * alpha if alpha != 1.0 else weights_nk, bias,

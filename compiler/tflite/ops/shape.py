@@ -85,7 +85,7 @@ def slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[int, int, b
         start = min(max(start, 0), dim)
         end = min(max(end, 0), dim)
         return start, end, False
-    start = min(max(start, -1), dim - 1)
+    start = min(max(start, 0), dim - 1)  # ONNX clamps to [0, dim-1]; TFLite reads -1 as the last
     if end < 0:
         return start, 0, True
     return start, min(end, dim - 1), False
@@ -155,8 +155,11 @@ def lower_expand(ctx, node):
     rank = ctx.rank(out_value)
     perm = ctx.perm(x) if ctx.rank(x) == rank and not ctx.is_const(x) else layout.identity(rank)
     out = ctx.output(out_value, perm)
-    ctx.builder.op("BROADCAST_TO", [ctx.input(x, perm, rank), ctx.int_constant(ctx.builder.shape_of(out))],
-                   [out])
+    # TILE, not BROADCAST_TO: the runtimes register BROADCAST_TO from op version 2 only, and the
+    # builder writes version 1. Broadcast axes have size 1 in the input, so the repeats are exact.
+    xi = ctx.input(x, perm, rank)
+    reps = [o // i for o, i in zip(ctx.builder.shape_of(out), ctx.builder.shape_of(xi))]
+    ctx.builder.op("TILE", [xi, ctx.int_constant(reps)], [out])
 
 
 @lowers("Tile")
