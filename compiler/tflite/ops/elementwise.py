@@ -131,3 +131,26 @@ def lower_erf(ctx, node):
     sign = op("SIGN", [xi], "sign")
     out = ctx.output(node.outputs[0], perm)
     ctx.builder.op("MUL", [sign, one_minus], [out])
+
+
+@lowers("Clip")
+def lower_clip(ctx, node):
+    """min(max(x, low), high) with constant bounds (either may be absent)."""
+    x = node.inputs[0]
+    bounds = [v for v in node.inputs[1:3]]
+    low, high = (bounds + [None, None])[:2]
+    if any(b is not None and not ctx.is_const(b) for b in (low, high)):
+        raise ctx.unsupported("Clip bounds must be constant")
+    perm = ctx.perm(x)
+    shape = ctx.builder.shape_of(ctx.input(x))
+    current = ctx.input(x)
+    steps = [(op, b) for op, b in (("MAXIMUM", low), ("MINIMUM", high)) if b is not None]
+    if not steps:
+        lower_identity(ctx, node)
+        return
+    for i, (op, bound) in enumerate(steps):
+        value = float(np.asarray(ctx.const(bound)).reshape(-1)[0])
+        target = ctx.output(node.outputs[0], perm) if i == len(steps) - 1 else ctx.temp("clip", shape)
+        ctx.builder.op(op, [current, ctx.float_constant(np.full((1,) * len(shape), value, np.float32),
+                                                        f"const/clip{value}")], [target])
+        current = target

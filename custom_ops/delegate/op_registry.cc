@@ -1,0 +1,90 @@
+// The list of ops the library knows, and shared helpers of op_api.h.
+#include <cstring>
+#include <sstream>
+
+#include "difflite/op_api.h"
+
+namespace difflite {
+
+// Defined in custom_ops/ops/<op>/.
+const OpDef& GroupNormOpDef();
+const OpDef& GeluOpDef();
+const OpDef& GeGluOpDef();
+const OpDef& AttentionOpDef();
+const OpDef& WinogradConv3x3OpDef();
+
+const std::vector<const OpDef*>& AllOps() {
+  static const std::vector<const OpDef*> ops = {
+      &GroupNormOpDef(), &GeluOpDef(), &GeGluOpDef(), &AttentionOpDef(),
+      &WinogradConv3x3OpDef(),
+  };
+  return ops;
+}
+
+const OpDef* FindOp(const char* custom_code) {
+  if (custom_code == nullptr) return nullptr;
+  for (const OpDef* op : AllOps()) {
+    if (std::strcmp(op->name, custom_code) == 0) return op;
+  }
+  return nullptr;
+}
+
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat16: return "float16";
+    case DType::kInt32: return "int32";
+    default: return "unsupported-type";
+  }
+}
+
+size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat16: return 2;
+    case DType::kInt32: return 4;
+    default: return 0;
+  }
+}
+
+std::string ShapeToString(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? "," : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t NumElements(const Shape& s) {
+  int64_t n = 1;
+  for (int d : s) n *= d;
+  return n;
+}
+
+std::string ExpectInputCount(const std::vector<TensorInfo>& inputs, size_t n) {
+  if (inputs.size() == n) return "";
+  return "expects " + std::to_string(n) + " inputs, got " +
+         std::to_string(inputs.size());
+}
+
+std::string ExpectFloat32(const TensorInfo& t, const char* what) {
+  if (t.dtype == DType::kFloat32) return "";
+  if (t.dtype == DType::kFloat16) {
+    return std::string(what) +
+           " is float16: the CPU kernels compute float32 only (not yet "
+           "supported)";
+  }
+  return std::string(what) + " must be float32, got " + DTypeName(t.dtype);
+}
+
+std::string ExpectPositiveDims(const TensorInfo& t, const char* what) {
+  for (int d : t.shape) {
+    if (d <= 0) {
+      return std::string(what) + " has a non-positive dimension: " +
+             ShapeToString(t.shape);
+    }
+  }
+  return "";
+}
+
+}  // namespace difflite

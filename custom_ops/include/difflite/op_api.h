@@ -1,0 +1,92 @@
+// The interface between the delegate and the op folders (custom_ops/ops/*).
+//
+// The delegate knows no op by name: it asks the registry (op_registry.cc) for
+// an OpDef whose name equals the node's custom_code, lets the op parse its
+// attributes (OpDef::create), asks for output shapes (OpInstance::Infer) and
+// runs it (OpInstance::Run). Ops return errors as strings; they never throw
+// across this boundary and never crash on bad input.
+#ifndef DIFFLITE_OP_API_H_
+#define DIFFLITE_OP_API_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "difflite/attrs.h"
+
+namespace difflite {
+
+enum class DType { kFloat32, kFloat16, kInt32, kOther };
+
+const char* DTypeName(DType t);
+size_t DTypeSize(DType t);  // 0 for kOther
+
+using Shape = std::vector<int>;
+
+std::string ShapeToString(const Shape& s);
+int64_t NumElements(const Shape& s);
+
+// What Infer sees of one tensor.
+struct TensorInfo {
+  DType dtype = DType::kOther;
+  Shape shape;
+  // Non-null when the tensor is a constant of the model (weights); lets an op
+  // inspect it at Prepare time. Ops must not rely on it being set.
+  const void* const_data = nullptr;
+};
+
+// What Run sees of one tensor (shape already checked by Infer).
+struct InTensor {
+  DType dtype;
+  Shape shape;
+  const void* data;
+};
+struct OutTensor {
+  DType dtype;
+  Shape shape;
+  void* data;
+};
+
+struct ExecOptions {
+  int num_threads = 1;
+};
+
+class OpInstance {
+ public:
+  virtual ~OpInstance() = default;
+  // Checks input count, types and shapes; fills the outputs' types and
+  // shapes. Returns "" when valid, else a one-line reason.
+  virtual std::string Infer(const std::vector<TensorInfo>& inputs,
+                            std::vector<TensorInfo>* outputs) const = 0;
+  // Computes the outputs. Returns "" or a one-line reason.
+  virtual std::string Run(const std::vector<InTensor>& inputs,
+                          const std::vector<OutTensor>& outputs,
+                          const ExecOptions& exec) const = 0;
+  // The parsed attributes as "k=v, ..." for logs.
+  virtual std::string Describe() const = 0;
+};
+
+struct OpDef {
+  const char* name;  // the custom_code, e.g. as emitted by the Python passes
+  // Parses and validates the attributes. Returns nullptr and sets *error on
+  // a missing attribute, a wrong type or an out-of-range value.
+  std::unique_ptr<OpInstance> (*create)(const AttrMap& attrs,
+                                        std::string* error);
+};
+
+// All ops of the library, and a lookup by custom_code (nullptr if unknown).
+const std::vector<const OpDef*>& AllOps();
+const OpDef* FindOp(const char* custom_code);
+
+// Shared helpers for the op folders.
+std::string ExpectInputCount(const std::vector<TensorInfo>& inputs, size_t n);
+// "" if the tensor is float32; a reason naming `what` otherwise (float16 is
+// refused with a message that says so: the CPU kernels are fp32 only).
+std::string ExpectFloat32(const TensorInfo& t, const char* what);
+// "" if every dimension is >= 1 (empty and unknown dims are refused).
+std::string ExpectPositiveDims(const TensorInfo& t, const char* what);
+
+}  // namespace difflite
+
+#endif  // DIFFLITE_OP_API_H_

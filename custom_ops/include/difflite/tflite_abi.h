@@ -1,0 +1,276 @@
+// difflite's own declaration of the slice of the TensorFlow Lite C ABI that an
+// external delegate touches.
+//
+// Which layout this mirrors
+// -------------------------
+// The plain C structs that the TFLite interpreter hands to delegates
+// (tensorflow/lite/core/c/common.h and c_api_types.h), as they are laid out in
+// TensorFlow Lite 2.21 -- the runtime inside `tensorflow` 2.21 (tf.lite) and
+// inside `ai-edge-litert` 2.3.0. Those headers promise that fields are only
+// ever appended, never reordered, so only the prefix we use has to agree.
+//
+// Nothing here is copied: the names live in `difflite::tfl`, the spelling and
+// the comments are ours. What must match the runtime is the memory layout:
+//   * member order and types of every struct up to the last member we touch,
+//   * the full size of `Registration` (it is passed BY VALUE to
+//     Context::ReplaceNodeSubsetsWithDelegateKernels, so the callee reads
+//     exactly sizeof(its struct) bytes from our argument),
+//   * the full size of `Tensor` only if one indexes Context::tensors directly;
+//     the delegate prefers Context::GetTensor and checks at run time that both
+//     agree (see delegate.cc: the ABI self-check).
+// The static_asserts at the end pin the offsets for LP64 targets (x86-64,
+// aarch64); tests/test_custom_ops_cpu.py exercises them against both runtimes.
+#ifndef DIFFLITE_TFLITE_ABI_H_
+#define DIFFLITE_TFLITE_ABI_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace difflite {
+namespace tfl {
+
+// Result codes of every runtime callback (C enum, int-sized).
+enum Status : int {
+  kOk = 0,
+  kError = 1,
+  kDelegateError = 2,
+  kApplicationError = 3,
+  kDelegateDataNotFound = 4,
+  kDelegateDataWriteError = 5,
+  kDelegateDataReadError = 6,
+  kUnresolvedOps = 7,
+  kCancelled = 8,
+};
+
+// Element types. Only the values the op library looks at are named; the
+// enum is int-sized like the C one, so any other value still fits.
+enum Type : int {
+  kNoType = 0,
+  kFloat32 = 1,
+  kInt32 = 2,
+  kUInt8 = 3,
+  kInt64 = 4,
+  kString = 5,
+  kBool = 6,
+  kInt16 = 7,
+  kComplex64 = 8,
+  kInt8 = 9,
+  kFloat16 = 10,
+  kFloat64 = 11,
+};
+
+// Where a tensor's bytes live (order matters: the values are implicit in C).
+enum AllocationType : int {
+  kMemNone = 0,
+  kMmapRo = 1,             // constant data mapped from the model file
+  kArenaRw = 2,            // interpreter arena, valid during Invoke
+  kArenaRwPersistent = 3,
+  kDynamic = 4,            // heap, resized on demand
+  kPersistentRo = 5,       // computed at Prepare, read-only afterwards
+  kCustom = 6,
+  kVariantObject = 7,
+  kNonCpu = 8,
+};
+
+// Bits of Delegate::flags.
+enum DelegateFlags : int64_t {
+  kDelegateFlagsNone = 0,
+  // The delegate copes with tensors whose shape is only known late. Without
+  // it the interpreter prepares every node before handing the graph over, and
+  // an unresolved custom op aborts that.
+  kDelegateFlagsAllowDynamicTensors = 1,
+  kDelegateFlagsRequirePropagatedShapes = 2,
+  kDelegateFlagsPerOperatorProfiling = 4,
+};
+
+// The builtin code of the CUSTOM operator and of a delegate macro-node.
+constexpr int32_t kBuiltinCustom = 32;
+constexpr int32_t kBuiltinDelegate = 51;
+
+// A length-prefixed int list (shapes, tensor index lists). `data` is a
+// trailing flexible array, as in C; arrays handed to Context::ResizeTensor are
+// released by the runtime with free(), so they must come from malloc().
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#endif
+struct IntArray {
+  int size;
+  int data[];
+};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+// Legacy per-tensor quantisation pair (kept for layout only).
+struct QuantParams {
+  float scale;
+  int32_t zero_point;
+};
+
+// Newer quantisation descriptor (kept for layout only).
+struct Quantization {
+  int type;
+  void* params;
+};
+
+// The untyped data pointer of a tensor (a union of pointers in C).
+union DataPtr {
+  void* data;
+  float* f;
+  uint16_t* f16;
+  int32_t* i32;
+  char* raw;
+  const char* raw_const;
+};
+
+struct Delegate;
+struct Context;
+struct Registration;
+
+struct Tensor {
+  Type type;
+  DataPtr data;
+  IntArray* dims;
+  QuantParams params;
+  AllocationType allocation_type;
+  size_t bytes;
+  const void* allocation;
+  const char* name;
+  Delegate* delegate;
+  int buffer_handle;
+  bool data_is_stale;
+  bool is_variable;
+  Quantization quantization;
+  void* sparsity;
+  const IntArray* dims_signature;
+};
+
+struct Node {
+  IntArray* inputs;
+  IntArray* outputs;
+  IntArray* intermediates;
+  IntArray* temporaries;
+  void* user_data;        // what Registration::init returned
+  void* builtin_data;     // for a delegate macro-node: a DelegateParams*
+  const void* custom_initial_data;  // CUSTOM ops: the custom_options bytes
+  int custom_initial_data_size;
+  Delegate* delegate;
+  bool might_have_side_effect;
+};
+
+// What the runtime passes (as `buffer` of Registration::init) to a delegate
+// kernel: the nodes it replaces and the tensors crossing its boundary.
+struct DelegateParams {
+  Delegate* delegate;
+  IntArray* nodes_to_replace;
+  IntArray* input_tensors;
+  IntArray* output_tensors;
+};
+
+// The interpreter's view handed to delegates and kernels. Every member up to
+// ReleaseSubgraphContext is listed so that the function pointers we call sit
+// at the runtime's offsets; members we never touch are typed as opaque.
+struct Context {
+  size_t tensors_size;
+  Status (*GetExecutionPlan)(Context* context, IntArray** execution_plan);
+  Tensor* tensors;
+  void* impl_;
+  // Takes ownership of new_size (malloc'ed IntArray).
+  Status (*ResizeTensor)(Context* context, Tensor* tensor, IntArray* new_size);
+  void (*ReportError)(Context* context, const char* format, ...);
+  Status (*AddTensors)(Context* context, int tensors_to_add,
+                       int* first_new_tensor_index);
+  Status (*GetNodeAndRegistration)(Context* context, int node_index,
+                                   Node** node, Registration** registration);
+  // Registration is passed by value (see the size check below).
+  Status (*ReplaceNodeSubsetsWithDelegateKernels)(
+      Context* context, Registration registration,
+      const IntArray* nodes_to_replace, Delegate* delegate);
+  int recommended_num_threads;
+  void* (*GetExternalContext)(Context* context, int type);
+  void (*SetExternalContext)(Context* context, int type, void* external);
+  bool allow_fp32_relax_to_fp16;
+  void* profiler;
+  void* (*AllocatePersistentBuffer)(Context* context, size_t bytes);
+  Status (*AllocateBufferForEval)(Context* context, size_t bytes, void** ptr);
+  Status (*RequestScratchBufferInArena)(Context* context, size_t bytes,
+                                        int* buffer_index);
+  void* (*GetScratchBuffer)(Context* context, int buffer_index);
+  // Like ResizeTensor but copies the shape (no ownership transfer).
+  Status (*ResizeTensorExplicit)(Context* context, Tensor* tensor, int dims,
+                                 const int* shape);
+  Status (*PreviewDelegatePartitioning)(Context* context,
+                                        const IntArray* nodes_to_replace,
+                                        DelegateParams** partition_params,
+                                        int* num_partitions);
+  Tensor* (*GetTensor)(const Context* context, int tensor_index);
+  void* (*GetEvalTensor)(const Context* context, int tensor_index);
+  Status (*GetModelMetadata)(const Context* context, const char* name,
+                             const char** ptr, size_t* bytes);
+  Status (*AcquireSubgraphContext)(Context* context, int subgraph_index,
+                                   Context** acquired);
+  Status (*ReleaseSubgraphContext)(Context* context, int subgraph_index);
+};
+
+// An operator implementation (builtin, custom, or a delegate kernel). Every
+// member is listed: the struct crosses the ABI by value.
+struct Registration {
+  void* (*init)(Context* context, const char* buffer, size_t length);
+  void (*free)(Context* context, void* buffer);
+  Status (*prepare)(Context* context, Node* node);
+  Status (*invoke)(Context* context, Node* node);
+  const char* (*profiling_string)(const Context* context, const Node* node);
+  int32_t builtin_code;
+  const char* custom_name;
+  int version;
+  void* registration_external;  // must stay null: selects the legacy path
+  void* (*async_kernel)(Context* context, Node* node);
+  uint64_t inplace_operator;
+};
+
+struct Delegate {
+  void* data_;
+  Status (*Prepare)(Context* context, Delegate* delegate);
+  Status (*CopyFromBufferHandle)(Context* context, Delegate* delegate,
+                                 int buffer_handle, Tensor* tensor);
+  Status (*CopyToBufferHandle)(Context* context, Delegate* delegate,
+                               int buffer_handle, Tensor* tensor);
+  void (*FreeBufferHandle)(Context* context, Delegate* delegate,
+                           int* buffer_handle);
+  int64_t flags;
+  void* opaque_delegate_builder;  // must stay null
+};
+
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+// LP64 layout pins (x86-64, aarch64): a mismatch here means this header no
+// longer describes the runtime.
+static_assert(sizeof(Tensor) == 112, "Tensor layout");
+static_assert(offsetof(Tensor, dims) == 16, "Tensor::dims");
+static_assert(offsetof(Tensor, allocation_type) == 32, "Tensor::allocation_type");
+static_assert(offsetof(Tensor, bytes) == 40, "Tensor::bytes");
+static_assert(offsetof(Tensor, name) == 56, "Tensor::name");
+static_assert(offsetof(Node, custom_initial_data) == 48, "Node::custom data");
+static_assert(offsetof(Node, custom_initial_data_size) == 56, "Node::size");
+static_assert(offsetof(Context, ResizeTensor) == 32, "Context::ResizeTensor");
+static_assert(offsetof(Context, ReportError) == 40, "Context::ReportError");
+static_assert(offsetof(Context, GetNodeAndRegistration) == 56,
+              "Context::GetNodeAndRegistration");
+static_assert(offsetof(Context, ReplaceNodeSubsetsWithDelegateKernels) == 64,
+              "Context::ReplaceNodeSubsetsWithDelegateKernels");
+static_assert(offsetof(Context, ResizeTensorExplicit) == 144,
+              "Context::ResizeTensorExplicit");
+static_assert(offsetof(Context, GetTensor) == 160, "Context::GetTensor");
+static_assert(sizeof(Registration) == 88, "Registration is passed by value");
+static_assert(offsetof(Registration, builtin_code) == 40,
+              "Registration::builtin_code");
+static_assert(offsetof(Registration, custom_name) == 48,
+              "Registration::custom_name");
+static_assert(sizeof(Delegate) == 56, "Delegate layout");
+static_assert(offsetof(Delegate, flags) == 40, "Delegate::flags");
+#endif
+
+}  // namespace tfl
+}  // namespace difflite
+
+#endif  // DIFFLITE_TFLITE_ABI_H_

@@ -1,0 +1,87 @@
+// difflite.GeGLU: x [..., 2D] -> y [..., D] = x[..., :D] * gelu(x[..., D:]).
+// approximate: "erf" | "tanh" | "sigmoid", as for difflite.Gelu.
+#include <string>
+
+#include "../gelu/gelu_math.h"
+#include "difflite/op_api.h"
+#include "difflite/parallel.h"
+
+namespace difflite {
+namespace {
+
+constexpr const char* kOpName = "difflite.GeGLU";
+constexpr const char* kApproximate = "approximate";
+
+class GeGlu final : public OpInstance {
+ public:
+  explicit GeGlu(gelu::Mode m) : mode_(m) {}
+
+  std::string Infer(const std::vector<TensorInfo>& in,
+                    std::vector<TensorInfo>* out) const override {
+    std::string e = ExpectInputCount(in, 1);
+    if (e.empty()) e = ExpectFloat32(in[0], "x");
+    if (e.empty()) e = ExpectPositiveDims(in[0], "x");
+    if (!e.empty()) return e;
+    const Shape& x = in[0].shape;
+    if (x.empty() || x.back() % 2 != 0) {
+      return "x's last dimension must be even (2*D), got " + ShapeToString(x);
+    }
+    Shape y = x;
+    y.back() /= 2;
+    out->assign(1, TensorInfo{DType::kFloat32, y, nullptr});
+    return "";
+  }
+
+  std::string Run(const std::vector<InTensor>& in,
+                  const std::vector<OutTensor>& out,
+                  const ExecOptions& exec) const override {
+    const float* x = static_cast<const float*>(in[0].data);
+    float* y = static_cast<float*>(out[0].data);
+    const int64_t d = in[0].shape.back() / 2;
+    const int64_t rows = NumElements(in[0].shape) / (2 * d);
+    const gelu::Mode mode = mode_;
+    ParallelFor(exec.num_threads, rows, 20.0 * d, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* hidden = x + r * 2 * d;
+        const float* gate = hidden + d;
+        float* yr = y + r * d;
+        for (int64_t i = 0; i < d; ++i) {
+          yr[i] = hidden[i] * gelu::Apply(mode, gate[i]);
+        }
+      }
+    });
+    return "";
+  }
+
+  std::string Describe() const override {
+    return std::string(kApproximate) + "=" + gelu::ModeName(mode_);
+  }
+
+ private:
+  gelu::Mode mode_;
+};
+
+std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
+  std::string s;
+  std::string e = attrs.CheckKnown({kApproximate});
+  if (e.empty()) e = attrs.GetString(kApproximate, &s);
+  gelu::Mode mode = gelu::Mode::kErf;
+  if (e.empty() && !gelu::ParseMode(s, &mode)) {
+    e = std::string(kApproximate) +
+        " must be \"erf\", \"tanh\" or \"sigmoid\", got \"" + s + "\"";
+  }
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return std::unique_ptr<OpInstance>(new GeGlu(mode));
+}
+
+}  // namespace
+
+const OpDef& GeGluOpDef() {
+  static const OpDef def{kOpName, &Create};
+  return def;
+}
+
+}  // namespace difflite

@@ -1,0 +1,73 @@
+// difflite.Gelu: y = gelu(x), elementwise, any shape.
+// approximate: "erf" | "tanh" | "sigmoid" (x * sigmoid(1.702 x)).
+#include <string>
+
+#include "difflite/op_api.h"
+#include "difflite/parallel.h"
+#include "gelu_math.h"
+
+namespace difflite {
+namespace {
+
+constexpr const char* kOpName = "difflite.Gelu";
+constexpr const char* kApproximate = "approximate";
+
+class Gelu final : public OpInstance {
+ public:
+  explicit Gelu(gelu::Mode m) : mode_(m) {}
+
+  std::string Infer(const std::vector<TensorInfo>& in,
+                    std::vector<TensorInfo>* out) const override {
+    std::string e = ExpectInputCount(in, 1);
+    if (e.empty()) e = ExpectFloat32(in[0], "x");
+    if (e.empty()) e = ExpectPositiveDims(in[0], "x");
+    if (!e.empty()) return e;
+    out->assign(1, TensorInfo{DType::kFloat32, in[0].shape, nullptr});
+    return "";
+  }
+
+  std::string Run(const std::vector<InTensor>& in,
+                  const std::vector<OutTensor>& out,
+                  const ExecOptions& exec) const override {
+    const float* x = static_cast<const float*>(in[0].data);
+    float* y = static_cast<float*>(out[0].data);
+    const gelu::Mode mode = mode_;
+    ParallelFor(exec.num_threads, NumElements(in[0].shape), 20.0,
+                [&](int64_t b, int64_t e) {
+                  for (int64_t i = b; i < e; ++i) y[i] = gelu::Apply(mode, x[i]);
+                });
+    return "";
+  }
+
+  std::string Describe() const override {
+    return std::string(kApproximate) + "=" + gelu::ModeName(mode_);
+  }
+
+ private:
+  gelu::Mode mode_;
+};
+
+std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
+  std::string s;
+  std::string e = attrs.CheckKnown({kApproximate});
+  if (e.empty()) e = attrs.GetString(kApproximate, &s);
+  gelu::Mode mode = gelu::Mode::kErf;
+  if (e.empty() && !gelu::ParseMode(s, &mode)) {
+    e = std::string(kApproximate) +
+        " must be \"erf\", \"tanh\" or \"sigmoid\", got \"" + s + "\"";
+  }
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return std::unique_ptr<OpInstance>(new Gelu(mode));
+}
+
+}  // namespace
+
+const OpDef& GeluOpDef() {
+  static const OpDef def{kOpName, &Create};
+  return def;
+}
+
+}  // namespace difflite

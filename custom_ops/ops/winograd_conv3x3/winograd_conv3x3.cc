@@ -1,0 +1,238 @@
+// difflite.WinogradConv3x3: x [N,H,W,Cin], w [36,Cin,Cout], bias [Cout]
+//   -> [N,H,W,Cout], the 3x3 / stride 1 / pad 1 convolution plus bias.
+// w holds the transformed filters U = G g G^T of F(4x4, 3x3) (interpolation
+// points 0, +-1, +-2, inf), position index 6*i + j (the definition lives in
+// tests/winograd_ref.py: transform_weights).
+//
+// CPU kernel, the real algorithm: the output is cut into 4x4 tiles (the
+// border tiles of H, W not multiple of 4 read zeros and are cropped); each
+// 6x6 input tile d goes through V = B^T d B; 36 GEMMs M[p] = V[p] U[p]
+// (tiles x Cin by Cin x Cout) per block of tiles; then Y = A^T M A + bias.
+#include <algorithm>
+#include <sstream>
+#include <string>
+
+#include "difflite/op_api.h"
+#include "difflite/parallel.h"
+
+namespace difflite {
+namespace {
+
+constexpr const char* kOpName = "difflite.WinogradConv3x3";
+constexpr const char* kTile = "tile";
+constexpr const char* kActivation = "activation";
+
+constexpr int kTileOut = 4;   // m in F(m x m, 3 x 3)
+constexpr int kTileIn = 6;    // m + r - 1
+constexpr int kPositions = kTileIn * kTileIn;
+constexpr int kTilesPerBlock = 16;
+
+// B^T (6x6) and A^T (4x6) of F(4x4, 3x3).
+constexpr float kBT[6][6] = {
+    {4, 0, -5, 0, 1, 0},  {0, -4, -4, 1, 1, 0}, {0, 4, -4, -1, 1, 0},
+    {0, -2, -1, 2, 1, 0}, {0, 2, -1, -2, 1, 0}, {0, 4, 0, -5, 0, 1},
+};
+constexpr float kAT[4][6] = {
+    {1, 1, 1, 1, 1, 0},
+    {0, 1, -1, 2, -2, 0},
+    {0, 1, 1, 4, 4, 0},
+    {0, 1, -1, 8, -8, 1},
+};
+
+// out[a][b][:] = sum_{i,j} T[a][i] * in[i][j][:] * T[b][j] for a vector of
+// `len` channels per tile element; T is rows x 6. `tmp` holds rows*6*len.
+template <int Rows>
+void TwoSidedTransform(const float (&t)[Rows][6], const float* in, float* tmp,
+                       float* out, int64_t len) {
+  // tmp[a][j] = sum_i T[a][i] in[i][j]
+  for (int a = 0; a < Rows; ++a) {
+    for (int j = 0; j < 6; ++j) {
+      float* dst = tmp + (a * 6 + j) * len;
+      std::fill(dst, dst + len, 0.f);
+      for (int i = 0; i < 6; ++i) {
+        const float c = t[a][i];
+        if (c == 0.f) continue;
+        const float* src = in + (i * 6 + j) * len;
+        for (int64_t x = 0; x < len; ++x) dst[x] += c * src[x];
+      }
+    }
+  }
+  // out[a][b] = sum_j tmp[a][j] T[b][j]
+  for (int a = 0; a < Rows; ++a) {
+    for (int b = 0; b < Rows; ++b) {
+      float* dst = out + (a * Rows + b) * len;
+      std::fill(dst, dst + len, 0.f);
+      for (int j = 0; j < 6; ++j) {
+        const float c = t[b][j];
+        if (c == 0.f) continue;
+        const float* src = tmp + (a * 6 + j) * len;
+        for (int64_t x = 0; x < len; ++x) dst[x] += c * src[x];
+      }
+    }
+  }
+}
+
+class WinogradConv3x3 final : public OpInstance {
+ public:
+  std::string Infer(const std::vector<TensorInfo>& in,
+                    std::vector<TensorInfo>* out) const override {
+    std::string e = ExpectInputCount(in, 3);
+    if (e.empty()) e = ExpectFloat32(in[0], "x");
+    if (e.empty()) e = ExpectFloat32(in[1], "w");
+    if (e.empty()) e = ExpectFloat32(in[2], "bias");
+    if (!e.empty()) return e;
+    const Shape& x = in[0].shape;
+    if (x.size() != 4) return "x must be [N,H,W,Cin], got " + ShapeToString(x);
+    if (!(e = ExpectPositiveDims(in[0], "x")).empty()) return e;
+    const Shape& w = in[1].shape;
+    if (w.size() != 3 || w[0] != kPositions || w[1] != x[3] || w[2] <= 0) {
+      return "w must be [36," + std::to_string(x[3]) + ",Cout], got " +
+             ShapeToString(w);
+    }
+    if (in[2].shape != Shape{w[2]}) {
+      return "bias must be [" + std::to_string(w[2]) + "], got " +
+             ShapeToString(in[2].shape);
+    }
+    out->assign(1, TensorInfo{DType::kFloat32, Shape{x[0], x[1], x[2], w[2]},
+                              nullptr});
+    return "";
+  }
+
+  std::string Run(const std::vector<InTensor>& in,
+                  const std::vector<OutTensor>& out,
+                  const ExecOptions& exec) const override {
+    const float* x = static_cast<const float*>(in[0].data);
+    const float* u = static_cast<const float*>(in[1].data);
+    const float* bias = static_cast<const float*>(in[2].data);
+    float* y = static_cast<float*>(out[0].data);
+    const int64_t n_batch = in[0].shape[0];
+    const int64_t h = in[0].shape[1];
+    const int64_t w = in[0].shape[2];
+    const int64_t cin = in[0].shape[3];
+    const int64_t cout = in[1].shape[2];
+    const int64_t tiles_h = (h + kTileOut - 1) / kTileOut;
+    const int64_t tiles_w = (w + kTileOut - 1) / kTileOut;
+    const int64_t tiles = n_batch * tiles_h * tiles_w;
+    const int64_t blocks = (tiles + kTilesPerBlock - 1) / kTilesPerBlock;
+    const int64_t cmax = std::max(cin, cout);
+
+    auto work = [&](int64_t block_begin, int64_t block_end) {
+      std::vector<float> d(kPositions * cmax), tmp(kPositions * cmax),
+          tv(kPositions * cmax);
+      // v[p][t][ci] and m[p][t][co] for one block of tiles.
+      std::vector<float> v(static_cast<size_t>(kPositions) * kTilesPerBlock *
+                           cin);
+      std::vector<float> m(static_cast<size_t>(kPositions) * kTilesPerBlock *
+                           cout);
+      for (int64_t blk = block_begin; blk < block_end; ++blk) {
+        const int64_t t0 = blk * kTilesPerBlock;
+        const int nt = static_cast<int>(std::min<int64_t>(kTilesPerBlock,
+                                                          tiles - t0));
+        // 1. Input transform of each tile.
+        for (int t = 0; t < nt; ++t) {
+          const int64_t tile = t0 + t;
+          const int64_t tx = tile % tiles_w;
+          const int64_t ty = (tile / tiles_w) % tiles_h;
+          const int64_t n = tile / (tiles_w * tiles_h);
+          for (int r = 0; r < kTileIn; ++r) {
+            const int64_t iy = ty * kTileOut - 1 + r;
+            for (int c = 0; c < kTileIn; ++c) {
+              const int64_t ix = tx * kTileOut - 1 + c;
+              float* dst = d.data() + (r * kTileIn + c) * cin;
+              if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
+                std::fill(dst, dst + cin, 0.f);
+              } else {
+                const float* src = x + ((n * h + iy) * w + ix) * cin;
+                std::copy(src, src + cin, dst);
+              }
+            }
+          }
+          TwoSidedTransform(kBT, d.data(), tmp.data(), tv.data(), cin);
+          for (int p = 0; p < kPositions; ++p) {
+            std::copy(tv.data() + p * cin, tv.data() + (p + 1) * cin,
+                      v.data() + (static_cast<int64_t>(p) * kTilesPerBlock + t) * cin);
+          }
+        }
+        // 2. 36 GEMMs: m[p] (nt x cout) = v[p] (nt x cin) * u[p] (cin x cout).
+        for (int p = 0; p < kPositions; ++p) {
+          const float* up = u + static_cast<int64_t>(p) * cin * cout;
+          for (int t = 0; t < nt; ++t) {
+            const float* vrow =
+                v.data() + (static_cast<int64_t>(p) * kTilesPerBlock + t) * cin;
+            float* mrow =
+                m.data() + (static_cast<int64_t>(p) * kTilesPerBlock + t) * cout;
+            std::fill(mrow, mrow + cout, 0.f);
+            for (int64_t ci = 0; ci < cin; ++ci) {
+              const float a = vrow[ci];
+              const float* urow = up + ci * cout;
+              for (int64_t co = 0; co < cout; ++co) mrow[co] += a * urow[co];
+            }
+          }
+        }
+        // 3. Output transform, bias, crop to H x W.
+        for (int t = 0; t < nt; ++t) {
+          const int64_t tile = t0 + t;
+          const int64_t tx = tile % tiles_w;
+          const int64_t ty = (tile / tiles_w) % tiles_h;
+          const int64_t n = tile / (tiles_w * tiles_h);
+          for (int p = 0; p < kPositions; ++p) {
+            const float* src =
+                m.data() + (static_cast<int64_t>(p) * kTilesPerBlock + t) * cout;
+            std::copy(src, src + cout, d.data() + p * cout);
+          }
+          TwoSidedTransform(kAT, d.data(), tmp.data(), tv.data(), cout);
+          for (int a = 0; a < kTileOut; ++a) {
+            const int64_t oy = ty * kTileOut + a;
+            if (oy >= h) break;
+            for (int b = 0; b < kTileOut; ++b) {
+              const int64_t ox = tx * kTileOut + b;
+              if (ox >= w) break;
+              const float* src = tv.data() + (a * kTileOut + b) * cout;
+              float* dst = y + ((n * h + oy) * w + ox) * cout;
+              for (int64_t co = 0; co < cout; ++co) dst[co] = src[co] + bias[co];
+            }
+          }
+        }
+      }
+    };
+    const double cost =
+        static_cast<double>(kTilesPerBlock) * kPositions * (cin * cout + 12 * cmax);
+    ParallelFor(exec.num_threads, blocks, cost, work);
+    return "";
+  }
+
+  std::string Describe() const override {
+    std::ostringstream os;
+    os << kTile << "=" << kTileOut << ", " << kActivation << "=none";
+    return os.str();
+  }
+};
+
+std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
+  int64_t tile = 0;
+  std::string act;
+  std::string e = attrs.CheckKnown({kTile, kActivation});
+  if (e.empty()) e = attrs.GetInt(kTile, &tile);
+  if (e.empty()) e = attrs.GetString(kActivation, &act);
+  if (e.empty() && tile != kTileOut) {
+    e = std::string(kTile) + " must be 4 (F(4x4,3x3)), got " +
+        std::to_string(tile);
+  }
+  if (e.empty() && act != "none") {
+    e = std::string(kActivation) + " must be \"none\", got \"" + act + "\"";
+  }
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return std::unique_ptr<OpInstance>(new WinogradConv3x3());
+}
+
+}  // namespace
+
+const OpDef& WinogradConv3x3OpDef() {
+  static const OpDef def{kOpName, &Create};
+  return def;
+}
+
+}  // namespace difflite

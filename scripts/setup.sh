@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian/Ubuntu machine for difflite: system packages, the CPU build of torch,
+# then difflite itself (editable). `--test` adds the test-only dependencies (pytest, tensorflow).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(cmake g++ make opencl-headers ocl-icd-opencl-dev pocl-opencl-icd libflatbuffers-dev clinfo)
+PYTHON=${PYTHON:-python3}
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# torch first and pinned: anything that pulls an unpinned torch would fetch a multi-GB CUDA build.
+"$PYTHON" -m pip install -q torch==2.13.0
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+"$PYTHON" -m pip install -q -e ".${extras}"
+"$PYTHON" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
