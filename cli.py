@@ -62,6 +62,9 @@ def main():
     GPU-aware custom ops, and verify, inspect and benchmark the result."""
 
 
+DEFAULT_FUSE = ("gelu", "groupnorm", "attention")
+
+
 def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
     from compiler.custom_ops import FUSE_KINDS
     if no_fuse:
@@ -69,7 +72,7 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
             raise BadInput("--fuse and --no-fuse exclude each other")
         return ()
     if fuse is None:
-        return ()
+        return DEFAULT_FUSE
     kinds = tuple(k.strip() for k in fuse.split(",") if k.strip())
     bad = [k for k in kinds if k not in FUSE_KINDS]
     if bad:
@@ -91,8 +94,11 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
               help="UNet batch (2 = classifier-free guidance in one call).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Weight storage: fp16 stores float16 weights + DEQUANTIZE.")
-@click.option("--fuse", default=None, help="Comma-separated fusions to apply.")
-@click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only.")
+@click.option("--fuse", default=None,
+              help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, attention, winograd "
+                   "[default: gelu,groupnorm,attention].")
+@click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only (recognised patterns are decomposed "
+                                                "into NHWC-friendly builtins).")
 @click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -182,6 +188,37 @@ def verify(out, model, config, backend, seeds, components, as_json):
                                for c in checks]))
     if not all(c.passed for c in checks):
         raise VerificationFailed("verification failed: error over tolerance")
+
+
+@main.group()
+def oplib():
+    """Build the C++ op library (libdifflite_delegate.so)."""
+
+
+@oplib.command("build")
+@click.option("--target", type=click.Choice(["host", "android-arm64"]), default="host", show_default=True,
+              help="android-arm64 uses the NDK's CMake toolchain from ANDROID_NDK_HOME.")
+@click.option("-o", "--output", "out", type=click.Path(file_okay=False), default=None,
+              help="Copy the library into this folder (default: leave it in custom_ops/build).")
+def oplib_build(target, out):
+    """Configure and build the op library with CMake; print the library's path."""
+    import shutil as _shutil
+    from pathlib import Path
+
+    from compiler.oplib import BuildFailed, build
+
+    try:
+        library = build(target)
+    except BuildFailed as exc:
+        click.echo(f"difflite: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        library = Path(_shutil.copy2(library, Path(out) / library.name))
+    click.echo(str(library))
+
+
+# Commands defined next to their implementation register here, one line each.
 
 
 if __name__ == "__main__":

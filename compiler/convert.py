@@ -20,6 +20,7 @@ from compiler.tflite.reader import read_tflite
 from compiler.tflite.writer import load_onnx, write_tflite
 
 DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+CANONICAL_KINDS = ("gelu", "groupnorm", "attention")  # recognised even when not fused
 PRECISIONS = ("fp32", "fp16")
 VERSION = "0.1.0"
 
@@ -134,6 +135,11 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     return report
 
 
+def fuse_kind_of(census_kind: str) -> str:
+    """The --fuse keyword of a report kind (geglu is part of gelu, groupnorm_silu of groupnorm)."""
+    return {"geglu": "gelu", "groupnorm_silu": "groupnorm"}.get(census_kind, census_kind)
+
+
 def latent_info(pipe, options: ConvertOptions) -> dict:
     h, w = export.latent_size(pipe, options.height, options.width)
     return {"channels": int(pipe.vae.config.latent_channels), "height": h, "width": w,
@@ -149,7 +155,11 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     from passes import run_passes
 
     graph = load_onnx(onnx_path)
-    fusion = run_passes(graph, set(options.fuse))
+    # Patterns are always recognised (the writer decomposes unfused kinds into builtins laid out
+    # for NHWC); only the kinds in options.fuse become custom ops.
+    fusion = run_passes(graph, set(CANONICAL_KINDS) | set(options.fuse))
+    for kind, counts in fusion.items():
+        counts["custom_op"] = fuse_kind_of(kind) in options.fuse
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
                           description=f"difflite {VERSION} {name}")
     del graph

@@ -14,27 +14,34 @@ from compiler.errors import BadInput
 from compiler.tflite.builder import SIGNATURE_KEY
 
 BACKENDS = ("cpu", "opencl")
-LIBRARY_NAME = "libdifflite_delegate.so"
 LIBRARY_ENV = "DIFFLITE_OPLIB"
 
 
-def find_oplib() -> Path | None:
-    """The op library: $DIFFLITE_OPLIB, else the repository's custom_ops/build."""
+def find_oplib() -> Path:
+    """The op library: $DIFFLITE_OPLIB, else the source tree's build (built or rebuilt here
+    when missing or older than its sources)."""
+    from compiler import oplib
+
     env = os.environ.get(LIBRARY_ENV)
     if env:
+        if not Path(env).is_file():
+            raise BadInput(f"{env}: {LIBRARY_ENV} names no file")
         return Path(env)
-    candidate = Path(__file__).resolve().parent.parent / "custom_ops" / "build" / LIBRARY_NAME
-    return candidate if candidate.is_file() else None
+    if not oplib.SOURCE.is_dir():
+        raise BadInput(f"the op library {oplib.LIBRARY_NAME} is not available: set {LIBRARY_ENV} to its path")
+    try:
+        return oplib.build("host")
+    except oplib.BuildFailed as exc:
+        raise BadInput(f"building the op library failed: {str(exc).splitlines()[0]}") from exc
 
 
 def delegate_for(backend: str, precision: str = "fp32"):
     from ai_edge_litert.interpreter import load_delegate
 
-    library = find_oplib()
-    if library is None or not Path(library).is_file():
-        raise BadInput(f"the op library {LIBRARY_NAME} is not built: run `difflite oplib build` "
-                       f"or set {LIBRARY_ENV}")
-    return load_delegate(str(library), {"backend": backend, "precision": precision})
+    try:
+        return load_delegate(str(find_oplib()), {"backend": backend, "precision": precision})
+    except ValueError as exc:
+        raise BadInput(f"the op library refused backend={backend}: {exc}") from exc
 
 
 class Component:

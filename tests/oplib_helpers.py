@@ -11,13 +11,9 @@
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import flatbuffers
 import numpy as np
@@ -34,58 +30,11 @@ LIB_NAME = "libdifflite_delegate.so"
 # Building the library
 
 
-def _newest_source_mtime(root: Path, build_dir: Path) -> float:
-    newest = 0.0
-    for p in root.rglob("*"):
-        if not p.is_file():
-            continue
-        top = p.relative_to(root).parts[0]
-        if build_dir in p.parents or top.startswith("build"):
-            continue
-        newest = max(newest, p.stat().st_mtime)
-    return newest
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def build_oplib(build_dir: str | os.PathLike | None = None, jobs: int = 2) -> Path:
-    """Build custom_ops (Release) and return the path of libdifflite_delegate.so.
+    """Build custom_ops (Release, cached) and return the path of libdifflite_delegate.so."""
+    from compiler.oplib import build
 
-    The build directory defaults to $DIFFLITE_OPLIB_BUILD_DIR or
-    custom_ops/build. An up-to-date library is returned without running
-    anything; otherwise CMake configures (first time) and builds with -j`jobs`.
-    """
-    if shutil.which("cmake") is None:
-        raise RuntimeError("cmake is not installed: cannot build the op library")
-    bdir = Path(build_dir or os.environ.get("DIFFLITE_OPLIB_BUILD_DIR") or CUSTOM_OPS / "build")
-    lib = bdir / LIB_NAME
-    with _locked(bdir / ".difflite-build.lock"):
-        if lib.exists() and lib.stat().st_mtime >= _newest_source_mtime(CUSTOM_OPS, bdir):
-            return lib
-        if not (bdir / "CMakeCache.txt").exists():
-            _run(["cmake", "-S", str(CUSTOM_OPS), "-B", str(bdir), "-DCMAKE_BUILD_TYPE=Release"])
-        _run(["cmake", "--build", str(bdir), "-j", str(jobs)])
-        if not lib.exists():
-            raise RuntimeError(f"build finished but {lib} is missing")
-        lib.touch()  # an unchanged relink keeps the old mtime
-        return lib
-
-
-def _run(cmd: Sequence[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-        )
+    return build("host", Path(build_dir) if build_dir else None, jobs)
 
 
 # --------------------------------------------------------------------------

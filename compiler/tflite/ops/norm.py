@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.tflite import layout
 from compiler.tflite.ops import attr, lowers
 
 

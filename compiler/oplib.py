@@ -1,0 +1,148 @@
+"""Build the C++ op library (custom_ops/, CMake) that runs the difflite custom ops.
+
+`difflite oplib build` and the tests use this; the runtime finds the result through
+compiler.runtime.find_oplib (custom_ops/build by default)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from compiler.errors import BadInput
+
+SOURCE = Path(__file__).resolve().parent.parent / "custom_ops"
+DEFAULT_BUILD = SOURCE / "build"
+LIBRARY_NAME = "libdifflite_delegate.so"
+TARGETS = ("host", "android-arm64")
+
+
+class BuildFailed(RuntimeError):
+    pass
+
+
+def newest_source_mtime(source: Path, build_dir: Path) -> float:
+    newest = 0.0
+    for path in source.rglob("*"):
+        if path.is_file() and build_dir not in path.parents and not path.relative_to(source).parts[0].startswith("build"):
+            newest = max(newest, path.stat().st_mtime)
+    return newest
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path):
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".difflite-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+ANDROID_ABI = "arm64-v8a"
+ANDROID_PLATFORM_DEFAULT = "android-28"
+NDK_ENV = "ANDROID_NDK_HOME"
+FLATBUFFERS_ENV = "DIFFLITE_FLATBUFFERS_INCLUDE_DIR"
+FLATBUFFERS_SEARCH = (Path("/usr/include"), Path("/usr/local/include"), Path("/opt/homebrew/include"))
+
+
+def default_build_dir(target: str = "host") -> Path:
+    """Where build(target) puts the library when no build_dir is given. DIFFLITE_OPLIB_BUILD_DIR
+    overrides the host build only: a cross build must not share a CMake cache with it."""
+    if target == "host":
+        return Path(os.environ.get("DIFFLITE_OPLIB_BUILD_DIR") or DEFAULT_BUILD)
+    return SOURCE / f"build-{target}"
+
+
+def android_ndk() -> Path:
+    """The Android NDK folder from $ANDROID_NDK_HOME (or $ANDROID_NDK_ROOT), checked."""
+    ndk = os.environ.get(NDK_ENV) or os.environ.get("ANDROID_NDK_ROOT")
+    if not ndk:
+        raise BadInput(f"--target android-arm64 needs the Android NDK, and {NDK_ENV} is not set: install an NDK "
+                       f"(r23 or newer; Android Studio's SDK Manager or developer.android.com/ndk/downloads) "
+                       f"and export {NDK_ENV}=/path/to/android-ndk")
+    toolchain = Path(ndk) / "build" / "cmake" / "android.toolchain.cmake"
+    if not toolchain.is_file():
+        raise BadInput(f"{toolchain}: not found; {NDK_ENV}={ndk} must point at an Android NDK folder "
+                       f"(the one holding build/cmake/android.toolchain.cmake)")
+    return Path(ndk)
+
+
+def flatbuffers_headers() -> Path:
+    """The folder holding flatbuffers/flexbuffers.h on the build machine (header-only use, so the
+    host's headers serve every target)."""
+    env = os.environ.get(FLATBUFFERS_ENV)
+    candidates = [Path(env)] if env else list(FLATBUFFERS_SEARCH)
+    for folder in candidates:
+        if (folder / "flatbuffers" / "flexbuffers.h").is_file():
+            return folder
+    where = f"{FLATBUFFERS_ENV}={env}" if env else ", ".join(map(str, FLATBUFFERS_SEARCH))
+    raise BadInput(f"flatbuffers/flexbuffers.h not found in {where}: apt-get install libflatbuffers-dev "
+                   f"(header-only use) or set {FLATBUFFERS_ENV} to the folder that holds flatbuffers/")
+
+
+def stage_flatbuffers(build_dir: Path) -> Path:
+    """A folder inside build_dir holding only flatbuffers/: handing a cross compiler the host's
+    /usr/include would let the host's C library headers shadow the target's."""
+    source = flatbuffers_headers() / "flatbuffers"
+    staged = build_dir / "flatbuffers-include"
+    link = staged / "flatbuffers"
+    staged.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and link.resolve() == source.resolve():
+        return staged
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.is_dir():
+        shutil.rmtree(link)
+    try:
+        link.symlink_to(source, target_is_directory=True)
+    except OSError:
+        shutil.copytree(source, link)
+    return staged
+
+
+def cmake_arguments(target: str, build_dir: Path | None = None) -> list[str]:
+    """Extra CMake configure arguments of a target. android-arm64: the NDK's toolchain file,
+    ANDROID_ABI=arm64-v8a, ANDROID_PLATFORM ($ANDROID_PLATFORM or android-28), the static C++
+    runtime (nothing but the library to push), and the flatbuffers headers staged in build_dir."""
+    if target == "host":
+        return []
+    toolchain = android_ndk() / "build" / "cmake" / "android.toolchain.cmake"
+    headers = stage_flatbuffers(Path(build_dir or default_build_dir(target)))
+    return [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}", f"-DANDROID_ABI={ANDROID_ABI}",
+            f"-DANDROID_PLATFORM={os.environ.get('ANDROID_PLATFORM') or ANDROID_PLATFORM_DEFAULT}",
+            "-DANDROID_STL=c++_static", f"-D{FLATBUFFERS_ENV}={headers}"]
+
+
+def build(target: str = "host", build_dir: Path | None = None, jobs: int | None = None) -> Path:
+    """Configure and build; an up-to-date library is returned without running anything."""
+    if target not in TARGETS:
+        raise BadInput(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+    if shutil.which("cmake") is None:
+        raise BadInput("cmake is not installed (apt-get install cmake g++)")
+    if target != "host":
+        android_ndk()  # say what is missing before anything is created
+    build_dir = Path(build_dir or default_build_dir(target))
+    library = build_dir / LIBRARY_NAME
+    with build_lock(build_dir):
+        extra = cmake_arguments(target, build_dir)
+        if library.exists() and library.stat().st_mtime >= newest_source_mtime(SOURCE, build_dir):
+            return library
+        if not (build_dir / "CMakeCache.txt").exists():
+            run(["cmake", "-S", str(SOURCE), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *extra])
+        run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)])
+        if not library.exists():
+            raise BuildFailed(f"the build finished but {library} is missing")
+        library.touch()  # an unchanged relink keeps the old mtime
+    return library
+
+
+def run(command: list[str]) -> None:
+    process = subprocess.run(command, capture_output=True, text=True)
+    if process.returncode != 0:
+        raise BuildFailed(f"{' '.join(command)} failed ({process.returncode}):\n"
+                          f"{process.stdout[-4000:]}\n{process.stderr[-4000:]}")

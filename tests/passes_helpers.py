@@ -1,0 +1,116 @@
+"""Helpers for tests/test_passes.py: export small torch modules, run graphs with onnxruntime
+(difflite ops through passes.reference), compare before/after."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import warnings
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx_ir as ir
+import onnxruntime as ort
+import torch
+
+from compiler import custom_ops
+from passes.reference import with_reference_functions
+
+
+class Wrapper(torch.nn.Module):
+    """Calls `module(*args, **kwargs)` and returns the first tensor of its output."""
+
+    def __init__(self, module, **kwargs):
+        super().__init__()
+        self.module = module
+        self.kwargs = kwargs
+
+    def forward(self, *args):
+        out = self.module(*args, **self.kwargs)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        return getattr(out, "sample", getattr(out, "last_hidden_state", out))
+
+
+def perturb(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Move every parameter off its init (norms are identities and biases zero at init)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    return module.eval()
+
+
+def export(module: torch.nn.Module, args: tuple, opset: int = 18, dynamo: bool = True) -> ir.Model:
+    """torch -> ONNX in memory (quietly) -> onnx_ir.Model."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer), \
+            warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            proto = torch.onnx.export(module.eval(), args, dynamo=True, opset_version=opset).model_proto
+        else:
+            stream = io.BytesIO()
+            torch.onnx.export(module.eval(), args, stream, dynamo=False, opset_version=opset)
+            proto = onnx.load_from_string(stream.getvalue())
+    return ir.from_proto(proto)
+
+
+def snapshot(model: ir.Model) -> onnx.ModelProto:
+    """A self-contained proto of the model (external weights read in: tiny models only)."""
+    proto = ir.to_proto(model)
+    for index, init in enumerate(proto.graph.initializer):
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            array = model.graph.initializers[init.name].const_value.numpy()
+            proto.graph.initializer[index].CopyFrom(onnx.numpy_helper.from_array(array, init.name))
+    return proto
+
+
+def random_feeds(proto: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    initializers = {i.name for i in proto.graph.initializer}
+    feeds = {}
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = [d.dim_value for d in tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if np.issubdtype(dtype, np.integer):
+            feeds[value.name] = rng.integers(1, 10, size=shape).astype(dtype)
+        else:
+            feeds[value.name] = (rng.standard_normal(shape) + 0.1).astype(dtype)
+    return feeds
+
+
+def run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(with_reference_functions(proto).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def relative_error(before: onnx.ModelProto, after: onnx.ModelProto, seed: int = 0) -> float:
+    """max |after - before| / max |before| over all outputs, on random non-zero inputs."""
+    feeds = random_feeds(before, seed)
+    worst = 0.0
+    for a, b in zip(run(before, feeds), run(after, feeds), strict=True):
+        assert a.shape == b.shape
+        worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-12)))
+    return worst
+
+
+def difflite_ops(model: ir.Model) -> collections.Counter:
+    return collections.Counter(n.op_type for n in model.graph if n.domain == custom_ops.DOMAIN)
+
+
+def difflite_nodes(model: ir.Model, op: custom_ops.CustomOp) -> list[ir.Node]:
+    return [n for n in model.graph if n.domain == custom_ops.DOMAIN and n.op_type == op.name]
+
+
+def attr(node: ir.Node, name: str):
+    return node.attributes[name].value

@@ -1,0 +1,415 @@
+"""The ONNX passes: equivalence (onnxruntime before vs after, difflite ops via passes.reference),
+match counts on real tiny exports against an independent census, and near misses that must not
+match."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+import passes_helpers as H
+from compiler import custom_ops
+from passes import census, run_passes
+from passes.attention import fuse_attention
+from passes import cleanup as cleanup_module
+from passes.cleanup import cleanup
+from passes.gelu import fuse_gelu
+from passes.group_norm import fuse_group_norm
+from passes.reference import with_reference_functions
+
+TOLERANCE = 1e-5
+ALL_FUSIONS = {"gelu", "groupnorm", "attention"}
+
+
+def apply(model: ir.Model, *fusions) -> ir.Model:
+    """Cleanup + fusions in place; asserts the result computes what the input did."""
+    before = H.snapshot(model)
+    cleanup(model)
+    for fuse in fusions:
+        fuse(model)
+    assert H.relative_error(before, H.snapshot(model)) <= TOLERANCE
+    return model
+
+
+def onnx_model(nodes, inputs: dict, output_shape, initializers: dict, opset: int = 18) -> ir.Model:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers.items()])
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10))
+
+
+# --------------------------------------------------------------------------------- reference
+
+
+def test_reference_functions_match_numpy():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6, 3, 5)).astype(np.float32)
+    gamma, beta = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    node = helper.make_node("GroupNorm", ["x", "g", "b"], ["y"], domain=custom_ops.DOMAIN,
+                            groups=3, epsilon=1e-4, activation="silu")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, x.shape)],
+                              [helper.make_tensor_value_info("y", 1, x.shape)],
+                              [numpy_helper.from_array(gamma, "g"), numpy_helper.from_array(beta, "b")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    got = H.run(proto, {"x": x})[0]
+    grouped = x.astype(np.float64).reshape(2, 3, -1)
+    normed = (grouped - grouped.mean(-1, keepdims=True)) / np.sqrt(grouped.var(-1, keepdims=True) + 1e-4)
+    pre = normed.reshape(x.shape) * gamma[:, None, None] + beta[:, None, None]
+    assert np.max(np.abs(got - pre / (1 + np.exp(-pre)))) < 1e-5
+    assert {f.name for f in with_reference_functions(proto).functions} == {"GroupNorm__silu"}
+
+
+# --------------------------------------------------------------------------------- cleanup
+
+
+class BlockCall(torch.nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, context):
+        return self.block(x, encoder_hidden_states=context)
+
+
+def _block(processor: str = "sdpa", dim=32, heads=2, head_dim=16):
+    """A diffusers BasicTransformerBlock (self + cross attention, GEGLU), batch 2, Lq 10, Lk 5."""
+    from diffusers.models.attention import BasicTransformerBlock
+    from diffusers.models.attention_processor import AttnProcessor
+
+    torch.manual_seed(0)
+    block = BasicTransformerBlock(dim=dim, num_attention_heads=heads, attention_head_dim=head_dim,
+                                  cross_attention_dim=24, activation_fn="geglu")
+    if processor == "plain":  # the 3-D head form: head_to_batch_dim, baddbmm, bmm
+        for attention in (block.attn1, block.attn2):
+            attention.set_processor(AttnProcessor())
+    return BlockCall(H.perturb(block)), (torch.randn(2, 10, dim), torch.randn(2, 5, 24))
+
+
+def test_cleanup_makes_legacy_export_static():
+    module, args = _block()
+    model = apply(H.export(module, args, opset=17, dynamo=False))
+    ops = {n.op_type for n in model.graph}
+    assert not ops & {"Identity", "Cast", "Shape", "Constant", "Gather"}
+    for node in model.graph:
+        if node.op_type == "Reshape":
+            assert node.inputs[1].const_value.numpy().tolist() == list(node.outputs[0].shape)
+    assert not cleanup_module.non_static_values(model) and not cleanup_module.dynamic_shape_inputs(model)
+
+
+def _tiny_clip(attn_implementation: str):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    config = CLIPTextConfig(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, max_position_embeddings=16, hidden_act="quick_gelu")
+    model = CLIPTextModel(config)
+    model.set_attn_implementation(attn_implementation)
+    return H.Wrapper(H.perturb(model)), (torch.randint(0, 100, (1, 16)),)
+
+
+def test_cleanup_drops_softmax_nan_guard():
+    model = apply(H.export(*_tiny_clip("sdpa")))
+    assert not {n.op_type for n in model.graph} & {"IsNaN", "Where"}
+
+
+# --------------------------------------------------------------------------------- gelu
+
+
+def _activations():
+    from transformers.activations import ACT2FN
+
+    return [("erf", torch.nn.GELU()), ("tanh", torch.nn.GELU(approximate="tanh")),
+            ("erf", ACT2FN["gelu"]), ("tanh", ACT2FN["gelu_new"]), ("tanh", ACT2FN["gelu_fast"]),
+            ("sigmoid", ACT2FN["quick_gelu"])]
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "legacy"])
+@pytest.mark.parametrize("index", range(6))
+def test_gelu_forms_fuse(index, dynamo):
+    approximate, activation = _activations()[index]
+    torch.manual_seed(index)
+    module = H.perturb(torch.nn.Sequential(torch.nn.Linear(8, 12), activation))
+    model = apply(H.export(module, (torch.randn(2, 5, 8),), dynamo=dynamo), fuse_gelu)
+    [node] = H.difflite_nodes(model, custom_ops.GELU)
+    assert H.attr(node, "approximate") == approximate
+    assert not {n.op_type for n in model.graph} & {"Erf", "Tanh", "Sigmoid"}
+
+
+def test_gelu_op_of_opset_20_fuses():
+    module = H.perturb(torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.GELU(approximate="tanh")))
+    model = apply(H.export(module, (torch.randn(2, 5, 8),), opset=20), fuse_gelu)
+    assert [H.attr(n, "approximate") for n in H.difflite_nodes(model, custom_ops.GELU)] == ["tanh"]
+
+
+def test_gelu_with_wrong_constant_is_not_fused():
+    nodes = [helper.make_node("Div", ["x", "c"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["e1", "half"], ["h"]),
+             helper.make_node("Mul", ["x", "h"], ["y"])]
+    consts = {"c": np.float32(1.3), "one": np.float32(1.0), "half": np.float32(0.5)}
+    model = apply(onnx_model(nodes, {"x": [2, 7]}, [2, 7], consts), fuse_gelu)
+    assert not H.difflite_ops(model)
+
+
+@pytest.mark.parametrize("opset,dynamo", [(18, True), (18, False), (21, True)])
+def test_geglu_fuses_projection_halves(opset, dynamo):
+    from diffusers.models.activations import GEGLU
+
+    torch.manual_seed(0)
+    module = H.perturb(GEGLU(8, 6))
+    model = apply(H.export(module, (torch.randn(2, 5, 8),), opset=opset, dynamo=dynamo), fuse_gelu)
+    assert H.difflite_ops(model) == {custom_ops.GEGLU.name: 1}
+    [node] = H.difflite_nodes(model, custom_ops.GEGLU)
+    assert node.inputs[0].shape.dims[-1] == 12 and H.attr(node, "approximate") == "erf"
+
+
+class ChunkGelu(torch.nn.Module):
+    """hidden * gelu(gate) from a chunk of axis 1: a GELU, not a GEGLU (the op splits the last axis)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        hidden, gate = self.proj(x).chunk(2, dim=1)
+        return hidden * torch.nn.functional.gelu(gate)
+
+
+def test_geglu_off_the_last_axis_is_only_a_gelu():
+    model = apply(H.export(H.perturb(ChunkGelu()), (torch.randn(2, 6, 8),)), fuse_gelu)
+    assert H.difflite_ops(model) == {custom_ops.GELU.name: 1}
+
+
+# --------------------------------------------------------------------------------- group norm
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_norm_silu_in_resnet_block(opset):
+    from diffusers.models.resnet import ResnetBlock2D
+
+    torch.manual_seed(0)
+    block = H.perturb(ResnetBlock2D(in_channels=16, out_channels=24, temb_channels=None, groups=4))
+    model = apply(H.export(H.Wrapper(block, temb=None), (torch.randn(2, 16, 5, 7),), opset=opset),
+                  fuse_group_norm)
+    nodes = H.difflite_nodes(model, custom_ops.GROUP_NORM)
+    assert [(H.attr(n, "groups"), H.attr(n, "activation")) for n in nodes] == [(4, "silu")] * 2
+    assert not {n.op_type for n in model.graph} & {"InstanceNormalization", "GroupNormalization", "Sigmoid"}
+
+
+class NormThenSilu(torch.nn.Module):
+    def __init__(self, affine=True, reuse=False):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(3, 12, eps=1e-3, affine=affine)
+        self.reuse = reuse
+
+    def forward(self, x):
+        y = self.norm(x)
+        out = torch.sigmoid(y) * y  # sigmoid first: the other operand order
+        return out + y if self.reuse else out
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm_on_3d_input_with_sigmoid_first(affine):
+    model = apply(H.export(H.perturb(NormThenSilu(affine)), (torch.randn(2, 12, 10),)), fuse_group_norm)
+    [node] = H.difflite_nodes(model, custom_ops.GROUP_NORM)
+    assert (H.attr(node, "groups"), H.attr(node, "activation")) == (3, "silu")
+    assert math.isclose(H.attr(node, "epsilon"), 1e-3, rel_tol=1e-6)
+
+
+def test_group_norm_output_used_twice_keeps_silu_outside():
+    model = apply(H.export(H.perturb(NormThenSilu(reuse=True)), (torch.randn(2, 12, 10),)), fuse_group_norm)
+    [node] = H.difflite_nodes(model, custom_ops.GROUP_NORM)
+    assert H.attr(node, "activation") == "none"
+
+
+def _manual_group_norm(shape, grouped, group_scale, group_bias, gamma, beta) -> ir.Model:
+    nodes = [helper.make_node("Reshape", ["x", "grouped"], ["g"]),
+             helper.make_node("InstanceNormalization", ["g", "s", "b"], ["n"], epsilon=1e-5),
+             helper.make_node("Reshape", ["n", "shape"], ["r"]),
+             helper.make_node("Mul", ["r", "gamma"], ["m"]),
+             helper.make_node("Add", ["m", "beta"], ["y"])]
+    consts = {"grouped": np.array(grouped, np.int64), "shape": np.array(shape, np.int64),
+              "s": group_scale.astype(np.float32), "b": group_bias.astype(np.float32),
+              "gamma": gamma.astype(np.float32), "beta": beta.astype(np.float32)}
+    return onnx_model(nodes, {"x": list(shape)}, list(shape), consts)
+
+
+def test_group_norm_folds_instance_norm_scale_and_bias():
+    rng = np.random.default_rng(0)
+    model = _manual_group_norm((2, 12, 3, 5), (2, 4, -1), rng.standard_normal(4) + 1.5, rng.standard_normal(4),
+                               rng.standard_normal((12, 1, 1)), rng.standard_normal((12, 1, 1)))
+    model = apply(model, fuse_group_norm)
+    assert H.difflite_ops(model) == {custom_ops.GROUP_NORM.name: 1}
+
+
+def test_group_norm_gamma_along_width_is_not_absorbed():
+    rng = np.random.default_rng(0)
+    gamma = rng.standard_normal((1, 1, 1, 5))
+    model = _manual_group_norm((2, 12, 3, 5), (2, 4, -1), np.ones(4), np.zeros(4), gamma,
+                               rng.standard_normal((12, 1, 1)))
+    model = apply(model, fuse_group_norm)
+    [node] = H.difflite_nodes(model, custom_ops.GROUP_NORM)  # the plain norm only
+    assert np.all(node.inputs[1].const_value.numpy() == 1) and np.all(node.inputs[2].const_value.numpy() == 0)
+    assert [n.op_type for n in model.graph] == ["GroupNorm", "Mul", "Add"]
+
+
+def test_group_norm_with_groups_cutting_channels_is_not_fused():
+    rng = np.random.default_rng(0)  # [N, 5, -1] of 12 channels: the "groups" cut through channels
+    model = _manual_group_norm((2, 12, 5, 5), (2, 5, -1), np.ones(5), np.zeros(5),
+                               rng.standard_normal((12, 1, 1)), rng.standard_normal((12, 1, 1)))
+    model = apply(model, fuse_group_norm)
+    assert not H.difflite_ops(model)
+
+
+# --------------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("processor,opset,dynamo", [
+    ("sdpa", 18, True), ("plain", 18, True), ("sdpa", 18, False), ("plain", 17, False), ("sdpa", 23, True)])
+def test_attention_forms_in_transformer_block(processor, opset, dynamo):
+    module, args = _block(processor)
+    model = apply(H.export(module, args, opset=opset, dynamo=dynamo), fuse_gelu, fuse_attention)
+    nodes = H.difflite_nodes(model, custom_ops.ATTENTION)
+    assert [(H.attr(n, "heads"), round(H.attr(n, "scale"), 6), H.attr(n, "causal")) for n in nodes] == \
+        [(2, 0.25, 0)] * 2
+    assert [n.inputs[1].shape.dims[1] for n in nodes] == [10, 5]  # self, then cross attention
+    assert not {n.op_type for n in model.graph if n.domain == ""} & {"Softmax", "Attention", "Transpose"}
+
+
+def test_attention_head_dim_64():
+    module, args = _block(dim=128, heads=2, head_dim=64)
+    model = apply(H.export(module, args), fuse_attention)
+    assert [round(H.attr(n, "scale"), 6) for n in H.difflite_nodes(model, custom_ops.ATTENTION)] == [0.125] * 2
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_clip_attention_is_causal(implementation):
+    model = apply(H.export(*_tiny_clip(implementation)), fuse_gelu, fuse_attention)
+    nodes = H.difflite_nodes(model, custom_ops.ATTENTION)
+    assert [(H.attr(n, "heads"), H.attr(n, "causal")) for n in nodes] == [(4, 1)] * 2
+    assert math.isclose(H.attr(nodes[0], "scale"), 8 ** -0.5, rel_tol=1e-6)
+    assert H.difflite_ops(model)[custom_ops.GELU.name] == 2
+
+
+def test_vae_single_head_attention_keeps_layout_outside():
+    from diffusers.models.attention_processor import Attention
+
+    torch.manual_seed(0)
+    block = H.perturb(Attention(16, heads=1, dim_head=16, norm_num_groups=4, residual_connection=True,
+                                bias=True, upcast_softmax=True, _from_deprecated_attn_block=True))
+    model = apply(H.export(H.Wrapper(block), (torch.randn(1, 16, 6, 5),)), fuse_group_norm, fuse_attention)
+    [node] = H.difflite_nodes(model, custom_ops.ATTENTION)
+    assert H.attr(node, "heads") == 1 and list(node.inputs[0].shape) == [1, 30, 16]
+    assert H.difflite_ops(model)[custom_ops.GROUP_NORM.name] == 1
+
+
+class ToyAttention(torch.nn.Module):
+    """Hand-written attention: the knobs make near misses."""
+
+    def __init__(self, mask=None, softmax_dim=-1, split="heads_last"):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+        self.mask, self.softmax_dim, self.split = mask, softmax_dim, split
+
+    def _heads(self, t):
+        n, length, _ = t.shape
+        if self.split == "heads_first":  # mixes tokens into heads: not a head split
+            return t.reshape(n, 2, length, 8)
+        return t.reshape(n, length, 2, 8).transpose(1, 2)
+
+    def forward(self, x):
+        q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
+        scores = q @ k.transpose(-1, -2) * 8 ** -0.5
+        if self.mask is not None:
+            scores = scores + self.mask
+        out = scores.softmax(self.softmax_dim) @ v
+        return out.transpose(1, 2).reshape(x.shape)
+
+
+def _toy(**kwargs) -> ir.Model:
+    torch.manual_seed(0)
+    return apply(H.export(H.perturb(ToyAttention(**kwargs)), (torch.randn(2, 6, 16),)), fuse_attention)
+
+
+def test_causal_mask_of_a_toy_attention():
+    model = _toy(mask=torch.full((6, 6), -1e9).triu(1))
+    assert [H.attr(n, "causal") for n in H.difflite_nodes(model, custom_ops.ATTENTION)] == [1]
+
+
+def _causal_mask_with(row: int, col: int, value: float) -> torch.Tensor:
+    mask = torch.full((6, 6), -1e9).triu(1)
+    mask[row, col] = value
+    return mask
+
+
+@pytest.mark.parametrize("case", ["softmax_over_queries", "mask_lower_triangle", "mask_partial",
+                                  "mask_bias_below", "heads_first_split"])
+def test_attention_near_misses_are_not_fused(case):
+    kwargs = {
+        "softmax_over_queries": {"softmax_dim": -2},
+        "mask_lower_triangle": {"mask": torch.full((6, 6), -1e9).tril(-1)},
+        "mask_partial": {"mask": _causal_mask_with(0, 4, -1.0)},  # one entry not masked off
+        "mask_bias_below": {"mask": _causal_mask_with(3, 1, 0.5)},  # a bias, not a mask
+        "heads_first_split": {"split": "heads_first"},
+    }[case]
+    assert not H.difflite_ops(_toy(**kwargs))
+
+
+# --------------------------------------------------------------------------------- real exports
+
+TINY_HEIGHT, TINY_WIDTH, TINY_BATCH = 48, 32, 2  # non-square; the batch applies to the UNet
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from compiler.export import COMPONENTS, component_spec, export_onnx
+    from compiler.models import load_pipeline
+
+    pipe = load_pipeline("preset:tiny")
+    folder = tmp_path_factory.mktemp("tiny_onnx")
+    paths = {name: export_onnx(component_spec(pipe, name, TINY_HEIGHT, TINY_WIDTH, TINY_BATCH),
+                               folder / f"{name}.onnx")
+             for name in COMPONENTS}
+    modules = {"text_encoder": pipe.text_encoder, "unet": pipe.unet,
+               "vae_decoder": pipe.vae.decoder, "vae_encoder": pipe.vae.encoder}
+    return paths, modules
+
+
+@pytest.mark.parametrize("component", ["text_encoder", "unet", "vae_decoder", "vae_encoder"])
+def test_tiny_component_all_candidates_fused(tiny, component):
+    paths, modules = tiny
+    model = ir.load(str(paths[component]))
+    before = H.snapshot(model)
+    counts = run_passes(model, ALL_FUSIONS | {"winograd"})
+    for kind, count in counts.items():
+        assert count["matched"] == count["candidates"], (component, kind, counts)
+    expected = census.module_census(modules[component])
+    for kind in ("gelu", "geglu", "groupnorm", "attention"):
+        assert counts[kind]["candidates"] == expected[kind], (component, kind, counts, expected)
+    assert cleanup_module.non_static_values(model) == []
+    assert H.relative_error(before, H.snapshot(model)) <= TOLERANCE
+
+
+def test_tiny_unet_counts_and_partial_fusion(tiny):
+    paths, modules = tiny
+    model = ir.load(str(paths["unet"]))
+    counts = run_passes(model, {"groupnorm", "winograd"})
+    assert counts["groupnorm"]["matched"] == census.module_census(modules["unet"])["groupnorm"] > 0
+    assert counts["groupnorm_silu"]["matched"] == counts["groupnorm_silu"]["candidates"] > 0
+    assert counts["attention"] == {"matched": 0, "candidates": census.module_census(modules["unet"])["attention"]}
+    assert counts["geglu"]["matched"] == 0 < counts["geglu"]["candidates"]
+    with pytest.raises(ValueError):
+        run_passes(model, {"flash"})
+
+
+@pytest.mark.parametrize("component", ["text_encoder", "unet", "vae_decoder", "vae_encoder"])
+def test_tiny_component_cleanup_is_static(tiny, component):
+    model = ir.load(str(tiny[0][component]))
+    stats = cleanup(model)
+    assert stats["non_static"] == [] and stats["dynamic_inputs"] == []
