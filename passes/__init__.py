@@ -45,6 +45,7 @@ def fused_counts(model: ir.Model) -> dict[str, int]:
         if node.domain != custom_ops.DOMAIN or node.op_type not in kind_of:
             continue
         counts[kind_of[node.op_type]] += 1
-        if node.op_type == custom_ops.GROUP_NORM.name and node.attributes.get_string("activation", "none") == "silu":
+        activation = node.attributes.get_string("activation", "none")
+        if node.op_type == custom_ops.GROUP_NORM.name and activation == "silu":
             counts["groupnorm_silu"] += 1
     return counts

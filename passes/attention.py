@@ -193,21 +193,21 @@ def _mask_kind(mask: ir.Value, scores_shape: tuple[int, ...]) -> str | None:
 
 
 def _mask_array(mask: ir.Value) -> np.ndarray | None:
-    """A constant mask, or a broadcast view of one expanded at run time (ConstantOfShape/Expand)."""
+    """A constant mask, or the small constant a ConstantOfShape/Expand broadcasts at run time
+    (never expanded here: such masks can be [N*H, L, L] with L = 4096)."""
     array = ir_utils.const_array(mask)
     if array is not None:
         return array
     node = mask.producer()
-    shape = ir_utils.static_shape(mask)
-    if node is None or shape is None:
+    rank = len(mask.shape) if mask.shape is not None else None
+    if node is None or rank is None:
         return None
     if node.op_type == "ConstantOfShape":
         attr = node.attributes.get("value")
         fill = attr.value.numpy().reshape(-1)[0] if attr is not None else 0.0
-        return np.broadcast_to(np.asarray(fill, dtype=np.float64), shape)
+        return np.full((1,) * rank, fill, dtype=np.float64)
     if node.op_type == "Expand":
-        small = ir_utils.const_array(node.inputs[0])
-        return None if small is None else np.broadcast_to(small, shape)
+        return ir_utils.const_array(node.inputs[0])
     return None
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
-from onnxscript.optimizer import _constant_folding
+import onnxscript.optimizer
 
 from passes import ir_utils
 
@@ -91,10 +91,10 @@ def _fold_constants(model: ir.Model) -> bool:
                 return False
         return None
 
-    folder = _constant_folding.FoldConstantsPass(
-        shape_inference=True, input_size_limit=FOLD_INPUT_LIMIT,
+    result = onnxscript.optimizer.fold_constants(
+        model, onnx_shape_inference=True, input_size_limit=FOLD_INPUT_LIMIT,
         output_size_limit=FOLD_OUTPUT_LIMIT, should_fold=should_fold)
-    return folder(model).modified
+    return result.modified
 
 
 def _remove_noop_casts(graph: ir.Graph) -> bool:
@@ -123,7 +123,8 @@ def _remove_nan_guards(graph: ir.Graph) -> bool:
             continue
         if probs.producer() is None or probs.producer().op_type != "Softmax":
             continue
-        if ir_utils.scalar_const(zero) != 0.0 or ir_utils.static_shape(probs) != ir_utils.static_shape(node.outputs[0]):
+        same_shape = ir_utils.static_shape(probs) == ir_utils.static_shape(node.outputs[0])
+        if ir_utils.scalar_const(zero) != 0.0 or not same_shape:
             continue
         changed |= _bypass(graph, node, probs, node.outputs[0])
     return changed

@@ -12,7 +12,9 @@ gate are the two halves of the projection's last axis, from one Split or (legacy
 Slices. The projection (MatMul + bias Add) stays outside the op.
 
 Cleanup runs first and puts constants second in Add/Mul, so only the order of non-constant
-operands needs alternatives. Not covered: GELUs whose constants are not one-element initializers, GEGLU halves taken off another axis.
+operands needs alternatives. Not covered: GELUs whose constants are not one-element initializers,
+other algebraic rearrangements (e.g. 0.5 folded into the erf argument's scale), GEGLU halves
+taken off another axis or in the order (gate, hidden).
 """
 
 from __future__ import annotations
