@@ -62,10 +62,8 @@ def main():
     GPU-aware custom ops, and verify, inspect and benchmark the result."""
 
 
-DEFAULT_FUSE = ("gelu", "groupnorm", "attention")
-
-
 def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
+    from compiler.convert import DEFAULT_FUSE
     from compiler.custom_ops import FUSE_KINDS
     if no_fuse:
         if fuse:
@@ -96,14 +94,19 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
               help="Weight storage: fp16 stores float16 weights + DEQUANTIZE.")
 @click.option("--fuse", default=None,
               help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, attention, winograd "
-                   "[default: gelu,groupnorm,attention].")
+                   "[default: all four; winograd only where the device profile and budget say].")
+@click.option("--device-profile", default="generic", show_default=True,
+              help="Target GPU profile (compiler/device_profiles.json): generic, adreno-740, mali-g715, ...; "
+                   "it picks Winograd convolutions and attention variants.")
+@click.option("--winograd-budget-mb", default=200.0, show_default=True, type=float,
+              help="Extra weight memory Winograd may add (its weights are 4x a 3x3 conv's).")
 @click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only (recognised patterns are decomposed "
                                                 "into NHWC-friendly builtins).")
 @click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert(model, out, config, components, height, width, batch, precision, fuse, no_fuse,
-            keep_onnx, seed, as_json):
+            device_profile, winograd_budget_mb, keep_onnx, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
     MODEL is a local diffusers folder, a .safetensors/.ckpt file (with --config FOLDER), or
@@ -114,7 +117,8 @@ def convert(model, out, config, components, height, width, batch, precision, fus
     options = ConvertOptions(
         components=tuple(c.strip() for c in components.split(",") if c.strip()),
         height=height, width=width, batch=batch, precision=precision,
-        fuse=parse_fuse(fuse, no_fuse), keep_onnx=keep_onnx, seed=seed)
+        fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=winograd_budget_mb,
+        keep_onnx=keep_onnx, seed=seed)
     quiet = as_json
 
     def log(message):
@@ -219,6 +223,9 @@ def oplib_build(target, out):
 
 
 # Commands defined next to their implementation register here, one line each.
+from compiler.generate import generate_command  # noqa: E402
+main.add_command(generate_command, "generate")
+from compiler.bench import bench_command; main.add_command(bench_command, "bench")  # noqa: E402,E702
 
 
 if __name__ == "__main__":

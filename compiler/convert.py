@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from compiler import export, manifest, memory, models
+from compiler import export, manifest, memory, models, profiles
 from compiler.custom_ops import FUSE_KINDS
 from compiler.errors import BadInput
 from compiler.tflite.reader import read_tflite
@@ -21,6 +21,9 @@ from compiler.tflite.writer import load_onnx, write_tflite
 
 DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 CANONICAL_KINDS = ("gelu", "groupnorm", "attention")  # recognised even when not fused
+DEFAULT_FUSE = ("gelu", "groupnorm", "attention", "winograd")
+DEFAULT_PROFILE = "generic"
+DEFAULT_WINOGRAD_BUDGET_MB = 200.0
 PRECISIONS = ("fp32", "fp16")
 VERSION = "0.1.0"
 
@@ -32,7 +35,9 @@ class ConvertOptions:
     width: int = 512
     batch: int = 1
     precision: str = "fp32"
-    fuse: tuple[str, ...] = ()
+    fuse: tuple[str, ...] = DEFAULT_FUSE
+    device_profile: str = DEFAULT_PROFILE
+    winograd_budget_mb: float = DEFAULT_WINOGRAD_BUDGET_MB
     keep_onnx: bool = False
     seed: int = 0  # the preset's weights
 
@@ -47,6 +52,9 @@ class ConvertOptions:
             raise BadInput(f"unknown fusion kind(s) {bad} (choose from {', '.join(FUSE_KINDS)})")
         if self.batch not in (1, 2):
             raise BadInput(f"batch {self.batch} must be 1 or 2")
+        profiles.load_profile(self.device_profile)
+        if not self.winograd_budget_mb >= 0:
+            raise BadInput(f"--winograd-budget-mb {self.winograd_budget_mb} must be >= 0")
 
     def manifest_dict(self) -> dict:
         d = asdict(self)
@@ -157,7 +165,10 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     graph = load_onnx(onnx_path)
     # Patterns are always recognised (the writer decomposes unfused kinds into builtins laid out
     # for NHWC); only the kinds in options.fuse become custom ops.
-    fusion = run_passes(graph, set(CANONICAL_KINDS) | set(options.fuse))
+    decisions: dict = {}
+    fusion = run_passes(graph, set(CANONICAL_KINDS) | set(options.fuse), profile=options.device_profile,
+                        winograd_budget_mb=options.winograd_budget_mb, precision=options.precision,
+                        details=decisions)
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in options.fuse
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
@@ -170,6 +181,8 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     plan = memory.plan(summary)
     entry = {"file": filename, "sha256": manifest.sha256_file(path), "bytes": path.stat().st_size,
              "inputs": result.inputs, "outputs": result.outputs, "custom_ops": result.custom_ops}
+    winograd_mb = sum(d["extra_mb"] for d in decisions["winograd"])
     report = {"fusion": fusion, "op_histogram": result.op_histogram, "ops": sum(result.op_histogram.values()),
-              **plan.as_dict()}
+              "winograd": {"convs": decisions["winograd"], "extra_weights_mb": round(winograd_mb, 3)},
+              "attention_variants": decisions["attention_variants"], **plan.as_dict()}
     return entry, report

@@ -17,10 +17,12 @@ class MemoryPlan:
     arena_bytes: int        # planned intermediate memory (greedy placement by lifetime)
     largest_tensor_bytes: int
     naive_bytes: int        # every intermediate in its own buffer
+    arena_fp16_bytes: int   # the same plan with float activations stored as float16 (GPU fp16)
 
     def as_dict(self) -> dict:
         return {"weights_mb": round(self.weights_bytes / MB, 3),
                 "intermediate_mb": round(self.arena_bytes / MB, 3),
+                "intermediate_fp16_mb": round(self.arena_fp16_bytes / MB, 3),
                 "largest_intermediate_mb": round(self.largest_tensor_bytes / MB, 3),
                 "unplanned_intermediate_mb": round(self.naive_bytes / MB, 3)}
 
@@ -46,9 +48,15 @@ def lifetimes(summary: TFLiteSummary) -> dict[int, tuple[int, int]]:
     return {t: (a, b) for t, (a, b) in spans.items()}
 
 
-def plan(summary: TFLiteSummary, alignment: int = 64) -> MemoryPlan:
-    spans = lifetimes(summary)
-    sizes = {t: -(-summary.tensors[t].nbytes // alignment) * alignment for t in spans}
+def tensor_bytes(summary: TFLiteSummary, index: int, float_bytes: int | None, alignment: int) -> int:
+    tensor = summary.tensors[index]
+    nbytes = tensor.nbytes
+    if float_bytes is not None and tensor.dtype.startswith("float"):
+        nbytes = nbytes // max(1, int(tensor.dtype[5:]) // 8) * float_bytes
+    return -(-nbytes // alignment) * alignment
+
+
+def arena_size(spans: dict[int, tuple[int, int]], sizes: dict[int, int]) -> int:
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
     arena = 0
     for t in sorted(spans, key=lambda t: (-sizes[t], t)):
@@ -61,4 +69,12 @@ def plan(summary: TFLiteSummary, alignment: int = 64) -> MemoryPlan:
             offset = max(offset, hi)
         placed.append((offset, sizes[t], first, last))
         arena = max(arena, offset + sizes[t])
-    return MemoryPlan(summary.weight_bytes, arena, max(sizes.values(), default=0), sum(sizes.values()))
+    return arena
+
+
+def plan(summary: TFLiteSummary, alignment: int = 64) -> MemoryPlan:
+    spans = lifetimes(summary)
+    sizes = {t: tensor_bytes(summary, t, None, alignment) for t in spans}
+    half = {t: tensor_bytes(summary, t, 2, alignment) for t in spans}
+    return MemoryPlan(summary.weight_bytes, arena_size(spans, sizes), max(sizes.values(), default=0),
+                      sum(sizes.values()), arena_size(spans, half))

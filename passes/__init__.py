@@ -15,25 +15,40 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from compiler import custom_ops
-from passes import attention, census, cleanup, gelu, group_norm
+from passes import attention, attention_variant, census, cleanup, gelu, group_norm, winograd
 
 FUSION_ORDER = ("gelu", "groupnorm", "attention", "winograd")
 
 
-def run_passes(model: ir.Model, fuse: Iterable[str]) -> dict[str, dict[str, int]]:
+def run_passes(model: ir.Model, fuse: Iterable[str], profile=None, winograd_budget_mb: float = 0.0,
+               precision: str | None = None, details: dict | None = None) -> dict[str, dict[str, int]]:
+    """`profile` (a compiler.profiles name or Profile) sets each attention's variant hint and,
+    with "winograd" in `fuse`, which 3x3 convolutions become Winograd within
+    `winograd_budget_mb` of extra weights. `details`, when given, receives the per-node
+    decisions: {"winograd": [...], "attention_variants": [...]}."""
     fuse = set(fuse)
     unknown = fuse - set(custom_ops.FUSE_KINDS)
     if unknown:
         raise ValueError(f"unknown fusion kinds {sorted(unknown)} (known: {', '.join(custom_ops.FUSE_KINDS)})")
     cleanup.cleanup(model)
     candidates = census.graph_census(model)
+    winograd_candidates = winograd.census(model)
     fusions = {"gelu": gelu.fuse_gelu, "groupnorm": group_norm.fuse_group_norm,
-               "attention": attention.fuse_attention, "winograd": lambda _model: None}
+               "attention": attention.fuse_attention}
     for kind in FUSION_ORDER:
-        if kind in fuse:
+        if kind in fuse and kind in fusions:
             fusions[kind](model)
+    decisions: dict = {"winograd": [], "attention_variants": []}
+    if profile is not None:
+        decisions["attention_variants"] = attention_variant.choose_attention_variants(model, profile, precision)
+        if "winograd" in fuse:
+            decisions["winograd"] = winograd.apply_winograd(model, profile, winograd_budget_mb, precision)
+    if details is not None:
+        details.update(decisions)
     matched = fused_counts(model)
-    return {kind: {"matched": matched[kind], "candidates": candidates[kind]} for kind in census.KINDS}
+    counts = {kind: {"matched": matched[kind], "candidates": candidates[kind]} for kind in census.KINDS}
+    counts["winograd"] = {"matched": len(decisions["winograd"]), "candidates": winograd_candidates}
+    return counts
 
 
 def fused_counts(model: ir.Model) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """Winograd F(4x4, 3x3) in NumPy: the weight transform shared by the tests and
-the compiler pass, plus a slow reference of the whole algorithm.
+the compiler pass (defined in compiler/winograd.py), plus a slow reference of the whole algorithm.
 
 Interpolation points 0, 1, -1, 2, -2 and infinity. For one 6x6 input tile d and
 one 3x3 filter g (cross-correlation, as in deep-learning convolutions):
@@ -13,52 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# Input transform (6x6).
-BT = np.array(
-    [
-        [4, 0, -5, 0, 1, 0],
-        [0, -4, -4, 1, 1, 0],
-        [0, 4, -4, -1, 1, 0],
-        [0, -2, -1, 2, 1, 0],
-        [0, 2, -1, -2, 1, 0],
-        [0, 4, 0, -5, 0, 1],
-    ],
-    dtype=np.float64,
-)
-
-# Filter transform (6x3).
-G = np.array(
-    [
-        [1 / 4, 0, 0],
-        [-1 / 6, -1 / 6, -1 / 6],
-        [-1 / 6, 1 / 6, -1 / 6],
-        [1 / 24, 1 / 12, 1 / 6],
-        [1 / 24, -1 / 12, 1 / 6],
-        [0, 0, 1],
-    ],
-    dtype=np.float64,
-)
-
-# Output transform (4x6).
-AT = np.array(
-    [
-        [1, 1, 1, 1, 1, 0],
-        [0, 1, -1, 2, -2, 0],
-        [0, 1, 1, 4, 4, 0],
-        [0, 1, -1, 8, -8, 1],
-    ],
-    dtype=np.float64,
-)
-
-
-def transform_weights(w_oihw: np.ndarray) -> np.ndarray:
-    """[Cout, Cin, 3, 3] conv weights -> [36, Cin, Cout] float32 (U = G g G^T)."""
-    w = np.asarray(w_oihw, dtype=np.float64)
-    if w.ndim != 4 or w.shape[2:] != (3, 3):
-        raise ValueError(f"expected [Cout, Cin, 3, 3] weights, got {w.shape}")
-    cout, cin = w.shape[:2]
-    u = np.einsum("ak,oikl,bl->abio", G, w, G)  # [6, 6, Cin, Cout]
-    return np.ascontiguousarray(u.reshape(36, cin, cout).astype(np.float32))
+# The matrices and the weight transform live in compiler/winograd.py (one definition shared with
+# the compiler pass); re-exported here under the same public names.
+from compiler.winograd import AT, BT, G, transform_weights  # noqa: F401
 
 
 def conv3x3_nhwc(x: np.ndarray, w_oihw: np.ndarray, bias: np.ndarray) -> np.ndarray:

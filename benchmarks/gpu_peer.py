@@ -1,0 +1,216 @@
+"""GPU peer benchmark: the SD 1.5 UNet step (512x512, batch 2) and VAE decode on one GPU, side by side
+in one run:
+
+- difflite: the fused .tflite through libdifflite_delegate.so, backend=opencl (ai-edge-litert's
+  interpreter; each invoke includes copying inputs to and outputs from the GPU);
+- Google's LiteRT GPU accelerator (ML Drift over WebGPU/Vulkan) on the unfused difflite .tflite of
+  the same weights, fp32 (enforce_f32) and fp16; its run_by_index returns before the GPU is done,
+  so N queued runs are timed up to one final read;
+- PyTorch eager on CUDA: fp32 with TF32 off, and fp16 (SDPA).
+
+    python benchmarks/gpu_peer.py --work /tmp/peer [--runs 10] [--components unet,vae_decoder]
+
+Writes benchmarks/results/gpu_peer_<device>.json (or $OUT/...) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def log(message: str) -> None:
+    print(f"[gpu_peer {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def convert(work: Path, components: str, batch: int) -> tuple[Path, Path]:
+    """Fused folder via the CLI (keeping the ONNX), then the unfused .tflite files written from the
+    same ONNX graphs (same weights, one export)."""
+    fused = work / "fused"
+    unfused = work / "unfused"
+    if not (fused / "manifest.json").is_file():
+        subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:sd15", "-o", str(fused),
+                        "--components", components, "--batch", str(batch), "--precision", "fp16",
+                        "--keep-onnx"], check=True, cwd=ROOT)
+    if not unfused.is_dir():
+        from compiler.tflite.writer import load_onnx, write_tflite
+        from passes import run_passes
+
+        unfused.mkdir(parents=True)
+        for name in components.split(","):
+            graph = load_onnx(fused / "onnx" / f"{name}.onnx")
+            run_passes(graph, {"gelu", "groupnorm", "attention"})
+            result = write_tflite(graph, precision="fp16", fuse=frozenset())
+            (unfused / f"{name}.tflite").write_bytes(result.data)
+            (unfused / f"{name}.json").write_text(json.dumps({"inputs": result.inputs, "outputs": result.outputs}))
+            log(f"unfused {name}: {sum(result.op_histogram.values())} ops")
+    return fused, unfused
+
+
+def random_inputs(entries: list[dict], seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs in the .tflite's own layout (NHWC where the manifest says so)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for e in entries:
+        if e["dtype"].startswith("int"):
+            feeds[e["name"]] = rng.integers(0, 400, e["shape"]).astype(e["dtype"])
+        elif e["name"] == "timestep":
+            feeds[e["name"]] = np.full(e["shape"], 500.0, np.float32)
+        else:
+            feeds[e["name"]] = rng.standard_normal(e["shape"]).astype(np.float32)
+    return feeds
+
+
+def summarize(times_ms: list[float]) -> dict:
+    return {"median_ms": round(statistics.median(times_ms), 3), "min_ms": round(min(times_ms), 3),
+            "max_ms": round(max(times_ms), 3), "runs": len(times_ms)}
+
+
+def time_difflite(path: Path, entries: list[dict], runs: int, library: Path, precision: str) -> dict:
+    from ai_edge_litert.interpreter import Interpreter, load_delegate
+
+    stats_path = Path(f"/tmp/difflite_stats_{path.stem}_{precision}.json")
+    start = time.perf_counter()
+    delegate = load_delegate(str(library), {"backend": "opencl", "precision": precision,
+                                            "stats_path": str(stats_path)})
+    interpreter = Interpreter(model_path=str(path), experimental_delegates=[delegate])
+    runner = interpreter.get_signature_runner("serving_default")
+    feeds = random_inputs(entries)
+    runner(**feeds)
+    prepare_s = time.perf_counter() - start
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        runner(**feeds)
+        times.append((time.perf_counter() - t) * 1e3)
+    result = {**summarize(times), "first_run_s": round(prepare_s, 2)}
+    if stats_path.is_file():
+        result["delegate_stats"] = json.loads(stats_path.read_text())
+    return result
+
+
+def time_litert_gpu(path: Path, runs: int, enforce_f32: bool) -> dict:
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.options import GpuOptions, HardwareAccelerator, Options
+
+    start = time.perf_counter()
+    model = CompiledModel.from_file(str(path), options=Options(
+        HardwareAccelerator.GPU, gpu_options=GpuOptions(enforce_f32=enforce_f32)))
+    inputs = model.create_input_buffers(0)
+    outputs = model.create_output_buffers(0)
+    in_details = model.get_input_tensor_details("serving_default")
+    rng = np.random.default_rng(0)
+    for buffer, info in zip(inputs, in_details.values()):
+        values = rng.standard_normal(int(np.prod(info["shape"]))).astype(np.float32)
+        if info["name"] == "timestep":
+            values[:] = 500.0
+        buffer.write(values)
+    out_info = list(model.get_output_tensor_details("serving_default").values())[0]
+    out_size = int(np.prod(out_info["shape"]))
+    model.run_by_index(0, inputs, outputs)
+    first = outputs[0].read(out_size, np.float32)
+    compile_s = time.perf_counter() - start
+    # Queued runs, then one read that waits for the GPU: the mean per run.
+    per_run = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(runs):
+            model.run_by_index(0, inputs, outputs)
+        outputs[0].read(out_size, np.float32)
+        per_run.append((time.perf_counter() - t) * 1e3 / runs)
+    return {**summarize(per_run), "compile_and_first_s": round(compile_s, 2),
+            "fully_accelerated": bool(model.is_fully_accelerated()),
+            "finite": bool(np.isfinite(first).all())}
+
+
+def time_torch(components: list[str], runs: int, batch: int) -> dict:
+    import torch
+
+    from compiler import export, models
+
+    pipe = models.load_pipeline("preset:sd15")
+    results = {}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for dtype_name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
+        for name in components:
+            spec = export.component_spec(pipe, name, 512, 512, batch if name == "unet" else 1)
+            module = spec.module.to("cuda", dtype)
+            args = [t.to("cuda") if t.dtype == torch.int64 else t.to("cuda", dtype) for t in spec.example_inputs]
+            with torch.no_grad():
+                for _ in range(3):
+                    module(*args)
+                torch.cuda.synchronize()
+                times = []
+                for _ in range(runs):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    module(*args)
+                    b.record()
+                    torch.cuda.synchronize()
+                    times.append(a.elapsed_time(b))
+            results[f"{name}/torch_{dtype_name}"] = summarize(times)
+            module.to("cpu", torch.float32)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/difflite_peer"))
+    parser.add_argument("--components", default="unet,vae_decoder")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--library", type=Path, default=ROOT / "custom_ops" / "build" / "libdifflite_delegate.so")
+    parser.add_argument("--skip", default="", help="comma-separated: difflite,litert,torch")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    components = args.components.split(",")
+    results: dict = {"components": components, "batch": args.batch}
+    fused, unfused = convert(args.work, args.components, args.batch)
+    manifest = json.loads((fused / "manifest.json").read_text())
+    for name in components:
+        entries = manifest["components"][name]["inputs"]
+        if "difflite" not in skip:
+            try:
+                log(f"difflite opencl {name}")
+                results[f"{name}/difflite_opencl_fp32"] = time_difflite(fused / f"{name}.tflite", entries,
+                                                                       args.runs, args.library, "fp32")
+            except Exception as exc:  # keep the other columns when one engine fails
+                results[f"{name}/difflite_opencl_fp32"] = {"error": f"{type(exc).__name__}: {exc}"}
+        if "litert" not in skip:
+            for label, enforce in (("fp32", True), ("fp16", False)):
+                try:
+                    log(f"LiteRT GPU {label} {name}")
+                    results[f"{name}/litert_gpu_{label}"] = time_litert_gpu(unfused / f"{name}.tflite", args.runs, enforce)
+                except Exception as exc:
+                    results[f"{name}/litert_gpu_{label}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    if "torch" not in skip:
+        log("PyTorch eager")
+        results.update(time_torch(components, args.runs, args.batch))
+    device = os.environ.get("DIFFLITE_DEVICE_NAME", "gpu")
+    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"gpu_peer_{device}.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\n| component / engine | median ms | min | max | notes |\n|---|---|---|---|---|")
+    for key, r in results.items():
+        if isinstance(r, dict) and "median_ms" in r:
+            notes = {k: v for k, v in r.items() if k not in ("median_ms", "min_ms", "max_ms", "runs")}
+            print(f"| {key} | {r['median_ms']} | {r['min_ms']} | {r['max_ms']} | {json.dumps(notes)[:200]} |")
+        elif isinstance(r, dict) and "error" in r:
+            print(f"| {key} | - | - | - | {r['error'][:200]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
