@@ -47,7 +47,12 @@ ANDROID_ABI = "arm64-v8a"
 ANDROID_PLATFORM_DEFAULT = "android-28"
 NDK_ENV = "ANDROID_NDK_HOME"
 FLATBUFFERS_ENV = "DIFFLITE_FLATBUFFERS_INCLUDE_DIR"
-FLATBUFFERS_SEARCH = (Path("/usr/include"), Path("/usr/local/include"), Path("/opt/homebrew/include"))
+OPENCL_ENV = "DIFFLITE_OPENCL_INCLUDE_DIR"
+HEADER_SEARCH = (Path("/usr/include"), Path("/usr/local/include"), Path("/opt/homebrew/include"))
+# Header-only dependencies a cross build takes from the build machine:
+# (CMake cache variable, folder, a header in it, the Debian package that ships it)
+CROSS_HEADERS = ((FLATBUFFERS_ENV, "flatbuffers", "flexbuffers.h", "libflatbuffers-dev"),
+                 (OPENCL_ENV, "CL", "cl.h", "opencl-headers"))
 
 
 def default_build_dir(target: str = "host") -> Path:
@@ -72,50 +77,58 @@ def android_ndk() -> Path:
     return Path(ndk)
 
 
+def host_headers(variable: str, folder: str, header: str, package: str) -> Path:
+    """The folder holding folder/header on the build machine ($variable, else the usual places).
+    These are header-only uses (FlexBuffers; the OpenCL API, dlopen'ed at run time), so the
+    build machine's headers serve every target."""
+    env = os.environ.get(variable)
+    candidates = [Path(env)] if env else list(HEADER_SEARCH)
+    for place in candidates:
+        if (place / folder / header).is_file():
+            return place
+    where = f"{variable}={env}" if env else ", ".join(map(str, HEADER_SEARCH))
+    raise BadInput(f"{folder}/{header} not found in {where}: a cross build takes it from this machine: "
+                   f"apt-get install {package}, or set {variable} to the folder that holds {folder}/")
+
+
 def flatbuffers_headers() -> Path:
-    """The folder holding flatbuffers/flexbuffers.h on the build machine (header-only use, so the
-    host's headers serve every target)."""
-    env = os.environ.get(FLATBUFFERS_ENV)
-    candidates = [Path(env)] if env else list(FLATBUFFERS_SEARCH)
-    for folder in candidates:
-        if (folder / "flatbuffers" / "flexbuffers.h").is_file():
-            return folder
-    where = f"{FLATBUFFERS_ENV}={env}" if env else ", ".join(map(str, FLATBUFFERS_SEARCH))
-    raise BadInput(f"flatbuffers/flexbuffers.h not found in {where}: apt-get install libflatbuffers-dev "
-                   f"(header-only use) or set {FLATBUFFERS_ENV} to the folder that holds flatbuffers/")
+    return host_headers(*CROSS_HEADERS[0])
 
 
-def stage_flatbuffers(build_dir: Path) -> Path:
-    """A folder inside build_dir holding only flatbuffers/: handing a cross compiler the host's
-    /usr/include would let the host's C library headers shadow the target's."""
-    source = flatbuffers_headers() / "flatbuffers"
-    staged = build_dir / "flatbuffers-include"
-    link = staged / "flatbuffers"
+def stage_headers(build_dir: Path) -> Path:
+    """A folder inside build_dir holding only flatbuffers/ and CL/ (links to the build machine's):
+    handing a cross compiler the host's /usr/include would let the host's C library headers
+    shadow the target's."""
+    staged = build_dir / "cross-include"
     staged.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() and link.resolve() == source.resolve():
-        return staged
-    if link.is_symlink() or link.is_file():
-        link.unlink()
-    elif link.is_dir():
-        shutil.rmtree(link)
-    try:
-        link.symlink_to(source, target_is_directory=True)
-    except OSError:
-        shutil.copytree(source, link)
+    for spec in CROSS_HEADERS:
+        source = host_headers(*spec) / spec[1]
+        link = staged / spec[1]
+        if link.is_symlink() and link.resolve() == source.resolve():
+            continue
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        elif link.is_dir():
+            shutil.rmtree(link)
+        try:
+            link.symlink_to(source, target_is_directory=True)
+        except OSError:
+            shutil.copytree(source, link)
     return staged
 
 
 def cmake_arguments(target: str, build_dir: Path | None = None) -> list[str]:
     """Extra CMake configure arguments of a target. android-arm64: the NDK's toolchain file,
     ANDROID_ABI=arm64-v8a, ANDROID_PLATFORM ($ANDROID_PLATFORM or android-28), the static C++
-    runtime (nothing but the library to push), and the flatbuffers headers staged in build_dir."""
+    runtime (nothing but the library to push), and the build machine's flatbuffers and OpenCL
+    headers staged in build_dir (the NDK ships neither)."""
     if target == "host":
         return []
     toolchain = android_ndk() / "build" / "cmake" / "android.toolchain.cmake"
-    headers = stage_flatbuffers(Path(build_dir or default_build_dir(target)))
+    headers = stage_headers(Path(build_dir or default_build_dir(target)))
     return [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}", f"-DANDROID_ABI={ANDROID_ABI}",
             f"-DANDROID_PLATFORM={os.environ.get('ANDROID_PLATFORM') or ANDROID_PLATFORM_DEFAULT}",
-            "-DANDROID_STL=c++_static", f"-D{FLATBUFFERS_ENV}={headers}"]
+            "-DANDROID_STL=c++_static", *(f"-D{spec[0]}={headers}" for spec in CROSS_HEADERS)]
 
 
 def build(target: str = "host", build_dir: Path | None = None, jobs: int | None = None) -> Path:

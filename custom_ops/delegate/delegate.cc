@@ -1,6 +1,8 @@
-// The TFLite external delegate of the op library (CPU backend).
+// The TFLite external delegate of the op library: plugin entry points,
+// options, and the CPU backend. backend=opencl is opencl/executor.cc (this
+// file creates it and hands it Delegate::Prepare).
 //
-// Flow:
+// Flow (CPU backend):
 //  1. tflite_plugin_create_delegate parses the options and returns a
 //     tfl::Delegate with kDelegateFlagsAllowDynamicTensors set.
 //  2. DelegatePrepare walks the execution plan and claims every CUSTOM node
@@ -29,9 +31,11 @@
 #include <thread>
 #include <vector>
 
+#include "delegate_util.h"
 #include "difflite/attrs.h"
 #include "difflite/op_api.h"
 #include "difflite/tflite_abi.h"
+#include "opencl/executor.h"
 
 #if defined(_WIN32)
 #define DIFFLITE_EXPORT __declspec(dllexport)
@@ -40,6 +44,10 @@
 #endif
 
 namespace difflite {
+
+DelegateState::DelegateState() = default;
+DelegateState::~DelegateState() = default;
+
 namespace {
 
 using tfl::Context;
@@ -52,107 +60,6 @@ using tfl::Tensor;
 constexpr const char* kOpPrefix = "difflite.";
 constexpr const char* kKernelName = "DiffliteDelegateCpu";
 
-struct Options {
-  std::string backend = "cpu";
-  std::string precision = "fp32";
-  bool verbose = false;
-  int num_threads = 0;  // 0: the interpreter's recommendation, else cores
-};
-
-struct DelegateState {
-  Delegate delegate;
-  Options options;
-};
-
-DelegateState* StateOf(Delegate* d) {
-  return static_cast<DelegateState*>(d->data_);
-}
-
-// Messages quote names and strings from the model: keep them one line of
-// printable ASCII (the Python wrappers decode reports as UTF-8 and would
-// raise on stray bytes).
-std::string Printable(const std::string& s) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(s.size());
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
-}
-
-// One-line diagnostics: always to stderr; errors also to the interpreter's
-// error reporter (the Python wrappers show those in the exception text).
-void Log(const std::string& line) {
-  std::fprintf(stderr, "difflite: %s\n", Printable(line).c_str());
-  std::fflush(stderr);
-}
-
-void LogError(Context* ctx, const std::string& line) {
-  Log(line);
-  if (ctx != nullptr && ctx->ReportError != nullptr) {
-    ctx->ReportError(ctx, "difflite: %s", Printable(line).c_str());
-  }
-}
-
-Tensor* TensorAt(Context* ctx, int index) {
-  if (ctx->GetTensor != nullptr) return ctx->GetTensor(ctx, index);
-  return &ctx->tensors[index];
-}
-
-std::vector<int> ToVector(const IntArray* a) {
-  if (a == nullptr) return {};
-  return std::vector<int>(a->data, a->data + a->size);
-}
-
-// malloc'ed, as Context::ResizeTensor frees it.
-IntArray* NewIntArray(const std::vector<int>& v) {
-  auto* a = static_cast<IntArray*>(
-      std::malloc(sizeof(int) * (1 + std::max<size_t>(v.size(), 1))));
-  if (a == nullptr) return nullptr;
-  a->size = static_cast<int>(v.size());
-  for (size_t i = 0; i < v.size(); ++i) a->data[i] = v[i];
-  return a;
-}
-
-DType ToDType(tfl::Type t) {
-  switch (t) {
-    case tfl::kFloat32: return DType::kFloat32;
-    case tfl::kFloat16: return DType::kFloat16;
-    case tfl::kInt32: return DType::kInt32;
-    default: return DType::kOther;
-  }
-}
-
-TensorInfo InfoOf(const Tensor* t) {
-  TensorInfo info;
-  info.dtype = ToDType(t->type);
-  if (t->dims != nullptr) info.shape = ToVector(t->dims);
-  if (t->allocation_type == tfl::kMmapRo ||
-      t->allocation_type == tfl::kPersistentRo) {
-    info.const_data = t->data.data;
-  }
-  return info;
-}
-
-std::string InfoString(const TensorInfo& t) {
-  return std::string(DTypeName(t.dtype)) + ShapeToString(t.shape);
-}
-
-std::string ListString(const std::vector<int>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
 int ThreadCount(const Options& o, const Context* ctx) {
   if (o.num_threads > 0) return o.num_threads;
   if (ctx != nullptr && ctx->recommended_num_threads > 0) {
@@ -162,28 +69,9 @@ int ThreadCount(const Options& o, const Context* ctx) {
   return static_cast<int>(std::min(8u, std::max(1u, hw)));
 }
 
-// Creates the op of a node from its custom_code and FlexBuffer options.
-// Returns nullptr with *why set when the op is unknown or the options fail.
-std::unique_ptr<OpInstance> ParseNode(const Node* node,
-                                      const char* custom_name,
+std::unique_ptr<OpInstance> ParseNode(const Node* node, const char* custom_name,
                                       std::string* why) {
-  const OpDef* def = FindOp(custom_name);
-  if (def == nullptr) {
-    *why = "unknown difflite op";
-    return nullptr;
-  }
-  AttrMap attrs;
-  const size_t size = node->custom_initial_data_size < 0
-                          ? 0
-                          : static_cast<size_t>(node->custom_initial_data_size);
-  std::string e = AttrMap::Parse(node->custom_initial_data, size, &attrs);
-  if (!e.empty()) {
-    *why = e;
-    return nullptr;
-  }
-  std::unique_ptr<OpInstance> op = def->create(attrs, &e);
-  if (op == nullptr) *why = e.empty() ? "invalid attributes" : e;
-  return op;
+  return ParseCustomNode(node, custom_name, why);
 }
 
 // Parses and checks one node: options, then the op's type/shape check on
@@ -427,16 +315,6 @@ tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
 }
 
 // The runtime is C: no exception may leave these entry points.
-std::string ExceptionText() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
 void* KernelInit(Context* ctx, const char* buffer, size_t /*length*/) {
   try {
     return KernelInitImpl(ctx, buffer);
@@ -554,6 +432,8 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
 
 tfl::Status DelegatePrepare(Context* ctx, Delegate* delegate) {
   try {
+    DelegateState* st = StateOf(delegate);
+    if (st->opencl != nullptr) return st->opencl->PrepareDelegate(ctx, delegate);
     return DelegatePrepareImpl(ctx, delegate);
   } catch (...) {
     LogError(ctx, "delegate prepare failed: " + ExceptionText());
@@ -573,19 +453,24 @@ void Report(void (*report_error)(const char*), const std::string& msg) {
   }
 }
 
+bool ParseInt(const std::string& val, long lo, long hi, long* out) {
+  char* end = nullptr;
+  const long v = std::strtol(val.c_str(), &end, 10);
+  if (val.empty() || end == nullptr || *end != '\0' || v < lo || v > hi) {
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
 bool ParseOptions(char** keys, char** values, size_t n, Options* o,
                   std::string* error) {
   for (size_t i = 0; i < n; ++i) {
     const std::string key = keys && keys[i] ? keys[i] : "";
     const std::string val = values && values[i] ? values[i] : "";
+    long v = 0;
     if (key == "backend") {
-      if (val == "opencl") {
-        *error =
-            "backend=opencl is not available yet (the OpenCL backend is not "
-            "built into this library); use backend=cpu";
-        return false;
-      }
-      if (val != "cpu") {
+      if (val != "cpu" && val != "opencl") {
         *error = "backend must be cpu or opencl, got '" + val + "'";
         return false;
       }
@@ -603,19 +488,48 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       }
       o->verbose = val == "1";
     } else if (key == "num_threads") {
-      char* end = nullptr;
-      const long v = std::strtol(val.c_str(), &end, 10);
-      if (val.empty() || end == nullptr || *end != '\0' || v < 0 || v > 256) {
+      if (!ParseInt(val, 0, 256, &v)) {
         *error = "num_threads must be an integer in [0, 256], got '" + val +
                  "'";
         return false;
       }
       o->num_threads = static_cast<int>(v);
+    } else if (key == "device") {
+      if (!ParseInt(val, -1, 1023, &v)) {
+        *error = "device must be an integer >= 0 (an index into the OpenCL "
+                 "devices; -1: first GPU), got '" + val + "'";
+        return false;
+      }
+      o->device = static_cast<int>(v);
+    } else if (key == "profile") {
+      if (val != "0" && val != "1") {
+        *error = "profile must be 0 or 1, got '" + val + "'";
+        return false;
+      }
+      o->profile = val == "1";
+    } else if (key == "kernels") {
+      if (val != "auto" && val != "tiled" && val != "flat") {
+        *error = "kernels must be auto, tiled or flat, got '" + val + "'";
+        return false;
+      }
+      o->kernels = val;
+    } else if (key == "stats_path") {
+      if (val.empty()) {
+        *error = "stats_path must name a file";
+        return false;
+      }
+      o->stats_path = val;
     } else {
       *error = "unknown option '" + key +
-               "' (known: backend, precision, verbose, num_threads)";
+               "' (known: backend, precision, verbose, num_threads, device, "
+               "profile, stats_path, kernels)";
       return false;
     }
+  }
+  if (o->backend == "cpu" && (o->device != -1 || o->profile ||
+                              !o->stats_path.empty() || o->kernels != "auto")) {
+    *error = "device, profile, stats_path and kernels apply to backend=opencl only";
+    return false;
   }
   return true;
 }
@@ -643,16 +557,32 @@ DIFFLITE_EXPORT difflite::tfl::Delegate* tflite_plugin_create_delegate(
   }
   std::memset(&st->delegate, 0, sizeof(st->delegate));
   st->options = options;
+  if (options.backend == "opencl") {
+    try {
+      st->opencl = gpu::Backend::Create(options, &error);
+    } catch (...) {
+      error = "OpenCL backend failed: " + ExceptionText();
+    }
+    if (st->opencl == nullptr) {
+      delete st;
+      Report(report_error, "backend=opencl unavailable: " + error);
+      return nullptr;
+    }
+  }
   st->delegate.data_ = st;
   st->delegate.Prepare = &DelegatePrepare;
   st->delegate.flags = tfl::kDelegateFlagsAllowDynamicTensors;
   if (options.verbose) {
-    Log("delegate created: backend=" + options.backend +
-        " precision=" + options.precision +
-        " num_threads=" + std::to_string(options.num_threads) +
-        (options.precision == "fp16"
-             ? " (the CPU backend computes in float32 regardless)"
-             : ""));
+    if (st->opencl != nullptr) {
+      Log("delegate created: backend=opencl " + st->opencl->Describe());
+    } else {
+      Log("delegate created: backend=" + options.backend +
+          " precision=" + options.precision +
+          " num_threads=" + std::to_string(options.num_threads) +
+          (options.precision == "fp16"
+               ? " (the CPU backend computes in float32 regardless)"
+               : ""));
+    }
   }
   return &st->delegate;
 }

@@ -242,6 +242,202 @@ struct Delegate {
   void* opaque_delegate_builder;  // must stay null
 };
 
+// ---------------------------------------------------------------------------
+// Builtin operators: the codes (schema BuiltinOperator) and the parameter
+// structs that Node::builtin_data points at, for the builtins the OpenCL
+// backend runs. Same source as above: TFLite 2.21
+// (tensorflow/lite/core/c/builtin_op_data.h), where members are only ever
+// appended, so reading a prefix is safe. Ops without parameters (TILE,
+// SELECT_V2, MAXIMUM, LOGISTIC, ...) may have builtin_data == nullptr.
+
+enum class BuiltinOp : int32_t {
+  kAdd = 0,
+  kConcatenation = 2,
+  kConv2d = 3,
+  kDepthwiseConv2d = 4,
+  kDequantize = 6,
+  kFloor = 8,
+  kFullyConnected = 9,
+  kLogistic = 14,
+  kMul = 18,
+  kRelu = 19,
+  kRelu6 = 21,
+  kReshape = 22,
+  kResizeBilinear = 23,
+  kSoftmax = 25,
+  kTanh = 28,
+  kPad = 34,
+  kGather = 36,
+  kTranspose = 39,
+  kMean = 40,
+  kSub = 41,
+  kDiv = 42,
+  kSqueeze = 43,
+  kStridedSlice = 45,
+  kExp = 47,
+  kSplit = 49,
+  kCast = 53,
+  kMaximum = 55,
+  kMinimum = 57,
+  kNeg = 59,
+  kPadV2 = 60,
+  kSelect = 64,
+  kSin = 66,
+  kTile = 69,
+  kExpandDims = 70,
+  kLog = 73,
+  kSum = 74,
+  kSqrt = 75,
+  kRsqrt = 76,
+  kPow = 78,
+  kReduceProd = 81,
+  kReduceMax = 82,
+  kReduceMin = 89,
+  kSquare = 92,
+  kResizeNearestNeighbor = 97,
+  kSquaredDifference = 99,
+  kAbs = 101,
+  kSplitV = 102,
+  kCeil = 104,
+  kCos = 108,
+  kSelectV2 = 123,
+  kBatchMatmul = 126,
+  kBroadcastTo = 130,
+  kGelu = 150,
+  kSign = 158,
+};
+
+// Padding of convolutions (C enum, int-sized; values implicit in C).
+enum Padding : int {
+  kPaddingUnknown = 0,
+  kPaddingSame = 1,
+  kPaddingValid = 2,
+};
+
+// Activation fused into an op's output (C enum, int-sized).
+enum FusedActivation : int {
+  kActNone = 0,
+  kActRelu = 1,
+  kActReluN1To1 = 2,
+  kActRelu6 = 3,
+  kActTanh = 4,
+  kActSignBit = 5,
+  kActSigmoid = 6,
+};
+
+// CONV_2D.
+struct ConvParams {
+  Padding padding;
+  int stride_width;
+  int stride_height;
+  FusedActivation activation;
+  int dilation_width_factor;   // version >= 2
+  int dilation_height_factor;
+};
+
+// DEPTHWISE_CONV_2D (depth_multiplier is redundant with the filter shape).
+struct DepthwiseConvParams {
+  Padding padding;
+  int stride_width;
+  int stride_height;
+  int depth_multiplier;
+  FusedActivation activation;
+  int dilation_width_factor;
+  int dilation_height_factor;
+};
+
+// FULLY_CONNECTED.
+struct FullyConnectedParams {
+  FusedActivation activation;
+  int weights_format;  // 0: default; anything else is a packed int8 format
+  bool keep_num_dims;
+  bool asymmetric_quantize_inputs;
+};
+
+// SOFTMAX.
+struct SoftmaxParams {
+  float beta;
+};
+
+// CONCATENATION.
+struct ConcatenationParams {
+  int axis;
+  FusedActivation activation;
+};
+
+// ADD and SUB (the flag is for int16 kernels).
+struct AddSubParams {
+  FusedActivation activation;
+  bool pot_scale_int16;
+};
+
+// MUL and DIV.
+struct MulDivParams {
+  FusedActivation activation;
+};
+
+// BATCH_MATMUL.
+struct BatchMatMulParams {
+  bool adj_x;
+  bool adj_y;
+  bool asymmetric_quantize_inputs;
+};
+
+// RESIZE_BILINEAR and RESIZE_NEAREST_NEIGHBOR (same layout in C).
+struct ResizeParams {
+  bool align_corners;
+  bool half_pixel_centers;
+};
+
+// RESHAPE (legacy: the target shape is normally the second input).
+struct ReshapeParams {
+  int32_t shape[8];
+  int num_dimensions;
+};
+
+// GATHER.
+struct GatherParams {
+  int axis;
+  int batch_dims;
+};
+
+// MEAN, SUM, REDUCE_MAX, REDUCE_MIN, REDUCE_PROD.
+struct ReducerParams {
+  bool keep_dims;
+};
+
+// SPLIT and SPLIT_V.
+struct SplitParams {
+  int num_splits;
+};
+
+// SQUEEZE.
+struct SqueezeParams {
+  int32_t squeeze_dims[8];
+  int num_squeeze_dims;
+};
+
+// STRIDED_SLICE.
+struct StridedSliceParams {
+  int begin_mask;
+  int end_mask;
+  int ellipsis_mask;
+  int new_axis_mask;
+  int shrink_axis_mask;
+  bool offset;  // version >= 8: `end` is relative to `begin`
+};
+
+// CAST.
+struct CastParams {
+  Type in_data_type;
+  Type out_data_type;
+};
+
+// GELU.
+struct GeluParams {
+  bool approximate;  // tanh approximation instead of erf
+};
+
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 // LP64 layout pins (x86-64, aarch64): a mismatch here means this header no
 // longer describes the runtime.
@@ -268,6 +464,18 @@ static_assert(offsetof(Registration, custom_name) == 48,
               "Registration::custom_name");
 static_assert(sizeof(Delegate) == 56, "Delegate layout");
 static_assert(offsetof(Delegate, flags) == 40, "Delegate::flags");
+static_assert(sizeof(ConvParams) == 24, "ConvParams layout");
+static_assert(sizeof(DepthwiseConvParams) == 28, "DepthwiseConvParams layout");
+static_assert(offsetof(FullyConnectedParams, keep_num_dims) == 8,
+              "FullyConnectedParams::keep_num_dims");
+static_assert(sizeof(ConcatenationParams) == 8, "ConcatenationParams layout");
+static_assert(sizeof(BatchMatMulParams) == 3, "BatchMatMulParams layout");
+static_assert(sizeof(ResizeParams) == 2, "ResizeParams layout");
+static_assert(sizeof(ReshapeParams) == 36, "ReshapeParams layout");
+static_assert(sizeof(GatherParams) == 8, "GatherParams layout");
+static_assert(offsetof(StridedSliceParams, shrink_axis_mask) == 16,
+              "StridedSliceParams::shrink_axis_mask");
+static_assert(sizeof(CastParams) == 8, "CastParams layout");
 #endif
 
 }  // namespace tfl

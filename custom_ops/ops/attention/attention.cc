@@ -13,13 +13,15 @@
 #include <sstream>
 #include <string>
 
+#include "attention.h"
 #include "difflite/op_api.h"
 #include "difflite/parallel.h"
 
 namespace difflite {
 namespace {
 
-constexpr const char* kOpName = "difflite.Attention";
+using attention::kOpName;
+using attention::Options;
 constexpr const char* kHeads = "heads";
 constexpr const char* kScale = "scale";
 constexpr const char* kCausal = "causal";
@@ -28,16 +30,9 @@ constexpr const char* kVariant = "variant";
 constexpr int kRowBlock = 16;
 constexpr int kKeyBlock = 64;
 
-struct Options {
-  int heads = 1;
-  float scale = 1.f;
-  bool causal = false;
-  std::string variant;
-};
-
-class Attention final : public OpInstance {
+class Attention final : public attention::Parsed {
  public:
-  explicit Attention(const Options& o) : o_(o) {}
+  explicit Attention(const Options& o) : Parsed(o) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
@@ -172,9 +167,6 @@ class Attention final : public OpInstance {
        << kVariant << "=" << o_.variant;
     return os.str();
   }
-
- private:
-  Options o_;
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {

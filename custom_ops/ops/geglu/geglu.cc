@@ -5,16 +5,17 @@
 #include "../gelu/gelu_math.h"
 #include "difflite/op_api.h"
 #include "difflite/parallel.h"
+#include "geglu.h"
 
 namespace difflite {
 namespace {
 
-constexpr const char* kOpName = "difflite.GeGLU";
+using geglu::kOpName;
 constexpr const char* kApproximate = "approximate";
 
-class GeGlu final : public OpInstance {
+class GeGlu final : public geglu::Parsed {
  public:
-  explicit GeGlu(gelu::Mode m) : mode_(m) {}
+  explicit GeGlu(gelu::Mode m) : Parsed(m) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
@@ -56,9 +57,6 @@ class GeGlu final : public OpInstance {
   std::string Describe() const override {
     return std::string(kApproximate) + "=" + gelu::ModeName(mode_);
   }
-
- private:
-  gelu::Mode mode_;
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {

@@ -4,17 +4,18 @@
 
 #include "difflite/op_api.h"
 #include "difflite/parallel.h"
+#include "gelu.h"
 #include "gelu_math.h"
 
 namespace difflite {
 namespace {
 
-constexpr const char* kOpName = "difflite.Gelu";
+using gelu::kOpName;
 constexpr const char* kApproximate = "approximate";
 
-class Gelu final : public OpInstance {
+class Gelu final : public gelu::Parsed {
  public:
-  explicit Gelu(gelu::Mode m) : mode_(m) {}
+  explicit Gelu(gelu::Mode m) : Parsed(m) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
@@ -42,9 +43,6 @@ class Gelu final : public OpInstance {
   std::string Describe() const override {
     return std::string(kApproximate) + "=" + gelu::ModeName(mode_);
   }
-
- private:
-  gelu::Mode mode_;
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {

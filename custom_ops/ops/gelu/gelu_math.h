@@ -33,6 +33,15 @@ inline const char* ModeName(Mode m) {
   }
 }
 
+// The `mode` argument of the OpenCL kernels (gelu.cl, geglu.cl).
+inline int KernelMode(Mode m) {
+  switch (m) {
+    case Mode::kErf: return 0;
+    case Mode::kTanh: return 1;
+    default: return 2;
+  }
+}
+
 // erf:     x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 // tanh:    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // sigmoid: x * sigmoid(1.702 x)   (CLIP's quick GELU)

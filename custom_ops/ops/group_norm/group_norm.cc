@@ -8,24 +8,20 @@
 
 #include "difflite/op_api.h"
 #include "difflite/parallel.h"
+#include "group_norm.h"
 
 namespace difflite {
 namespace {
 
-constexpr const char* kOpName = "difflite.GroupNorm";
+using group_norm::kOpName;
+using group_norm::Options;
 constexpr const char* kGroups = "groups";
 constexpr const char* kEpsilon = "epsilon";
 constexpr const char* kActivation = "activation";
 
-struct Options {
-  int groups = 0;
-  float epsilon = 0.f;
-  bool silu = false;
-};
-
-class GroupNorm final : public OpInstance {
+class GroupNorm final : public group_norm::Parsed {
  public:
-  explicit GroupNorm(const Options& o) : o_(o) {}
+  explicit GroupNorm(const Options& o) : Parsed(o) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
@@ -147,9 +143,6 @@ class GroupNorm final : public OpInstance {
        << ", " << kActivation << "=" << (o_.silu ? "silu" : "none");
     return os.str();
   }
-
- private:
-  Options o_;
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {

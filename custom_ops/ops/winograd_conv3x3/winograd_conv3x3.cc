@@ -14,17 +14,17 @@
 
 #include "difflite/op_api.h"
 #include "difflite/parallel.h"
+#include "winograd_conv3x3.h"
 
 namespace difflite {
 namespace {
 
-constexpr const char* kOpName = "difflite.WinogradConv3x3";
+using winograd::kOpName;
+using winograd::kPositions;
+using winograd::kTileIn;
+using winograd::kTileOut;
 constexpr const char* kTile = "tile";
 constexpr const char* kActivation = "activation";
-
-constexpr int kTileOut = 4;   // m in F(m x m, 3 x 3)
-constexpr int kTileIn = 6;    // m + r - 1
-constexpr int kPositions = kTileIn * kTileIn;
 constexpr int kTilesPerBlock = 16;
 
 // B^T (6x6) and A^T (4x6) of F(4x4, 3x3).
