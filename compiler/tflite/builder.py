@@ -186,7 +186,7 @@ class ModelBuilder:
             builder.StartVector(1, data.nbytes, BUFFER_ALIGNMENT)
             builder.head -= data.nbytes
             builder.Bytes[builder.head:builder.head + data.nbytes] = data.tobytes()
-            vector = builder.EndVector(data.nbytes)
+            vector = builder.EndVector()
         schema.BufferStart(builder)
         if vector is not None:
             schema.BufferAddData(builder, vector)
