@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(cmake g++ make opencl-headers ocl-icd-opencl-dev pocl-opencl-icd libflatbuffers-dev clinfo)
+# tests also cross-compile the op library for aarch64 and load it under qemu-user
+[ "${1:-}" = "--test" ] && APT_PACKAGES+=(g++-aarch64-linux-gnu qemu-user)
 PYTHON=${PYTHON:-python3}
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -53,6 +53,7 @@ class ModelBuilder:
     def __init__(self, description: str = "difflite"):
         self.description = description
         self.buffers: list[np.ndarray | None] = [None]  # buffer 0 is the empty sentinel
+        self._constant_bytes = 0
         self._buffer_index: dict[tuple, int] = {}
         self.tensors: list[schema.TensorT] = []
         self.operators: list[schema.OperatorT] = []
@@ -82,6 +83,7 @@ class ModelBuilder:
         key = (array.dtype.str, hashlib.sha256(raw).hexdigest())
         if key not in self._buffer_index:
             self.buffers.append(np.frombuffer(raw, dtype=np.uint8))
+            self._count(self.buffers[-1])
             self._buffer_index[key] = len(self.buffers) - 1
         return self._buffer_index[key]
 
@@ -95,7 +97,10 @@ class ModelBuilder:
         return self.tensors[index].buffer != 0
 
     def constant_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers if b is not None)
+        return self._constant_bytes
+
+    def _count(self, data: np.ndarray) -> None:
+        self._constant_bytes += data.nbytes
 
     # -- operators -------------------------------------------------------------------------
     def _opcode(self, builtin: int, custom_code: str | None) -> int:
@@ -165,19 +170,23 @@ class ModelBuilder:
         sig.outputs = [tensor_map(n, i) for n, i in self.outputs]
         return sig
 
-    def serialize(self) -> bytearray:
+    def serialize(self) -> memoryview:
+        """The finished .tflite. The builder's constant buffers are consumed: call once."""
         model = schema.ModelT()
         model.version = SCHEMA_VERSION
         model.description = self.description
         model.operatorCodes = self.opcodes
         model.subgraphs = [self._subgraph()]
         model.signatureDefs = [self._signature()]
-        total = self.constant_bytes()
-        builder = flatbuffers.Builder(total + (1 << 20))
-        buffer_offsets = [self._pack_buffer(builder, data) for data in self.buffers]
+        builder = flatbuffers.Builder(self.constant_bytes() + 16 * len(self.buffers) + (1 << 20))
+        buffer_offsets = []
+        for i, data in enumerate(self.buffers):
+            buffer_offsets.append(self._pack_buffer(builder, data))
+            self.buffers[i] = None  # the flatbuffer holds the bytes now: don't keep two copies
         model_offset = _pack_model(builder, model, buffer_offsets)
         builder.Finish(model_offset, file_identifier=b"TFL3")
-        return builder.Output()
+        # A view, not builder.Output()'s copy: a 2 GB model would otherwise exist three times.
+        return memoryview(builder.Bytes)[builder.Head():]
 
     @staticmethod
     def _pack_buffer(builder: flatbuffers.Builder, data: np.ndarray | None) -> int:

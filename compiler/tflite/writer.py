@@ -23,7 +23,7 @@ NEVER_FOLD = {("", "RandomNormal"), ("", "RandomUniform")}
 
 @dataclass
 class WriteResult:
-    data: bytearray
+    data: memoryview
     inputs: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)
     op_histogram: dict[str, int] = field(default_factory=dict)
@@ -46,9 +46,11 @@ def write_tflite(model: ir.Model, precision: str = "fp32", fuse=frozenset(),
         _lower_node(ctx, node)
     ctx.node = None
     outputs = [_add_graph_output(ctx, value) for value in graph.outputs]
+    ctx.constants.clear()  # release the weights read from the ONNX file before serialising
+    histogram = op_histogram(builder)
     return WriteResult(
         data=builder.serialize(), inputs=inputs, outputs=outputs,
-        op_histogram=op_histogram(builder), custom_ops=sorted(
+        op_histogram=histogram, custom_ops=sorted(
             c.customCode.decode() if isinstance(c.customCode, bytes) else c.customCode
             for c in builder.opcodes if c.customCode),
         weight_bytes=builder.constant_bytes())

@@ -1,0 +1,601 @@
+"""`difflite bench OUT`: time the components of an output folder, and estimate one image.
+
+On the host each component is loaded with ai-edge-litert (plus the op library when it has difflite
+custom ops or the backend is not cpu), warmed up, then timed on seeded random inputs of the
+manifest's shapes and dtypes. With --adb SERIAL the .tflite files and the Android arm64 op library
+are pushed to a phone and TFLite's benchmark_model times each component there.
+
+The pipeline estimate for one image of S steps: the text encoder once per prompt batch (twice with
+classifier-free guidance and a batch-1 text encoder: the prompt and the negative prompt), the UNet
+S times (twice per step with guidance and a batch-1 UNet, once with a batch-2 UNet), the VAE
+decoder once. It is reported as the sum of median times and, on the host, as one measured run of
+the components in that order (a plain Euler-like latent update, no scheduler)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from compiler.errors import BadInput
+
+BACKENDS = ("cpu", "opencl")
+PRECISIONS = ("fp32", "fp16")
+PIPELINE = ("text_encoder", "unet", "vae_decoder")
+FALLBACK_VOCAB = 256
+LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
+
+
+@dataclass
+class BenchOptions:
+    backend: str = "cpu"
+    precision: str = "fp32"
+    runs: int = 10
+    warmup: int = 2
+    steps: int = 20
+    guidance: float = 7.5
+    components: tuple[str, ...] | None = None
+    seed: int = 0
+    threads: int | None = None
+    oplib: str | None = None
+    # --adb
+    serial: str | None = None
+    device_dir: str = "/data/local/tmp/difflite"
+    benchmark_model: str = "/data/local/tmp/benchmark_model"
+    tflite_gpu: bool = False
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise BadInput(f"--backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise BadInput(f"--precision {self.precision!r}: choose from {', '.join(PRECISIONS)}")
+        if self.runs < 1:
+            raise BadInput(f"--runs {self.runs}: must be at least 1")
+        if self.warmup < 0:
+            raise BadInput(f"--warmup {self.warmup}: must be 0 or more")
+        if self.steps < 1:
+            raise BadInput(f"--steps {self.steps}: must be at least 1")
+        if self.threads is not None and self.threads < 1:
+            raise BadInput(f"--threads {self.threads}: must be at least 1")
+        if self.tflite_gpu and not self.serial:
+            raise BadInput("--tflite-gpu runs TFLite's GPU delegate in benchmark_model on a phone: "
+                           "it needs --adb SERIAL")
+        if self.serial is not None and not self.device_dir.startswith("/"):
+            raise BadInput(f"--device-dir {self.device_dir!r}: must be an absolute path on the device")
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance > 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# What to run
+
+
+def select_components(manifest: dict, names: tuple[str, ...] | None) -> list[str]:
+    available = list(manifest.get("components", {}))
+    if not names:
+        return available
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise BadInput(f"--components: {', '.join(unknown)} not in this output folder "
+                       f"(it has {', '.join(available) or 'none'})")
+    return [n for n in available if n in names]
+
+
+def batch_of(entry: dict, input_name: str | None = None) -> int:
+    inputs = entry.get("inputs", [])
+    chosen = next((i for i in inputs if i["name"] == input_name), inputs[0] if inputs else None)
+    return int(chosen["shape"][0]) if chosen and chosen.get("shape") else 1
+
+
+def pipeline_plan(manifest: dict, steps: int, guided: bool) -> dict:
+    """Calls per image of each pipeline component, and why."""
+    entries = manifest.get("components", {})
+    prompts = 2 if guided else 1
+    calls, notes = {}, []
+    if "text_encoder" in entries:
+        te_batch = batch_of(entries["text_encoder"], "input_ids")
+        calls["text_encoder"] = math.ceil(prompts / te_batch)
+        if guided:
+            notes.append(f"text_encoder x{calls['text_encoder']}: guidance encodes the prompt and the negative "
+                         f"prompt, {te_batch} per call"
+                         + (" (an app that caches the negative prompt's embedding needs x1)"
+                            if calls["text_encoder"] > 1 else ""))
+        else:
+            notes.append("text_encoder x1: no guidance, one prompt")
+    if "unet" in entries:
+        unet_batch = batch_of(entries["unet"], "sample")
+        per_step = math.ceil(prompts / unet_batch)
+        calls["unet"] = steps * per_step
+        if guided and unet_batch == 1:
+            notes.append(f"unet x{per_step} per step: guidance with a batch-1 UNet runs the unconditional "
+                         f"and the conditional pass separately")
+        elif guided:
+            notes.append(f"unet x{per_step} per step: the batch-{unet_batch} UNet runs both guidance passes "
+                         f"in one call")
+        elif unet_batch > 1:
+            notes.append(f"unet x{per_step} per step: no guidance, but the UNet is batch {unet_batch} "
+                         f"(convert with --batch 1 to halve the work)")
+        else:
+            notes.append("unet x1 per step: no guidance")
+    if "vae_decoder" in entries:
+        calls["vae_decoder"] = 1
+    return {"steps": steps, "guidance": guided, "calls": calls, "notes": notes}
+
+
+def vocab_size(out: Path) -> int:
+    try:
+        return max(2, len(json.loads((out / "tokenizer" / "vocab.json").read_text())))
+    except (OSError, ValueError):
+        return FALLBACK_VOCAB
+
+
+def random_feeds(entry: dict, rng, vocab: int) -> dict:
+    """Seeded random inputs in the stored layout (NHWC where the manifest says so)."""
+    import numpy as np
+
+    feeds = {}
+    for spec in entry.get("inputs", []):
+        shape, dtype = tuple(int(d) for d in spec["shape"]), np.dtype(spec["dtype"])
+        if dtype.kind in "iu":
+            value = rng.integers(0, vocab, size=shape)
+        elif spec["name"] == "timestep":
+            value = rng.uniform(0, 1000, size=shape)
+        else:
+            value = rng.standard_normal(size=shape)
+        feeds[spec["name"]] = np.ascontiguousarray(value.astype(dtype))
+    return feeds
+
+
+# --------------------------------------------------------------------------------------------
+# Host
+
+
+def peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def host_delegate(options: BenchOptions):
+    from ai_edge_litert.interpreter import load_delegate
+
+    from compiler.runtime import find_oplib
+
+    library = Path(options.oplib) if options.oplib else find_oplib()
+    if not library.is_file():
+        raise BadInput(f"--oplib {library}: no such file")
+    try:
+        return load_delegate(str(library), {"backend": options.backend, "precision": options.precision})
+    except ValueError as exc:
+        raise BadInput(f"{library}: the op library refused backend={options.backend} "
+                       f"precision={options.precision}: {str(exc).splitlines()[0]}") from exc
+
+
+def load_runner(path: Path, entry: dict, options: BenchOptions):
+    """The model's signature runner (inputs and outputs in the stored layout)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compiler.tflite.builder import SIGNATURE_KEY
+
+    if not path.is_file():
+        raise BadInput(f"{path}: no such model file (named by the manifest)")
+    custom = entry.get("custom_ops", [])
+    delegates = [host_delegate(options)] if (custom or options.backend != "cpu") else []
+    try:
+        interpreter = Interpreter(model_path=str(path), experimental_delegates=delegates,
+                                  num_threads=options.threads or os.cpu_count())
+        return interpreter.get_signature_runner(SIGNATURE_KEY)
+    except (ValueError, RuntimeError) as exc:
+        raise BadInput(f"{path}: cannot load ({str(exc).splitlines()[0]})") from exc
+
+
+def stats_ms(samples: list[float]) -> dict:
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
+            "mean_ms": statistics.fmean(samples),
+            "std_ms": statistics.pstdev(samples) if len(samples) > 1 else 0.0}
+
+
+def time_runner(runner, feeds: dict, runs: int, warmup: int) -> dict:
+    first_ms = None
+    for _ in range(warmup):
+        start = time.perf_counter()
+        runner(**feeds)
+        first_ms = first_ms if first_ms is not None else (time.perf_counter() - start) * 1e3
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        runner(**feeds)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return {"runs": runs, "warmup": warmup, "first_ms": first_ms if first_ms is not None else samples[0],
+            **stats_ms(samples)}
+
+
+def run_pipeline(runners: dict, manifest: dict, plan: dict, guidance: float, rng, vocab: int) -> dict:
+    """One image through text encoder, S UNet steps and the VAE decoder; wall time in ms and the
+    call counts actually made (they must match the plan)."""
+    import numpy as np
+
+    entries = manifest["components"]
+    te, unet, vae = (entries[n] for n in PIPELINE)
+    te_in, te_out = te["inputs"][0], te["outputs"][0]["name"]
+    unet_names = {i["name"]: i for i in unet["inputs"]}
+    for needed in ("sample", "timestep", "encoder_hidden_states"):
+        if needed not in unet_names:
+            raise BadInput(f"unet: no input named {needed!r} in the manifest; cannot run the pipeline")
+    unet_out, vae_in = unet["outputs"][0]["name"], vae["inputs"][0]["name"]
+    te_batch, unet_batch = int(te_in["shape"][0]), int(unet_names["sample"]["shape"][0])
+    prompts = 2 if plan["guidance"] else 1
+    ids = rng.integers(0, vocab, size=(prompts, *te_in["shape"][1:])).astype(te_in["dtype"])
+    sample_shape = (1, *unet_names["sample"]["shape"][1:])
+    latents = rng.standard_normal(size=sample_shape).astype(unet_names["sample"]["dtype"])
+    timesteps = np.linspace(999, 0, plan["steps"], dtype=np.float32)
+    made = {name: 0 for name in PIPELINE}
+
+    def batched(rows: np.ndarray, size: int) -> np.ndarray:
+        return np.concatenate([rows] + [rows[-1:]] * (size - len(rows)))[:size] if len(rows) < size else rows
+
+    start = time.perf_counter()
+    embeddings = []
+    for first in range(0, prompts, te_batch):
+        chunk = ids[first:first + te_batch]
+        out = runners["text_encoder"](**{te_in["name"]: batched(chunk, te_batch)})[te_out]
+        embeddings.append(out[:len(chunk)])
+        made["text_encoder"] += 1
+    embeddings = np.concatenate(embeddings)
+    for t in timesteps:
+        predictions = []
+        for first in range(0, prompts, unet_batch):
+            rows = embeddings[first:first + unet_batch]
+            feeds = {"sample": np.repeat(latents, unet_batch, axis=0),
+                     "timestep": np.full((unet_batch,), t, dtype=unet_names["timestep"]["dtype"]),
+                     "encoder_hidden_states": batched(rows, unet_batch)}
+            predictions.append(runners["unet"](**feeds)[unet_out][:len(rows)])
+            made["unet"] += 1
+        noise = np.concatenate(predictions)
+        if plan["guidance"]:
+            noise = noise[0:1] + guidance * (noise[1:2] - noise[0:1])
+        latents = (latents - noise[0:1] / plan["steps"]).astype(latents.dtype)
+    image = runners["vae_decoder"](**{vae_in: latents})
+    made["vae_decoder"] += 1
+    elapsed = (time.perf_counter() - start) * 1e3
+    if not all(np.isfinite(v).all() for v in image.values()):
+        raise BadInput("the pipeline run produced a non-finite image")
+    return {"measured_ms": elapsed, "measured_calls": made}
+
+
+def bench_host(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
+    import numpy as np
+
+    vocab = vocab_size(out)
+    runners, results = {}, {}
+    for index, name in enumerate(names):
+        entry = manifest["components"][name]
+        log(f"loading {entry['file']}")
+        start = time.perf_counter()
+        runner = load_runner(out / entry["file"], entry, options)
+        load_ms = (time.perf_counter() - start) * 1e3
+        feeds = random_feeds(entry, np.random.default_rng(options.seed + index), vocab)
+        log(f"timing {name}: {options.warmup} warm-up + {options.runs} runs")
+        try:
+            timing = time_runner(runner, feeds, options.runs, options.warmup)
+        except (ValueError, RuntimeError) as exc:
+            raise BadInput(f"{entry['file']}: running it failed ({str(exc).splitlines()[0]})") from exc
+        results[name] = {"file": entry["file"], "custom_ops": entry.get("custom_ops", []),
+                         "load_ms": load_ms, **timing}
+        runners[name] = runner
+    plan = pipeline_plan(manifest, options.steps, options.guided)
+    if any(n not in runners for n in PIPELINE):
+        plan["measured_ms"] = None
+    else:
+        log(f"running the pipeline once: {options.steps} steps")
+        try:
+            plan.update(run_pipeline(runners, manifest, plan, options.guidance,
+                                     np.random.default_rng(options.seed + 1000), vocab))
+        except (ValueError, RuntimeError) as exc:
+            raise BadInput(f"the pipeline run failed ({str(exc).splitlines()[0]})") from exc
+    return {"components": results, "pipeline": plan,
+            "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                     "threads": options.threads or os.cpu_count()},
+            "peak_rss_mb": peak_rss_mb()}
+
+
+# --------------------------------------------------------------------------------------------
+# Phone over adb
+
+
+def android_library(options: BenchOptions) -> Path:
+    from compiler import adb, oplib
+
+    path = Path(options.oplib) if options.oplib else oplib.default_build_dir("android-arm64") / oplib.LIBRARY_NAME
+    return adb.check_android_library(path)
+
+
+def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
+    from compiler import adb
+
+    entries = {name: manifest["components"][name] for name in names}
+    for entry in entries.values():
+        if not (out / entry["file"]).is_file():
+            raise BadInput(f"{out / entry['file']}: no such model file (named by the manifest)")
+        if options.tflite_gpu and entry.get("custom_ops"):
+            raise BadInput(f"{entry['file']} has difflite custom ops ({', '.join(entry['custom_ops'])}): TFLite's "
+                           f"GPU delegate cannot run them; convert with --no-fuse to compare against it")
+    needs_library = not options.tflite_gpu and (options.backend != "cpu" or
+                                                any(e.get("custom_ops") for e in entries.values()))
+    library = android_library(options) if needs_library else None
+    device = adb.Device.connect(options.serial)
+    if not device.is_executable(options.benchmark_model):
+        raise BadInput(f"benchmark_model is missing or not executable at {options.benchmark_model} on "
+                       f"{options.serial}: download TFLite's prebuilt android_aarch64_benchmark_model "
+                       f"({adb.BENCHMARK_MODEL_URL}), `adb push` it there and `adb shell chmod +x` it, "
+                       f"or pass --benchmark-model PATH")
+    directory = options.device_dir.rstrip("/") or "/"
+    device.mkdir(directory)
+    files = {out / e["file"]: f"{directory}/{e['file']}" for e in entries.values()}
+    if library is not None:
+        files[library] = f"{directory}/{LIBRARY_ON_DEVICE}"
+    pushed = adb.sync_files(device, files, log)
+    vocab = vocab_size(out)
+    results = {}
+    for name, entry in entries.items():
+        ranges = {i["name"]: (0, vocab - 1) for i in entry.get("inputs", []) if i["dtype"].startswith(("int", "uint"))}
+        command = adb.benchmark_command(
+            options.benchmark_model, f"{directory}/{entry['file']}", options.runs, options.warmup,
+            threads=options.threads,
+            delegate_path=f"{directory}/{LIBRARY_ON_DEVICE}" if library is not None else None,
+            delegate_options={"backend": options.backend, "precision": options.precision},
+            use_gpu=options.tflite_gpu, gpu_fp16=options.precision == "fp16",
+            value_ranges=ranges, library_dir=directory)
+        log(f"benchmark_model {entry['file']} on {options.serial}: {options.warmup} warm-up + {options.runs} runs")
+        status, output = device.shell(command)
+        try:
+            parsed = adb.parse_benchmark_model(output)
+        except ValueError:
+            raise BadInput(f"benchmark_model failed on {entry['file']} (exit {status}): "
+                           f"{adb.error_line(output)}") from None
+        if status != 0:
+            raise BadInput(f"benchmark_model exited {status} on {entry['file']}: {adb.error_line(output)}")
+        median = parsed.median_ms if parsed.median_ms is not None else parsed.avg_ms
+        results[name] = {
+            "file": entry["file"], "custom_ops": entry.get("custom_ops", []),
+            "runs": parsed.runs if parsed.runs is not None else options.runs, "warmup": options.warmup,
+            "median_ms": median, "median_from": "median" if parsed.median_ms is not None else "avg",
+            "min_ms": parsed.min_ms, "max_ms": parsed.max_ms, "mean_ms": parsed.avg_ms, "std_ms": parsed.std_ms,
+            "first_ms": parsed.first_ms, "warmup_avg_ms": parsed.warmup_avg_ms, "load_ms": parsed.init_ms,
+            "memory_init_mb": parsed.memory_init_mb, "memory_overall_mb": parsed.memory_overall_mb,
+            "memory_peak_mb": parsed.memory_peak_mb, "delegations": parsed.delegations,
+            "command": command,
+        }
+    plan = pipeline_plan(manifest, options.steps, options.guided)
+    plan["measured_ms"] = None
+    plan["notes"].append("no measured pipeline run on the phone: benchmark_model times one component at a time")
+    peaks = [r["memory_peak_mb"] or r["memory_overall_mb"] for r in results.values()]
+    return {"components": results, "pipeline": plan,
+            "device": {"serial": options.serial, "model": device.getprop("ro.product.model"),
+                       "soc": device.getprop("ro.soc.model") or device.getprop("ro.board.platform"),
+                       "abi": device.getprop("ro.product.cpu.abi"), "device_dir": directory,
+                       "benchmark_model": options.benchmark_model,
+                       "delegate": ("tflite-gpu" if options.tflite_gpu else
+                                    f"{directory}/{LIBRARY_ON_DEVICE}" if library is not None else None),
+                       "pushed": pushed},
+            "peak_rss_mb": max((p for p in peaks if p is not None), default=None)}
+
+
+# --------------------------------------------------------------------------------------------
+# Both
+
+
+def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
+    from compiler.manifest import read_manifest
+
+    options.validate()
+    out = Path(out)
+    manifest = read_manifest(out)
+    names = select_components(manifest, options.components)
+    if not names:
+        raise BadInput(f"{out}: the manifest lists no components")
+    run = bench_adb if options.serial else bench_host
+    result = run(out, manifest, names, options, log)
+    plan = result["pipeline"]
+    timed = result["components"]
+    missing = [n for n in PIPELINE if n not in timed]
+    plan["sum_of_medians_ms"] = (None if missing else
+                                 sum(timed[n]["median_ms"] * c for n, c in plan["calls"].items()))
+    if missing:
+        plan["notes"].append(f"no pipeline estimate: {', '.join(missing)} not benchmarked "
+                             f"(it needs {', '.join(PIPELINE)})")
+    for name, r in timed.items():
+        r["calls_per_image"] = plan["calls"].get(name, 0)
+    return {"out": str(out), "mode": "adb" if options.serial else "host", "backend": options.backend,
+            "precision": options.precision, "runs": options.runs, "warmup": options.warmup,
+            "seed": options.seed, "source": manifest.get("source", {}).get("model"),
+            "fuse": manifest.get("options", {}).get("fuse"), **result}
+
+
+def check_plot_target(path: str) -> Path:
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        raise BadInput(f"--plot {path}: the file name must end in .png")
+    if not target.parent.is_dir():
+        raise BadInput(f"--plot {path}: folder {target.parent} does not exist")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise BadInput("--plot needs matplotlib: pip install matplotlib") from exc
+    return target
+
+
+def write_plot(result: dict, path: Path) -> Path:
+    """Bar chart of the median ms per component (min-max whiskers), written atomically."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = list(result["components"])
+    rows = [result["components"][n] for n in names]
+    medians = [r["median_ms"] for r in rows]
+    low = [max(0.0, r["median_ms"] - (r["min_ms"] if r["min_ms"] is not None else r["median_ms"])) for r in rows]
+    high = [max(0.0, (r["max_ms"] if r["max_ms"] is not None else r["median_ms"]) - r["median_ms"]) for r in rows]
+    figure = Figure(figsize=(max(4.0, 1.6 * len(names) + 2), 4.0), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    bars = axes.bar(names, medians, yerr=[low, high], capsize=4, color="#4c72b0")
+    axes.bar_label(bars, labels=[fmt(m) for m in medians], padding=3)
+    axes.set_ylabel("median ms per call (whiskers: min-max)")
+    if result["mode"] == "adb":
+        where = result["device"].get("model") or result["device"]["serial"]
+    else:
+        where = f"host {result['host']['machine']}"
+    axes.set_title(f"difflite bench {Path(result['out']).name}: {where}, backend {result['backend']}, "
+                   f"{result['runs']} runs", fontsize=10)
+    axes.margins(y=0.15)
+    figure.tight_layout()
+    return write_atomic(path, figure.savefig)
+
+
+def write_atomic(path: Path, data) -> Path:
+    """Write bytes (or call data(handle)) to a temporary file next to path, then rename it."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            if callable(data):
+                data(handle, format="png")
+            else:
+                handle.write(data)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
+
+
+def render(result: dict) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    where = (f"{result['device']['serial']} ({result['device'].get('model') or 'adb'})" if result["mode"] == "adb"
+             else f"host {result['host']['machine']}, {result['host']['threads']} threads")
+    table = Table(title=f"difflite bench {result['out']}: {where}, backend {result['backend']} "
+                        f"{result['precision']}, {result['warmup']} warm-up + {result['runs']} runs")
+    columns = ["component", "median ms", "min ms", "max ms", "mean ms", "first ms",
+               "init ms" if result["mode"] == "adb" else "load ms", "calls/image", "ms/image"]
+    if result["mode"] == "adb":
+        columns.append("peak MB")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "component" else "right")
+    for name, r in result["components"].items():
+        row = [name, fmt(r["median_ms"]), fmt(r["min_ms"]), fmt(r["max_ms"]), fmt(r["mean_ms"]),
+               fmt(r["first_ms"]), fmt(r["load_ms"]), str(r["calls_per_image"]),
+               fmt(r["median_ms"] * r["calls_per_image"]) if r["calls_per_image"] else "-"]
+        if result["mode"] == "adb":
+            row.append(fmt(r["memory_peak_mb"] or r["memory_overall_mb"]))
+        table.add_row(*row)
+    console.print(table)
+    plan = result["pipeline"]
+    guidance = "with guidance" if plan["guidance"] else "without guidance"
+    line = f"one image, {plan['steps']} steps {guidance}: " + (
+        f"sum of medians {fmt(plan['sum_of_medians_ms'])} ms" if plan["sum_of_medians_ms"] is not None
+        else "no estimate")
+    if plan.get("measured_ms") is not None:
+        line += f", measured end to end {fmt(plan['measured_ms'])} ms"
+    console.print(line)
+    for note in plan["notes"]:
+        console.print(f"  {note}")
+    if result.get("peak_rss_mb") is not None:
+        label = "peak RSS" if result["mode"] == "host" else "largest benchmark_model peak memory"
+        console.print(f"{label} {result['peak_rss_mb']:.0f} MB")
+
+
+@click.command("bench")
+@click.argument("out", type=click.Path())
+@click.option("--backend", type=click.Choice(BACKENDS), default="cpu", show_default=True,
+              help="Op library backend (delegate option backend=...).")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="Op library precision (delegate option precision=...).")
+@click.option("--runs", default=10, show_default=True, type=int, help="Timed runs per component.")
+@click.option("--warmup", default=2, show_default=True, type=int, help="Warm-up runs per component.")
+@click.option("--steps", default=20, show_default=True, type=int, help="Denoising steps of the pipeline estimate.")
+@click.option("--guidance", default=7.5, show_default=True, type=float,
+              help="Guidance scale of the estimate; > 1 means classifier-free guidance (two UNet passes).")
+@click.option("--components", default=None, help="Comma-separated subset of the components [default: all].")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
+@click.option("--threads", default=None, type=int,
+              help="CPU threads [default: host: all cores; phone: benchmark_model's].")
+@click.option("--oplib", default=None, type=click.Path(dir_okay=False),
+              help="The op library to use [host: the source tree's build; --adb: the android-arm64 build].")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (and nothing else on stdout).")
+@click.option("--save", default=None, type=click.Path(dir_okay=False),
+              help="Also write the JSON results to FILE (atomically), whatever is printed.")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False),
+              help="Write a bar chart of the median ms per component to FILE.png (needs matplotlib).")
+@click.option("--adb", "serial", default=None, metavar="SERIAL",
+              help="Benchmark on this Android device with TFLite's benchmark_model instead of on the host.")
+@click.option("--device-dir", default="/data/local/tmp/difflite", show_default=True,
+              help="--adb: folder on the device for the models and the op library.")
+@click.option("--benchmark-model", default="/data/local/tmp/benchmark_model", show_default=True,
+              help="--adb: path of TFLite's benchmark_model binary on the device.")
+@click.option("--tflite-gpu", is_flag=True,
+              help="--adb: time TFLite's own GPU delegate (--use_gpu=true) instead of the op library "
+                   "(models without difflite custom ops only: convert --no-fuse).")
+def bench_command(out, backend, precision, runs, warmup, steps, guidance, components, seed, threads, oplib,
+                  as_json, save, plot, serial, device_dir, benchmark_model, tflite_gpu):
+    """Time each component of OUT and estimate one image (host, or a phone with --adb SERIAL).
+
+    Per component: warm-up, then timed runs on seeded random inputs of the manifest's shapes;
+    median/min/max ms. Pipeline: text encoder, UNet x steps (x2 with guidance and a batch-1 UNet),
+    VAE decoder, as a sum of medians and (host) one measured run.
+    """
+    options = BenchOptions(
+        backend=backend, precision=precision, runs=runs, warmup=warmup, steps=steps, guidance=guidance,
+        components=tuple(c.strip() for c in components.split(",") if c.strip()) if components else None,
+        seed=seed, threads=threads, oplib=oplib, serial=serial, device_dir=device_dir,
+        benchmark_model=benchmark_model, tflite_gpu=tflite_gpu)
+    plot_path = check_plot_target(plot) if plot else None
+    if save and not Path(save).parent.is_dir():
+        raise BadInput(f"--save {save}: folder {Path(save).parent} does not exist")
+
+    def log(message):
+        if not as_json:
+            click.echo(f"[difflite] {message}", err=True)
+
+    result = bench(out, options, log)
+    if plot_path is not None:
+        result["plot"] = str(write_plot(result, plot_path))
+    text = json.dumps(result, indent=2, sort_keys=True, default=str)
+    if save:
+        write_atomic(Path(save), (text + "\n").encode())
+    if as_json:
+        click.echo(text)
+    else:
+        render(result)
+        if plot_path is not None:
+            click.echo(f"plot written to {plot_path}")
+        if save:
+            click.echo(f"results written to {save}")

@@ -1,0 +1,510 @@
+"""`difflite generate`: run an output folder's .tflite files as a Stable Diffusion pipeline.
+
+The loop mirrors diffusers' StableDiffusionPipeline / StableDiffusionImg2ImgPipeline step for
+step, so the same prompt, seed and weights give the same picture as PyTorch:
+
+- tokens: CLIPTokenizer from OUT/tokenizer, padding to max_length 77 with truncation;
+- initial latents: torch.Generator("cpu").manual_seed(seed), then diffusers' randn_tensor of
+  (1, C, h, w) times scheduler.init_noise_sigma (txt2img); img2img draws the VAE posterior sample
+  (mean + std * eps) first and the add_noise noise second, from the same generator;
+- the scheduler comes from OUT/scheduler/scheduler_config.json (diffusers' classes), the step
+  loop uses scale_model_input, step(...).prev_sample and passes eta/generator as diffusers does;
+- classifier-free guidance (guidance > 1): one UNet call on [uncond, cond] when the UNet was
+  converted with batch 2, two calls with batch 1.
+
+Only the file's command-line entry point and light modules are imported at module load, so
+`difflite --help` stays fast; torch and diffusers are imported when a picture is made."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import numpy as np
+
+from compiler.errors import BadInput
+
+SCHEDULERS = {
+    # name: (diffusers class, extra config)
+    "euler": ("EulerDiscreteScheduler", {}),
+    "ddim": ("DDIMScheduler", {}),
+    "dpm++": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++"}),
+    "pndm": ("PNDMScheduler", {}),
+}
+SCHEDULER_CHOICES = (*SCHEDULERS, "default")
+REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+ENCODER_HINT = "convert with --components text_encoder,unet,vae_decoder,vae_encoder"
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedulers
+
+
+def scheduler_config_fixed(config: dict) -> dict:
+    """The config as diffusers' Stable Diffusion pipelines use it: their constructors rewrite
+    legacy configs (steps_offset != 1 -> 1, clip_sample True -> False)."""
+    config = dict(config)
+    if config.get("steps_offset", 1) != 1:
+        config["steps_offset"] = 1
+    if config.get("clip_sample", False) is True:
+        config["clip_sample"] = False
+    return config
+
+
+def make_scheduler(name: str, config: dict):
+    """A diffusers scheduler: `name` is one of SCHEDULER_CHOICES ("default" = the config's own
+    `_class_name`), built with from_config from the pipeline's scheduler_config.json."""
+    import diffusers
+    from diffusers.utils import logging as diffusers_logging
+
+    config = scheduler_config_fixed(config)
+    if name == "default":
+        class_name, extra = config.get("_class_name"), {}
+        if not class_name:
+            raise BadInput("scheduler_config.json has no _class_name: pass --scheduler "
+                           + "|".join(SCHEDULERS))
+    elif name in SCHEDULERS:
+        class_name, extra = SCHEDULERS[name]
+    else:
+        raise BadInput(f"--scheduler {name!r}: choose from {', '.join(SCHEDULER_CHOICES)}")
+    cls = getattr(diffusers, str(class_name), None)
+    if not (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
+        raise BadInput(f"scheduler_config.json: {class_name!r} is not a diffusers scheduler class "
+                       f"(pass --scheduler {'|'.join(SCHEDULERS)})")
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()  # "config attributes ... not expected" chatter
+    try:
+        return cls.from_config(config, **extra)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise BadInput(f"scheduler_config.json: cannot build {class_name} ({str(exc).splitlines()[0]})") from exc
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
+
+
+def step_kwargs(scheduler, generator, eta: float = 0.0) -> dict:
+    """diffusers' prepare_extra_step_kwargs: eta and generator where step() takes them."""
+    params = set(inspect.signature(scheduler.step).parameters)
+    kwargs = {}
+    if "eta" in params:
+        kwargs["eta"] = eta
+    if "generator" in params:
+        kwargs["generator"] = generator
+    return kwargs
+
+
+def img2img_timesteps(scheduler, steps: int, strength: float):
+    """diffusers' StableDiffusionImg2ImgPipeline.get_timesteps (after set_timesteps)."""
+    init_timestep = min(int(steps * strength), steps)
+    t_start = max(steps - init_timestep, 0)
+    timesteps = scheduler.timesteps[t_start * scheduler.order:]
+    if hasattr(scheduler, "set_begin_index"):
+        scheduler.set_begin_index(t_start * scheduler.order)
+    return timesteps
+
+
+# ---------------------------------------------------------------------------------------------
+# Images
+
+
+def load_init_image(image, height: int, width: int) -> np.ndarray:
+    """diffusers' VaeImageProcessor.preprocess for one PIL image, resized to the converted size:
+    RGB, lanczos resize to (width, height), [0,255] -> [-1,1], NCHW float32 [1,3,H,W]."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, (str, os.PathLike)):
+        path = Path(image)
+        if not path.is_file():
+            raise BadInput(f"{path}: no such image file")
+        try:
+            with Image.open(path) as opened:
+                opened.load()
+                image = opened.copy()
+        except (UnidentifiedImageError, OSError) as exc:
+            raise BadInput(f"{path}: not a readable image ({exc})") from exc
+    if image.size != (width, height):
+        image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    array = np.asarray(image).astype(np.float32) / 255.0
+    return np.ascontiguousarray((array * 2.0 - 1.0).transpose(2, 0, 1)[None])
+
+
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """[0,1] float HWC -> uint8 HWC, rounded as diffusers' numpy_to_pil does."""
+    return (image * 255).round().astype(np.uint8)
+
+
+def check_writable(path) -> Path:
+    """Fail before any work when the picture could not be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{path}: is a folder, give an image file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    for ancestor in (parent, *parent.parents):
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise BadInput(f"{path}: cannot write ({ancestor} is not a folder)")
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise BadInput(f"{path}: cannot write ({ancestor} is not writable)")
+            break
+    return path
+
+
+def save_png(image: np.ndarray, path) -> Path:
+    """Write a uint8 HWC picture as PNG atomically (a temporary name in the same folder, then a
+    rename): an interrupted run leaves no partial file."""
+    from PIL import Image
+
+    path = check_writable(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            Image.fromarray(image).save(f, format="PNG")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+
+
+@dataclass
+class GenerateResult:
+    image: np.ndarray  # float32 [H, W, 3] in [0, 1] ((decoded / 2 + 0.5).clamp(0, 1))
+    timings: dict  # seconds per stage
+    settings: dict  # what was run (scheduler class, steps, UNet calls, ...)
+    latents: np.ndarray | None = None  # the final latents [1, C, h, w]
+
+    @property
+    def uint8(self) -> np.ndarray:
+        return to_uint8(self.image)
+
+    def save(self, path) -> Path:
+        return save_png(self.uint8, path)
+
+
+@dataclass
+class _Timer:
+    seconds: dict = field(default_factory=dict)
+
+    def add(self, key: str, start: float) -> None:
+        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
+
+
+class LitePipeline:
+    """An output folder as a Stable Diffusion pipeline (txt2img and img2img) on LiteRT.
+
+    >>> pipe = LitePipeline("out/tiny")
+    >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
+    >>> result.save("astronaut.png")
+    """
+
+    def __init__(self, out, backend: str = "cpu", threads: int | None = None):
+        from compiler import manifest
+
+        self.out = Path(out)
+        self.manifest = manifest.read_manifest(self.out)
+        self.backend = backend
+        self.threads = threads
+        components = self.manifest.get("components", {})
+        for name in REQUIRED_COMPONENTS:
+            if name not in components:
+                raise BadInput(f"{self.out / (name + '.tflite')}: not in this output folder "
+                               f"(convert with --components {','.join(REQUIRED_COMPONENTS)})")
+            path = self.out / components[name]["file"]
+            if not path.is_file():
+                raise BadInput(f"{path}: missing (the output folder is incomplete: convert again)")
+        latent = self.manifest.get("latent") or {}
+        try:
+            self.channels = int(latent["channels"])
+            self.latent_height, self.latent_width = int(latent["height"]), int(latent["width"])
+            self.height, self.width = int(latent["image_height"]), int(latent["image_width"])
+            self.text_length = int(latent.get("text_length", 77))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"{self.out / 'manifest.json'}: no usable 'latent' geometry ({exc})") from exc
+        unet_sample = components["unet"]["inputs"][0]
+        self.unet_batch = int(unet_sample["shape"][0])
+        if self.unet_batch not in (1, 2):
+            raise BadInput(f"{self.out / 'unet.tflite'}: batch {self.unet_batch} (difflite runs batch 1 or 2)")
+        self.tokenizer_dir = self.out / "tokenizer"
+        config_path = self.out / "scheduler" / "scheduler_config.json"
+        if not self.tokenizer_dir.is_dir():
+            raise BadInput(f"{self.tokenizer_dir}: missing (the output folder is incomplete: convert again)")
+        if not config_path.is_file():
+            raise BadInput(f"{config_path}: missing (the output folder is incomplete: convert again)")
+        try:
+            self.scheduler_config = json.loads(config_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadInput(f"{config_path}: not valid JSON ({exc})") from exc
+        self._components: dict = {}
+        self._tokenizer = None
+        self.load_seconds = 0.0
+
+    # -- parts, loaded on first use ------------------------------------------------------------
+
+    @property
+    def has_vae_encoder(self) -> bool:
+        entry = self.manifest["components"].get("vae_encoder")
+        return entry is not None and (self.out / entry["file"]).is_file()
+
+    def component(self, name: str):
+        if name not in self._components:
+            from compiler.runtime import Component
+
+            entry = self.manifest["components"].get(name)
+            if entry is None or not (self.out / entry["file"]).is_file():
+                missing = self.out / (entry["file"] if entry else f"{name}.tflite")
+                hint = f"img2img needs it: {ENCODER_HINT}" if name == "vae_encoder" else "convert again"
+                raise BadInput(f"{missing}: missing ({hint})")
+            start = time.perf_counter()
+            self._components[name] = Component(self.out / entry["file"], entry, backend=self.backend,
+                                               threads=self.threads)
+            self.load_seconds += time.perf_counter() - start
+        return self._components[name]
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import CLIPTokenizer
+
+            start = time.perf_counter()
+            try:
+                self._tokenizer = CLIPTokenizer.from_pretrained(str(self.tokenizer_dir))
+            except (OSError, ValueError) as exc:
+                raise BadInput(f"{self.tokenizer_dir}: cannot load the tokenizer ({str(exc).splitlines()[0]})") from exc
+            self.load_seconds += time.perf_counter() - start
+        return self._tokenizer
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        ids = self.tokenizer(text, padding="max_length", max_length=self.text_length, truncation=True,
+                             return_tensors="np").input_ids
+        out = self.component("text_encoder")(input_ids=ids.astype(np.int32))
+        return out["last_hidden_state"].astype(np.float32)
+
+    def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None):
+        """noise_pred for the [1,C,h,w] (already scaled) sample: [uncond, cond] when uncond is
+        given (classifier-free guidance), else cond alone; returns one array per branch."""
+        unet = self.component("unet")
+        branches = [cond] if uncond is None else [uncond, cond]
+        if self.unet_batch == 2:
+            # [uncond, cond] in one call; without guidance both rows are cond and one is kept
+            sample2 = np.concatenate([sample, sample])
+            context = np.concatenate([cond, cond] if uncond is None else [uncond, cond])
+            timestep = np.full((2,), t, dtype=np.float32)
+            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=context)["noise_pred"]
+            return [noise[0:1]] if uncond is None else [noise[0:1], noise[1:2]]
+        timestep = np.full((1,), t, dtype=np.float32)
+        single = sample[0:1]
+        return [unet(sample=single, timestep=timestep, encoder_hidden_states=c)["noise_pred"] for c in branches]
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def __call__(self, prompt: str, negative_prompt: str = "", steps: int = 20, seed: int = 0,
+                 guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float = 0.8,
+                 progress: Callable[[int, int], None] | None = None) -> GenerateResult:
+        import torch
+        from diffusers.utils.torch_utils import randn_tensor
+
+        if not isinstance(steps, int) or steps < 1:
+            raise BadInput(f"--steps {steps!r} must be a positive integer")
+        if not np.isfinite(guidance):
+            raise BadInput(f"--guidance {guidance!r} must be a finite number")
+        img2img = init_image is not None
+        if img2img:
+            if not (0.0 < strength <= 1.0):
+                raise BadInput(f"--strength {strength!r} must be in (0, 1]")
+            if min(int(steps * strength), steps) < 1:
+                raise BadInput(f"--strength {strength} x --steps {steps} leaves no denoising step")
+            if not self.has_vae_encoder:
+                raise BadInput(f"{self.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
+        timer = _Timer()
+        started = time.perf_counter()
+        loaded_before = self.load_seconds
+        start = time.perf_counter()
+        sched = make_scheduler(scheduler, self.scheduler_config)
+        timer.add("setup", start)  # the scheduler (and diffusers' imports, the first time)
+        cfg = guidance > 1.0
+        for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
+            self.component(name)
+        self.tokenizer  # noqa: B018 (loaded here so that text_encoder times the model alone)
+        image_in = load_init_image(init_image, self.height, self.width) if img2img else None
+
+        start = time.perf_counter()
+        cond = self.encode_prompt(prompt)
+        uncond = self.encode_prompt(negative_prompt) if cfg else None
+        timer.add("text_encoder", start)
+
+        generator = torch.Generator("cpu").manual_seed(int(seed))
+        sched.set_timesteps(steps, device="cpu")
+        shape = (1, self.channels, self.latent_height, self.latent_width)
+        if img2img:
+            timesteps = img2img_timesteps(sched, steps, strength)
+            start = time.perf_counter()
+            encoded = self.component("vae_encoder")(image=image_in)
+            timer.add("vae_encoder", start)
+            mean = torch.from_numpy(np.ascontiguousarray(encoded["latent_mean"], dtype=np.float32))
+            std = torch.from_numpy(np.ascontiguousarray(encoded["latent_std"], dtype=np.float32))
+            # retrieve_latents(sample_mode="sample"): the posterior sample draws first ...
+            eps = randn_tensor(mean.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+            init_latents = mean + std * eps
+            # ... then the noise for add_noise at the first kept timestep.
+            noise = randn_tensor(init_latents.shape, generator=generator, device=torch.device("cpu"),
+                                 dtype=torch.float32)
+            latents = sched.add_noise(init_latents, noise, timesteps[:1].repeat(1))
+        else:
+            timesteps = sched.timesteps
+            latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+            latents = latents * sched.init_noise_sigma
+        extra = step_kwargs(sched, generator)
+
+        unet_seconds, unet_calls = 0.0, 0
+        total = len(timesteps)
+        for i, t in enumerate(timesteps):
+            model_input = torch.cat([latents] * 2) if cfg else latents
+            model_input = sched.scale_model_input(model_input, t)
+            sample = model_input.numpy()[0:1]
+            start = time.perf_counter()
+            noise = self.predict_noise(sample, float(t), cond, uncond)
+            unet_seconds += time.perf_counter() - start
+            unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
+            if cfg:
+                noise_uncond, noise_text = (torch.from_numpy(np.ascontiguousarray(n, dtype=np.float32)) for n in noise)
+                noise_pred = noise_uncond + guidance * (noise_text - noise_uncond)
+            else:
+                noise_pred = torch.from_numpy(np.ascontiguousarray(noise[0], dtype=np.float32))
+            latents = sched.step(noise_pred, t, latents, **extra, return_dict=False)[0]
+            if progress is not None:
+                progress(i + 1, total)
+        timer.seconds["unet"] = unet_seconds
+
+        start = time.perf_counter()
+        decoded = self.component("vae_decoder")(latent=latents.numpy().astype(np.float32))["image"]
+        timer.add("vae_decoder", start)
+        image = (torch.from_numpy(np.ascontiguousarray(decoded, dtype=np.float32)) / 2 + 0.5).clamp(0, 1)
+        image = image[0].permute(1, 2, 0).numpy()
+
+        timings = {k: round(v, 4) for k, v in timer.seconds.items()}
+        timings["unet_per_step"] = round(unet_seconds / max(total, 1), 4)
+        timings["load"] = round(self.load_seconds - loaded_before, 4)  # interpreters, tokenizer (first call)
+        timings["total"] = round(time.perf_counter() - started, 4)
+        settings = {
+            "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "seed": int(seed),
+            "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": type(sched).__name__,
+            "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
+            "backend": self.backend, "height": self.height, "width": self.width,
+            "img2img": img2img, **({"strength": strength} if img2img else {}),
+        }
+        return GenerateResult(image=image, timings=timings, settings=settings, latents=latents.numpy())
+
+
+def generate(out, prompt: str, output=None, backend: str = "cpu", **kwargs) -> GenerateResult:
+    """One picture from an output folder; writes it to `output` (PNG) when given."""
+    if output is not None:
+        check_writable(output)
+    result = LitePipeline(out, backend=backend)(prompt, **kwargs)
+    if output is not None:
+        result.save(output)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+@click.command("generate")
+@click.argument("out", type=click.Path())
+@click.argument("prompt")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="The PNG to write (written atomically).")
+@click.option("--steps", default=20, show_default=True, type=int, help="Number of inference steps.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of torch.Generator('cpu') for the initial noise, as diffusers draws it.")
+@click.option("--guidance", default=7.5, show_default=True, type=float,
+              help="Classifier-free guidance scale; <= 1 disables guidance.")
+@click.option("--negative-prompt", default="", show_default=True, help="The unconditional prompt.")
+@click.option("--scheduler", "scheduler", type=click.Choice(SCHEDULER_CHOICES), default="default", show_default=True,
+              help="default = the class in OUT/scheduler/scheduler_config.json.")
+@click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
+              help="Op library backend for the custom ops (opencl runs the whole graph on the GPU).")
+@click.option("--init-image", type=click.Path(), default=None,
+              help="img2img: start from this picture (needs OUT/vae_encoder.tflite).")
+@click.option("--strength", default=0.8, show_default=True, type=float,
+              help="img2img: how much of the picture is re-noised, in (0, 1].")
+@click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
+def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, backend,
+                     init_image, strength, as_json):
+    """Make a picture from PROMPT with the .tflite files in OUT (txt2img, or img2img with
+    --init-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    output = check_writable(output)
+    pipe = LitePipeline(out, backend=backend)
+    if init_image is not None and not pipe.has_vae_encoder:
+        raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
+    console = Console(stderr=True)
+    with Progress(TextColumn("[difflite] denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("denoising", total=None)
+
+        def progress(done, total):
+            bar.update(task, completed=done, total=total)
+
+        result = pipe(prompt, negative_prompt=negative_prompt, steps=steps, seed=seed, guidance=guidance,
+                      scheduler=scheduler, init_image=init_image, strength=strength, progress=progress)
+    path = result.save(output)
+    if as_json:
+        click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings},
+                              indent=2, sort_keys=True))
+    else:
+        t = result.timings
+        click.echo(f"wrote {path} ({result.settings['width']}x{result.settings['height']}, "
+                   f"{result.settings['scheduler']}, {result.settings['denoising_steps']} steps) in "
+                   f"{t['total']:.1f} s (UNet {t['unet']:.1f} s, {t['unet_per_step']:.2f} s/step)")
+
+
+__all__ = [
+    "SCHEDULERS",
+    "SCHEDULER_CHOICES",
+    "GenerateResult",
+    "LitePipeline",
+    "generate",
+    "generate_command",
+    "load_init_image",
+    "make_scheduler",
+    "save_png",
+]

@@ -1,0 +1,107 @@
+"""A stand-in for TFLite's benchmark_model on the fake adb device (tests/fake_adb.py).
+
+It checks its flags the way the real tool would fail on them (the graph and the external delegate
+must exist, delegate options are key:value pairs separated by ';', backend cpu|opencl), then
+prints benchmark_model's log for --warmup_runs and --num_runs with times derived from the model's
+size. $FAKE_BM_STYLE: "new" (default: "INFO: " prefixes, p5/median/p95, periodic peak memory) or
+"old" (no prefixes, CRLF line ends, exponent-form averages, no median). $FAKE_BM_FAIL set: the
+delegate fails to apply, as on a phone without OpenCL."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    parsed = {}
+    for arg in argv:
+        if arg.startswith("--") and "=" in arg:
+            key, _, value = arg[2:].partition("=")
+            parsed[key] = value
+    return parsed
+
+
+def main(argv: list[str]) -> int:
+    f = flags(argv)
+    style = os.environ.get("FAKE_BM_STYLE", "new")
+    prefix = "INFO: " if style == "new" else ""
+    end = "\n" if style == "new" else "\r\n"
+
+    def say(line: str = "") -> None:
+        sys.stdout.write((prefix + line if line else "") + end)
+
+    say("STARTING!")
+    runs, warmup = int(f.get("num_runs", 50)), int(f.get("warmup_runs", 1))
+    say(f"Min num runs: [{runs}]")
+    say(f"Min warmup runs: [{warmup}]")
+    graph = f.get("graph", "")
+    say(f"Graph: [{graph}]")
+    if not graph or not Path(graph).is_file():
+        sys.stdout.write(f"ERROR: Could not open '{graph}'.{end}ERROR: Benchmarking failed.{end}")
+        return 1
+    delegate = f.get("external_delegate_path")
+    if delegate is not None:
+        say(f"External delegate path: [{delegate}]")
+        if not Path(delegate).is_file():
+            sys.stdout.write(f"ERROR: Failed to load delegate from {delegate}{end}")
+            return 1
+        options = dict(item.split(":", 1) for item in f.get("external_delegate_options", "").split(";") if item)
+        say(f"External delegate options: [{f.get('external_delegate_options', '')}]")
+        if options.get("backend", "cpu") not in ("cpu", "opencl"):
+            sys.stdout.write(f"ERROR: difflite: backend must be cpu or opencl{end}")
+            return 1
+    say(f"Loaded model {graph}")
+    nodes = 100 + Path(graph).stat().st_size % 400
+    if os.environ.get("FAKE_BM_FAIL"):
+        sys.stdout.write(f"ERROR: difflite: backend=opencl: no OpenCL platform (libOpenCL.so not found){end}")
+        sys.stdout.write(f"ERROR: Failed to apply EXTERNAL delegate.{end}ERROR: Benchmarking failed.{end}")
+        return 1
+    if delegate is not None:
+        say("EXTERNAL delegate created.")
+        say(f"Replacing {nodes} out of {nodes} node(s) with delegate (TfLiteDelegate) node, "
+            f"yielding 1 partitions for subgraph 0.")
+    elif f.get("use_gpu") == "true":
+        say("Created TensorFlow Lite delegate for GPU.")
+        say(f"Replacing {nodes} out of {nodes} node(s) with delegate (TfLiteGpuDelegateV2) node, "
+            f"yielding 1 partitions for subgraph 0.")
+    say(f"The input model file size (MB): {Path(graph).stat().st_size / 1e6:.6g}")
+    base = 1000 + Path(graph).stat().st_size // 100   # microseconds, distinct per model
+    say("Initialized session in 123.4ms.")
+    say(f"Running benchmark for at least {warmup} iterations and at least 0 seconds but terminate if "
+        f"exceeding 3600 seconds.")
+    first = base * 2
+    if style == "new":
+        say(f"count={warmup} first={first} curr={base + 50} min={base + 50} max={first} avg={base * 1.5:g} "
+            f"std=100 p5={base + 50} median={base + 60} p95={first}")
+    else:
+        say(f"count={warmup} curr={first}")
+    say()
+    say(f"Running benchmark for at least {runs} iterations and at least 0 seconds but terminate if "
+        f"exceeding 3600 seconds.")
+    avg, low, high, median = base + 10, base - 40, base + 90, base + 5
+    if style == "new":
+        say(f"count={runs} first={base} curr={base} min={low} max={high} avg={avg} std=25 "
+            f"p5={low} median={median} p95={high}")
+    else:
+        say(f"count={runs} first={base} curr={base} min={low} max={high} avg={avg:.6e} std=25")
+    say()
+    say(f"Inference timings in us: Init: 123400, First inference: {first}, Warmup (avg): {base * 1.5:g}, "
+        f"Inference (avg): {avg:.6e}" if style == "old" else
+        f"Inference timings in us: Init: 123400, First inference: {first}, Warmup (avg): {base * 1.5:g}, "
+        f"Inference (avg): {avg}")
+    say("Note: as the benchmark tool itself affects memory footprint, the following is only APPROXIMATE to "
+        "the actual memory footprint of the model at runtime. Take the information at your discretion.")
+    if style == "new":
+        say("Memory footprint delta from the start of the tool (MB): init=6.42188 overall=38.5")
+        say("Overall peak memory footprint (MB) via periodic monitoring: 45.25")
+        say("Memory status at the end of exeution:")
+        say("- VmRSS              : 40 MB")
+    else:
+        say("Peak memory footprint (MB): init=4.92969 overall=138.809")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
