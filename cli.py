@@ -222,10 +222,12 @@ def oplib_build(target, out):
     click.echo(str(library))
 
 
-# Commands defined next to their implementation register here, one line each.
+# Commands defined next to their implementation register here.
+from compiler.bench import bench_command  # noqa: E402
 from compiler.generate import generate_command  # noqa: E402
+
 main.add_command(generate_command, "generate")
-from compiler.bench import bench_command; main.add_command(bench_command, "bench")  # noqa: E402,E702
+main.add_command(bench_command, "bench")
 
 
 if __name__ == "__main__":
