@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,15 @@ def log(message: str) -> None:
     print(f"[gpu_peer {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def convert(work: Path, components: str, batch: int) -> tuple[Path, Path]:
+def convert(work: Path, model: str, size: int, components: str, batch: int) -> tuple[Path, Path]:
     """Fused folder via the CLI (keeping the ONNX), then the unfused .tflite files written from the
     same ONNX graphs (same weights, one export)."""
     fused = work / "fused"
     unfused = work / "unfused"
     if not (fused / "manifest.json").is_file():
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:sd15", "-o", str(fused),
+        subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", model, "-o", str(fused),
                         "--components", components, "--batch", str(batch), "--precision", "fp16",
-                        "--keep-onnx"], check=True, cwd=ROOT)
+                        "--height", str(size), "--width", str(size), "--keep-onnx"], check=True, cwd=ROOT)
     if not unfused.is_dir():
         from compiler.tflite.writer import load_onnx, write_tflite
         from passes import run_passes
@@ -59,10 +60,11 @@ def convert(work: Path, components: str, batch: int) -> tuple[Path, Path]:
 
 
 def random_inputs(entries: list[dict], seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs in the .tflite's own layout (NHWC where the manifest says so)."""
-    rng = np.random.default_rng(seed)
+    """Inputs in the .tflite's own layout (NHWC where the manifest says so); each drawn from a
+    generator seeded by its name, so the order of `entries` does not matter."""
     feeds = {}
     for e in entries:
+        rng = np.random.default_rng([seed, zlib.crc32(e["name"].encode())])
         if e["dtype"].startswith("int"):
             feeds[e["name"]] = rng.integers(0, 400, e["shape"]).astype(e["dtype"])
         elif e["name"] == "timestep":
@@ -77,6 +79,26 @@ def summarize(times_ms: list[float]) -> dict:
             "max_ms": round(max(times_ms), 3), "runs": len(times_ms)}
 
 
+_REFERENCE: dict[str, np.ndarray] = {}
+
+
+def reference_output(unfused_path: Path) -> np.ndarray:
+    """XNNPACK (CPU) on the unfused file with the same inputs: what every GPU engine must match."""
+    if str(unfused_path) not in _REFERENCE:
+        from ai_edge_litert.interpreter import Interpreter
+
+        runner = Interpreter(model_path=str(unfused_path), num_threads=os.cpu_count()).get_signature_runner()
+        entries = [{"name": k, "shape": list(v["shape"]), "dtype": str(np.dtype(v["dtype"]))}
+                   for k, v in runner.get_input_details().items()]
+        _REFERENCE[str(unfused_path)] = next(iter(runner(**random_inputs(entries)).values()))
+    return _REFERENCE[str(unfused_path)]
+
+
+def relative_error(actual: np.ndarray, reference: np.ndarray) -> float:
+    actual = np.asarray(actual, np.float64).reshape(reference.shape)
+    return float(np.abs(actual - reference).max() / max(np.abs(reference).max(), 1e-30))
+
+
 def time_difflite(path: Path, entries: list[dict], runs: int, library: Path, precision: str) -> dict:
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
@@ -87,14 +109,15 @@ def time_difflite(path: Path, entries: list[dict], runs: int, library: Path, pre
     interpreter = Interpreter(model_path=str(path), experimental_delegates=[delegate])
     runner = interpreter.get_signature_runner("serving_default")
     feeds = random_inputs(entries)
-    runner(**feeds)
+    first = next(iter(runner(**feeds).values()))
     prepare_s = time.perf_counter() - start
     times = []
     for _ in range(runs):
         t = time.perf_counter()
         runner(**feeds)
         times.append((time.perf_counter() - t) * 1e3)
-    result = {**summarize(times), "first_run_s": round(prepare_s, 2)}
+    result = {**summarize(times), "first_run_s": round(prepare_s, 2),
+              "rel_err_vs_xnnpack": relative_error(first, reference_output(path.parent.parent / "unfused" / path.name))}
     if stats_path.is_file():
         result["delegate_stats"] = json.loads(stats_path.read_text())
     return result
@@ -110,12 +133,10 @@ def time_litert_gpu(path: Path, runs: int, enforce_f32: bool) -> dict:
     inputs = model.create_input_buffers(0)
     outputs = model.create_output_buffers(0)
     in_details = model.get_input_tensor_details("serving_default")
-    rng = np.random.default_rng(0)
+    entries = [{"name": k, "shape": list(v["shape"]), "dtype": str(v["dtype"])} for k, v in in_details.items()]
+    feeds = random_inputs(entries)
     for buffer, info in zip(inputs, in_details.values()):
-        values = rng.standard_normal(int(np.prod(info["shape"]))).astype(np.float32)
-        if info["name"] == "timestep":
-            values[:] = 500.0
-        buffer.write(values)
+        buffer.write(feeds[info["name"]].reshape(-1))
     out_info = list(model.get_output_tensor_details("serving_default").values())[0]
     out_size = int(np.prod(out_info["shape"]))
     model.run_by_index(0, inputs, outputs)
@@ -131,21 +152,22 @@ def time_litert_gpu(path: Path, runs: int, enforce_f32: bool) -> dict:
         per_run.append((time.perf_counter() - t) * 1e3 / runs)
     return {**summarize(per_run), "compile_and_first_s": round(compile_s, 2),
             "fully_accelerated": bool(model.is_fully_accelerated()),
-            "finite": bool(np.isfinite(first).all())}
+            "finite": bool(np.isfinite(first).all()),
+            "rel_err_vs_xnnpack": relative_error(first, reference_output(path))}
 
 
-def time_torch(components: list[str], runs: int, batch: int) -> dict:
+def time_torch(model: str, size: int, components: list[str], runs: int, batch: int) -> dict:
     import torch
 
     from compiler import export, models
 
-    pipe = models.load_pipeline("preset:sd15")
+    pipe = models.load_pipeline(model)
     results = {}
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for dtype_name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
         for name in components:
-            spec = export.component_spec(pipe, name, 512, 512, batch if name == "unet" else 1)
+            spec = export.component_spec(pipe, name, size, size, batch if name == "unet" else 1)
             module = spec.module.to("cuda", dtype)
             args = [t.to("cuda") if t.dtype == torch.int64 else t.to("cuda", dtype) for t in spec.example_inputs]
             with torch.no_grad():
@@ -168,6 +190,8 @@ def time_torch(components: list[str], runs: int, batch: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/difflite_peer"))
+    parser.add_argument("--model", default="preset:sd15")
+    parser.add_argument("--size", type=int, default=512, help="image height and width")
     parser.add_argument("--components", default="unet,vae_decoder")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--runs", type=int, default=10)
@@ -177,7 +201,7 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     components = args.components.split(",")
     results: dict = {"components": components, "batch": args.batch}
-    fused, unfused = convert(args.work, args.components, args.batch)
+    fused, unfused = convert(args.work, args.model, args.size, args.components, args.batch)
     manifest = json.loads((fused / "manifest.json").read_text())
     for name in components:
         entries = manifest["components"][name]["inputs"]
@@ -197,7 +221,7 @@ def main() -> int:
                     results[f"{name}/litert_gpu_{label}"] = {"error": f"{type(exc).__name__}: {exc}"}
     if "torch" not in skip:
         log("PyTorch eager")
-        results.update(time_torch(components, args.runs, args.batch))
+        results.update(time_torch(args.model, args.size, components, args.runs, args.batch))
     device = os.environ.get("DIFFLITE_DEVICE_NAME", "gpu")
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)

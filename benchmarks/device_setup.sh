@@ -1,0 +1,24 @@
+# Source this on a lent NVIDIA GPU machine (Python 3.12 with torch, no network) from the repository
+# root, with .whl/ (cp312 wheels: ai-edge-litert 2.3.0, backports.strenum, diffusers 0.42.1,
+# onnx-ir, pyopencl + pytools, platformdirs, siphash24) and .gl/ (the Debian .debs of libvulkan1
+# and the GL loaders) carried along; see benchmarks/NOTES.md for how they are fetched.
+#
+#   source benchmarks/device_setup.sh
+#
+# Afterwards: NVIDIA's OpenCL is the only ICD (OCL_ICD_VENDORS), Vulkan finds NVIDIA's driver for
+# LiteRT's GPU accelerator, and the wheels are on PYTHONPATH before the image's own packages.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "device_setup: wheel install failed" >&2; return 1; }
+export PYTHONPATH=/tmp/site:$PWD
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+if ! ldconfig -p | grep -q libnvidia-opencl; then echo "device_setup: no libnvidia-opencl" >&2; fi
+mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
+export OCL_ICD_VENDORS=/tmp/icd
+if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+fi
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+export DIFFLITE_DEVICE_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
+echo "device_setup: $DIFFLITE_DEVICE_NAME, python $(python3 -c 'import sys; print(sys.version.split()[0])')"
