@@ -141,9 +141,11 @@ _PRESET_CONFIGS = {
         "unet": {**_SD15_UNET, "attention_head_dim": [2, 4], "block_out_channels": [32, 64],
                  "cross_attention_dim": 32, "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
                  "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "norm_num_groups": 8, "sample_size": 16},
-        "vae": {**_SD_VAE, "block_out_channels": [32, 64], "down_block_types": ["DownEncoderBlock2D"] * 2,
-                "up_block_types": ["UpDecoderBlock2D"] * 2, "layers_per_block": 1, "norm_num_groups": 16,
-                "sample_size": 32},
+        # Four VAE levels as in SD, so the latent is 1/8 of the image like every real checkpoint
+        # (and the 512x512 default stays small: a 64x64 latent).
+        "vae": {**_SD_VAE, "block_out_channels": [16, 32, 32, 32], "down_block_types": ["DownEncoderBlock2D"] * 4,
+                "up_block_types": ["UpDecoderBlock2D"] * 4, "layers_per_block": 1, "norm_num_groups": 16,
+                "sample_size": 64},
         "text_encoder": {**_SD15_CLIP, "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
                          "num_hidden_layers": 2, "num_attention_heads": 4, "projection_dim": 32},
         "scheduler": _SD_SCHEDULER,

@@ -550,7 +550,7 @@ def test_builtin_only_model_untouched(lib, tmp_path):
 
 @pytest.mark.parametrize("opts,msg", [
     ({"backend": "cpu", "colour": "red"}, "unknown option 'colour'"),
-    ({"backend": "opencl"}, "backend=opencl is not available yet"),
+    ({"backend": "cpu", "device": "0"}, "apply to backend=opencl only"),
     ({"backend": "tpu"}, "backend must be cpu or opencl"),
     ({"precision": "int8"}, "precision must be fp32 or fp16"),
     ({"verbose": "yes"}, "verbose must be 0 or 1"),

@@ -106,7 +106,7 @@ def test_every_norm_and_bias_is_perturbed(tiny):
 def test_tiny_variety(tiny):
     assert tiny.unet.config.norm_num_groups != 32 and tiny.vae.config.norm_num_groups != 32
     assert tiny.text_encoder.config._attn_implementation == "eager"
-    assert tiny.vae_scale_factor == 2
+    assert tiny.vae_scale_factor == 8  # four VAE levels, as in SD
     assert tiny.scheduler_config["_class_name"] == "PNDMScheduler"
     assert all(p.dtype == torch.float32 for p in tiny.unet.parameters())
     assert not tiny.unet.training and not tiny.vae.training and not tiny.text_encoder.training

@@ -1,0 +1,284 @@
+"""Paper-style GPU ablation: each fused difflite kernel against the same computation as separate
+unfused kernels, at Stable Diffusion 1.5 shapes, on any OpenCL device (pyopencl).
+
+Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
+  GroupNorm+SiLU   [1,64,64,320] and [1,4096,1280], 32 groups
+  GELU (erf)       4096 x 1280
+  GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
+  self-attention   4096 x 4096, 8 heads x 40 (flash and partial-softmax variants)
+  cross-attention  4096 x 77, 8 heads x 40 (both variants)
+  Winograd F(4x4,3x3) vs direct 3x3 conv (implicit GEMM, same tiling) at 64x64x320 and 32x32x640
+plus a device-to-device copy bandwidth measurement.
+
+Fused kernels: custom_ops/ops/*/*.cl through benchmarks/gpu_kernels_harness/launch.py (the same
+launch plans as the C++ backend). Unfused: gpu_kernels_harness/unfused.cl (one kernel per graph
+operator, full-size temporaries). Times: OpenCL profiling events, first kernel's start to last
+kernel's end of one run (gaps between kernels included), median of --runs after --warmup runs.
+GB/s counts the bytes that must move (inputs + outputs, once); "intermediate MB" is the unfused
+form's temporaries. The fused and unfused outputs are compared (max |diff| / max |out|).
+
+    python benchmarks/gpu_ablation.py [--small] [--runs N] [--warmup N] [--device SUBSTRING]
+
+Writes benchmarks/results/gpu_ablation_<device>[_small].json and prints a markdown table.
+Needs numpy and pyopencl only (fp32 storage).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+import pyopencl as cl  # noqa: E402
+
+from gpu_kernels_harness.launch import Runner, attention_plan, pick_context  # noqa: E402
+from gpu_kernels_harness.unfused import Unfused  # noqa: E402
+
+MB = 1024 * 1024
+
+
+def winograd_u(w_oihw: np.ndarray) -> np.ndarray:
+    """G g G^T as [36, Cin, Cout] (compiler/winograd.py's definition; imported when available)."""
+    try:
+        from compiler.winograd import transform_weights
+
+        return transform_weights(w_oihw)
+    except ImportError:  # standalone copy of the benchmark: the same matrices
+        g = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                      [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
+        u = np.einsum("ak,oikl,bl->abio", g, w_oihw.astype(np.float64), g)
+        return np.ascontiguousarray(u.reshape(36, w_oihw.shape[1], w_oihw.shape[0]).astype(np.float32))
+
+
+def device_time(events: list) -> float:
+    for e in events:
+        e.wait()
+    return (events[-1].profile.end - events[0].profile.start) * 1e-9
+
+
+def measure(fn, runs: int, warmup: int) -> tuple[float, int]:
+    """Median device seconds of fn() (which returns its events), and its kernel count."""
+    n_kernels = 0
+    for _ in range(warmup):
+        n_kernels = len(fn())
+    times = [device_time(fn()) for _ in range(runs)]
+    return statistics.median(times), n_kernels
+
+
+def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int) -> float:
+    """Device-to-device clEnqueueCopyBuffer: (read + write) bytes / s."""
+    src = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
+    dst = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
+    cl.enqueue_fill_buffer(r.queue, src, np.float32(1.0), 0, nbytes)
+    t, _ = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup)
+    return 2 * nbytes / t
+
+
+def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+# ---------------------------------------------------------------------------
+# Cases: each returns (fused variants {label: fn}, unfused fn, output getter(s), facts)
+
+
+def case_group_norm(r, u, shape, groups):
+    rng = np.random.default_rng(0)
+    c = shape[-1]
+    x = rng.standard_normal(shape).astype(np.float32) + 0.5
+    gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
+    beta = rng.uniform(-0.5, 0.5, c).astype(np.float32)
+    xb, gb, bb = r.upload(x), r.upload(gamma), r.upload(beta)
+    yf, yu = r.empty(shape), r.empty(shape)
+    total = x.size
+    return dict(
+        fused={"fused": lambda: r.group_norm(xb, gb, bb, yf, shape, groups, 1e-5, True)},
+        unfused=lambda: u.group_norm(xb, gb, bb, yu, shape, groups, 1e-5, True),
+        out=(lambda: r.download(yf, shape), lambda: r.download(yu, shape)),
+        bytes=4 * (2 * total + 2 * c), flops=None, temp_tag="group_norm")
+
+
+def case_gelu(r, u, rows, d):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((rows, d)) * 2).astype(np.float32)
+    xb = r.upload(x)
+    yf, yu = r.empty(x.shape), r.empty(x.shape)
+    return dict(
+        fused={"fused": lambda: r.gelu(xb, yf, x.size, "erf")},
+        unfused=lambda: u.gelu(xb, yu, x.size),
+        out=(lambda: r.download(yf, x.shape), lambda: r.download(yu, x.shape)),
+        bytes=4 * 2 * x.size, flops=None, temp_tag="gelu")
+
+
+def case_geglu(r, u, rows, d):
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((rows, 2 * d)) * 2).astype(np.float32)
+    xb = r.upload(x)
+    yf, yu = r.empty((rows, d)), r.empty((rows, d))
+    return dict(
+        fused={"fused": lambda: r.geglu(xb, yf, rows, d, "erf")},
+        unfused=lambda: u.geglu(xb, yu, rows, d),
+        out=(lambda: r.download(yf, (rows, d)), lambda: r.download(yu, (rows, d))),
+        bytes=4 * 3 * rows * d, flops=None, temp_tag="geglu")
+
+
+def case_attention(r, u, lq, lk, heads, dh):
+    rng = np.random.default_rng(3)
+    n = 1
+    q = rng.standard_normal((n, lq, heads * dh)).astype(np.float32)
+    k = rng.standard_normal((n, lk, heads * dh)).astype(np.float32)
+    v = rng.standard_normal((n, lk, heads * dh)).astype(np.float32)
+    qb, kb, vb = r.upload(q), r.upload(k), r.upload(v)
+    scale = 1.0 / math.sqrt(dh)
+    shape = (n, lq, heads * dh)
+    outs = {lab: r.empty(shape) for lab in ("flash", "partial_softmax")}
+    yu = r.empty(shape)
+    auto = attention_plan(dh, dh, "auto", r.local_mem).variant
+    fused = {
+        f"{lab}{' (auto)' if lab == auto else ''}":
+            (lambda lab=lab: r.attention(qb, kb, vb, outs[lab], n, lq, lk, heads, dh, dh, scale, False, lab))
+        for lab in ("flash", "partial_softmax")
+    }
+    getters = {f"{lab}{' (auto)' if lab == auto else ''}": (lambda lab=lab: r.download(outs[lab], shape))
+               for lab in ("flash", "partial_softmax")}
+    return dict(
+        fused=fused, unfused=lambda: u.attention(qb, kb, vb, yu, n, lq, lk, heads, dh, dh, scale),
+        out=(getters, lambda: r.download(yu, shape)),
+        bytes=4 * (q.size + k.size + v.size + q.size), flops=2.0 * n * heads * lq * lk * (2 * dh),
+        temp_tag="attention")
+
+
+def case_winograd(r, u, hw, cin, cout):
+    rng = np.random.default_rng(4)
+    n = 1
+    x = rng.standard_normal((n, hw, hw, cin)).astype(np.float32)
+    w = (rng.standard_normal((cout, cin, 3, 3)) / math.sqrt(9 * cin)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    xb, ub, bb = r.upload(x), r.upload(winograd_u(w)), r.upload(bias)
+    wb = r.upload(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(9 * cin, cout)))
+    shape = (n, hw, hw, cout)
+    yf, yu = r.empty(shape), r.empty(shape)
+    scratch = r.winograd_scratch_bytes(n, hw, hw, cin, cout)
+    return dict(
+        fused={"winograd": lambda: r.winograd(xb, ub, bb, yf, n, hw, hw, cin, cout)},
+        unfused=lambda: u.conv3x3(xb, wb, bb, yu, n, hw, hw, cin, cout),
+        out=(lambda: r.download(yf, shape), lambda: r.download(yu, shape)),
+        bytes=4 * (x.size + w.size + cout + n * hw * hw * cout), flops=2.0 * n * hw * hw * cin * cout * 9,
+        temp_tag=None, fused_scratch=scratch, baseline_name="direct 3x3")
+
+
+def cases(small: bool):
+    f = 4 if small else 1  # spatial side divisor
+    L = 4096 // (f * f)  # tokens
+    s = 64 // f
+    c1 = 320 // (5 if small else 1)
+    c2 = 1280 // (10 if small else 1)
+    return [
+        (f"GroupNorm+SiLU 1x{s}x{s}x{c1}, 32 groups", case_group_norm, ((1, s, s, c1), 32)),
+        (f"GroupNorm+SiLU 1x{L}x{c2}, 32 groups", case_group_norm, ((1, L, c2), 32)),
+        (f"GELU erf {L}x{c2}", case_gelu, (L, c2)),
+        (f"GEGLU {L}x{2 * c1} -> {L}x{c1}", case_geglu, (L, c1)),
+        (f"GEGLU {L}x{2 * c2} -> {L}x{c2}", case_geglu, (L, c2)),
+        (f"self-attention {L}x{L}, 8x40", case_attention, (L, L, 8, 40)),
+        (f"cross-attention {L}x77, 8x40", case_attention, (L, 77, 8, 40)),
+        (f"Winograd 3x3 {s}x{s}x{c1}", case_winograd, (s, c1, c1)),
+        (f"Winograd 3x3 {s // 2}x{s // 2}x{2 * c1}", case_winograd, (s // 2, 2 * c1, 2 * c1)),
+    ]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--small", action="store_true", help="reduced shapes (CPU OpenCL such as PoCL)")
+    ap.add_argument("--runs", type=int, default=None, help="timed runs per case (default 20, --small 3)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 3, --small 1)")
+    ap.add_argument("--device", default=None, help="platform/device name substring (default: first GPU)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
+    args = ap.parse_args(argv)
+    runs = args.runs or (3 if args.small else 20)
+    warmup = args.warmup if args.warmup is not None else (1 if args.small else 3)
+
+    ctx, dev = pick_context(args.device)
+    r = Runner(ctx, dev)
+    copy_bytes = (16 if args.small else 256) * MB
+    copy_bw = copy_bandwidth(r, copy_bytes, runs, warmup)
+
+    rows = []
+    for name, make, params in cases(args.small):
+        u = Unfused(r)
+        spec = make(r, u, *params)
+        t_un, k_un = measure(spec["unfused"], runs, warmup)
+        out_f, out_u = spec["out"]
+        ref = out_u()
+        temp_bytes = u.temp_bytes.get(spec["temp_tag"], 0) if spec["temp_tag"] else 0
+        for label, fn in spec["fused"].items():
+            t_f, k_f = measure(fn, runs, warmup)
+            got = out_f[label]() if isinstance(out_f, dict) else out_f()
+            gbs = spec["bytes"] / t_f / 1e9
+            row = {
+                "case": name, "fused": label, "baseline": spec.get("baseline_name", "unfused"),
+                "fused_ms": t_f * 1e3, "unfused_ms": t_un * 1e3, "speedup": t_un / t_f,
+                "fused_kernels": k_f, "unfused_kernels": k_un,
+                "bytes_moved": spec["bytes"], "fused_gbs": gbs, "unfused_gbs": spec["bytes"] / t_un / 1e9,
+                "fraction_of_copy_bw": gbs * 1e9 / copy_bw,
+                "unfused_intermediate_bytes": temp_bytes,
+                "fused_scratch_bytes": spec.get("fused_scratch", 0),
+                "max_rel_diff": rel_diff(got, ref),
+            }
+            if spec["flops"]:
+                row["fused_gflops"] = spec["flops"] / t_f / 1e9
+                row["unfused_gflops"] = spec["flops"] / t_un / 1e9
+            rows.append(row)
+        del u, spec
+
+    info = {
+        "device": dev.name.strip(), "vendor": dev.vendor.strip(), "platform": dev.platform.name.strip(),
+        "driver": dev.driver_version, "compute_units": r.compute_units, "local_mem_bytes": r.local_mem,
+        "small": args.small, "runs": runs, "warmup": warmup, "storage": "float32",
+        "copy_bytes": copy_bytes, "copy_bandwidth_gbs": copy_bw / 1e9,
+        "python": platform.python_version(), "pyopencl": cl.VERSION_TEXT,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cases": rows,
+    }
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", dev.name.strip()).strip("_").lower()
+    out = args.out or RESULTS / f"gpu_ablation_{slug}{'_small' if args.small else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(info, indent=2) + "\n")
+
+    print(f"device: {info['device']} ({info['platform']}), copy bandwidth {copy_bw / 1e9:.1f} GB/s "
+          f"({copy_bytes // MB} MB buffers), median of {runs} runs after {warmup} warm-up, fp32\n")
+    print("| case | fused kernel | fused ms (kernels) | baseline ms (kernels) | speedup | fused GB/s "
+          "| of copy BW | baseline GB/s | baseline intermediates MB | GFLOP/s fused / baseline | max rel diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for x in rows:
+        fl = (f"{x['fused_gflops']:.1f} / {x['unfused_gflops']:.1f}" if "fused_gflops" in x else "")
+        inter = x["unfused_intermediate_bytes"] / MB
+        if x["fused_scratch_bytes"]:
+            inter_s = f"0 (Winograd scratch {x['fused_scratch_bytes'] / MB:.1f})"
+        else:
+            inter_s = f"{inter:.1f}"
+        print(f"| {x['case']} | {x['fused']} | {x['fused_ms']:.3f} ({x['fused_kernels']}) | "
+              f"{x['unfused_ms']:.3f} ({x['unfused_kernels']}, {x['baseline']}) | {x['speedup']:.2f}x | "
+              f"{x['fused_gbs']:.1f} | {100 * x['fraction_of_copy_bw']:.0f}% | {x['unfused_gbs']:.1f} | "
+              f"{inter_s} | {fl} | {x['max_rel_diff']:.1e} |")
+    print(f"\nwrote {out}")
+    bad = [x for x in rows if not x["max_rel_diff"] < 1e-3]
+    if bad:
+        print("fused and baseline outputs disagree: " + ", ".join(f"{x['case']} [{x['fused']}]" for x in bad),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

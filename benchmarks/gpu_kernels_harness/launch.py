@@ -1,0 +1,264 @@
+"""Run the OpenCL kernels of the five difflite ops (custom_ops/ops/*/*.cl) with pyopencl.
+
+The launch plans here (work-group sizes, tile parameters, reduction splits, the attention variant
+that "auto" picks, scratch sizes) mirror the host code of the GPU side in
+custom_ops/ops/<op>/<op>_opencl.cc; keep the two in step. Used by tests/test_opencl_kernels.py
+(PoCL) and benchmarks/gpu_ablation.py (any OpenCL device).
+
+Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+
+REPO = Path(__file__).resolve().parents[2]
+OPS = REPO / "custom_ops" / "ops"
+BASE_OPTIONS = "-DDL_T=float -DDL_T4=float4"
+
+GELU_MODES = {"erf": 0, "tanh": 1, "sigmoid": 2}
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(n: int, g: int) -> int:
+    return ceil_div(n, g) * g
+
+
+# ---------------------------------------------------------------------------
+# Launch plans (same numbers as the C++ side).
+
+GN_WG = 256
+
+
+def gn_splits(n: int, groups: int, spatial: int, cg: int, compute_units: int, wg: int = GN_WG) -> int:
+    """Work-groups per (sample, group) for the statistics pass (group_norm_opencl.cc)."""
+    want = ceil_div(4 * max(1, compute_units), n * groups)  # enough work-groups to fill the device
+    by_size = max(1, (spatial * cg) // (wg * 16))  # at least ~16 elements per work-item
+    return max(1, min(want, by_size, 64, spatial))
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    variant: str  # "flash" | "partial_softmax"
+    bq: int
+    bk: int
+    kc: int = 0  # flash
+    dc: int = 0  # partial
+    dvc: int = 0  # partial
+
+    def options(self, dk: int, dv: int) -> str:
+        if self.variant == "flash":
+            return f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_KC={self.kc}"
+        return f"-DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} -DAT_DVC={self.dvc}"
+
+    def local_bytes(self, dk: int, dv: int) -> int:
+        if self.variant == "flash":
+            return 4 * self.bk * (dk + dv)
+        return 4 * (self.bq * (self.dc + 1) + self.bk * self.dc + self.bk * self.dvc + self.bq * (self.bk + 1))
+
+
+def _chunk(d: int, cap: int) -> int:
+    """Split d into the fewest chunks of at most cap; the chunk size."""
+    return ceil_div(d, ceil_div(d, cap))
+
+
+FLASH_MAX_HEAD = 64
+# Partial-softmax tiles, the first that fits local memory:
+# (Dv chunk cap, rows per work-group, keys per tile, Dk chunk cap).
+PARTIAL_LADDER = ((128, 64, 32, 64), (64, 64, 32, 64), (64, 32, 32, 64), (32, 32, 16, 32))  # register budget: q row + accumulator (+ scores) per work-item
+
+
+def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int) -> AttentionPlan:
+    """The kernel variant and tiles (attention_opencl.cc: AttentionGpu::Init). `variant` is a hint:
+    a flash request whose tiles do not fit local memory falls back to the partial softmax."""
+    want_flash = variant == "flash" or (
+        variant == "auto" and dk <= FLASH_MAX_HEAD and dv <= FLASH_MAX_HEAD
+        and AttentionPlan("flash", bq=64, bk=32, kc=8).local_bytes(dk, dv) <= local_mem_bytes // 2)
+    if want_flash:
+        for bk in (32, 16):
+            flash = AttentionPlan("flash", bq=64, bk=bk, kc=8)
+            if flash.local_bytes(dk, dv) <= local_mem_bytes:
+                return flash
+    for dvc_cap, bq, bk, dc_cap in PARTIAL_LADDER:
+        plan = AttentionPlan("partial_softmax", bq=bq, bk=bk, dc=_chunk(dk, dc_cap), dvc=_chunk(dv, dvc_cap))
+        if plan.local_bytes(dk, dv) <= local_mem_bytes:
+            return plan
+    raise ValueError("attention: tiles exceed local memory")
+
+
+def winograd_tiles(n: int, h: int, w: int) -> tuple[int, int, int]:
+    th, tw = ceil_div(h, 4), ceil_div(w, 4)
+    return th, tw, n * th * tw
+
+
+# ---------------------------------------------------------------------------
+# Runner
+
+
+class Runner:
+    """Holds a context/queue (profiling on), builds programs once, allocates scratch."""
+
+    def __init__(self, ctx: cl.Context | None = None, device: cl.Device | None = None):
+        if ctx is None:
+            ctx, device = pick_context()
+        self.ctx = ctx
+        self.device = device or ctx.devices[0]
+        self.queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.compute_units = int(self.device.max_compute_units)
+        self.local_mem = int(self.device.local_mem_size)
+        self.max_wg = int(self.device.max_work_group_size)
+        self._programs: dict[tuple[str, str], cl.Program] = {}
+        self._scratch: dict[int, cl.Buffer] = {}
+        self._kernels: dict[tuple[str, str, str], cl.Kernel] = {}
+
+    # -- programs and buffers
+    def program(self, path: Path, options: str = "") -> cl.Program:
+        key = (str(path), options)
+        if key not in self._programs:
+            src = Path(path).read_text()
+            self._programs[key] = cl.Program(self.ctx, src).build(options=f"{BASE_OPTIONS} {options}".split())
+        return self._programs[key]
+
+    def op_program(self, op: str, options: str = "") -> cl.Program:
+        return self.program(OPS / op / f"{op}.cl", options)
+
+    def kernel(self, op: str, name: str, options: str = "") -> cl.Kernel:
+        key = (op, name, options)
+        if key not in self._kernels:
+            self._kernels[key] = cl.Kernel(self.op_program(op, options), name)
+        return self._kernels[key]
+
+    def scratch(self, nbytes: int, slot: int) -> cl.Buffer:
+        buf = self._scratch.get(slot)
+        if buf is None or buf.size < nbytes:
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(4, nbytes))
+            self._scratch[slot] = buf
+        return buf
+
+    def upload(self, a: np.ndarray) -> cl.Buffer:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+
+    def empty(self, shape, poison: bool = True) -> cl.Buffer:
+        nbytes = 4 * int(np.prod(shape))
+        buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(4, nbytes))
+        if poison:
+            cl.enqueue_copy(self.queue, buf, np.full(int(np.prod(shape)), np.nan, np.float32))
+        return buf
+
+    def download(self, buf: cl.Buffer, shape) -> np.ndarray:
+        out = np.empty(shape, np.float32)
+        cl.enqueue_copy(self.queue, out, buf)
+        self.queue.finish()
+        return out
+
+    def launch(self, kernel: cl.Kernel, global_size, local_size, *args) -> cl.Event:
+        kernel.set_args(*args)
+        return cl.enqueue_nd_range_kernel(self.queue, kernel, global_size, local_size)
+
+    # -- ops (each returns the list of events it enqueued)
+    def group_norm(self, x, gamma, beta, y, shape, groups: int, eps: float, silu: bool,
+                   splits: int | None = None) -> list[cl.Event]:
+        n, c = int(shape[0]), int(shape[-1])
+        spatial = int(np.prod(shape[1:-1]))
+        cg = c // groups
+        wg = GN_WG
+        if splits is None:
+            splits = gn_splits(n, groups, spatial, cg, self.compute_units, wg)
+        opts = f"-DGN_WG={wg}"
+        stats = self.scratch(8 * n * groups, 0)
+        partial = self.scratch(16 * n * groups * splits, 1)
+        i32, f32 = np.int32, np.float32
+        ev = [self.launch(self.kernel("group_norm", "gn_stats", opts), (wg * groups, splits, n), (wg, 1, 1),
+                          x, partial, stats, i32(spatial), i32(c), i32(cg), i32(splits), f32(eps))]
+        if splits > 1:
+            count = n * groups
+            ev.append(self.launch(self.kernel("group_norm", "gn_combine", opts), (round_up(count, 64),), (64,),
+                                  partial, stats, i32(count), i32(splits), f32(eps)))
+        rows = n * spatial
+        if c % 4 == 0:
+            k, items = self.kernel("group_norm", "gn_apply4", opts), rows * c // 4
+        else:
+            k, items = self.kernel("group_norm", "gn_apply", opts), rows * c
+        ev.append(self.launch(k, (round_up(items, 256),), (256,), x, stats, gamma, beta, y, i32(rows),
+                              i32(spatial), i32(c), i32(cg), i32(groups), i32(1 if silu else 0)))
+        return ev
+
+    def gelu(self, x, y, count: int, approximate: str = "erf") -> list[cl.Event]:
+        items = ceil_div(count, 4)
+        return [self.launch(self.kernel("gelu", "gelu"), (round_up(items, 256),), (256,), x, y,
+                            np.int32(count), np.int32(GELU_MODES[approximate]))]
+
+    def geglu(self, x, y, rows: int, d: int, approximate: str = "erf") -> list[cl.Event]:
+        items = rows * ceil_div(d, 4)
+        return [self.launch(self.kernel("geglu", "geglu"), (round_up(items, 256),), (256,), x, y,
+                            np.int32(rows), np.int32(d), np.int32(GELU_MODES[approximate]))]
+
+    def attention(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
+                  scale: float, causal: bool, variant: str = "auto") -> list[cl.Event]:
+        plan = attention_plan(dk, dv, variant, self.local_mem)
+        opts = plan.options(dk, dv)
+        i32, f32 = np.int32, np.float32
+        rows = round_up(lq, plan.bq)
+        if plan.variant == "flash":
+            return [self.launch(self.kernel("attention", "attn_flash", opts), (rows, heads, n), (plan.bq, 1, 1),
+                                q, k, v, o, i32(lq), i32(lk), i32(heads), f32(scale), i32(causal))]
+        stats = self.scratch(8 * n * heads * lq, 0)
+        chunks = ceil_div(dv, plan.dvc)
+        e1 = self.launch(self.kernel("attention", "attn_rowstats", opts), (rows, heads, n), (plan.bq, 1, 1),
+                         q, k, stats, i32(lq), i32(lk), i32(heads), i32(dk), f32(scale), i32(causal))
+        e2 = self.launch(self.kernel("attention", "attn_output", opts), (rows, heads * chunks, n),
+                         (plan.bq, 1, 1), q, k, v, stats, o, i32(lq), i32(lk), i32(heads), i32(dk), i32(dv),
+                         f32(scale), i32(causal))
+        return [e1, e2]
+
+    def winograd_scratch_bytes(self, n, h, w, cin, cout, elem: int = 4) -> int:
+        _, _, t = winograd_tiles(n, h, w)
+        return 36 * t * (cin + cout) * elem
+
+    def winograd(self, x, u, bias, y, n: int, h: int, w: int, cin: int, cout: int) -> list[cl.Event]:
+        th, tw, t = winograd_tiles(n, h, w)
+        vbuf = self.scratch(4 * 36 * t * cin, 0)
+        mbuf = self.scratch(4 * 36 * t * cout, 1)
+        i32 = np.int32
+        e1 = self.launch(self.kernel("winograd_conv3x3", "wino_input"), (round_up(t * cin, 128),), (128,),
+                         x, vbuf, i32(h), i32(w), i32(cin), i32(th), i32(tw), i32(t))
+        e2 = self.launch(self.kernel("winograd_conv3x3", "wino_gemm"),
+                         (ceil_div(cout, 64) * 16, ceil_div(t, 64) * 16, 36), (16, 16, 1),
+                         vbuf, u, mbuf, i32(t), i32(cin), i32(cout))
+        e3 = self.launch(self.kernel("winograd_conv3x3", "wino_output"), (round_up(t * cout, 128),), (128,),
+                         mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(t))
+        return [e1, e2, e3]
+
+
+def pick_context(prefer: str | None = None) -> tuple[cl.Context, cl.Device]:
+    """The first OpenCL device (a GPU first, unless `prefer` names a platform substring)."""
+    platforms = cl.get_platforms()  # raises when no ICD is installed
+    devices = []
+    for p in platforms:
+        for d in p.get_devices():
+            devices.append((p, d))
+    if not devices:
+        raise RuntimeError("no OpenCL device found")
+    if prefer:
+        chosen = [pd for pd in devices if prefer.lower() in (pd[0].name + " " + pd[1].name).lower()]
+        if not chosen:
+            raise RuntimeError(f"no OpenCL device matching {prefer!r}: " + ", ".join(d.name for _, d in devices))
+        devices = chosen
+    gpus = [pd for pd in devices if pd[1].type & cl.device_type.GPU]
+    p, d = (gpus or devices)[0]
+    return cl.Context([d]), d
+
+
+def event_seconds(events: list[cl.Event]) -> float:
+    """Device time from the first event's start to the last event's end."""
+    for e in events:
+        e.wait()
+    return (events[-1].profile.end - events[0].profile.start) * 1e-9

@@ -1,0 +1,259 @@
+// Unfused baselines for benchmarks/gpu_ablation.py: the computations of the
+// fused difflite kernels written as separate kernels, one per graph operator,
+// each reading and writing whole tensors, as an engine without the fused ops
+// would run them. Each kernel is written plainly but not handicapped: the
+// elementwise ones are coalesced, the group reduction splits over work-groups
+// like the fused one, the GEMM is tiled like wino_gemm, and the direct 3x3
+// convolution is an implicit GEMM with the same 64x64 tiling.
+// float storage (fp32), float math.
+
+#define EW_GUARD(n) const int i = get_global_id(0); if (i >= (n)) return
+
+// ---------------------------------------------------------------- elementwise
+__kernel void un_square(__global const float* x, __global float* y, int n) {
+  EW_GUARD(n);
+  const float v = x[i];
+  y[i] = v * v;
+}
+__kernel void un_mul(__global const float* a, __global const float* b, __global float* y, int n) {
+  EW_GUARD(n);
+  y[i] = a[i] * b[i];
+}
+__kernel void un_scale(__global const float* x, __global float* y, int n, float s) {
+  EW_GUARD(n);
+  y[i] = x[i] * s;
+}
+__kernel void un_add_scalar(__global const float* x, __global float* y, int n, float s) {
+  EW_GUARD(n);
+  y[i] = x[i] + s;
+}
+__kernel void un_erf(__global const float* x, __global float* y, int n) {
+  EW_GUARD(n);
+  y[i] = erf(x[i]);
+}
+__kernel void un_sigmoid(__global const float* x, __global float* y, int n) {
+  EW_GUARD(n);
+  y[i] = 1.0f / (1.0f + exp(-x[i]));
+}
+// Broadcast over the last dimension C: y = x (op) v[c].
+__kernel void un_mul_channel(__global const float* x, __global const float* v, __global float* y,
+                             int n, int C) {
+  EW_GUARD(n);
+  y[i] = x[i] * v[i % C];
+}
+__kernel void un_add_channel(__global const float* x, __global const float* v, __global float* y,
+                             int n, int C) {
+  EW_GUARD(n);
+  y[i] = x[i] + v[i % C];
+}
+// Broadcast of a per-(sample, group) value over [N, S, C]: y = x (op) g[n, c / cg].
+__kernel void un_sub_group(__global const float* x, __global const float* g, __global float* y,
+                           int n, int S, int C, int cg, int groups) {
+  EW_GUARD(n);
+  const int row = i / C;
+  y[i] = x[i] - g[(row / S) * groups + (i - row * C) / cg];
+}
+__kernel void un_mul_group(__global const float* x, __global const float* g, __global float* y,
+                           int n, int S, int C, int cg, int groups) {
+  EW_GUARD(n);
+  const int row = i / C;
+  y[i] = x[i] * g[(row / S) * groups + (i - row * C) / cg];
+}
+// y = rsqrt(x + eps) on the small [N, groups] tensor.
+__kernel void un_add_eps_rsqrt(__global const float* x, __global float* y, int n, float eps) {
+  EW_GUARD(n);
+  y[i] = rsqrt(x[i] + eps);
+}
+// y[r, c] = x[r, off + c] for c < D (x rows of width Dx): a slice along the last axis.
+__kernel void un_slice_last(__global const float* x, __global float* y, int rows, int Dx, int off,
+                            int D) {
+  EW_GUARD(rows * D);
+  const int r = i / D;
+  y[i] = x[r * Dx + off + (i - r * D)];
+}
+
+// ------------------------------------------------------- group mean (reduce)
+#define UN_WG 256
+// Global (UN_WG * groups, splits, N), local (UN_WG): partial sums of one
+// group over a slice of rows.
+__kernel void un_group_sum_partial(__global const float* x, __global float* partial, int S, int C,
+                                   int cg, int splits) {
+  __local float acc[UN_WG];
+  const int lid = get_local_id(0);
+  const int g = get_group_id(0);
+  const int groups = get_num_groups(0);
+  const int sp = get_global_id(1);
+  const int n = get_global_id(2);
+  const int rows_per = (S + splits - 1) / splits;
+  const int s0 = min(S, sp * rows_per);
+  const int s1 = min(S, s0 + rows_per);
+  const int total = (s1 - s0) * cg;
+  __global const float* base = x + ((long)n * S + s0) * C + g * cg;
+  float sum = 0.0f;
+  int s = lid / cg, k = lid - (lid / cg) * cg;  // (row, channel) of element e, stepped
+  const int ds = UN_WG / cg, dk = UN_WG - (UN_WG / cg) * cg;
+  for (int e = lid; e < total; e += UN_WG) {
+    sum += base[(long)s * C + k];
+    k += dk;
+    s += ds;
+    if (k >= cg) { k -= cg; s += 1; }
+  }
+  acc[lid] = sum;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = UN_WG / 2; h > 0; h >>= 1) {
+    if (lid < h) acc[lid] += acc[lid + h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid == 0) partial[((long)n * groups + g) * splits + sp] = acc[0];
+}
+// mean[ng] = sum of the partials / count.
+__kernel void un_group_mean_final(__global const float* partial, __global float* mean, int count,
+                                  int splits, float inv_elems) {
+  EW_GUARD(count);
+  float s = 0.0f;
+  for (int p = 0; p < splits; ++p) s += partial[(long)i * splits + p];
+  mean[i] = s * inv_elems;
+}
+
+// ------------------------------------------------------------------- softmax
+// One work-group of UN_WG per row of `cols`: max, sum of exp, write.
+__kernel void un_softmax_rows(__global const float* s, __global float* p, int cols) {
+  __local float red[UN_WG];
+  const int lid = get_local_id(0);
+  const long row = get_group_id(0);
+  __global const float* in = s + row * cols;
+  __global float* out = p + row * cols;
+  float m = -INFINITY;
+  for (int j = lid; j < cols; j += UN_WG) m = fmax(m, in[j]);
+  red[lid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = UN_WG / 2; h > 0; h >>= 1) {
+    if (lid < h) red[lid] = fmax(red[lid], red[lid + h]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  m = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float sum = 0.0f;
+  for (int j = lid; j < cols; j += UN_WG) sum += exp(in[j] - m);
+  red[lid] = sum;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = UN_WG / 2; h > 0; h >>= 1) {
+    if (lid < h) red[lid] += red[lid + h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float inv = 1.0f / red[0];
+  for (int j = lid; j < cols; j += UN_WG) out[j] = exp(in[j] - m) * inv;
+}
+
+// ---------------------------------------------------------------------- GEMM
+#define GB_BM 64
+#define GB_BN 64
+#define GB_BK 16
+#define GB_T 16
+// Batched strided GEMM: C = alpha * A B for batch b = n * H + h, with
+// A[m][k] = A[a_off + m * a_rs + k * a_cs], a_off = n * a_bn + h * a_bh
+// (likewise B[k][n'] and C[m][n']). Global (ceil(N/64)*16, ceil(M/64)*16,
+// batches), local (16, 16).
+__kernel void un_bgemm(__global const float* A, __global const float* B, __global float* C, int M,
+                       int N, int K, int a_rs, int a_cs, int a_bn, int a_bh, int b_rs, int b_cs,
+                       int b_bn, int b_bh, int c_rs, int c_bn, int c_bh, int H, float alpha) {
+  __local float As[GB_BK][GB_BM + 1];
+  __local float Bs[GB_BK][GB_BN + 1];
+  const int tx = get_local_id(0), ty = get_local_id(1);
+  const int lid = ty * GB_T + tx;
+  const int n0 = get_group_id(0) * GB_BN, m0 = get_group_id(1) * GB_BM;
+  const int b = get_group_id(2);
+  const int bn = b / H, bh = b - (b / H) * H;
+  A += (long)bn * a_bn + (long)bh * a_bh;
+  B += (long)bn * b_bn + (long)bh * b_bh;
+  C += (long)bn * c_bn + (long)bh * c_bh;
+  float acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+  for (int k0 = 0; k0 < K; k0 += GB_BK) {
+    for (int e = lid; e < GB_BM * GB_BK; e += GB_T * GB_T) {
+      int r, kk;  // consecutive work-items along A's contiguous axis
+      if (a_cs == 1) { r = e / GB_BK; kk = e - r * GB_BK; } else { kk = e / GB_BM; r = e - kk * GB_BM; }
+      const int gm = m0 + r, gk = k0 + kk;
+      As[kk][r] = (gm < M && gk < K) ? A[(long)gm * a_rs + (long)gk * a_cs] : 0.0f;
+    }
+    for (int e = lid; e < GB_BK * GB_BN; e += GB_T * GB_T) {
+      int kk, c;
+      if (b_cs == 1) { kk = e / GB_BN; c = e - kk * GB_BN; } else { c = e / GB_BK; kk = e - c * GB_BK; }
+      const int gk = k0 + kk, gn = n0 + c;
+      Bs[kk][c] = (gk < K && gn < N) ? B[(long)gk * b_rs + (long)gn * b_cs] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int kk = 0; kk < GB_BK; ++kk) {
+      float a[4], bb[4];
+      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + GB_T * i];
+      for (int j = 0; j < 4; ++j) bb[j] = Bs[kk][tx + GB_T * j];
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = mad(a[i], bb[j], acc[i][j]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int r = m0 + ty + GB_T * i;
+    if (r >= M) continue;
+    for (int j = 0; j < 4; ++j) {
+      const int c = n0 + tx + GB_T * j;
+      if (c < N) C[(long)r * c_rs + c] = alpha * acc[i][j];
+    }
+  }
+}
+
+// ------------------------------------------------------- direct 3x3 conv
+// Implicit GEMM: y[m][co] = bias[co] + sum_k A[m][k] w[k][co], m = (n, oy, ox),
+// k = (ky, kx, ci), A gathered from x with zero padding; w is HWIO
+// [3, 3, Cin, Cout] = [9*Cin, Cout]. Same tiling as un_bgemm / wino_gemm.
+// Global (ceil(Cout/64)*16, ceil(N*H*W/64)*16), local (16, 16).
+__kernel void un_conv3x3(__global const float* x, __global const float* w,
+                         __global const float* bias, __global float* y, int N, int H, int W,
+                         int Cin, int Cout) {
+  __local float As[GB_BK][GB_BM + 1];
+  __local float Bs[GB_BK][GB_BN];
+  const int tx = get_local_id(0), ty = get_local_id(1);
+  const int lid = ty * GB_T + tx;
+  const int n0 = get_group_id(0) * GB_BN, m0 = get_group_id(1) * GB_BM;
+  const int M = N * H * W, K = 9 * Cin;
+  float acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+  for (int k0 = 0; k0 < K; k0 += GB_BK) {
+    for (int e = lid; e < GB_BM * GB_BK; e += GB_T * GB_T) {
+      const int r = e / GB_BK, kk = e - r * GB_BK;
+      const int gm = m0 + r, gk = k0 + kk;
+      float v = 0.0f;
+      if (gm < M && gk < K) {
+        const int tap = gk / Cin, ci = gk - tap * Cin;
+        const int ox = gm % W, oy = (gm / W) % H, n = gm / (W * H);
+        const int iy = oy + tap / 3 - 1, ix = ox + tap % 3 - 1;
+        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = x[(((long)n * H + iy) * W + ix) * Cin + ci];
+      }
+      As[kk][r] = v;
+    }
+    for (int e = lid; e < GB_BK * GB_BN; e += GB_T * GB_T) {
+      const int kk = e / GB_BN, c = e - kk * GB_BN;
+      const int gk = k0 + kk, gn = n0 + c;
+      Bs[kk][c] = (gk < K && gn < Cout) ? w[(long)gk * Cout + gn] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int kk = 0; kk < GB_BK; ++kk) {
+      float a[4], bb[4];
+      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + GB_T * i];
+      for (int j = 0; j < 4; ++j) bb[j] = Bs[kk][tx + GB_T * j];
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = mad(a[i], bb[j], acc[i][j]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int r = m0 + ty + GB_T * i;
+    if (r >= M) continue;
+    for (int j = 0; j < 4; ++j) {
+      const int c = n0 + tx + GB_T * j;
+      if (c < Cout) y[(long)r * Cout + c] = acc[i][j] + bias[c];
+    }
+  }
+}

@@ -1,0 +1,329 @@
+#include "common/builtin_util.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "opencl/half.h"
+
+namespace difflite::gpu::builtin {
+
+std::string ExpectCounts(const NodeView& node, size_t min_in, size_t max_in,
+                         size_t outputs) {
+  const size_t n = node.inputs.size();
+  if (n < min_in || n > max_in) {
+    return std::string(node.op_name) + " expects " + std::to_string(min_in) +
+           (max_in != min_in ? ".." + std::to_string(max_in) : std::string()) +
+           " inputs, got " + std::to_string(n);
+  }
+  if (node.outputs.size() != outputs) {
+    return std::string(node.op_name) + " expects " + std::to_string(outputs) +
+           " outputs, got " + std::to_string(node.outputs.size());
+  }
+  return "";
+}
+
+bool Present(const TensorInfo& t) { return t.dtype != DType::kOther || !t.shape.empty(); }
+
+std::string ExpectFloat(const NodeView& /*node*/, const TensorInfo& t, const char* what) {
+  if (t.dtype == DType::kFloat32) return "";
+  return std::string(what) + " must be float32, got " + DTypeName(t.dtype);
+}
+
+std::string ExpectShape(const TensorInfo& t, const Shape& want, const char* what) {
+  if (t.shape == want) return "";
+  return std::string(what) + " is declared " + ShapeToString(t.shape) + ", expected " +
+         ShapeToString(want);
+}
+
+bool ConstInts(const TensorInfo& t, std::vector<int>* out) {
+  if (t.dtype != DType::kInt32 || t.const_data == nullptr) return false;
+  const auto* p = static_cast<const int32_t*>(t.const_data);
+  out->assign(p, p + NumElements(t.shape));
+  return true;
+}
+
+bool ConstScalar(const TensorInfo& t, float* out) {
+  if (t.dtype != DType::kFloat32 || t.const_data == nullptr || NumElements(t.shape) != 1) {
+    return false;
+  }
+  std::memcpy(out, t.const_data, 4);
+  return true;
+}
+
+std::string ActivationNone(int activation, const char* op) {
+  if (activation == tfl::kActNone) return "";
+  return std::string(op) + " with a fused activation (" + std::to_string(activation) +
+         ") is not supported";
+}
+
+std::vector<int> Strides(const Shape& shape) {
+  std::vector<int> s(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+    s[i] = s[i + 1] * shape[i + 1];
+  }
+  return s;
+}
+
+void IndexSpace::Collapse() {
+  std::vector<int> d;
+  std::vector<std::vector<int>> s(strides.size());
+  for (size_t k = 0; k < dims.size(); ++k) {
+    if (dims[k] == 1) continue;
+    bool merge = !d.empty();
+    for (size_t o = 0; o < strides.size() && merge; ++o) {
+      // previous kept dim is outer: merge when outer stride == inner stride * inner dim
+      if (s[o].back() != strides[o][k] * dims[k]) merge = false;
+    }
+    if (merge) {
+      d.back() *= dims[k];
+      for (size_t o = 0; o < strides.size(); ++o) s[o].back() = strides[o][k];
+    } else {
+      d.push_back(dims[k]);
+      for (size_t o = 0; o < strides.size(); ++o) s[o].push_back(strides[o][k]);
+    }
+  }
+  if (d.empty()) {  // a single element
+    d.push_back(1);
+    for (auto& v : s) v.push_back(0);
+  }
+  dims = d;
+  strides = s;
+}
+
+Args& Args::Mem(cl_mem m) {
+  Arg a;
+  a.size = sizeof(cl_mem);
+  a.bytes.resize(sizeof(cl_mem));
+  std::memcpy(a.bytes.data(), &m, sizeof(cl_mem));
+  args_.push_back(std::move(a));
+  return *this;
+}
+
+Args& Args::Int(int v) {
+  Arg a;
+  a.size = sizeof(cl_int);
+  a.bytes.resize(sizeof(cl_int));
+  const cl_int c = v;
+  std::memcpy(a.bytes.data(), &c, sizeof(c));
+  args_.push_back(std::move(a));
+  return *this;
+}
+
+Args& Args::Float(float v) {
+  Arg a;
+  a.size = sizeof(cl_float);
+  a.bytes.resize(sizeof(cl_float));
+  std::memcpy(a.bytes.data(), &v, sizeof(v));
+  args_.push_back(std::move(a));
+  return *this;
+}
+
+Args& Args::Int8(const std::vector<int>& v, int fill) {
+  cl_int8 c;
+  for (int i = 0; i < 8; ++i) c.s[i] = i < static_cast<int>(v.size()) ? v[i] : fill;
+  Arg a;
+  a.size = sizeof(c);
+  a.bytes.resize(sizeof(c));
+  std::memcpy(a.bytes.data(), &c, sizeof(c));
+  args_.push_back(std::move(a));
+  return *this;
+}
+
+Args& Args::Int4(const std::vector<int>& v, int fill) {
+  cl_int4 c;
+  for (int i = 0; i < 4; ++i) c.s[i] = i < static_cast<int>(v.size()) ? v[i] : fill;
+  Arg a;
+  a.size = sizeof(c);
+  a.bytes.resize(sizeof(c));
+  std::memcpy(a.bytes.data(), &c, sizeof(c));
+  args_.push_back(std::move(a));
+  return *this;
+}
+
+Args& Args::Local(size_t bytes) {
+  Arg a;
+  a.size = bytes;
+  a.local = true;
+  args_.push_back(std::move(a));
+  return *this;
+}
+
+std::string Args::Set(const ClApi& cl, cl_kernel kernel) const {
+  std::vector<std::pair<size_t, const void*>> raw;
+  raw.reserve(args_.size());
+  for (const Arg& a : args_) {
+    raw.emplace_back(a.size, a.local ? nullptr : static_cast<const void*>(a.bytes.data()));
+  }
+  return SetArgs(cl, kernel, raw);
+}
+
+std::string GetKernel(GpuContext& ctx, const char* program, const char* name,
+                      const std::string& options, cl_kernel* out) {
+  std::string e;
+  *out = ctx.Kernel(program, name, options, &e);
+  if (*out == nullptr) {
+    return e.empty() ? std::string("cannot build kernel ") + program + ":" + name : e;
+  }
+  return "";
+}
+
+size_t Local1D(GpuContext& ctx, cl_kernel kernel, size_t preferred) {
+  size_t wg = ctx.KernelWorkGroupSize(kernel);
+  wg = std::min(wg, ctx.device().max_work_item_sizes[0] > 0
+                        ? ctx.device().max_work_item_sizes[0]
+                        : wg);
+  size_t local = std::min(preferred, std::max<size_t>(wg, 1));
+  // a power of two keeps the rounding waste small
+  size_t p = 1;
+  while (p * 2 <= local) p *= 2;
+  return p;
+}
+
+std::string Launch1D(GpuContext& ctx, cl_kernel kernel, size_t n, size_t local,
+                     const char* label) {
+  if (n == 0) return "";
+  const size_t global = RoundUp(n, local);
+  return ctx.Enqueue(kernel, 1, &global, &local, label);
+}
+
+const char* CopyType(DType storage) {
+  return DTypeSize(storage) == 2 ? "ushort" : "uint";
+}
+
+std::string StridedCopy::Init(GpuContext& ctx, DType storage, IndexSpace space,
+                              int src_off, int dst_off) {
+  space.Collapse();
+  if (space.rank() > kMaxRank) {
+    return "index space of rank " + std::to_string(space.rank()) + " after collapsing (max " +
+           std::to_string(kMaxRank) + ")";
+  }
+  int64_t count = 1;
+  for (int d : space.dims) count *= d;
+  count_ = static_cast<int>(count);
+  src_off_ = src_off;
+  dst_off_ = dst_off;
+  dims_ = space.dims;
+  src_str_ = space.strides[0];
+  dst_str_ = space.strides[1];
+  elem_bytes_ = DTypeSize(storage);
+  plain_ = space.rank() == 1 && src_str_[0] == 1 && dst_str_[0] == 1;
+  if (plain_) return "";
+  rows_ = PreferFlatKernels(ctx) && src_str_.back() == 1 && dst_str_.back() == 1 &&
+          dims_.back() >= 16;
+  std::string e = GetKernel(ctx, "copy_nd", rows_ ? "copy_rows" : "copy_nd",
+                            std::string("-DCOPY_T=") + CopyType(storage), &kernel_);
+  if (!e.empty()) return e;
+  local_ = Local1D(ctx, kernel_, rows_ ? 16 : 64);
+  return "";
+}
+
+std::string StridedCopy::Run(GpuContext& ctx, cl_mem src, cl_mem dst, const char* label) const {
+  if (count_ == 0) return "";
+  if (plain_) {
+    const cl_int err = ctx.cl().EnqueueCopyBuffer(
+        ctx.queue(), src, dst, static_cast<size_t>(src_off_) * elem_bytes_,
+        static_cast<size_t>(dst_off_) * elem_bytes_, static_cast<size_t>(count_) * elem_bytes_,
+        0, nullptr, nullptr);
+    if (err != CL_SUCCESS) {
+      return std::string("clEnqueueCopyBuffer(") + label + "): error " + std::to_string(err);
+    }
+    return "";
+  }
+  if (rows_) {
+    const int inner = dims_.back();
+    const int chunks = (inner + 15) / 16;
+    const int items = count_ / inner * chunks;
+    std::string e = Args()
+                        .Mem(src)
+                        .Int(src_off_)
+                        .Mem(dst)
+                        .Int(dst_off_)
+                        .Int(inner)
+                        .Int(chunks)
+                        .Int(items)
+                        .Int(static_cast<int>(dims_.size()) - 1)
+                        .Int8(std::vector<int>(dims_.begin(), dims_.end() - 1), 1)
+                        .Int8(std::vector<int>(src_str_.begin(), src_str_.end() - 1))
+                        .Int8(std::vector<int>(dst_str_.begin(), dst_str_.end() - 1))
+                        .Set(ctx.cl(), kernel_);
+    if (!e.empty()) return e;
+    return Launch1D(ctx, kernel_, static_cast<size_t>(items), local_, label);
+  }
+  std::string e = Args()
+                      .Mem(src)
+                      .Int(src_off_)
+                      .Mem(dst)
+                      .Int(dst_off_)
+                      .Int(count_)
+                      .Int(static_cast<int>(dims_.size()))
+                      .Int8(dims_, 1)
+                      .Int8(src_str_)
+                      .Int8(dst_str_)
+                      .Set(ctx.cl(), kernel_);
+  if (!e.empty()) return e;
+  return Launch1D(ctx, kernel_, static_cast<size_t>(count_), local_, label);
+}
+
+OwnedBuffer& OwnedBuffer::operator=(OwnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (mem_ != nullptr) cl_->ReleaseMemObject(mem_);
+    cl_ = o.cl_;
+    mem_ = o.mem_;
+    bytes_ = o.bytes_;
+    o.mem_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+OwnedBuffer::~OwnedBuffer() {
+  if (mem_ != nullptr) cl_->ReleaseMemObject(mem_);
+}
+
+std::string OwnedBuffer::Upload(GpuContext& ctx, const std::vector<float>& values) {
+  cl_ = &ctx.cl();
+  std::vector<uint16_t> half;
+  const void* src = values.data();
+  bytes_ = values.size() * 4;
+  if (ctx.storage() == DType::kFloat16) {
+    half.resize(values.size());
+    for (size_t i = 0; i < values.size(); ++i) half[i] = FloatToHalf(values[i]);
+    src = half.data();
+    bytes_ = values.size() * 2;
+  }
+  if (bytes_ == 0) return "empty weight";
+  cl_int err = CL_SUCCESS;
+  mem_ = ctx.cl().CreateBuffer(ctx.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes_,
+                               const_cast<void*>(src), &err);
+  if (mem_ == nullptr || err != CL_SUCCESS) {
+    mem_ = nullptr;
+    return "cannot upload a " + std::to_string(bytes_) + "-byte weight: error " +
+           std::to_string(err);
+  }
+  return "";
+}
+
+bool PreferFlatKernels(GpuContext& ctx) { return ctx.PreferFlatKernels(); }
+
+std::string FillValue(GpuContext& ctx, cl_mem mem, DType storage, float value,
+                      size_t offset_elems, size_t count) {
+  if (count == 0) return "";
+  const size_t es = DTypeSize(storage);
+  cl_int err;
+  if (es == 2) {
+    const uint16_t h = FloatToHalf(value);
+    err = ctx.cl().EnqueueFillBuffer(ctx.queue(), mem, &h, 2, offset_elems * 2, count * 2, 0,
+                                     nullptr, nullptr);
+  } else if (storage == DType::kInt32) {
+    const cl_int v = static_cast<cl_int>(value);
+    err = ctx.cl().EnqueueFillBuffer(ctx.queue(), mem, &v, 4, offset_elems * 4, count * 4, 0,
+                                     nullptr, nullptr);
+  } else {
+    err = ctx.cl().EnqueueFillBuffer(ctx.queue(), mem, &value, 4, offset_elems * 4, count * 4,
+                                     0, nullptr, nullptr);
+  }
+  if (err != CL_SUCCESS) return "clEnqueueFillBuffer: error " + std::to_string(err);
+  return "";
+}
+
+}  // namespace difflite::gpu::builtin

@@ -1,0 +1,141 @@
+// Shared helpers of the builtin GPU ops (builtins/<op>/): checking a node's
+// tensors, reading constant int inputs, collapsing strided index spaces, and
+// launching 1-D kernels with device-derived work-group sizes.
+#ifndef DIFFLITE_BUILTINS_BUILTIN_UTIL_H_
+#define DIFFLITE_BUILTINS_BUILTIN_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "difflite/gpu_api.h"
+#include "difflite/tflite_abi.h"
+
+namespace difflite::gpu::builtin {
+
+// The most dimensions an index-space kernel takes (int8 vector arguments).
+constexpr int kMaxRank = 8;
+
+template <typename T>
+const T* Params(const NodeView& node) {
+  return static_cast<const T*>(node.builtin_data);
+}
+
+// "" or the reason, naming the op.
+std::string ExpectCounts(const NodeView& node, size_t min_in, size_t max_in,
+                         size_t outputs);
+// A present float tensor (float32 at the model boundary; float16 constants
+// are widened by the backend before ops see them).
+std::string ExpectFloat(const NodeView& node, const TensorInfo& t, const char* what);
+std::string ExpectShape(const TensorInfo& t, const Shape& want, const char* what);
+bool Present(const TensorInfo& t);  // not an omitted optional input
+// The values of a constant int32 tensor; false when not constant int32.
+bool ConstInts(const TensorInfo& t, std::vector<int>* out);
+// A constant float32 scalar (any shape with one element).
+bool ConstScalar(const TensorInfo& t, float* out);
+std::string ActivationNone(int activation, const char* op);
+
+// Row-major element strides of a shape.
+std::vector<int> Strides(const Shape& shape);
+
+// An index space of `dims` (outermost first) walked with one stride per
+// operand. Collapse() drops size-1 dims and merges neighbours that every
+// operand walks contiguously (stride[i] == stride[i+1] * dims[i+1]);
+// broadcast operands have stride 0, which merges too.
+struct IndexSpace {
+  std::vector<int> dims;
+  std::vector<std::vector<int>> strides;  // [operand][dim]
+  void Collapse();
+  int rank() const { return static_cast<int>(dims.size()); }
+};
+
+// Kernel arguments, in order.
+class Args {
+ public:
+  Args& Mem(cl_mem m);
+  Args& Int(int v);
+  Args& Float(float v);
+  Args& Int8(const std::vector<int>& v, int fill = 0);  // padded to 8 with `fill`
+  Args& Int4(const std::vector<int>& v, int fill = 0);  // padded to 4
+  Args& Local(size_t bytes);
+  std::string Set(const ClApi& cl, cl_kernel kernel) const;
+
+ private:
+  struct Arg {
+    size_t size;
+    std::vector<unsigned char> bytes;
+    bool local = false;
+  };
+  std::vector<Arg> args_;
+};
+
+// A kernel of the backend's program cache; "" or the reason.
+std::string GetKernel(GpuContext& ctx, const char* program, const char* name,
+                      const std::string& options, cl_kernel* out);
+// The work-group for a 1-D kernel: `preferred`, capped by the kernel's and the
+// device's limits.
+size_t Local1D(GpuContext& ctx, cl_kernel kernel, size_t preferred = 64);
+// n work-items in groups of `local` (global rounded up; the kernel bounds-checks).
+std::string Launch1D(GpuContext& ctx, cl_kernel kernel, size_t n, size_t local,
+                     const char* label);
+
+// The copy/fill element type for a storage type ("uint" or "ushort").
+const char* CopyType(DType storage);
+
+// Elementwise strided copy over an index space of up to kMaxRank dims:
+// dst[dst_off + sum i_k * dst_str_k] = src[src_off + sum i_k * src_str_k].
+// Built on the "copy_nd" program; `storage` is the element type.
+class StridedCopy {
+ public:
+  // "" or a reason (too many dims after collapsing).
+  std::string Init(GpuContext& ctx, DType storage, IndexSpace space, int src_off,
+                   int dst_off);
+  std::string Run(GpuContext& ctx, cl_mem src, cl_mem dst, const char* label) const;
+  bool empty() const { return count_ == 0; }
+
+ private:
+  cl_kernel kernel_ = nullptr;
+  size_t local_ = 64;
+  int count_ = 0;
+  int src_off_ = 0;
+  int dst_off_ = 0;
+  std::vector<int> dims_, src_str_, dst_str_;
+  bool plain_ = false;  // one contiguous run: clEnqueueCopyBuffer
+  bool rows_ = false;   // copy_rows: contiguous innermost dim, 16 per item
+  size_t elem_bytes_ = 4;
+};
+
+// A device buffer an op owns (e.g. a repacked weight), released with it.
+class OwnedBuffer {
+ public:
+  OwnedBuffer() = default;
+  OwnedBuffer(const OwnedBuffer&) = delete;
+  OwnedBuffer& operator=(const OwnedBuffer&) = delete;
+  OwnedBuffer(OwnedBuffer&& o) noexcept { *this = std::move(o); }
+  OwnedBuffer& operator=(OwnedBuffer&& o) noexcept;
+  ~OwnedBuffer();
+  // Uploads `values` in the storage type (float32, or half when storage is
+  // kFloat16). "" or a reason.
+  std::string Upload(GpuContext& ctx, const std::vector<float>& values);
+  cl_mem mem() const { return mem_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const ClApi* cl_ = nullptr;
+  cl_mem mem_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// GpuContext::PreferFlatKernels(): kernels without local memory and barriers
+// (CPU-like OpenCL devices such as PoCL), else tiled local-memory kernels.
+bool PreferFlatKernels(GpuContext& ctx);
+
+// Fills `count` elements at `offset` with the bit pattern of `value` in the
+// storage type (float32 / half / int32).
+std::string FillValue(GpuContext& ctx, cl_mem mem, DType storage, float value,
+                      size_t offset_elems, size_t count);
+
+}  // namespace difflite::gpu::builtin
+
+#endif  // DIFFLITE_BUILTINS_BUILTIN_UTIL_H_

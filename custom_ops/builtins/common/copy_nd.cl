@@ -1,0 +1,66 @@
+// Strided copy over an index space of up to 8 dims (dims outermost first,
+// padded with 1): element i, decomposed over `dims`, is read at
+// src_off + sum(c_k * sstr_k) and written at dst_off + sum(c_k * dstr_k).
+// COPY_T is the element's bit type (uint or ushort): the op never looks at
+// values, so one program serves float, half and int32 tensors. Strides may
+// be negative (reversed slices) or zero (broadcast).
+#ifndef COPY_T
+#define COPY_T uint
+#endif
+
+__kernel void copy_nd(__global const COPY_T* src, int src_off, __global COPY_T* dst,
+                      int dst_off, int n, int rank, int8 dims_v, int8 sstr_v,
+                      int8 dstr_v) {
+  const int i = get_global_id(0);
+  if (i >= n) return;
+  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
+                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
+  const int ss[8] = {sstr_v.s0, sstr_v.s1, sstr_v.s2, sstr_v.s3,
+                     sstr_v.s4, sstr_v.s5, sstr_v.s6, sstr_v.s7};
+  const int ds[8] = {dstr_v.s0, dstr_v.s1, dstr_v.s2, dstr_v.s3,
+                     dstr_v.s4, dstr_v.s5, dstr_v.s6, dstr_v.s7};
+  int r = i;
+  int so = src_off;
+  int d = dst_off;
+#pragma unroll
+  for (int k = 7; k >= 0; --k) {
+    if (k < rank) {
+      const int q = r / dims[k];
+      const int c = r - q * dims[k];
+      r = q;
+      so += c * ss[k];
+      d += c * ds[k];
+    }
+  }
+  dst[d] = src[so];
+}
+
+// Rows variant: the innermost dim (`inner` elements) is contiguous in both
+// source and destination; an item copies 16 of them (CPU-like devices).
+__kernel void copy_rows(__global const COPY_T* src, int src_off, __global COPY_T* dst,
+                        int dst_off, int inner, int chunks, int n_items, int rank, int8 dims_v,
+                        int8 sstr_v, int8 dstr_v) {
+  const int item = get_global_id(0);
+  if (item >= n_items) return;
+  const int row = item / chunks;
+  const int c0 = (item - row * chunks) * 16;
+  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
+                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
+  const int ss[8] = {sstr_v.s0, sstr_v.s1, sstr_v.s2, sstr_v.s3,
+                     sstr_v.s4, sstr_v.s5, sstr_v.s6, sstr_v.s7};
+  const int ds[8] = {dstr_v.s0, dstr_v.s1, dstr_v.s2, dstr_v.s3,
+                     dstr_v.s4, dstr_v.s5, dstr_v.s6, dstr_v.s7};
+  int r = row, so = src_off + c0, d = dst_off + c0;
+  for (int k = rank - 1; k >= 0; --k) {
+    const int q = r / dims[k];
+    const int c = r - q * dims[k];
+    r = q;
+    so += c * ss[k];
+    d += c * ds[k];
+  }
+  if (c0 + 16 <= inner) {
+    vstore16(vload16(0, src + so), 0, dst + d);
+  } else {
+    for (int j = 0; j < inner - c0; ++j) dst[d + j] = src[so + j];
+  }
+}

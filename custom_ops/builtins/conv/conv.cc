@@ -1,0 +1,276 @@
+// CONV_2D and DEPTHWISE_CONV_2D on the GPU (conv.cl): strides, dilations,
+// SAME/VALID padding, optional bias, no fused activation. A 1x1, stride-1,
+// unpadded CONV_2D is a plain GEMM (gemm.cl); every other CONV_2D runs as an
+// implicit GEMM over the filter taps.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/builtin_util.h"
+#include "matmul/gemm.h"
+
+namespace difflite::gpu::builtin {
+namespace {
+
+std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
+  *error = why;
+  return nullptr;
+}
+
+// Output size and leading pad of one spatial dim (TFLite's rules).
+bool Geometry(int padding, int in, int k, int stride, int dilation, int* out, int* pad) {
+  const int eff = (k - 1) * dilation + 1;
+  if (padding == tfl::kPaddingSame) {
+    *out = (in + stride - 1) / stride;
+    const int total = std::max((*out - 1) * stride + eff - in, 0);
+    *pad = total / 2;
+    return true;
+  }
+  if (padding == tfl::kPaddingValid) {
+    *out = (in - eff + stride) / stride;
+    *pad = 0;
+    return *out > 0;
+  }
+  return false;
+}
+
+struct ConvGeometry {
+  int n = 0, ih = 0, iw = 0, cin = 0, oh = 0, ow = 0, kh = 0, kw = 0, cout = 0;
+  int sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pl = 0;
+  std::vector<int> G0() const { return {ih, iw, cin, oh}; }
+  std::vector<int> G1() const { return {ow, kw, sh, sw}; }
+  std::vector<int> G2() const { return {dh, dw, pt, pl}; }
+};
+
+// Shapes and parameters common to both convolutions; "" or a reason.
+std::string CheckConv(const NodeView& node, int padding, int stride_w, int stride_h,
+                      int dil_w, int dil_h, int activation, bool depthwise, ConvGeometry* g,
+                      bool* has_bias) {
+  std::string e = ExpectCounts(node, 2, 3, 1);
+  if (e.empty()) e = ActivationNone(activation, node.op_name);
+  if (!e.empty()) return e;
+  const TensorInfo& x = node.inputs[0];
+  const TensorInfo& w = node.inputs[1];
+  *has_bias = node.inputs.size() == 3 && Present(node.inputs[2]);
+  e = ExpectFloat(node, x, "input");
+  if (e.empty()) e = ExpectFloat(node, w, "filter");
+  if (e.empty()) e = ExpectFloat(node, node.outputs[0], "output");
+  if (e.empty() && *has_bias) e = ExpectFloat(node, node.inputs[2], "bias");
+  if (e.empty() && (x.shape.size() != 4 || w.shape.size() != 4)) e = "input and filter must be 4-D";
+  if (!e.empty()) return e;
+  if (stride_w < 1 || stride_h < 1 || dil_w < 1 || dil_h < 1) return "strides and dilations must be >= 1";
+  g->n = x.shape[0];
+  g->ih = x.shape[1];
+  g->iw = x.shape[2];
+  g->cin = x.shape[3];
+  g->kh = w.shape[1];
+  g->kw = w.shape[2];
+  g->sh = stride_h;
+  g->sw = stride_w;
+  g->dh = dil_h;
+  g->dw = dil_w;
+  if (depthwise) {
+    if (w.shape[0] != 1) return "depthwise filter must be [1, KH, KW, C*multiplier]";
+    g->cout = w.shape[3];
+    if (g->cout % g->cin != 0) return "depthwise output channels are not a multiple of the input's";
+  } else {
+    g->cout = w.shape[0];
+    if (w.shape[3] != g->cin) {
+      return "filter " + ShapeToString(w.shape) + " does not match input channels " +
+             std::to_string(g->cin) + " (grouped convolution is not supported)";
+    }
+  }
+  if (*has_bias && NumElements(node.inputs[2].shape) != g->cout) return "bias must have one value per output channel";
+  if (!Geometry(padding, g->ih, g->kh, g->sh, g->dh, &g->oh, &g->pt) ||
+      !Geometry(padding, g->iw, g->kw, g->sw, g->dw, &g->ow, &g->pl)) {
+    return "unsupported padding or an empty output";
+  }
+  return ExpectShape(node.outputs[0], {g->n, g->oh, g->ow, g->cout}, "output");
+}
+
+class Conv2dOp final : public GpuOp {
+ public:
+  // `wt`: the filter repacked [K][N] for the flat kernel (conv2d_rows); empty
+  // for the tiled one, which reads the OHWI filter in place.
+  Conv2dOp(cl_kernel k, TileConfig t, ConvGeometry g, bool has_bias, OwnedBuffer wt,
+           size_t flat_local)
+      : k_(k), tile_(t), g_(g), has_bias_(has_bias), wt_(std::move(wt)),
+        flat_local_(flat_local) {}
+  bool UsesInput(size_t input) const override { return !(input == 1 && wt_.mem()); }
+  size_t WeightBytes() const override { return wt_.bytes(); }
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    const int m = g_.n * g_.oh * g_.ow;
+    const int kk = g_.kh * g_.kw * g_.cin;
+    cl_mem bias = has_bias_ ? in[2].mem : nullptr;
+    std::string e = Args()
+                        .Mem(in[0].mem)
+                        .Mem(wt_.mem() ? wt_.mem() : in[1].mem)
+                        .Mem(bias)
+                        .Mem(out[0].mem)
+                        .Int(m)
+                        .Int(g_.cout)
+                        .Int(kk)
+                        .Int4(g_.G0())
+                        .Int4(g_.G1())
+                        .Int4(g_.G2())
+                        .Int(has_bias_ ? 1 : 0)
+                        .Set(ctx.cl(), k_);
+    if (!e.empty()) return e;
+    if (wt_.mem()) {
+      const size_t local[2] = {flat_local_, 1};
+      const size_t global[2] = {RoundUp(static_cast<size_t>((g_.cout + 15) / 16), flat_local_),
+                                static_cast<size_t>((m + kFlatRows - 1) / kFlatRows)};
+      return ctx.Enqueue(k_, 2, global, local, "conv2d");
+    }
+    const size_t local[2] = {static_cast<size_t>(tile_.tn / tile_.wn),
+                             static_cast<size_t>(tile_.tm / tile_.wm)};
+    const size_t global[2] = {static_cast<size_t>((g_.cout + tile_.tn - 1) / tile_.tn) * local[0],
+                              static_cast<size_t>((m + tile_.tm - 1) / tile_.tm) * local[1]};
+    return ctx.Enqueue(k_, 2, global, local, "conv2d");
+  }
+
+ private:
+  cl_kernel k_;
+  TileConfig tile_;
+  ConvGeometry g_;
+  bool has_bias_;
+  OwnedBuffer wt_;
+  size_t flat_local_;
+};
+
+class Conv1x1Op final : public GpuOp {
+ public:
+  Conv1x1Op(Gemm g, bool has_bias, OwnedBuffer wt)
+      : gemm_(std::move(g)), has_bias_(has_bias), wt_(std::move(wt)) {}
+  bool UsesInput(size_t input) const override { return !(input == 1 && wt_.mem()); }
+  size_t WeightBytes() const override { return wt_.bytes(); }
+  size_t ScratchBytes() const override { return gemm_.ScratchBytes(); }
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    return gemm_.Run(ctx, in[0].mem, wt_.mem() ? wt_.mem() : in[1].mem,
+                     has_bias_ ? in[2].mem : nullptr, out[0].mem, "conv2d_1x1");
+  }
+
+ private:
+  Gemm gemm_;
+  bool has_bias_;
+  OwnedBuffer wt_;
+};
+
+std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::string* error) {
+  const auto* p = Params<tfl::ConvParams>(node);
+  if (p == nullptr) return Refuse(error, "CONV_2D without parameters");
+  ConvGeometry g;
+  bool has_bias = false;
+  std::string e = CheckConv(node, p->padding, p->stride_width, p->stride_height,
+                            p->dilation_width_factor, p->dilation_height_factor, p->activation,
+                            false, &g, &has_bias);
+  if (!e.empty()) return Refuse(error, e);
+  const int m = g.n * g.oh * g.ow;
+  const int k = g.kh * g.kw * g.cin;
+  // CPU-like devices: the filter repacked [K][N] for the flat kernels.
+  OwnedBuffer wt;
+  // 1x1 filters feed gemm_rows (ldb = N); others conv2d_rows (rows padded to 8).
+  const bool one_by_one =
+      g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0;
+  const bool flat = UploadTransposedWeight(ctx, node.inputs[1], g.cout, k, one_by_one ? 1 : 16,
+                                           &wt, &e);
+  if (!e.empty()) return Refuse(error, e);
+  if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0) {
+    GemmShape s;
+    s.m = m;
+    s.n = g.cout;
+    s.k = k;
+    s.a_sm = k;
+    s.a_sk = 1;
+    s.b_sk = 1;
+    s.b_sn = k;
+    s.ldc = g.cout;
+    s.has_bias = has_bias;
+    if (flat) {
+      s.b_sk = g.cout;
+      s.b_sn = 1;
+    }
+    Gemm gemm;
+    e = gemm.Init(ctx, s);
+    if (!e.empty()) return Refuse(error, e);
+    return std::make_unique<Conv1x1Op>(std::move(gemm), has_bias, std::move(wt));
+  }
+  if (flat) {
+    cl_kernel k_rows = nullptr;
+    e = GetKernel(ctx, "conv", "conv2d_rows", "-DRM=" + std::to_string(kFlatRows), &k_rows);
+    if (!e.empty()) return Refuse(error, e);
+    const size_t items = static_cast<size_t>((g.cout + 15) / 16);
+    size_t l = 1;
+    while (l < items && l < 16) l *= 2;
+    l = std::min(l, std::max<size_t>(ctx.KernelWorkGroupSize(k_rows), 1));
+    return std::make_unique<Conv2dOp>(k_rows, TileConfig(), g, has_bias, std::move(wt), l);
+  }
+  TileConfig tile;
+  cl_kernel kernel = nullptr;
+  auto kernel_of = [&](const TileConfig& c, cl_kernel* out) {
+    if (c.threads() % c.tk != 0) return std::string("tile threads not a multiple of TK");
+    return GetKernel(ctx, "conv", "conv2d", c.Options(), out);
+  };
+  e = PickTile(ctx, m, g.cout, kernel_of, &tile, &kernel);
+  if (!e.empty()) return Refuse(error, e);
+  return std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, OwnedBuffer(), 0);
+}
+
+class DepthwiseOp final : public GpuOp {
+ public:
+  DepthwiseOp(cl_kernel k, size_t local, ConvGeometry g, bool has_bias)
+      : k_(k), local_(local), g_(g), has_bias_(has_bias) {}
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    const int n = g_.n * g_.oh * g_.ow * g_.cout;
+    std::string e = Args()
+                        .Mem(in[0].mem)
+                        .Mem(in[1].mem)
+                        .Mem(has_bias_ ? in[2].mem : nullptr)
+                        .Mem(out[0].mem)
+                        .Int(n)
+                        .Int4(g_.G0())
+                        .Int4(g_.G1())
+                        .Int4(g_.G2())
+                        .Int4({g_.kh, g_.cout / g_.cin, g_.cout, 0})
+                        .Int(has_bias_ ? 1 : 0)
+                        .Set(ctx.cl(), k_);
+    if (!e.empty()) return e;
+    return Launch1D(ctx, k_, static_cast<size_t>(n), local_, "depthwise_conv2d");
+  }
+
+ private:
+  cl_kernel k_;
+  size_t local_;
+  ConvGeometry g_;
+  bool has_bias_;
+};
+
+std::unique_ptr<GpuOp> CreateDepthwise(const NodeView& node, GpuContext& ctx,
+                                       std::string* error) {
+  const auto* p = Params<tfl::DepthwiseConvParams>(node);
+  if (p == nullptr) return Refuse(error, "DEPTHWISE_CONV_2D without parameters");
+  ConvGeometry g;
+  bool has_bias = false;
+  std::string e = CheckConv(node, p->padding, p->stride_width, p->stride_height,
+                            p->dilation_width_factor, p->dilation_height_factor, p->activation,
+                            true, &g, &has_bias);
+  if (!e.empty()) return Refuse(error, e);
+  cl_kernel k = nullptr;
+  e = GetKernel(ctx, "conv", "depthwise_conv2d", TileConfig().Options(), &k);
+  if (!e.empty()) return Refuse(error, e);
+  return std::make_unique<DepthwiseOp>(k, Local1D(ctx, k, 64), g, has_bias);
+}
+
+const GpuOpDef kConv2d = {"CONV_2D", &CreateConv2d};
+const GpuOpDef kDepthwise = {"DEPTHWISE_CONV_2D", &CreateDepthwise};
+
+}  // namespace
+
+DIFFLITE_REGISTER_GPU_OP(kConv2d);
+DIFFLITE_REGISTER_GPU_OP(kDepthwise);
+
+}  // namespace difflite::gpu::builtin

@@ -1,0 +1,241 @@
+// CONV_2D as an implicit GEMM, and DEPTHWISE_CONV_2D directly, on NHWC
+// tensors with TFLite's OHWI filters.
+//
+// conv2d: C[m][n] = sum_k A(m,k) * W[n][k] (+ bias[n]) where m = (b, oy, ox)
+// walks the output pixels, n the output channels and k = (ky, kx, ci) the
+// filter taps; A(m,k) = x[b, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw, ci] or 0
+// outside the image (im2col without materialising it). Same tiling as
+// gemm.cl: a TM x TN tile per work-group, TK-deep K slices in local memory,
+// WM x WN outputs per item. Each item loads the A tile at a fixed k column
+// (NT is a multiple of TK), so its rows' pixel coordinates are computed once.
+#ifndef TM
+#define TM 64
+#endif
+#ifndef TN
+#define TN 64
+#endif
+#ifndef TK
+#define TK 16
+#endif
+#ifndef WM
+#define WM 4
+#endif
+#ifndef WN
+#define WN 4
+#endif
+#define TX (TN / WN)
+#define TY (TM / WM)
+#define NT (TX * TY)
+#define RA ((TM * TK + NT - 1) / NT)
+#ifdef DL_FP16
+#define CONVERT_DL_T16 convert_half16
+#else
+#define CONVERT_DL_T16(v) (v)
+#endif
+
+// geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3)
+__kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
+void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
+            __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
+  __local float As[TK][TM + 1];
+  __local float Bs[TK][TN + 1];
+  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
+  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
+  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  const int tx = get_local_id(0);
+  const int ty = get_local_id(1);
+  const int tid = ty * TX + tx;
+  const int n0 = get_group_id(0) * TN;
+  const int m0 = get_group_id(1) * TM;
+
+  // The A rows this item loads: fixed over K (NT % TK == 0).
+  const int a_kk = tid % TK;
+  int a_base[RA], a_y[RA], a_x[RA];
+#pragma unroll
+  for (int r = 0; r < RA; ++r) {
+    const int mm = tid / TK + r * (NT / TK);
+    const int m = m0 + mm;
+    if (mm < TM && m < M) {
+      const int ox = m % ow;
+      const int t = m / ow;
+      const int oy = t % oh;
+      const int b = t / oh;
+      a_base[r] = b * ih * iw * cin;
+      a_y[r] = oy * sh - pt;
+      a_x[r] = ox * sw - pl;
+    } else {
+      a_base[r] = -1;
+      a_y[r] = 0;
+      a_x[r] = 0;
+    }
+  }
+
+  float acc[WM][WN];
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+#pragma unroll
+    for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
+  }
+
+  for (int k0 = 0; k0 < K; k0 += TK) {
+    const int k = k0 + a_kk;
+    const int ci = k % cin;
+    const int tap = k / cin;
+    const int ky = tap / kw;
+    const int kx = tap - ky * kw;
+#pragma unroll
+    for (int r = 0; r < RA; ++r) {
+      const int mm = tid / TK + r * (NT / TK);
+      if (mm < TM) {
+        const int iy = a_y[r] + ky * dh;
+        const int ix = a_x[r] + kx * dw;
+        float v = 0.0f;
+        if (a_base[r] >= 0 && k < K && iy >= 0 && iy < ih && ix >= 0 && ix < iw) {
+          v = (float)x[a_base[r] + (iy * iw + ix) * cin + ci];
+        }
+        As[a_kk][mm] = v;
+      }
+    }
+    for (int e = tid; e < TN * TK; e += NT) {
+      const int kk = e % TK;
+      const int nn = e / TK;
+      const int n = n0 + nn;
+      const int kb = k0 + kk;
+      Bs[kk][nn] = (n < N && kb < K) ? (float)w[n * K + kb] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int kk = 0; kk < TK; ++kk) {
+      float a[WM], b[WN];
+#pragma unroll
+      for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * TY];
+#pragma unroll
+      for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * TX];
+#pragma unroll
+      for (int i = 0; i < WM; ++i) {
+#pragma unroll
+        for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+    const int m = m0 + ty + i * TY;
+    if (m >= M) continue;
+#pragma unroll
+    for (int j = 0; j < WN; ++j) {
+      const int n = n0 + tx + j * TX;
+      if (n < N) {
+        y[m * N + n] = (DL_T)(acc[i][j] + (has_bias ? (float)bias[n] : 0.0f));
+      }
+    }
+  }
+}
+
+// DEPTHWISE_CONV_2D: one item per output element; filter [1, KH, KW, C*mult],
+// output channel oc reads input channel oc / mult.
+// geometry as conv2d plus g3 = (kh, mult, oc, 0).
+__kernel void depthwise_conv2d(__global const DL_T* x, __global const DL_T* w,
+                               __global const DL_T* bias, __global DL_T* y, int n, int4 g0,
+                               int4 g1, int4 g2, int4 g3, int has_bias) {
+  const int i = get_global_id(0);
+  if (i >= n) return;
+  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
+  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
+  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  const int kh = g3.x, mult = g3.y, oc_count = g3.z;
+  const int oc = i % oc_count;
+  int t = i / oc_count;
+  const int ox = t % ow;
+  t /= ow;
+  const int oy = t % oh;
+  const int b = t / oh;
+  const int ci = oc / mult;
+  float acc = has_bias ? (float)bias[oc] : 0.0f;
+  for (int ky = 0; ky < kh; ++ky) {
+    const int iy = oy * sh - pt + ky * dh;
+    if (iy < 0 || iy >= ih) continue;
+    for (int kx = 0; kx < kw; ++kx) {
+      const int ix = ox * sw - pl + kx * dw;
+      if (ix < 0 || ix >= iw) continue;
+      acc = fma((float)x[((b * ih + iy) * iw + ix) * cin + ci],
+                (float)w[(ky * kw + kx) * oc_count + oc], acc);
+    }
+  }
+  y[i] = (DL_T)acc;
+}
+
+// conv2d for CPU-like devices (no local memory, no barriers, explicit
+// vectors): an item owns 16 consecutive output channels (one float16
+// lane each) and RM consecutive output pixels. `wt` is the filter repacked as
+// [K][NP] with NP = N rounded up to 16 (zero lanes past N), so each tap is one
+// vload16; each input value is loaded once and broadcast.
+#ifndef RM
+#define RM 8
+#endif
+__kernel void conv2d_rows(__global const DL_T* x, __global const DL_T* wt,
+                          __global const DL_T* bias, __global DL_T* y, int M, int N, int K,
+                          int4 g0, int4 g1, int4 g2, int has_bias) {
+  const int n0 = get_global_id(0) * 16;
+  const int m0 = get_global_id(1) * RM;
+  if (n0 >= N) return;
+  const int np = (N + 15) & ~15;
+  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
+  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
+  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  const int kh = K / (kw * cin);
+  int base[RM], y0[RM], x0[RM];
+  float16 acc[RM];
+  float16 b0 = (float16)(0.0f);
+  if (has_bias) {
+    float bv[16];
+    for (int j = 0; j < 16; ++j) bv[j] = n0 + j < N ? (float)bias[n0 + j] : 0.0f;
+    b0 = vload16(0, bv);
+  }
+  for (int r = 0; r < RM; ++r) {
+    const int m = min(m0 + r, M - 1);  // clamped rows are computed, not stored
+    acc[r] = b0;
+    const int ox = m % ow;
+    const int t = m / ow;
+    const int oy = t % oh;
+    base[r] = (t / oh) * ih * iw * cin;
+    y0[r] = oy * sh - pt;
+    x0[r] = ox * sw - pl;
+  }
+  for (int ky = 0; ky < kh; ++ky) {
+    for (int kx = 0; kx < kw; ++kx) {
+      __global const DL_T* wk = wt + (size_t)((ky * kw + kx) * cin) * np + n0;
+      // Rows outside the image read a valid pixel and multiply it by 0.
+      int off[RM];
+      float keep[RM];
+      for (int r = 0; r < RM; ++r) {
+        const int iy = y0[r] + ky * dh;
+        const int ix = x0[r] + kx * dw;
+        const bool in = iy >= 0 && iy < ih && ix >= 0 && ix < iw;
+        off[r] = in ? base[r] + (iy * iw + ix) * cin : 0;
+        keep[r] = in ? 1.0f : 0.0f;
+      }
+      for (int ci = 0; ci < cin; ++ci) {
+        const float16 w = convert_float16(vload16(0, wk + (size_t)ci * np));
+#pragma unroll
+        for (int r = 0; r < RM; ++r) {
+          acc[r] = fma((float16)((float)x[off[r] + ci] * keep[r]), w, acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RM; ++r) {
+    const int m = m0 + r;
+    if (m >= M) break;
+    __global DL_T* yp = y + (size_t)m * N + n0;
+    if (n0 + 16 <= N) {
+      vstore16(CONVERT_DL_T16(acc[r]), 0, yp);
+    } else {
+      float av[16];
+      vstore16(acc[r], 0, av);
+      for (int j = 0; j < N - n0; ++j) yp[j] = (DL_T)av[j];
+    }
+  }
+}

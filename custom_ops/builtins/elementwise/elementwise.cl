@@ -1,0 +1,246 @@
+// Elementwise builtins. Values are loaded from DL_T storage, computed in
+// float and stored back as DL_T. The op is a run-time argument (one program
+// for all of them; the switch is uniform across a launch).
+//
+// Unary op codes (keep in sync with elementwise.cc).
+#define U_LOGISTIC 0
+#define U_TANH 1
+#define U_EXP 2
+#define U_LOG 3
+#define U_SQRT 4
+#define U_RSQRT 5
+#define U_NEG 6
+#define U_ABS 7
+#define U_SIN 8
+#define U_COS 9
+#define U_SIGN 10
+#define U_GELU_ERF 11
+#define U_GELU_TANH 12
+#define U_RELU 13
+#define U_RELU6 14
+#define U_SQUARE 15
+#define U_FLOOR 16
+#define U_CEIL 17
+// Binary op codes.
+#define B_ADD 0
+#define B_SUB 1
+#define B_MUL 2
+#define B_DIV 3
+#define B_MAX 4
+#define B_MIN 5
+#define B_SQDIFF 6
+#define B_POW 7
+
+inline float unary_op(float x, int op) {
+  switch (op) {
+    case U_LOGISTIC: return 1.0f / (1.0f + exp(-x));
+    case U_TANH: return tanh(x);
+    case U_EXP: return exp(x);
+    case U_LOG: return log(x);
+    case U_SQRT: return sqrt(x);
+    case U_RSQRT: return rsqrt(x);
+    case U_NEG: return -x;
+    case U_ABS: return fabs(x);
+    case U_SIN: return sin(x);
+    case U_COS: return cos(x);
+    case U_SIGN: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+    case U_GELU_ERF: return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f));
+    case U_GELU_TANH: {
+      const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+      return 0.5f * x * (1.0f + tanh(inner));
+    }
+    case U_RELU: return fmax(x, 0.0f);
+    case U_RELU6: return fmin(fmax(x, 0.0f), 6.0f);
+    case U_SQUARE: return x * x;
+    case U_FLOOR: return floor(x);
+    case U_CEIL: return ceil(x);
+    default: return x;
+  }
+}
+
+inline float binary_op(float a, float b, int op) {
+  switch (op) {
+    case B_ADD: return a + b;
+    case B_SUB: return a - b;
+    case B_MUL: return a * b;
+    case B_DIV: return a / b;
+    case B_MAX: return fmax(a, b);
+    case B_MIN: return fmin(a, b);
+    case B_SQDIFF: { const float d = a - b; return d * d; }
+    case B_POW: return pow(a, b);
+    default: return a;
+  }
+}
+
+__kernel void unary(__global const DL_T* x, __global DL_T* y, int n, int op) {
+  const int i = get_global_id(0);
+  if (i < n) y[i] = (DL_T)unary_op((float)x[i], op);
+}
+
+// Same-shape operands (sa, sb in {0, 1}: 0 broadcasts a single element).
+__kernel void binary_flat(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
+                          int n, int op, int sa, int sb) {
+  const int i = get_global_id(0);
+  if (i < n) y[i] = (DL_T)binary_op((float)a[i * sa], (float)b[i * sb], op);
+}
+
+// Broadcasting over up to 8 collapsed dims (outermost first).
+__kernel void binary_nd(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
+                        int n, int op, int rank, int8 dims_v, int8 sa_v, int8 sb_v) {
+  const int i = get_global_id(0);
+  if (i >= n) return;
+  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
+                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
+  const int sa[8] = {sa_v.s0, sa_v.s1, sa_v.s2, sa_v.s3, sa_v.s4, sa_v.s5, sa_v.s6, sa_v.s7};
+  const int sb[8] = {sb_v.s0, sb_v.s1, sb_v.s2, sb_v.s3, sb_v.s4, sb_v.s5, sb_v.s6, sb_v.s7};
+  int r = i, ia = 0, ib = 0;
+#pragma unroll
+  for (int k = 7; k >= 0; --k) {
+    if (k < rank) {
+      const int q = r / dims[k];
+      const int c = r - q * dims[k];
+      r = q;
+      ia += c * sa[k];
+      ib += c * sb[k];
+    }
+  }
+  y[i] = (DL_T)binary_op((float)a[ia], (float)b[ib], op);
+}
+
+// SELECT / SELECT_V2: y = cond ? a : b, broadcasting; the condition is an
+// int32 (bool constants become 0/1) or a float tensor.
+#define SELECT_KERNEL(NAME, COND_T)                                                    \
+  __kernel void NAME(__global const COND_T* c, __global const DL_T* a,                \
+                     __global const DL_T* b, __global DL_T* y, int n, int rank,        \
+                     int8 dims_v, int8 sc_v, int8 sa_v, int8 sb_v) {                   \
+    const int i = get_global_id(0);                                                    \
+    if (i >= n) return;                                                                \
+    const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,                   \
+                         dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};                  \
+    const int sc[8] = {sc_v.s0, sc_v.s1, sc_v.s2, sc_v.s3, sc_v.s4, sc_v.s5, sc_v.s6, sc_v.s7}; \
+    const int sa[8] = {sa_v.s0, sa_v.s1, sa_v.s2, sa_v.s3, sa_v.s4, sa_v.s5, sa_v.s6, sa_v.s7}; \
+    const int sb[8] = {sb_v.s0, sb_v.s1, sb_v.s2, sb_v.s3, sb_v.s4, sb_v.s5, sb_v.s6, sb_v.s7}; \
+    int r = i, ic = 0, ia = 0, ib = 0;                                                 \
+    for (int k = 7; k >= 0; --k) {                                                     \
+      if (k < rank) {                                                                  \
+        const int q = r / dims[k];                                                     \
+        const int cc = r - q * dims[k];                                                \
+        r = q;                                                                         \
+        ic += cc * sc[k];                                                              \
+        ia += cc * sa[k];                                                              \
+        ib += cc * sb[k];                                                              \
+      }                                                                                \
+    }                                                                                  \
+    y[i] = c[ic] != (COND_T)0 ? a[ia] : b[ib];                                         \
+  }
+
+SELECT_KERNEL(select_i, int)
+SELECT_KERNEL(select_f, DL_T)
+
+__kernel void cast_i2f(__global const int* x, __global DL_T* y, int n) {
+  const int i = get_global_id(0);
+  if (i < n) y[i] = (DL_T)(float)x[i];
+}
+
+// float -> int32 truncates toward zero (C static_cast, as TFLite's CAST).
+__kernel void cast_f2i(__global const DL_T* x, __global int* y, int n) {
+  const int i = get_global_id(0);
+  if (i < n) y[i] = convert_int_rtz((float)x[i]);
+}
+
+// ---------------------------------------------------------------------------
+// Row variants for CPU-like devices: an item handles 16 consecutive elements
+// of the innermost dim with explicit float16 vectors (a scalar tail in the
+// last chunk of a row). Binary operands walk that dim with stride 1 or 0.
+#ifdef DL_FP16
+#define LOAD16(p) vload_half16(0, (__global const half*)(p))
+#define STORE16(v, p) vstore_half16((v), 0, (__global half*)(p))
+#else
+#define LOAD16(p) vload16(0, (p))
+#define STORE16(v, p) vstore16((v), 0, (p))
+#endif
+
+inline float16 unary_op16(float16 x, int op) {
+  switch (op) {
+    case U_LOGISTIC: return 1.0f / (1.0f + exp(-x));
+    case U_TANH: return tanh(x);
+    case U_EXP: return exp(x);
+    case U_LOG: return log(x);
+    case U_SQRT: return sqrt(x);
+    case U_RSQRT: return rsqrt(x);
+    case U_NEG: return -x;
+    case U_ABS: return fabs(x);
+    case U_SIN: return sin(x);
+    case U_COS: return cos(x);
+    case U_SIGN: return sign(x);
+    case U_GELU_ERF: return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f));
+    case U_GELU_TANH: {
+      const float16 inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+      return 0.5f * x * (1.0f + tanh(inner));
+    }
+    case U_RELU: return fmax(x, 0.0f);
+    case U_RELU6: return fmin(fmax(x, 0.0f), 6.0f);
+    case U_SQUARE: return x * x;
+    case U_FLOOR: return floor(x);
+    case U_CEIL: return ceil(x);
+    default: return x;
+  }
+}
+
+inline float16 binary_op16(float16 a, float16 b, int op) {
+  switch (op) {
+    case B_ADD: return a + b;
+    case B_SUB: return a - b;
+    case B_MUL: return a * b;
+    case B_DIV: return a / b;
+    case B_MAX: return fmax(a, b);
+    case B_MIN: return fmin(a, b);
+    case B_SQDIFF: { const float16 d = a - b; return d * d; }
+    case B_POW: return pow(a, b);
+    default: return a;
+  }
+}
+
+__kernel void unary_vec(__global const DL_T* x, __global DL_T* y, int n, int op) {
+  const int i = get_global_id(0) * 16;
+  if (i + 16 <= n) {
+    STORE16(unary_op16(LOAD16(x + i), op), y + i);
+  } else {
+    for (int j = i; j < n; ++j) y[j] = (DL_T)unary_op((float)x[j], op);
+  }
+}
+
+// Outer index space (rank up to 7, collapsed) times an innermost dim of
+// `inner` elements; ia/ib in {0, 1} are the operands' innermost strides.
+__kernel void binary_rows(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
+                          int inner, int chunks, int n_items, int op, int rank, int8 dims_v,
+                          int8 sa_v, int8 sb_v, int ia, int ib) {
+  const int item = get_global_id(0);
+  if (item >= n_items) return;
+  const int row = item / chunks;
+  const int c0 = (item - row * chunks) * 16;
+  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
+                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
+  const int sa[8] = {sa_v.s0, sa_v.s1, sa_v.s2, sa_v.s3, sa_v.s4, sa_v.s5, sa_v.s6, sa_v.s7};
+  const int sb[8] = {sb_v.s0, sb_v.s1, sb_v.s2, sb_v.s3, sb_v.s4, sb_v.s5, sb_v.s6, sb_v.s7};
+  int r = row, oa = 0, ob = 0;
+  for (int k = rank - 1; k >= 0; --k) {
+    const int q = r / dims[k];
+    const int c = r - q * dims[k];
+    r = q;
+    oa += c * sa[k];
+    ob += c * sb[k];
+  }
+  const int oy = row * inner + c0;
+  oa += c0 * ia;
+  ob += c0 * ib;
+  if (c0 + 16 <= inner) {
+    const float16 va = ia ? LOAD16(a + oa) : (float16)((float)a[oa]);
+    const float16 vb = ib ? LOAD16(b + ob) : (float16)((float)b[ob]);
+    STORE16(binary_op16(va, vb, op), y + oy);
+  } else {
+    for (int j = 0; j < inner - c0; ++j) {
+      y[oy + j] = (DL_T)binary_op((float)a[oa + j * ia], (float)b[ob + j * ib], op);
+    }
+  }
+}

@@ -1,0 +1,124 @@
+#include "matmul/gemm.h"
+
+#include <algorithm>
+
+namespace difflite::gpu::builtin {
+
+std::string TileConfig::Options() const {
+  return "-DTM=" + std::to_string(tm) + " -DTN=" + std::to_string(tn) +
+         " -DTK=" + std::to_string(tk) + " -DWM=" + std::to_string(wm) +
+         " -DWN=" + std::to_string(wn);
+}
+
+bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
+                            OwnedBuffer* out, std::string* error) {
+  if (!PreferFlatKernels(ctx) || w.const_data == nullptr || w.dtype != DType::kFloat32) {
+    return false;
+  }
+  const auto* src = static_cast<const float*>(w.const_data);
+  const int np = (n + pad_to - 1) / pad_to * pad_to;
+  std::vector<float> t(static_cast<size_t>(np) * k, 0.0f);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < k; ++j) t[static_cast<size_t>(j) * np + i] = src[static_cast<size_t>(i) * k + j];
+  }
+  *error = out->Upload(ctx, t);
+  return error->empty();
+}
+
+std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
+  s_ = s;
+  if (s_.bdims.size() > 4) return "more than 4 batch dims after collapsing";
+  // Right-align the batch dims into 4 slots (padding with 1, stride 0).
+  while (s_.bdims.size() < 4) {
+    s_.bdims.insert(s_.bdims.begin(), 1);
+    s_.a_bs.insert(s_.a_bs.begin(), 0);
+    s_.b_bs.insert(s_.b_bs.begin(), 0);
+  }
+  batches_ = 1;
+  for (int d : s_.bdims) batches_ *= d;
+  if (PreferFlatKernels(ctx)) {
+    flat_ = true;
+    if (s_.b_sn != 1 && s_.n > 1) {
+      // Copy B n-major, one dense [K][N] block per batch of the output.
+      IndexSpace space;
+      space.dims = s_.bdims;
+      space.dims.push_back(s_.k);
+      space.dims.push_back(s_.n);
+      space.strides.assign(2, {});
+      space.strides[0] = s_.b_bs;
+      space.strides[0].push_back(s_.b_sk);
+      space.strides[0].push_back(s_.b_sn);
+      space.strides[1] = Strides(space.dims);
+      s_.b_bs.assign(space.strides[1].begin(), space.strides[1].begin() + 4);
+      std::string e = b_copy_.Init(ctx, ctx.storage(), space, 0, 0);
+      if (!e.empty()) return e;
+      transpose_b_ = true;
+      b_scratch_bytes_ = static_cast<size_t>(batches_) * s_.k * s_.n * DTypeSize(ctx.storage());
+      s_.b_sk = s_.n;
+      s_.b_sn = 1;
+    }
+    std::string e = GetKernel(ctx, "gemm", "gemm_rows", "-DRM=" + std::to_string(kFlatRows),
+                              &kernel_);
+    if (!e.empty()) return e;
+    const size_t items = static_cast<size_t>((s_.n + 15) / 16);
+    size_t l = 1;
+    while (l < items && l < 16) l *= 2;
+    flat_local_ = std::min(l, std::max<size_t>(ctx.KernelWorkGroupSize(kernel_), 1));
+    return "";
+  }
+  const bool a_kmajor = s_.a_sk == 1;
+  const bool b_kmajor = s_.b_sk == 1 && s_.b_sn != 1;
+  auto kernel_of = [&](const TileConfig& c, cl_kernel* k) {
+    const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
+                             " -DB_KMAJOR=" + (b_kmajor ? "1" : "0");
+    return GetKernel(ctx, "gemm", "gemm", opts, k);
+  };
+  return PickTile(ctx, s_.m, s_.n, kernel_of, &tile_, &kernel_);
+}
+
+std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
+                      const char* label) const {
+  if (transpose_b_) {
+    std::string err;
+    cl_mem t = ctx.Scratch(b_scratch_bytes_, 0, &err);
+    if (t == nullptr) return err;
+    err = b_copy_.Run(ctx, b, t, label);
+    if (!err.empty()) return err;
+    b = t;
+  }
+  std::string e = Args()
+                      .Mem(a)
+                      .Mem(b)
+                      .Mem(bias)
+                      .Mem(c)
+                      .Int(s_.m)
+                      .Int(s_.n)
+                      .Int(s_.k)
+                      .Int(s_.a_sm)
+                      .Int(s_.a_sk)
+                      .Int(s_.b_sk)
+                      .Int(s_.b_sn)
+                      .Int(s_.ldc)
+                      .Int4(s_.bdims, 1)
+                      .Int4(s_.a_bs)
+                      .Int4(s_.b_bs)
+                      .Int(s_.c_bs)
+                      .Int(s_.has_bias && bias != nullptr ? 1 : 0)
+                      .Set(ctx.cl(), kernel_);
+  if (!e.empty()) return e;
+  if (flat_) {
+    const size_t local[3] = {flat_local_, 1, 1};
+    const size_t global[3] = {RoundUp(static_cast<size_t>((s_.n + 15) / 16), flat_local_),
+                              static_cast<size_t>((s_.m + kFlatRows - 1) / kFlatRows),
+                              static_cast<size_t>(batches_)};
+    return ctx.Enqueue(kernel_, 3, global, local, label);
+  }
+  const size_t local[3] = {static_cast<size_t>(tile_.tn / tile_.wn),
+                           static_cast<size_t>(tile_.tm / tile_.wm), 1};
+  const size_t global[3] = {static_cast<size_t>((s_.n + tile_.tn - 1) / tile_.tn) * local[0],
+                            static_cast<size_t>((s_.m + tile_.tm - 1) / tile_.tm) * local[1],
+                            static_cast<size_t>(batches_)};
+  return ctx.Enqueue(kernel_, 3, global, local, label);
+}
+
+}  // namespace difflite::gpu::builtin

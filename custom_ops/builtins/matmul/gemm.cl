@@ -1,0 +1,196 @@
+// Tiled GEMM: C[b][m][n] = sum_k A(b,m,k) * B(b,k,n) (+ bias[n]), float
+// accumulation, operands in DL_T storage with arbitrary element strides:
+//   A(b,m,k) = A[a_off(b) + m*a_sm + k*a_sk], B(b,k,n) = B[b_off(b) + k*b_sk + n*b_sn]
+//   C[b*c_bs + m*ldc + n]
+// A work-group of (TN/WN) x (TM/WM) items computes a TM x TN tile of C,
+// walking K in TK-deep slices staged in local memory; each item owns WM x WN
+// outputs (rows ty + i*TY, cols tx + j*TX, so stores are coalesced along n).
+// A_KMAJOR / B_KMAJOR: which index of the operand is contiguous in memory,
+// so that neighbouring items load neighbouring addresses.
+// Batches: up to 4 collapsed dims (bdims, innermost in .w), with per-operand
+// strides (0 broadcasts).
+#ifndef TM
+#define TM 64
+#endif
+#ifndef TN
+#define TN 64
+#endif
+#ifndef TK
+#define TK 16
+#endif
+#ifndef WM
+#define WM 4
+#endif
+#ifndef WN
+#define WN 4
+#endif
+#ifndef A_KMAJOR
+#define A_KMAJOR 1
+#endif
+#ifndef B_KMAJOR
+#define B_KMAJOR 0
+#endif
+#define TX (TN / WN)
+#define TY (TM / WM)
+#define NT (TX * TY)
+
+__kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
+void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
+          __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
+          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
+  __local float As[TK][TM + 1];
+  __local float Bs[TK][TN + 1];
+  const int tx = get_local_id(0);
+  const int ty = get_local_id(1);
+  const int tid = ty * TX + tx;
+  const int n0 = get_group_id(0) * TN;
+  const int m0 = get_group_id(1) * TM;
+  const int batch = get_group_id(2);
+  int r = batch;
+  const int c3 = r % bdims.w;
+  r /= bdims.w;
+  const int c2 = r % bdims.z;
+  r /= bdims.z;
+  const int c1 = r % bdims.y;
+  const int c0 = r / bdims.y;
+  const int a_off = c0 * a_bs.x + c1 * a_bs.y + c2 * a_bs.z + c3 * a_bs.w;
+  const int b_off = c0 * b_bs.x + c1 * b_bs.y + c2 * b_bs.z + c3 * b_bs.w;
+  __global const DL_T* Ab = A + a_off;
+  __global const DL_T* Bb = B + b_off;
+
+  float acc[WM][WN];
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+#pragma unroll
+    for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
+  }
+
+  for (int k0 = 0; k0 < K; k0 += TK) {
+    for (int e = tid; e < TM * TK; e += NT) {
+#if A_KMAJOR
+      const int kk = e % TK;
+      const int mm = e / TK;
+#else
+      const int mm = e % TM;
+      const int kk = e / TM;
+#endif
+      const int m = m0 + mm;
+      const int k = k0 + kk;
+      As[kk][mm] = (m < M && k < K) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
+    }
+    for (int e = tid; e < TN * TK; e += NT) {
+#if B_KMAJOR
+      const int kk = e % TK;
+      const int nn = e / TK;
+#else
+      const int nn = e % TN;
+      const int kk = e / TN;
+#endif
+      const int n = n0 + nn;
+      const int k = k0 + kk;
+      Bs[kk][nn] = (n < N && k < K) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int kk = 0; kk < TK; ++kk) {
+      float a[WM], b[WN];
+#pragma unroll
+      for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * TY];
+#pragma unroll
+      for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * TX];
+#pragma unroll
+      for (int i = 0; i < WM; ++i) {
+#pragma unroll
+        for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+
+  __global DL_T* Cb = C + batch * c_bs;
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+    const int m = m0 + ty + i * TY;
+    if (m >= M) continue;
+#pragma unroll
+    for (int j = 0; j < WN; ++j) {
+      const int n = n0 + tx + j * TX;
+      if (n < N) {
+        const float v = acc[i][j] + (has_bias ? (float)bias[n] : 0.0f);
+        Cb[m * ldc + n] = (DL_T)v;
+      }
+    }
+  }
+}
+
+// GEMM for CPU-like devices (no local memory, no barriers, explicit
+// vectors): an item owns 8 consecutive columns n0..n0+7 (one float16) and RM
+// consecutive rows of C; dimension 2 is the batch. B rows are one vload16
+// when B is n-major (b_sn == 1) and the 8 columns exist, else 8 loads.
+#ifndef RM
+#define RM 8
+#endif
+#ifdef DL_FP16
+#define CONVERT_DL_T16 convert_half16
+#else
+#define CONVERT_DL_T16(v) (v)
+#endif
+__kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
+                        __global const DL_T* bias, __global DL_T* C, int M, int N, int K,
+                        int a_sm, int a_sk, int b_sk, int b_sn, int ldc, int4 bdims,
+                        int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
+  const int n0 = get_global_id(0) * 16;
+  const int m0 = get_global_id(1) * RM;
+  const int batch = get_global_id(2);
+  if (n0 >= N) return;
+  int r = batch;
+  const int c3 = r % bdims.w;
+  r /= bdims.w;
+  const int c2 = r % bdims.z;
+  r /= bdims.z;
+  const int c1 = r % bdims.y;
+  const int c0 = r / bdims.y;
+  __global const DL_T* Ab = A + (c0 * a_bs.x + c1 * a_bs.y + c2 * a_bs.z + c3 * a_bs.w);
+  __global const DL_T* Bb = B + (c0 * b_bs.x + c1 * b_bs.y + c2 * b_bs.z + c3 * b_bs.w);
+  const int lanes = min(16, N - n0);
+  const bool vec_b = b_sn == 1 && lanes == 16;
+  float16 b0 = (float16)(0.0f);
+  if (has_bias) {
+    float bv[16];
+    for (int j = 0; j < 16; ++j) bv[j] = j < lanes ? (float)bias[n0 + j] : 0.0f;
+    b0 = vload16(0, bv);
+  }
+  float16 acc[RM];
+  int rows[RM];
+  for (int i = 0; i < RM; ++i) {
+    acc[i] = b0;
+    rows[i] = min(m0 + i, M - 1) * a_sm;  // clamped rows are computed, not stored
+  }
+  for (int k = 0; k < K; ++k) {
+    float16 b;
+    __global const DL_T* bp = Bb + k * b_sk + n0 * b_sn;
+    if (vec_b) {
+      b = convert_float16(vload16(0, bp));
+    } else {
+      float bv[16];
+      for (int j = 0; j < 16; ++j) bv[j] = j < lanes ? (float)bp[j * b_sn] : 0.0f;
+      b = vload16(0, bv);
+    }
+    const int ko = k * a_sk;
+    for (int i = 0; i < RM; ++i) acc[i] = fma((float16)((float)Ab[rows[i] + ko]), b, acc[i]);
+  }
+  __global DL_T* Cb = C + batch * c_bs;
+  for (int i = 0; i < RM; ++i) {
+    const int m = m0 + i;
+    if (m >= M) break;
+    __global DL_T* cp = Cb + m * ldc + n0;
+    if (lanes == 16) {
+      vstore16(CONVERT_DL_T16(acc[i]), 0, cp);
+    } else {
+      float av[16];
+      vstore16(acc[i], 0, av);
+      for (int j = 0; j < lanes; ++j) cp[j] = (DL_T)av[j];
+    }
+  }
+}
+

@@ -1,0 +1,91 @@
+// The tiled GEMM launcher shared by FULLY_CONNECTED, BATCH_MATMUL and the
+// 1x1 convolutions (gemm.cl), and the tile choice shared with conv.cl.
+#ifndef DIFFLITE_BUILTINS_MATMUL_GEMM_H_
+#define DIFFLITE_BUILTINS_MATMUL_GEMM_H_
+
+#include <string>
+#include <vector>
+
+#include "common/builtin_util.h"
+
+namespace difflite::gpu::builtin {
+
+struct TileConfig {
+  int tm = 64, tn = 64, tk = 16, wm = 4, wn = 4;
+  int threads() const { return (tm / wm) * (tn / wn); }
+  std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=...
+};
+
+// The largest tile (64x64, else 32x32, else 16x16) that `kernel_of(config)`
+// can run on this device, preferring small tiles for small problems.
+// kernel_of returns "" and the kernel, or a reason.
+template <typename F>
+std::string PickTile(GpuContext& ctx, int m, int n, F kernel_of, TileConfig* out,
+                     cl_kernel* kernel) {
+  std::vector<TileConfig> configs;
+  if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4});
+  configs.push_back({32, 32, 16, 4, 4});
+  configs.push_back({16, 16, 16, 2, 2});
+  std::string last;
+  for (const TileConfig& c : configs) {
+    if (static_cast<size_t>(c.threads()) > ctx.device().max_work_group_size) continue;
+    cl_kernel k = nullptr;
+    last = kernel_of(c, &k);
+    if (!last.empty()) return last;  // a build error is not a size problem
+    if (ctx.KernelWorkGroupSize(k) >= static_cast<size_t>(c.threads())) {
+      *out = c;
+      *kernel = k;
+      return "";
+    }
+    last = "work-group of " + std::to_string(c.threads()) + " items too large for the device";
+  }
+  return last.empty() ? "no GEMM tile fits the device" : last;
+}
+
+struct GemmShape {
+  int m = 0, n = 0, k = 0;
+  int a_sm = 0, a_sk = 0, b_sk = 0, b_sn = 0, ldc = 0;
+  // Batch dims (outermost first, at most 4 after collapsing) and strides.
+  std::vector<int> bdims, a_bs, b_bs;
+  int c_bs = 0;
+  bool has_bias = false;
+};
+
+// Tiled local-memory kernel on GPUs; on CPU-like devices (PreferFlatKernels)
+// the barrier-free gemm_rows, whose items walk n: give it n-major B
+// (b_sn == 1) where possible.
+class Gemm {
+ public:
+  std::string Init(GpuContext& ctx, const GemmShape& s);
+  std::string Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
+                  const char* label) const;
+  size_t ScratchBytes() const { return b_scratch_bytes_; }
+
+ private:
+  GemmShape s_;
+  TileConfig tile_;
+  cl_kernel kernel_ = nullptr;
+  int batches_ = 1;
+  bool flat_ = false;
+  size_t flat_local_ = 64;
+  // Flat kernels with a k-major B (e.g. A * B^T): B is first copied n-major
+  // into scratch memory.
+  bool transpose_b_ = false;
+  StridedCopy b_copy_;
+  size_t b_scratch_bytes_ = 0;
+};
+
+// Rows of C per item of the flat kernels (-DRM).
+constexpr int kFlatRows = 8;
+
+// For CPU-like devices: a constant [N][K] float matrix (FULLY_CONNECTED
+// weights, OHWI filters) uploaded transposed as [K][NP], NP = N rounded up to
+// `pad_to` (zeros), so that the flat kernels read it n-major. Returns false
+// (nothing uploaded) when the device prefers tiled kernels or the weight is
+// not a constant; *error on failure.
+bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
+                            OwnedBuffer* out, std::string* error);
+
+}  // namespace difflite::gpu::builtin
+
+#endif  // DIFFLITE_BUILTINS_MATMUL_GEMM_H_

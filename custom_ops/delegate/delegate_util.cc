@@ -1,0 +1,144 @@
+#include "delegate_util.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <sstream>
+
+#include "difflite/attrs.h"
+
+namespace difflite {
+
+std::string Printable(const std::string& s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "difflite: %s\n", Printable(line).c_str());
+  std::fflush(stderr);
+}
+
+void LogError(tfl::Context* ctx, const std::string& line) {
+  Log(line);
+  if (ctx != nullptr && ctx->ReportError != nullptr) {
+    ctx->ReportError(ctx, "difflite: %s", Printable(line).c_str());
+  }
+}
+
+tfl::Tensor* TensorAt(tfl::Context* ctx, int index) {
+  if (ctx->GetTensor != nullptr) return ctx->GetTensor(ctx, index);
+  return &ctx->tensors[index];
+}
+
+std::vector<int> ToVector(const tfl::IntArray* a) {
+  if (a == nullptr) return {};
+  return std::vector<int>(a->data, a->data + a->size);
+}
+
+tfl::IntArray* NewIntArray(const std::vector<int>& v) {
+  auto* a = static_cast<tfl::IntArray*>(
+      std::malloc(sizeof(int) * (1 + std::max<size_t>(v.size(), 1))));
+  if (a == nullptr) return nullptr;
+  a->size = static_cast<int>(v.size());
+  for (size_t i = 0; i < v.size(); ++i) a->data[i] = v[i];
+  return a;
+}
+
+DType ToDType(tfl::Type t) {
+  switch (t) {
+    case tfl::kFloat32: return DType::kFloat32;
+    case tfl::kFloat16: return DType::kFloat16;
+    case tfl::kInt32: return DType::kInt32;
+    default: return DType::kOther;
+  }
+}
+
+bool IsConstantTensor(const tfl::Tensor* t) {
+  return t->allocation_type == tfl::kMmapRo ||
+         t->allocation_type == tfl::kPersistentRo;
+}
+
+TensorInfo InfoOf(const tfl::Tensor* t) {
+  TensorInfo info;
+  info.dtype = ToDType(t->type);
+  if (t->dims != nullptr) info.shape = ToVector(t->dims);
+  if (IsConstantTensor(t)) info.const_data = t->data.data;
+  return info;
+}
+
+std::string InfoString(const TensorInfo& t) {
+  return std::string(DTypeName(t.dtype)) + ShapeToString(t.shape);
+}
+
+std::string ListString(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+const char* TfLiteTypeName(tfl::Type t) {
+  switch (t) {
+    case tfl::kNoType: return "notype";
+    case tfl::kFloat32: return "float32";
+    case tfl::kInt32: return "int32";
+    case tfl::kUInt8: return "uint8";
+    case tfl::kInt64: return "int64";
+    case tfl::kString: return "string";
+    case tfl::kBool: return "bool";
+    case tfl::kInt16: return "int16";
+    case tfl::kComplex64: return "complex64";
+    case tfl::kInt8: return "int8";
+    case tfl::kFloat16: return "float16";
+    case tfl::kFloat64: return "float64";
+    default: return "other";
+  }
+}
+
+std::unique_ptr<OpInstance> ParseCustomNode(const tfl::Node* node,
+                                            const char* custom_name,
+                                            std::string* why) {
+  const OpDef* def = FindOp(custom_name);
+  if (def == nullptr) {
+    *why = "unknown difflite op";
+    return nullptr;
+  }
+  AttrMap attrs;
+  const size_t size = node->custom_initial_data_size < 0
+                          ? 0
+                          : static_cast<size_t>(node->custom_initial_data_size);
+  std::string e = AttrMap::Parse(node->custom_initial_data, size, &attrs);
+  if (!e.empty()) {
+    *why = e;
+    return nullptr;
+  }
+  std::unique_ptr<OpInstance> op = def->create(attrs, &e);
+  if (op == nullptr) *why = e.empty() ? "invalid attributes" : e;
+  return op;
+}
+
+std::string ExceptionText() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace difflite

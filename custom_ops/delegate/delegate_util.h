@@ -1,0 +1,76 @@
+// Helpers shared by the delegate's backends (delegate.cc: plugin entry points
+// and the CPU backend; opencl/executor.cc: the OpenCL backend): options,
+// one-line logging, reading TFLite tensors and nodes through tflite_abi.h.
+#ifndef DIFFLITE_DELEGATE_UTIL_H_
+#define DIFFLITE_DELEGATE_UTIL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "difflite/op_api.h"
+#include "difflite/tflite_abi.h"
+
+namespace difflite {
+
+namespace gpu {
+class Backend;
+}
+
+// The delegate's options (load_delegate's dict).
+struct Options {
+  std::string backend = "cpu";    // cpu | opencl
+  std::string precision = "fp32"; // fp32 | fp16
+  bool verbose = false;
+  int num_threads = 0;  // cpu: 0 = the interpreter's recommendation, else cores
+  int device = -1;      // opencl: index into all devices; -1 = first GPU, else first device
+  bool profile = false; // opencl: per-op kernel times (profiling queue)
+  std::string stats_path;  // opencl: JSON memory report written after Prepare
+  std::string kernels = "auto";  // opencl: auto | tiled | flat (kernel style)
+};
+
+// What Delegate::data_ points at.
+struct DelegateState {
+  tfl::Delegate delegate;
+  Options options;
+  std::unique_ptr<gpu::Backend> opencl;  // set for backend=opencl
+  DelegateState();
+  ~DelegateState();  // in delegate.cc, where gpu::Backend is complete
+};
+
+inline DelegateState* StateOf(tfl::Delegate* d) {
+  return static_cast<DelegateState*>(d->data_);
+}
+
+// One line of printable ASCII (model strings are quoted in messages; the
+// Python wrappers decode reports as UTF-8 and would raise on stray bytes).
+std::string Printable(const std::string& s);
+// "difflite: <line>" on stderr.
+void Log(const std::string& line);
+// Log, and report through the interpreter's error reporter.
+void LogError(tfl::Context* ctx, const std::string& line);
+
+tfl::Tensor* TensorAt(tfl::Context* ctx, int index);
+std::vector<int> ToVector(const tfl::IntArray* a);
+// malloc'ed, as Context::ResizeTensor frees it.
+tfl::IntArray* NewIntArray(const std::vector<int>& v);
+DType ToDType(tfl::Type t);
+// dtype, dims and (for read-only model constants) the data pointer.
+TensorInfo InfoOf(const tfl::Tensor* t);
+bool IsConstantTensor(const tfl::Tensor* t);
+std::string InfoString(const TensorInfo& t);
+std::string ListString(const std::vector<int>& v);
+const char* TfLiteTypeName(tfl::Type t);
+
+// Creates the op of a difflite custom node from its custom_code and
+// FlexBuffer options; nullptr with *why when unknown or invalid.
+std::unique_ptr<OpInstance> ParseCustomNode(const tfl::Node* node,
+                                            const char* custom_name,
+                                            std::string* why);
+
+// The text of the exception being handled (inside a catch block).
+std::string ExceptionText();
+
+}  // namespace difflite
+
+#endif  // DIFFLITE_DELEGATE_UTIL_H_

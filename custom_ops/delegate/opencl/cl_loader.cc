@@ -1,0 +1,167 @@
+#include "cl_loader.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+namespace difflite::gpu {
+namespace {
+
+struct Loaded {
+  ClApi api;
+  void* handle = nullptr;
+  std::string error;
+  bool ok = false;
+};
+
+template <typename F>
+bool Bind(void* handle, const char* name, F* slot, std::string* missing) {
+  void* sym = dlsym(handle, name);
+  if (sym == nullptr) {
+    if (!missing->empty()) *missing += ", ";
+    *missing += name;
+    return false;
+  }
+  *slot = reinterpret_cast<F>(sym);
+  return true;
+}
+
+void LoadOnce(Loaded* out) {
+  std::vector<std::string> candidates;
+  const char* env = std::getenv("DIFFLITE_OPENCL_LIBRARY");
+  if (env != nullptr && *env != '\0') {
+    candidates.push_back(env);
+  } else {
+    candidates = {"libOpenCL.so.1", "libOpenCL.so"};
+#if defined(__ANDROID__)
+    candidates.push_back("/system/vendor/lib64/libOpenCL.so");
+    candidates.push_back("/vendor/lib64/libOpenCL.so");
+    candidates.push_back("/system/lib64/libOpenCL.so");
+#endif
+  }
+  std::string tried;
+  for (const std::string& path : candidates) {
+    dlerror();
+    out->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (out->handle != nullptr) break;
+    const char* why = dlerror();
+    if (!tried.empty()) tried += "; ";
+    tried += path + ": " + (why ? why : "not found");
+  }
+  if (out->handle == nullptr) {
+    out->error =
+        "no OpenCL library could be loaded (" + tried +
+        "); install an OpenCL ICD loader and a driver (e.g. Debian "
+        "ocl-icd-libopencl1 with pocl-opencl-icd or the GPU vendor's ICD)";
+    return;
+  }
+  std::string missing;
+  ClApi& a = out->api;
+  Bind(out->handle, "clGetPlatformIDs", &a.GetPlatformIDs, &missing);
+  Bind(out->handle, "clGetPlatformInfo", &a.GetPlatformInfo, &missing);
+  Bind(out->handle, "clGetDeviceIDs", &a.GetDeviceIDs, &missing);
+  Bind(out->handle, "clGetDeviceInfo", &a.GetDeviceInfo, &missing);
+  Bind(out->handle, "clCreateContext", &a.CreateContext, &missing);
+  Bind(out->handle, "clReleaseContext", &a.ReleaseContext, &missing);
+  Bind(out->handle, "clCreateCommandQueue", &a.CreateCommandQueue, &missing);
+  Bind(out->handle, "clReleaseCommandQueue", &a.ReleaseCommandQueue, &missing);
+  Bind(out->handle, "clCreateBuffer", &a.CreateBuffer, &missing);
+  Bind(out->handle, "clCreateSubBuffer", &a.CreateSubBuffer, &missing);
+  Bind(out->handle, "clRetainMemObject", &a.RetainMemObject, &missing);
+  Bind(out->handle, "clReleaseMemObject", &a.ReleaseMemObject, &missing);
+  Bind(out->handle, "clEnqueueWriteBuffer", &a.EnqueueWriteBuffer, &missing);
+  Bind(out->handle, "clEnqueueReadBuffer", &a.EnqueueReadBuffer, &missing);
+  Bind(out->handle, "clEnqueueCopyBuffer", &a.EnqueueCopyBuffer, &missing);
+  Bind(out->handle, "clEnqueueFillBuffer", &a.EnqueueFillBuffer, &missing);
+  Bind(out->handle, "clCreateProgramWithSource", &a.CreateProgramWithSource,
+       &missing);
+  Bind(out->handle, "clBuildProgram", &a.BuildProgram, &missing);
+  Bind(out->handle, "clGetProgramBuildInfo", &a.GetProgramBuildInfo, &missing);
+  Bind(out->handle, "clReleaseProgram", &a.ReleaseProgram, &missing);
+  Bind(out->handle, "clCreateKernel", &a.CreateKernel, &missing);
+  Bind(out->handle, "clGetKernelInfo", &a.GetKernelInfo, &missing);
+  Bind(out->handle, "clReleaseKernel", &a.ReleaseKernel, &missing);
+  Bind(out->handle, "clSetKernelArg", &a.SetKernelArg, &missing);
+  Bind(out->handle, "clGetKernelWorkGroupInfo", &a.GetKernelWorkGroupInfo,
+       &missing);
+  Bind(out->handle, "clEnqueueNDRangeKernel", &a.EnqueueNDRangeKernel,
+       &missing);
+  Bind(out->handle, "clFinish", &a.Finish, &missing);
+  Bind(out->handle, "clFlush", &a.Flush, &missing);
+  Bind(out->handle, "clWaitForEvents", &a.WaitForEvents, &missing);
+  Bind(out->handle, "clGetEventProfilingInfo", &a.GetEventProfilingInfo,
+       &missing);
+  Bind(out->handle, "clReleaseEvent", &a.ReleaseEvent, &missing);
+  if (!missing.empty()) {
+    out->error = "the OpenCL library lacks " + missing +
+                 " (OpenCL 1.2 is required)";
+    return;
+  }
+  // The handle stays open for the process: kernels and contexts created
+  // through it are never unloaded under a running interpreter.
+  out->ok = true;
+}
+
+}  // namespace
+
+const ClApi* LoadOpenCl(std::string* error) {
+  static Loaded* loaded = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    loaded = new Loaded();
+    LoadOnce(loaded);
+  });
+  if (!loaded->ok) {
+    if (error != nullptr) *error = loaded->error;
+    return nullptr;
+  }
+  return &loaded->api;
+}
+
+std::string ClErrorName(cl_int code) {
+  const char* name = nullptr;
+  switch (code) {
+    case CL_SUCCESS: name = "CL_SUCCESS"; break;
+    case CL_DEVICE_NOT_FOUND: name = "CL_DEVICE_NOT_FOUND"; break;
+    case CL_DEVICE_NOT_AVAILABLE: name = "CL_DEVICE_NOT_AVAILABLE"; break;
+    case CL_COMPILER_NOT_AVAILABLE: name = "CL_COMPILER_NOT_AVAILABLE"; break;
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE:
+      name = "CL_MEM_OBJECT_ALLOCATION_FAILURE"; break;
+    case CL_OUT_OF_RESOURCES: name = "CL_OUT_OF_RESOURCES"; break;
+    case CL_OUT_OF_HOST_MEMORY: name = "CL_OUT_OF_HOST_MEMORY"; break;
+    case CL_BUILD_PROGRAM_FAILURE: name = "CL_BUILD_PROGRAM_FAILURE"; break;
+    case CL_MISALIGNED_SUB_BUFFER_OFFSET:
+      name = "CL_MISALIGNED_SUB_BUFFER_OFFSET"; break;
+    case CL_INVALID_VALUE: name = "CL_INVALID_VALUE"; break;
+    case CL_INVALID_PLATFORM: name = "CL_INVALID_PLATFORM"; break;
+    case CL_INVALID_DEVICE: name = "CL_INVALID_DEVICE"; break;
+    case CL_INVALID_CONTEXT: name = "CL_INVALID_CONTEXT"; break;
+    case CL_INVALID_COMMAND_QUEUE: name = "CL_INVALID_COMMAND_QUEUE"; break;
+    case CL_INVALID_MEM_OBJECT: name = "CL_INVALID_MEM_OBJECT"; break;
+    case CL_INVALID_BUILD_OPTIONS: name = "CL_INVALID_BUILD_OPTIONS"; break;
+    case CL_INVALID_PROGRAM: name = "CL_INVALID_PROGRAM"; break;
+    case CL_INVALID_PROGRAM_EXECUTABLE:
+      name = "CL_INVALID_PROGRAM_EXECUTABLE"; break;
+    case CL_INVALID_KERNEL_NAME: name = "CL_INVALID_KERNEL_NAME"; break;
+    case CL_INVALID_KERNEL: name = "CL_INVALID_KERNEL"; break;
+    case CL_INVALID_ARG_INDEX: name = "CL_INVALID_ARG_INDEX"; break;
+    case CL_INVALID_ARG_VALUE: name = "CL_INVALID_ARG_VALUE"; break;
+    case CL_INVALID_ARG_SIZE: name = "CL_INVALID_ARG_SIZE"; break;
+    case CL_INVALID_KERNEL_ARGS: name = "CL_INVALID_KERNEL_ARGS"; break;
+    case CL_INVALID_WORK_DIMENSION: name = "CL_INVALID_WORK_DIMENSION"; break;
+    case CL_INVALID_WORK_GROUP_SIZE: name = "CL_INVALID_WORK_GROUP_SIZE"; break;
+    case CL_INVALID_WORK_ITEM_SIZE: name = "CL_INVALID_WORK_ITEM_SIZE"; break;
+    case CL_INVALID_GLOBAL_OFFSET: name = "CL_INVALID_GLOBAL_OFFSET"; break;
+    case CL_INVALID_EVENT: name = "CL_INVALID_EVENT"; break;
+    case CL_INVALID_BUFFER_SIZE: name = "CL_INVALID_BUFFER_SIZE"; break;
+    case CL_INVALID_GLOBAL_WORK_SIZE: name = "CL_INVALID_GLOBAL_WORK_SIZE"; break;
+    case -1001: name = "CL_PLATFORM_NOT_FOUND_KHR"; break;
+    default: break;
+  }
+  std::string s = name ? name : "OpenCL error";
+  return s + " (" + std::to_string(code) + ")";
+}
+
+}  // namespace difflite::gpu

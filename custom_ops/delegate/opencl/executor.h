@@ -1,0 +1,45 @@
+// backend=opencl: claims every node it has a GPU op for (builtins and difflite
+// custom ops), aiming at one partition for the whole graph, and runs each
+// partition with OpenCL: constants uploaded once at Prepare, intermediates
+// planned into one device arena, host<->device copies only at the partition
+// boundary.
+#ifndef DIFFLITE_OPENCL_EXECUTOR_H_
+#define DIFFLITE_OPENCL_EXECUTOR_H_
+
+#include <memory>
+#include <string>
+
+#include "delegate_util.h"
+#include "difflite/tflite_abi.h"
+
+namespace difflite::gpu {
+
+struct BackendImpl;
+
+class Backend {
+ public:
+  // Loads OpenCL, picks the device, creates (or shares) the runtime. nullptr
+  // and a one-line *error when OpenCL or a device is missing.
+  static std::unique_ptr<Backend> Create(const Options& options,
+                                         std::string* error);
+  ~Backend();
+
+  // Delegate::Prepare: claim nodes, build their GPU ops, replace them with
+  // partition kernels.
+  tfl::Status PrepareDelegate(tfl::Context* ctx, tfl::Delegate* delegate);
+
+  // "device=... storage=..." for logs.
+  std::string Describe() const;
+
+ private:
+  Backend() = default;
+  std::unique_ptr<BackendImpl> impl_;
+};
+
+// The TFLite builtin name of a builtin code ("CONV_2D"), nullptr if the
+// backend does not know the code.
+const char* BuiltinName(int32_t code);
+
+}  // namespace difflite::gpu
+
+#endif  // DIFFLITE_OPENCL_EXECUTOR_H_

@@ -1,0 +1,313 @@
+#include "runtime.h"
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "cl_loader.h"
+
+namespace difflite::gpu {
+namespace {
+
+std::string PlatformString(const ClApi& cl, cl_platform_id p,
+                           cl_platform_info what) {
+  size_t n = 0;
+  if (cl.GetPlatformInfo(p, what, 0, nullptr, &n) != CL_SUCCESS || n == 0) {
+    return "";
+  }
+  std::string s(n, '\0');
+  if (cl.GetPlatformInfo(p, what, n, &s[0], nullptr) != CL_SUCCESS) return "";
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
+std::string DeviceString(const ClApi& cl, cl_device_id d, cl_device_info what) {
+  size_t n = 0;
+  if (cl.GetDeviceInfo(d, what, 0, nullptr, &n) != CL_SUCCESS || n == 0) {
+    return "";
+  }
+  std::string s(n, '\0');
+  if (cl.GetDeviceInfo(d, what, n, &s[0], nullptr) != CL_SUCCESS) return "";
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
+template <typename T>
+T DeviceValue(const ClApi& cl, cl_device_id d, cl_device_info what) {
+  T v{};
+  if (cl.GetDeviceInfo(d, what, sizeof(T), &v, nullptr) != CL_SUCCESS) {
+    return T{};
+  }
+  return v;
+}
+
+// One line: newlines of a build log become " | ", long logs are cut.
+std::string OneLine(const std::string& s, size_t max_len) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\n') {
+      if (!out.empty() && out.compare(out.size() - std::min<size_t>(3, out.size()), 3, " | ") != 0) {
+        out += " | ";
+      }
+    } else if (c != '\r') {
+      out.push_back(c);
+    }
+    if (out.size() > max_len) {
+      out += " ...";
+      break;
+    }
+  }
+  return out;
+}
+
+// Where the #pragma for half goes: in front of every program.
+const char kPrelude[] =
+    "#ifdef DL_FP16\n"
+    "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
+    "#endif\n"
+    "#line 1\n";
+
+}  // namespace
+
+const EmbeddedProgram* FindEmbeddedProgram(const std::string& name) {
+  for (size_t i = 0; i < kEmbeddedProgramCount; ++i) {
+    if (name == kEmbeddedPrograms[i].name) return &kEmbeddedPrograms[i];
+  }
+  return nullptr;
+}
+
+std::string EnumerateDevices(const ClApi& cl, std::vector<DeviceEntry>* out) {
+  out->clear();
+  cl_uint np = 0;
+  cl_int err = cl.GetPlatformIDs(0, nullptr, &np);
+  if (err != CL_SUCCESS || np == 0) {
+    return "no OpenCL platform found (clGetPlatformIDs: " +
+           (err != CL_SUCCESS ? ClErrorName(err) : std::string("0 platforms")) +
+           "); is an ICD (e.g. pocl-opencl-icd or the GPU driver's) installed "
+           "under /etc/OpenCL/vendors?";
+  }
+  std::vector<cl_platform_id> platforms(np);
+  err = cl.GetPlatformIDs(np, platforms.data(), nullptr);
+  if (err != CL_SUCCESS) return "clGetPlatformIDs: " + ClErrorName(err);
+  for (cl_platform_id p : platforms) {
+    cl_uint nd = 0;
+    if (cl.GetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, nullptr, &nd) != CL_SUCCESS ||
+        nd == 0) {
+      continue;
+    }
+    std::vector<cl_device_id> devices(nd);
+    if (cl.GetDeviceIDs(p, CL_DEVICE_TYPE_ALL, nd, devices.data(), nullptr) !=
+        CL_SUCCESS) {
+      continue;
+    }
+    const std::string pname = PlatformString(cl, p, CL_PLATFORM_NAME);
+    for (cl_device_id d : devices) {
+      DeviceEntry e;
+      e.platform = p;
+      e.device = d;
+      e.is_gpu = (DeviceValue<cl_device_type>(cl, d, CL_DEVICE_TYPE) &
+                  CL_DEVICE_TYPE_GPU) != 0;
+      e.name = DeviceString(cl, d, CL_DEVICE_NAME);
+      e.platform_name = pname;
+      out->push_back(e);
+    }
+  }
+  if (out->empty()) return "no OpenCL device found on any platform";
+  return "";
+}
+
+std::shared_ptr<Runtime> Runtime::Get(int device_index, bool profile,
+                                      std::string* error) {
+  static std::mutex mutex;
+  static auto* runtimes = new std::map<std::pair<int, bool>, std::shared_ptr<Runtime>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  const ClApi* cl = LoadOpenCl(error);
+  if (cl == nullptr) return nullptr;
+  std::vector<DeviceEntry> devices;
+  std::string e = EnumerateDevices(*cl, &devices);
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  int index = device_index;
+  if (index < 0) {
+    index = 0;
+    for (size_t i = 0; i < devices.size(); ++i) {
+      if (devices[i].is_gpu) {
+        index = static_cast<int>(i);
+        break;
+      }
+    }
+  }
+  if (index >= static_cast<int>(devices.size())) {
+    std::string list;
+    for (size_t i = 0; i < devices.size(); ++i) {
+      list += (i ? ", " : "") + std::to_string(i) + ": " + devices[i].name +
+              " (" + devices[i].platform_name + ")";
+    }
+    *error = "device=" + std::to_string(device_index) + " is out of range (" +
+             std::to_string(devices.size()) + " OpenCL devices: " + list + ")";
+    return nullptr;
+  }
+  auto key = std::make_pair(index, profile);
+  auto it = runtimes->find(key);
+  if (it != runtimes->end()) return it->second;
+  std::shared_ptr<Runtime> rt(new Runtime());
+  e = rt->Init(cl, devices[index], profile);
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  rt->device_index_ = index;
+  (*runtimes)[key] = rt;
+  return rt;
+}
+
+std::string Runtime::Init(const ClApi* cl, const DeviceEntry& entry,
+                          bool profile) {
+  cl_ = cl;
+  device_ = entry.device;
+  profile_ = profile;
+  DeviceInfo& d = info_;
+  d.name = entry.name;
+  d.platform = entry.platform_name;
+  d.vendor = DeviceString(*cl, device_, CL_DEVICE_VENDOR);
+  d.version = DeviceString(*cl, device_, CL_DEVICE_VERSION);
+  d.is_gpu = entry.is_gpu;
+  d.local_mem_bytes = static_cast<size_t>(
+      DeviceValue<cl_ulong>(*cl, device_, CL_DEVICE_LOCAL_MEM_SIZE));
+  d.max_work_group_size =
+      DeviceValue<size_t>(*cl, device_, CL_DEVICE_MAX_WORK_GROUP_SIZE);
+  d.compute_units = DeviceValue<cl_uint>(*cl, device_, CL_DEVICE_MAX_COMPUTE_UNITS);
+  d.global_mem_bytes = DeviceValue<cl_ulong>(*cl, device_, CL_DEVICE_GLOBAL_MEM_SIZE);
+  d.max_alloc_bytes = DeviceValue<cl_ulong>(*cl, device_, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
+  const cl_uint align_bits =
+      DeviceValue<cl_uint>(*cl, device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN);
+  d.base_align_bytes = std::max<size_t>(align_bits / 8, 4);
+  size_t items[3] = {1, 1, 1};
+  if (cl->GetDeviceInfo(device_, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(items),
+                        items, nullptr) == CL_SUCCESS) {
+    std::memcpy(d.max_work_item_sizes, items, sizeof(items));
+  }
+  const std::string ext = DeviceString(*cl, device_, CL_DEVICE_EXTENSIONS);
+  d.has_fp16 = (" " + ext + " ").find(" cl_khr_fp16 ") != std::string::npos;
+  if (d.max_work_group_size == 0) d.max_work_group_size = 1;
+
+  cl_int err = CL_SUCCESS;
+  const cl_context_properties props[] = {
+      CL_CONTEXT_PLATFORM,
+      reinterpret_cast<cl_context_properties>(entry.platform), 0};
+  context_ = cl->CreateContext(props, 1, &device_, nullptr, nullptr, &err);
+  if (context_ == nullptr || err != CL_SUCCESS) {
+    return "clCreateContext on " + d.name + ": " + ClErrorName(err);
+  }
+  queue_ = cl->CreateCommandQueue(
+      context_, device_, profile ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+  if (queue_ == nullptr || err != CL_SUCCESS) {
+    cl->ReleaseContext(context_);
+    context_ = nullptr;
+    return "clCreateCommandQueue on " + d.name + ": " + ClErrorName(err);
+  }
+  return "";
+}
+
+std::string Runtime::BaseOptions(DType storage) {
+  if (storage == DType::kFloat16) {
+    return "-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_FP16=1";
+  }
+  return "-cl-std=CL1.2 -DDL_T=float -DDL_T4=float4";
+}
+
+cl_program Runtime::Program(const std::string& program,
+                            const std::string& options, std::string* error) {
+  // Called with cache_mutex_ held.
+  const std::string key = program + "\n" + options;
+  auto it = programs_.find(key);
+  if (it != programs_.end()) return it->second;
+  auto f = failed_.find(key);
+  if (f != failed_.end()) {
+    *error = f->second;
+    return nullptr;
+  }
+  const EmbeddedProgram* src = FindEmbeddedProgram(program);
+  if (src == nullptr) {
+    *error = "no embedded OpenCL program '" + program + "'";
+    return nullptr;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const char* strings[2] = {kPrelude, src->source};
+  const size_t lengths[2] = {std::strlen(kPrelude), src->size};
+  cl_int err = CL_SUCCESS;
+  cl_program prog = cl_->CreateProgramWithSource(context_, 2, strings, lengths, &err);
+  if (prog == nullptr || err != CL_SUCCESS) {
+    *error = "clCreateProgramWithSource(" + program + "): " + ClErrorName(err);
+    return nullptr;
+  }
+  err = cl_->BuildProgram(prog, 1, &device_, options.c_str(), nullptr, nullptr);
+  build_seconds_ += std::chrono::duration<double>(
+                        std::chrono::steady_clock::now() - t0).count();
+  if (err != CL_SUCCESS) {
+    size_t n = 0;
+    std::string log;
+    if (cl_->GetProgramBuildInfo(prog, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr,
+                                 &n) == CL_SUCCESS && n > 1) {
+      log.resize(n);
+      cl_->GetProgramBuildInfo(prog, device_, CL_PROGRAM_BUILD_LOG, n, &log[0],
+                               nullptr);
+      while (!log.empty() && log.back() == '\0') log.pop_back();
+    }
+    cl_->ReleaseProgram(prog);
+    *error = "building OpenCL program '" + program + "' (" + options +
+             ") failed: " + ClErrorName(err) +
+             (log.empty() ? "" : ": " + OneLine(log, 1500));
+    failed_[key] = *error;
+    return nullptr;
+  }
+  programs_[key] = prog;
+  return prog;
+}
+
+cl_kernel Runtime::Kernel(const std::string& program,
+                          const std::string& kernel_name,
+                          const std::string& options, DType storage,
+                          std::string* error) {
+  const std::string full =
+      BaseOptions(storage) + (options.empty() ? "" : " " + options);
+  const std::string key = program + "\n" + full + "\n" + kernel_name;
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  auto it = kernels_.find(key);
+  if (it != kernels_.end()) return it->second;
+  cl_program prog = Program(program, full, error);
+  if (prog == nullptr) return nullptr;
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = cl_->CreateKernel(prog, kernel_name.c_str(), &err);
+  if (k == nullptr || err != CL_SUCCESS) {
+    *error = "clCreateKernel(" + program + ":" + kernel_name +
+             "): " + ClErrorName(err);
+    return nullptr;
+  }
+  kernels_[key] = k;
+  return k;
+}
+
+size_t Runtime::KernelWorkGroupSize(cl_kernel kernel) const {
+  size_t wg = 0;
+  if (cl_->GetKernelWorkGroupInfo(kernel, device_, CL_KERNEL_WORK_GROUP_SIZE,
+                                  sizeof(wg), &wg, nullptr) != CL_SUCCESS ||
+      wg == 0) {
+    wg = info_.max_work_group_size;
+  }
+  return std::min(wg, info_.max_work_group_size);
+}
+
+size_t Runtime::programs_built() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  return programs_.size();
+}
+
+double Runtime::build_seconds() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  return build_seconds_;
+}
+
+}  // namespace difflite::gpu

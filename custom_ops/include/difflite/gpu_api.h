@@ -1,0 +1,228 @@
+// The interface between the OpenCL backend (delegate/opencl/) and the OpenCL
+// kernels of each op (builtins/<op>/ and ops/<op>/).
+//
+// The backend owns the OpenCL context, queue, program cache and all device
+// memory; an op's GPU side only validates shapes, picks kernels and enqueues
+// them. OpenCL is reached through the function table `ClApi` that the backend
+// fills with dlopen/dlsym at run time, so no op links against libOpenCL and the
+// library still loads where there is none. Types come from the system's
+// <CL/cl.h> (opencl-headers); only the symbols are late-bound.
+//
+// Tensors on the GPU are dense, row-major, in TFLite's order (NHWC for 4-D
+// activations), float32 or (where the device has cl_khr_fp16 and the delegate
+// runs at precision=fp16) float16 storage. Kernels receive the storage type as
+// the macro DL_T (float or half) and DL_T4 (float4/half4) in their build
+// options, and accumulate in float.
+//
+// Program sources: every custom_ops/**/*.cl file is embedded into the library
+// at build time; its program name is the file's base name ("group_norm" for
+// ops/group_norm/group_norm.cl), so base names are unique. The backend builds
+// a program with "-cl-std=CL1.2 -DDL_T=<float|half> -DDL_T4=<float4|half4>"
+// (plus -DDL_FP16=1 for half, and the op's own options; never
+// -cl-fast-relaxed-math) and puts
+//     #ifdef DL_FP16
+//     #pragma OPENCL EXTENSION cl_khr_fp16 : enable
+//     #endif
+// in front of the file's text, so a kernel may declare DL_T (half) buffers
+// without its own pragma.
+//
+// Additions by the backend (delegate/opencl/), all backward compatible: ClApi
+// members CreateSubBuffer, GetPlatformInfo, GetKernelInfo, RetainMemObject;
+// DeviceInfo fields after has_fp16; GpuContext::device_id(),
+// KernelWorkGroupSize() and PreferFlatKernels(); GpuOp::AliasInput(), UsesInput(), WeightBytes();
+// the meaning of an omitted optional input in NodeView/Run; RegisterGpuOp and
+// DIFFLITE_REGISTER_GPU_OP.
+#ifndef DIFFLITE_GPU_API_H_
+#define DIFFLITE_GPU_API_H_
+
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "difflite/op_api.h"
+
+namespace difflite::gpu {
+
+// The OpenCL entry points the backend and the ops use (filled by dlsym).
+struct ClApi {
+  decltype(&::clGetPlatformIDs) GetPlatformIDs = nullptr;
+  decltype(&::clGetDeviceIDs) GetDeviceIDs = nullptr;
+  decltype(&::clGetDeviceInfo) GetDeviceInfo = nullptr;
+  decltype(&::clCreateContext) CreateContext = nullptr;
+  decltype(&::clReleaseContext) ReleaseContext = nullptr;
+  decltype(&::clCreateCommandQueue) CreateCommandQueue = nullptr;
+  decltype(&::clReleaseCommandQueue) ReleaseCommandQueue = nullptr;
+  decltype(&::clCreateBuffer) CreateBuffer = nullptr;
+  decltype(&::clReleaseMemObject) ReleaseMemObject = nullptr;
+  decltype(&::clEnqueueWriteBuffer) EnqueueWriteBuffer = nullptr;
+  decltype(&::clEnqueueReadBuffer) EnqueueReadBuffer = nullptr;
+  decltype(&::clEnqueueCopyBuffer) EnqueueCopyBuffer = nullptr;
+  decltype(&::clEnqueueFillBuffer) EnqueueFillBuffer = nullptr;
+  decltype(&::clCreateProgramWithSource) CreateProgramWithSource = nullptr;
+  decltype(&::clBuildProgram) BuildProgram = nullptr;
+  decltype(&::clGetProgramBuildInfo) GetProgramBuildInfo = nullptr;
+  decltype(&::clReleaseProgram) ReleaseProgram = nullptr;
+  decltype(&::clCreateKernel) CreateKernel = nullptr;
+  decltype(&::clReleaseKernel) ReleaseKernel = nullptr;
+  decltype(&::clSetKernelArg) SetKernelArg = nullptr;
+  decltype(&::clGetKernelWorkGroupInfo) GetKernelWorkGroupInfo = nullptr;
+  decltype(&::clEnqueueNDRangeKernel) EnqueueNDRangeKernel = nullptr;
+  decltype(&::clFinish) Finish = nullptr;
+  decltype(&::clFlush) Flush = nullptr;
+  decltype(&::clWaitForEvents) WaitForEvents = nullptr;
+  decltype(&::clGetEventProfilingInfo) GetEventProfilingInfo = nullptr;
+  decltype(&::clReleaseEvent) ReleaseEvent = nullptr;
+  // Added by the backend (OpenCL 1.1 / 1.0 entry points, always present).
+  decltype(&::clCreateSubBuffer) CreateSubBuffer = nullptr;
+  decltype(&::clGetPlatformInfo) GetPlatformInfo = nullptr;
+  decltype(&::clGetKernelInfo) GetKernelInfo = nullptr;
+  decltype(&::clRetainMemObject) RetainMemObject = nullptr;
+};
+
+struct DeviceInfo {
+  std::string name;
+  std::string vendor;
+  size_t local_mem_bytes = 0;      // CL_DEVICE_LOCAL_MEM_SIZE
+  size_t max_work_group_size = 0;  // CL_DEVICE_MAX_WORK_GROUP_SIZE
+  uint32_t compute_units = 0;
+  bool has_fp16 = false;           // cl_khr_fp16
+  // Added by the backend.
+  std::string platform;            // CL_PLATFORM_NAME
+  std::string version;             // CL_DEVICE_VERSION
+  bool is_gpu = false;             // CL_DEVICE_TYPE_GPU
+  size_t max_work_item_sizes[3] = {1, 1, 1};  // CL_DEVICE_MAX_WORK_ITEM_SIZES
+  uint64_t global_mem_bytes = 0;   // CL_DEVICE_GLOBAL_MEM_SIZE
+  uint64_t max_alloc_bytes = 0;    // CL_DEVICE_MAX_MEM_ALLOC_SIZE
+  size_t base_align_bytes = 0;     // CL_DEVICE_MEM_BASE_ADDR_ALIGN, in bytes
+};
+
+// One device tensor: its own cl_mem (possibly a sub-buffer of the planned
+// arena, aligned to the device's base-address alignment) plus its TFLite shape
+// and storage type. Float tensors are stored as storage() (kFloat32 or
+// kFloat16); int32 tensors as kInt32 (bool constants arrive as int32 0/1).
+// An omitted optional input (TFLite index -1, e.g. FULLY_CONNECTED without a
+// bias) arrives with mem == nullptr, dtype kOther and an empty shape.
+struct GpuTensor {
+  cl_mem mem = nullptr;
+  DType dtype = DType::kFloat32;  // storage type: kFloat32 or kFloat16
+  Shape shape;
+};
+
+// What an op's GPU side sees of the backend while it enqueues work.
+class GpuContext {
+ public:
+  virtual ~GpuContext() = default;
+  virtual const ClApi& cl() const = 0;
+  virtual const DeviceInfo& device() const = 0;
+  // For ops that upload their own (repacked) weights at creation; such an op
+  // releases its buffers in its destructor through cl().
+  virtual cl_context context() const = 0;
+  virtual cl_command_queue queue() const = 0;
+  // The storage type of activations ("float" or "half"), for build options.
+  virtual DType storage() const = 0;
+  // A kernel from the embedded program `program` (the .cl file's base name,
+  // e.g. "group_norm"), built once per process with `options` appended to the
+  // backend's own (-DDL_T=float ...), then cached. nullptr + *error on failure.
+  virtual cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
+                           const std::string& options, std::string* error) = 0;
+  // Enqueue on the backend's in-order queue. `local` may be nullptr (driver
+  // chooses). Returns "" or a reason.
+  // The same cl_kernel object may be handed to several ops (it is cached per
+  // program, options and name): set every argument before each Enqueue.
+  virtual std::string Enqueue(cl_kernel kernel, cl_uint dims, const size_t* global,
+                              const size_t* local, const char* label) = 0;
+  // Device scratch memory for this op, valid until the op's Run returns (the
+  // backend reuses it across ops). nullptr + *error when out of memory.
+  virtual cl_mem Scratch(size_t bytes, int slot, std::string* error) = 0;
+
+  // Added by the backend.
+  virtual cl_device_id device_id() const = 0;
+  // The largest work-group `kernel` may run with on this device:
+  // min(CL_KERNEL_WORK_GROUP_SIZE, CL_DEVICE_MAX_WORK_GROUP_SIZE).
+  virtual size_t KernelWorkGroupSize(cl_kernel kernel) const = 0;
+  // Kernel style: true where kernels without local memory and barriers,
+  // vectorised explicitly, are preferred (CPU-like devices such as PoCL; the
+  // delegate option kernels=flat|tiled|auto overrides), false for tiled
+  // local-memory kernels (GPUs).
+  virtual bool PreferFlatKernels() const = 0;
+};
+
+// The GPU side of one node: created once at Prepare, run at every Invoke.
+class GpuOp {
+ public:
+  virtual ~GpuOp() = default;
+  // Bytes of op-private scratch memory the op will request (for the memory
+  // report), given the shapes seen at creation.
+  virtual size_t ScratchBytes() const { return 0; }
+  virtual std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& inputs,
+                          const std::vector<GpuTensor>& outputs) = 0;
+
+  // Added by the backend (defaults keep existing ops unchanged):
+  // Output `output` may share the device buffer of input N (same bytes in the
+  // same order, e.g. RESHAPE): return N, else -1. When the backend honours it,
+  // Run gets the same cl_mem for both and must not copy; it may also decline
+  // (then Run copies as usual), so Run checks `inputs[N].mem == outputs[i].mem`.
+  virtual int AliasInput(size_t /*output*/) const { return -1; }
+  // False when the op never reads input `input` at Run (e.g. it keeps its own
+  // repacked copy of that weight): the backend then does not upload it.
+  virtual bool UsesInput(size_t /*input*/) const { return true; }
+  // Bytes of device memory the op holds itself (repacked weights), for the
+  // memory report.
+  virtual size_t WeightBytes() const { return 0; }
+};
+
+// What the backend hands a GPU op factory about one node.
+struct NodeView {
+  const char* op_name = nullptr;        // builtin name ("CONV_2D") or custom_code ("difflite.GroupNorm")
+  const void* builtin_data = nullptr;   // the node's TfLite*Params (layouts in tflite_abi.h), builtins only
+  const OpInstance* custom = nullptr;   // the parsed difflite op (its attributes), custom ops only
+  std::vector<TensorInfo> inputs;       // const_data set for model constants (weights)
+  std::vector<TensorInfo> outputs;
+};
+
+// Creates the GPU side of a node, or returns nullptr with a one-line *error
+// when this node (type, shape, options, device) is not supported; the backend
+// then leaves the node to TFLite. Constant inputs are uploaded by the backend
+// and arrive at Run like any input; an op may instead keep its own transformed
+// copy of a weight made at creation (e.g. a repacked filter).
+using GpuOpFactory = std::unique_ptr<GpuOp> (*)(const NodeView& node, GpuContext& ctx,
+                                                std::string* error);
+
+struct GpuOpDef {
+  const char* name;  // same spelling as NodeView::op_name
+  GpuOpFactory create;
+};
+
+// Every GPU op of the library (builtins and difflite ops), and a lookup.
+const std::vector<const GpuOpDef*>& AllGpuOps();
+const GpuOpDef* FindGpuOp(const char* name);
+
+// Added by the backend: adds `def` to AllGpuOps() (the definition must live
+// for the whole process, e.g. a static). Usually through the macro, at
+// namespace scope in the op's .cc:
+//     static const GpuOpDef kMyOp = {"difflite.MyOp", &CreateMyOp};
+//     DIFFLITE_REGISTER_GPU_OP(kMyOp);
+// A later registration of the same name replaces the earlier one.
+bool RegisterGpuOp(const GpuOpDef* def);
+#define DIFFLITE_GPU_OP_CONCAT2_(a, b) a##b
+#define DIFFLITE_GPU_OP_CONCAT_(a, b) DIFFLITE_GPU_OP_CONCAT2_(a, b)
+#define DIFFLITE_REGISTER_GPU_OP(def)                               \
+  static const bool DIFFLITE_GPU_OP_CONCAT_(difflite_gpu_op_reg_, \
+                                            __LINE__) [[maybe_unused]] = \
+      ::difflite::gpu::RegisterGpuOp(&(def))
+
+// Sets kernel arguments in order; returns "" or the first failing index.
+std::string SetArgs(const ClApi& cl, cl_kernel kernel,
+                    const std::vector<std::pair<size_t, const void*>>& args);
+
+// Work-group helper: rounds `n` up to a multiple of `group`.
+inline size_t RoundUp(size_t n, size_t group) { return (n + group - 1) / group * group; }
+
+}  // namespace difflite::gpu
+
+#endif  // DIFFLITE_GPU_API_H_

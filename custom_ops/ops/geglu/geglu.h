@@ -1,0 +1,27 @@
+// difflite.GeGLU: the parsed attributes, shared by the CPU kernel (geglu.cc)
+// and the GPU side (geglu_opencl.cc).
+#ifndef DIFFLITE_OPS_GEGLU_H_
+#define DIFFLITE_OPS_GEGLU_H_
+
+#include "../gelu/gelu_math.h"
+#include "difflite/op_api.h"
+
+namespace difflite {
+namespace geglu {
+
+constexpr const char* kOpName = "difflite.GeGLU";
+
+// The OpInstance the op's Create returns; the GPU side reads mode().
+class Parsed : public OpInstance {
+ public:
+  explicit Parsed(gelu::Mode m) : mode_(m) {}
+  gelu::Mode mode() const { return mode_; }
+
+ protected:
+  gelu::Mode mode_;
+};
+
+}  // namespace geglu
+}  // namespace difflite
+
+#endif  // DIFFLITE_OPS_GEGLU_H_

@@ -1,0 +1,75 @@
+// difflite.Gelu on the OpenCL backend (kernel: gelu.cl): one kernel, one read
+// of x and one write of y, 4 elements per work-item.
+// The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../opencl_common.h"
+#include "difflite/gpu_api.h"
+#include "gelu.h"
+
+namespace difflite {
+namespace {
+
+using gpu::GpuContext;
+using gpu::GpuOp;
+using gpu::GpuTensor;
+using gpu::NodeView;
+using gpu::opsupport::Arg;
+
+constexpr size_t kGroup = 256;
+
+class GeluGpu final : public GpuOp {
+ public:
+  GeluGpu(cl_kernel k, int64_t count, gelu::Mode m)
+      : kernel_(k), count_(static_cast<cl_int>(count)), mode_(gelu::KernelMode(m)) {}
+
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 1, 1);
+    if (e.empty()) {
+      e = gpu::opsupport::SetKernelArgs(
+          ctx.cl(), kernel_, {Arg(in[0].mem), Arg(out[0].mem), Arg(count_), Arg(mode_)});
+    }
+    if (!e.empty()) return e;
+    const size_t global =
+        gpu::RoundUp(static_cast<size_t>(gpu::opsupport::CeilDiv(count_, 4)), kGroup);
+    return ctx.Enqueue(kernel_, 1, &global, &kGroup, "gelu");
+  }
+
+ private:
+  cl_kernel kernel_;
+  cl_int count_;
+  cl_int mode_;
+};
+
+std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
+  const auto* parsed = dynamic_cast<const gelu::Parsed*>(node.custom);
+  if (parsed == nullptr) {
+    *error = "not a parsed difflite.Gelu node";
+    return nullptr;
+  }
+  std::vector<TensorInfo> outs;
+  std::string e = gpu::opsupport::InferAsFloat(*parsed, node.inputs, &outs);
+  const int64_t count = e.empty() ? NumElements(node.inputs[0].shape) : 0;
+  if (e.empty() && count > gpu::opsupport::kMaxIndex - 4) {
+    e = "x has more than 2^31-5 elements";
+  }
+  cl_kernel k = nullptr;
+  if (e.empty()) e = gpu::opsupport::GetKernel(ctx, "gelu", "gelu", "", &k);
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return std::unique_ptr<GpuOp>(new GeluGpu(k, count, parsed->mode()));
+}
+
+}  // namespace
+
+namespace gpu {
+extern const GpuOpDef kGpuGelu;
+const GpuOpDef kGpuGelu = {gelu::kOpName, &Create};
+}  // namespace gpu
+
+}  // namespace difflite

@@ -1,0 +1,177 @@
+// difflite.GroupNorm (+ SiLU) on the GPU: x [N, S, C] (S = H*W or L), NHWC.
+//
+// Two passes over x, nothing of the unfused form materialised:
+//   gn_stats    one read of x: per (sample, group) mean and variance. A
+//               work-group of GN_WG work-items reduces the rows [s0, s1) of
+//               one group; each work-item keeps shifted sums of the elements
+//               it reads, turns them into (count, mean, M2) and the work-group
+//               merges those pairwise (Chan et al.) in local memory.
+//               splits == 1: writes (mean, rstd) directly; splits > 1: writes
+//               one (count, mean, M2) partial per work-group.
+//   gn_combine  (splits > 1 only) merges the partials of each group: tiny.
+//   gn_apply /  one read of x, one write of y: normalise, affine, SiLU,
+//   gn_apply4   coalesced over C (float4 when C % 4 == 0).
+//
+// Storage type DL_T (float or half), DL_T4 its 4-vector; math in float.
+#if defined(cl_khr_fp16)
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+#ifndef DL_T
+#define DL_T float
+#endif
+#ifndef DL_T4
+#define DL_T4 float4
+#endif
+#ifndef GN_WG
+#define GN_WG 256  // work-group size of gn_stats (a power of two)
+#endif
+#define DL_CAT_(a, b) a##b
+#define DL_CAT(a, b) DL_CAT_(a, b)
+#define DL_LOAD4(p, i) convert_float4(vload4(0, (p) + (i)))
+#define DL_STORE4(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
+
+// Merges (nb, mb, qb) into (na, ma, qa): count, mean, sum of squared
+// deviations.
+inline void gn_merge(float* na, float* ma, float* qa, float nb, float mb, float qb) {
+  if (nb == 0.0f) return;
+  if (*na == 0.0f) {
+    *na = nb;
+    *ma = mb;
+    *qa = qb;
+    return;
+  }
+  const float n = *na + nb;
+  const float delta = mb - *ma;
+  const float fb = nb / n;
+  *ma += delta * fb;
+  *qa += qb + delta * delta * (*na) * fb;
+  *na = n;
+}
+
+// Global size (GN_WG * groups, splits, N), local size (GN_WG, 1, 1).
+// partial: [N][groups][splits] float4 (count, mean, M2, 0) when splits > 1.
+// stats:   [N][groups] float2 (mean, rstd) when splits == 1.
+__kernel void gn_stats(__global const DL_T* x, __global float4* partial,
+                       __global float2* stats, int S, int C, int cg,
+                       int splits, float eps) {
+  __local float l_n[GN_WG];
+  __local float l_m[GN_WG];
+  __local float l_q[GN_WG];
+  const int lid = get_local_id(0);
+  const int g = get_group_id(0);
+  const int groups = get_num_groups(0);
+  const int sp = get_global_id(1);
+  const int n = get_global_id(2);
+
+  const int rows_per = (S + splits - 1) / splits;
+  const int s0 = min(S, sp * rows_per);
+  const int s1 = min(S, s0 + rows_per);
+  const int total = (s1 - s0) * cg;  // elements of this work-group
+
+  // Element e of the work-group sits at row s0 + e / cg, channel g*cg + e % cg;
+  // (s, k) advance by GN_WG elements without a division per element.
+  __global const DL_T* base = x + ((long)n * S + s0) * C + g * cg;
+  int s = lid / cg;
+  int k = lid - s * cg;
+  const int ds = GN_WG / cg;
+  const int dk = GN_WG - ds * cg;
+  float shift = 0.0f, s1sum = 0.0f, s2sum = 0.0f, cnt = 0.0f;
+  if (lid < total) shift = (float)base[(long)s * C + k];
+  for (int e = lid; e < total; e += GN_WG) {
+    const float d = (float)base[(long)s * C + k] - shift;
+    s1sum += d;
+    s2sum += d * d;
+    cnt += 1.0f;
+    k += dk;
+    s += ds;
+    if (k >= cg) {
+      k -= cg;
+      s += 1;
+    }
+  }
+  float mean = 0.0f, m2 = 0.0f;
+  if (cnt > 0.0f) {
+    const float dm = s1sum / cnt;
+    mean = shift + dm;
+    m2 = fmax(s2sum - s1sum * dm, 0.0f);
+  }
+  l_n[lid] = cnt;
+  l_m[lid] = mean;
+  l_q[lid] = m2;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int half_size = GN_WG / 2; half_size > 0; half_size >>= 1) {
+    if (lid < half_size) {
+      float na = l_n[lid], ma = l_m[lid], qa = l_q[lid];
+      gn_merge(&na, &ma, &qa, l_n[lid + half_size], l_m[lid + half_size],
+               l_q[lid + half_size]);
+      l_n[lid] = na;
+      l_m[lid] = ma;
+      l_q[lid] = qa;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid == 0) {
+    const int ng = n * groups + g;
+    if (splits == 1) {
+      const float var = l_n[0] > 0.0f ? l_q[0] / l_n[0] : 0.0f;
+      stats[ng] = (float2)(l_m[0], rsqrt(var + eps));
+    } else {
+      partial[(long)ng * splits + sp] = (float4)(l_n[0], l_m[0], l_q[0], 0.0f);
+    }
+  }
+}
+
+// One work-item per (sample, group): merges `splits` partials.
+// Global size >= count (= N * groups), any local size.
+__kernel void gn_combine(__global const float4* partial, __global float2* stats,
+                         int count, int splits, float eps) {
+  const int ng = get_global_id(0);
+  if (ng >= count) return;
+  float na = 0.0f, ma = 0.0f, qa = 0.0f;
+  for (int p = 0; p < splits; ++p) {
+    const float4 v = partial[(long)ng * splits + p];
+    gn_merge(&na, &ma, &qa, v.x, v.y, v.z);
+  }
+  const float var = na > 0.0f ? qa / na : 0.0f;
+  stats[ng] = (float2)(ma, rsqrt(var + eps));
+}
+
+inline float gn_act(float v, int silu) {
+  return silu ? v / (1.0f + exp(-v)) : v;
+}
+
+// Scalar form: one work-item per element; global size >= N*S*C.
+__kernel void gn_apply(__global const DL_T* x, __global const float2* stats,
+                       __global const DL_T* gamma, __global const DL_T* beta,
+                       __global DL_T* y, int rows, int S, int C, int cg,
+                       int groups, int silu) {
+  const int i = get_global_id(0);
+  if (i >= rows * C) return;
+  const int row = i / C;
+  const int c = i - row * C;
+  const float2 st = stats[(row / S) * groups + c / cg];
+  const float v = ((float)x[i] - st.x) * (st.y * (float)gamma[c]) + (float)beta[c];
+  y[i] = (DL_T)gn_act(v, silu);
+}
+
+// Vector form (C % 4 == 0): one work-item per 4 channels of one row;
+// global size >= N*S*C/4. The 4 lanes may straddle two groups.
+__kernel void gn_apply4(__global const DL_T* x, __global const float2* stats,
+                        __global const DL_T* gamma, __global const DL_T* beta,
+                        __global DL_T* y, int rows, int S, int C, int cg,
+                        int groups, int silu) {
+  const int i = get_global_id(0);
+  const int c4 = C >> 2;
+  if (i >= rows * c4) return;
+  const int row = i / c4;
+  const int c = (i - row * c4) << 2;
+  __global const float2* st = stats + (row / S) * groups;
+  const float2 a = st[c / cg], b = st[(c + 1) / cg], d = st[(c + 2) / cg],
+               e = st[(c + 3) / cg];
+  const float4 mean = (float4)(a.x, b.x, d.x, e.x);
+  const float4 rstd = (float4)(a.y, b.y, d.y, e.y);
+  const long off = (long)row * C + c;
+  const float4 v = (DL_LOAD4(x, off) - mean) * (rstd * DL_LOAD4(gamma, c)) +
+                   DL_LOAD4(beta, c);
+  DL_STORE4(y, off, silu ? v / (1.0f + exp(-v)) : v);
+}

@@ -1,0 +1,156 @@
+// difflite.GroupNorm on the OpenCL backend (kernels: group_norm.cl).
+//
+// gn_stats (+ gn_combine when a group's reduction is split over several
+// work-groups) reads x once for the per-(sample, group) mean and rstd; gn_apply
+// (float4 form when C % 4 == 0) reads x once more and writes y once. Scratch:
+// [N*groups] float2 (mean, rstd) in slot 0 and, when split,
+// [N*groups*splits] float4 partials in slot 1.
+// The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../opencl_common.h"
+#include "difflite/gpu_api.h"
+#include "group_norm.h"
+
+namespace difflite {
+namespace {
+
+using gpu::GpuContext;
+using gpu::GpuOp;
+using gpu::GpuTensor;
+using gpu::NodeView;
+using gpu::opsupport::Arg;
+using gpu::opsupport::CeilDiv;
+using gpu::opsupport::SetKernelArgs;
+
+constexpr const char* kProgram = "group_norm";
+constexpr size_t kStatsGroup = 256;  // preferred work-group of gn_stats
+constexpr size_t kApplyGroup = 256;
+constexpr size_t kCombineGroup = 64;
+
+// Work-groups per (sample, group) for the statistics pass: enough
+// work-groups to fill the device, at least ~16 elements per work-item.
+int PlanSplits(int64_t n, int groups, int64_t spatial, int cg, uint32_t cus,
+               size_t wg) {
+  const int64_t want = CeilDiv(4 * std::max<int64_t>(1, cus), n * groups);
+  const int64_t by_size =
+      std::max<int64_t>(1, spatial * cg / static_cast<int64_t>(wg * 16));
+  return static_cast<int>(std::max<int64_t>(
+      1, std::min({want, by_size, int64_t{64}, spatial})));
+}
+
+class GroupNormGpu final : public GpuOp {
+ public:
+  std::string Init(const group_norm::Options& o, const Shape& x, GpuContext& ctx) {
+    o_ = o;
+    n_ = x[0];
+    c_ = x.back();
+    spatial_ = NumElements(x) / (static_cast<int64_t>(n_) * c_);
+    cg_ = c_ / o.groups;
+    if (NumElements(x) > gpu::opsupport::kMaxIndex) {
+      return "x has more than 2^31-1 elements";
+    }
+    std::string e = gpu::opsupport::KernelWithPow2Group(
+        ctx, kProgram, "gn_stats", "", "GN_WG", kStatsGroup, &stats_k_, &wg_);
+    if (!e.empty()) return e;
+    const std::string opts = "-DGN_WG=" + std::to_string(wg_);
+    e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_combine", opts, &combine_k_);
+    if (e.empty()) {
+      e = gpu::opsupport::GetKernel(ctx, kProgram,
+                                    c_ % 4 == 0 ? "gn_apply4" : "gn_apply",
+                                    opts, &apply_k_);
+    }
+    if (!e.empty()) return e;
+    splits_ = PlanSplits(n_, o.groups, spatial_, cg_, ctx.device().compute_units, wg_);
+    return "";
+  }
+
+  size_t ScratchBytes() const override {
+    return StatsBytes() + (splits_ > 1 ? PartialBytes() : 0);
+  }
+
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
+    if (!e.empty()) return e;
+    const gpu::ClApi& cl = ctx.cl();
+    cl_mem stats = ctx.Scratch(StatsBytes(), 0, &e);
+    if (stats == nullptr) return "group norm statistics: " + e;
+    cl_mem partial = stats;  // unused by gn_stats when splits == 1
+    if (splits_ > 1) {
+      partial = ctx.Scratch(PartialBytes(), 1, &e);
+      if (partial == nullptr) return "group norm partial sums: " + e;
+    }
+    const cl_int s = static_cast<cl_int>(spatial_), c = c_, cg = cg_,
+                 splits = splits_, groups = o_.groups;
+    const cl_float eps = o_.epsilon;
+    e = SetKernelArgs(cl, stats_k_, {Arg(in[0].mem), Arg(partial), Arg(stats), Arg(s),
+                                     Arg(c), Arg(cg), Arg(splits), Arg(eps)});
+    if (!e.empty()) return e;
+    const size_t g1[3] = {wg_ * groups, static_cast<size_t>(splits_),
+                          static_cast<size_t>(n_)};
+    const size_t l1[3] = {wg_, 1, 1};
+    e = ctx.Enqueue(stats_k_, 3, g1, l1, "group_norm.stats");
+    if (!e.empty()) return e;
+    if (splits_ > 1) {
+      const cl_int count = n_ * groups;
+      e = SetKernelArgs(cl, combine_k_,
+                        {Arg(partial), Arg(stats), Arg(count), Arg(splits), Arg(eps)});
+      if (!e.empty()) return e;
+      const size_t g2 = gpu::RoundUp(static_cast<size_t>(count), kCombineGroup);
+      e = ctx.Enqueue(combine_k_, 1, &g2, &kCombineGroup, "group_norm.combine");
+      if (!e.empty()) return e;
+    }
+    const cl_int rows = static_cast<cl_int>(n_ * spatial_);
+    const cl_int silu = o_.silu ? 1 : 0;
+    e = SetKernelArgs(cl, apply_k_,
+                      {Arg(in[0].mem), Arg(stats), Arg(in[1].mem), Arg(in[2].mem),
+                       Arg(out[0].mem), Arg(rows), Arg(s), Arg(c), Arg(cg),
+                       Arg(groups), Arg(silu)});
+    if (!e.empty()) return e;
+    const size_t items = static_cast<size_t>(rows) * (c_ % 4 == 0 ? c_ / 4 : c_);
+    const size_t g3 = gpu::RoundUp(items, kApplyGroup);
+    return ctx.Enqueue(apply_k_, 1, &g3, &kApplyGroup, "group_norm.apply");
+  }
+
+ private:
+  size_t StatsBytes() const { return sizeof(cl_float2) * n_ * o_.groups; }
+  size_t PartialBytes() const {
+    return sizeof(cl_float4) * static_cast<size_t>(n_) * o_.groups * splits_;
+  }
+
+  group_norm::Options o_;
+  int n_ = 0, c_ = 0, cg_ = 0, splits_ = 1;
+  int64_t spatial_ = 0;
+  size_t wg_ = kStatsGroup;
+  cl_kernel stats_k_ = nullptr, combine_k_ = nullptr, apply_k_ = nullptr;
+};
+
+std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
+  const auto* parsed = dynamic_cast<const group_norm::Parsed*>(node.custom);
+  if (parsed == nullptr) {
+    *error = "not a parsed difflite.GroupNorm node";
+    return nullptr;
+  }
+  std::vector<TensorInfo> outs;
+  std::string e = gpu::opsupport::InferAsFloat(*parsed, node.inputs, &outs);
+  std::unique_ptr<GroupNormGpu> op(new GroupNormGpu());
+  if (e.empty()) e = op->Init(parsed->options(), node.inputs[0].shape, ctx);
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return op;
+}
+
+}  // namespace
+
+namespace gpu {
+extern const GpuOpDef kGpuGroupNorm;
+const GpuOpDef kGpuGroupNorm = {group_norm::kOpName, &Create};
+}  // namespace gpu
+
+}  // namespace difflite

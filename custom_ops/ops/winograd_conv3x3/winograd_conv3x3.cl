@@ -1,0 +1,201 @@
+// difflite.WinogradConv3x3 on the GPU: F(4x4, 3x3), 3x3 / stride 1 / pad 1
+// convolution of x [N, H, W, Cin] with transformed weights u [36, Cin, Cout]
+// (U = G g G^T, position 6*i + j; tests/winograd_ref.py) plus bias [Cout].
+//
+// T = N * ceil(H/4) * ceil(W/4) output tiles (border tiles read zeros and are
+// cropped, so H and W need not be multiples of 4). Three kernels, two
+// scratch tensors:
+//   wino_input   V[p][t][ci] = (B^T d B)[p] of the 6x6 input tile d of tile t
+//                (one work-item per (tile, ci); coalesced over ci)
+//   wino_gemm    M[p] = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p:
+//                64 x 64 output blocks, 16 x 16 work-items of 4 x 4 outputs
+//                each, K in steps of 16 through local memory
+//                (As [16][64+1], Bs [16][64]: 8.3 KB)
+//   wino_output  y = A^T M A + bias, cropped to H x W, NHWC
+//                (one work-item per (tile, co); coalesced over co)
+// Storage type DL_T (float or half) for x, y, u, V and M; math in float.
+#if defined(cl_khr_fp16)
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+#ifndef DL_T
+#define DL_T float
+#endif
+#ifndef DL_T4
+#define DL_T4 float4
+#endif
+
+#define WG_BM 64  // output rows (tiles) per work-group
+#define WG_BN 64  // output columns (Cout) per work-group
+#define WG_BK 16  // reduction (Cin) step
+#define WG_TX 16  // work-items along columns
+#define WG_TY 16  // work-items along rows
+
+// B^T applied to 6 values (B^T of F(4x4, 3x3), points 0, +-1, +-2, inf).
+#define WINO_BT(d0, d1, d2, d3, d4, d5, r0, r1, r2, r3, r4, r5) \
+  do {                                                          \
+    r0 = 4.0f * (d0) - 5.0f * (d2) + (d4);                      \
+    r1 = -4.0f * ((d1) + (d2)) + (d3) + (d4);                   \
+    r2 = 4.0f * ((d1) - (d2)) - (d3) + (d4);                    \
+    r3 = -2.0f * ((d1) - (d3)) - (d2) + (d4);                   \
+    r4 = 2.0f * ((d1) - (d3)) - (d2) + (d4);                    \
+    r5 = 4.0f * (d1) - 5.0f * (d3) + (d5);                      \
+  } while (0)
+
+// A^T applied to 6 values.
+#define WINO_AT(m0, m1, m2, m3, m4, m5, r0, r1, r2, r3) \
+  do {                                                  \
+    r0 = (m0) + (m1) + (m2) + (m3) + (m4);              \
+    r1 = (m1) - (m2) + 2.0f * ((m3) - (m4));            \
+    r2 = (m1) + (m2) + 4.0f * ((m3) + (m4));            \
+    r3 = (m1) - (m2) + 8.0f * ((m3) - (m4)) + (m5);     \
+  } while (0)
+
+// Global >= T * Cin (1-D). V: [36][T][Cin].
+__kernel void wino_input(__global const DL_T* x, __global DL_T* V, int H, int W,
+                         int Cin, int tiles_h, int tiles_w, int T) {
+  const int idx = get_global_id(0);
+  if (idx >= T * Cin) return;
+  const int t = idx / Cin;
+  const int ci = idx - t * Cin;
+  const int tx = t % tiles_w;
+  const int ty = (t / tiles_w) % tiles_h;
+  const int n = t / (tiles_w * tiles_h);
+  const int y0 = ty * 4 - 1;
+  const int x0 = tx * 4 - 1;
+  __global const DL_T* xn = x + (long)n * H * W * Cin + ci;
+  float d[6][6];
+  #pragma unroll
+  for (int r = 0; r < 6; ++r) {
+    const int iy = y0 + r;
+    #pragma unroll
+    for (int c = 0; c < 6; ++c) {
+      const int ix = x0 + c;
+      d[r][c] = (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                    ? (float)xn[((long)iy * W + ix) * Cin]
+                    : 0.0f;
+    }
+  }
+  float tmp[6][6];  // tmp = B^T d (columns)
+  #pragma unroll
+  for (int c = 0; c < 6; ++c) {
+    WINO_BT(d[0][c], d[1][c], d[2][c], d[3][c], d[4][c], d[5][c], tmp[0][c],
+            tmp[1][c], tmp[2][c], tmp[3][c], tmp[4][c], tmp[5][c]);
+  }
+  const long plane = (long)T * Cin;
+  __global DL_T* out = V + (long)t * Cin + ci;
+  #pragma unroll
+  for (int r = 0; r < 6; ++r) {  // (B^T d) B: rows
+    float v0, v1, v2, v3, v4, v5;
+    WINO_BT(tmp[r][0], tmp[r][1], tmp[r][2], tmp[r][3], tmp[r][4], tmp[r][5], v0,
+            v1, v2, v3, v4, v5);
+    out[(6 * r + 0) * plane] = (DL_T)v0;
+    out[(6 * r + 1) * plane] = (DL_T)v1;
+    out[(6 * r + 2) * plane] = (DL_T)v2;
+    out[(6 * r + 3) * plane] = (DL_T)v3;
+    out[(6 * r + 4) * plane] = (DL_T)v4;
+    out[(6 * r + 5) * plane] = (DL_T)v5;
+  }
+}
+
+// Batched GEMM: M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout).
+// Global (ceil(Cout/64)*16, ceil(T/64)*16, 36), local (16, 16, 1).
+__kernel void wino_gemm(__global const DL_T* V, __global const DL_T* U,
+                        __global DL_T* M, int T, int Cin, int Cout) {
+  __local float As[WG_BK][WG_BM + 1];
+  __local float Bs[WG_BK][WG_BN];
+  const int tx = get_local_id(0);
+  const int ty = get_local_id(1);
+  const int lid = ty * WG_TX + tx;
+  const int n0 = get_group_id(0) * WG_BN;
+  const int m0 = get_group_id(1) * WG_BM;
+  const int p = get_group_id(2);
+  __global const DL_T* A = V + (long)p * T * Cin;
+  __global const DL_T* B = U + (long)p * Cin * Cout;
+  float acc[4][4];
+  #pragma unroll
+  for (int a = 0; a < 4; ++a)
+    #pragma unroll
+    for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
+  for (int k0 = 0; k0 < Cin; k0 += WG_BK) {
+    // A block: 64 rows x 16 k (4 per work-item), stored transposed.
+    for (int e = lid; e < WG_BM * WG_BK; e += WG_TX * WG_TY) {
+      const int r = e / WG_BK;
+      const int kk = e - r * WG_BK;
+      const int gr = m0 + r, gk = k0 + kk;
+      As[kk][r] = (gr < T && gk < Cin) ? (float)A[(long)gr * Cin + gk] : 0.0f;
+    }
+    // B block: 16 k x 64 columns.
+    for (int e = lid; e < WG_BK * WG_BN; e += WG_TX * WG_TY) {
+      const int kk = e / WG_BN;
+      const int c = e - kk * WG_BN;
+      const int gk = k0 + kk, gc = n0 + c;
+      Bs[kk][c] = (gk < Cin && gc < Cout) ? (float)B[(long)gk * Cout + gc] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    #pragma unroll
+    for (int kk = 0; kk < WG_BK; ++kk) {
+      float a[4], b[4];
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + WG_TY * i];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + WG_TX * j];
+      #pragma unroll
+      for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  __global DL_T* C = M + (long)p * T * Cout;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = m0 + ty + WG_TY * i;
+    if (r >= T) continue;
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = n0 + tx + WG_TX * j;
+      if (c < Cout) C[(long)r * Cout + c] = (DL_T)acc[i][j];
+    }
+  }
+}
+
+// Global >= T * Cout (1-D). M: [36][T][Cout]; y: [N, H, W, Cout].
+__kernel void wino_output(__global const DL_T* M, __global const DL_T* bias,
+                          __global DL_T* y, int H, int W, int Cout, int tiles_h,
+                          int tiles_w, int T) {
+  const int idx = get_global_id(0);
+  if (idx >= T * Cout) return;
+  const int t = idx / Cout;
+  const int co = idx - t * Cout;
+  const int tx = t % tiles_w;
+  const int ty = (t / tiles_w) % tiles_h;
+  const int n = t / (tiles_w * tiles_h);
+  const long plane = (long)T * Cout;
+  __global const DL_T* src = M + (long)t * Cout + co;
+  float tmp[4][6];  // tmp = A^T m (columns)
+  #pragma unroll
+  for (int c = 0; c < 6; ++c) {
+    const float m0 = (float)src[(0 * 6 + c) * plane];
+    const float m1 = (float)src[(1 * 6 + c) * plane];
+    const float m2 = (float)src[(2 * 6 + c) * plane];
+    const float m3 = (float)src[(3 * 6 + c) * plane];
+    const float m4 = (float)src[(4 * 6 + c) * plane];
+    const float m5 = (float)src[(5 * 6 + c) * plane];
+    WINO_AT(m0, m1, m2, m3, m4, m5, tmp[0][c], tmp[1][c], tmp[2][c], tmp[3][c]);
+  }
+  const float b = (float)bias[co];
+  __global DL_T* yn = y + (long)n * H * W * Cout + co;
+  #pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int oy = ty * 4 + r;
+    if (oy >= H) break;
+    float o[4];
+    WINO_AT(tmp[r][0], tmp[r][1], tmp[r][2], tmp[r][3], tmp[r][4], tmp[r][5], o[0],
+            o[1], o[2], o[3]);
+    #pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int ox = tx * 4 + c;
+      if (ox < W) yn[((long)oy * W + ox) * Cout] = (DL_T)(o[c] + b);
+    }
+  }
+}

@@ -1,0 +1,137 @@
+// difflite.WinogradConv3x3 on the OpenCL backend (kernels:
+// winograd_conv3x3.cl), F(4x4, 3x3):
+//   wino_input   x -> V [36, T, Cin]          (scratch slot 0)
+//   wino_gemm    M[p] = V[p] U[p], 36 GEMMs   (scratch slot 1: M [36, T, Cout])
+//   wino_output  y = A^T M A + bias, NHWC, cropped to H x W
+// T = N * ceil(H/4) * ceil(W/4). U is the node's weight input [36, Cin, Cout]
+// as uploaded by the backend (already transformed by the compiler).
+// The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../opencl_common.h"
+#include "difflite/gpu_api.h"
+#include "winograd_conv3x3.h"
+
+namespace difflite {
+namespace {
+
+using gpu::GpuContext;
+using gpu::GpuOp;
+using gpu::GpuTensor;
+using gpu::NodeView;
+using gpu::opsupport::Arg;
+using gpu::opsupport::CeilDiv;
+using gpu::opsupport::SetKernelArgs;
+
+constexpr const char* kProgram = "winograd_conv3x3";
+constexpr size_t kTransformGroup = 128;
+constexpr size_t kGemmBlock = 64;  // WG_BM = WG_BN in the .cl
+constexpr size_t kGemmThreads = 16;  // WG_TX = WG_TY in the .cl
+
+class WinogradGpu final : public GpuOp {
+ public:
+  std::string Init(const Shape& x, int cout, GpuContext& ctx) {
+    n_ = x[0];
+    h_ = x[1];
+    w_ = x[2];
+    cin_ = x[3];
+    cout_ = cout;
+    tiles_h_ = static_cast<int>(CeilDiv(h_, winograd::kTileOut));
+    tiles_w_ = static_cast<int>(CeilDiv(w_, winograd::kTileOut));
+    const int64_t t = static_cast<int64_t>(n_) * tiles_h_ * tiles_w_;
+    const int64_t kMax = gpu::opsupport::kMaxIndex;
+    if (t * cin_ > kMax || t * cout_ > kMax ||
+        static_cast<int64_t>(n_) * h_ * w_ * std::max(cin_, cout_) > kMax) {
+      return "tensors of more than 2^31-1 elements";
+    }
+    t_ = static_cast<int>(t);
+    elem_ = DTypeSize(ctx.storage());
+    std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
+    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_gemm", "", &gemm_k_);
+    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
+    if (!e.empty()) return e;
+    const size_t gemm_wg = gpu::opsupport::KernelMaxWorkGroup(ctx, gemm_k_);
+    if (gemm_wg != 0 && gemm_wg < kGemmThreads * kGemmThreads) {
+      return "wino_gemm accepts work-groups of at most " + std::to_string(gemm_wg) +
+             " (needs 256)";
+    }
+    return "";
+  }
+
+  size_t ScratchBytes() const override { return VBytes() + MBytes(); }
+
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
+    if (!e.empty()) return e;
+    cl_mem v = ctx.Scratch(VBytes(), 0, &e);
+    if (v == nullptr) return "winograd V: " + e;
+    cl_mem m = ctx.Scratch(MBytes(), 1, &e);
+    if (m == nullptr) return "winograd M: " + e;
+    const gpu::ClApi& cl = ctx.cl();
+    const cl_int h = h_, w = w_, cin = cin_, cout = cout_, th = tiles_h_, tw = tiles_w_,
+                 t = t_;
+    e = SetKernelArgs(cl, input_k_,
+                      {Arg(in[0].mem), Arg(v), Arg(h), Arg(w), Arg(cin), Arg(th), Arg(tw),
+                       Arg(t)});
+    if (!e.empty()) return e;
+    const size_t g1 = gpu::RoundUp(static_cast<size_t>(t_) * cin_, kTransformGroup);
+    e = ctx.Enqueue(input_k_, 1, &g1, &kTransformGroup, "winograd.input");
+    if (!e.empty()) return e;
+    e = SetKernelArgs(cl, gemm_k_,
+                      {Arg(v), Arg(in[1].mem), Arg(m), Arg(t), Arg(cin), Arg(cout)});
+    if (!e.empty()) return e;
+    const size_t g2[3] = {CeilDiv(cout_, kGemmBlock) * kGemmThreads,
+                          CeilDiv(t_, kGemmBlock) * kGemmThreads,
+                          static_cast<size_t>(winograd::kPositions)};
+    const size_t l2[3] = {kGemmThreads, kGemmThreads, 1};
+    e = ctx.Enqueue(gemm_k_, 3, g2, l2, "winograd.gemm");
+    if (!e.empty()) return e;
+    e = SetKernelArgs(cl, output_k_,
+                      {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout),
+                       Arg(th), Arg(tw), Arg(t)});
+    if (!e.empty()) return e;
+    const size_t g3 = gpu::RoundUp(static_cast<size_t>(t_) * cout_, kTransformGroup);
+    return ctx.Enqueue(output_k_, 1, &g3, &kTransformGroup, "winograd.output");
+  }
+
+ private:
+  size_t VBytes() const {
+    return elem_ * winograd::kPositions * static_cast<size_t>(t_) * cin_;
+  }
+  size_t MBytes() const {
+    return elem_ * winograd::kPositions * static_cast<size_t>(t_) * cout_;
+  }
+
+  int n_ = 0, h_ = 0, w_ = 0, cin_ = 0, cout_ = 0, tiles_h_ = 0, tiles_w_ = 0, t_ = 0;
+  size_t elem_ = 4;
+  cl_kernel input_k_ = nullptr, gemm_k_ = nullptr, output_k_ = nullptr;
+};
+
+std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
+  if (node.custom == nullptr) {
+    *error = "not a parsed difflite.WinogradConv3x3 node";
+    return nullptr;
+  }
+  std::vector<TensorInfo> outs;
+  std::string e = gpu::opsupport::InferAsFloat(*node.custom, node.inputs, &outs);
+  std::unique_ptr<WinogradGpu> op(new WinogradGpu());
+  if (e.empty()) e = op->Init(node.inputs[0].shape, node.inputs[1].shape[2], ctx);
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return op;
+}
+
+}  // namespace
+
+namespace gpu {
+extern const GpuOpDef kGpuWinogradConv3x3;
+const GpuOpDef kGpuWinogradConv3x3 = {winograd::kOpName, &Create};
+}  // namespace gpu
+
+}  // namespace difflite

@@ -1,0 +1,137 @@
+"""Helpers for the OpenCL backend tests (backend=opencl of custom_ops/).
+
+* OpModel: TinyModel (tests/oplib_helpers.py) plus any builtin operator with
+  its BuiltinOptions, bool/int64 constants, for single-op models.
+* opencl_delegate_options / run_model: run a model through ai_edge_litert with
+  the delegate (outputs poisoned before every run), optionally with
+  stats_path, returning the outputs and the delegate's stats JSON.
+* require_opencl(lib): load_delegate(backend=opencl) or fail with a clear
+  message (the tests must fail, not skip, when OpenCL is missing).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ai_edge_litert import schema_py_generated as schema
+from compiler.tflite.builder import option_class_name
+from oplib_helpers import TinyModel
+
+INT_POISON = -123456789
+
+_EXTRA_TYPES = {
+    np.dtype(np.bool_): schema.TensorType.BOOL,
+    np.dtype(np.int64): schema.TensorType.INT64,
+}
+
+
+class OpModel(TinyModel):
+    """TinyModel with generic builtin operators."""
+
+    def _tensor(self, name, shape, dtype, buffer=0):
+        dt = np.dtype(dtype)
+        if dt in _EXTRA_TYPES:
+            t = schema.TensorT()
+            t.name = name
+            t.shape = [int(d) for d in shape]
+            t.type = _EXTRA_TYPES[dt]
+            t.buffer = buffer
+            self.tensors.append(t)
+            return len(self.tensors) - 1
+        return super()._tensor(name, shape, dtype, buffer)
+
+    def builtin(self, name: str, inputs: Sequence[int], outputs: Sequence[int], **options) -> None:
+        """Builtin operator `name` ("CONV_2D"); keyword options are the schema's
+        BuiltinOptions fields (camelCase). -1 in `inputs` is an omitted input."""
+        code = getattr(schema.BuiltinOperator, name)
+        op = schema.OperatorT()
+        op.opcodeIndex = self._opcode(code)
+        op.inputs = list(inputs)
+        op.outputs = list(outputs)
+        cls = option_class_name(name)
+        if cls is not None and hasattr(schema, cls + "T"):
+            opts = getattr(schema, cls + "T")()
+            for k, v in options.items():
+                if not hasattr(opts, k):
+                    raise AttributeError(f"{cls} has no field {k}")
+                setattr(opts, k, v)
+            op.builtinOptionsType = getattr(schema.BuiltinOptions, cls)
+            op.builtinOptions = opts
+        elif options:
+            raise AttributeError(f"{name} takes no options")
+        self.operators.append(op)
+
+
+def opencl_options(**extra) -> dict[str, str]:
+    opts = {"backend": "opencl"}
+    opts.update({k: str(v) for k, v in extra.items()})
+    return opts
+
+
+def require_opencl(lib: Path) -> None:
+    """Fails (never skips) with the delegate's own reason when backend=opencl
+    cannot be created here."""
+    from ai_edge_litert.interpreter import load_delegate
+
+    try:
+        load_delegate(str(lib), {"backend": "opencl"})
+    except ValueError as e:
+        raise AssertionError(
+            "OpenCL is not available for the OpenCL backend tests: "
+            f"{e}. Install an ICD loader and a driver (Debian: ocl-icd-libopencl1 "
+            "pocl-opencl-icd) or run on a machine with a GPU driver.") from e
+
+
+def run_model(model_path, lib: Path, feeds: Sequence[np.ndarray],
+              options: Mapping[str, str] | None = None, repeats: int = 2,
+              stats: bool = False, num_threads: int | None = None):
+    """Runs the model with the delegate; returns (outputs, stats dict or None).
+    Float outputs are poisoned with NaN and int outputs with INT_POISON before
+    every invoke."""
+    from ai_edge_litert.interpreter import Interpreter, load_delegate
+
+    opts = dict(options or opencl_options())
+    stats_file = None
+    if stats:
+        fd, stats_file = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        opts["stats_path"] = stats_file
+    delegates = [] if opts.get("backend") == "none" else [load_delegate(str(lib), opts)]
+    interp = Interpreter(model_path=str(model_path), experimental_delegates=delegates,
+                         num_threads=num_threads)
+    interp.allocate_tensors()
+    for detail, value in zip(interp.get_input_details(), feeds):
+        interp.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
+    outs = interp.get_output_details()
+    result = None
+    for _ in range(repeats):
+        for d in outs:
+            view = interp.tensor(d["index"])()
+            if isinstance(view, np.ndarray) and view.ndim > 0:  # 0-d comes back as a copy
+                view[...] = np.nan if np.issubdtype(view.dtype, np.floating) else INT_POISON
+            del view
+        interp.invoke()
+        result = [interp.get_tensor(d["index"]).copy() for d in outs]
+    info = None
+    if stats_file:
+        with open(stats_file) as f:
+            info = json.load(f)
+        os.unlink(stats_file)
+    return result, info
+
+
+def run_reference(model_path, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The same model on TFLite's own kernels (XNNPACK / reference), no delegate."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(model_path))
+    interp.allocate_tensors()
+    for detail, value in zip(interp.get_input_details(), feeds):
+        interp.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
+    interp.invoke()
+    return [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]

@@ -1,0 +1,393 @@
+"""OpenCL kernels of the five difflite ops (custom_ops/ops/*/*.cl), run directly with pyopencl on
+PoCL (the CPU OpenCL device) against float64 NumPy references.
+
+The launches go through benchmarks/gpu_kernels_harness/launch.py, whose plans (work-group sizes,
+reduction splits, attention variant and tiles) mirror the C++ host code in
+custom_ops/ops/<op>/<op>_opencl.cc. Storage is float32 (-DDL_T=float -DDL_T4=float4: PoCL has no
+cl_khr_fp16). Every output buffer is poisoned with NaN before the run; sizes are odd (not multiples
+of 4 or of the work-group and tile sizes).
+
+No OpenCL (pyopencl missing, no ICD, no PoCL device) is a failure with the reason, never a skip.
+Set DIFFLITE_OPENCL_DEVICE to a platform/device name substring to run on another device.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import winograd_ref  # noqa: E402
+
+TOL = 2e-5  # max |err| / max |ref|
+
+
+@pytest.fixture(scope="module")
+def launch():
+    try:
+        import pyopencl  # noqa: F401
+    except ImportError as e:  # a failure, not a skip
+        pytest.fail(f"pyopencl is not importable ({e}); `pip install pyopencl` and "
+                    "`apt-get install pocl-opencl-icd` to run the OpenCL kernel tests")
+    from gpu_kernels_harness import launch as mod
+
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runner(launch):
+    prefer = os.environ.get("DIFFLITE_OPENCL_DEVICE", "Portable Computing Language")
+    try:
+        ctx, dev = launch.pick_context(prefer=prefer)
+    except Exception as e:  # no ICD loader, no platform, no PoCL
+        pytest.fail(f"no OpenCL device matching {prefer!r} ({type(e).__name__}: {e}); "
+                    "install pocl-opencl-icd (PoCL) or set DIFFLITE_OPENCL_DEVICE")
+    return launch.Runner(ctx, dev)
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert np.isfinite(out).all(), "non-finite output (poisoned elements left unwritten?)"
+    return float(np.abs(out.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def nonzero(r: np.random.Generator, shape, scale=1.0, offset=0.0) -> np.ndarray:
+    v = r.uniform(0.1, 1.0, size=shape) * r.choice([-1.0, 1.0], size=shape)
+    return (v * scale + offset).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# References (float64)
+
+
+def group_norm_ref(x, gamma, beta, groups, eps, silu):
+    x = x.astype(np.float64)
+    n, c = x.shape[0], x.shape[-1]
+    xg = x.reshape(n, -1, groups, c // groups)
+    mean = xg.mean(axis=(1, 3), keepdims=True)
+    var = xg.var(axis=(1, 3), keepdims=True)
+    y = ((xg - mean) / np.sqrt(var + eps)).reshape(x.shape) * gamma + beta
+    return y / (1.0 + np.exp(-y)) if silu else y
+
+
+_erf = np.vectorize(math.erf)
+
+
+def gelu_ref(x, mode):
+    x = x.astype(np.float64)
+    if mode == "erf":
+        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+    if mode == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return x / (1.0 + np.exp(-1.702 * x))
+
+
+def attention_ref(q, k, v, heads, scale, causal):
+    n, lq, _ = q.shape
+    lk = k.shape[1]
+    dk, dv = q.shape[2] // heads, v.shape[2] // heads
+    qh = q.astype(np.float64).reshape(n, lq, heads, dk)
+    kh = k.astype(np.float64).reshape(n, lk, heads, dk)
+    vh = v.astype(np.float64).reshape(n, lk, heads, dv)
+    s = np.einsum("nihd,njhd->nhij", qh, kh) * scale
+    if causal:
+        s = np.where(np.arange(lk)[None, :] > np.arange(lq)[:, None], -np.inf, s)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("nhij,njhd->nihd", p, vh).reshape(n, lq, heads * dv)
+
+
+# ---------------------------------------------------------------------------
+# GroupNorm
+
+
+@pytest.mark.parametrize(
+    "shape,groups,silu,splits,offset",
+    [
+        ((2, 5, 7, 24), 8, True, None, 0.5),  # float4 apply, one work-group per group
+        ((2, 5, 7, 24), 8, False, None, 0.5),
+        ((1, 48, 45, 40), 4, True, None, 3.0),  # large H*W: the planned multi-work-group reduction
+        ((1, 48, 45, 40), 4, True, 7, 50.0),  # uneven explicit splits, large mean offset
+        ((2, 13, 30), 5, True, 3, -2.0),  # [N, L, C], C % 4 != 0: scalar apply
+        ((1, 3, 300), 1, False, None, 1.0),  # a group wider than the work-group (cg > 256)
+    ],
+)
+def test_group_norm(runner, launch, shape, groups, silu, splits, offset):
+    r = np.random.default_rng(sum(shape) + groups)
+    c = shape[-1]
+    x = nonzero(r, shape, 2.0, offset)
+    gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
+    y = runner.empty(shape)
+    planned = launch.gn_splits(shape[0], groups, int(np.prod(shape[1:-1])), c // groups,
+                               runner.compute_units)
+    if shape == (1, 48, 45, 40) and splits is None:
+        assert planned > 1, "this case must exercise the split reduction"
+    runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, groups,
+                      1e-5, silu, splits)
+    ref = group_norm_ref(x, gamma, beta, groups, 1e-5, silu)
+    assert rel_err(runner.download(y, shape), ref) < TOL
+
+
+# ---------------------------------------------------------------------------
+# Gelu, GeGLU
+
+
+@pytest.mark.parametrize("mode", ["erf", "tanh", "sigmoid"])
+@pytest.mark.parametrize("shape", [(1003,), (2, 3, 5, 7)])
+def test_gelu(runner, mode, shape):
+    r = np.random.default_rng(len(shape))
+    x = nonzero(r, shape, 4.0)
+    y = runner.empty(shape)
+    runner.gelu(runner.upload(x), y, x.size, mode)
+    assert rel_err(runner.download(y, shape), gelu_ref(x, mode)) < TOL
+
+
+@pytest.mark.parametrize("mode", ["erf", "tanh", "sigmoid"])
+@pytest.mark.parametrize("lead,d", [((7,), 13), ((2, 5), 16), ((3,), 1)])
+def test_geglu(runner, mode, lead, d):
+    r = np.random.default_rng(d)
+    x = nonzero(r, lead + (2 * d,), 3.0)
+    rows = int(np.prod(lead))
+    y = runner.empty(lead + (d,))
+    runner.geglu(runner.upload(x), y, rows, d, mode)
+    ref = x[..., :d].astype(np.float64) * gelu_ref(x[..., d:], mode)
+    assert rel_err(runner.download(y, lead + (d,)), ref) < TOL
+
+
+# ---------------------------------------------------------------------------
+# Attention
+
+ATTN_CASES = [
+    # n, lq, lk, heads, dk, dv
+    (2, 37, 19, 3, 5, 6),
+    (1, 70, 77, 2, 40, 40),
+]
+
+
+@pytest.mark.parametrize("variant", ["partial_softmax", "flash"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_attention(runner, launch, case, causal, variant):
+    n, lq, lk, heads, dk, dv = case
+    r = np.random.default_rng(lq * lk + causal)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    scale = 1.0 / math.sqrt(dk)
+    assert launch.attention_plan(dk, dv, variant, runner.local_mem).variant == variant
+    o = runner.empty((n, lq, heads * dv))
+    runner.attention(runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads, dk, dv,
+                     scale, causal, variant)
+    ref = attention_ref(q, k, v, heads, scale, causal)
+    assert rel_err(runner.download(o, ref.shape), ref) < TOL
+
+
+@pytest.mark.parametrize(
+    "case,variant",
+    [
+        ((1, 33, 45, 1, 130, 150), "partial_softmax"),  # Dk and Dv streamed in 2 chunks each
+        ((1, 29, 41, 2, 72, 20), "flash"),  # flash beyond the auto limit (a hint honoured)
+        ((2, 65, 9, 1, 7, 3), "auto"),
+    ],
+    ids=["partial-chunked", "flash-wide", "auto"],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_head_sizes(runner, launch, case, variant, causal):
+    n, lq, lk, heads, dk, dv = case
+    r = np.random.default_rng(dk + dv)
+    q = nonzero(r, (n, lq, heads * dk), 0.5)
+    k = nonzero(r, (n, lk, heads * dk), 0.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    scale = 0.3
+    plan = launch.attention_plan(dk, dv, variant, runner.local_mem)
+    if variant == "partial_softmax":
+        assert plan.dc < dk and plan.dvc < dv
+    o = runner.empty((n, lq, heads * dv))
+    runner.attention(runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads, dk, dv,
+                     scale, causal, variant)
+    ref = attention_ref(q, k, v, heads, scale, causal)
+    assert rel_err(runner.download(o, ref.shape), ref) < TOL
+
+
+def test_attention_auto_plan(launch):
+    """auto: flash for small heads when the K/V tiles fit in half of local memory, else partial."""
+    kb48 = 48 * 1024
+    assert launch.attention_plan(40, 40, "auto", kb48).variant == "flash"  # SD 1.5, 320 channels
+    assert launch.attention_plan(64, 64, "auto", kb48).variant == "flash"  # SD 2.x
+    assert launch.attention_plan(80, 80, "auto", kb48).variant == "partial_softmax"
+    assert launch.attention_plan(160, 160, "auto", kb48).variant == "partial_softmax"
+    assert launch.attention_plan(512, 512, "auto", kb48).variant == "partial_softmax"  # VAE
+    assert launch.attention_plan(64, 64, "auto", 16 * 1024).variant == "partial_softmax"
+    for mem in (kb48, 32 * 1024, 16 * 1024):
+        for d in (40, 64, 80, 160, 512):
+            p = launch.attention_plan(d, d, "auto", mem)
+            assert p.local_bytes(d, d) <= mem
+
+
+# ---------------------------------------------------------------------------
+# Winograd F(4x4, 3x3)
+
+
+@pytest.mark.parametrize("n,h,w,cin,cout", [(1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 4, 3, 70, 66)])
+def test_winograd(runner, n, h, w, cin, cout):
+    r = np.random.default_rng(h * w + cin)
+    x = nonzero(r, (n, h, w, cin))
+    wt = nonzero(r, (cout, cin, 3, 3), 0.5)
+    bias = nonzero(r, (cout,))
+    u = winograd_ref.transform_weights(wt)
+    y = runner.empty((n, h, w, cout))
+    runner.winograd(runner.upload(x), runner.upload(u), runner.upload(bias), y, n, h, w, cin, cout)
+    ref = winograd_ref.conv3x3_nhwc(x, wt, bias)
+    assert rel_err(runner.download(y, ref.shape), ref) < TOL
+
+
+# ---------------------------------------------------------------------------
+# The Python plans mirror the C++ host code
+
+
+def _cxx_constant(path: Path, name: str) -> int:
+    m = re.search(rf"\b{name}\s*=\s*(\d+)", path.read_text())
+    assert m, f"{name} not found in {path}"
+    return int(m.group(1))
+
+
+def test_plans_mirror_cxx(launch):
+    ops = REPO / "custom_ops" / "ops"
+    assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kStatsGroup") == launch.GN_WG
+    assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
+    src = (ops / "attention" / "attention_opencl.cc").read_text()
+    ladder = "{" + ", ".join("{" + ", ".join(map(str, t)) + "}" for t in launch.PARTIAL_LADDER) + "}"
+    assert ladder in src, f"PlanPartial's ladder differs from {ladder}"
+    assert "Chunk(dk, o[3])" in src and "Chunk(dv, o[0])" in src
+    assert "bq = 64, bk = 32, kc = 8" in src  # flash tiles (AttentionPlan("flash", bq=64, bk=32, kc=8))
+
+
+def test_every_program_builds_with_base_options(runner):
+    """Each .cl builds standalone with only the backend's options (as the program cache does)."""
+    import pyopencl as cl
+
+    files = sorted((REPO / "custom_ops" / "ops").glob("*/*.cl"))
+    assert {f.stem for f in files} >= {"group_norm", "gelu", "geglu", "attention", "winograd_conv3x3"}
+    for f in files:
+        cl.Program(runner.ctx, f.read_text()).build(options=["-DDL_T=float", "-DDL_T4=float4"])
+
+
+# ---------------------------------------------------------------------------
+# The same ops through the library (libdifflite_delegate.so, backend=opencl): the C++ host code of
+# custom_ops/ops/<op>/<op>_opencl.cc (plans, argument order, scratch) on PoCL. A node the OpenCL
+# backend refused would stay with TFLite, which cannot run a difflite op: the run would fail.
+
+
+@pytest.fixture(scope="module")
+def oplib(runner):
+    """The library, built (cached) from custom_ops/, or a prebuilt one named by DIFFLITE_OPLIB."""
+    prebuilt = os.environ.get("DIFFLITE_OPLIB")
+    if prebuilt:
+        return Path(prebuilt)
+    from oplib_helpers import build_oplib
+
+    return build_oplib()
+
+
+def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False):
+    import gc
+
+    from oplib_helpers import run_tflite, single_op_model
+
+    path = single_op_model(tmp_path / "op.tflite", code, attrs, inputs, out_shape)
+    options = {"backend": "opencl"}
+    stats_path = tmp_path / "stats.json"
+    if stats:
+        options["stats_path"] = str(stats_path)
+    (out,) = run_tflite(path, lib, feeds, options=options)
+    gc.collect()  # the interpreter and its delegate go (the backend writes stats_path then)
+    if not stats:
+        return out, None
+    import json
+
+    assert stats_path.exists(), "backend=opencl wrote no stats_path file"
+    return out, json.loads(stats_path.read_text())
+
+
+def test_delegate_group_norm(tmp_path, oplib):
+    r = np.random.default_rng(11)
+    for shape, groups, act in (((2, 5, 7, 24), 8, "silu"), ((1, 48, 45, 40), 4, "none"), ((2, 13, 30), 5, "silu")):
+        c = shape[-1]
+        x = nonzero(r, shape, 2.0, 1.0)
+        gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
+        out, _ = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+                               {"groups": groups, "epsilon": 1e-5, "activation": act},
+                               [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x])
+        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act == "silu")) < TOL, shape
+
+
+def test_delegate_gelu_geglu(tmp_path, oplib):
+    r = np.random.default_rng(12)
+    x = nonzero(r, (3, 5, 67), 4.0)
+    for mode in ("erf", "tanh", "sigmoid"):
+        out, _ = _run_delegate(tmp_path, oplib, "difflite.Gelu", {"approximate": mode}, [("x", x, False)],
+                               x.shape, [x])
+        assert rel_err(out, gelu_ref(x, mode)) < TOL, mode
+    x = nonzero(r, (7, 26), 3.0)
+    out, _ = _run_delegate(tmp_path, oplib, "difflite.GeGLU", {"approximate": "tanh"}, [("x", x, False)],
+                           (7, 13), [x])
+    assert rel_err(out, x[:, :13].astype(np.float64) * gelu_ref(x[:, 13:], "tanh")) < TOL
+
+
+@pytest.mark.parametrize("variant", ["auto", "flash", "partial_softmax"])
+def test_delegate_attention(tmp_path, oplib, variant):
+    r = np.random.default_rng(13)
+    n, lq, lk, heads, dk, dv = 2, 37, 19, 3, 5, 6
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    for causal in (False, True):
+        out, stats = _run_delegate(
+            tmp_path, oplib, "difflite.Attention", {"heads": heads, "scale": 0.4, "causal": causal,
+                                                    "variant": variant},
+            [("q", q, False), ("k", k, False), ("v", v, False)], (n, lq, heads * dv), [q, k, v], stats=True)
+        assert rel_err(out, attention_ref(q, k, v, heads, 0.4, causal)) < TOL, causal
+        assert stats.get("nodes_claimed") == 1, stats
+        # Only the partial softmax asks for scratch (the [N,H,Lq] row statistics); auto picks flash here.
+        want_scratch = 8 * n * heads * lq if variant == "partial_softmax" else 0
+        assert stats.get("scratch_bytes") == want_scratch, stats
+
+
+def test_delegate_winograd(tmp_path, oplib):
+    r = np.random.default_rng(14)
+    for n, h, w, cin, cout in ((1, 9, 11, 5, 7), (2, 13, 6, 33, 17)):
+        x = nonzero(r, (n, h, w, cin))
+        wt = nonzero(r, (cout, cin, 3, 3), 0.5)
+        bias = nonzero(r, (cout,))
+        u = winograd_ref.transform_weights(wt)
+        out, _ = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
+                               [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x])
+        assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL, (n, h, w, cin, cout)
+
+
+def test_programs_compile_for_half_storage():
+    """fp16 storage (DL_T=half, where a device has cl_khr_fp16) cannot run on PoCL; compile each
+    program for it with the clang that PoCL itself uses (Debian's pocl-opencl-icd depends on it)."""
+    import shutil
+    import subprocess
+
+    clang = shutil.which("clang-15") or shutil.which("clang")
+    assert clang, "no clang on PATH (installed with pocl-opencl-icd) to compile the kernels for half storage"
+    flash = ["-DAT_DK=40", "-DAT_DV=24"]
+    for f in sorted((REPO / "custom_ops" / "ops").glob("*/*.cl")):
+        for extra in ([], flash) if f.stem == "attention" else ([],):
+            cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
+                   "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", *extra, "-fsyntax-only",
+                   str(f)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            assert p.returncode == 0, f"{f.name} {extra} does not compile for half storage:\n{p.stderr[-2000:]}"

@@ -1,0 +1,141 @@
+"""backend=opencl on whole models: the tiny preset converted by the real
+`difflite convert` at 64x64, run through ai_edge_litert with
+load_delegate(lib, {"backend": "opencl"}) on the machine's OpenCL device
+(PoCL in CI), against the same files on TFLite's CPU kernels (XNNPACK).
+
+* --no-fuse (builtins only): text_encoder, unet and vae_decoder each claimed
+  whole (every node, one partition) and within 1e-4 of XNNPACK, relative to
+  the output's max magnitude; the unet also with the tiled (GPU-style)
+  kernels.
+* fused (difflite.GroupNorm/Gelu/GeGLU/Attention custom ops, whose OpenCL
+  sides live in custom_ops/ops/): the same, against backend=cpu (the op
+  library's reference kernels + XNNPACK).
+
+OpenCL missing is a failure with the reason, never a skip.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(ROOT))
+
+from opencl_helpers import opencl_options, require_opencl, run_model  # noqa: E402
+from oplib_helpers import build_oplib  # noqa: E402
+
+TOL = 1e-4
+SIZE = ["--height", "64", "--width", "64"]
+COMPONENTS = ["text_encoder", "unet", "vae_decoder"]
+
+
+def difflite(*args) -> None:
+    exe = shutil.which("difflite")
+    command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                            env=dict(os.environ))
+    if result.returncode != 0:
+        raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def lib() -> Path:
+    path = build_oplib()
+    require_opencl(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def nofuse(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("opencl") / "tiny_nofuse"
+    difflite("convert", "preset:tiny", "-o", out, *SIZE, "--components", ",".join(COMPONENTS),
+             "--no-fuse")
+    return out
+
+
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("opencl") / "tiny_fused"
+    difflite("convert", "preset:tiny", "-o", out, *SIZE, "--components", ",".join(COMPONENTS))
+    return out
+
+
+def model_info(path: Path):
+    """(number of nodes, custom codes used, input feeds) of a .tflite file."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    ops = interp._get_ops_details()
+    details = interp.get_tensor_details()
+    vocab = 100
+    for op in ops:
+        if op["op_name"] == "GATHER":
+            vocab = int(details[op["inputs"][0]]["shape"][0])
+    r = np.random.default_rng(0)
+    feeds = []
+    for d in interp.get_input_details():
+        if d["dtype"] == np.int32:
+            feeds.append(r.integers(0, vocab, d["shape"]).astype(np.int32))
+        else:
+            feeds.append(r.standard_normal(d["shape"]).astype(np.float32))
+    return len(ops), {op["op_name"] for op in ops}, feeds
+
+
+def rel_errs(got, want):
+    out = []
+    for g, w in zip(got, want):
+        assert g.shape == w.shape, (g.shape, w.shape)
+        assert np.isfinite(g).all(), "non-finite output"
+        w64 = w.astype(np.float64)
+        out.append(float(np.abs(g.astype(np.float64) - w64).max() / np.abs(w64).max()))
+    return out
+
+
+def check_claimed_whole(stats, n_nodes):
+    assert stats["nodes_claimed"] == n_nodes == stats["nodes_total"], stats
+    assert stats["partitions"] == 1, stats
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_nofuse_matches_xnnpack(lib, nofuse, component):
+    path = nofuse / f"{component}.tflite"
+    n_nodes, _, feeds = model_info(path)
+    want, _ = run_model(path, lib, feeds, {"backend": "none"}, repeats=1)  # XNNPACK
+    got, stats = run_model(path, lib, feeds, opencl_options(), stats=True)
+    check_claimed_whole(stats, n_nodes)
+    errs = rel_errs(got, want)
+    assert max(errs) <= TOL, errs
+    assert stats["weights_bytes"] > 0 and stats["arena_bytes"] > 0, stats
+
+
+def test_nofuse_unet_with_tiled_kernels(lib, nofuse):
+    """The unet with the local-memory kernels GPUs get (kernels=tiled)."""
+    path = nofuse / "unet.tflite"
+    n_nodes, _, feeds = model_info(path)
+    want, _ = run_model(path, lib, feeds, {"backend": "none"}, repeats=1)
+    got, stats = run_model(path, lib, feeds, opencl_options(kernels="tiled"), stats=True,
+                           repeats=1)
+    check_claimed_whole(stats, n_nodes)
+    assert stats["kernels"] == "tiled", stats
+    errs = rel_errs(got, want)
+    assert max(errs) <= TOL, errs
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_fused_matches_cpu_backend(lib, fused, component):
+    path = fused / f"{component}.tflite"
+    n_nodes, op_names, feeds = model_info(path)
+    want, _ = run_model(path, lib, feeds, {"backend": "cpu"}, repeats=1)
+    got, stats = run_model(path, lib, feeds, opencl_options(), stats=True)
+    check_claimed_whole(stats, n_nodes)
+    errs = rel_errs(got, want)
+    assert max(errs) <= TOL, errs
