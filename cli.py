@@ -180,16 +180,21 @@ def verify(out, model, config, backend, seeds, components, as_json):
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError as exc:
         raise BadInput(f"--seeds: {seeds!r} is not a comma-separated list of integers") from exc
+    memory: dict = {}
     checks = run_verify(out, model=model, config=config, backend=backend, seeds=seed_list,
-                        components=components.split(",") if components else None)
+                        components=components.split(",") if components else None, memory_out=memory)
     if as_json:
-        print_json({"passed": all(c.passed for c in checks), "checks": as_rows(checks)})
+        print_json({"passed": all(c.passed for c in checks), "checks": as_rows(checks), "gpu_memory": memory})
     else:
         console().print(table(f"difflite verify {out} (backend {backend})",
                               ["component", "output", "seed", "max |err|", "max |ref|", "rel err", "PSNR dB", "ok"],
                               [[c.component, c.output, c.seed, f"{c.max_abs_error:.3g}", f"{c.max_abs_reference:.3g}",
                                 f"{c.relative_error:.3g}", f"{c.psnr_db:.1f}", "yes" if c.passed else "NO"]
                                for c in checks]))
+        for name, stats in memory.items():
+            click.echo(f"{name}: GPU arena {stats.get('arena_bytes', 0) / 2**20:.1f} MiB, weights "
+                       f"{stats.get('weights_bytes', 0) / 2**20:.1f} MiB, scratch {stats.get('scratch_bytes', 0) / 2**20:.1f} MiB, "
+                       f"{stats.get('nodes_claimed')}/{stats.get('nodes_total')} nodes in {stats.get('partitions')} partition(s)")
     if not all(c.passed for c in checks):
         raise VerificationFailed("verification failed: error over tolerance")
 

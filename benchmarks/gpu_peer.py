@@ -201,7 +201,18 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     components = args.components.split(",")
     results: dict = {"components": components, "batch": args.batch}
+    device = os.environ.get("DIFFLITE_DEVICE_NAME", "gpu")
+    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_path = out_dir / f"gpu_peer_{device}.json"
+
+    def save() -> None:  # after every measurement: a run cut short keeps what it measured
+        result_path.write_text(json.dumps(results, indent=2) + "\n")
+
+    start = time.perf_counter()
     fused, unfused = convert(args.work, args.model, args.size, args.components, args.batch)
+    results["convert_s"] = round(time.perf_counter() - start, 1)
+    save()
     manifest = json.loads((fused / "manifest.json").read_text())
     for name in components:
         entries = manifest["components"][name]["inputs"]
@@ -212,6 +223,7 @@ def main() -> int:
                                                                        args.runs, args.library, "fp32")
             except Exception as exc:  # keep the other columns when one engine fails
                 results[f"{name}/difflite_opencl_fp32"] = {"error": f"{type(exc).__name__}: {exc}"}
+            save()
         if "litert" not in skip:
             for label, enforce in (("fp32", True), ("fp16", False)):
                 try:
@@ -219,13 +231,11 @@ def main() -> int:
                     results[f"{name}/litert_gpu_{label}"] = time_litert_gpu(unfused / f"{name}.tflite", args.runs, enforce)
                 except Exception as exc:
                     results[f"{name}/litert_gpu_{label}"] = {"error": f"{type(exc).__name__}: {exc}"}
+                save()
     if "torch" not in skip:
         log("PyTorch eager")
         results.update(time_torch(args.model, args.size, components, args.runs, args.batch))
-    device = os.environ.get("DIFFLITE_DEVICE_NAME", "gpu")
-    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"gpu_peer_{device}.json").write_text(json.dumps(results, indent=2) + "\n")
+    save()
     print("\n| component / engine | median ms | min | max | notes |\n|---|---|---|---|---|")
     for key, r in results.items():
         if isinstance(r, dict) and "median_ms" in r:

@@ -5,7 +5,10 @@ transposes at the model boundary happen here."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +38,19 @@ def find_oplib() -> Path:
         raise BadInput(f"building the op library failed: {str(exc).splitlines()[0]}") from exc
 
 
-def delegate_for(backend: str, precision: str = "fp32"):
+def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None = None):
     from ai_edge_litert.interpreter import load_delegate
 
+    options = {"backend": backend, "precision": precision}
+    if stats_path is not None and backend == "opencl":
+        options["stats_path"] = str(stats_path)
     try:
-        return load_delegate(str(find_oplib()), {"backend": backend, "precision": precision})
+        return load_delegate(str(find_oplib()), options)
     except ValueError as exc:
         raise BadInput(f"the op library refused backend={backend}: {exc}") from exc
+
+
+_STATS_IDS = itertools.count()
 
 
 class Component:
@@ -55,7 +64,9 @@ class Component:
             raise BadInput(f"{self.path}: no such model file")
         entry = entry or {}
         custom = entry.get("custom_ops", [])
-        delegates = [delegate_for(backend)] if (custom or backend != "cpu") else []
+        # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file.
+        self.stats_path = Path(tempfile.gettempdir()) / f"difflite-stats-{os.getpid()}-{next(_STATS_IDS)}.json"
+        delegates = [delegate_for(backend, stats_path=self.stats_path)] if (custom or backend != "cpu") else []
         try:
             self.interpreter = Interpreter(model_path=str(self.path), experimental_delegates=delegates,
                                            num_threads=threads or os.cpu_count())
@@ -65,6 +76,14 @@ class Component:
         self.layouts = {e["name"]: e.get("layout", "as_onnx")
                         for e in entry.get("inputs", []) + entry.get("outputs", [])}
         self.input_details = self.runner.get_input_details()
+
+    def delegate_stats(self) -> dict:
+        """The OpenCL delegate's memory report ({} for other backends); written once the
+        delegate has prepared, i.e. after the first call."""
+        try:
+            return json.loads(self.stats_path.read_text())
+        except (OSError, ValueError):
+            return {}
 
     def __call__(self, **inputs) -> dict[str, np.ndarray]:
         feeds = {}

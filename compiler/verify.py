@@ -57,12 +57,14 @@ def load_source(man: dict, model: str | None, config: str | None):
 
 
 def verify(out, model: str | None = None, config: str | None = None, backend: str = "cpu",
-           seeds=(0, 1), components=None) -> list[Check]:
+           seeds=(0, 1), components=None, memory_out: dict | None = None) -> list[Check]:
+    """`memory_out`, when given, receives the OpenCL delegate's memory report per component."""
     out = Path(out)
     man = manifest.read_manifest(out)
     options = man["options"]
     pipe = load_source(man, model, config)
     checks = []
+    memory: dict[str, dict] = {}
     for name, entry in man["components"].items():
         if components and name not in components:
             continue
@@ -78,6 +80,9 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
             for output_name, ref in zip(spec.output_names, reference):
                 result = compare(ref.numpy(), actual[output_name], options["precision"])
                 checks.append(Check(name, output_name, seed, *result))
+        memory[name] = runner.delegate_stats()
+    if memory_out is not None:
+        memory_out.update({k: v for k, v in memory.items() if v})
     return checks
 
 
