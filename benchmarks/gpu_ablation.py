@@ -7,13 +7,15 @@ Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
   self-attention   4096 x 4096, 8 heads x 40 (flash and partial-softmax variants)
   cross-attention  4096 x 77, 8 heads x 40 (both variants)
-  Winograd F(4x4,3x3) vs direct 3x3 conv (implicit GEMM, same tiling) at 64x64x320 and 32x32x640
+  Winograd F(4x4,3x3) vs direct 3x3 conv (implicit GEMM, same 64x64 tiling, gather index math
+  hoisted) at 64x64x320 and 32x32x640
 plus a device-to-device copy bandwidth measurement.
 
 Fused kernels: custom_ops/ops/*/*.cl through benchmarks/gpu_kernels_harness/launch.py (the same
 launch plans as the C++ backend). Unfused: gpu_kernels_harness/unfused.cl (one kernel per graph
 operator, full-size temporaries). Times: OpenCL profiling events, first kernel's start to last
-kernel's end of one run (gaps between kernels included), median of --runs after --warmup runs.
+kernel's end of one run (gaps between kernels included), median of --runs after --warmup runs;
+"kernel-only" sums the kernels' own durations (launch gaps excluded).
 GB/s counts the bytes that must move (inputs + outputs, once); "intermediate MB" is the unfused
 form's temporaries. The fused and unfused outputs are compared (max |diff| / max |out|).
 
@@ -68,13 +70,25 @@ def device_time(events: list) -> float:
     return (events[-1].profile.end - events[0].profile.start) * 1e-9
 
 
-def measure(fn, runs: int, warmup: int) -> tuple[float, int]:
-    """Median device seconds of fn() (which returns its events), and its kernel count."""
+def kernel_time(events: list) -> float:
+    """Sum of the kernels' own durations (no gaps between them)."""
+    for e in events:
+        e.wait()
+    return sum(e.profile.end - e.profile.start for e in events) * 1e-9
+
+
+def measure(fn, runs: int, warmup: int) -> tuple[float, int, float]:
+    """Median device seconds of fn() (which returns its events) from the first kernel's start to
+    the last one's end, its kernel count, and the median of the summed kernel durations."""
     n_kernels = 0
     for _ in range(warmup):
         n_kernels = len(fn())
-    times = [device_time(fn()) for _ in range(runs)]
-    return statistics.median(times), n_kernels
+    chain, kernels = [], []
+    for _ in range(runs):
+        ev = fn()
+        chain.append(device_time(ev))
+        kernels.append(kernel_time(ev))
+    return statistics.median(chain), n_kernels, statistics.median(kernels)
 
 
 def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int) -> float:
@@ -82,7 +96,7 @@ def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int) -> float:
     src = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     dst = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     cl.enqueue_fill_buffer(r.queue, src, np.float32(1.0), 0, nbytes)
-    t, _ = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup)
+    t, _, _ = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup)
     return 2 * nbytes / t
 
 
@@ -218,17 +232,19 @@ def main(argv=None) -> int:
     for name, make, params in cases(args.small):
         u = Unfused(r)
         spec = make(r, u, *params)
-        t_un, k_un = measure(spec["unfused"], runs, warmup)
+        t_un, k_un, tk_un = measure(spec["unfused"], runs, warmup)
         out_f, out_u = spec["out"]
         ref = out_u()
         temp_bytes = u.temp_bytes.get(spec["temp_tag"], 0) if spec["temp_tag"] else 0
         for label, fn in spec["fused"].items():
-            t_f, k_f = measure(fn, runs, warmup)
+            t_f, k_f, tk_f = measure(fn, runs, warmup)
             got = out_f[label]() if isinstance(out_f, dict) else out_f()
             gbs = spec["bytes"] / t_f / 1e9
             row = {
                 "case": name, "fused": label, "baseline": spec.get("baseline_name", "unfused"),
                 "fused_ms": t_f * 1e3, "unfused_ms": t_un * 1e3, "speedup": t_un / t_f,
+                "fused_kernel_ms": tk_f * 1e3, "unfused_kernel_ms": tk_un * 1e3,
+                "kernel_speedup": tk_un / tk_f,
                 "fused_kernels": k_f, "unfused_kernels": k_un,
                 "bytes_moved": spec["bytes"], "fused_gbs": gbs, "unfused_gbs": spec["bytes"] / t_un / 1e9,
                 "fraction_of_copy_bw": gbs * 1e9 / copy_bw,
@@ -257,9 +273,10 @@ def main(argv=None) -> int:
 
     print(f"device: {info['device']} ({info['platform']}), copy bandwidth {copy_bw / 1e9:.1f} GB/s "
           f"({copy_bytes // MB} MB buffers), median of {runs} runs after {warmup} warm-up, fp32\n")
-    print("| case | fused kernel | fused ms (kernels) | baseline ms (kernels) | speedup | fused GB/s "
-          "| of copy BW | baseline GB/s | baseline intermediates MB | GFLOP/s fused / baseline | max rel diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| case | fused kernel | fused ms (kernels) | baseline ms (kernels) | speedup | kernel-only ms "
+          "fused / baseline (speedup) | fused GB/s | of copy BW | baseline GB/s | baseline intermediates MB "
+          "| GFLOP/s fused / baseline | max rel diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
         fl = (f"{x['fused_gflops']:.1f} / {x['unfused_gflops']:.1f}" if "fused_gflops" in x else "")
         inter = x["unfused_intermediate_bytes"] / MB
@@ -269,6 +286,7 @@ def main(argv=None) -> int:
             inter_s = f"{inter:.1f}"
         print(f"| {x['case']} | {x['fused']} | {x['fused_ms']:.3f} ({x['fused_kernels']}) | "
               f"{x['unfused_ms']:.3f} ({x['unfused_kernels']}, {x['baseline']}) | {x['speedup']:.2f}x | "
+              f"{x['fused_kernel_ms']:.3f} / {x['unfused_kernel_ms']:.3f} ({x['kernel_speedup']:.2f}x) | "
               f"{x['fused_gbs']:.1f} | {100 * x['fraction_of_copy_bw']:.0f}% | {x['unfused_gbs']:.1f} | "
               f"{inter_s} | {fl} | {x['max_rel_diff']:.1e} |")
     print(f"\nwrote {out}")

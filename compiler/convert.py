@@ -58,6 +58,8 @@ class ConvertOptions:
 
     def manifest_dict(self) -> dict:
         d = asdict(self)
+        if str(self.device_profile).endswith(".json"):
+            d["device_profile"] = profiles.load_profile(self.device_profile).name
         d["components"] = list(self.components)
         d["fuse"] = sorted(self.fuse)
         return d

@@ -123,14 +123,29 @@ def _profile(where: Path, name: str, entry: object) -> Profile:
     )
 
 
+def _profile_file(where: Path) -> Profile:
+    try:
+        data = json.loads(where.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{where}: cannot read the device profile ({e})") from e
+    entries = data.get("profiles") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or len(entries) != 1:
+        raise BadInput(f"{where}: needs a 'profiles' object with exactly one profile")
+    (name, entry), = entries.items()
+    return _profile(where, name, entry)
+
+
 def profile_names() -> tuple[str, ...]:
     return tuple(_load_all())
 
 
 def load_profile(name: str | Profile) -> Profile:
-    """The profile called `name` (a Profile passes through). BadInput for an unknown name."""
+    """The profile called `name`, or the one profile in the JSON file `name` names (a user's own
+    GPU, same format as device_profiles.json); a Profile passes through. BadInput otherwise."""
     if isinstance(name, Profile):
         return name
+    if str(name).endswith(".json"):
+        return _profile_file(Path(name))
     profiles = _load_all()
     if name not in profiles:
         raise BadInput(f"unknown device profile {name!r} (known: {', '.join(profiles)})")

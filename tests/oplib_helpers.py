@@ -31,9 +31,12 @@ LIB_NAME = "libdifflite_delegate.so"
 
 
 def build_oplib(build_dir: str | os.PathLike | None = None, jobs: int = 2) -> Path:
-    """Build custom_ops (Release, cached) and return the path of libdifflite_delegate.so."""
+    """Build custom_ops (Release, cached) and return the path of libdifflite_delegate.so, or the
+    prebuilt library $DIFFLITE_OPLIB names (e.g. on a machine without the build headers)."""
     from compiler.oplib import build
 
+    if os.environ.get("DIFFLITE_OPLIB"):
+        return Path(os.environ["DIFFLITE_OPLIB"])
     return build("host", Path(build_dir) if build_dir else None, jobs)
 
 

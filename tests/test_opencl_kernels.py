@@ -7,8 +7,13 @@ custom_ops/ops/<op>/<op>_opencl.cc. Storage is float32 (-DDL_T=float -DDL_T4=flo
 cl_khr_fp16). Every output buffer is poisoned with NaN before the run; sizes are odd (not multiples
 of 4 or of the work-group and tile sizes).
 
+Also here: the same ops through the library with backend=opencl (single-op .tflite models: the
+C++ host code of the GPU side), and a compile check of every program for half storage with PoCL's
+clang (no fp16 device here).
+
 No OpenCL (pyopencl missing, no ICD, no PoCL device) is a failure with the reason, never a skip.
-Set DIFFLITE_OPENCL_DEVICE to a platform/device name substring to run on another device.
+Set DIFFLITE_OPENCL_DEVICE to a platform/device name substring to run on another device, and
+DIFFLITE_OPLIB to a prebuilt libdifflite_delegate.so to skip the (cached) CMake build.
 """
 from __future__ import annotations
 
@@ -120,6 +125,8 @@ def attention_ref(q, k, v, heads, scale, causal):
         ((1, 48, 45, 40), 4, True, 7, 50.0),  # uneven explicit splits, large mean offset
         ((2, 13, 30), 5, True, 3, -2.0),  # [N, L, C], C % 4 != 0: scalar apply
         ((1, 3, 300), 1, False, None, 1.0),  # a group wider than the work-group (cg > 256)
+        ((3, 5, 7, 24), 8, True, 2, 0.5),  # split stats merged by apply work-groups straddling samples
+        ((4, 2, 3, 128), 128, True, 3, 1.0),  # > 256 (sample, group) pairs per work-group: gn_combine
     ],
 )
 def test_group_norm(runner, launch, shape, groups, silu, splits, offset):
@@ -132,6 +139,11 @@ def test_group_norm(runner, launch, shape, groups, silu, splits, offset):
                                runner.compute_units)
     if shape == (1, 48, 45, 40) and splits is None:
         assert planned > 1, "this case must exercise the split reduction"
+    in_apply = launch.gn_combine_in_apply(shape[0], groups, int(np.prod(shape[1:-1])), c, splits or planned)
+    if shape in ((3, 5, 7, 24), (2, 13, 30)):
+        assert in_apply
+    if shape == (4, 2, 3, 128):
+        assert not in_apply
     runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, groups,
                       1e-5, silu, splits)
     ref = group_norm_ref(x, gamma, beta, groups, 1e-5, silu)
@@ -264,6 +276,10 @@ def _cxx_constant(path: Path, name: str) -> int:
 def test_plans_mirror_cxx(launch):
     ops = REPO / "custom_ops" / "ops"
     assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kStatsGroup") == launch.GN_WG
+    assert launch.GN_APPLY_WG == launch.GN_WG  # the C++ side builds both with one size
+    gn = (ops / "group_norm" / "group_norm_opencl.cc").read_text()
+    assert "(elems - 1) / (spatial * c) + 2" in gn and "samples * groups <= " in gn  # CombineInApply
+    assert "CeilDiv(4 * std::max<int64_t>(1, cus), n * groups)" in gn and "wg * 16" in gn  # PlanSplits
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
     src = (ops / "attention" / "attention_opencl.cc").read_text()
     ladder = "{" + ", ".join("{" + ", ".join(map(str, t)) + "}" for t in launch.PARTIAL_LADDER) + "}"

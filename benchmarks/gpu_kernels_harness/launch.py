@@ -34,7 +34,8 @@ def round_up(n: int, g: int) -> int:
 # ---------------------------------------------------------------------------
 # Launch plans (same numbers as the C++ side).
 
-GN_WG = 256
+GN_WG = 256  # gn_stats work-group (GN_WG)
+GN_APPLY_WG = 256  # gn_apply / gn_apply4 work-group (GN_APPLY_WG)
 
 
 def gn_splits(n: int, groups: int, spatial: int, cg: int, compute_units: int, wg: int = GN_WG) -> int:
@@ -42,6 +43,17 @@ def gn_splits(n: int, groups: int, spatial: int, cg: int, compute_units: int, wg
     want = ceil_div(4 * max(1, compute_units), n * groups)  # enough work-groups to fill the device
     by_size = max(1, (spatial * cg) // (wg * 16))  # at least ~16 elements per work-item
     return max(1, min(want, by_size, 64, spatial))
+
+
+def gn_combine_in_apply(n: int, groups: int, spatial: int, c: int, splits: int,
+                        wg: int = GN_APPLY_WG) -> bool:
+    """Whether gn_apply merges split statistics itself (2 kernels) rather than a gn_combine kernel
+    running first: a work-group may touch at most `wg` (sample, group) pairs."""
+    if splits == 1:
+        return False
+    elems = wg * (4 if c % 4 == 0 else 1)  # elements of one apply work-group
+    samples = min(n, (elems - 1) // (spatial * c) + 2)
+    return samples * groups <= wg
 
 
 @dataclass(frozen=True)
@@ -169,16 +181,17 @@ class Runner:
         n, c = int(shape[0]), int(shape[-1])
         spatial = int(np.prod(shape[1:-1]))
         cg = c // groups
-        wg = GN_WG
+        wg, awg = GN_WG, GN_APPLY_WG
         if splits is None:
             splits = gn_splits(n, groups, spatial, cg, self.compute_units, wg)
-        opts = f"-DGN_WG={wg}"
+        combine = gn_combine_in_apply(n, groups, spatial, c, splits, awg)
+        opts = f"-DGN_WG={wg} -DGN_APPLY_WG={awg}"
         stats = self.scratch(8 * n * groups, 0)
         partial = self.scratch(16 * n * groups * splits, 1)
         i32, f32 = np.int32, np.float32
         ev = [self.launch(self.kernel("group_norm", "gn_stats", opts), (wg * groups, splits, n), (wg, 1, 1),
                           x, partial, stats, i32(spatial), i32(c), i32(cg), i32(splits), f32(eps))]
-        if splits > 1:
+        if splits > 1 and not combine:
             count = n * groups
             ev.append(self.launch(self.kernel("group_norm", "gn_combine", opts), (round_up(count, 64),), (64,),
                                   partial, stats, i32(count), i32(splits), f32(eps)))
@@ -187,8 +200,9 @@ class Runner:
             k, items = self.kernel("group_norm", "gn_apply4", opts), rows * c // 4
         else:
             k, items = self.kernel("group_norm", "gn_apply", opts), rows * c
-        ev.append(self.launch(k, (round_up(items, 256),), (256,), x, stats, gamma, beta, y, i32(rows),
-                              i32(spatial), i32(c), i32(cg), i32(groups), i32(1 if silu else 0)))
+        ev.append(self.launch(k, (round_up(items, awg),), (awg,), x, stats, partial, gamma, beta, y, i32(rows),
+                              i32(spatial), i32(c), i32(cg), i32(groups), i32(1 if silu else 0),
+                              i32(1 if combine else 0), i32(splits), f32(eps)))
         return ev
 
     def gelu(self, x, y, count: int, approximate: str = "erf") -> list[cl.Event]:

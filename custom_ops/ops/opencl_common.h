@@ -121,30 +121,6 @@ inline size_t KernelMaxWorkGroup(const GpuContext& ctx, cl_kernel kernel) {
   return wg;
 }
 
-// Builds `kernel` with `options` + " -D<macro>=<wg>" for the largest power
-// of two wg <= preferred that the device and the built kernel accept.
-inline std::string KernelWithPow2Group(GpuContext& ctx, const char* program,
-                                       const char* name,
-                                       const std::string& options,
-                                       const char* macro, size_t preferred,
-                                       cl_kernel* out, size_t* wg_out) {
-  size_t wg = 1;
-  const size_t device_max = ctx.device().max_work_group_size;
-  while (wg * 2 <= preferred && (device_max == 0 || wg * 2 <= device_max)) wg *= 2;
-  for (; wg >= 1; wg /= 2) {
-    const std::string opts =
-        options + " -D" + macro + "=" + std::to_string(wg);
-    std::string e = GetKernel(ctx, program, name, opts, out);
-    if (!e.empty()) return e;
-    const size_t kmax = KernelMaxWorkGroup(ctx, *out);
-    if (kmax == 0 || kmax >= wg) {
-      *wg_out = wg;
-      return "";
-    }
-  }
-  return std::string(program) + ":" + name + " fits no work-group size";
-}
-
 }  // namespace opsupport
 }  // namespace gpu
 }  // namespace difflite

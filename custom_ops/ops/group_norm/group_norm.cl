@@ -1,16 +1,21 @@
 // difflite.GroupNorm (+ SiLU) on the GPU: x [N, S, C] (S = H*W or L), NHWC.
 //
-// Two passes over x, nothing of the unfused form materialised:
+// Two kernels, two passes over x, nothing of the unfused form materialised:
 //   gn_stats    one read of x: per (sample, group) mean and variance. A
 //               work-group of GN_WG work-items reduces the rows [s0, s1) of
 //               one group; each work-item keeps shifted sums of the elements
 //               it reads, turns them into (count, mean, M2) and the work-group
 //               merges those pairwise (Chan et al.) in local memory.
-//               splits == 1: writes (mean, rstd) directly; splits > 1: writes
-//               one (count, mean, M2) partial per work-group.
-//   gn_combine  (splits > 1 only) merges the partials of each group: tiny.
+//               splits == 1: writes (mean, rstd) directly; splits > 1 (groups
+//               too big for one work-group to fill the device): one
+//               (count, mean, M2) partial per work-group.
 //   gn_apply /  one read of x, one write of y: normalise, affine, SiLU,
-//   gn_apply4   coalesced over C (float4 when C % 4 == 0).
+//   gn_apply4   coalesced over C (float4 when C % 4 == 0). With split
+//               statistics each work-group first merges the partials of the
+//               (sample, group) pairs it touches in local memory.
+//   gn_combine  merges the partials into (mean, rstd) as a separate tiny
+//               kernel, only where a work-group of gn_apply would touch more
+//               than GN_APPLY_WG pairs (many small samples or > 256 groups).
 //
 // Storage type DL_T (float or half), DL_T4 its 4-vector; math in float.
 #if defined(cl_khr_fp16)
@@ -24,6 +29,9 @@
 #endif
 #ifndef GN_WG
 #define GN_WG 256  // work-group size of gn_stats (a power of two)
+#endif
+#ifndef GN_APPLY_WG
+#define GN_APPLY_WG 256  // work-group size of gn_apply / gn_apply4
 #endif
 #define DL_CAT_(a, b) a##b
 #define DL_CAT(a, b) DL_CAT_(a, b)
@@ -140,34 +148,92 @@ inline float gn_act(float v, int silu) {
   return silu ? v / (1.0f + exp(-v)) : v;
 }
 
-// Scalar form: one work-item per element; global size >= N*S*C.
+// With `combine` (the statistics were split over several work-groups), the
+// work-group first merges the partials of every (sample, group) its elements
+// touch into l_st, so normalising needs no third kernel; the host guarantees
+// at most GN_APPLY_WG such pairs. Returns the first sample touched. Elements
+// [first_elem, last_elem] are the work-group's; the call is uniform.
+inline int gn_stage_stats(__local float2* l_st, __global const float4* partial,
+                          long first_elem, long last_elem, int S, int C, int groups,
+                          int splits, float eps) {
+  const long per_sample = (long)S * C;
+  const int n0 = (int)(first_elem / per_sample);
+  const int pairs = ((int)(last_elem / per_sample) - n0 + 1) * groups;
+  for (int p = get_local_id(0); p < pairs; p += get_local_size(0)) {
+    __global const float4* src = partial + ((long)n0 * groups + p) * splits;
+    float na = 0.0f, ma = 0.0f, qa = 0.0f;
+    for (int k = 0; k < splits; ++k) {
+      const float4 v = src[k];
+      gn_merge(&na, &ma, &qa, v.x, v.y, v.z);
+    }
+    const float var = na > 0.0f ? qa / na : 0.0f;
+    l_st[p] = (float2)(ma, rsqrt(var + eps));
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return n0;
+}
+
+// Scalar form: one work-item per element; global size >= N*S*C, local size
+// GN_APPLY_WG. stats: final (mean, rstd) when !combine; partial: the split
+// statistics when combine.
 __kernel void gn_apply(__global const DL_T* x, __global const float2* stats,
-                       __global const DL_T* gamma, __global const DL_T* beta,
-                       __global DL_T* y, int rows, int S, int C, int cg,
-                       int groups, int silu) {
+                       __global const float4* partial, __global const DL_T* gamma,
+                       __global const DL_T* beta, __global DL_T* y, int rows, int S,
+                       int C, int cg, int groups, int silu, int combine, int splits,
+                       float eps) {
+  __local float2 l_st[GN_APPLY_WG];
+  const int total = rows * C;
+  const int first = get_group_id(0) * GN_APPLY_WG;
+  int n0 = 0;
+  if (combine) {
+    n0 = gn_stage_stats(l_st, partial, first, min(total - 1, first + GN_APPLY_WG - 1), S, C,
+                        groups, splits, eps);
+  }
   const int i = get_global_id(0);
-  if (i >= rows * C) return;
+  if (i >= total) return;
   const int row = i / C;
   const int c = i - row * C;
-  const float2 st = stats[(row / S) * groups + c / cg];
+  const int n = row / S;
+  const float2 st = combine ? l_st[(n - n0) * groups + c / cg] : stats[n * groups + c / cg];
   const float v = ((float)x[i] - st.x) * (st.y * (float)gamma[c]) + (float)beta[c];
   y[i] = (DL_T)gn_act(v, silu);
 }
 
-// Vector form (C % 4 == 0): one work-item per 4 channels of one row;
-// global size >= N*S*C/4. The 4 lanes may straddle two groups.
+// Vector form (C % 4 == 0): one work-item per 4 channels of one row; global
+// size >= N*S*C/4, local size GN_APPLY_WG. The 4 lanes may straddle two groups.
 __kernel void gn_apply4(__global const DL_T* x, __global const float2* stats,
-                        __global const DL_T* gamma, __global const DL_T* beta,
-                        __global DL_T* y, int rows, int S, int C, int cg,
-                        int groups, int silu) {
-  const int i = get_global_id(0);
+                        __global const float4* partial, __global const DL_T* gamma,
+                        __global const DL_T* beta, __global DL_T* y, int rows, int S,
+                        int C, int cg, int groups, int silu, int combine, int splits,
+                        float eps) {
+  __local float2 l_st[GN_APPLY_WG];
   const int c4 = C >> 2;
-  if (i >= rows * c4) return;
+  const int items = rows * c4;
+  const int first = get_group_id(0) * GN_APPLY_WG;
+  int n0 = 0;
+  if (combine) {
+    const int last = min(items - 1, first + GN_APPLY_WG - 1);
+    n0 = gn_stage_stats(l_st, partial, 4L * first, 4L * last + 3, S, C, groups, splits, eps);
+  }
+  const int i = get_global_id(0);
+  if (i >= items) return;
   const int row = i / c4;
   const int c = (i - row * c4) << 2;
-  __global const float2* st = stats + (row / S) * groups;
-  const float2 a = st[c / cg], b = st[(c + 1) / cg], d = st[(c + 2) / cg],
-               e = st[(c + 3) / cg];
+  const int n = row / S;
+  float2 a, b, d, e;
+  if (combine) {
+    __local const float2* st = l_st + (n - n0) * groups;
+    a = st[c / cg];
+    b = st[(c + 1) / cg];
+    d = st[(c + 2) / cg];
+    e = st[(c + 3) / cg];
+  } else {
+    __global const float2* st = stats + n * groups;
+    a = st[c / cg];
+    b = st[(c + 1) / cg];
+    d = st[(c + 2) / cg];
+    e = st[(c + 3) / cg];
+  }
   const float4 mean = (float4)(a.x, b.x, d.x, e.x);
   const float4 rstd = (float4)(a.y, b.y, d.y, e.y);
   const long off = (long)row * C + c;

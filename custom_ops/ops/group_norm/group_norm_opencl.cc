@@ -1,9 +1,12 @@
 // difflite.GroupNorm on the OpenCL backend (kernels: group_norm.cl).
 //
-// gn_stats (+ gn_combine when a group's reduction is split over several
-// work-groups) reads x once for the per-(sample, group) mean and rstd; gn_apply
-// (float4 form when C % 4 == 0) reads x once more and writes y once. Scratch:
-// [N*groups] float2 (mean, rstd) in slot 0 and, when split,
+// Two kernels: gn_stats reads x once for the per-(sample, group) mean and
+// rstd (split over several work-groups per group when there are too few
+// groups to fill the device: partials); gn_apply (float4 form when C % 4 == 0)
+// reads x once more and writes y once, merging split partials itself in local
+// memory. A separate tiny gn_combine runs first only where an apply
+// work-group would touch more than GN_APPLY_WG (sample, group) pairs.
+// Scratch: [N*groups] float2 (mean, rstd) in slot 0 and, when split,
 // [N*groups*splits] float4 partials in slot 1.
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
@@ -27,8 +30,7 @@ using gpu::opsupport::CeilDiv;
 using gpu::opsupport::SetKernelArgs;
 
 constexpr const char* kProgram = "group_norm";
-constexpr size_t kStatsGroup = 256;  // preferred work-group of gn_stats
-constexpr size_t kApplyGroup = 256;
+constexpr size_t kStatsGroup = 256;  // preferred work-groups of gn_stats / gn_apply
 constexpr size_t kCombineGroup = 64;
 
 // Work-groups per (sample, group) for the statistics pass: enough
@@ -42,6 +44,16 @@ int PlanSplits(int64_t n, int groups, int64_t spatial, int cg, uint32_t cus,
       1, std::min({want, by_size, int64_t{64}, spatial})));
 }
 
+// Whether gn_apply merges split statistics itself: one of its work-groups
+// (wg work-items, 4 elements each in the float4 form) touches at most wg
+// (sample, group) pairs.
+bool CombineInApply(int64_t n, int groups, int64_t spatial, int c, int splits, size_t wg) {
+  if (splits == 1) return false;
+  const int64_t elems = static_cast<int64_t>(wg) * (c % 4 == 0 ? 4 : 1);
+  const int64_t samples = std::min<int64_t>(n, (elems - 1) / (spatial * c) + 2);
+  return samples * groups <= static_cast<int64_t>(wg);
+}
+
 class GroupNormGpu final : public GpuOp {
  public:
   std::string Init(const group_norm::Options& o, const Shape& x, GpuContext& ctx) {
@@ -53,18 +65,29 @@ class GroupNormGpu final : public GpuOp {
     if (NumElements(x) > gpu::opsupport::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
-    std::string e = gpu::opsupport::KernelWithPow2Group(
-        ctx, kProgram, "gn_stats", "", "GN_WG", kStatsGroup, &stats_k_, &wg_);
-    if (!e.empty()) return e;
-    const std::string opts = "-DGN_WG=" + std::to_string(wg_);
-    e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_combine", opts, &combine_k_);
-    if (e.empty()) {
-      e = gpu::opsupport::GetKernel(ctx, kProgram,
-                                    c_ % 4 == 0 ? "gn_apply4" : "gn_apply",
-                                    opts, &apply_k_);
+    // One program for the three kernels; the largest power-of-two work-group
+    // <= 256 that the device and every kernel accept.
+    wg_ = 1;
+    const size_t device_max = ctx.device().max_work_group_size;
+    while (wg_ * 2 <= kStatsGroup && (device_max == 0 || wg_ * 2 <= device_max)) wg_ *= 2;
+    const char* apply_name = c_ % 4 == 0 ? "gn_apply4" : "gn_apply";
+    for (;; wg_ /= 2) {
+      const std::string opts =
+          "-DGN_WG=" + std::to_string(wg_) + " -DGN_APPLY_WG=" + std::to_string(wg_);
+      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_stats", opts, &stats_k_);
+      if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_combine", opts, &combine_k_);
+      if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, apply_name, opts, &apply_k_);
+      if (!e.empty()) return e;
+      bool fits = true;
+      for (cl_kernel k : {stats_k_, apply_k_}) {
+        const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, k);
+        if (kmax != 0 && kmax < wg_) fits = false;
+      }
+      if (fits) break;
+      if (wg_ == 1) return "group norm kernels fit no work-group size";
     }
-    if (!e.empty()) return e;
     splits_ = PlanSplits(n_, o.groups, spatial_, cg_, ctx.device().compute_units, wg_);
+    combine_in_apply_ = CombineInApply(n_, o.groups, spatial_, c_, splits_, wg_);
     return "";
   }
 
@@ -95,7 +118,7 @@ class GroupNormGpu final : public GpuOp {
     const size_t l1[3] = {wg_, 1, 1};
     e = ctx.Enqueue(stats_k_, 3, g1, l1, "group_norm.stats");
     if (!e.empty()) return e;
-    if (splits_ > 1) {
+    if (splits_ > 1 && !combine_in_apply_) {
       const cl_int count = n_ * groups;
       e = SetKernelArgs(cl, combine_k_,
                         {Arg(partial), Arg(stats), Arg(count), Arg(splits), Arg(eps)});
@@ -106,14 +129,16 @@ class GroupNormGpu final : public GpuOp {
     }
     const cl_int rows = static_cast<cl_int>(n_ * spatial_);
     const cl_int silu = o_.silu ? 1 : 0;
+    const cl_int combine = combine_in_apply_ ? 1 : 0;
     e = SetKernelArgs(cl, apply_k_,
-                      {Arg(in[0].mem), Arg(stats), Arg(in[1].mem), Arg(in[2].mem),
-                       Arg(out[0].mem), Arg(rows), Arg(s), Arg(c), Arg(cg),
-                       Arg(groups), Arg(silu)});
+                      {Arg(in[0].mem), Arg(stats), Arg(partial), Arg(in[1].mem),
+                       Arg(in[2].mem), Arg(out[0].mem), Arg(rows), Arg(s), Arg(c),
+                       Arg(cg), Arg(groups), Arg(silu), Arg(combine), Arg(splits),
+                       Arg(eps)});
     if (!e.empty()) return e;
     const size_t items = static_cast<size_t>(rows) * (c_ % 4 == 0 ? c_ / 4 : c_);
-    const size_t g3 = gpu::RoundUp(items, kApplyGroup);
-    return ctx.Enqueue(apply_k_, 1, &g3, &kApplyGroup, "group_norm.apply");
+    const size_t g3 = gpu::RoundUp(items, wg_);
+    return ctx.Enqueue(apply_k_, 1, &g3, &wg_, "group_norm.apply");
   }
 
  private:
@@ -124,6 +149,7 @@ class GroupNormGpu final : public GpuOp {
 
   group_norm::Options o_;
   int n_ = 0, c_ = 0, cg_ = 0, splits_ = 1;
+  bool combine_in_apply_ = false;
   int64_t spatial_ = 0;
   size_t wg_ = kStatsGroup;
   cl_kernel stats_k_ = nullptr, combine_k_ = nullptr, apply_k_ = nullptr;
