@@ -282,7 +282,10 @@ class Partition;
 
 // ---------------------------------------------------------------------------
 
-struct BackendImpl {
+// Shared with every partition it created: TFLite may free the partitions after the delegate
+// (Python drops the delegate first in some teardown orders), and a partition's destructor must
+// still reach the OpenCL runtime and the ops' context.
+struct BackendImpl : std::enable_shared_from_this<BackendImpl> {
   Options options;
   std::shared_ptr<Runtime> rt;
   std::unique_ptr<ContextImpl> gctx;
@@ -327,7 +330,7 @@ struct Slot {
 
 class Partition {
  public:
-  Partition(BackendImpl* be) : be_(be) {}
+  explicit Partition(std::shared_ptr<BackendImpl> be) : be_(std::move(be)) {}
   ~Partition();
 
   std::string Init(Context* ctx, const tfl::DelegateParams* params);
@@ -351,7 +354,7 @@ class Partition {
     return r;
   }
 
-  BackendImpl* be_;
+  std::shared_ptr<BackendImpl> be_;
   std::vector<std::unique_ptr<ClaimedNode>> nodes_;
   std::vector<size_t> exec_;  // indices into nodes_ of the nodes that run
   std::vector<int> inputs_;   // partition input tensors (from TFLite)
@@ -862,7 +865,7 @@ void* PartitionInit(Context* ctx, const char* buffer, size_t /*length*/) {
       LogError(ctx, "OpenCL partition created without its delegate");
       return nullptr;
     }
-    auto p = std::make_unique<Partition>(be);
+    auto p = std::make_unique<Partition>(be->shared_from_this());
     const std::string e = p->Init(ctx, params);
     if (!e.empty()) {
       LogError(ctx, "OpenCL partition: " + e);
@@ -1318,7 +1321,7 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* er
   std::shared_ptr<Runtime> rt = Runtime::Get(options.device, options.profile, error);
   if (rt == nullptr) return nullptr;
   std::unique_ptr<Backend> b(new Backend());
-  b->impl_ = std::make_unique<BackendImpl>();
+  b->impl_ = std::make_shared<BackendImpl>();
   BackendImpl& impl = *b->impl_;
   impl.options = options;
   impl.rt = rt;

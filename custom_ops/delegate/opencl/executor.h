@@ -33,7 +33,7 @@ class Backend {
 
  private:
   Backend() = default;
-  std::unique_ptr<BackendImpl> impl_;
+  std::shared_ptr<BackendImpl> impl_;  // partitions share it (they may outlive the delegate)
 };
 
 // The TFLite builtin name of a builtin code ("CONV_2D"), nullptr if the
