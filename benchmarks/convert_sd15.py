@@ -79,6 +79,9 @@ def main() -> int:
               "returncode": completed.returncode, "wall_s": round(wall, 1), "peak_rss_gb": round(peak_rss_gb, 2)}
     if completed.returncode == 0:
         report = json.loads((out / "report.json").read_text())
+        # ru_maxrss of the child only covers its last stage (it resets VmHWM per stage).
+        peak_rss_gb = max(peak_rss_gb, report["peak_rss_mb"] / 1024)
+        result["peak_rss_gb"] = round(peak_rss_gb, 2)
         result["stages"] = {name: r["stages"] for name, r in report["components"].items()}
         result["stages"]["pipeline"] = report["pipeline"]
         result["bytes"] = {p.name: p.stat().st_size for p in sorted(out.glob("*.tflite"))}
@@ -98,7 +101,7 @@ def main() -> int:
 
 
 def print_table(result: dict) -> None:
-    print(f"\n| stage | seconds | peak RSS MB |\n|---|---|---|")
+    print("\n| stage | seconds | peak RSS MB |\n|---|---|---|")
     for name, stages in result.get("stages", {}).items():
         for stage, s in stages.items():
             print(f"| {name} {stage} | {s['seconds']:.1f} | {s['peak_rss_mb']:.0f} |")

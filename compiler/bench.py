@@ -17,7 +17,6 @@ import json
 import math
 import os
 import platform
-import resource
 import statistics
 import tempfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import click
 
 from compiler.errors import BadInput
+from compiler.procstats import peak_rss_mb
 
 BACKENDS = ("cpu", "opencl")
 PRECISIONS = ("fp32", "fp16")
@@ -159,17 +159,6 @@ def random_feeds(entry: dict, rng, vocab: int) -> dict:
 
 # --------------------------------------------------------------------------------------------
 # Host
-
-
-def peak_rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def host_delegate(options: BenchOptions):

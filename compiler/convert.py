@@ -6,7 +6,6 @@ rewritten and written, so the peak memory is that of the largest single stage.""
 from __future__ import annotations
 
 import gc
-import resource
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from compiler import export, manifest, memory, models, profiles
+from compiler.procstats import peak_rss_mb, reset_peak_rss
 from compiler.custom_ops import FUSE_KINDS
 from compiler.errors import BadInput
 from compiler.tflite.reader import read_tflite
@@ -78,25 +78,9 @@ class StageLog:
             "seconds": round(time.perf_counter() - start, 3), "peak_rss_mb": round(peak_rss_mb(), 1)}
         return result
 
-
-def reset_peak_rss() -> None:
-    """Linux lets a process reset its own high-water mark (VmHWM), which gives per-stage peaks."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def peak_rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    def peak_rss_mb(self) -> float:
+        """The whole run's peak: the largest stage peak (ru_maxrss is reset with the stages)."""
+        return max((s["peak_rss_mb"] for stages in self.entries.values() for s in stages.values()), default=0.0)
 
 
 def convert(model: str, out, options: ConvertOptions, config: str | None = None,
@@ -138,7 +122,7 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         }
         report = {"components": reports, "pipeline": stages.entries.get("pipeline", {}),
                   "total_seconds": round(time.perf_counter() - started, 3),
-                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+                  "peak_rss_mb": stages.peak_rss_mb()}
         staged.write_json(manifest.REPORT, report)
         staged.write_json(manifest.MANIFEST, man)
         staged.commit()

@@ -188,3 +188,20 @@ def test_interrupted_conversion_leaves_no_partial_files(tmp_path):
     process.communicate(timeout=120)
     assert process.returncode == 130
     assert not out.exists()
+
+
+def test_local_folder_and_single_file_round_trip(tmp_path):
+    """The usual user case: a save_pretrained folder, and one .safetensors plus --config."""
+    from compiler.models import load_pipeline, save_single_file
+
+    folder = tmp_path / "sd-folder"
+    pipe = load_pipeline("preset:tiny", seed=3)
+    pipe.save_pretrained(folder)
+    save_single_file(pipe, tmp_path / "model.safetensors")
+    for source, extra in ((folder, []), (tmp_path / "model.safetensors", ["--config", folder])):
+        out = tmp_path / f"out-{source.name}"
+        difflite("convert", source, "-o", out, *SIZE, "--components", "vae_decoder", *extra)
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["source"]["model"] == str(source.absolute())
+        data = json.loads(difflite("verify", out, "--seeds", "0", "--json").stdout)
+        assert data["passed"] and data["checks"][0]["max_abs_reference"] > 0

@@ -9,7 +9,6 @@ Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
