@@ -1,19 +1,25 @@
 """Session-wide test setup."""
 
-import ctypes
 
+def _warm_up_opencl_compiler() -> None:
+    """Build one OpenCL program before any test module imports tensorflow.
 
-def _initialise_opencl_before_tensorflow() -> None:
-    """PoCL (the CPU OpenCL the OpenCL tests run on) compiles kernels with its own LLVM. If
-    tensorflow, which carries another LLVM, is imported first, PoCL's platform initialisation
-    segfaults in the same process; initialised first, both work. Some tests import tensorflow
-    (the second TFLite runtime), so wake the OpenCL platforms before any test module loads."""
+    PoCL (the CPU OpenCL device the OpenCL tests run on) compiles kernels with its own LLVM,
+    loaded on first use. tensorflow, which some tests import as the second TFLite runtime, loads
+    another LLVM with global symbol binding; if it comes first, PoCL's compiler then fails
+    ("unknown target CPU") or segfaults. Loading PoCL's LLVM first avoids both (seen on this
+    project's CI machine: every OpenCL test failed after the tf.lite tests had run)."""
     try:
-        library = ctypes.CDLL("libOpenCL.so.1")
-    except OSError:
-        return  # no ICD loader: the OpenCL tests fail with their own message
-    count = ctypes.c_uint(0)
-    library.clGetPlatformIDs(0, None, ctypes.byref(count))
+        import pyopencl as cl
+    except ImportError:
+        return  # the OpenCL tests fail with their own message
+    try:
+        devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+        if devices:
+            context = cl.Context(devices[:1])
+            cl.Program(context, "kernel void warm(global float* a) { a[get_global_id(0)] = 1.0f; }").build()
+    except cl.Error:
+        return
 
 
-_initialise_opencl_before_tensorflow()
+_warm_up_opencl_compiler()

@@ -446,6 +446,8 @@ def test_tiny_component_all_candidates_fused(tiny, component):
     before = H.snapshot(model)
     counts = run_passes(model, ALL_FUSIONS | {"winograd"})
     for kind, count in counts.items():
+        if kind == "winograd":  # selective by design: chosen by a cost model, not all candidates
+            continue
         assert count["matched"] == count["candidates"], (component, kind, counts)
     expected = census.module_census(modules[component])
     for kind in ("gelu", "geglu", "groupnorm", "attention"):

@@ -327,7 +327,7 @@ def tiny_unet(tmp_path_factory):
     from compiler.models import load_pipeline
 
     pipe = load_pipeline("preset:tiny")
-    path = export_onnx(component_spec(pipe, "unet", 32, 32, 1), tmp_path_factory.mktemp("wino") / "unet.onnx")
+    path = export_onnx(component_spec(pipe, "unet", 128, 128, 1), tmp_path_factory.mktemp("wino") / "unet.onnx")
     convs = [m for m in pipe.unet.modules() if isinstance(m, torch.nn.Conv2d)]
     expected = sum(m.kernel_size == (3, 3) and m.stride == (1, 1) and m.padding == (1, 1)
                    and m.dilation == (1, 1) and m.groups == 1 for m in convs)
@@ -343,7 +343,7 @@ def test_tiny_unet_counts_and_equivalence(tiny_unet):
     for name in PROFILE_NAMES:
         found = find_candidates(model, name)
         counts[name] = {"candidates": sum(c.structural for c in found), "eligible": sum(c.eligible for c in found)}
-    # 32x32 px -> 16x16 latents: <= 16 tiles and <= 64 channels, under every real threshold.
+    # 128x128 px -> 16x16 latents: <= 16 tiles and <= 64 channels, under every real threshold.
     assert all(c == {"candidates": expected, "eligible": 0} for c in counts.values()), counts
     assert apply_winograd(model, "generic", budget_mb=1e6) == []
     eligible = [c for c in find_candidates(model, TEST_PROFILE) if c.eligible]
