@@ -23,3 +23,16 @@ def _warm_up_opencl_compiler() -> None:
 
 
 _warm_up_opencl_compiler()
+
+
+# Test modules whose tests run OpenCL (PoCL) in this process.
+OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_opencl_models.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the in-process OpenCL tests before anything that imports tensorflow: the warm-up above
+    keeps our delegate working after tensorflow loads, but PoCL still crashed compiling some of
+    pyopencl's programs afterwards. Tests that use tensorflow themselves go after them."""
+    def runs_first(item) -> bool:
+        return item.path.name in OPENCL_MODULES and "tensorflow" not in item.name
+    items.sort(key=lambda item: not runs_first(item))  # stable: keeps the order within each group
