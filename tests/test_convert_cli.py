@@ -205,3 +205,19 @@ def test_local_folder_and_single_file_round_trip(tmp_path):
         assert manifest["source"]["model"] == str(source.absolute())
         data = json.loads(difflite("verify", out, "--seeds", "0", "--json").stdout)
         assert data["passed"] and data["checks"][0]["max_abs_reference"] > 0
+
+
+def test_fused_conversion_verifies_against_pytorch(tmp_path):
+    """The default conversion (custom ops run by the op library's CPU backend) verifies like the
+    builtin-only one, and every component really contains difflite ops."""
+    out = tmp_path / "fused"
+    difflite("convert", "preset:tiny", "-o", out, *SIZE)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["fuse"] == ["attention", "gelu", "groupnorm", "winograd"]
+    for name in ("text_encoder", "unet", "vae_decoder"):
+        assert any(op.startswith("difflite.") for op in manifest["components"][name]["custom_ops"]), name
+    data = json.loads(difflite("verify", out, "--seeds", "0", "--json").stdout)
+    assert data["passed"] and {c["component"] for c in data["checks"]} == {"text_encoder", "unet", "vae_decoder"}
+    inspected = json.loads(difflite("inspect", out / "unet.tflite", "--json").stdout)
+    options = [op["options"] for op in inspected["models"]["unet"]["custom_ops"] if op["name"] == "difflite.GroupNorm"]
+    assert options and all(set(o) == {"groups", "epsilon", "activation"} for o in options)
