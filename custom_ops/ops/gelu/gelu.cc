@@ -46,14 +46,8 @@ class Gelu final : public gelu::Parsed {
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
-  std::string s;
-  std::string e = attrs.CheckKnown({kApproximate});
-  if (e.empty()) e = attrs.GetString(kApproximate, &s);
   gelu::Mode mode = gelu::Mode::kErf;
-  if (e.empty() && !gelu::ParseMode(s, &mode)) {
-    e = std::string(kApproximate) +
-        " must be \"erf\", \"tanh\" or \"sigmoid\", got \"" + s + "\"";
-  }
+  const std::string e = gelu::ReadModeAttribute(attrs, kApproximate, &mode);
   if (!e.empty()) {
     *error = e;
     return nullptr;

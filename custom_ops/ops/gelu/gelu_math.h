@@ -6,6 +6,8 @@
 #include <cmath>
 #include <string>
 
+#include "difflite/attrs.h"
+
 namespace difflite {
 namespace gelu {
 
@@ -56,6 +58,18 @@ inline float Apply(Mode m, float x) {
     default:
       return x / (1.0f + std::exp(-1.702f * x));
   }
+}
+
+// Reads the single attribute of a GELU-family op (`key` names it; each op folder spells its own)
+// into *mode. Returns "" or a one-line reason.
+inline std::string ReadModeAttribute(const AttrMap& attrs, const char* key, Mode* mode) {
+  std::string s;
+  std::string e = attrs.CheckKnown({key});
+  if (e.empty()) e = attrs.GetString(key, &s);
+  if (e.empty() && !ParseMode(s, mode)) {
+    e = std::string(key) + " must be \"erf\", \"tanh\" or \"sigmoid\", got \"" + s + "\"";
+  }
+  return e;
 }
 
 }  // namespace gelu
