@@ -153,7 +153,8 @@ def inspect(target, as_json):
         return
     out = console()
     for name, c in info["models"].items():
-        out.print(f"[bold]{name}[/bold]  {c['file']}  {c['file_mb']:.2f} MB, weights {c['weights_mb']:.2f} MB, "
+        out.print(f"[bold]{name}[/bold]  {c['file']}  {c['file_mb']:.2f} MB, weights {c['weights_mb']:.2f} MB "
+                  f"({c['weight_layout']}), "
                   f"planned intermediates {c['intermediate_mb']:.2f} MB, {c['ops']} ops")
         for sig, io in c["signatures"].items():
             for kind in ("inputs", "outputs"):

@@ -157,15 +157,15 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
                         details=decisions)
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in options.fuse
-    result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
-                          description=f"difflite {VERSION} {name}")
-    del graph
     filename = f"{name}.tflite"
-    path = staged.write_bytes(filename, result.data)
-    del result.data
+    path = staged.path(filename)
+    result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
+                          description=f"difflite {VERSION} {name}", path=path)
+    del graph
     summary = read_tflite(path)
     plan = memory.plan(summary)
     entry = {"file": filename, "sha256": manifest.sha256_file(path), "bytes": path.stat().st_size,
+             "weights": result.weight_layout,
              "inputs": result.inputs, "outputs": result.outputs, "custom_ops": result.custom_ops}
     winograd_mb = sum(d["extra_mb"] for d in decisions["winograd"])
     report = {"fusion": fusion, "op_histogram": result.op_histogram, "ops": sum(result.op_histogram.values()),

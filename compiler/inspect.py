@@ -20,6 +20,7 @@ def describe_model(path: Path) -> dict:
         for key, io in summary.signatures.items()}
     return {
         "file": str(path), "file_mb": round(summary.file_bytes / MB, 3), "ops": len(summary.ops),
+        "weight_layout": summary.weight_layout,
         "op_histogram": summary.op_histogram, "signatures": signatures,
         "custom_ops": [{"name": op.name, "options": op.custom_options} for op in summary.custom_ops],
         **plan.as_dict(),

@@ -1,12 +1,20 @@
 """A small append-only builder for one-subgraph .tflite flatbuffers.
 
 It knows the TFLite schema (via ai_edge_litert.schema_py_generated) and nothing of ONNX.
-Constant buffers are deduplicated by content, so equal weights are stored once; everything is
-emitted in insertion order, so the same build sequence gives byte-identical files."""
+Constant buffers are deduplicated by content, so equal weights are stored once, and spooled to
+a temporary file as they arrive, so building a model never holds its weights in memory.
+Everything is emitted in insertion order, so the same build sequence gives byte-identical files.
+
+Weights go inside the flatbuffer when the model fits its 2 GiB limit ("inline", what every
+TFLite runtime reads) and otherwise after it, located by Buffer.offset/size from the start of
+the file ("appended", TFLite's layout for models over 2 GiB)."""
 
 from __future__ import annotations
 
 import hashlib
+import io
+import shutil
+import tempfile
 
 import flatbuffers
 import numpy as np
@@ -24,6 +32,10 @@ TFLITE_TYPES = {
 }
 NUMPY_TYPES = {v: k for k, v in TFLITE_TYPES.items()}
 BUFFER_ALIGNMENT = 16
+APPENDED_ALIGNMENT = 64  # appended weights start on cache-line (and SIMD) boundaries
+FLATBUFFER_LIMIT = 2**31 - 1  # flatbuffers' 32-bit offsets
+INLINE_HEADROOM = 64 << 20  # room for the graph itself next to the weights
+WEIGHT_LAYOUTS = ("auto", "inline", "appended")
 SCHEMA_VERSION = 3
 SIGNATURE_KEY = "serving_default"
 
@@ -49,10 +61,45 @@ def option_class_name(op_name: str) -> str | None:
     return f"{camel}Options"
 
 
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+class WeightSpool:
+    """Constant bytes in an unnamed temporary file, each entry aligned to APPENDED_ALIGNMENT, so
+    the file is exactly the weight segment of an "appended" model."""
+
+    def __init__(self, directory=None):
+        self._file = tempfile.TemporaryFile(dir=directory)
+        self.size = 0
+
+    def add(self, raw: bytes) -> int:
+        offset = _align(self.size, APPENDED_ALIGNMENT)
+        self._file.seek(offset)
+        self._file.write(raw)
+        self.size = offset + len(raw)
+        return offset
+
+    def read_into(self, offset: int, target: memoryview) -> None:
+        self._file.seek(offset)
+        if self._file.readinto(target) != len(target):
+            raise OSError("weight spool is shorter than expected")
+
+    def copy_to(self, out) -> None:
+        self._file.flush()
+        self._file.seek(0)
+        shutil.copyfileobj(self._file, out, 16 << 20)
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class ModelBuilder:
-    def __init__(self, description: str = "difflite"):
+    def __init__(self, description: str = "difflite", spool_dir=None):
         self.description = description
-        self.buffers: list[np.ndarray | None] = [None]  # buffer 0 is the empty sentinel
+        # (spool offset, bytes) per buffer; buffer 0 is the empty sentinel
+        self.buffers: list[tuple[int, int] | None] = [None]
+        self._spool = WeightSpool(spool_dir)
         self._constant_bytes = 0
         self._buffer_index: dict[tuple, int] = {}
         self.tensors: list[schema.TensorT] = []
@@ -82,8 +129,8 @@ class ModelBuilder:
         raw = array.tobytes()
         key = (array.dtype.str, hashlib.sha256(raw).hexdigest())
         if key not in self._buffer_index:
-            self.buffers.append(np.frombuffer(raw, dtype=np.uint8))
-            self._count(self.buffers[-1])
+            self.buffers.append((self._spool.add(raw), len(raw)) if raw else None)
+            self._constant_bytes += len(raw)
             self._buffer_index[key] = len(self.buffers) - 1
         return self._buffer_index[key]
 
@@ -99,8 +146,14 @@ class ModelBuilder:
     def constant_bytes(self) -> int:
         return self._constant_bytes
 
-    def _count(self, data: np.ndarray) -> None:
-        self._constant_bytes += data.nbytes
+    def weight_layout(self, requested: str = "auto") -> str:
+        """"inline" when the weights fit inside the flatbuffer, else "appended"."""
+        if requested not in WEIGHT_LAYOUTS:
+            raise ValueError(f"weight layout {requested!r} is not one of {WEIGHT_LAYOUTS}")
+        if requested != "auto":
+            return requested
+        inline_bytes = self._constant_bytes + BUFFER_ALIGNMENT * len(self.buffers) + INLINE_HEADROOM
+        return "inline" if inline_bytes < FLATBUFFER_LIMIT else "appended"
 
     # -- operators -------------------------------------------------------------------------
     def _opcode(self, builtin: int, custom_code: str | None) -> int:
@@ -170,36 +223,77 @@ class ModelBuilder:
         sig.outputs = [tensor_map(n, i) for n, i in self.outputs]
         return sig
 
-    def serialize(self) -> memoryview:
-        """The finished .tflite. The builder's constant buffers are consumed: call once."""
+    def _model(self) -> schema.ModelT:
         model = schema.ModelT()
         model.version = SCHEMA_VERSION
         model.description = self.description
         model.operatorCodes = self.opcodes
         model.subgraphs = [self._subgraph()]
         model.signatureDefs = [self._signature()]
-        builder = flatbuffers.Builder(self.constant_bytes() + 16 * len(self.buffers) + (1 << 20))
-        buffer_offsets = []
-        for i, data in enumerate(self.buffers):
-            buffer_offsets.append(self._pack_buffer(builder, data))
-            self.buffers[i] = None  # the flatbuffer holds the bytes now: don't keep two copies
-        model_offset = _pack_model(builder, model, buffer_offsets)
-        builder.Finish(model_offset, file_identifier=b"TFL3")
-        # A view, not builder.Output()'s copy: a 2 GB model would otherwise exist three times.
+        return model
+
+    def write(self, out, weights: str = "auto") -> str:
+        """Write the finished .tflite to the binary file `out`; returns the weight layout used.
+        Call once: the weight spool is closed afterwards."""
+        layout = self.weight_layout(weights)
+        try:
+            if layout == "inline":
+                out.write(self._inline_flatbuffer())
+            else:
+                self._write_appended(out)
+        finally:
+            self._spool.close()
+        return layout
+
+    def serialize(self, weights: str = "auto") -> memoryview:
+        """The finished .tflite in memory (for tests and small models)."""
+        out = io.BytesIO()
+        self.write(out, weights)
+        return out.getbuffer()
+
+    def _inline_flatbuffer(self) -> memoryview:
+        builder = flatbuffers.Builder(self._constant_bytes + 16 * len(self.buffers) + (1 << 20))
+        offsets = [self._pack_inline_buffer(builder, entry) for entry in self.buffers]
+        builder.Finish(_pack_model(builder, self._model(), offsets), file_identifier=b"TFL3")
+        # A view, not builder.Output()'s copy: a 2 GB model would otherwise exist twice.
         return memoryview(builder.Bytes)[builder.Head():]
 
-    @staticmethod
-    def _pack_buffer(builder: flatbuffers.Builder, data: np.ndarray | None) -> int:
+    def _pack_inline_buffer(self, builder: flatbuffers.Builder, entry: tuple[int, int] | None) -> int:
         vector = None
-        if data is not None and data.nbytes:
-            builder.StartVector(1, data.nbytes, BUFFER_ALIGNMENT)
-            builder.head -= data.nbytes
-            builder.Bytes[builder.head:builder.head + data.nbytes] = data.tobytes()
+        if entry is not None:
+            offset, size = entry
+            builder.StartVector(1, size, BUFFER_ALIGNMENT)
+            builder.head -= size
+            self._spool.read_into(offset, memoryview(builder.Bytes)[builder.head:builder.head + size])
             vector = builder.EndVector()
         schema.BufferStart(builder)
         if vector is not None:
             schema.BufferAddData(builder, vector)
         return schema.BufferEnd(builder)
+
+    def _appended_flatbuffer(self, segment_start: int) -> bytearray:
+        builder = flatbuffers.Builder(1 << 20)
+        offsets = []
+        for entry in self.buffers:
+            schema.BufferStart(builder)
+            if entry is not None:
+                schema.BufferAddOffset(builder, segment_start + entry[0])
+                schema.BufferAddSize(builder, entry[1])
+            offsets.append(schema.BufferEnd(builder))
+        builder.Finish(_pack_model(builder, self._model(), offsets), file_identifier=b"TFL3")
+        return builder.Output()
+
+    def _write_appended(self, out) -> None:
+        # Every offset is a non-zero ulong whatever the segment start, so the flatbuffer's size
+        # does not depend on it: pack once to measure, once with the real offsets.
+        probe = len(self._appended_flatbuffer(FLATBUFFER_LIMIT))
+        segment_start = _align(probe, APPENDED_ALIGNMENT)
+        flatbuffer = self._appended_flatbuffer(segment_start)
+        if len(flatbuffer) != probe:
+            raise AssertionError("appended-weights flatbuffer changed size between packings")
+        out.write(flatbuffer)
+        out.write(b"\0" * (segment_start - len(flatbuffer)))
+        self._spool.copy_to(out)
 
 
 def _pack_model(builder, model: schema.ModelT, buffer_offsets: list[int]) -> int:

@@ -26,6 +26,7 @@ ONNX_TO_NUMPY = {
     ir.DataType.INT8: np.int8,
 }
 FP16_MIN_ELEMENTS = 64  # smaller constants stay float32: no size to win, and exact biases
+CACHED_CONSTANT_BYTES = 1 << 20  # larger ONNX weights are re-read from the file, not kept
 
 
 @dataclass
@@ -46,14 +47,16 @@ class LoweringContext:
     _const_tensors: dict[tuple, int] = field(default_factory=dict)
     node: ir.Node | None = None  # the node being lowered, for error messages and names
     _names: dict[str, int] = field(default_factory=dict)
+    _uses_left: dict[str, int] = field(default_factory=dict)
 
     # -- facts about ONNX values ---------------------------------------------------------
     def shape(self, value: ir.Value) -> tuple[int, ...]:
         if value.name in self.shapes:
             return self.shapes[value.name]
-        const = self.const(value)
-        if const is not None:
-            return tuple(const.shape)
+        if value.name in self.constants:
+            return tuple(self.constants[value.name].shape)
+        if value.const_value is not None:
+            return tuple(int(d) for d in value.const_value.shape)
         if value.shape is None or not all(isinstance(d, int) for d in value.shape):
             raise self.unsupported(f"value '{value.name}' has no static shape ({value.shape})")
         return tuple(int(d) for d in value.shape)
@@ -62,9 +65,8 @@ class LoweringContext:
         return len(self.shape(value))
 
     def dtype(self, value: ir.Value) -> np.dtype:
-        const = self.const(value)
-        if const is not None:
-            return self._tflite_dtype(const.dtype)
+        if value.name in self.constants:
+            return self._tflite_dtype(self.constants[value.name].dtype)
         if value.name in self.values:
             return self.builder.dtype_of(self.values[value.name].index)
         if value.dtype not in ONNX_TO_NUMPY:
@@ -81,18 +83,38 @@ class LoweringContext:
         return dtype
 
     def const(self, value: ir.Value | None) -> np.ndarray | None:
+        """The value's array if it is a compile-time constant. Weights in the ONNX external-data
+        file are copied out and the file unmapped at once: a mapping would keep every page of the
+        model resident until the end of the write."""
         if value is None:
             return None
         if value.name in self.constants:
             return self.constants[value.name]
-        if value.const_value is not None:
-            array = value.const_value.numpy()
+        tensor = value.const_value
+        if tensor is None:
+            return None
+        if not isinstance(tensor, ir.ExternalTensor):
+            array = tensor.numpy()  # already in memory: caching it costs nothing
             self.constants[value.name] = array
             return array
-        return None
+        array = np.array(tensor.numpy())
+        tensor.release()
+        if array.nbytes <= CACHED_CONSTANT_BYTES:
+            self.constants[value.name] = array
+        return array
 
     def is_const(self, value: ir.Value | None) -> bool:
-        return self.const(value) is not None
+        return value is not None and (value.name in self.constants or value.const_value is not None)
+
+    def lowered(self, node: ir.Node) -> None:
+        """Forget the constants only `node` still needed (folded weights can be large)."""
+        for value in node.inputs:
+            if value is None or value.name not in self.constants or value.const_value is not None:
+                continue
+            left = self._uses_left.get(value.name, len(value.uses())) - 1
+            self._uses_left[value.name] = left
+            if left <= 0 and not value.is_graph_output():
+                del self.constants[value.name]
 
     def perm(self, value: ir.Value) -> tuple[int, ...]:
         if self.is_const(value):

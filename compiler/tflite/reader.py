@@ -44,6 +44,7 @@ class TFLiteSummary:
     outputs: list[int]
     signatures: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     weight_bytes: int = 0
+    weight_layout: str = "inline"  # "appended": weights after the flatbuffer (Buffer.offset)
 
     @property
     def op_histogram(self) -> dict[str, int]:
@@ -82,8 +83,14 @@ def _summarize(path: Path, data) -> TFLiteSummary:
     if model.SubgraphsLength() < 1:
         raise BadInput(f"{path}: .tflite model has no subgraph")
     buffer_sizes = []
+    appended = False
     for i in range(model.BuffersLength()):
         buf = model.Buffers(i)
+        if buf.Offset() > 1:
+            appended = True
+            if buf.Offset() + buf.Size() > len(data):
+                raise BadInput(f"{path}: truncated .tflite (buffer {i} ends at byte "
+                               f"{buf.Offset() + buf.Size()}, the file has {len(data)})")
         buffer_sizes.append(buf.DataLength() if buf.Offset() <= 1 else buf.Size())
     sub = model.Subgraphs(0)
     tensors = []
@@ -124,4 +131,4 @@ def _summarize(path: Path, data) -> TFLiteSummary:
         str(path), len(data), tensors, ops,
         [int(x) for x in sub.InputsAsNumpy()] if sub.InputsLength() else [],
         [int(x) for x in sub.OutputsAsNumpy()] if sub.OutputsLength() else [],
-        signatures, sum(buffer_sizes))
+        signatures, sum(buffer_sizes), "appended" if appended else "inline")

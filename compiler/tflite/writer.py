@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -23,7 +24,8 @@ NEVER_FOLD = {("", "RandomNormal"), ("", "RandomUniform")}
 
 @dataclass
 class WriteResult:
-    data: memoryview
+    data: memoryview | None  # the model, when no path was given
+    weight_layout: str = "inline"  # or "appended": weights after the flatbuffer (> 2 GiB models)
     inputs: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)
     op_histogram: dict[str, int] = field(default_factory=dict)
@@ -36,21 +38,31 @@ def interface_layout(rank: int) -> tuple[int, ...]:
 
 
 def write_tflite(model: ir.Model, precision: str = "fp32", fuse=frozenset(),
-                 description: str = "difflite") -> WriteResult:
-    builder = ModelBuilder(description)
+                 description: str = "difflite", path=None, weights: str = "auto") -> WriteResult:
+    """Lower `model`; write the .tflite to `path`, or return it in WriteResult.data.
+    `weights`: "auto" (inline when the model fits the 2 GiB flatbuffer limit), "inline" or
+    "appended" (after the flatbuffer, located by Buffer.offset)."""
+    builder = ModelBuilder(description, spool_dir=Path(path).parent if path is not None else None)
     ctx = LoweringContext(builder, precision=precision, fuse=frozenset(fuse))
     graph = model.graph
     inputs = [_add_graph_input(ctx, value) for value in graph.inputs]
     for node in graph:
         ctx.node = node
         _lower_node(ctx, node)
+        ctx.lowered(node)
     ctx.node = None
     outputs = [_add_graph_output(ctx, value) for value in graph.outputs]
-    ctx.constants.clear()  # release the weights read from the ONNX file before serialising
-    histogram = op_histogram(builder)
+    ctx.constants.clear()
+    layout_used = builder.weight_layout(weights)
+    data = None
+    if path is None:
+        data = builder.serialize(layout_used)
+    else:
+        with open(path, "wb") as out:
+            builder.write(out, layout_used)
     return WriteResult(
-        data=builder.serialize(), inputs=inputs, outputs=outputs,
-        op_histogram=histogram, custom_ops=sorted(
+        data=data, weight_layout=layout_used, inputs=inputs, outputs=outputs,
+        op_histogram=op_histogram(builder), custom_ops=sorted(
             c.customCode.decode() if isinstance(c.customCode, bytes) else c.customCode
             for c in builder.opcodes if c.customCode),
         weight_bytes=builder.constant_bytes())
