@@ -103,7 +103,8 @@ def run_difflite(out: Path, args, schedulers: list[str]) -> dict:
 class StageTimer:
     """Wall time of the torch modules' calls, by wrapping them on the instance."""
 
-    def __init__(self):
+    def __init__(self, sync=None):
+        self.sync = sync  # e.g. torch.cuda.synchronize: GPU calls return before the work is done
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
 
@@ -115,6 +116,8 @@ class StageTimer:
             try:
                 return original(*a, **k)
             finally:
+                if self.sync is not None:
+                    self.sync()
                 self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
                 self.calls[stage] = self.calls.get(stage, 0) + 1
 
@@ -136,8 +139,14 @@ def run_diffusers(out: Path, args, schedulers: list[str]) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     start = time.perf_counter()
     source = load_source(manifest.read_manifest(out), None, None)
+    if args.torch_device != "cpu":
+        # fp32 as on the host: no TF32 shortcuts in the reference.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        for module in (source.text_encoder, source.unet, source.vae):
+            module.to(args.torch_device)
     load_s = time.perf_counter() - start
-    timer = StageTimer()
+    timer = StageTimer(torch.cuda.synchronize if args.torch_device.startswith("cuda") else None)
     timer.wrap(source.text_encoder, "forward", "text_encoder")
     timer.wrap(source.unet, "forward", "unet")
     timer.wrap(source.vae, "decode", "vae_decoder")
@@ -186,6 +195,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2, help="UNet batch of the conversion")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16"])
     parser.add_argument("--backend", default="cpu", choices=["cpu", "opencl"])
+    parser.add_argument("--torch-device", default="cpu",
+                        help="where diffusers runs (e.g. cuda; fp32 with TF32 off); latents are drawn on the CPU")
     parser.add_argument("--convert-args", default="", help="more `difflite convert` arguments, e.g. --no-fuse")
     parser.add_argument("--out", type=Path, default=None, help="conversion folder (default: a temporary one)")
     parser.add_argument("--reuse", action="store_true", help="reuse --out when it holds this model and size")
@@ -227,7 +238,7 @@ def main() -> int:
         "model": args.model, "height": args.height, "width": args.width, "steps": args.steps, "seed": args.seed,
         "guidance": args.guidance, "prompt": args.prompt, "negative_prompt": args.negative_prompt,
         "precision": manifest["options"]["precision"], "unet_batch": manifest["options"]["batch"],
-        "fuse": manifest["options"]["fuse"], "backend": args.backend,
+        "fuse": manifest["options"]["fuse"], "backend": args.backend, "torch_device": args.torch_device,
         "machine": {"node": platform.node(), "arch": platform.machine(), "cpus": os.cpu_count()},
         "convert": conversion, "difflite_load_s": lite["load_s"], "diffusers_load_s": torch_side["load_s"],
         "results": rows, "min_psnr_db": MIN_PSNR_DB, "passed": all(r["passed"] for r in rows),

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
@@ -26,6 +27,47 @@ bool Bind(void* handle, const char* name, F* slot, std::string* missing) {
   }
   *slot = reinterpret_cast<F>(sym);
   return true;
+}
+
+// DIFFLITE_CL_TRACE=1: log every buffer's creation and release on stderr, to find which
+// object a driver crash in clReleaseMemObject is about.
+ClApi g_real;
+using GetMemObjectInfoFn = cl_int (*)(cl_mem, cl_mem_info, size_t, void*, size_t*);
+GetMemObjectInfoFn g_mem_info = nullptr;
+
+cl_mem TraceCreateBuffer(cl_context c, cl_mem_flags f, size_t n, void* host, cl_int* err) {
+  cl_mem m = g_real.CreateBuffer(c, f, n, host, err);
+  std::fprintf(stderr, "difflite-cl: create %p bytes=%zu\n", static_cast<void*>(m), n);
+  return m;
+}
+
+cl_mem TraceCreateSubBuffer(cl_mem parent, cl_mem_flags f, cl_buffer_create_type t,
+                            const void* info, cl_int* err) {
+  cl_mem m = g_real.CreateSubBuffer(parent, f, t, info, err);
+  const auto* region = static_cast<const cl_buffer_region*>(info);
+  std::fprintf(stderr, "difflite-cl: sub %p of %p origin=%zu bytes=%zu\n", static_cast<void*>(m),
+               static_cast<void*>(parent), region->origin, region->size);
+  return m;
+}
+
+cl_int TraceRelease(cl_mem m) {
+  cl_uint refs = 0;
+  if (g_mem_info != nullptr) g_mem_info(m, CL_MEM_REFERENCE_COUNT, sizeof(refs), &refs, nullptr);
+  std::fprintf(stderr, "difflite-cl: release %p refs=%u\n", static_cast<void*>(m), refs);
+  std::fflush(stderr);
+  const cl_int err = g_real.ReleaseMemObject(m);
+  if (err != CL_SUCCESS) std::fprintf(stderr, "difflite-cl: release %p failed %d\n", static_cast<void*>(m), err);
+  return err;
+}
+
+void InstallTrace(ClApi* api, void* handle) {
+  const char* env = std::getenv("DIFFLITE_CL_TRACE");
+  if (env == nullptr || *env == '\0' || *env == '0') return;
+  g_real = *api;
+  g_mem_info = reinterpret_cast<GetMemObjectInfoFn>(dlsym(handle, "clGetMemObjectInfo"));
+  api->CreateBuffer = &TraceCreateBuffer;
+  api->CreateSubBuffer = &TraceCreateSubBuffer;
+  api->ReleaseMemObject = &TraceRelease;
 }
 
 void LoadOnce(Loaded* out) {
@@ -99,6 +141,7 @@ void LoadOnce(Loaded* out) {
                  " (OpenCL 1.2 is required)";
     return;
   }
+  InstallTrace(&out->api, out->handle);
   // The handle stays open for the process: kernels and contexts created
   // through it are never unloaded under a running interpreter.
   out->ok = true;

@@ -16,9 +16,9 @@
 //   Init takes the prepared ops of its nodes. Prepare classifies every tensor
 //   (constant, partition input, produced inside), honours alias requests
 //   (RESHAPE shares its input's buffer), computes lifetimes in node steps and
-//   places all non-constant tensors into one arena with a greedy-by-size plan
-//   (offsets aligned to CL_DEVICE_MEM_BASE_ADDR_ALIGN, one cl_mem with a
-//   sub-buffer per tensor), uploads every constant once (in the storage
+//   places all non-constant tensors into shared buffers with a greedy-by-size
+//   plan (tensors sharing a cl_mem have disjoint lifetimes; no sub-buffers),
+//   uploads every constant once (in the storage
 //   type), and writes the stats JSON. Invoke writes the partition inputs,
 //   runs the ops in order on the in-order queue, reads the partition outputs
 //   and waits once.
@@ -29,6 +29,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -360,7 +361,7 @@ class Partition {
   std::vector<int> inputs_;   // partition input tensors (from TFLite)
   std::vector<int> outputs_;
   std::map<int, Slot> slots_;
-  cl_mem arena_ = nullptr;
+  std::vector<cl_mem> objects_;  // the intermediate buffers, each shared by several tensors
   std::vector<std::vector<GpuTensor>> run_in_, run_out_;
   bool prepared_ = false;
   std::map<std::string, std::pair<double, long>> prof_;  // name -> (ms, kernels)
@@ -390,7 +391,7 @@ Partition::~Partition() {
     if (s.owns_mem && s.mem != nullptr) cl.ReleaseMemObject(s.mem);
     if (s.staging != nullptr) cl.ReleaseMemObject(s.staging);
   }
-  if (arena_ != nullptr) cl.ReleaseMemObject(arena_);
+  for (cl_mem object : objects_) cl.ReleaseMemObject(object);
   auto& ps = be_->partitions;
   ps.erase(std::remove(ps.begin(), ps.end(), this), ps.end());
 }
@@ -430,7 +431,6 @@ std::string Partition::Convert(const char* kernel_name, cl_mem src, cl_mem dst,
 
 std::string Partition::PlanAndUpload(Context* ctx) {
   const ClApi& cl = be_->rt->cl();
-  const DeviceInfo& dev = be_->rt->info();
   const DType storage = be_->storage;
   auto storage_of = [storage](DType model) {
     return model == DType::kInt32 ? DType::kInt32 : storage;
@@ -540,42 +540,27 @@ std::string Partition::PlanAndUpload(Context* ctx) {
     it.last = std::max(it.first, s.last);
     items.push_back(it);
   }
-  const size_t align = std::max<size_t>(dev.base_align_bytes, 4);
-  const size_t arena = PlanArena(&items, align);
+  // Whole buffers shared by tensors with disjoint lifetimes, not sub-buffers of one arena:
+  // NVIDIA's driver crashes releasing some arena sub-buffers (benchmarks/NOTES.md §4), and
+  // mobile drivers align sub-buffer origins coarsely.
+  const ObjectPlan plan = PlanSharedObjects(items);
   cl_int err = CL_SUCCESS;
-  const bool one_arena = arena > 0 && (dev.max_alloc_bytes == 0 || arena <= dev.max_alloc_bytes);
-  if (one_arena) {
-    arena_ = cl.CreateBuffer(be_->rt->context(), CL_MEM_READ_WRITE, arena, nullptr, &err);
-    if (arena_ == nullptr || err != CL_SUCCESS) {
-      return "cannot allocate the " + std::to_string(arena) +
-             "-byte intermediate arena: " + ClErrorName(err);
+  // Poison: a read before any write shows up as NaN.
+  const cl_uint nan_bits = storage == DType::kFloat16 ? 0x7e007e00u : 0x7fc00000u;
+  for (size_t bytes : plan.object_bytes) {
+    cl_mem object = cl.CreateBuffer(be_->rt->context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    if (object == nullptr || err != CL_SUCCESS) {
+      return "cannot allocate a " + std::to_string(bytes) + "-byte intermediate buffer (" +
+             std::to_string(plan.total_bytes) + " bytes in all): " + ClErrorName(err);
     }
-    // Poison: a read before any write shows up as NaN.
-    const cl_uint nan_bits = storage == DType::kFloat16 ? 0x7e007e00u : 0x7fc00000u;
-    err = cl.EnqueueFillBuffer(be_->rt->queue(), arena_, &nan_bits, sizeof(nan_bits), 0,
-                               arena / 4 * 4, 0, nullptr, nullptr);
-    if (err != CL_SUCCESS) return "clEnqueueFillBuffer(arena): " + ClErrorName(err);
-    arena_bytes = arena;
-  } else {
-    arena_bytes = 0;
+    objects_.push_back(object);
+    err = cl.EnqueueFillBuffer(be_->rt->queue(), object, &nan_bits, sizeof(nan_bits), 0,
+                               bytes / 4 * 4, 0, nullptr, nullptr);
+    if (err != CL_SUCCESS) return "clEnqueueFillBuffer(intermediates): " + ClErrorName(err);
   }
+  arena_bytes = plan.total_bytes;
   for (size_t i = 0; i < roots.size(); ++i) {
-    Slot& s = slots_.at(roots[i]);
-    const size_t size = std::max<size_t>(s.bytes, 4);
-    if (one_arena) {
-      cl_buffer_region region{items[i].offset, size};
-      s.mem = cl.CreateSubBuffer(arena_, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION,
-                                 &region, &err);
-    } else {
-      s.mem = cl.CreateBuffer(be_->rt->context(), CL_MEM_READ_WRITE, size, nullptr, &err);
-      arena_bytes += size;
-    }
-    if (s.mem == nullptr || err != CL_SUCCESS) {
-      return "cannot create the buffer of tensor " + std::to_string(roots[i]) + " (" +
-             std::to_string(size) + " bytes at offset " +
-             std::to_string(one_arena ? items[i].offset : 0) + "): " + ClErrorName(err);
-    }
-    s.owns_mem = true;
+    slots_.at(roots[i]).mem = objects_[plan.object_of[i]];
   }
   for (auto& kv : slots_) {
     Slot& s = kv.second;
