@@ -206,6 +206,9 @@ CONV_CASES = {
     "1x3_wide_cout": (1, 6, 8, 3, 70, 1, 3, (1, 1), (1, 1), SAME, True),
     "multi_tile": (1, 17, 19, 33, 67, 3, 3, (1, 1), (1, 1), SAME, True),
     "5x5_stride_mix": (1, 13, 12, 3, 9, 5, 5, (2, 1), (1, 1), SAME, True),
+    # m = 17*19 = 323 pixels, 260 channels: the 128x128 tile with ragged edges
+    "large_tile_3x3": (1, 17, 19, 20, 260, 3, 3, (1, 1), (1, 1), SAME, True),
+    "large_tile_1x1": (1, 17, 19, 36, 300, 1, 1, (1, 1), (1, 1), VALID, True),
 }
 
 
@@ -267,6 +270,7 @@ def test_depthwise_conv_2d(lib, tmp_path, style, case):
     ((1, 70), 45, True, False, True),
     ((3, 50, 40), 70, True, True, True),
     ((5, 21), 9, True, False, False),  # weights as a graph input
+    ((2, 150, 37), 270, True, True, True),  # m = 300, n = 270: the 128x128 tile, ragged
 ])
 def test_fully_connected(lib, tmp_path, style, case):
     shape, n, has_bias, keep, const_w = case
@@ -302,6 +306,7 @@ def test_fully_connected(lib, tmp_path, style, case):
     ((2, 1, 17, 9), (1, 3, 9, 13), False, False),
     ((2, 9, 17), (2, 70, 9), True, True),
     ((1, 2, 67, 19), (1, 2, 71, 19), False, True),
+    ((2, 300, 33), (2, 33, 270), False, False),  # the 128x128 tile, ragged edges
 ])
 def test_batch_matmul(lib, tmp_path, style, case):
     sa, sb, adj_x, adj_y = case

@@ -1,6 +1,8 @@
 #include "matmul/gemm.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 namespace difflite::gpu::builtin {
 
@@ -8,6 +10,22 @@ std::string TileConfig::Options() const {
   return "-DTM=" + std::to_string(tm) + " -DTN=" + std::to_string(tn) +
          " -DTK=" + std::to_string(tk) + " -DWM=" + std::to_string(wm) +
          " -DWN=" + std::to_string(wn);
+}
+
+std::vector<TileConfig> TileCandidates(int m, int n) {
+  std::vector<TileConfig> configs;
+  const char* env = std::getenv("DIFFLITE_GEMM_TILE");
+  TileConfig forced;
+  if (env != nullptr && std::sscanf(env, "%dx%dx%dx%dx%d", &forced.tm, &forced.tn, &forced.tk,
+                                    &forced.wm, &forced.wn) == 5 &&
+      forced.wm > 0 && forced.wn > 0 && forced.tk > 0 && forced.tm % forced.wm == 0 &&
+      forced.tn % forced.wn == 0) {
+    configs.push_back(forced);
+  }
+  if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4});
+  configs.push_back({32, 32, 16, 4, 4});
+  configs.push_back({16, 16, 16, 2, 2});
+  return configs;
 }
 
 bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,

@@ -16,18 +16,19 @@ struct TileConfig {
   std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=...
 };
 
-// The largest tile (64x64, else 32x32, else 16x16) that `kernel_of(config)`
-// can run on this device, preferring small tiles for small problems.
+// Candidate tiles, best first: 64x64 (for m, n > 32), 32x32, 16x16.
+// DIFFLITE_GEMM_TILE=TMxTNxTKxWMxWN (e.g. 128x128x16x8x8) puts one tile first,
+// for benchmarking (benchmarks/gpu_tiles.sh; larger tiles were slower on the
+// H100, NOTES.md §6).
+std::vector<TileConfig> TileCandidates(int m, int n);
+
+// The first candidate tile that `kernel_of(config)` can run on this device.
 // kernel_of returns "" and the kernel, or a reason.
 template <typename F>
 std::string PickTile(GpuContext& ctx, int m, int n, F kernel_of, TileConfig* out,
                      cl_kernel* kernel) {
-  std::vector<TileConfig> configs;
-  if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4});
-  configs.push_back({32, 32, 16, 4, 4});
-  configs.push_back({16, 16, 16, 2, 2});
   std::string last;
-  for (const TileConfig& c : configs) {
+  for (const TileConfig& c : TileCandidates(m, n)) {
     if (static_cast<size_t>(c.threads()) > ctx.device().max_work_group_size) continue;
     cl_kernel k = nullptr;
     last = kernel_of(c, &k);

@@ -1,0 +1,102 @@
+"""Per-op GPU time of one converted component on backend=opencl (the delegate's profile=1 option:
+OpenCL event timestamps summed per op type, printed when the interpreter is torn down).
+
+    python benchmarks/gpu_profile.py OUT unet [--runs 5] [--json FILE]
+
+Prints a table (ms per invoke and share per op type) and the wall time per invoke; with --json
+writes both. Event profiling serialises the queue a little, so the wall time here is slightly
+above an unprofiled run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def random_feeds(entry: dict, rng) -> dict:
+    feeds = {}
+    for spec in entry["inputs"]:
+        shape = spec["shape"]
+        if spec["dtype"].startswith("int"):
+            feeds[spec["name"]] = rng.integers(0, 400, shape).astype(spec["dtype"])
+        else:
+            feeds[spec["name"]] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def profile(folder: Path, component: str, runs: int) -> dict:
+    """Runs the component and returns the delegate's profile line parsed, plus wall times."""
+    from ai_edge_litert.interpreter import Interpreter, load_delegate
+
+    from compiler.manifest import read_manifest
+    from compiler.runtime import find_oplib
+
+    entry = read_manifest(folder)["components"][component]
+    log = Path(tempfile.mkstemp(prefix="difflite-profile-", suffix=".log")[1])
+    saved = os.dup(2)
+    with open(log, "w") as sink:  # the delegate logs on fd 2
+        os.dup2(sink.fileno(), 2)
+        try:
+            delegate = load_delegate(str(find_oplib()), {"backend": "opencl", "profile": "1"})
+            interpreter = Interpreter(model_path=str(folder / entry["file"]), experimental_delegates=[delegate])
+            runner = interpreter.get_signature_runner("serving_default")
+            feeds = random_feeds(entry, np.random.default_rng(0))
+            runner(**feeds)  # warm-up: first-use allocations
+            walls = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                runner(**feeds)
+                walls.append(time.perf_counter() - start)
+            del runner, interpreter, delegate
+            gc.collect()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    text = log.read_text()
+    log.unlink()
+    match = re.search(r"profile: (\d+) invokes, ([\d.]+) ms of kernels per invoke:(.*)", text)
+    if match is None:
+        raise SystemExit(f"no profile line in the delegate's output:\n{text[-2000:]}")
+    ops = {}
+    for item in match.group(3).split():
+        name, _, ms = item.rpartition("=")
+        ops[name] = float(ms)
+    return {"component": component, "invokes": int(match.group(1)), "kernel_ms": float(match.group(2)),
+            "wall_ms_median": round(float(np.median(walls)) * 1e3, 2), "ops_ms": ops}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("component")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    result = profile(args.folder, args.component, args.runs)
+    total = result["kernel_ms"]
+    print(f"{args.component}: {result['wall_ms_median']} ms wall per invoke, {total:.2f} ms in kernels "
+          f"({result['invokes']} profiled invokes incl. warm-up)")
+    print("| op | ms per invoke | share |")
+    print("|---|---|---|")
+    for name, ms in sorted(result["ops_ms"].items(), key=lambda kv: -kv[1]):
+        print(f"| {name} | {ms:.2f} | {100 * ms / total:.1f}% |")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
