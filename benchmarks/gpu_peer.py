@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -35,7 +36,8 @@ def log(message: str) -> None:
     print(f"[gpu_peer {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def convert(work: Path, model: str, size: int, components: str, batch: int) -> tuple[Path, Path]:
+def convert(work: Path, model: str, size: int, components: str, batch: int,
+            extra_args: list[str]) -> tuple[Path, Path]:
     """Fused folder via the CLI (keeping the ONNX), then the unfused .tflite files written from the
     same ONNX graphs (same weights, one export)."""
     fused = work / "fused"
@@ -43,7 +45,8 @@ def convert(work: Path, model: str, size: int, components: str, batch: int) -> t
     if not (fused / "manifest.json").is_file():
         subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", model, "-o", str(fused),
                         "--components", components, "--batch", str(batch), "--precision", "fp16",
-                        "--height", str(size), "--width", str(size), "--keep-onnx"], check=True, cwd=ROOT)
+                        "--height", str(size), "--width", str(size), "--keep-onnx", *extra_args],
+                       check=True, cwd=ROOT)
     if not unfused.is_dir():
         from compiler.tflite.writer import load_onnx, write_tflite
         from passes import run_passes
@@ -202,10 +205,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--library", type=Path, default=ROOT / "custom_ops" / "build" / "libdifflite_delegate.so")
     parser.add_argument("--skip", default="", help="comma-separated: difflite,litert,torch")
+    parser.add_argument("--convert-args", default="",
+                        help="more `difflite convert` arguments for the fused files, e.g. --device-profile nvidia-h100")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     components = args.components.split(",")
-    results: dict = {"components": components, "batch": args.batch}
+    results: dict = {"components": components, "batch": args.batch, "convert_args": args.convert_args}
     device = os.environ.get("DIFFLITE_DEVICE_NAME", "gpu")
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +220,8 @@ def main() -> int:
         result_path.write_text(json.dumps(results, indent=2) + "\n")
 
     start = time.perf_counter()
-    fused, unfused = convert(args.work, args.model, args.size, args.components, args.batch)
+    fused, unfused = convert(args.work, args.model, args.size, args.components, args.batch,
+                             shlex.split(args.convert_args))
     results["convert_s"] = round(time.perf_counter() - start, 1)
     save()
     manifest = json.loads((fused / "manifest.json").read_text())

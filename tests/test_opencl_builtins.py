@@ -328,6 +328,19 @@ def test_batch_matmul(lib, tmp_path, style, case):
     check(got, want)
 
 
+@pytest.mark.parametrize("tile", ["64x64x16x4x4", "128x128x16x8x8v", "128x64x16x8x4v"])
+def test_forced_tiles(lib, tmp_path, monkeypatch, tile):
+    """Tiles other than the default (vectorised 64x64), forced through DIFFLITE_GEMM_TILE (read
+    when the kernels are picked; the -D options are part of the program cache key), including
+    the scalar kernel: ragged m, n and k, both staging layouts of each GEMM operand, scalar
+    (n % 4 != 0) and vstore4 (n % 4 == 0) stores."""
+    monkeypatch.setenv("DIFFLITE_GEMM_TILE", tile)
+    test_fully_connected(lib, tmp_path, "tiled", ((2, 150, 37), 270, True, True, True))
+    test_batch_matmul(lib, tmp_path, "tiled", ((2, 33, 300), (2, 270, 33), True, True))
+    monkeypatch.setitem(CONV_CASES, "vec_3x3", (1, 15, 20, 19, 268, 3, 3, (1, 1), (1, 1), SAME, True))
+    test_conv_2d(lib, tmp_path, "tiled", "vec_3x3")  # m = 300, k = 171
+
+
 # --------------------------------------------------------------------------
 # Elementwise
 

@@ -407,3 +407,14 @@ def test_programs_compile_for_half_storage():
                    str(f)]
             p = subprocess.run(cmd, capture_output=True, text=True)
             assert p.returncode == 0, f"{f.name} {extra} does not compile for half storage:\n{p.stderr[-2000:]}"
+    # The tiled GEMM and implicit-GEMM conv of the builtins, both variants, as the runtime builds
+    # them: -DDL_FP16=1 and its prelude enabling cl_khr_fp16.
+    prelude = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
+    for f in ("matmul/gemm.cl", "conv/conv.cl"):
+        src = prelude + (REPO / "custom_ops" / "builtins" / f).read_text()
+        for extra in ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]):
+            cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
+                   "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", "-DDL_FP16=1", *extra,
+                   "-fsyntax-only", "-"]
+            p = subprocess.run(cmd, input=src, capture_output=True, text=True)
+            assert p.returncode == 0, f"{f} {extra} does not compile for half storage:\n{p.stderr[-2000:]}"

@@ -23,17 +23,23 @@
 #ifndef WN
 #define WN 4
 #endif
+#ifndef VEC
+#define VEC 0
+#endif
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
 #define RA ((TM * TK + NT - 1) / NT)
 #ifdef DL_FP16
 #define CONVERT_DL_T16 convert_half16
+#define CONVERT_DL_T4 convert_half4
 #else
 #define CONVERT_DL_T16(v) (v)
+#define CONVERT_DL_T4(v) (v)
 #endif
 
 // geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3)
+#if !VEC
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
@@ -133,6 +139,159 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
     }
   }
 }
+
+#else  // VEC
+// Vectorised variant (-DVEC=1), the design of gemm.cl's: an item owns the
+// contiguous block rows ty*WM.., cols tx*WN.. (WM, WN multiples of 4) and
+// reads its operands per k as float4s from k-major tiles padded by 4 floats
+// (16-byte aligned); double-buffered tiles, slice k+1 fetched into registers
+// while slice k is computed, one barrier per slice.
+#define LDA (TM + 4)
+#define LDB (TN + 4)
+#define LB ((TN * TK + NT - 1) / NT)  // filter elements staged per item
+#define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
+
+__kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
+void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
+            __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
+  __local float4 As[2][TK][LDA / 4];
+  __local float4 Bs[2][TK][LDB / 4];
+  __local float* as = (__local float*)As;
+  __local float* bs = (__local float*)Bs;
+  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
+  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
+  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  const int tx = get_local_id(0);
+  const int ty = get_local_id(1);
+  const int tid = ty * TX + tx;
+  const int n0 = get_group_id(0) * TN;
+  const int m0 = get_group_id(1) * TM;
+
+  // The A rows this item loads: fixed over K (NT % TK == 0).
+  const int a_kk = tid % TK;
+  int a_base[RA], a_y[RA], a_x[RA];
+#pragma unroll
+  for (int r = 0; r < RA; ++r) {
+    const int mm = tid / TK + r * (NT / TK);
+    const int m = m0 + mm;
+    if (mm < TM && m < M) {
+      const int ox = m % ow;
+      const int t = m / ow;
+      const int oy = t % oh;
+      const int b = t / oh;
+      a_base[r] = b * ih * iw * cin;
+      a_y[r] = oy * sh - pt;
+      a_x[r] = ox * sw - pl;
+    } else {
+      a_base[r] = -1;
+      a_y[r] = 0;
+      a_x[r] = 0;
+    }
+  }
+
+  float4 acc[WM][WN / 4];
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+#pragma unroll
+    for (int j = 0; j < WN / 4; ++j) acc[i][j] = (float4)(0.0f);
+  }
+
+  // As in gemm.cl: iteration k0 fetches slice k0, computes slice k0 - TK
+  // from buffer buf ^ 1 and stages slice k0 into buffer buf.
+  float ra[RA], rb[LB];
+  int buf = 0;
+  for (int k0 = 0; k0 < K + TK; k0 += TK) {
+    if (k0 < K) {
+      const int k = k0 + a_kk;
+      const int ci = k % cin;
+      const int tap = k / cin;
+      const int ky = tap / kw;
+      const int kx = tap - ky * kw;
+#pragma unroll
+      for (int r = 0; r < RA; ++r) {
+        const int iy = a_y[r] + ky * dh;
+        const int ix = a_x[r] + kx * dw;
+        ra[r] = (a_base[r] >= 0 && k < K && iy >= 0 && iy < ih && ix >= 0 && ix < iw)
+                    ? (float)x[a_base[r] + (iy * iw + ix) * cin + ci]
+                    : 0.0f;
+      }
+#pragma unroll
+      for (int l = 0; l < LB; ++l) {
+        const int e = tid + l * NT;
+        const int kk = e % TK, nn = e / TK;
+        const int n = n0 + nn, kb = k0 + kk;
+        rb[l] = (n < N && kb < K && nn < TN) ? (float)w[n * K + kb] : 0.0f;
+      }
+    }
+    if (k0 > 0) {
+      const int cb = buf ^ 1;
+#pragma unroll
+      for (int kk = 0; kk < TK; ++kk) {
+        float4 a[WM / 4], b[WN / 4];
+#pragma unroll
+        for (int v = 0; v < WM / 4; ++v) a[v] = As[cb][kk][ty * (WM / 4) + v];
+#pragma unroll
+        for (int v = 0; v < WN / 4; ++v) b[v] = Bs[cb][kk][tx * (WN / 4) + v];
+#pragma unroll
+        for (int i = 0; i < WM; ++i) {
+          const float4 ai = (float4)(C4(a[i / 4], i % 4));
+#pragma unroll
+          for (int j = 0; j < WN / 4; ++j) acc[i][j] = fma(ai, b[j], acc[i][j]);
+        }
+      }
+    }
+    if (k0 < K) {
+#pragma unroll
+      for (int r = 0; r < RA; ++r) {
+        const int mm = tid / TK + r * (NT / TK);
+        if (mm < TM) as[(buf * TK + a_kk) * LDA + mm] = ra[r];
+      }
+#pragma unroll
+      for (int l = 0; l < LB; ++l) {
+        const int e = tid + l * NT;
+        const int kk = e % TK, nn = e / TK;
+        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = rb[l];
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+      buf ^= 1;
+    }
+  }
+
+  const bool vec_c = (N & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
+  const int mb = m0 + ty * WM;
+  const int nb = n0 + tx * WN;
+  float4 bv[WN / 4];
+#pragma unroll
+  for (int j = 0; j < WN / 4; ++j) {
+    float t[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int n = nb + 4 * j + c;
+      t[c] = (has_bias && n < N) ? (float)bias[n] : 0.0f;
+    }
+    bv[j] = (float4)(t[0], t[1], t[2], t[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+    const int m = mb + i;
+    if (m >= M) break;
+    __global DL_T* row = y + m * N;
+#pragma unroll
+    for (int j = 0; j < WN / 4; ++j) {
+      const int n = nb + 4 * j;
+      const float4 v = acc[i][j] + bv[j];
+      if (vec_c && n + 4 <= N) {
+        vstore4(CONVERT_DL_T4(v), 0, row + n);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (n + c < N) row[n + c] = (DL_T)C4(v, c);
+        }
+      }
+    }
+  }
+}
+#endif  // VEC
 
 // DEPTHWISE_CONV_2D: one item per output element; filter [1, KH, KW, C*mult],
 // output channel oc reads input channel oc / mult.

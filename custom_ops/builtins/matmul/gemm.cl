@@ -30,10 +30,14 @@
 #ifndef B_KMAJOR
 #define B_KMAJOR 0
 #endif
+#ifndef VEC
+#define VEC 0
+#endif
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
 
+#if !VEC
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
@@ -122,6 +126,167 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
     }
   }
 }
+
+#else  // VEC
+// Vectorised variant (-DVEC=1, WM and WN multiples of 4): an item owns the
+// contiguous block rows ty*WM.., cols tx*WN.. of the tile, so its operands per
+// k are WM/4 + WN/4 float4 reads of the k-major local tiles (not WM + WN
+// strided scalar reads). Rows are padded by 4 floats: spreads the banks of the
+// staging writes and keeps every float4 16-byte aligned. The tiles are double
+// buffered and slice k+1 is fetched into registers before slice k is
+// computed, so the global loads overlap the arithmetic; one barrier per slice.
+#define LDA (TM + 4)
+#define LDB (TN + 4)
+#define LA ((TM * TK + NT - 1) / NT)  // A elements staged per item
+#define LB ((TN * TK + NT - 1) / NT)
+#define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
+#ifdef DL_FP16
+#define CONVERT_DL_T4 convert_half4
+#else
+#define CONVERT_DL_T4(v) (v)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
+void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
+          __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
+          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
+  __local float4 As[2][TK][LDA / 4];
+  __local float4 Bs[2][TK][LDB / 4];
+  __local float* as = (__local float*)As;
+  __local float* bs = (__local float*)Bs;
+  const int tx = get_local_id(0);
+  const int ty = get_local_id(1);
+  const int tid = ty * TX + tx;
+  const int n0 = get_group_id(0) * TN;
+  const int m0 = get_group_id(1) * TM;
+  const int batch = get_group_id(2);
+  int r = batch;
+  const int c3 = r % bdims.w;
+  r /= bdims.w;
+  const int c2 = r % bdims.z;
+  r /= bdims.z;
+  const int c1 = r % bdims.y;
+  const int c0 = r / bdims.y;
+  __global const DL_T* Ab = A + (c0 * a_bs.x + c1 * a_bs.y + c2 * a_bs.z + c3 * a_bs.w);
+  __global const DL_T* Bb = B + (c0 * b_bs.x + c1 * b_bs.y + c2 * b_bs.z + c3 * b_bs.w);
+
+  float4 acc[WM][WN / 4];
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+#pragma unroll
+    for (int j = 0; j < WN / 4; ++j) acc[i][j] = (float4)(0.0f);
+  }
+
+  // Iteration k0 fetches slice k0 into ra/rb, computes slice k0 - TK from
+  // local buffer buf ^ 1, then stages ra/rb into buffer buf. The barrier
+  // that ends an iteration also separates the reads of a buffer from the
+  // next writes to it.
+  float ra[LA], rb[LB];
+  int buf = 0;
+  for (int k0 = 0; k0 < K + TK; k0 += TK) {
+    if (k0 < K) {
+#pragma unroll
+      for (int l = 0; l < LA; ++l) {
+        const int e = tid + l * NT;
+#if A_KMAJOR
+        const int kk = e % TK, mm = e / TK;
+#else
+        const int mm = e % TM, kk = e / TM;
+#endif
+        const int m = m0 + mm, k = k0 + kk;
+        ra[l] = (m < M && k < K && e < TM * TK) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
+      }
+#pragma unroll
+      for (int l = 0; l < LB; ++l) {
+        const int e = tid + l * NT;
+#if B_KMAJOR
+        const int kk = e % TK, nn = e / TK;
+#else
+        const int nn = e % TN, kk = e / TN;
+#endif
+        const int n = n0 + nn, k = k0 + kk;
+        rb[l] = (n < N && k < K && e < TN * TK) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
+      }
+    }
+    if (k0 > 0) {
+      const int cb = buf ^ 1;
+#pragma unroll
+      for (int kk = 0; kk < TK; ++kk) {
+        float4 a[WM / 4], b[WN / 4];
+#pragma unroll
+        for (int v = 0; v < WM / 4; ++v) a[v] = As[cb][kk][ty * (WM / 4) + v];
+#pragma unroll
+        for (int v = 0; v < WN / 4; ++v) b[v] = Bs[cb][kk][tx * (WN / 4) + v];
+#pragma unroll
+        for (int i = 0; i < WM; ++i) {
+          const float4 ai = (float4)(C4(a[i / 4], i % 4));
+#pragma unroll
+          for (int j = 0; j < WN / 4; ++j) acc[i][j] = fma(ai, b[j], acc[i][j]);
+        }
+      }
+    }
+    if (k0 < K) {
+#pragma unroll
+      for (int l = 0; l < LA; ++l) {
+        const int e = tid + l * NT;
+#if A_KMAJOR
+        const int kk = e % TK, mm = e / TK;
+#else
+        const int mm = e % TM, kk = e / TM;
+#endif
+        if (e < TM * TK) as[(buf * TK + kk) * LDA + mm] = ra[l];
+      }
+#pragma unroll
+      for (int l = 0; l < LB; ++l) {
+        const int e = tid + l * NT;
+#if B_KMAJOR
+        const int kk = e % TK, nn = e / TK;
+#else
+        const int nn = e % TN, kk = e / TN;
+#endif
+        if (e < TN * TK) bs[(buf * TK + kk) * LDB + nn] = rb[l];
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+      buf ^= 1;
+    }
+  }
+
+  __global DL_T* Cb = C + batch * c_bs;
+  const bool vec_c = ((ldc | c_bs) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
+  const int mb = m0 + ty * WM;
+  const int nb = n0 + tx * WN;
+  float4 bv[WN / 4];
+#pragma unroll
+  for (int j = 0; j < WN / 4; ++j) {
+    float t[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int n = nb + 4 * j + c;
+      t[c] = (has_bias && n < N) ? (float)bias[n] : 0.0f;
+    }
+    bv[j] = (float4)(t[0], t[1], t[2], t[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < WM; ++i) {
+    const int m = mb + i;
+    if (m >= M) break;
+    __global DL_T* row = Cb + m * ldc;
+#pragma unroll
+    for (int j = 0; j < WN / 4; ++j) {
+      const int n = nb + 4 * j;
+      const float4 v = acc[i][j] + bv[j];
+      if (vec_c && n + 4 <= N) {
+        vstore4(CONVERT_DL_T4(v), 0, row + n);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (n + c < N) row[n + c] = (DL_T)C4(v, c);
+        }
+      }
+    }
+  }
+}
+#endif  // VEC
 
 // GEMM for CPU-like devices (no local memory, no barriers, explicit
 // vectors): an item owns 8 consecutive columns n0..n0+7 (one float16) and RM

@@ -12,14 +12,18 @@ namespace difflite::gpu::builtin {
 
 struct TileConfig {
   int tm = 64, tn = 64, tk = 16, wm = 4, wn = 4;
+  // The vectorised kernels (-DVEC=1: contiguous WM x WN block per item, float4
+  // local reads, double-buffered tiles); needs wm and wn multiples of 4.
+  bool vec = false;
   int threads() const { return (tm / wm) * (tn / wn); }
-  std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=...
+  std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1]
 };
 
 // Candidate tiles, best first: 64x64 (for m, n > 32), 32x32, 16x16.
 // DIFFLITE_GEMM_TILE=TMxTNxTKxWMxWN (e.g. 128x128x16x8x8) puts one tile first,
-// for benchmarking (benchmarks/gpu_tiles.sh; larger tiles were slower on the
-// H100, NOTES.md §6).
+// a trailing v (128x128x16x8x8v) selects the vectorised variant; for
+// benchmarking (benchmarks/gpu_tiles.sh; larger tiles were slower on the H100,
+// NOTES.md §6).
 std::vector<TileConfig> TileCandidates(int m, int n);
 
 // The first candidate tile that `kernel_of(config)` can run on this device.
