@@ -38,6 +38,33 @@
 #define CONVERT_DL_T4(v) (v)
 #endif
 
+// The output pixels of the A rows this item stages (fixed over K since NT % TK == 0): the
+// batch's base offset (-1: outside M) and the top-left input coordinates of the window.
+inline void conv_rows(int m0, int M, int tid, int4 g0, int4 g1, int4 g2, int* a_base, int* a_y,
+                      int* a_x) {
+  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
+  const int ow = g1.x, sh = g1.z, sw = g1.w;
+  const int pt = g2.z, pl = g2.w;
+#pragma unroll
+  for (int r = 0; r < RA; ++r) {
+    const int mm = tid / TK + r * (NT / TK);
+    const int m = m0 + mm;
+    if (mm < TM && m < M) {
+      const int ox = m % ow;
+      const int t = m / ow;
+      const int oy = t % oh;
+      const int b = t / oh;
+      a_base[r] = b * ih * iw * cin;
+      a_y[r] = oy * sh - pt;
+      a_x[r] = ox * sw - pl;
+    } else {
+      a_base[r] = -1;
+      a_y[r] = 0;
+      a_x[r] = 0;
+    }
+  }
+}
+
 // geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3)
 #if !VEC
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
@@ -57,24 +84,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   // The A rows this item loads: fixed over K (NT % TK == 0).
   const int a_kk = tid % TK;
   int a_base[RA], a_y[RA], a_x[RA];
-#pragma unroll
-  for (int r = 0; r < RA; ++r) {
-    const int mm = tid / TK + r * (NT / TK);
-    const int m = m0 + mm;
-    if (mm < TM && m < M) {
-      const int ox = m % ow;
-      const int t = m / ow;
-      const int oy = t % oh;
-      const int b = t / oh;
-      a_base[r] = b * ih * iw * cin;
-      a_y[r] = oy * sh - pt;
-      a_x[r] = ox * sw - pl;
-    } else {
-      a_base[r] = -1;
-      a_y[r] = 0;
-      a_x[r] = 0;
-    }
-  }
+  conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
 
   float acc[WM][WN];
 #pragma unroll
@@ -170,24 +180,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   // The A rows this item loads: fixed over K (NT % TK == 0).
   const int a_kk = tid % TK;
   int a_base[RA], a_y[RA], a_x[RA];
-#pragma unroll
-  for (int r = 0; r < RA; ++r) {
-    const int mm = tid / TK + r * (NT / TK);
-    const int m = m0 + mm;
-    if (mm < TM && m < M) {
-      const int ox = m % ow;
-      const int t = m / ow;
-      const int oy = t % oh;
-      const int b = t / oh;
-      a_base[r] = b * ih * iw * cin;
-      a_y[r] = oy * sh - pt;
-      a_x[r] = ox * sw - pl;
-    } else {
-      a_base[r] = -1;
-      a_y[r] = 0;
-      a_x[r] = 0;
-    }
-  }
+  conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
 
   float4 acc[WM][WN / 4];
 #pragma unroll

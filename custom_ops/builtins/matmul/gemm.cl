@@ -37,6 +37,17 @@
 #define TY (TM / WM)
 #define NT (TX * TY)
 
+// Element offset of batch `batch` (up to 4 collapsed dims, innermost in .w).
+inline int batch_offset(int batch, int4 bdims, int4 strides) {
+  const int c3 = batch % bdims.w;
+  batch /= bdims.w;
+  const int c2 = batch % bdims.z;
+  batch /= bdims.z;
+  const int c1 = batch % bdims.y;
+  const int c0 = batch / bdims.y;
+  return c0 * strides.x + c1 * strides.y + c2 * strides.z + c3 * strides.w;
+}
+
 #if !VEC
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
@@ -50,15 +61,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   const int n0 = get_group_id(0) * TN;
   const int m0 = get_group_id(1) * TM;
   const int batch = get_group_id(2);
-  int r = batch;
-  const int c3 = r % bdims.w;
-  r /= bdims.w;
-  const int c2 = r % bdims.z;
-  r /= bdims.z;
-  const int c1 = r % bdims.y;
-  const int c0 = r / bdims.y;
-  const int a_off = c0 * a_bs.x + c1 * a_bs.y + c2 * a_bs.z + c3 * a_bs.w;
-  const int b_off = c0 * b_bs.x + c1 * b_bs.y + c2 * b_bs.z + c3 * b_bs.w;
+  const int a_off = batch_offset(batch, bdims, a_bs);
+  const int b_off = batch_offset(batch, bdims, b_bs);
   __global const DL_T* Ab = A + a_off;
   __global const DL_T* Bb = B + b_off;
 
@@ -160,15 +164,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   const int n0 = get_group_id(0) * TN;
   const int m0 = get_group_id(1) * TM;
   const int batch = get_group_id(2);
-  int r = batch;
-  const int c3 = r % bdims.w;
-  r /= bdims.w;
-  const int c2 = r % bdims.z;
-  r /= bdims.z;
-  const int c1 = r % bdims.y;
-  const int c0 = r / bdims.y;
-  __global const DL_T* Ab = A + (c0 * a_bs.x + c1 * a_bs.y + c2 * a_bs.z + c3 * a_bs.w);
-  __global const DL_T* Bb = B + (c0 * b_bs.x + c1 * b_bs.y + c2 * b_bs.z + c3 * b_bs.w);
+  __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
+  __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
 
   float4 acc[WM][WN / 4];
 #pragma unroll
@@ -308,15 +305,8 @@ __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
   const int m0 = get_global_id(1) * RM;
   const int batch = get_global_id(2);
   if (n0 >= N) return;
-  int r = batch;
-  const int c3 = r % bdims.w;
-  r /= bdims.w;
-  const int c2 = r % bdims.z;
-  r /= bdims.z;
-  const int c1 = r % bdims.y;
-  const int c0 = r / bdims.y;
-  __global const DL_T* Ab = A + (c0 * a_bs.x + c1 * a_bs.y + c2 * a_bs.z + c3 * a_bs.w);
-  __global const DL_T* Bb = B + (c0 * b_bs.x + c1 * b_bs.y + c2 * b_bs.z + c3 * b_bs.w);
+  __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
+  __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
   const int lanes = min(16, N - n0);
   const bool vec_b = b_sn == 1 && lanes == 16;
   float16 b0 = (float16)(0.0f);
