@@ -231,6 +231,62 @@ def test_attention_head_sizes(runner, launch, case, variant, causal):
     assert rel_err(runner.download(o, ref.shape), ref) < TOL
 
 
+def _attention_rows(runner, launch, q, k, v, o, n, lq, lk, heads, dk, dv, scale, causal, plan, rq):
+    """The harness's launch of `plan` with AT_RQ=rq query rows per work-item (work-groups of
+    bq / rq work-items, each owning bq rows), as attention_opencl.cc launches it."""
+    opts = f"{plan.options(dk, dv)} -DAT_RQ={rq}"
+    i32, f32 = np.int32, np.float32
+    wg = plan.bq // rq
+    items = launch.ceil_div(lq, plan.bq) * wg
+    if plan.variant == "flash":
+        runner.launch(runner.kernel("attention", "attn_flash", opts), (items, heads, n), (wg, 1, 1),
+                      q, k, v, o, i32(lq), i32(lk), i32(heads), f32(scale), i32(causal))
+        return
+    stats = runner.scratch(8 * n * heads * lq, 0)
+    chunks = launch.ceil_div(dv, plan.dvc)
+    runner.launch(runner.kernel("attention", "attn_rowstats", opts), (items, heads, n), (wg, 1, 1),
+                  q, k, stats, i32(lq), i32(lk), i32(heads), i32(dk), f32(scale), i32(causal))
+    runner.launch(runner.kernel("attention", "attn_output", opts), (items, heads * chunks, n), (wg, 1, 1),
+                  q, k, v, stats, o, i32(lq), i32(lk), i32(heads), i32(dk), i32(dv), f32(scale), i32(causal))
+
+
+@pytest.mark.parametrize(
+    "case,variant,rq",
+    [
+        ((2, 77, 300, 2, 40, 40), "flash", 2),  # SD 1.5 head sizes, ragged Lq / Lk
+        ((1, 300, 77, 2, 40, 40), "flash", 4),
+        ((1, 77, 300, 1, 80, 80), "flash", 2),
+        ((1, 300, 77, 1, 160, 160), "flash", 1),
+        ((1, 45, 30, 2, 5, 6), "flash", 4),  # head sizes not multiples of 4
+        ((2, 37, 19, 1, 7, 3), "flash", 2),
+        ((2, 77, 300, 2, 40, 40), "partial_softmax", 2),
+        ((1, 300, 77, 1, 80, 80), "partial_softmax", 4),
+        ((1, 77, 300, 1, 160, 160), "partial_softmax", 2),
+        ((1, 300, 77, 1, 512, 512), "partial_softmax", 2),  # VAE head: Dk and Dv chunked
+        ((1, 77, 300, 1, 512, 512), "partial_softmax", 1),
+        ((1, 33, 45, 1, 130, 150), "partial_softmax", 2),  # chunks not multiples of 4
+        ((2, 37, 19, 3, 5, 6), "partial_softmax", 4),
+    ],
+    ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c),
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_rows_per_item(runner, launch, case, variant, rq, causal):
+    """Several query rows per work-item (AT_RQ) and float4 tiles with SD head sizes."""
+    n, lq, lk, heads, dk, dv = case
+    r = np.random.default_rng(dk * 7 + lq + rq)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    scale = 1.0 / math.sqrt(dk)
+    plan = launch.attention_plan(dk, dv, variant, max(runner.local_mem, 48 * 1024))
+    assert plan.variant == variant
+    o = runner.empty((n, lq, heads * dv))
+    _attention_rows(runner, launch, runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads,
+                    dk, dv, scale, causal, plan, rq)
+    ref = attention_ref(q, k, v, heads, scale, causal)
+    assert rel_err(runner.download(o, ref.shape), ref) < TOL
+
+
 def test_attention_auto_plan(launch):
     """auto: flash for small heads when the K/V tiles fit in half of local memory, else partial."""
     kb48 = 48 * 1024

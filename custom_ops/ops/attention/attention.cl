@@ -11,20 +11,28 @@
 //                  (the softmax normalisation fused into the second matmul),
 //                  and accumulates p v. Grid dimension 1 also splits Dv into
 //                  chunks of AT_DVC (the scores are recomputed per chunk).
-//   Work-group: AT_BQ work-items, one query row each. Local memory: a Q
-//   chunk [AT_BQ][AT_DC+1] (padded: no bank conflicts), a K chunk
-//   [AT_BK][AT_DC], a V chunk [AT_BK][AT_DVC] and (attn_output) the tile's
-//   probabilities [AT_BQ][AT_BK+1]; Dk is streamed in chunks of AT_DC, so no
-//   private array depends on the head size (scores: AT_BK registers, output
-//   accumulator: AT_DVC registers).
+//   Work-group: AT_BQ / AT_RQ work-items owning AT_BQ query rows, AT_RQ each
+//   (rows lid, lid + AT_WG, ...: each K/V value read from local memory feeds
+//   AT_RQ rows). Local memory holds float4s along the head dimension (a chunk
+//   of AT_DC dims is AT_DC4 float4s, zero padded past AT_DC): a Q chunk
+//   [AT_BQ][AT_DC4 + 1] (padded row: no bank conflicts), a K chunk
+//   [AT_BK][AT_DC4], a V chunk [AT_BK][AT_DVC4] and (attn_output) the tile's
+//   probabilities [AT_BQ][AT_BK + 1] floats; one float4 read feeds 4 * AT_RQ
+//   multiply-adds. Dk is streamed in chunks of AT_DC, so no private array
+//   depends on the head size (scores: AT_RQ * AT_BK registers, output
+//   accumulator: AT_RQ * AT_DVC4 float4s).
 //
 // (2) FlashAttention (head sizes AT_DK, AT_DV known at build time):
-//   attn_flash     one kernel: a work-group of AT_BQ work-items owns AT_BQ
-//                  query rows (q row and output accumulator in registers);
-//                  K/V tiles of AT_BK keys go through local memory; online
+//   attn_flash     one kernel: a work-group of AT_BQ / AT_RQ work-items owns
+//                  AT_BQ query rows, AT_RQ per work-item (q rows and output
+//                  accumulators in registers as float4s); K/V tiles of AT_BK
+//                  keys go through local memory as float4s along the head
+//                  dimension (AT_DK4 / AT_DV4 per key, zero padded); online
 //                  softmax per chunk of AT_KC keys (running max, running sum,
 //                  accumulator rescaled when the max grows); o written once.
 //
+// Launch: global (ceil(Lq / AT_BQ) * AT_WG, ...), local (AT_WG, 1, 1) with
+// AT_WG = AT_BQ / AT_RQ (AT_RQ defaults to 1: one row per work-item).
 // Scores are kept in base 2 (q pre-scaled by scale*log2(e), exp2), which is
 // the same softmax. Storage type DL_T (float or half); math in float.
 #if defined(cl_khr_fp16)
@@ -37,7 +45,10 @@
 #define DL_T4 float4
 #endif
 #ifndef AT_BQ
-#define AT_BQ 64  // query rows (= work-items) per work-group
+#define AT_BQ 64  // query rows per work-group
+#endif
+#ifndef AT_RQ
+#define AT_RQ 1  // query rows per work-item (divides AT_BQ)
 #endif
 #ifndef AT_BK
 #define AT_BK 32  // keys per tile
@@ -51,64 +62,92 @@
 #ifndef AT_DVC
 #define AT_DVC 64  // Dv chunk (partial softmax)
 #endif
+#if AT_BQ % AT_RQ != 0
+#error "AT_RQ must divide AT_BQ"
+#endif
+#define AT_WG (AT_BQ / AT_RQ)  // work-items per work-group
+#define AT_DC4 ((AT_DC + 3) / 4)
+#define AT_DVC4 ((AT_DVC + 3) / 4)
 #define AT_LOG2E 1.4426950408889634f
+
+// p[d .. d + 3] as float4, zero at and past n (never read there).
+inline float4 at_ld4(__global const DL_T* p, int d, int n) {
+  if (d + 4 <= n) return (float4)((float)p[d], (float)p[d + 1], (float)p[d + 2], (float)p[d + 3]);
+  return (float4)(d < n ? (float)p[d] : 0.0f, d + 1 < n ? (float)p[d + 1] : 0.0f,
+                  d + 2 < n ? (float)p[d + 2] : 0.0f, 0.0f);
+}
+
+// s + a . b, as 4 multiply-adds.
+inline float at_dot4(float4 a, float4 b, float s) {
+  return mad(a.w, b.w, mad(a.z, b.z, mad(a.y, b.y, mad(a.x, b.x, s))));
+}
 
 // ---------------------------------------------------------------------------
 // Partially fused softmax.
 
 // Loads rows [row0, row0 + AT_BQ) x dims [d0, d0 + AT_DC) of q (pre-scaled)
-// into Qs (zero outside Lq x Dk).
-inline void at_load_q(__local float* Qs, __global const DL_T* qh, int qstride,
+// into Qs as float4s (zero outside Lq x Dk and past the chunk).
+inline void at_load_q(__local float4* Qs, __global const DL_T* qh, int qstride,
                       int rows_left, int d0, int Dk, float qscale, int lid) {
-  for (int e = lid; e < AT_BQ * AT_DC; e += AT_BQ) {
-    const int r = e / AT_DC;
-    const int d = e - r * AT_DC;
-    Qs[r * (AT_DC + 1) + d] = (r < rows_left && d0 + d < Dk)
-                                  ? (float)qh[(long)r * qstride + d0 + d] * qscale
-                                  : 0.0f;
+  const int dend = min(AT_DC, Dk - d0);  // dims of this chunk
+  for (int e = lid; e < AT_BQ * AT_DC4; e += AT_WG) {
+    const int r = e / AT_DC4;
+    const int d4 = e - r * AT_DC4;
+    Qs[r * (AT_DC4 + 1) + d4] =
+        r < rows_left ? at_ld4(qh + (long)r * qstride + d0, 4 * d4, dend) * qscale
+                      : (float4)(0.0f);
   }
 }
 
-// s[u] = q_row . k_{j0+u} (scaled, base 2) for u < AT_BK, Dk streamed in
+// s[r][u] = q_row(r) . k_{j0+u} (scaled, base 2) for u < AT_BK and the
+// work-item's rows r < AT_RQ (local rows lid + r * AT_WG), Dk streamed in
 // chunks through local memory. Keys u >= jn read zeros. When q_resident, Qs
 // already holds the whole (single-chunk) Q block.
-inline void at_tile_scores(float* s, __local float* Qs, __local float* Ks,
+inline void at_tile_scores(float s[AT_RQ][AT_BK], __local float4* Qs, __local float4* Ks,
                            __global const DL_T* qh, __global const DL_T* kh,
                            int qstride, int rows_left, int j0, int jn, int Dk,
                            float qscale, int q_resident, int lid) {
 #pragma unroll
-  for (int u = 0; u < AT_BK; ++u) s[u] = 0.0f;
+  for (int r = 0; r < AT_RQ; ++r) {
+#pragma unroll
+    for (int u = 0; u < AT_BK; ++u) s[r][u] = 0.0f;
+  }
   for (int d0 = 0; d0 < Dk; d0 += AT_DC) {
     barrier(CLK_LOCAL_MEM_FENCE);  // the previous users of Qs / Ks are done
     if (!q_resident) at_load_q(Qs, qh, qstride, rows_left, d0, Dk, qscale, lid);
-    for (int e = lid; e < AT_BK * AT_DC; e += AT_BQ) {
-      const int jj = e / AT_DC;
-      const int d = e - jj * AT_DC;
-      Ks[e] = (jj < jn && d0 + d < Dk) ? (float)kh[(long)(j0 + jj) * qstride + d0 + d]
-                                       : 0.0f;
+    const int dend = min(AT_DC, Dk - d0);
+    for (int e = lid; e < AT_BK * AT_DC4; e += AT_WG) {
+      const int jj = e / AT_DC4;
+      const int d4 = e - jj * AT_DC4;
+      Ks[e] = jj < jn ? at_ld4(kh + (long)(j0 + jj) * qstride + d0, 4 * d4, dend)
+                      : (float4)(0.0f);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    __local const float* qrow = Qs + lid * (AT_DC + 1);
-    for (int d = 0; d < AT_DC; ++d) {
-      const float qd = qrow[d];
+    for (int d4 = 0; d4 < AT_DC4; ++d4) {
+      float4 qd[AT_RQ];
 #pragma unroll
-      for (int u = 0; u < AT_BK; ++u) s[u] = mad(qd, Ks[u * AT_DC + d], s[u]);
+      for (int r = 0; r < AT_RQ; ++r) qd[r] = Qs[(lid + r * AT_WG) * (AT_DC4 + 1) + d4];
+#pragma unroll
+      for (int u = 0; u < AT_BK; ++u) {
+        const float4 kd = Ks[u * AT_DC4 + d4];
+#pragma unroll
+        for (int r = 0; r < AT_RQ; ++r) s[r][u] = at_dot4(qd[r], kd, s[r][u]);
+      }
     }
   }
 }
 
-// Global (ceil(Lq / AT_BQ) * AT_BQ, H, N), local (AT_BQ, 1, 1).
+// Global (ceil(Lq / AT_BQ) * AT_WG, H, N), local (AT_WG, 1, 1).
 // stats: [N, H, Lq] float2 (row max, row sum of exp2(s - max)).
 __kernel void attn_rowstats(__global const DL_T* q, __global const DL_T* k,
                             __global float2* stats, int Lq, int Lk, int H, int Dk,
                             float scale, int causal) {
-  __local float Qs[AT_BQ * (AT_DC + 1)];
-  __local float Ks[AT_BK * AT_DC];
+  __local float4 Qs[AT_BQ * (AT_DC4 + 1)];
+  __local float4 Ks[AT_BK * AT_DC4];
   const int lid = get_local_id(0);
   const int row0 = get_group_id(0) * AT_BQ;
   const int h = get_group_id(1);
   const int n = get_group_id(2);
-  const int i = row0 + lid;
   const int qstride = H * Dk;
   const float qscale = scale * AT_LOG2E;
   __global const DL_T* qh = q + ((long)n * Lq + row0) * qstride + h * Dk;
@@ -118,47 +157,60 @@ __kernel void attn_rowstats(__global const DL_T* q, __global const DL_T* k,
   if (q_resident) at_load_q(Qs, qh, qstride, rows_left, 0, Dk, qscale, lid);
   // Causal: no row of this block sees a key past its last row.
   const int kend = causal ? min(Lk, min(Lq, row0 + AT_BQ)) : Lk;
-  float m = -INFINITY, l = 0.0f;
-  float s[AT_BK];
+  float m[AT_RQ], l[AT_RQ];
+#pragma unroll
+  for (int r = 0; r < AT_RQ; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
+  float s[AT_RQ][AT_BK];
   for (int j0 = 0; j0 < kend; j0 += AT_BK) {
     const int jn = min(AT_BK, kend - j0);
     at_tile_scores(s, Qs, Ks, qh, kh, qstride, rows_left, j0, jn, Dk, qscale,
                    q_resident, lid);
-    float tmax = -INFINITY;
 #pragma unroll
-    for (int u = 0; u < AT_BK; ++u) {
-      const int ok = u < jn && (!causal || j0 + u <= i);
-      s[u] = ok ? s[u] : -INFINITY;
-      tmax = fmax(tmax, s[u]);
-    }
-    if (tmax > -INFINITY) {
-      const float mnew = fmax(m, tmax);
-      float sum = l * exp2(m - mnew);
+    for (int r = 0; r < AT_RQ; ++r) {
+      const int i = row0 + lid + r * AT_WG;
+      float tmax = -INFINITY;
 #pragma unroll
-      for (int u = 0; u < AT_BK; ++u) sum += exp2(s[u] - mnew);
-      l = sum;
-      m = mnew;
+      for (int u = 0; u < AT_BK; ++u) {
+        const int ok = u < jn && (!causal || j0 + u <= i);
+        s[r][u] = ok ? s[r][u] : -INFINITY;
+        tmax = fmax(tmax, s[r][u]);
+      }
+      if (tmax > -INFINITY) {
+        const float mnew = fmax(m[r], tmax);
+        float sum = l[r] * exp2(m[r] - mnew);
+#pragma unroll
+        for (int u = 0; u < AT_BK; ++u) sum += exp2(s[r][u] - mnew);
+        l[r] = sum;
+        m[r] = mnew;
+      }
     }
   }
-  if (i < Lq) stats[((long)n * H + h) * Lq + i] = (float2)(m, l);
+#pragma unroll
+  for (int r = 0; r < AT_RQ; ++r) {
+    const int i = row0 + lid + r * AT_WG;
+    if (i < Lq) stats[((long)n * H + h) * Lq + i] = (float2)(m[r], l[r]);
+  }
 }
 
-// Global (ceil(Lq / AT_BQ) * AT_BQ, H * ceil(Dv / AT_DVC), N), local (AT_BQ, 1, 1).
+// Global (ceil(Lq / AT_BQ) * AT_WG, H * ceil(Dv / AT_DVC), N), local (AT_WG, 1, 1).
 __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
                           __global const DL_T* v, __global const float2* stats,
                           __global DL_T* o, int Lq, int Lk, int H, int Dk, int Dv,
                           float scale, int causal) {
-  __local float Qs[AT_BQ * (AT_DC + 1)];
-  __local float Ks[AT_BK * AT_DC];
-  __local float Vs[AT_BK * AT_DVC];
-  __local float Ps[AT_BQ * (AT_BK + 1)];  // each work-item's probabilities (own row)
+  __local float4 Qs[AT_BQ * (AT_DC4 + 1)];
+  __local float4 Ks[AT_BK * AT_DC4];
+  __local float4 Vs[AT_BK * AT_DVC4];
+  __local float Ps[AT_BQ * (AT_BK + 1)];  // each row's probabilities (own rows)
   const int lid = get_local_id(0);
   const int row0 = get_group_id(0) * AT_BQ;
   const int chunks = (Dv + AT_DVC - 1) / AT_DVC;
   const int h = get_group_id(1) / chunks;
   const int dv0 = (get_group_id(1) - h * chunks) * AT_DVC;
+  const int dvend = min(AT_DVC, Dv - dv0);  // columns of this chunk
   const int n = get_group_id(2);
-  const int i = row0 + lid;
   const int qstride = H * Dk;
   const int vstride = H * Dv;
   const float qscale = scale * AT_LOG2E;
@@ -168,43 +220,67 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
   const int rows_left = Lq - row0;
   const int q_resident = Dk <= AT_DC;
   if (q_resident) at_load_q(Qs, qh, qstride, rows_left, 0, Dk, qscale, lid);
-  const float2 st = stats[((long)n * H + h) * Lq + min(i, Lq - 1)];
-  const float m = st.x;
-  const float inv = st.y > 0.0f ? 1.0f / st.y : 0.0f;
-  const int kend = causal ? min(Lk, min(Lq, row0 + AT_BQ)) : Lk;
-  float acc[AT_DVC];
+  float m[AT_RQ], inv[AT_RQ];
 #pragma unroll
-  for (int dd = 0; dd < AT_DVC; ++dd) acc[dd] = 0.0f;
-  float s[AT_BK];
+  for (int r = 0; r < AT_RQ; ++r) {
+    const float2 st = stats[((long)n * H + h) * Lq + min(row0 + lid + r * AT_WG, Lq - 1)];
+    m[r] = st.x;
+    inv[r] = st.y > 0.0f ? 1.0f / st.y : 0.0f;
+  }
+  const int kend = causal ? min(Lk, min(Lq, row0 + AT_BQ)) : Lk;
+  float4 acc[AT_RQ][AT_DVC4];
+#pragma unroll
+  for (int r = 0; r < AT_RQ; ++r) {
+#pragma unroll
+    for (int d4 = 0; d4 < AT_DVC4; ++d4) acc[r][d4] = (float4)(0.0f);
+  }
+  float s[AT_RQ][AT_BK];
   for (int j0 = 0; j0 < kend; j0 += AT_BK) {
     const int jn = min(AT_BK, kend - j0);
     at_tile_scores(s, Qs, Ks, qh, kh, qstride, rows_left, j0, jn, Dk, qscale,
                    q_resident, lid);
-    __local float* prow = Ps + lid * (AT_BK + 1);
 #pragma unroll
-    for (int u = 0; u < AT_BK; ++u) {
-      const int ok = u < jn && (!causal || j0 + u <= i);
-      prow[u] = ok ? exp2(s[u] - m) * inv : 0.0f;  // normalised probability
+    for (int r = 0; r < AT_RQ; ++r) {
+      const int i = row0 + lid + r * AT_WG;
+      __local float* prow = Ps + (lid + r * AT_WG) * (AT_BK + 1);
+#pragma unroll
+      for (int u = 0; u < AT_BK; ++u) {
+        const int ok = u < jn && (!causal || j0 + u <= i);
+        prow[u] = ok ? exp2(s[r][u] - m[r]) * inv[r] : 0.0f;  // normalised probability
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers of Vs are done
-    for (int e = lid; e < AT_BK * AT_DVC; e += AT_BQ) {
-      const int jj = e / AT_DVC;
-      const int dd = e - jj * AT_DVC;
-      Vs[e] = (jj < jn && dv0 + dd < Dv) ? (float)vh[(long)(j0 + jj) * vstride + dd]
-                                         : 0.0f;
+    for (int e = lid; e < AT_BK * AT_DVC4; e += AT_WG) {
+      const int jj = e / AT_DVC4;
+      const int d4 = e - jj * AT_DVC4;
+      Vs[e] = jj < jn ? at_ld4(vh + (long)(j0 + jj) * vstride, 4 * d4, dvend) : (float4)(0.0f);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int u = 0; u < AT_BK; ++u) {  // not unrolled: p comes from local memory
-      const float p = prow[u];
+      float p[AT_RQ];
 #pragma unroll
-      for (int dd = 0; dd < AT_DVC; ++dd) acc[dd] = mad(p, Vs[u * AT_DVC + dd], acc[dd]);
+      for (int r = 0; r < AT_RQ; ++r) p[r] = Ps[(lid + r * AT_WG) * (AT_BK + 1) + u];
+#pragma unroll
+      for (int d4 = 0; d4 < AT_DVC4; ++d4) {
+        const float4 vd = Vs[u * AT_DVC4 + d4];
+#pragma unroll
+        for (int r = 0; r < AT_RQ; ++r) acc[r][d4] = mad((float4)(p[r]), vd, acc[r][d4]);
+      }
     }
   }
-  if (i < Lq) {
-    __global DL_T* orow = o + ((long)n * Lq + i) * vstride + h * Dv + dv0;
 #pragma unroll
-    for (int dd = 0; dd < AT_DVC; ++dd) {
-      if (dv0 + dd < Dv) orow[dd] = (DL_T)acc[dd];
+  for (int r = 0; r < AT_RQ; ++r) {
+    const int i = row0 + lid + r * AT_WG;
+    if (i < Lq) {
+      __global DL_T* orow = o + ((long)n * Lq + i) * vstride + h * Dv + dv0;
+#pragma unroll
+      for (int d4 = 0; d4 < AT_DVC4; ++d4) {
+        const float a[4] = {acc[r][d4].x, acc[r][d4].y, acc[r][d4].z, acc[r][d4].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (4 * d4 + c < dvend) orow[4 * d4 + c] = (DL_T)a[c];
+        }
+      }
     }
   }
 }
@@ -212,80 +288,124 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
 // ---------------------------------------------------------------------------
 // FlashAttention (built only when the head sizes are given).
 #if defined(AT_DK) && defined(AT_DV)
+#define AT_DK4 ((AT_DK + 3) / 4)
+#define AT_DV4 ((AT_DV + 3) / 4)
 
-// Global (ceil(Lq / AT_BQ) * AT_BQ, H, N), local (AT_BQ, 1, 1).
+// Global (ceil(Lq / AT_BQ) * AT_WG, H, N), local (AT_WG, 1, 1).
 __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
                          __global const DL_T* v, __global DL_T* o, int Lq, int Lk,
                          int H, float scale, int causal) {
-  __local float Ks[AT_BK * AT_DK];
-  __local float Vs[AT_BK * AT_DV];
+  __local float4 Ks[AT_BK * AT_DK4];
+  __local float4 Vs[AT_BK * AT_DV4];
   const int lid = get_local_id(0);
   const int row0 = get_group_id(0) * AT_BQ;
   const int h = get_group_id(1);
   const int n = get_group_id(2);
-  const int i = row0 + lid;
   const int qstride = H * AT_DK;
   const int vstride = H * AT_DV;
   const float qscale = scale * AT_LOG2E;
-  float qr[AT_DK];
-  __global const DL_T* qrow = q + ((long)n * Lq + min(i, Lq - 1)) * qstride + h * AT_DK;
+  float4 qr[AT_RQ][AT_DK4];
+  float4 acc[AT_RQ][AT_DV4];
+  float m[AT_RQ], l[AT_RQ];
 #pragma unroll
-  for (int d = 0; d < AT_DK; ++d) qr[d] = (float)qrow[d] * qscale;
-  float acc[AT_DV];
+  for (int r = 0; r < AT_RQ; ++r) {
+    const int i = row0 + lid + r * AT_WG;
+    __global const DL_T* qrow = q + ((long)n * Lq + min(i, Lq - 1)) * qstride + h * AT_DK;
 #pragma unroll
-  for (int d = 0; d < AT_DV; ++d) acc[d] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
+    for (int d4 = 0; d4 < AT_DK4; ++d4) qr[r][d4] = at_ld4(qrow, 4 * d4, AT_DK) * qscale;
+#pragma unroll
+    for (int d4 = 0; d4 < AT_DV4; ++d4) acc[r][d4] = (float4)(0.0f);
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
   __global const DL_T* kh = k + (long)n * Lk * qstride + h * AT_DK;
   __global const DL_T* vh = v + (long)n * Lk * vstride + h * AT_DV;
   const int kend = causal ? min(Lk, min(Lq, row0 + AT_BQ)) : Lk;
   for (int j0 = 0; j0 < kend; j0 += AT_BK) {
     const int jn = min(AT_BK, kend - j0);
     barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers are done
-    for (int e = lid; e < AT_BK * AT_DK; e += AT_BQ) {
-      const int jj = e / AT_DK;
-      const int d = e - jj * AT_DK;
-      Ks[e] = jj < jn ? (float)kh[(long)(j0 + jj) * qstride + d] : 0.0f;
+    for (int e = lid; e < AT_BK * AT_DK4; e += AT_WG) {
+      const int jj = e / AT_DK4;
+      const int d4 = e - jj * AT_DK4;
+      Ks[e] = jj < jn ? at_ld4(kh + (long)(j0 + jj) * qstride, 4 * d4, AT_DK) : (float4)(0.0f);
     }
-    for (int e = lid; e < AT_BK * AT_DV; e += AT_BQ) {
-      const int jj = e / AT_DV;
-      const int d = e - jj * AT_DV;
-      Vs[e] = jj < jn ? (float)vh[(long)(j0 + jj) * vstride + d] : 0.0f;
+    for (int e = lid; e < AT_BK * AT_DV4; e += AT_WG) {
+      const int jj = e / AT_DV4;
+      const int d4 = e - jj * AT_DV4;
+      Vs[e] = jj < jn ? at_ld4(vh + (long)(j0 + jj) * vstride, 4 * d4, AT_DV) : (float4)(0.0f);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int c0 = 0; c0 < jn; c0 += AT_KC) {
-      float s[AT_KC];
-      float cmax = -INFINITY;
+      float s[AT_RQ][AT_KC];
 #pragma unroll
       for (int u = 0; u < AT_KC; ++u) {
-        const int jj = c0 + u;
-        float dot = 0.0f;
+        float4 dot[AT_RQ];
 #pragma unroll
-        for (int d = 0; d < AT_DK; ++d) dot = mad(qr[d], Ks[jj * AT_DK + d], dot);
-        const int ok = jj < jn && (!causal || j0 + jj <= i);
-        s[u] = ok ? dot : -INFINITY;
-        cmax = fmax(cmax, s[u]);
+        for (int r = 0; r < AT_RQ; ++r) dot[r] = (float4)(0.0f);
+#pragma unroll
+        for (int d4 = 0; d4 < AT_DK4; ++d4) {
+          const float4 kd = Ks[(c0 + u) * AT_DK4 + d4];  // one read, 4 * AT_RQ mads
+#pragma unroll
+          for (int r = 0; r < AT_RQ; ++r) dot[r] = mad(qr[r][d4], kd, dot[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < AT_RQ; ++r) {
+          const int ok = c0 + u < jn && (!causal || j0 + c0 + u <= row0 + lid + r * AT_WG);
+          s[r][u] = ok ? (dot[r].x + dot[r].y) + (dot[r].z + dot[r].w) : -INFINITY;
+        }
       }
-      if (cmax == -INFINITY) continue;  // all masked for this row (no barrier inside)
-      const float mnew = fmax(m, cmax);
-      const float corr = exp2(m - mnew);  // 0 on the first visible chunk
-      l *= corr;
+      int any = 0;
 #pragma unroll
-      for (int d = 0; d < AT_DV; ++d) acc[d] *= corr;
+      for (int r = 0; r < AT_RQ; ++r) {
+        float cmax = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < AT_KC; ++u) cmax = fmax(cmax, s[r][u]);
+        if (cmax == -INFINITY) {  // all masked for this row: it takes no part
+#pragma unroll
+          for (int u = 0; u < AT_KC; ++u) s[r][u] = 0.0f;
+          continue;
+        }
+        any = 1;
+        const float mnew = fmax(m[r], cmax);
+        const float corr = exp2(m[r] - mnew);  // 0 on the first visible chunk
+        l[r] *= corr;
+#pragma unroll
+        for (int d4 = 0; d4 < AT_DV4; ++d4) acc[r][d4] *= corr;
+#pragma unroll
+        for (int u = 0; u < AT_KC; ++u) {
+          s[r][u] = exp2(s[r][u] - mnew);  // now the probability
+          l[r] += s[r][u];
+        }
+        m[r] = mnew;
+      }
+      if (!any) continue;  // no barrier inside this loop
 #pragma unroll
       for (int u = 0; u < AT_KC; ++u) {
-        const float p = exp2(s[u] - mnew);
-        l += p;
 #pragma unroll
-        for (int d = 0; d < AT_DV; ++d) acc[d] = mad(p, Vs[(c0 + u) * AT_DV + d], acc[d]);
+        for (int d4 = 0; d4 < AT_DV4; ++d4) {
+          const float4 vd = Vs[(c0 + u) * AT_DV4 + d4];  // one read, 4 * AT_RQ mads
+#pragma unroll
+          for (int r = 0; r < AT_RQ; ++r) acc[r][d4] = mad((float4)(s[r][u]), vd, acc[r][d4]);
+        }
       }
-      m = mnew;
     }
   }
-  if (i < Lq) {
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    __global DL_T* orow = o + ((long)n * Lq + i) * vstride + h * AT_DV;
 #pragma unroll
-    for (int d = 0; d < AT_DV; ++d) orow[d] = (DL_T)(acc[d] * inv);
+  for (int r = 0; r < AT_RQ; ++r) {
+    const int i = row0 + lid + r * AT_WG;
+    if (i < Lq) {
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      __global DL_T* orow = o + ((long)n * Lq + i) * vstride + h * AT_DV;
+#pragma unroll
+      for (int d4 = 0; d4 < AT_DV4; ++d4) {
+        const float4 a4 = acc[r][d4] * inv;
+        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (4 * d4 + c < AT_DV) orow[4 * d4 + c] = (DL_T)a[c];
+        }
+      }
+    }
   }
 }
 

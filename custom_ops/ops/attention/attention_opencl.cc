@@ -10,6 +10,9 @@
 // (its per-work-item registers: q row + accumulator) and its K/V tiles fit in
 // half the device's local memory; otherwise, and whenever the flash kernel
 // cannot be built with its work-group size, partial_softmax.
+// Local memory holds float4s along the head dimension (each head size or
+// chunk rounded up to a multiple of 4); each work-item owns `rq` query rows
+// (AT_RQ), so a work-group is bq / rq work-items.
 // The plan is mirrored by benchmarks/gpu_kernels_harness/launch.py
 // (attention_plan); keep the two in step.
 #include <memory>
@@ -34,22 +37,43 @@ using gpu::opsupport::SetKernelArgs;
 constexpr const char* kProgram = "attention";
 constexpr int kFlashMaxHead = 64;
 
+// Rows per work-item (AT_RQ): the most of {4, 2} whose per-work-item
+// registers (q rows + accumulators, or scores + accumulators) stay within
+// kRowRegs floats, else 1.
+constexpr int kRowRegs = 160;
+
+int Round4(int d) { return (d + 3) / 4 * 4; }
+
 struct Plan {
   bool flash = false;
   int bq = 64, bk = 32, kc = 8, dc = 0, dvc = 0;
+  int rq = 1;  // query rows per work-item
 
   size_t LocalBytes(int dk, int dv) const {
-    if (flash) return 4u * bk * (dk + dv);
-    return 4u * (bq * (dc + 1) + bk * dc + bk * dvc + bq * (bk + 1));  // Qs Ks Vs Ps
+    if (flash) return 4u * bk * (Round4(dk) + Round4(dv));  // Ks Vs
+    return 4u * (bq * (Round4(dc) + 4) + bk * Round4(dc) + bk * Round4(dvc) +
+                 bq * (bk + 1));  // Qs Ks Vs Ps
+  }
+  int WorkGroup() const { return bq / rq; }
+  void PickRows(int dk, int dv) {
+    const int per_row = flash ? Round4(dk) + Round4(dv) : bk + Round4(dvc);
+    rq = 1;
+    for (int r : {4, 2}) {
+      if (bq % r == 0 && r * per_row <= kRowRegs) {
+        rq = r;
+        break;
+      }
+    }
   }
   std::string Options(int dk, int dv) const {
+    const std::string rows = " -DAT_RQ=" + std::to_string(rq);
     if (flash) {
       return "-DAT_DK=" + std::to_string(dk) + " -DAT_DV=" + std::to_string(dv) +
              " -DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
-             " -DAT_KC=" + std::to_string(kc);
+             " -DAT_KC=" + std::to_string(kc) + rows;
     }
     return "-DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
-           " -DAT_DC=" + std::to_string(dc) + " -DAT_DVC=" + std::to_string(dvc);
+           " -DAT_DC=" + std::to_string(dc) + " -DAT_DVC=" + std::to_string(dvc) + rows;
   }
 };
 
@@ -62,6 +86,7 @@ bool PlanFlash(int dk, int dv, size_t local_mem, Plan* p) {
   f.flash = true;
   if (f.LocalBytes(dk, dv) > local_mem) f.bk = 16;
   if (f.LocalBytes(dk, dv) > local_mem) return false;
+  f.PickRows(dk, dv);
   *p = f;
   return true;
 }
@@ -77,6 +102,7 @@ bool PlanPartial(int dk, int dv, size_t local_mem, Plan* p) {
     q.dc = Chunk(dk, o[3]);
     q.dvc = Chunk(dv, o[0]);
     if (q.LocalBytes(dk, dv) <= local_mem) {
+      q.PickRows(dk, dv);
       *p = q;
       return true;
     }
@@ -111,7 +137,7 @@ class AttentionGpu final : public GpuOp {
       const std::string e = gpu::opsupport::GetKernel(
           ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_), &flash_k_);
       const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, flash_k_) : 0;
-      if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(plan_.bq))) return "";
+      if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(plan_.WorkGroup()))) return "";
       flash_k_ = nullptr;  // a hint only: fall back to the partial softmax
     }
     if (!PlanPartial(dk_, dv_, local_mem, &plan_)) {
@@ -124,9 +150,9 @@ class AttentionGpu final : public GpuOp {
     if (!e.empty()) return e;
     for (cl_kernel kk : {stats_k_, out_k_}) {
       const size_t wg = gpu::opsupport::KernelMaxWorkGroup(ctx, kk);
-      if (wg != 0 && wg < static_cast<size_t>(plan_.bq)) {
+      if (wg != 0 && wg < static_cast<size_t>(plan_.WorkGroup())) {
         return "attention kernels accept work-groups of at most " + std::to_string(wg) +
-               " (need " + std::to_string(plan_.bq) + ")";
+               " (need " + std::to_string(plan_.WorkGroup()) + ")";
       }
     }
     return "";
@@ -142,9 +168,10 @@ class AttentionGpu final : public GpuOp {
     const cl_int lq = lq_, lk = lk_, h = o_.heads, dk = dk_, dv = dv_;
     const cl_int causal = o_.causal ? 1 : 0;
     const cl_float scale = o_.scale;
-    const size_t bq = static_cast<size_t>(plan_.bq);
-    const size_t rows = gpu::RoundUp(static_cast<size_t>(lq_), bq);
-    const size_t local[3] = {bq, 1, 1};
+    const size_t wg = static_cast<size_t>(plan_.WorkGroup());
+    // ceil(Lq / bq) work-groups of bq / rq work-items (bq rows each).
+    const size_t rows = static_cast<size_t>(CeilDiv(lq_, plan_.bq)) * wg;
+    const size_t local[3] = {wg, 1, 1};
     if (plan_.flash) {
       e = SetKernelArgs(cl, flash_k_,
                         {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(out[0].mem),
