@@ -37,9 +37,12 @@ using gpu::opsupport::SetKernelArgs;
 constexpr const char* kProgram = "attention";
 constexpr int kFlashMaxHead = 64;
 
-// Rows per work-item (AT_RQ): the most of {4, 2} whose per-work-item
-// registers (q rows + accumulators, or scores + accumulators) stay within
-// kRowRegs floats, else 1.
+// Rows per work-item (AT_RQ), flash only: 2 when the two rows' q and
+// accumulator registers stay within kRowRegs floats, else 1. Measured on an
+// H100 (fp32): head 40 with 2 rows 1.4x faster than with 1; heads 80 and 160
+// and the partial softmax (scores + accumulator chunk: 96 floats a row) were
+// 2-3x slower with 2 rows (register spills), 4 rows slower everywhere. The
+// partial-softmax kernels take AT_RQ too but run with 1.
 constexpr int kRowRegs = 160;
 
 int Round4(int d) { return (d + 3) / 4 * 4; }
@@ -56,14 +59,7 @@ struct Plan {
   }
   int WorkGroup() const { return bq / rq; }
   void PickRows(int dk, int dv) {
-    const int per_row = flash ? Round4(dk) + Round4(dv) : bk + Round4(dvc);
-    rq = 1;
-    for (int r : {4, 2}) {
-      if (bq % r == 0 && r * per_row <= kRowRegs) {
-        rq = r;
-        break;
-      }
-    }
+    rq = flash && bq % 2 == 0 && 2 * (Round4(dk) + Round4(dv)) <= kRowRegs ? 2 : 1;
   }
   std::string Options(int dk, int dv) const {
     const std::string rows = " -DAT_RQ=" + std::to_string(rq);
