@@ -64,15 +64,23 @@ class AttentionPlan:
     dc: int = 0  # partial
     dvc: int = 0  # partial
 
+    def rows_per_item(self, dk: int, dv: int) -> int:
+        """AT_RQ: 2 query rows per work-item for flash when both rows' q and accumulator fit in
+        ROW_REGS floats, else 1 (attention_opencl.cc: Plan::PickRows)."""
+        fits = 2 * (round_up(dk, 4) + round_up(dv, 4)) <= ROW_REGS
+        return 2 if self.variant == "flash" and self.bq % 2 == 0 and fits else 1
+
     def options(self, dk: int, dv: int) -> str:
+        rows = f" -DAT_RQ={self.rows_per_item(dk, dv)}"
         if self.variant == "flash":
-            return f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_KC={self.kc}"
-        return f"-DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} -DAT_DVC={self.dvc}"
+            return f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_KC={self.kc}" + rows
+        return f"-DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} -DAT_DVC={self.dvc}" + rows
 
     def local_bytes(self, dk: int, dv: int) -> int:
         if self.variant == "flash":
-            return 4 * self.bk * (dk + dv)
-        return 4 * (self.bq * (self.dc + 1) + self.bk * self.dc + self.bk * self.dvc + self.bq * (self.bk + 1))
+            return 4 * self.bk * (round_up(dk, 4) + round_up(dv, 4))
+        dc, dvc = round_up(self.dc, 4), round_up(self.dvc, 4)
+        return 4 * (self.bq * (dc + 4) + self.bk * dc + self.bk * dvc + self.bq * (self.bk + 1))
 
 
 def _chunk(d: int, cap: int) -> int:
@@ -81,6 +89,7 @@ def _chunk(d: int, cap: int) -> int:
 
 
 FLASH_MAX_HEAD = 64
+ROW_REGS = 160
 # Partial-softmax tiles, the first that fits local memory:
 # (Dv chunk cap, rows per work-group, keys per tile, Dk chunk cap).
 PARTIAL_LADDER = ((128, 64, 32, 64), (64, 64, 32, 64), (64, 32, 32, 64), (32, 32, 16, 32))  # register budget: q row + accumulator (+ scores) per work-item
@@ -219,16 +228,17 @@ class Runner:
         plan = attention_plan(dk, dv, variant, self.local_mem)
         opts = plan.options(dk, dv)
         i32, f32 = np.int32, np.float32
-        rows = round_up(lq, plan.bq)
+        items = plan.bq // plan.rows_per_item(dk, dv)  # a work-group owns bq rows
+        rows = ceil_div(lq, plan.bq) * items
         if plan.variant == "flash":
-            return [self.launch(self.kernel("attention", "attn_flash", opts), (rows, heads, n), (plan.bq, 1, 1),
+            return [self.launch(self.kernel("attention", "attn_flash", opts), (rows, heads, n), (items, 1, 1),
                                 q, k, v, o, i32(lq), i32(lk), i32(heads), f32(scale), i32(causal))]
         stats = self.scratch(8 * n * heads * lq, 0)
         chunks = ceil_div(dv, plan.dvc)
-        e1 = self.launch(self.kernel("attention", "attn_rowstats", opts), (rows, heads, n), (plan.bq, 1, 1),
+        e1 = self.launch(self.kernel("attention", "attn_rowstats", opts), (rows, heads, n), (items, 1, 1),
                          q, k, stats, i32(lq), i32(lk), i32(heads), i32(dk), f32(scale), i32(causal))
         e2 = self.launch(self.kernel("attention", "attn_output", opts), (rows, heads * chunks, n),
-                         (plan.bq, 1, 1), q, k, v, stats, o, i32(lq), i32(lk), i32(heads), i32(dk), i32(dv),
+                         (items, 1, 1), q, k, v, stats, o, i32(lq), i32(lk), i32(heads), i32(dk), i32(dv),
                          f32(scale), i32(causal))
         return [e1, e2]
 
