@@ -219,6 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 3, --small 1)")
     ap.add_argument("--device", default=None, help="platform/device name substring (default: first GPU)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
+    ap.add_argument("--cases", default="", help="only the cases whose name contains this text (e.g. attention)")
     args = ap.parse_args(argv)
     runs = args.runs or (3 if args.small else 20)
     warmup = args.warmup if args.warmup is not None else (1 if args.small else 3)
@@ -230,6 +231,8 @@ def main(argv=None) -> int:
 
     rows = []
     for name, make, params in cases(args.small):
+        if args.cases.lower() not in name.lower():
+            continue
         u = Unfused(r)
         spec = make(r, u, *params)
         t_un, k_un, tk_un = measure(spec["unfused"], runs, warmup)
