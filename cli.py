@@ -155,7 +155,8 @@ def inspect(target, as_json):
     for name, c in info["models"].items():
         out.print(f"[bold]{name}[/bold]  {c['file']}  {c['file_mb']:.2f} MB, weights {c['weights_mb']:.2f} MB "
                   f"({c['weight_layout']}), "
-                  f"planned intermediates {c['intermediate_mb']:.2f} MB, {c['ops']} ops")
+                  f"planned intermediates {c['intermediate_mb']:.2f} MB "
+                  f"({c['shared_buffers_mb']:.2f} MB as shared OpenCL buffers), {c['ops']} ops")
         for sig, io in c["signatures"].items():
             for kind in ("inputs", "outputs"):
                 for t in io[kind]:

@@ -1,6 +1,8 @@
 """Static memory plan of an emitted model: weights, and the arena the intermediates need when
 each activation lives from the op that writes it to the last op that reads it and buffers are
-placed greedily by size (largest first, lowest free offset), as GPU delegates plan them."""
+placed greedily by size (largest first, lowest free offset), as GPU delegates plan them; and
+the same lifetimes packed into whole shared buffers, as difflite's OpenCL backend allocates
+them (no sub-buffers: custom_ops/README.md)."""
 
 from __future__ import annotations
 
@@ -18,11 +20,15 @@ class MemoryPlan:
     largest_tensor_bytes: int
     naive_bytes: int        # every intermediate in its own buffer
     arena_fp16_bytes: int   # the same plan with float activations stored as float16 (GPU fp16)
+    shared_bytes: int = 0       # whole buffers shared by lifetime (the OpenCL backend's plan)
+    shared_fp16_bytes: int = 0
 
     def as_dict(self) -> dict:
         return {"weights_mb": round(self.weights_bytes / MB, 3),
                 "intermediate_mb": round(self.arena_bytes / MB, 3),
                 "intermediate_fp16_mb": round(self.arena_fp16_bytes / MB, 3),
+                "shared_buffers_mb": round(self.shared_bytes / MB, 3),
+                "shared_buffers_fp16_mb": round(self.shared_fp16_bytes / MB, 3),
                 "largest_intermediate_mb": round(self.largest_tensor_bytes / MB, 3),
                 "unplanned_intermediate_mb": round(self.naive_bytes / MB, 3)}
 
@@ -72,9 +78,25 @@ def arena_size(spans: dict[int, tuple[int, int]], sizes: dict[int, int]) -> int:
     return arena
 
 
+def shared_buffers_size(spans: dict[int, tuple[int, int]], sizes: dict[int, int]) -> int:
+    """Largest first, each tensor into the smallest buffer none of whose tensors is alive at the
+    same time, else a new buffer sized to it (PlanSharedObjects in the OpenCL backend)."""
+    buffers: list[tuple[int, list[tuple[int, int]]]] = []  # (size, spans of its tensors)
+    for t in sorted(spans, key=lambda t: (-sizes[t], spans[t][0])):
+        first, last = spans[t]
+        free = [i for i, (_, used) in enumerate(buffers)
+                if not any(a <= last and first <= b for a, b in used)]
+        if free:
+            buffers[min(free, key=lambda i: buffers[i][0])][1].append((first, last))
+        else:
+            buffers.append((sizes[t], [(first, last)]))
+    return sum(size for size, _ in buffers)
+
+
 def plan(summary: TFLiteSummary, alignment: int = 64) -> MemoryPlan:
     spans = lifetimes(summary)
     sizes = {t: tensor_bytes(summary, t, None, alignment) for t in spans}
     half = {t: tensor_bytes(summary, t, 2, alignment) for t in spans}
     return MemoryPlan(summary.weight_bytes, arena_size(spans, sizes), max(sizes.values(), default=0),
-                      sum(sizes.values()), arena_size(spans, half))
+                      sum(sizes.values()), arena_size(spans, half),
+                      shared_buffers_size(spans, sizes), shared_buffers_size(spans, half))
