@@ -344,14 +344,14 @@ def test_plans_mirror_cxx(launch):
     assert "bq = 64, bk = 32, kc = 8" in src  # flash tiles (AttentionPlan("flash", bq=64, bk=32, kc=8))
 
 
-def test_every_program_builds_with_base_options(runner):
+def test_every_program_builds_with_base_options(runner, launch):
     """Each .cl builds standalone with only the backend's options (as the program cache does)."""
     import pyopencl as cl
 
     files = sorted((REPO / "custom_ops" / "ops").glob("*/*.cl"))
     assert {f.stem for f in files} >= {"group_norm", "gelu", "geglu", "attention", "winograd_conv3x3"}
     for f in files:
-        cl.Program(runner.ctx, f.read_text()).build(options=["-DDL_T=float", "-DDL_T4=float4"])
+        cl.Program(runner.ctx, launch.cl_source(f)).build(options=["-DDL_T=float", "-DDL_T4=float4"])
 
 
 # ---------------------------------------------------------------------------
@@ -447,7 +447,24 @@ def test_delegate_winograd(tmp_path, oplib):
         assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL, (n, h, w, cin, cout)
 
 
-def test_programs_compile_for_half_storage():
+def test_include_is_expanded_once(launch, tmp_path):
+    """`#include "NAME.cl"` pulls in custom_ops' NAME.cl once per program (as runtime.cc does);
+    GELU and GeGLU share gelu_math.cl that way."""
+    for op in ("gelu", "geglu"):
+        text = launch.cl_source(launch.OPS / op / f"{op}.cl")
+        assert not any(line.lstrip().startswith("#include") for line in text.splitlines())
+        assert text.count("inline float dl_gelu(") == 1
+    twice = tmp_path / "twice.cl"
+    twice.write_text('#include "gelu_math.cl"\n#include "gelu_math.cl"\nint after;\n')
+    text = launch.cl_source(twice)
+    assert text.count("inline float4 dl_gelu4(") == 1 and text.rstrip().endswith("int after;")
+    missing = tmp_path / "missing.cl"
+    missing.write_text('#include "no_such_file.cl"\n')
+    with pytest.raises(FileNotFoundError, match="no_such_file"):
+        launch.cl_source(missing)
+
+
+def test_programs_compile_for_half_storage(launch):
     """fp16 storage (DL_T=half, where a device has cl_khr_fp16) cannot run on PoCL; compile each
     program for it with the clang that PoCL itself uses (Debian's pocl-opencl-icd depends on it)."""
     import shutil
@@ -460,8 +477,8 @@ def test_programs_compile_for_half_storage():
         for extra in ([], flash) if f.stem == "attention" else ([],):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
                    "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", *extra, "-fsyntax-only",
-                   str(f)]
-            p = subprocess.run(cmd, capture_output=True, text=True)
+                   "-"]
+            p = subprocess.run(cmd, input=launch.cl_source(f), capture_output=True, text=True)
             assert p.returncode == 0, f"{f.name} {extra} does not compile for half storage:\n{p.stderr[-2000:]}"
     # The tiled GEMM and implicit-GEMM conv of the builtins, both variants, as the runtime builds
     # them: -DDL_FP16=1 and its prelude enabling cl_khr_fp16.

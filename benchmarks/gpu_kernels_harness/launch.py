@@ -9,6 +9,7 @@ Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,29 @@ import pyopencl as cl
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = REPO / "custom_ops" / "ops"
+INCLUDE = re.compile(r'^[ \t]*#include "(\w+)\.cl"[ \t]*$')
+
+
+def cl_source(path: Path, seen: set[str] | None = None) -> str:
+    """A .cl file's text as the op library builds it: each `#include "NAME.cl"` line replaced by
+    custom_ops' NAME.cl (once per program; runtime.cc: ExpandIncludes)."""
+    path = Path(path)
+    seen = {path.stem} if seen is None else seen
+    lines = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        match = INCLUDE.match(line)
+        if match is None:
+            lines.append(line)
+            continue
+        name = match.group(1)
+        if name in seen:
+            continue
+        seen.add(name)
+        found = sorted((REPO / "custom_ops").rglob(f"{name}.cl"))
+        if len(found) != 1:
+            raise FileNotFoundError(f"{path.name}:{number}: #include \"{name}.cl\" matches {len(found)} files")
+        lines += ["#line 1", cl_source(found[0], seen).rstrip("\n"), f"#line {number + 1}"]
+    return "\n".join(lines) + "\n"
 BASE_OPTIONS = "-DDL_T=float -DDL_T4=float4"
 
 GELU_MODES = {"erf": 0, "tanh": 1, "sigmoid": 2}
@@ -142,7 +166,7 @@ class Runner:
     def program(self, path: Path, options: str = "") -> cl.Program:
         key = (str(path), options)
         if key not in self._programs:
-            src = Path(path).read_text()
+            src = cl_source(path)
             self._programs[key] = cl.Program(self.ctx, src).build(options=f"{BASE_OPTIONS} {options}".split())
         return self._programs[key]
 

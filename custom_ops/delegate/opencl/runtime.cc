@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <set>
+#include <sstream>
 #include <utility>
 
 #include "cl_loader.h"
@@ -66,6 +68,46 @@ const char kPrelude[] =
     "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
     "#endif\n"
     "#line 1\n";
+
+// `#include "NAME.cl"` (alone on its line) names the embedded program NAME.
+bool IncludedName(const std::string& line, std::string* name) {
+  const size_t start = line.find_first_not_of(" \t");
+  const std::string prefix = "#include \"";
+  const std::string suffix = ".cl\"";
+  if (start == std::string::npos || line.compare(start, prefix.size(), prefix) != 0) return false;
+  const size_t end = line.find_last_not_of(" \t\r");
+  const size_t first = start + prefix.size();
+  if (end + 1 < first + suffix.size() ||
+      line.compare(end + 1 - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  *name = line.substr(first, end + 1 - suffix.size() - first);
+  return !name->empty();
+}
+
+// The source with every `#include "NAME.cl"` replaced by the embedded program NAME (each once,
+// like an include guard): kernels share OpenCL code without a file system on the device.
+bool ExpandIncludes(const char* text, size_t size, std::set<std::string>* seen,
+                    std::string* out, std::string* error) {
+  std::istringstream in(std::string(text, size));
+  std::string line, name;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (!IncludedName(line, &name)) {
+      *out += line + "\n";
+      continue;
+    }
+    if (!seen->insert(name).second) continue;  // each file once, like an include guard
+    const EmbeddedProgram* inc = FindEmbeddedProgram(name);
+    if (inc == nullptr) {
+      *error = "#include \"" + name + ".cl\": no embedded OpenCL source of that name";
+      return false;
+    }
+    *out += "#line 1\n";
+    if (!ExpandIncludes(inc->source, inc->size, seen, out, error)) return false;
+    *out += "#line " + std::to_string(number + 1) + "\n";
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -234,9 +276,12 @@ cl_program Runtime::Program(const std::string& program,
     *error = "no embedded OpenCL program '" + program + "'";
     return nullptr;
   }
+  std::string text;
+  std::set<std::string> seen = {program};
+  if (!ExpandIncludes(src->source, src->size, &seen, &text, error)) return nullptr;
   const auto t0 = std::chrono::steady_clock::now();
-  const char* strings[2] = {kPrelude, src->source};
-  const size_t lengths[2] = {std::strlen(kPrelude), src->size};
+  const char* strings[2] = {kPrelude, text.c_str()};
+  const size_t lengths[2] = {std::strlen(kPrelude), text.size()};
   cl_int err = CL_SUCCESS;
   cl_program prog = cl_->CreateProgramWithSource(context_, 2, strings, lengths, &err);
   if (prog == nullptr || err != CL_SUCCESS) {
