@@ -35,15 +35,7 @@
 // AT_WG = AT_BQ / AT_RQ (AT_RQ defaults to 1: one row per work-item).
 // Scores are kept in base 2 (q pre-scaled by scale*log2(e), exp2), which is
 // the same softmax. Storage type DL_T (float or half); math in float.
-#if defined(cl_khr_fp16)
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
-#ifndef DL_T
-#define DL_T float
-#endif
-#ifndef DL_T4
-#define DL_T4 float4
-#endif
+#include "dl_storage.cl"
 #ifndef AT_BQ
 #define AT_BQ 64  // query rows per work-group
 #endif

@@ -2,15 +2,7 @@
 // both (the runtime resolves `#include "NAME.cl"` from the embedded sources).
 // mode: 0 erf, 1 tanh, 2 sigmoid (x * sigmoid(1.702 x), CLIP's quick GELU).
 // Storage type DL_T (float or half), DL_T4 its 4-vector; math in float.
-#if defined(cl_khr_fp16)
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
-#ifndef DL_T
-#define DL_T float
-#endif
-#ifndef DL_T4
-#define DL_T4 float4
-#endif
+#include "dl_storage.cl"
 #define DL_CAT_(a, b) a##b
 #define DL_CAT(a, b) DL_CAT_(a, b)
 #define DL_LOAD4(p, i) convert_float4(vload4(0, (p) + (i)))

@@ -18,15 +18,7 @@
 //               than GN_APPLY_WG pairs (many small samples or > 256 groups).
 //
 // Storage type DL_T (float or half), DL_T4 its 4-vector; math in float.
-#if defined(cl_khr_fp16)
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
-#ifndef DL_T
-#define DL_T float
-#endif
-#ifndef DL_T4
-#define DL_T4 float4
-#endif
+#include "dl_storage.cl"
 #ifndef GN_WG
 #define GN_WG 256  // work-group size of gn_stats (a power of two)
 #endif

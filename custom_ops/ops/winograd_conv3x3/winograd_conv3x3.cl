@@ -14,15 +14,7 @@
 //   wino_output  y = A^T M A + bias, cropped to H x W, NHWC
 //                (one work-item per (tile, co); coalesced over co)
 // Storage type DL_T (float or half) for x, y, u, V and M; math in float.
-#if defined(cl_khr_fp16)
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
-#ifndef DL_T
-#define DL_T float
-#endif
-#ifndef DL_T4
-#define DL_T4 float4
-#endif
+#include "dl_storage.cl"
 
 #define WG_BM 64  // output rows (tiles) per work-group
 #define WG_BN 64  // output columns (Cout) per work-group
