@@ -343,16 +343,8 @@ tfl::Status KernelInvoke(Context* ctx, Node* node) {
 }
 
 Registration KernelRegistration() {
-  Registration r;
-  std::memset(&r, 0, sizeof(r));
-  r.init = &KernelInit;
-  r.free = &KernelFree;
-  r.prepare = &KernelPrepare;
-  r.invoke = &KernelInvoke;
-  r.builtin_code = tfl::kBuiltinDelegate;
-  r.custom_name = kKernelName;
-  r.version = 1;
-  return r;
+  return DelegateKernelRegistration(kKernelName, &KernelInit, &KernelFree, &KernelPrepare,
+                                    &KernelInvoke);
 }
 
 // ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <sstream>
 
@@ -139,6 +140,22 @@ std::string ExceptionText() {
   } catch (...) {
     return "unknown exception";
   }
+}
+
+tfl::Registration DelegateKernelRegistration(
+    const char* name, void* (*init)(tfl::Context*, const char*, size_t),
+    void (*free)(tfl::Context*, void*), tfl::Status (*prepare)(tfl::Context*, tfl::Node*),
+    tfl::Status (*invoke)(tfl::Context*, tfl::Node*)) {
+  tfl::Registration r;
+  std::memset(&r, 0, sizeof(r));
+  r.init = init;
+  r.free = free;
+  r.prepare = prepare;
+  r.invoke = invoke;
+  r.builtin_code = tfl::kBuiltinDelegate;
+  r.custom_name = name;
+  r.version = 1;
+  return r;
 }
 
 }  // namespace difflite

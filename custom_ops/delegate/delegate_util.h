@@ -71,6 +71,13 @@ std::unique_ptr<OpInstance> ParseCustomNode(const tfl::Node* node,
 // The text of the exception being handled (inside a catch block).
 std::string ExceptionText();
 
+// The registration of a delegate kernel (a partition TFLite hands to the
+// delegate): builtin_code kBuiltinDelegate, version 1, everything else null.
+tfl::Registration DelegateKernelRegistration(
+    const char* name, void* (*init)(tfl::Context*, const char*, size_t),
+    void (*free)(tfl::Context*, void*), tfl::Status (*prepare)(tfl::Context*, tfl::Node*),
+    tfl::Status (*invoke)(tfl::Context*, tfl::Node*));
+
 }  // namespace difflite
 
 #endif  // DIFFLITE_DELEGATE_UTIL_H_

@@ -90,54 +90,37 @@ void IndexSpace::Collapse() {
   strides = s;
 }
 
-Args& Args::Mem(cl_mem m) {
+Args& Args::Value(const void* data, size_t size) {
   Arg a;
-  a.size = sizeof(cl_mem);
-  a.bytes.resize(sizeof(cl_mem));
-  std::memcpy(a.bytes.data(), &m, sizeof(cl_mem));
+  a.size = size;
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  a.bytes.assign(bytes, bytes + size);
   args_.push_back(std::move(a));
   return *this;
 }
 
+Args& Args::Mem(cl_mem m) { return Value(&m, sizeof(m)); }
+
 Args& Args::Int(int v) {
-  Arg a;
-  a.size = sizeof(cl_int);
-  a.bytes.resize(sizeof(cl_int));
   const cl_int c = v;
-  std::memcpy(a.bytes.data(), &c, sizeof(c));
-  args_.push_back(std::move(a));
-  return *this;
+  return Value(&c, sizeof(c));
 }
 
 Args& Args::Float(float v) {
-  Arg a;
-  a.size = sizeof(cl_float);
-  a.bytes.resize(sizeof(cl_float));
-  std::memcpy(a.bytes.data(), &v, sizeof(v));
-  args_.push_back(std::move(a));
-  return *this;
+  const cl_float c = v;
+  return Value(&c, sizeof(c));
 }
 
 Args& Args::Int8(const std::vector<int>& v, int fill) {
   cl_int8 c;
   for (int i = 0; i < 8; ++i) c.s[i] = i < static_cast<int>(v.size()) ? v[i] : fill;
-  Arg a;
-  a.size = sizeof(c);
-  a.bytes.resize(sizeof(c));
-  std::memcpy(a.bytes.data(), &c, sizeof(c));
-  args_.push_back(std::move(a));
-  return *this;
+  return Value(&c, sizeof(c));
 }
 
 Args& Args::Int4(const std::vector<int>& v, int fill) {
   cl_int4 c;
   for (int i = 0; i < 4; ++i) c.s[i] = i < static_cast<int>(v.size()) ? v[i] : fill;
-  Arg a;
-  a.size = sizeof(c);
-  a.bytes.resize(sizeof(c));
-  std::memcpy(a.bytes.data(), &c, sizeof(c));
-  args_.push_back(std::move(a));
-  return *this;
+  return Value(&c, sizeof(c));
 }
 
 Args& Args::Local(size_t bytes) {

@@ -62,6 +62,7 @@ class Args {
   std::string Set(const ClApi& cl, cl_kernel kernel) const;
 
  private:
+  Args& Value(const void* data, size_t size);  // a by-value argument of `size` bytes
   struct Arg {
     size_t size;
     std::vector<unsigned char> bytes;

@@ -904,16 +904,8 @@ tfl::Status PartitionInvoke(Context* ctx, Node* node) {
 }
 
 Registration PartitionRegistration() {
-  Registration r;
-  std::memset(&r, 0, sizeof(r));
-  r.init = &PartitionInit;
-  r.free = &PartitionFree;
-  r.prepare = &PartitionPrepare;
-  r.invoke = &PartitionInvoke;
-  r.builtin_code = tfl::kBuiltinDelegate;
-  r.custom_name = kKernelName;
-  r.version = 1;
-  return r;
+  return DelegateKernelRegistration(kKernelName, &PartitionInit, &PartitionFree, &PartitionPrepare,
+                                    &PartitionInvoke);
 }
 
 }  // namespace
