@@ -1,7 +1,8 @@
-"""Per-op GPU time of one converted component on backend=opencl (the delegate's profile=1 option:
-OpenCL event timestamps summed per op type, printed when the interpreter is torn down).
+"""Per-op GPU time of one converted component on backend=opencl (the delegate's profile option:
+OpenCL event timestamps summed per op type, or with --detail per op, shapes and kernel; read
+from the delegate's stats_path file).
 
-    python benchmarks/gpu_profile.py OUT unet [--runs 5] [--json FILE]
+    python benchmarks/gpu_profile.py OUT unet [--runs 5] [--detail] [--json FILE]
 
 Prints a table (ms per invoke and share per op type) and the wall time per invoke; with --json
 writes both. Event profiling serialises the queue a little, so the wall time here is slightly
@@ -13,8 +14,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import re
 import sys
 import tempfile
 import time
@@ -37,44 +36,32 @@ def random_feeds(entry: dict, rng) -> dict:
     return feeds
 
 
-def profile(folder: Path, component: str, runs: int) -> dict:
-    """Runs the component and returns the delegate's profile line parsed, plus wall times."""
+def profile(folder: Path, component: str, runs: int, detail: bool = False) -> dict:
+    """Runs the component and returns the delegate's stats (stats_path) plus wall times."""
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
     from compiler.manifest import read_manifest
     from compiler.runtime import find_oplib
 
     entry = read_manifest(folder)["components"][component]
-    log = Path(tempfile.mkstemp(prefix="difflite-profile-", suffix=".log")[1])
-    saved = os.dup(2)
-    with open(log, "w") as sink:  # the delegate logs on fd 2
-        os.dup2(sink.fileno(), 2)
-        try:
-            delegate = load_delegate(str(find_oplib()), {"backend": "opencl", "profile": "1"})
-            interpreter = Interpreter(model_path=str(folder / entry["file"]), experimental_delegates=[delegate])
-            runner = interpreter.get_signature_runner("serving_default")
-            feeds = random_feeds(entry, np.random.default_rng(0))
-            runner(**feeds)  # warm-up: first-use allocations
-            walls = []
-            for _ in range(runs):
-                start = time.perf_counter()
-                runner(**feeds)
-                walls.append(time.perf_counter() - start)
-            del runner, interpreter, delegate
-            gc.collect()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-    text = log.read_text()
-    log.unlink()
-    match = re.search(r"profile: (\d+) invokes, ([\d.]+) ms of kernels per invoke:(.*)", text)
-    if match is None:
-        raise SystemExit(f"no profile line in the delegate's output:\n{text[-2000:]}")
-    ops = {}
-    for item in match.group(3).split():
-        name, _, ms = item.rpartition("=")
-        ops[name] = float(ms)
-    return {"component": component, "invokes": int(match.group(1)), "kernel_ms": float(match.group(2)),
+    stats_path = Path(tempfile.mkstemp(prefix="difflite-profile-", suffix=".json")[1])
+    delegate = load_delegate(str(find_oplib()), {"backend": "opencl", "profile": "2" if detail else "1",
+                                                 "stats_path": str(stats_path)})
+    interpreter = Interpreter(model_path=str(folder / entry["file"]), experimental_delegates=[delegate])
+    runner = interpreter.get_signature_runner("serving_default")
+    feeds = random_feeds(entry, np.random.default_rng(0))
+    runner(**feeds)  # warm-up: first-use allocations
+    walls = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        runner(**feeds)
+        walls.append(time.perf_counter() - start)
+    stats = json.loads(stats_path.read_text())
+    del runner, interpreter, delegate
+    gc.collect()
+    stats_path.unlink()
+    ops = {name: round(ms, 4) for name, ms in stats["profile_ms_per_invoke"].items()}
+    return {"component": component, "invokes": stats["invokes"], "kernel_ms": round(sum(ops.values()), 3),
             "wall_ms_median": round(float(np.median(walls)) * 1e3, 2), "ops_ms": ops}
 
 
@@ -84,8 +71,10 @@ def main() -> int:
     parser.add_argument("component")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--detail", action="store_true",
+                        help="per node shape and kernel (profile=2) instead of per op type")
     args = parser.parse_args()
-    result = profile(args.folder, args.component, args.runs)
+    result = profile(args.folder, args.component, args.runs, args.detail)
     total = result["kernel_ms"]
     print(f"{args.component}: {result['wall_ms_median']} ms wall per invoke, {total:.2f} ms in kernels "
           f"({result['invokes']} profiled invokes incl. warm-up)")

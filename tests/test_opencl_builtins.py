@@ -814,6 +814,10 @@ def test_profile_option(lib, tmp_path):
     (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", profile=1)
     check(got, np.tanh(x.astype(np.float64)))
     assert stats["invokes"] == 2 and "TANH" in stats["profile_ms_per_invoke"], stats
+    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", profile=2)
+    check(got, np.tanh(x.astype(np.float64)))
+    (key,) = stats["profile_ms_per_invoke"]
+    assert key.startswith("TANH 5x33->5x33 "), stats
 
 
 def test_fp16_request_falls_back_or_runs(lib, tmp_path, capfd):
@@ -871,7 +875,7 @@ def test_unsupported_nodes_stay_with_tflite(lib, tmp_path, capfd):
 @pytest.mark.parametrize("opts,msg", [
     ({"backend": "opencl", "device": "99"}, "device=99 is out of range"),
     ({"backend": "opencl", "kernels": "fast"}, "kernels must be auto, tiled or flat"),
-    ({"backend": "opencl", "profile": "yes"}, "profile must be 0 or 1"),
+    ({"backend": "opencl", "profile": "yes"}, "profile must be 0, 1"),
     ({"backend": "cpu", "stats_path": "/tmp/x.json"}, "apply to backend=opencl only"),
     ({"backend": "opencl", "device": "-7"}, "device must be an integer"),
 ])

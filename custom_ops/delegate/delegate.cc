@@ -494,11 +494,12 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       }
       o->device = static_cast<int>(v);
     } else if (key == "profile") {
-      if (val != "0" && val != "1") {
-        *error = "profile must be 0 or 1, got '" + val + "'";
+      if (val != "0" && val != "1" && val != "2") {
+        *error = "profile must be 0, 1 (per op type) or 2 (per node and kernel), got '" +
+                 val + "'";
         return false;
       }
-      o->profile = val == "1";
+      o->profile = val[0] - '0';
     } else if (key == "kernels") {
       if (val != "auto" && val != "tiled" && val != "flat") {
         *error = "kernels must be auto, tiled or flat, got '" + val + "'";

@@ -24,7 +24,7 @@ struct Options {
   bool verbose = false;
   int num_threads = 0;  // cpu: 0 = the interpreter's recommendation, else cores
   int device = -1;      // opencl: index into all devices; -1 = first GPU, else first device
-  bool profile = false; // opencl: per-op kernel times (profiling queue)
+  int profile = 0;  // opencl: kernel times (profiling queue) per op type (1), per node and kernel (2)
   std::string stats_path;  // opencl: JSON memory report written after Prepare
   std::string kernels = "auto";  // opencl: auto | tiled | flat (kernel style)
 };

@@ -177,6 +177,21 @@ struct ClaimedNode {
   }
 };
 
+// "CONV_2D 2x64x64x320,320x3x3x320,320->2x64x64x320": a node's profile=2 key
+// (nodes with the same op and shapes add up).
+std::string DetailLabel(const ClaimedNode& n) {
+  auto dims = [](const Shape& shape) {
+    std::string d;
+    for (size_t i = 0; i < shape.size(); ++i) d += (i ? "x" : "") + std::to_string(shape[i]);
+    return d;
+  };
+  std::string label = n.name + " ";
+  for (size_t i = 0; i < n.in_info.size(); ++i) label += (i ? "," : "") + dims(n.in_info[i].shape);
+  label += "->";
+  for (size_t i = 0; i < n.out_info.size(); ++i) label += (i ? "," : "") + dims(n.out_info[i].shape);
+  return label;
+}
+
 // ---------------------------------------------------------------------------
 // What the ops see of the backend.
 
@@ -230,7 +245,9 @@ class ContextImpl final : public GpuContext {
              ", global " + g + (local ? ", local " + l : "") +
              "): " + ClErrorName(err);
     }
-    if (ev != nullptr) events_.emplace_back(label_, ev);
+    if (ev != nullptr) {
+      events_.emplace_back(detail_ ? label_ + " " + (label ? label : "?") : label_, ev);
+    }
     return "";
   }
 
@@ -256,6 +273,8 @@ class ContextImpl final : public GpuContext {
   }
 
   void set_label(const std::string& l) { label_ = l; }
+  // profile=2: events keyed by node label and kernel label, not by op type alone.
+  void set_detail(bool on) { detail_ = on; }
   std::vector<std::pair<std::string, cl_event>> TakeEvents() {
     std::vector<std::pair<std::string, cl_event>> out;
     out.swap(events_);
@@ -275,6 +294,7 @@ class ContextImpl final : public GpuContext {
   std::map<int, std::pair<cl_mem, size_t>> scratch_;
   std::vector<std::pair<std::string, cl_event>> events_;
   std::string label_;
+  bool detail_ = false;
 };
 
 class Partition;
@@ -757,7 +777,7 @@ tfl::Status Partition::Invoke(Context* ctx) {
   }
   for (size_t step = 0; step < exec_.size(); ++step) {
     ClaimedNode& n = *nodes_[exec_[step]];
-    gctx.set_label(n.name);
+    gctx.set_label(be_->options.profile >= 2 ? DetailLabel(n) : n.name);
     e = n.op->Run(gctx, run_in_[step], run_out_[step]);
     if (!e.empty()) {
       LogError(ctx, "node " + std::to_string(n.node_index) + " (" + n.name + "): " + e);
@@ -1295,7 +1315,7 @@ const char* BuiltinName(int32_t code) {
 }
 
 std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* error) {
-  std::shared_ptr<Runtime> rt = Runtime::Get(options.device, options.profile, error);
+  std::shared_ptr<Runtime> rt = Runtime::Get(options.device, options.profile > 0, error);
   if (rt == nullptr) return nullptr;
   std::unique_ptr<Backend> b(new Backend());
   b->impl_ = std::make_shared<BackendImpl>();
@@ -1313,6 +1333,7 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* er
   }
   const bool flat = options.kernels == "flat" || (options.kernels == "auto" && !rt->info().is_gpu);
   impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat);
+  impl.gctx->set_detail(options.profile >= 2);
   return b;
 }
 
