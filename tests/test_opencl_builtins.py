@@ -341,6 +341,29 @@ def test_forced_tiles(lib, tmp_path, monkeypatch, tile):
     test_conv_2d(lib, tmp_path, "tiled", "vec_3x3")  # m = 300, k = 171
 
 
+@pytest.mark.parametrize("splits", ["2", "3", "16"])
+def test_forced_split_k(lib, tmp_path, monkeypatch, splits):
+    """Split-K (gemm.h), forced through DIFFLITE_SPLIT_K on the vectorised kernels: K ranges that
+    end mid-slice and empty trailing splits (16 splits of k = 33), partial planes per batch,
+    the bias added once by splitk_sum, and the 3x3 implicit-GEMM convolution."""
+    monkeypatch.setenv("DIFFLITE_SPLIT_K", splits)
+    test_fully_connected(lib, tmp_path, "tiled", ((2, 150, 37), 270, True, True, True))
+    test_batch_matmul(lib, tmp_path, "tiled", ((2, 3, 17, 33), (2, 3, 33, 13), False, False))
+    test_batch_matmul(lib, tmp_path, "tiled", ((2, 33, 300), (2, 270, 33), True, True))
+    monkeypatch.setitem(CONV_CASES, "vec_3x3", (2, 9, 7, 19, 68, 3, 3, (1, 1), (1, 1), SAME, True))
+    test_conv_2d(lib, tmp_path, "tiled", "vec_3x3")  # k = 171
+    test_conv_2d(lib, tmp_path, "tiled", "3x3_s2_valid_nobias")
+
+
+def test_automatic_split_k(lib, tmp_path, monkeypatch):
+    """One output tile and a long K on a device of few compute units: split-K is chosen without
+    the override (2 work-groups per compute unit wanted, K / 256 at most)."""
+    monkeypatch.delenv("DIFFLITE_SPLIT_K", raising=False)
+    test_fully_connected(lib, tmp_path, "tiled", ((3, 1100), 45, True, False, True))
+    monkeypatch.setitem(CONV_CASES, "auto_split", (1, 4, 4, 130, 20, 3, 3, (1, 1), (1, 1), SAME, True))
+    test_conv_2d(lib, tmp_path, "tiled", "auto_split")  # k = 1170
+
+
 # --------------------------------------------------------------------------
 # Elementwise
 

@@ -97,26 +97,39 @@ class Conv2dOp final : public GpuOp {
            size_t flat_local)
       : k_(k), tile_(t), g_(g), has_bias_(has_bias), wt_(std::move(wt)),
         flat_local_(flat_local) {}
+  // Split-K (gemm.h): `k` built with -DKSPLIT=splits, partials summed by `sum`.
+  void SetSplitK(int splits, SplitKSum sum, size_t partial_bytes) {
+    splits_ = splits;
+    sum_ = sum;
+    partial_bytes_ = partial_bytes;
+  }
   bool UsesInput(size_t input) const override { return !(input == 1 && wt_.mem()); }
   size_t WeightBytes() const override { return wt_.bytes(); }
+  size_t ScratchBytes() const override { return partial_bytes_; }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     const int m = g_.n * g_.oh * g_.ow;
     const int kk = g_.kh * g_.kw * g_.cin;
     cl_mem bias = has_bias_ ? in[2].mem : nullptr;
-    std::string e = Args()
-                        .Mem(in[0].mem)
-                        .Mem(wt_.mem() ? wt_.mem() : in[1].mem)
-                        .Mem(bias)
-                        .Mem(out[0].mem)
-                        .Int(m)
-                        .Int(g_.cout)
-                        .Int(kk)
-                        .Int4(g_.G0())
-                        .Int4(g_.G1())
-                        .Int4(g_.G2())
-                        .Int(has_bias_ ? 1 : 0)
-                        .Set(ctx.cl(), k_);
+    cl_mem y = out[0].mem;
+    std::string e;
+    if (splits_ > 1) {
+      y = ctx.Scratch(partial_bytes_, kSplitKSlot, &e);
+      if (y == nullptr) return "split-K partials: " + e;
+    }
+    e = Args()
+            .Mem(in[0].mem)
+            .Mem(wt_.mem() ? wt_.mem() : in[1].mem)
+            .Mem(bias)
+            .Mem(y)
+            .Int(m)
+            .Int(g_.cout)
+            .Int(kk)
+            .Int4(g_.G0())
+            .Int4(g_.G1())
+            .Int4(g_.G2())
+            .Int(has_bias_ && splits_ == 1 ? 1 : 0)
+            .Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (wt_.mem()) {
       const size_t local[2] = {flat_local_, 1};
@@ -124,11 +137,15 @@ class Conv2dOp final : public GpuOp {
                                 static_cast<size_t>((m + kFlatRows - 1) / kFlatRows)};
       return ctx.Enqueue(k_, 2, global, local, "conv2d");
     }
-    const size_t local[2] = {static_cast<size_t>(tile_.tn / tile_.wn),
-                             static_cast<size_t>(tile_.tm / tile_.wm)};
-    const size_t global[2] = {static_cast<size_t>((g_.cout + tile_.tn - 1) / tile_.tn) * local[0],
-                              static_cast<size_t>((m + tile_.tm - 1) / tile_.tm) * local[1]};
-    return ctx.Enqueue(k_, 2, global, local, "conv2d");
+    const size_t local[3] = {static_cast<size_t>(tile_.tn / tile_.wn),
+                             static_cast<size_t>(tile_.tm / tile_.wm), 1};
+    const size_t global[3] = {static_cast<size_t>((g_.cout + tile_.tn - 1) / tile_.tn) * local[0],
+                              static_cast<size_t>((m + tile_.tm - 1) / tile_.tm) * local[1],
+                              static_cast<size_t>(splits_)};
+    e = ctx.Enqueue(k_, 3, global, local, "conv2d");
+    if (!e.empty() || splits_ == 1) return e;
+    return sum_.Run(ctx, y, bias, out[0].mem, m, g_.cout, g_.cout, m * g_.cout, 1, splits_,
+                    "conv2d.splitk_sum");
   }
 
  private:
@@ -138,6 +155,9 @@ class Conv2dOp final : public GpuOp {
   bool has_bias_;
   OwnedBuffer wt_;
   size_t flat_local_;
+  int splits_ = 1;
+  SplitKSum sum_;
+  size_t partial_bytes_ = 0;
 };
 
 class Conv1x1Op final : public GpuOp {
@@ -210,13 +230,30 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   }
   TileConfig tile;
   cl_kernel kernel = nullptr;
-  auto kernel_of = [&](const TileConfig& c, cl_kernel* out) {
+  auto kernel_of = [&](const TileConfig& c, cl_kernel* out, const std::string& extra = "") {
     if (c.threads() % c.tk != 0) return std::string("tile threads not a multiple of TK");
-    return GetKernel(ctx, "conv", "conv2d", c.Options(), out);
+    return GetKernel(ctx, "conv", "conv2d", c.Options() + extra, out);
   };
   e = PickTile(ctx, m, g.cout, kernel_of, &tile, &kernel);
   if (!e.empty()) return Refuse(error, e);
-  return std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, OwnedBuffer(), 0);
+  const int64_t out_elements = static_cast<int64_t>(m) * g.cout;
+  const int splits =
+      tile.vec ? ChooseSplitK(ctx,
+                              static_cast<int64_t>((m + tile.tm - 1) / tile.tm) *
+                                  ((g.cout + tile.tn - 1) / tile.tn),
+                              k, out_elements)
+               : 1;
+  SplitKSum sum;
+  if (splits > 1) {
+    e = kernel_of(tile, &kernel, " -DKSPLIT=" + std::to_string(splits));
+    if (e.empty()) e = sum.Init(ctx);
+    if (!e.empty()) return Refuse(error, e);
+  }
+  auto op = std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, OwnedBuffer(), 0);
+  if (splits > 1) {
+    op->SetSplitK(splits, sum, static_cast<size_t>(splits) * out_elements * DTypeSize(ctx.storage()));
+  }
+  return op;
 }
 
 class DepthwiseOp final : public GpuOp {

@@ -26,6 +26,9 @@
 #ifndef VEC
 #define VEC 0
 #endif
+#ifndef KSPLIT
+#define KSPLIT 1
+#endif
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
@@ -176,6 +179,12 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   const int tid = ty * TX + tx;
   const int n0 = get_group_id(0) * TN;
   const int m0 = get_group_id(1) * TM;
+  // Split-K (KSPLIT > 1, as in gemm.cl): work-group dimension 2 is the split;
+  // it sums K range [kbeg, kend) into partial plane `split` of y ([M][N] each).
+  const int split = get_group_id(2);
+  const int kchunk = (K + KSPLIT * TK - 1) / (KSPLIT * TK) * TK;
+  const int kbeg = split * kchunk;
+  const int kend = min(K, kbeg + kchunk);
 
   // The A rows this item loads: fixed over K (NT % TK == 0).
   const int a_kk = tid % TK;
@@ -193,8 +202,8 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   // from buffer buf ^ 1 and stages slice k0 into buffer buf.
   float ra[RA], rb[LB];
   int buf = 0;
-  for (int k0 = 0; k0 < K + TK; k0 += TK) {
-    if (k0 < K) {
+  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
+    if (k0 < kend) {
       const int k = k0 + a_kk;
       const int ci = k % cin;
       const int tap = k / cin;
@@ -204,7 +213,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
       for (int r = 0; r < RA; ++r) {
         const int iy = a_y[r] + ky * dh;
         const int ix = a_x[r] + kx * dw;
-        ra[r] = (a_base[r] >= 0 && k < K && iy >= 0 && iy < ih && ix >= 0 && ix < iw)
+        ra[r] = (a_base[r] >= 0 && k < kend && iy >= 0 && iy < ih && ix >= 0 && ix < iw)
                     ? (float)x[a_base[r] + (iy * iw + ix) * cin + ci]
                     : 0.0f;
       }
@@ -213,10 +222,10 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         const int e = tid + l * NT;
         const int kk = e % TK, nn = e / TK;
         const int n = n0 + nn, kb = k0 + kk;
-        rb[l] = (n < N && kb < K && nn < TN) ? (float)w[n * K + kb] : 0.0f;
+        rb[l] = (n < N && kb < kend && nn < TN) ? (float)w[n * K + kb] : 0.0f;
       }
     }
-    if (k0 > 0) {
+    if (k0 > kbeg) {
       const int cb = buf ^ 1;
 #pragma unroll
       for (int kk = 0; kk < TK; ++kk) {
@@ -233,7 +242,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         }
       }
     }
-    if (k0 < K) {
+    if (k0 < kend) {
 #pragma unroll
       for (int r = 0; r < RA; ++r) {
         const int mm = tid / TK + r * (NT / TK);
@@ -268,7 +277,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   for (int i = 0; i < WM; ++i) {
     const int m = mb + i;
     if (m >= M) break;
-    __global DL_T* row = y + m * N;
+    __global DL_T* row = y + (split * M + m) * N;
 #pragma unroll
     for (int j = 0; j < WN / 4; ++j) {
       const int n = nb + 4 * j;

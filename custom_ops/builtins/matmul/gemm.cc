@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 namespace difflite::gpu::builtin {
 
@@ -33,6 +34,47 @@ std::vector<TileConfig> TileCandidates(int m, int n) {
   configs.push_back({32, 32, 16, 4, 4, true});
   configs.push_back({16, 16, 16, 2, 2});
   return configs;
+}
+
+int ChooseSplitK(GpuContext& ctx, int64_t work_groups, int k, int64_t out_elements) {
+  int splits = 1;
+  const char* env = std::getenv("DIFFLITE_SPLIT_K");
+  if (env != nullptr && *env != '\0') {
+    splits = std::atoi(env);
+  } else {
+    const int64_t target = 2 * static_cast<int64_t>(ctx.device().compute_units);
+    if (work_groups <= 0 || work_groups >= target) return 1;
+    splits = static_cast<int>((target + work_groups - 1) / work_groups);
+    splits = std::min(splits, k / kMinSplitKDepth);
+  }
+  splits = std::max(1, std::min(splits, kMaxSplitK));
+  while (splits > 1 && splits * out_elements > std::numeric_limits<int32_t>::max()) --splits;
+  return splits;
+}
+
+std::string SplitKSum::Init(GpuContext& ctx) {
+  return GetKernel(ctx, "gemm", "splitk_sum", "", &kernel_);
+}
+
+std::string SplitKSum::Run(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m,
+                           int n, int ldc, int c_bs, int batches, int splits,
+                           const char* label) const {
+  std::string e = Args()
+                      .Mem(partials)
+                      .Mem(bias)
+                      .Mem(c)
+                      .Int(m)
+                      .Int(n)
+                      .Int(ldc)
+                      .Int(c_bs)
+                      .Int(splits)
+                      .Int(bias != nullptr ? 1 : 0)
+                      .Set(ctx.cl(), kernel_);
+  if (!e.empty()) return e;
+  const size_t local[3] = {std::min<size_t>(64, ctx.KernelWorkGroupSize(kernel_)), 1, 1};
+  const size_t global[3] = {RoundUp(static_cast<size_t>(n), local[0]), static_cast<size_t>(m),
+                            static_cast<size_t>(batches)};
+  return ctx.Enqueue(kernel_, 3, global, local, label);
 }
 
 bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
@@ -93,12 +135,22 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   }
   const bool a_kmajor = s_.a_sk == 1;
   const bool b_kmajor = s_.b_sk == 1 && s_.b_sn != 1;
-  auto kernel_of = [&](const TileConfig& c, cl_kernel* k) {
+  auto kernel_of = [&](const TileConfig& c, cl_kernel* k, const std::string& extra = "") {
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
-                             " -DB_KMAJOR=" + (b_kmajor ? "1" : "0");
+                             " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") + extra;
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
-  return PickTile(ctx, s_.m, s_.n, kernel_of, &tile_, &kernel_);
+  std::string e = PickTile(ctx, s_.m, s_.n, kernel_of, &tile_, &kernel_);
+  if (!e.empty() || !tile_.vec) return e;
+  const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
+                        ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;
+  const int64_t out_elements = static_cast<int64_t>(batches_) * s_.m * s_.n;
+  splits_ = ChooseSplitK(ctx, tiles, s_.k, out_elements);
+  if (splits_ == 1) return "";
+  e = kernel_of(tile_, &kernel_, " -DKSPLIT=" + std::to_string(splits_));
+  if (e.empty()) e = sum_.Init(ctx);
+  partial_bytes_ = static_cast<size_t>(splits_) * out_elements * DTypeSize(ctx.storage());
+  return e;
 }
 
 std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
@@ -111,11 +163,18 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
     if (!err.empty()) return err;
     b = t;
   }
+  const bool has_bias = s_.has_bias && bias != nullptr;
+  cl_mem out = c;
+  if (splits_ > 1) {
+    std::string err;
+    out = ctx.Scratch(partial_bytes_, kSplitKSlot, &err);
+    if (out == nullptr) return "split-K partials: " + err;
+  }
   std::string e = Args()
                       .Mem(a)
                       .Mem(b)
                       .Mem(bias)
-                      .Mem(c)
+                      .Mem(out)
                       .Int(s_.m)
                       .Int(s_.n)
                       .Int(s_.k)
@@ -123,12 +182,12 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
                       .Int(s_.a_sk)
                       .Int(s_.b_sk)
                       .Int(s_.b_sn)
-                      .Int(s_.ldc)
+                      .Int(splits_ > 1 ? s_.n : s_.ldc)
                       .Int4(s_.bdims, 1)
                       .Int4(s_.a_bs)
                       .Int4(s_.b_bs)
-                      .Int(s_.c_bs)
-                      .Int(s_.has_bias && bias != nullptr ? 1 : 0)
+                      .Int(splits_ > 1 ? s_.m * s_.n : s_.c_bs)
+                      .Int(has_bias && splits_ == 1 ? 1 : 0)
                       .Set(ctx.cl(), kernel_);
   if (!e.empty()) return e;
   if (flat_) {
@@ -142,8 +201,11 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
                            static_cast<size_t>(tile_.tm / tile_.wm), 1};
   const size_t global[3] = {static_cast<size_t>((s_.n + tile_.tn - 1) / tile_.tn) * local[0],
                             static_cast<size_t>((s_.m + tile_.tm - 1) / tile_.tm) * local[1],
-                            static_cast<size_t>(batches_)};
-  return ctx.Enqueue(kernel_, 3, global, local, label);
+                            static_cast<size_t>(batches_) * splits_};
+  e = ctx.Enqueue(kernel_, 3, global, local, label);
+  if (!e.empty() || splits_ == 1) return e;
+  return sum_.Run(ctx, out, has_bias ? bias : nullptr, c, s_.m, s_.n, s_.ldc, s_.c_bs, batches_,
+                  splits_, label);
 }
 
 }  // namespace difflite::gpu::builtin

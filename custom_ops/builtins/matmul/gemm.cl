@@ -33,6 +33,9 @@
 #ifndef VEC
 #define VEC 0
 #endif
+#ifndef KSPLIT
+#define KSPLIT 1
+#endif
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
@@ -163,7 +166,13 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   const int tid = ty * TX + tx;
   const int n0 = get_group_id(0) * TN;
   const int m0 = get_group_id(1) * TM;
-  const int batch = get_group_id(2);
+  // Split-K (KSPLIT > 1): dimension 2 is batch * KSPLIT + split; split s sums
+  // its K range [kbeg, kend) into partial plane s of C (splitk_sum adds them).
+  const int batch = get_group_id(2) / KSPLIT;
+  const int split = get_group_id(2) % KSPLIT;
+  const int kchunk = (K + KSPLIT * TK - 1) / (KSPLIT * TK) * TK;
+  const int kbeg = split * kchunk;
+  const int kend = min(K, kbeg + kchunk);
   __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
   __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
 
@@ -180,8 +189,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   // next writes to it.
   float ra[LA], rb[LB];
   int buf = 0;
-  for (int k0 = 0; k0 < K + TK; k0 += TK) {
-    if (k0 < K) {
+  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
+    if (k0 < kend) {
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
         const int e = tid + l * NT;
@@ -191,7 +200,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int mm = e % TM, kk = e / TM;
 #endif
         const int m = m0 + mm, k = k0 + kk;
-        ra[l] = (m < M && k < K && e < TM * TK) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
+        ra[l] = (m < M && k < kend && e < TM * TK) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
       }
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
@@ -202,10 +211,10 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int nn = e % TN, kk = e / TN;
 #endif
         const int n = n0 + nn, k = k0 + kk;
-        rb[l] = (n < N && k < K && e < TN * TK) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
+        rb[l] = (n < N && k < kend && e < TN * TK) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
       }
     }
-    if (k0 > 0) {
+    if (k0 > kbeg) {
       const int cb = buf ^ 1;
 #pragma unroll
       for (int kk = 0; kk < TK; ++kk) {
@@ -222,7 +231,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         }
       }
     }
-    if (k0 < K) {
+    if (k0 < kend) {
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
         const int e = tid + l * NT;
@@ -248,7 +257,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
     }
   }
 
-  __global DL_T* Cb = C + batch * c_bs;
+  __global DL_T* Cb = C + (split * (get_num_groups(2) / KSPLIT) + batch) * c_bs;
   const bool vec_c = ((ldc | c_bs) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
   const int mb = m0 + ty * WM;
   const int nb = n0 + tx * WN;
@@ -284,6 +293,23 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   }
 }
 #endif  // VEC
+
+// The split-K epilogue: C[b][m][n] = sum over the `splits` partial planes
+// P[s][b][m][n] (dense [M][N] planes, batch-major within a split) + bias[n].
+// One item per element of C; global (N, M, batches).
+__kernel void splitk_sum(__global const DL_T* P, __global const DL_T* bias, __global DL_T* C,
+                         int M, int N, int ldc, int c_bs, int splits, int has_bias) {
+  const int n = get_global_id(0);
+  const int m = get_global_id(1);
+  const int batch = get_global_id(2);
+  if (n >= N || m >= M) return;
+  const int plane = M * N;
+  const int stride = (int)get_global_size(2) * plane;
+  __global const DL_T* p = P + batch * plane + m * N + n;
+  float v = has_bias ? (float)bias[n] : 0.0f;
+  for (int s = 0; s < splits; ++s) v += (float)p[s * stride];
+  C[batch * c_bs + m * ldc + n] = (DL_T)v;
+}
 
 // GEMM for CPU-like devices (no local memory, no barriers, explicit
 // vectors): an item owns 8 consecutive columns n0..n0+7 (one float16) and RM

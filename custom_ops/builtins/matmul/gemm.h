@@ -3,6 +3,7 @@
 #ifndef DIFFLITE_BUILTINS_MATMUL_GEMM_H_
 #define DIFFLITE_BUILTINS_MATMUL_GEMM_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,32 @@ std::string PickTile(GpuContext& ctx, int m, int n, F kernel_of, TileConfig* out
   return last.empty() ? "no GEMM tile fits the device" : last;
 }
 
+// Split-K. A GEMM whose output tiles give fewer than two work-groups per
+// compute unit (the SD 1.5 UNet's 8x8 and 16x16 levels: M = 128 or 512 rows,
+// K up to 23040) leaves most of a big GPU idle for its whole, long K loop.
+// Such a GEMM (vectorised tiles only) splits K over up to kMaxSplitK groups
+// of work-groups, each >= kMinSplitKDepth deep; each writes a dense [M][N]
+// partial plane to scratch slot kSplitKSlot, and splitk_sum (gemm.cl) adds
+// the planes and the bias. DIFFLITE_SPLIT_K=N forces N splits wherever the
+// vectorised kernels run (tests on PoCL, benchmarks).
+constexpr int kSplitKSlot = 2;
+constexpr int kMaxSplitK = 16;
+constexpr int kMinSplitKDepth = 256;
+// Splits for `work_groups` output tiles (all batches) of depth k; 1: none.
+// `out_elements`: batches * M * N, to keep the partials 32-bit indexable.
+int ChooseSplitK(GpuContext& ctx, int64_t work_groups, int k, int64_t out_elements);
+
+// Adds the partial planes: C[b*c_bs + m*ldc + n] = sum_s P[s][b][m][n] + bias[n].
+class SplitKSum {
+ public:
+  std::string Init(GpuContext& ctx);
+  std::string Run(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m, int n,
+                  int ldc, int c_bs, int batches, int splits, const char* label) const;
+
+ private:
+  cl_kernel kernel_ = nullptr;
+};
+
 struct GemmShape {
   int m = 0, n = 0, k = 0;
   int a_sm = 0, a_sk = 0, b_sk = 0, b_sn = 0, ldc = 0;
@@ -64,13 +91,17 @@ class Gemm {
   std::string Init(GpuContext& ctx, const GemmShape& s);
   std::string Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
                   const char* label) const;
-  size_t ScratchBytes() const { return b_scratch_bytes_; }
+  size_t ScratchBytes() const { return b_scratch_bytes_ + partial_bytes_; }
+  int splits() const { return splits_; }
 
  private:
   GemmShape s_;
   TileConfig tile_;
   cl_kernel kernel_ = nullptr;
   int batches_ = 1;
+  int splits_ = 1;  // split-K
+  SplitKSum sum_;
+  size_t partial_bytes_ = 0;
   bool flat_ = false;
   size_t flat_local_ = 64;
   // Flat kernels with a k-major B (e.g. A * B^T): B is first copied n-major
