@@ -48,6 +48,9 @@ class LoweringContext:
     node: ir.Node | None = None  # the node being lowered, for error messages and names
     _names: dict[str, int] = field(default_factory=dict)
     _uses_left: dict[str, int] = field(default_factory=dict)
+    # Nodes an earlier lowering already emitted (e.g. a bias Add folded into FULLY_CONNECTED):
+    # the writer skips them.
+    absorbed: set = field(default_factory=set)
 
     # -- facts about ONNX values ---------------------------------------------------------
     def shape(self, value: ir.Value) -> tuple[int, ...]:

@@ -48,7 +48,8 @@ def write_tflite(model: ir.Model, precision: str = "fp32", fuse=frozenset(),
     inputs = [_add_graph_input(ctx, value) for value in graph.inputs]
     for node in graph:
         ctx.node = node
-        _lower_node(ctx, node)
+        if node not in ctx.absorbed:
+            _lower_node(ctx, node)
         ctx.lowered(node)
     ctx.node = None
     outputs = [_add_graph_output(ctx, value) for value in graph.outputs]

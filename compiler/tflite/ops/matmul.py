@@ -40,12 +40,38 @@ def matmul_operand(ctx, value, rank: int) -> tuple[int, bool]:
     return ctx.input(value, layout.identity(rank), rank), False
 
 
+def sole_bias_add(ctx, value, n: int):
+    """(Add node, bias [n]) when `value`'s only use is an Add of a constant that varies along
+    the last axis alone (a linear layer's bias) and the sum has `value`'s shape and type: the
+    FULLY_CONNECTED computing `value` can add it itself. Else None."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    add = uses[0].node
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
+        return None
+    other = add.inputs[1 - uses[0].idx]
+    bias = ctx.const(other)
+    if bias is None or other is value or bias.size != n or (bias.ndim and bias.shape[-1] != n):
+        return None
+    out = add.outputs[0]
+    if ctx.shape(out) != ctx.shape(value) or ctx.dtype(out) != ctx.dtype(value):
+        return None
+    return add, np.asarray(bias, np.float32).reshape(n)
+
+
 @lowers("MatMul")
 def lower_matmul(ctx, node):
     a, b = node.inputs
     out_value = node.outputs[0]
     weights = ctx.const(b)
     if weights is not None and weights.ndim == 2 and ctx.rank(a) >= 2:
+        folded = sole_bias_add(ctx, out_value, weights.shape[1])
+        if folded is not None:
+            add, bias = folded
+            fully_connected(ctx, a, weights.T, bias, add.outputs[0], f"{b.name}/nk")
+            ctx.absorbed.add(add)
+            return
         fully_connected(ctx, a, weights.T, None, out_value, f"{b.name}/nk")
         return
     rank = ctx.rank(out_value)
