@@ -2,7 +2,7 @@
 unfused kernels, at Stable Diffusion 1.5 shapes, on any OpenCL device (pyopencl).
 
 Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
-  GroupNorm+SiLU   [1,64,64,320] and [1,4096,1280], 32 groups
+  GroupNorm+SiLU   [1,64,64,320] and [1,4096,1280], 32 groups (one-kernel and split variants)
   GELU (erf)       4096 x 1280
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
   self-attention   4096 x 4096, 8 heads x 40 (flash and partial-softmax variants)
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import pyopencl as cl  # noqa: E402
 
-from gpu_kernels_harness.launch import Runner, attention_plan, pick_context  # noqa: E402
+from gpu_kernels_harness.launch import Runner, attention_plan, gn_plan, pick_context  # noqa: E402
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
 
 MB = 1024 * 1024
@@ -115,12 +115,18 @@ def case_group_norm(r, u, shape, groups):
     gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
     beta = rng.uniform(-0.5, 0.5, c).astype(np.float32)
     xb, gb, bb = r.upload(x), r.upload(gamma), r.upload(beta)
-    yf, yu = r.empty(shape), r.empty(shape)
+    plans = ("one", "split")  # gn_one, or gn_stats (+ gn_combine) + gn_apply
+    outs = {p: r.empty(shape) for p in plans}
+    yu = r.empty(shape)
     total = x.size
+    flat = not r.device.type & cl.device_type.GPU
+    auto = gn_plan(shape[0], groups, total // (shape[0] * groups), r.compute_units, flat)
+    labels = {p: f"{p}{' (auto)' if p == auto else ''}" for p in plans}
     return dict(
-        fused={"fused": lambda: r.group_norm(xb, gb, bb, yf, shape, groups, 1e-5, True)},
+        fused={labels[p]: (lambda p=p: r.group_norm(xb, gb, bb, outs[p], shape, groups, 1e-5, True, plan=p))
+               for p in plans},
         unfused=lambda: u.group_norm(xb, gb, bb, yu, shape, groups, 1e-5, True),
-        out=(lambda: r.download(yf, shape), lambda: r.download(yu, shape)),
+        out=({labels[p]: (lambda p=p: r.download(outs[p], shape)) for p in plans}, lambda: r.download(yu, shape)),
         bytes=4 * (2 * total + 2 * c), flops=None, temp_tag="group_norm")
 
 

@@ -150,6 +150,46 @@ def test_group_norm(runner, launch, shape, groups, silu, splits, offset):
     assert rel_err(runner.download(y, shape), ref) < TOL
 
 
+# The one-kernel plan (gn_one): channels per group 1, 3, 10, 40 (load widths 1, 1, 2, 4), mean
+# offset 100 (a naive sum-of-squares variance would lose it), groups smaller than a work-group and
+# groups of several unrolled rounds with a partial last one.
+GN_ONE_CASES = [
+    ((2, 3, 16), 16, (64, 1)),  # [N, L, C], cg = 1: 3 elements per group, most work-items idle
+    ((2, 5, 7, 24), 8, (64, 1)),  # cg = 3
+    ((2, 37, 30), 10, (64, 1)),  # [N, L, C], cg = 3, C % 4 != 0
+    ((2, 48, 45, 40), 4, (1024, 2)),  # cg = 10: float2 loads, 2.6 rounds of 4 x 1024 loads
+    ((2, 31, 50), 5, (64, 2)),  # [N, L, C], cg = 10, C % 4 != 0
+    ((2, 33, 31, 80), 2, (1024, 4)),  # cg = 40: float4 loads, 2.5 rounds
+    ((2, 9, 120), 3, (64, 4)),  # [N, L, C], cg = 40
+]
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("shape,groups,plan", GN_ONE_CASES)
+def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
+    r = np.random.default_rng(sum(shape) + groups + silu)
+    c = shape[-1]
+    x = nonzero(r, shape, 2.0, 100.0)
+    gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
+    group_elems = int(np.prod(shape[1:-1])) * c // groups
+    assert launch.gn_one_shape(group_elems, c // groups, runner.max_wg) == plan
+    y = runner.empty(shape)
+    ev = runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, groups,
+                           1e-5, silu, plan="one")
+    assert len(ev) == 1
+    ref = group_norm_ref(x, gamma, beta, groups, 1e-5, silu)
+    assert rel_err(runner.download(y, shape), ref) < TOL
+
+
+def test_group_norm_plan(launch):
+    """UseOneKernel: GPUs take the one-kernel plan unless few, huge groups would idle the device."""
+    assert launch.gn_plan(1, 32, 40960, 132, flat=False) == "one"  # SD 1.5 UNet, 64x64x320
+    assert launch.gn_plan(1, 32, 163840, 132, flat=False) == "one"  # 4096 x 1280
+    assert launch.gn_plan(1, 32, 1 << 20, 132, flat=False) == "split"  # SD VAE decoder, 512x512x128
+    assert launch.gn_plan(8, 32, 1 << 20, 132, flat=False) == "one"  # enough groups to fill the device
+    assert launch.gn_plan(1, 32, 40960, 132, flat=True) == "split"  # CPU-like devices (PoCL)
+
+
 # ---------------------------------------------------------------------------
 # Gelu, GeGLU
 
@@ -306,8 +346,11 @@ def test_attention_auto_plan(launch):
 # Winograd F(4x4, 3x3)
 
 
-@pytest.mark.parametrize("n,h,w,cin,cout", [(1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 4, 3, 70, 66)])
-def test_winograd(runner, n, h, w, cin, cout):
+# The GEMM is builtins/matmul's gemm.cl with the tile a GPU gets: 32x32 (T or Cout <= 32) or 64x64
+# (T = 98: two row blocks; Cin and Cout not multiples of 16).
+@pytest.mark.parametrize("n,h,w,cin,cout", [(1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 4, 3, 70, 66),
+                                            (1, 10, 10, 24, 40), (2, 27, 26, 24, 40)])
+def test_winograd(runner, launch, n, h, w, cin, cout):
     r = np.random.default_rng(h * w + cin)
     x = nonzero(r, (n, h, w, cin))
     wt = nonzero(r, (cout, cin, 3, 3), 0.5)
@@ -317,6 +360,9 @@ def test_winograd(runner, n, h, w, cin, cout):
     runner.winograd(runner.upload(x), runner.upload(u), runner.upload(bias), y, n, h, w, cin, cout)
     ref = winograd_ref.conv3x3_nhwc(x, wt, bias)
     assert rel_err(runner.download(y, ref.shape), ref) < TOL
+    t = launch.winograd_tiles(n, h, w)[2]
+    _, tile = runner.gemm_kernel(t, cout, a_kmajor=True, b_kmajor=False)
+    assert tile == launch.gemm_tiles(t, cout)[0]  # PoCL runs the tile a GPU gets
 
 
 # ---------------------------------------------------------------------------
@@ -336,12 +382,27 @@ def test_plans_mirror_cxx(launch):
     gn = (ops / "group_norm" / "group_norm_opencl.cc").read_text()
     assert "(elems - 1) / (spatial * c) + 2" in gn and "samples * groups <= " in gn  # CombineInApply
     assert "CeilDiv(4 * std::max<int64_t>(1, cus), n * groups)" in gn and "wg * 16" in gn  # PlanSplits
+    for name, value in (("kOneGroup", launch.GN_ONE_WG), ("kOneMinGroup", launch.GN_ONE_MIN_WG),
+                        ("kOneUnroll", launch.GN_UNROLL), ("kOneMaxElems", launch.GN_ONE_MAX_ELEMS)):
+        assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
+    assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxElems" in gn  # UseOneKernel
+    assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
     src = (ops / "attention" / "attention_opencl.cc").read_text()
     ladder = "{" + ", ".join("{" + ", ".join(map(str, t)) + "}" for t in launch.PARTIAL_LADDER) + "}"
     assert ladder in src, f"PlanPartial's ladder differs from {ladder}"
     assert "Chunk(dk, o[3])" in src and "Chunk(dv, o[0])" in src
     assert "bq = 64, bk = 32, kc = 8" in src  # flash tiles (AttentionPlan("flash", bq=64, bk=32, kc=8))
+    # Winograd's GEMM: builtin::Gemm with gemm.cc's tile candidates.
+    gemm = (REPO / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
+    wanted = ["if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});",
+              "configs.push_back({32, 32, 16, 4, 4, true});", "configs.push_back({16, 16, 16, 2, 2});"]
+    assert all(line in gemm for line in wanted)
+    assert [launch.gemm_tiles(33, 33)[0], *launch.gemm_tiles(32, 33)] == [
+        launch.GemmTile(64, 64, 16, 4, 4, True), launch.GemmTile(32, 32, 16, 4, 4, True),
+        launch.GemmTile(16, 16, 16, 2, 2, False)]
+    wino = (ops / "winograd_conv3x3" / "winograd_conv3x3_opencl.cc").read_text()
+    assert "gemm_.Run(ctx, v, in[1].mem, nullptr, m," in wino
 
 
 def test_every_program_builds_with_base_options(runner, launch):
@@ -371,13 +432,13 @@ def oplib(runner):
     return build_oplib()
 
 
-def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False):
+def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False, kernels="auto"):
     import gc
 
     from oplib_helpers import run_tflite, single_op_model
 
     path = single_op_model(tmp_path / "op.tflite", code, attrs, inputs, out_shape)
-    options = {"backend": "opencl"}
+    options = {"backend": "opencl", "kernels": kernels}
     stats_path = tmp_path / "stats.json"
     if stats:
         options["stats_path"] = str(stats_path)
@@ -401,6 +462,27 @@ def test_delegate_group_norm(tmp_path, oplib):
                                {"groups": groups, "epsilon": 1e-5, "activation": act},
                                [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x])
         assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act == "silu")) < TOL, shape
+
+
+@pytest.mark.parametrize("plan", ["one", "split", None])
+def test_delegate_group_norm_plans(tmp_path, oplib, monkeypatch, plan):
+    """DIFFLITE_GN_PLAN forces a plan; unset, kernels=tiled (as on GPUs) picks the one-kernel plan for
+    these small groups. The split plan is the one that asks for scratch (its statistics)."""
+    if plan is None:
+        monkeypatch.delenv("DIFFLITE_GN_PLAN", raising=False)
+    else:
+        monkeypatch.setenv("DIFFLITE_GN_PLAN", plan)
+    r = np.random.default_rng(15)
+    for (shape, groups, _), act in zip(GN_ONE_CASES, ["silu", "none"] * 4):
+        c = shape[-1]
+        x = nonzero(r, shape, 2.0, 100.0)
+        gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
+        out, stats = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+                                   {"groups": groups, "epsilon": 1e-5, "activation": act},
+                                   [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x],
+                                   stats=True, kernels="tiled" if plan is None else "auto")
+        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act == "silu")) < TOL, (shape, plan)
+        assert (stats["scratch_bytes"] > 0) == (plan == "split"), (shape, plan, stats)
 
 
 def test_delegate_gelu_geglu(tmp_path, oplib):
@@ -435,16 +517,40 @@ def test_delegate_attention(tmp_path, oplib, variant):
         assert stats.get("scratch_bytes") == want_scratch, stats
 
 
-def test_delegate_winograd(tmp_path, oplib):
+@pytest.mark.parametrize("kernels", ["auto", "tiled"])  # PoCL: flat gemm_rows; tiled: the GPUs' GEMM
+def test_delegate_winograd(tmp_path, oplib, kernels):
     r = np.random.default_rng(14)
-    for n, h, w, cin, cout in ((1, 9, 11, 5, 7), (2, 13, 6, 33, 17)):
+    # T = 9 and 98 tiles with Cin = 24, Cout = 40: partial 32x32 / 64x64 GEMM tiles and K slices.
+    for n, h, w, cin, cout in ((1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 10, 10, 24, 40), (2, 27, 26, 24, 40)):
         x = nonzero(r, (n, h, w, cin))
         wt = nonzero(r, (cout, cin, 3, 3), 0.5)
         bias = nonzero(r, (cout,))
         u = winograd_ref.transform_weights(wt)
-        out, _ = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
-                               [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x])
+        out, stats = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
+                                   [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x],
+                                   stats=True, kernels=kernels)
         assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL, (n, h, w, cin, cout)
+        t = n * -(-h // 4) * -(-w // 4)
+        assert stats.get("nodes_claimed") == 1, stats
+        assert stats.get("kernels") == ("flat" if kernels == "auto" else "tiled"), stats
+        assert stats.get("scratch_bytes") == 4 * 36 * t * (cin + cout), stats  # V and M; the GEMM needs none
+
+
+def test_delegate_winograd_split_k(tmp_path, oplib, monkeypatch):
+    """The GPUs' GEMM with split-K forced: its partial planes (scratch slot 2) leave V and M alone."""
+    monkeypatch.setenv("DIFFLITE_SPLIT_K", "3")
+    r = np.random.default_rng(15)
+    n, h, w, cin, cout = 2, 27, 26, 70, 40
+    x = nonzero(r, (n, h, w, cin))
+    wt = nonzero(r, (cout, cin, 3, 3), 0.5)
+    bias = nonzero(r, (cout,))
+    u = winograd_ref.transform_weights(wt)
+    out, stats = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
+                               [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x],
+                               stats=True, kernels="tiled")
+    assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL
+    t = n * 7 * 7
+    assert stats.get("scratch_bytes") == 4 * 36 * t * (cin + cout + 3 * cout), stats  # V, M, 3 partial planes
 
 
 def test_include_is_expanded_once(launch, tmp_path):
@@ -472,9 +578,10 @@ def test_programs_compile_for_half_storage(launch):
 
     clang = shutil.which("clang-15") or shutil.which("clang")
     assert clang, "no clang on PATH (installed with pocl-opencl-icd) to compile the kernels for half storage"
-    flash = ["-DAT_DK=40", "-DAT_DV=24"]
+    variants = {"attention": ([], ["-DAT_DK=40", "-DAT_DV=24"]),  # flash
+                "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"])}  # gn_one's load widths
     for f in sorted((REPO / "custom_ops" / "ops").glob("*/*.cl")):
-        for extra in ([], flash) if f.stem == "attention" else ([],):
+        for extra in variants.get(f.stem, ([],)):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
                    "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", *extra, "-fsyntax-only",
                    "-"]

@@ -2,7 +2,9 @@
 
 The launch plans here (work-group sizes, tile parameters, reduction splits, the attention variant
 that "auto" picks, scratch sizes) mirror the host code of the GPU side in
-custom_ops/ops/<op>/<op>_opencl.cc; keep the two in step. Used by tests/test_opencl_kernels.py
+custom_ops/ops/<op>/<op>_opencl.cc; keep the two in step. Winograd's 36 GEMMs run the shared tiled
+GEMM of the builtins (custom_ops/builtins/matmul/gemm.cl) as builtin::Gemm launches it on a GPU
+(gemm.cc), on every device here. Used by tests/test_opencl_kernels.py
 (PoCL) and benchmarks/gpu_ablation.py (any OpenCL device).
 
 Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16).
@@ -15,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
+from pyopencl import cltypes
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = REPO / "custom_ops" / "ops"
+GEMM_CL = REPO / "custom_ops" / "builtins" / "matmul" / "gemm.cl"
 INCLUDE = re.compile(r'^[ \t]*#include "(\w+)\.cl"[ \t]*$')
 
 
@@ -79,6 +83,31 @@ def gn_combine_in_apply(n: int, groups: int, spatial: int, c: int, splits: int,
     return samples * groups <= wg
 
 
+GN_ONE_WG = 1024  # largest gn_one work-group (kOneGroup)
+GN_ONE_MIN_WG = 64  # kOneMinGroup
+GN_UNROLL = 4  # loads in flight per gn_one work-item (kOneUnroll)
+GN_ONE_MAX_ELEMS = 1 << 18  # kOneMaxElems
+
+
+def gn_plan(n: int, groups: int, group_elems: int, compute_units: int, flat: bool) -> str:
+    """"one" (gn_one: one kernel, one work-group per (sample, group)) or "split" (gn_stats +
+    gn_apply): UseOneKernel in group_norm_opencl.cc (without its DIFFLITE_GN_PLAN override)."""
+    if flat:
+        return "split"
+    return "one" if n * groups >= compute_units or group_elems <= GN_ONE_MAX_ELEMS else "split"
+
+
+def gn_one_shape(group_elems: int, cg: int, max_wg: int) -> tuple[int, int]:
+    """(work-group size before the kernel's own limit, load width GN_VW) of gn_one (InitOne)."""
+    vw = 4 if cg % 4 == 0 else 2 if cg % 2 == 0 else 1
+    wg = 1
+    while wg * 2 <= min(GN_ONE_WG, max_wg):
+        wg *= 2
+    while wg > GN_ONE_MIN_WG and wg * GN_UNROLL * vw > group_elems:
+        wg //= 2
+    return wg, vw
+
+
 @dataclass(frozen=True)
 class AttentionPlan:
     variant: str  # "flash" | "partial_softmax"
@@ -137,6 +166,33 @@ def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int) -> Atte
     raise ValueError("attention: tiles exceed local memory")
 
 
+@dataclass(frozen=True)
+class GemmTile:
+    """A tile of gemm.cl's tiled kernel (gemm.h: TileConfig)."""
+    tm: int
+    tn: int
+    tk: int
+    wm: int
+    wn: int
+    vec: bool
+
+    @property
+    def threads(self) -> int:
+        return (self.tm // self.wm) * (self.tn // self.wn)
+
+    def options(self, a_kmajor: bool, b_kmajor: bool) -> str:
+        """TileConfig::Options() plus the operand layouts, as Gemm::Init builds the kernel."""
+        vec = " -DVEC=1" if self.vec else ""
+        return (f"-DTM={self.tm} -DTN={self.tn} -DTK={self.tk} -DWM={self.wm} -DWN={self.wn}{vec}"
+                f" -DA_KMAJOR={int(a_kmajor)} -DB_KMAJOR={int(b_kmajor)}")
+
+
+def gemm_tiles(m: int, n: int) -> list[GemmTile]:
+    """gemm.cc: TileCandidates (without DIFFLITE_GEMM_TILE), best first."""
+    tiles = [GemmTile(64, 64, 16, 4, 4, True)] if m > 32 and n > 32 else []
+    return tiles + [GemmTile(32, 32, 16, 4, 4, True), GemmTile(16, 16, 16, 2, 2, False)]
+
+
 def winograd_tiles(n: int, h: int, w: int) -> tuple[int, int, int]:
     th, tw = ceil_div(h, 4), ceil_div(w, 4)
     return th, tw, n * th * tw
@@ -179,6 +235,20 @@ class Runner:
             self._kernels[key] = cl.Kernel(self.op_program(op, options), name)
         return self._kernels[key]
 
+    def gemm_kernel(self, m: int, n: int, a_kmajor: bool, b_kmajor: bool) -> tuple[cl.Kernel, GemmTile]:
+        """gemm.cl's tiled `gemm` with the first candidate tile the device runs (gemm.h: PickTile)."""
+        for tile in gemm_tiles(m, n):
+            if tile.threads > self.max_wg:
+                continue
+            opts = tile.options(a_kmajor, b_kmajor)
+            key = ("builtins/matmul/gemm", "gemm", opts)
+            if key not in self._kernels:
+                self._kernels[key] = cl.Kernel(self.program(GEMM_CL, opts), "gemm")
+            k = self._kernels[key]
+            if k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device) >= tile.threads:
+                return k, tile
+        raise RuntimeError(f"no GEMM tile fits the device for {m}x{n}")
+
     def scratch(self, nbytes: int, slot: int) -> cl.Buffer:
         buf = self._scratch.get(slot)
         if buf is None or buf.size < nbytes:
@@ -209,10 +279,17 @@ class Runner:
 
     # -- ops (each returns the list of events it enqueued)
     def group_norm(self, x, gamma, beta, y, shape, groups: int, eps: float, silu: bool,
-                   splits: int | None = None) -> list[cl.Event]:
+                   splits: int | None = None, plan: str | None = None) -> list[cl.Event]:
+        """plan: "one" | "split" | None (the C++ default for this device; "split" when `splits`
+        is given)."""
         n, c = int(shape[0]), int(shape[-1])
         spatial = int(np.prod(shape[1:-1]))
         cg = c // groups
+        if plan is None:
+            flat = not self.device.type & cl.device_type.GPU
+            plan = "split" if splits is not None else gn_plan(n, groups, spatial * cg, self.compute_units, flat)
+        if plan == "one":
+            return [self._group_norm_one(x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu)]
         wg, awg = GN_WG, GN_APPLY_WG
         if splits is None:
             splits = gn_splits(n, groups, spatial, cg, self.compute_units, wg)
@@ -236,6 +313,21 @@ class Runner:
                               i32(spatial), i32(c), i32(cg), i32(groups), i32(1 if silu else 0),
                               i32(1 if combine else 0), i32(splits), f32(eps)))
         return ev
+
+    def gn_one_kernel(self, group_elems: int, cg: int) -> tuple[cl.Kernel, int]:
+        """gn_one and its work-group size: halved until the kernel accepts it (InitOne)."""
+        wg, vw = gn_one_shape(group_elems, cg, self.max_wg)
+        while True:
+            k = self.kernel("group_norm", "gn_one", f"-DGN_WG={wg} -DGN_VW={vw} -DGN_UNROLL={GN_UNROLL}")
+            if k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device) >= wg or wg == 1:
+                return k, wg
+            wg //= 2
+
+    def _group_norm_one(self, x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu) -> cl.Event:
+        k, wg = self.gn_one_kernel(spatial * cg, cg)
+        i32 = np.int32
+        return self.launch(k, (wg * groups, n), (wg, 1), x, gamma, beta, y, i32(spatial), i32(c), i32(cg),
+                           i32(1 if silu else 0), np.float32(eps))
 
     def gelu(self, x, y, count: int, approximate: str = "erf") -> list[cl.Event]:
         items = ceil_div(count, 4)
@@ -277,9 +369,14 @@ class Runner:
         i32 = np.int32
         e1 = self.launch(self.kernel("winograd_conv3x3", "wino_input"), (round_up(t * cin, 128),), (128,),
                          x, vbuf, i32(h), i32(w), i32(cin), i32(th), i32(tw), i32(t))
-        e2 = self.launch(self.kernel("winograd_conv3x3", "wino_gemm"),
-                         (ceil_div(cout, 64) * 16, ceil_div(t, 64) * 16, 36), (16, 16, 1),
-                         vbuf, u, mbuf, i32(t), i32(cin), i32(cout))
+        # M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p (Gemm::Init / Run).
+        gemm, tile = self.gemm_kernel(t, cout, a_kmajor=True, b_kmajor=False)
+        local = (tile.tn // tile.wn, tile.tm // tile.wm, 1)
+        int4 = cltypes.make_int4  # bdims right-aligned (innermost in .w), unused slots 1 / stride 0
+        e2 = self.launch(gemm, (ceil_div(cout, tile.tn) * local[0], ceil_div(t, tile.tm) * local[1], 36), local,
+                         vbuf, u, None, mbuf, i32(t), i32(cout), i32(cin), i32(cin), i32(1), i32(cout), i32(1),
+                         i32(cout), int4(1, 1, 1, 36), int4(0, 0, 0, t * cin), int4(0, 0, 0, cin * cout),
+                         i32(t * cout), i32(0))
         e3 = self.launch(self.kernel("winograd_conv3x3", "wino_output"), (round_up(t * cout, 128),), (128,),
                          mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(t))
         return [e1, e2, e3]

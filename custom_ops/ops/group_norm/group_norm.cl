@@ -1,6 +1,7 @@
 // difflite.GroupNorm (+ SiLU) on the GPU: x [N, S, C] (S = H*W or L), NHWC.
 //
-// Two kernels, two passes over x, nothing of the unfused form materialised:
+// Two passes over x, nothing of the unfused form materialised. The "split"
+// plan, two kernels (three at most):
 //   gn_stats    one read of x: per (sample, group) mean and variance. A
 //               work-group of GN_WG work-items reduces the rows [s0, s1) of
 //               one group; each work-item keeps shifted sums of the elements
@@ -16,11 +17,15 @@
 //   gn_combine  merges the partials into (mean, rstd) as a separate tiny
 //               kernel, only where a work-group of gn_apply would touch more
 //               than GN_APPLY_WG pairs (many small samples or > 256 groups).
+// The "one" plan (GPUs), one kernel:
+//   gn_one      one work-group per (sample, group): reduces the group as
+//               gn_stats does, then reads it again (from cache on a GPU) and
+//               writes y. GN_VW-wide loads, GN_UNROLL of them in flight.
 //
 // Storage type DL_T (float or half), DL_T4 its 4-vector; math in float.
 #include "dl_storage.cl"
 #ifndef GN_WG
-#define GN_WG 256  // work-group size of gn_stats (a power of two)
+#define GN_WG 256  // work-group size of gn_stats / gn_one (a power of two)
 #endif
 #ifndef GN_APPLY_WG
 #define GN_APPLY_WG 256  // work-group size of gn_apply / gn_apply4
@@ -46,6 +51,29 @@ inline void gn_merge(float* na, float* ma, float* qa, float nb, float mb, float 
   *ma += delta * fb;
   *qa += qb + delta * delta * (*na) * fb;
   *na = n;
+}
+
+// Merges every work-item's (count, mean, M2) in a tree in local memory
+// (GN_WG work-items, a power of two; a uniform call). The work-group's totals
+// end in l_n[0], l_m[0], l_q[0], visible to every work-item.
+inline void gn_reduce(__local float* l_n, __local float* l_m, __local float* l_q,
+                      float cnt, float mean, float m2) {
+  const int lid = get_local_id(0);
+  l_n[lid] = cnt;
+  l_m[lid] = mean;
+  l_q[lid] = m2;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int half_size = GN_WG / 2; half_size > 0; half_size >>= 1) {
+    if (lid < half_size) {
+      float na = l_n[lid], ma = l_m[lid], qa = l_q[lid];
+      gn_merge(&na, &ma, &qa, l_n[lid + half_size], l_m[lid + half_size],
+               l_q[lid + half_size]);
+      l_n[lid] = na;
+      l_m[lid] = ma;
+      l_q[lid] = qa;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
 }
 
 // Global size (GN_WG * groups, splits, N), local size (GN_WG, 1, 1).
@@ -95,21 +123,7 @@ __kernel void gn_stats(__global const DL_T* x, __global float4* partial,
     mean = shift + dm;
     m2 = fmax(s2sum - s1sum * dm, 0.0f);
   }
-  l_n[lid] = cnt;
-  l_m[lid] = mean;
-  l_q[lid] = m2;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int half_size = GN_WG / 2; half_size > 0; half_size >>= 1) {
-    if (lid < half_size) {
-      float na = l_n[lid], ma = l_m[lid], qa = l_q[lid];
-      gn_merge(&na, &ma, &qa, l_n[lid + half_size], l_m[lid + half_size],
-               l_q[lid + half_size]);
-      l_n[lid] = na;
-      l_m[lid] = ma;
-      l_q[lid] = qa;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
+  gn_reduce(l_n, l_m, l_q, cnt, mean, m2);
   if (lid == 0) {
     const int ng = n * groups + g;
     if (splits == 1) {
@@ -232,4 +246,121 @@ __kernel void gn_apply4(__global const DL_T* x, __global const float2* stats,
   const float4 v = (DL_LOAD4(x, off) - mean) * (rstd * DL_LOAD4(gamma, c)) +
                    DL_LOAD4(beta, c);
   DL_STORE4(y, off, silu ? v / (1.0f + exp(-v)) : v);
+}
+
+// ---------------------------------------------------------------------------
+// The one-kernel plan. Loads are GN_VW (1, 2 or 4, a divisor of cg) elements
+// wide; each work-item keeps GN_UNROLL of them in flight.
+#ifndef GN_VW
+#define GN_VW 1
+#endif
+#ifndef GN_UNROLL
+#define GN_UNROLL 4
+#endif
+#if GN_VW == 4
+#define GN_VEC float4
+#define GN_LOAD(p, i) convert_float4(vload4(0, (p) + (i)))
+#define GN_STORE(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
+#define GN_HSUM(v) ((v).x + (v).y + (v).z + (v).w)
+#elif GN_VW == 2
+#define GN_VEC float2
+#define GN_LOAD(p, i) convert_float2(vload2(0, (p) + (i)))
+#define GN_STORE(p, i, v) vstore2(DL_CAT(convert_, DL_CAT(DL_T, 2))(v), 0, (p) + (i))
+#define GN_HSUM(v) ((v).x + (v).y)
+#else
+#define GN_VEC float
+#define GN_LOAD(p, i) ((float)(p)[i])
+#define GN_STORE(p, i, v) ((p)[i] = (DL_T)(v))
+#define GN_HSUM(v) (v)
+#endif
+
+// A work-item's walk over its group's vectors: vector e sits at row e / cgv,
+// channel GN_VW * (e % cgv) of the group (cgv = cg / GN_VW); stepping e by
+// GN_WG moves (row, col) = (*s, *k) by (ds, dk), without a division. Returns
+// the current element offset, then steps.
+inline int gn_step(int* s, int* k, int ds, int dk, int cgv, int C) {
+  const int off = *s * C + *k * GN_VW;
+  *k += dk;
+  *s += ds;
+  if (*k >= cgv) {
+    *k -= cgv;
+    *s += 1;
+  }
+  return off;
+}
+
+// Global size (GN_WG * groups, N), local size (GN_WG, 1): work-group (g, n)
+// normalises group g of sample n. Pass 1 reduces it as gn_stats does (shifted
+// sums per work-item, Chan merges in local memory); pass 2 reads it again and
+// writes act(gamma * (x - mean) * rstd + beta).
+__kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
+                     __global const DL_T* beta, __global DL_T* y, int S, int C,
+                     int cg, int silu, float eps) {
+  __local float l_n[GN_WG];
+  __local float l_m[GN_WG];
+  __local float l_q[GN_WG];
+  const int lid = get_local_id(0);
+  const int g = get_group_id(0);
+  const long first = (long)get_global_id(1) * S * C + g * cg;
+  __global const DL_T* xg = x + first;
+  const int cgv = cg / GN_VW;
+  const int total = S * cgv;  // vectors of the group
+  const int ds = GN_WG / cgv;
+  const int dk = GN_WG - ds * cgv;
+  const int s0 = lid / cgv;
+  const int k0 = lid - s0 * cgv;
+
+  // Pass 1. Lanes past the end load the shift (they add nothing).
+  const float shift = lid < total ? (float)xg[s0 * C + k0 * GN_VW] : 0.0f;
+  GN_VEC s1 = 0.0f, s2 = 0.0f;
+  int s = s0, k = k0;
+  for (int e = lid; e < total; e += GN_UNROLL * GN_WG) {
+    GN_VEC v[GN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      const int off = gn_step(&s, &k, ds, dk, cgv, C);
+      v[u] = e + u * GN_WG < total ? GN_LOAD(xg, off) : (GN_VEC)shift;
+    }
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      const GN_VEC d = v[u] - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+  }
+  const float cnt = lid < total ? (float)(((total - 1 - lid) / GN_WG + 1) * GN_VW) : 0.0f;
+  float mean = 0.0f, m2 = 0.0f;
+  if (cnt > 0.0f) {
+    const float t1 = GN_HSUM(s1);
+    const float dm = t1 / cnt;
+    mean = shift + dm;
+    m2 = fmax(GN_HSUM(s2) - t1 * dm, 0.0f);
+  }
+  gn_reduce(l_n, l_m, l_q, cnt, mean, m2);
+  const float mu = l_m[0];
+  const float rstd = rsqrt((l_n[0] > 0.0f ? l_q[0] / l_n[0] : 0.0f) + eps);
+
+  // Pass 2.
+  __global const DL_T* gg = gamma + g * cg;
+  __global const DL_T* bg = beta + g * cg;
+  __global DL_T* yg = y + first;
+  s = s0;
+  k = k0;
+  for (int e = lid; e < total; e += GN_UNROLL * GN_WG) {
+    GN_VEC v[GN_UNROLL];
+    int off[GN_UNROLL], ch[GN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      ch[u] = k * GN_VW;
+      off[u] = gn_step(&s, &k, ds, dk, cgv, C);
+      v[u] = e + u * GN_WG < total ? GN_LOAD(xg, off[u]) : (GN_VEC)0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      if (e + u * GN_WG < total) {
+        const GN_VEC r = (v[u] - mu) * (rstd * GN_LOAD(gg, ch[u])) + GN_LOAD(bg, ch[u]);
+        GN_STORE(yg, off[u], silu ? r / (1.0f + exp(-r)) : r);
+      }
+    }
+  }
 }

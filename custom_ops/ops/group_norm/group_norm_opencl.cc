@@ -1,15 +1,20 @@
 // difflite.GroupNorm on the OpenCL backend (kernels: group_norm.cl).
 //
-// Two kernels: gn_stats reads x once for the per-(sample, group) mean and
-// rstd (split over several work-groups per group when there are too few
-// groups to fill the device: partials); gn_apply (float4 form when C % 4 == 0)
-// reads x once more and writes y once, merging split partials itself in local
-// memory. A separate tiny gn_combine runs first only where an apply
-// work-group would touch more than GN_APPLY_WG (sample, group) pairs.
-// Scratch: [N*groups] float2 (mean, rstd) in slot 0 and, when split,
-// [N*groups*splits] float4 partials in slot 1.
-// The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
+// Two plans (UseOneKernel below picks one):
+// "one": gn_one, one work-group per (sample, group) that reduces the group
+// and then normalises it: one kernel, no scratch (GPUs).
+// "split": gn_stats reads x once for the per-(sample, group) mean and rstd
+// (split over several work-groups per group when there are too few groups to
+// fill the device: partials); gn_apply (float4 form when C % 4 == 0) reads x
+// once more and writes y once, merging split partials itself in local memory.
+// A separate tiny gn_combine runs first only where an apply work-group would
+// touch more than GN_APPLY_WG (sample, group) pairs. Scratch: [N*groups]
+// float2 (mean, rstd) in slot 0 and, when split, [N*groups*splits] float4
+// partials in slot 1.
+// The launch plans are mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +37,32 @@ using gpu::opsupport::SetKernelArgs;
 constexpr const char* kProgram = "group_norm";
 constexpr size_t kStatsGroup = 256;  // preferred work-groups of gn_stats / gn_apply
 constexpr size_t kCombineGroup = 64;
+constexpr size_t kOneGroup = 1024;        // largest gn_one work-group
+constexpr size_t kOneMinGroup = 64;       // smallest, for small groups
+constexpr int kOneUnroll = 4;             // GN_UNROLL: loads in flight per work-item
+constexpr int64_t kOneMaxElems = 262144;  // 2^18 elements per group (UseOneKernel)
+
+// The plan. "one" moves fewer bytes (x once from memory and once more from
+// cache, no partials) and launches one kernel instead of two or three, so GPUs
+// (tiled kernels) take it -- unless one work-group per (sample, group) would
+// leave the device idle: fewer pairs than compute units *and* more than
+// kOneMaxElems elements (1 MB of float) per group. There the split statistics
+// spread the reading over the whole device, and the groups read at once (e.g.
+// 32 x 4 MB in an SD VAE decoder) would no longer stay in a big GPU's L2 for
+// the second read. The SD UNets' GroupNorms (at most 40960 elements per group)
+// all take "one". CPU-like devices (flat kernels) keep "split": on PoCL (2
+// cores) "one" took 0.6x to 1.7x its time at SD shapes, no clear win.
+// DIFFLITE_GN_PLAN=one|split overrides, for benchmarking.
+bool UseOneKernel(int64_t n, int groups, int64_t group_elems, uint32_t cus, bool flat) {
+  const char* env = std::getenv("DIFFLITE_GN_PLAN");
+  if (env != nullptr && std::strcmp(env, "one") == 0) return true;
+  if (env != nullptr && std::strcmp(env, "split") == 0) return false;
+  if (flat) return false;
+  return n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxElems;
+}
+
+// gn_one's load width: 4 or 2 elements where they divide channels per group.
+int OneVectorWidth(int cg) { return cg % 4 == 0 ? 4 : cg % 2 == 0 ? 2 : 1; }
 
 // Work-groups per (sample, group) for the statistics pass: enough
 // work-groups to fill the device, at least ~16 elements per work-item.
@@ -65,6 +96,9 @@ class GroupNormGpu final : public GpuOp {
     if (NumElements(x) > gpu::opsupport::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
+    one_ = UseOneKernel(n_, o.groups, spatial_ * cg_, ctx.device().compute_units,
+                        ctx.PreferFlatKernels());
+    if (one_) return InitOne(ctx);
     // One program for the three kernels; the largest power-of-two work-group
     // <= 256 that the device and every kernel accept.
     wg_ = 1;
@@ -92,6 +126,7 @@ class GroupNormGpu final : public GpuOp {
   }
 
   size_t ScratchBytes() const override {
+    if (one_) return 0;
     return StatsBytes() + (splits_ > 1 ? PartialBytes() : 0);
   }
 
@@ -99,6 +134,7 @@ class GroupNormGpu final : public GpuOp {
                   const std::vector<GpuTensor>& out) override {
     std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
     if (!e.empty()) return e;
+    if (one_) return RunOne(ctx, in, out);
     const gpu::ClApi& cl = ctx.cl();
     cl_mem stats = ctx.Scratch(StatsBytes(), 0, &e);
     if (stats == nullptr) return "group norm statistics: " + e;
@@ -142,17 +178,53 @@ class GroupNormGpu final : public GpuOp {
   }
 
  private:
+  // The largest power-of-two work-group <= kOneGroup that the device and
+  // gn_one accept, smaller (down to kOneMinGroup) for groups too small to give
+  // each work-item kOneUnroll loads.
+  std::string InitOne(GpuContext& ctx) {
+    vw_ = OneVectorWidth(cg_);
+    wg_ = 1;
+    const size_t device_max = ctx.device().max_work_group_size;
+    while (wg_ * 2 <= kOneGroup && (device_max == 0 || wg_ * 2 <= device_max)) wg_ *= 2;
+    const int64_t group_elems = spatial_ * cg_;
+    while (wg_ > kOneMinGroup && static_cast<int64_t>(wg_) * kOneUnroll * vw_ > group_elems) {
+      wg_ /= 2;
+    }
+    for (;; wg_ /= 2) {
+      const std::string opts = "-DGN_WG=" + std::to_string(wg_) + " -DGN_VW=" +
+                               std::to_string(vw_) + " -DGN_UNROLL=" + std::to_string(kOneUnroll);
+      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_one", opts, &one_k_);
+      if (!e.empty()) return e;
+      const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, one_k_);
+      if (kmax == 0 || kmax >= wg_) return "";
+      if (wg_ == 1) return "gn_one fits no work-group size";
+    }
+  }
+
+  std::string RunOne(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                     const std::vector<GpuTensor>& out) {
+    const cl_int s = static_cast<cl_int>(spatial_), c = c_, cg = cg_, silu = o_.silu ? 1 : 0;
+    const cl_float eps = o_.epsilon;
+    std::string e = SetKernelArgs(ctx.cl(), one_k_,
+                                  {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem),
+                                   Arg(out[0].mem), Arg(s), Arg(c), Arg(cg), Arg(silu), Arg(eps)});
+    if (!e.empty()) return e;
+    const size_t global[2] = {wg_ * o_.groups, static_cast<size_t>(n_)};
+    const size_t local[2] = {wg_, 1};
+    return ctx.Enqueue(one_k_, 2, global, local, "group_norm.one");
+  }
+
   size_t StatsBytes() const { return sizeof(cl_float2) * n_ * o_.groups; }
   size_t PartialBytes() const {
     return sizeof(cl_float4) * static_cast<size_t>(n_) * o_.groups * splits_;
   }
 
   group_norm::Options o_;
-  int n_ = 0, c_ = 0, cg_ = 0, splits_ = 1;
-  bool combine_in_apply_ = false;
+  int n_ = 0, c_ = 0, cg_ = 0, splits_ = 1, vw_ = 1;
+  bool one_ = false, combine_in_apply_ = false;
   int64_t spatial_ = 0;
   size_t wg_ = kStatsGroup;
-  cl_kernel stats_k_ = nullptr, combine_k_ = nullptr, apply_k_ = nullptr;
+  cl_kernel stats_k_ = nullptr, combine_k_ = nullptr, apply_k_ = nullptr, one_k_ = nullptr;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {

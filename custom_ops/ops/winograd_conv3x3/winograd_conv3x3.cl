@@ -3,24 +3,17 @@
 // (U = G g G^T, position 6*i + j; tests/winograd_ref.py) plus bias [Cout].
 //
 // T = N * ceil(H/4) * ceil(W/4) output tiles (border tiles read zeros and are
-// cropped, so H and W need not be multiples of 4). Three kernels, two
-// scratch tensors:
+// cropped, so H and W need not be multiples of 4). The two kernels here
+// with the GEMM between them, two scratch tensors:
 //   wino_input   V[p][t][ci] = (B^T d B)[p] of the 6x6 input tile d of tile t
 //                (one work-item per (tile, ci); coalesced over ci)
-//   wino_gemm    M[p] = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p:
-//                64 x 64 output blocks, 16 x 16 work-items of 4 x 4 outputs
-//                each, K in steps of 16 through local memory
-//                (As [16][64+1], Bs [16][64]: 8.3 KB)
+//   GEMM         M[p] = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p: not
+//                here, but builtins/matmul's gemm.cl (builtin::Gemm, batched
+//                over p; winograd_conv3x3_opencl.cc)
 //   wino_output  y = A^T M A + bias, cropped to H x W, NHWC
 //                (one work-item per (tile, co); coalesced over co)
 // Storage type DL_T (float or half) for x, y, u, V and M; math in float.
 #include "dl_storage.cl"
-
-#define WG_BM 64  // output rows (tiles) per work-group
-#define WG_BN 64  // output columns (Cout) per work-group
-#define WG_BK 16  // reduction (Cin) step
-#define WG_TX 16  // work-items along columns
-#define WG_TY 16  // work-items along rows
 
 // B^T applied to 6 values (B^T of F(4x4, 3x3), points 0, +-1, +-2, inf).
 #define WINO_BT(d0, d1, d2, d3, d4, d5, r0, r1, r2, r3, r4, r5) \
@@ -86,68 +79,6 @@ __kernel void wino_input(__global const DL_T* x, __global DL_T* V, int H, int W,
     out[(6 * r + 3) * plane] = (DL_T)v3;
     out[(6 * r + 4) * plane] = (DL_T)v4;
     out[(6 * r + 5) * plane] = (DL_T)v5;
-  }
-}
-
-// Batched GEMM: M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout).
-// Global (ceil(Cout/64)*16, ceil(T/64)*16, 36), local (16, 16, 1).
-__kernel void wino_gemm(__global const DL_T* V, __global const DL_T* U,
-                        __global DL_T* M, int T, int Cin, int Cout) {
-  __local float As[WG_BK][WG_BM + 1];
-  __local float Bs[WG_BK][WG_BN];
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int lid = ty * WG_TX + tx;
-  const int n0 = get_group_id(0) * WG_BN;
-  const int m0 = get_group_id(1) * WG_BM;
-  const int p = get_group_id(2);
-  __global const DL_T* A = V + (long)p * T * Cin;
-  __global const DL_T* B = U + (long)p * Cin * Cout;
-  float acc[4][4];
-  #pragma unroll
-  for (int a = 0; a < 4; ++a)
-    #pragma unroll
-    for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
-  for (int k0 = 0; k0 < Cin; k0 += WG_BK) {
-    // A block: 64 rows x 16 k (4 per work-item), stored transposed.
-    for (int e = lid; e < WG_BM * WG_BK; e += WG_TX * WG_TY) {
-      const int r = e / WG_BK;
-      const int kk = e - r * WG_BK;
-      const int gr = m0 + r, gk = k0 + kk;
-      As[kk][r] = (gr < T && gk < Cin) ? (float)A[(long)gr * Cin + gk] : 0.0f;
-    }
-    // B block: 16 k x 64 columns.
-    for (int e = lid; e < WG_BK * WG_BN; e += WG_TX * WG_TY) {
-      const int kk = e / WG_BN;
-      const int c = e - kk * WG_BN;
-      const int gk = k0 + kk, gc = n0 + c;
-      Bs[kk][c] = (gk < Cin && gc < Cout) ? (float)B[(long)gk * Cout + gc] : 0.0f;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    #pragma unroll
-    for (int kk = 0; kk < WG_BK; ++kk) {
-      float a[4], b[4];
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + WG_TY * i];
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + WG_TX * j];
-      #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  __global DL_T* C = M + (long)p * T * Cout;
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = m0 + ty + WG_TY * i;
-    if (r >= T) continue;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = n0 + tx + WG_TX * j;
-      if (c < Cout) C[(long)r * Cout + c] = (DL_T)acc[i][j];
-    }
   }
 }
 

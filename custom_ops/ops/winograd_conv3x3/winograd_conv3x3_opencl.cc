@@ -1,8 +1,8 @@
-// difflite.WinogradConv3x3 on the OpenCL backend (kernels:
-// winograd_conv3x3.cl), F(4x4, 3x3):
-//   wino_input   x -> V [36, T, Cin]          (scratch slot 0)
-//   wino_gemm    M[p] = V[p] U[p], 36 GEMMs   (scratch slot 1: M [36, T, Cout])
-//   wino_output  y = A^T M A + bias, NHWC, cropped to H x W
+// difflite.WinogradConv3x3 on the OpenCL backend, F(4x4, 3x3):
+//   wino_input   x -> V [36, T, Cin]          (winograd_conv3x3.cl; scratch slot 0)
+//   GEMM         M[p] = V[p] U[p], 36 GEMMs   (builtins/matmul's builtin::Gemm, gemm.cl:
+//                tiled on GPUs, gemm_rows on CPU-like devices; scratch slot 1: M [36, T, Cout])
+//   wino_output  y = A^T M A + bias, NHWC, cropped to H x W (winograd_conv3x3.cl)
 // T = N * ceil(H/4) * ceil(W/4). U is the node's weight input [36, Cin, Cout]
 // as uploaded by the backend (already transformed by the compiler).
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
@@ -13,6 +13,7 @@
 
 #include "../opencl_common.h"
 #include "difflite/gpu_api.h"
+#include "matmul/gemm.h"
 #include "winograd_conv3x3.h"
 
 namespace difflite {
@@ -28,8 +29,6 @@ using gpu::opsupport::SetKernelArgs;
 
 constexpr const char* kProgram = "winograd_conv3x3";
 constexpr size_t kTransformGroup = 128;
-constexpr size_t kGemmBlock = 64;  // WG_BM = WG_BN in the .cl
-constexpr size_t kGemmThreads = 16;  // WG_TX = WG_TY in the .cl
 
 class WinogradGpu final : public GpuOp {
  public:
@@ -43,25 +42,42 @@ class WinogradGpu final : public GpuOp {
     tiles_w_ = static_cast<int>(CeilDiv(w_, winograd::kTileOut));
     const int64_t t = static_cast<int64_t>(n_) * tiles_h_ * tiles_w_;
     const int64_t kMax = gpu::opsupport::kMaxIndex;
-    if (t * cin_ > kMax || t * cout_ > kMax ||
+    // V and M are indexed with ints across all 36 positions (gemm.cl's batch offsets).
+    if (winograd::kPositions * t * std::max(cin_, cout_) > kMax ||
         static_cast<int64_t>(n_) * h_ * w_ * std::max(cin_, cout_) > kMax) {
       return "tensors of more than 2^31-1 elements";
     }
     t_ = static_cast<int>(t);
     elem_ = DTypeSize(ctx.storage());
     std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
-    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_gemm", "", &gemm_k_);
     if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
     if (!e.empty()) return e;
-    const size_t gemm_wg = gpu::opsupport::KernelMaxWorkGroup(ctx, gemm_k_);
-    if (gemm_wg != 0 && gemm_wg < kGemmThreads * kGemmThreads) {
-      return "wino_gemm accepts work-groups of at most " + std::to_string(gemm_wg) +
-             " (needs 256)";
+    // M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout), batched over the 36 positions p.
+    gpu::builtin::GemmShape s;
+    s.m = t_;
+    s.n = cout_;
+    s.k = cin_;
+    s.a_sm = cin_;
+    s.a_sk = 1;
+    s.b_sk = cout_;
+    s.b_sn = 1;
+    s.ldc = cout_;
+    s.bdims = {winograd::kPositions};
+    s.a_bs = {t_ * cin_};
+    s.b_bs = {cin_ * cout_};
+    s.c_bs = t_ * cout_;
+    e = gemm_.Init(ctx, s);
+    if (!e.empty()) return "winograd GEMM: " + e;
+    // Scratch slots 0 and 1 hold V and M. Besides split-K's partials (slot kSplitKSlot), the
+    // GEMM's only scratch is its slot-0 copy of a k-major B on CPU-like devices: U is n-major.
+    static_assert(gpu::builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
+    if (gemm_.splits() == 1 && gemm_.ScratchBytes() != 0) {
+      return "winograd GEMM: wants scratch slot 0, which holds V";
     }
     return "";
   }
 
-  size_t ScratchBytes() const override { return VBytes() + MBytes(); }
+  size_t ScratchBytes() const override { return VBytes() + MBytes() + gemm_.ScratchBytes(); }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
@@ -81,14 +97,7 @@ class WinogradGpu final : public GpuOp {
     const size_t g1 = gpu::RoundUp(static_cast<size_t>(t_) * cin_, kTransformGroup);
     e = ctx.Enqueue(input_k_, 1, &g1, &kTransformGroup, "winograd.input");
     if (!e.empty()) return e;
-    e = SetKernelArgs(cl, gemm_k_,
-                      {Arg(v), Arg(in[1].mem), Arg(m), Arg(t), Arg(cin), Arg(cout)});
-    if (!e.empty()) return e;
-    const size_t g2[3] = {CeilDiv(cout_, kGemmBlock) * kGemmThreads,
-                          CeilDiv(t_, kGemmBlock) * kGemmThreads,
-                          static_cast<size_t>(winograd::kPositions)};
-    const size_t l2[3] = {kGemmThreads, kGemmThreads, 1};
-    e = ctx.Enqueue(gemm_k_, 3, g2, l2, "winograd.gemm");
+    e = gemm_.Run(ctx, v, in[1].mem, nullptr, m, "winograd.gemm");
     if (!e.empty()) return e;
     e = SetKernelArgs(cl, output_k_,
                       {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout),
@@ -108,7 +117,8 @@ class WinogradGpu final : public GpuOp {
 
   int n_ = 0, h_ = 0, w_ = 0, cin_ = 0, cout_ = 0, tiles_h_ = 0, tiles_w_ = 0, t_ = 0;
   size_t elem_ = 4;
-  cl_kernel input_k_ = nullptr, gemm_k_ = nullptr, output_k_ = nullptr;
+  cl_kernel input_k_ = nullptr, output_k_ = nullptr;
+  gpu::builtin::Gemm gemm_;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
