@@ -7,15 +7,16 @@ Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
   self-attention   4096 x 4096, 8 heads x 40 (flash and partial-softmax variants)
   cross-attention  4096 x 77, 8 heads x 40 (both variants)
-  Winograd F(4x4,3x3) vs direct 3x3 conv (implicit GEMM, same 64x64 tiling, gather index math
-  hoisted) at 64x64x320 and 32x32x640
+  Winograd F(4x4,3x3) vs the backend's direct 3x3 CONV_2D (conv.cl's implicit GEMM with the
+  same vectorised tile, split-K where the backend would split) at 64x64x320 and 32x32x640
 plus a device-to-device copy bandwidth measurement.
 
 Fused kernels: custom_ops/ops/*/*.cl through benchmarks/gpu_kernels_harness/launch.py (the same
 launch plans as the C++ backend). Unfused: gpu_kernels_harness/unfused.cl (one kernel per graph
 operator, full-size temporaries). Times: OpenCL profiling events, first kernel's start to last
-kernel's end of one run (gaps between kernels included), median of --runs after --warmup runs;
-"kernel-only" sums the kernels' own durations (launch gaps excluded).
+kernel's end of one run (gaps between kernels on the device included; each run's kernels are
+queued behind a user event released once all are enqueued, so the host's enqueue latency is not),
+median of --runs after --warmup runs; "kernel-only" sums the kernels' own durations.
 GB/s counts the bytes that must move (inputs + outputs, once); "intermediate MB" is the unfused
 form's temporaries. The fused and unfused outputs are compared (max |diff| / max |out|).
 
@@ -77,15 +78,26 @@ def kernel_time(events: list) -> float:
     return sum(e.profile.end - e.profile.start for e in events) * 1e-9
 
 
-def measure(fn, runs: int, warmup: int) -> tuple[float, int, float]:
+def gated(queue, fn) -> list:
+    """fn()'s kernels queued behind a user event that is released once all are enqueued, so that
+    they run back to back as in a model (a Python enqueue takes longer than a small kernel)."""
+    gate = cl.UserEvent(queue.context)
+    cl.enqueue_marker(queue, wait_for=[gate])
+    try:
+        return fn()
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+
+
+def measure(fn, runs: int, warmup: int, queue) -> tuple[float, int, float]:
     """Median device seconds of fn() (which returns its events) from the first kernel's start to
     the last one's end, its kernel count, and the median of the summed kernel durations."""
     n_kernels = 0
     for _ in range(warmup):
-        n_kernels = len(fn())
+        n_kernels = len(gated(queue, fn))
     chain, kernels = [], []
     for _ in range(runs):
-        ev = fn()
+        ev = gated(queue, fn)
         chain.append(device_time(ev))
         kernels.append(kernel_time(ev))
     return statistics.median(chain), n_kernels, statistics.median(kernels)
@@ -96,7 +108,7 @@ def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int) -> float:
     src = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     dst = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     cl.enqueue_fill_buffer(r.queue, src, np.float32(1.0), 0, nbytes)
-    t, _, _ = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup)
+    t, _, _ = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup, r.queue)
     return 2 * nbytes / t
 
 
@@ -120,7 +132,7 @@ def case_group_norm(r, u, shape, groups):
     yu = r.empty(shape)
     total = x.size
     flat = not r.device.type & cl.device_type.GPU
-    auto = gn_plan(shape[0], groups, total // (shape[0] * groups), r.compute_units, flat)
+    auto = gn_plan(shape[0], groups, r.compute_units, flat)
     labels = {p: f"{p}{' (auto)' if p == auto else ''}" for p in plans}
     return dict(
         fused={labels[p]: (lambda p=p: r.group_norm(xb, gb, bb, outs[p], shape, groups, 1e-5, True, plan=p))
@@ -187,13 +199,13 @@ def case_winograd(r, u, hw, cin, cout):
     w = (rng.standard_normal((cout, cin, 3, 3)) / math.sqrt(9 * cin)).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
     xb, ub, bb = r.upload(x), r.upload(winograd_u(w)), r.upload(bias)
-    wb = r.upload(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(9 * cin, cout)))
+    wb = r.upload(np.ascontiguousarray(w.transpose(0, 2, 3, 1)))  # OHWI, as TFLite stores it
     shape = (n, hw, hw, cout)
     yf, yu = r.empty(shape), r.empty(shape)
     scratch = r.winograd_scratch_bytes(n, hw, hw, cin, cout)
     return dict(
         fused={"winograd": lambda: r.winograd(xb, ub, bb, yf, n, hw, hw, cin, cout)},
-        unfused=lambda: u.conv3x3(xb, wb, bb, yu, n, hw, hw, cin, cout),
+        unfused=lambda: r.conv3x3(xb, wb, bb, yu, n, hw, hw, cin, cout),
         out=(lambda: r.download(yf, shape), lambda: r.download(yu, shape)),
         bytes=4 * (x.size + w.size + cout + n * hw * hw * cout), flops=2.0 * n * hw * hw * cin * cout * 9,
         temp_tag=None, fused_scratch=scratch, baseline_name="direct 3x3")
@@ -241,12 +253,12 @@ def main(argv=None) -> int:
             continue
         u = Unfused(r)
         spec = make(r, u, *params)
-        t_un, k_un, tk_un = measure(spec["unfused"], runs, warmup)
+        t_un, k_un, tk_un = measure(spec["unfused"], runs, warmup, r.queue)
         out_f, out_u = spec["out"]
         ref = out_u()
         temp_bytes = u.temp_bytes.get(spec["temp_tag"], 0) if spec["temp_tag"] else 0
         for label, fn in spec["fused"].items():
-            t_f, k_f, tk_f = measure(fn, runs, warmup)
+            t_f, k_f, tk_f = measure(fn, runs, warmup, r.queue)
             got = out_f[label]() if isinstance(out_f, dict) else out_f()
             gbs = spec["bytes"] / t_f / 1e9
             row = {

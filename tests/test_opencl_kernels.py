@@ -182,12 +182,11 @@ def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
 
 
 def test_group_norm_plan(launch):
-    """UseOneKernel: GPUs take the one-kernel plan unless few, huge groups would idle the device."""
-    assert launch.gn_plan(1, 32, 40960, 132, flat=False) == "one"  # SD 1.5 UNet, 64x64x320
-    assert launch.gn_plan(1, 32, 163840, 132, flat=False) == "one"  # 4096 x 1280
-    assert launch.gn_plan(1, 32, 1 << 20, 132, flat=False) == "split"  # SD VAE decoder, 512x512x128
-    assert launch.gn_plan(8, 32, 1 << 20, 132, flat=False) == "one"  # enough groups to fill the device
-    assert launch.gn_plan(1, 32, 40960, 132, flat=True) == "split"  # CPU-like devices (PoCL)
+    """UseOneKernel: GPUs take the one-kernel plan when its work-groups fill the device."""
+    assert launch.gn_plan(2, 32, 12, flat=False) == "one"  # SD 1.5 UNet on a phone GPU
+    assert launch.gn_plan(2, 32, 132, flat=False) == "split"  # the same on the H100
+    assert launch.gn_plan(8, 32, 132, flat=False) == "one"  # enough groups to fill the device
+    assert launch.gn_plan(2, 32, 2, flat=True) == "split"  # CPU-like devices (PoCL)
 
 
 # ---------------------------------------------------------------------------
@@ -383,9 +382,9 @@ def test_plans_mirror_cxx(launch):
     assert "(elems - 1) / (spatial * c) + 2" in gn and "samples * groups <= " in gn  # CombineInApply
     assert "CeilDiv(4 * std::max<int64_t>(1, cus), n * groups)" in gn and "wg * 16" in gn  # PlanSplits
     for name, value in (("kOneGroup", launch.GN_ONE_WG), ("kOneMinGroup", launch.GN_ONE_MIN_WG),
-                        ("kOneUnroll", launch.GN_UNROLL), ("kOneMaxElems", launch.GN_ONE_MAX_ELEMS)):
+                        ("kOneUnroll", launch.GN_UNROLL)):
         assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
-    assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxElems" in gn  # UseOneKernel
+    assert "return n * groups >= static_cast<int64_t>(cus);" in gn  # UseOneKernel
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
     src = (ops / "attention" / "attention_opencl.cc").read_text()

@@ -22,6 +22,8 @@ from pyopencl import cltypes
 REPO = Path(__file__).resolve().parents[2]
 OPS = REPO / "custom_ops" / "ops"
 GEMM_CL = REPO / "custom_ops" / "builtins" / "matmul" / "gemm.cl"
+CONV_CL = REPO / "custom_ops" / "builtins" / "conv" / "conv.cl"
+SPLIT_K_MAX, SPLIT_K_MIN_DEPTH = 16, 256  # gemm.h: kMaxSplitK, kMinSplitKDepth
 INCLUDE = re.compile(r'^[ \t]*#include "(\w+)\.cl"[ \t]*$')
 
 
@@ -86,15 +88,14 @@ def gn_combine_in_apply(n: int, groups: int, spatial: int, c: int, splits: int,
 GN_ONE_WG = 1024  # largest gn_one work-group (kOneGroup)
 GN_ONE_MIN_WG = 64  # kOneMinGroup
 GN_UNROLL = 4  # loads in flight per gn_one work-item (kOneUnroll)
-GN_ONE_MAX_ELEMS = 1 << 18  # kOneMaxElems
 
 
-def gn_plan(n: int, groups: int, group_elems: int, compute_units: int, flat: bool) -> str:
+def gn_plan(n: int, groups: int, compute_units: int, flat: bool) -> str:
     """"one" (gn_one: one kernel, one work-group per (sample, group)) or "split" (gn_stats +
     gn_apply): UseOneKernel in group_norm_opencl.cc (without its DIFFLITE_GN_PLAN override)."""
     if flat:
         return "split"
-    return "one" if n * groups >= compute_units or group_elems <= GN_ONE_MAX_ELEMS else "split"
+    return "one" if n * groups >= compute_units else "split"
 
 
 def gn_one_shape(group_elems: int, cg: int, max_wg: int) -> tuple[int, int]:
@@ -110,12 +111,24 @@ def gn_one_shape(group_elems: int, cg: int, max_wg: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    variant: str  # "flash" | "partial_softmax"
+    variant: str  # "flash" | "partial_softmax" | "wide"
     bq: int
     bk: int
     kc: int = 0  # flash
-    dc: int = 0  # partial
+    dc: int = 0  # partial, wide
     dvc: int = 0  # partial
+    nt: int = 0  # wide: work-items per work-group
+    vk: int = 0  # wide: keys per staged V chunk
+    sx: int = 0  # wide: work-items along the keys of the score tile
+    ox: int = 0  # wide: work-items along the float4 columns of the output
+
+    def work_group(self, dk: int, dv: int) -> int:
+        """Work-items per work-group (each work-group owns bq query rows)."""
+        return self.nt if self.variant == "wide" else self.bq // self.rows_per_item(dk, dv)
+
+    def wide_block(self, dv: int) -> tuple[int, int]:
+        """attn_wide's output rows and float4 columns per work-item (AT_OR, AT_OC)."""
+        return self.bq // (self.nt // self.ox), ceil_div(ceil_div(dv, 4), self.ox)
 
     def rows_per_item(self, dk: int, dv: int) -> int:
         """AT_RQ: 2 query rows per work-item for flash when both rows' q and accumulator fit in
@@ -125,6 +138,9 @@ class AttentionPlan:
 
     def options(self, dk: int, dv: int) -> str:
         rows = f" -DAT_RQ={self.rows_per_item(dk, dv)}"
+        if self.variant == "wide":
+            return (f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} "
+                    f"-DAT_NT={self.nt} -DAT_VK={self.vk} -DAT_SX={self.sx} -DAT_OX={self.ox}")
         if self.variant == "flash":
             return f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_KC={self.kc}" + rows
         return f"-DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} -DAT_DVC={self.dvc}" + rows
@@ -132,6 +148,12 @@ class AttentionPlan:
     def local_bytes(self, dk: int, dv: int) -> int:
         if self.variant == "flash":
             return 4 * self.bk * (round_up(dk, 4) + round_up(dv, 4))
+        if self.variant == "wide":  # attn_wide's AT_SMEM4 float4s, then Ss, Ms Ls Cs
+            dc4 = self.dc // 4
+            qs, ks = self.bq * (dc4 + 1), self.bk * (dc4 + 1)
+            vs = self.vk * self.wide_block(dv)[1] * self.ox
+            voff = qs if dk <= self.dc else 0
+            return 16 * max(qs + ks, voff + vs) + 4 * self.bq * (self.bk + 1) + 12 * self.bq
         dc, dvc = round_up(self.dc, 4), round_up(self.dvc, 4)
         return 4 * (self.bq * (dc + 4) + self.bk * dc + self.bk * dvc + self.bq * (self.bk + 1))
 
@@ -148,17 +170,60 @@ ROW_REGS = 160
 PARTIAL_LADDER = ((128, 64, 32, 64), (64, 64, 32, 64), (64, 32, 32, 64), (32, 32, 16, 32))  # register budget: q row + accumulator (+ scores) per work-item
 
 
-def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int) -> AttentionPlan:
+# attn_wide tiles, the first that fits local memory, the device's work-group limit and WIDE_MAX_ACC
+# accumulator floats per work-item: (rows per work-group, keys per block, work-items, Dk chunk cap,
+# V keys per chunk).
+WIDE_LADDER = ((32, 64, 256, 64, 16), (32, 64, 256, 32, 8), (16, 32, 128, 32, 8), (16, 32, 64, 16, 4))
+WIDE_MAX_ACC = 128
+ATTN_KERNELS = {"wide": "wide", "flash": "flash", "partial": "partial_softmax"}  # DIFFLITE_ATTN_KERNEL
+
+
+def wide_plans(dk: int, dv: int, local_mem_bytes: int, max_wg: int = 0) -> list[AttentionPlan]:
+    """attn_wide's ladder entries that fit, in order (attention_opencl.cc: PlanWide, PickWideLayout);
+    the C++ side takes the first that also builds with its work-group size."""
+    plans = []
+    for bq, bk, nt, dc_cap, vk in WIDE_LADDER:
+        sx = nt // min(bq, 16)  # score tile: min(bq, 16) rows x sx keys of work-items
+        # output: ox float4 columns x nt / ox rows of work-items; the fewest padded columns, then the
+        # squarest register block
+        outs = [(ceil_div(ceil_div(dv, 4), x) * x, max(ceil_div(ceil_div(dv, 4), x), bq * x // nt), x)
+                for x in (2**i for i in range(nt.bit_length())) if bq * x >= nt]
+        ox = min(outs)[2]
+        plan = AttentionPlan("wide", bq=bq, bk=bk, dc=round_up(_chunk(dk, dc_cap), 4), nt=nt, vk=vk, sx=sx, ox=ox)
+        rows, cols = plan.wide_block(dv)
+        if (max_wg and nt > max_wg) or plan.local_bytes(dk, dv) > local_mem_bytes or 4 * rows * cols > WIDE_MAX_ACC:
+            continue
+        plans.append(plan)
+    return plans
+
+
+def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int, *, flat: bool = False,
+                   kernel: str | None = None, max_wg: int = 0) -> AttentionPlan:
     """The kernel variant and tiles (attention_opencl.cc: AttentionGpu::Init). `variant` is a hint:
-    a flash request whose tiles do not fit local memory falls back to the partial softmax."""
-    want_flash = variant == "flash" or (
-        variant == "auto" and dk <= FLASH_MAX_HEAD and dv <= FLASH_MAX_HEAD
-        and AttentionPlan("flash", bq=64, bk=32, kc=8).local_bytes(dk, dv) <= local_mem_bytes // 2)
+    "partial_softmax" keeps the partial softmax; a wide head (Dk or Dv > FLASH_MAX_HEAD) with "auto"
+    or "flash" takes attn_wide on devices with tiled kernels (GPUs; flat=False); otherwise a flash
+    request whose tiles do not fit local memory falls back to the partial softmax. `kernel`
+    ("wide" | "flash" | "partial", DIFFLITE_ATTN_KERNEL) forces a kernel; ValueError if it does not
+    fit. max_wg: the device's work-group limit (0: none)."""
+    forced = ATTN_KERNELS[kernel] if kernel else None
+    wide_head = dk > FLASH_MAX_HEAD or dv > FLASH_MAX_HEAD
+    want_wide = forced == "wide" or (forced is None and variant != "partial_softmax" and wide_head and not flat)
+    if want_wide:
+        wide = wide_plans(dk, dv, local_mem_bytes, max_wg)
+        if wide:
+            return wide[0]
+        if forced:
+            raise ValueError(f"attention: no attn_wide tiles fit head sizes {dk}/{dv}")
+    want_flash = forced == "flash" or (forced is None and not want_wide and (variant == "flash" or (
+        variant == "auto" and not wide_head
+        and AttentionPlan("flash", bq=64, bk=32, kc=8).local_bytes(dk, dv) <= local_mem_bytes // 2)))
     if want_flash:
         for bk in (32, 16):
             flash = AttentionPlan("flash", bq=64, bk=bk, kc=8)
             if flash.local_bytes(dk, dv) <= local_mem_bytes:
                 return flash
+        if forced:
+            raise ValueError(f"attention: attn_flash does not fit head sizes {dk}/{dv}")
     for dvc_cap, bq, bk, dc_cap in PARTIAL_LADDER:
         plan = AttentionPlan("partial_softmax", bq=bq, bk=bk, dc=_chunk(dk, dc_cap), dvc=_chunk(dv, dvc_cap))
         if plan.local_bytes(dk, dv) <= local_mem_bytes:
@@ -191,6 +256,15 @@ def gemm_tiles(m: int, n: int) -> list[GemmTile]:
     """gemm.cc: TileCandidates (without DIFFLITE_GEMM_TILE), best first."""
     tiles = [GemmTile(64, 64, 16, 4, 4, True)] if m > 32 and n > 32 else []
     return tiles + [GemmTile(32, 32, 16, 4, 4, True), GemmTile(16, 16, 16, 2, 2, False)]
+
+
+def split_k(compute_units: int, work_groups: int, k: int) -> int:
+    """gemm.cc: ChooseSplitK (without DIFFLITE_SPLIT_K): K splits for a GEMM of `work_groups`
+    output tiles."""
+    target = 2 * compute_units
+    if work_groups >= target:
+        return 1
+    return max(1, min(ceil_div(target, work_groups), k // SPLIT_K_MIN_DEPTH, SPLIT_K_MAX))
 
 
 def winograd_tiles(n: int, h: int, w: int) -> tuple[int, int, int]:
@@ -287,7 +361,7 @@ class Runner:
         cg = c // groups
         if plan is None:
             flat = not self.device.type & cl.device_type.GPU
-            plan = "split" if splits is not None else gn_plan(n, groups, spatial * cg, self.compute_units, flat)
+            plan = "split" if splits is not None else gn_plan(n, groups, self.compute_units, flat)
         if plan == "one":
             return [self._group_norm_one(x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu)]
         wg, awg = GN_WG, GN_APPLY_WG
@@ -340,14 +414,17 @@ class Runner:
                             np.int32(rows), np.int32(d), np.int32(GELU_MODES[approximate]))]
 
     def attention(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
-                  scale: float, causal: bool, variant: str = "auto") -> list[cl.Event]:
-        plan = attention_plan(dk, dv, variant, self.local_mem)
+                  scale: float, causal: bool, variant: str = "auto", kernel: str | None = None) -> list[cl.Event]:
+        """variant: the op's hint; kernel: "wide" | "flash" | "partial" forces one (DIFFLITE_ATTN_KERNEL)."""
+        flat = not self.device.type & cl.device_type.GPU  # kernels=auto: tiled on GPUs only
+        plan = attention_plan(dk, dv, variant, self.local_mem, flat=flat, kernel=kernel, max_wg=self.max_wg)
         opts = plan.options(dk, dv)
         i32, f32 = np.int32, np.float32
-        items = plan.bq // plan.rows_per_item(dk, dv)  # a work-group owns bq rows
+        items = plan.work_group(dk, dv)  # a work-group owns bq rows
         rows = ceil_div(lq, plan.bq) * items
-        if plan.variant == "flash":
-            return [self.launch(self.kernel("attention", "attn_flash", opts), (rows, heads, n), (items, 1, 1),
+        if plan.variant in ("flash", "wide"):
+            name = f"attn_{plan.variant}"
+            return [self.launch(self.kernel("attention", name, opts), (rows, heads, n), (items, 1, 1),
                                 q, k, v, o, i32(lq), i32(lk), i32(heads), f32(scale), i32(causal))]
         stats = self.scratch(8 * n * heads * lq, 0)
         chunks = ceil_div(dv, plan.dvc)
@@ -380,6 +457,35 @@ class Runner:
         e3 = self.launch(self.kernel("winograd_conv3x3", "wino_output"), (round_up(t * cout, 128),), (128,),
                          mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(t))
         return [e1, e2, e3]
+
+
+    def conv3x3(self, x, w_ohwi, bias, y, n: int, h: int, w: int, cin: int, cout: int) -> list[cl.Event]:
+        """The backend's direct 3x3 / stride 1 / pad 1 CONV_2D (conv.cc: CreateConv2d's tiled path,
+        conv.cl's implicit GEMM, split-K and splitk_sum where it applies): the baseline Winograd
+        must beat."""
+        m, k = n * h * w, 9 * cin
+        tile = next(t for t in gemm_tiles(m, cout) if t.threads <= self.max_wg and t.threads % t.tk == 0)
+        tiles = ceil_div(m, tile.tm) * ceil_div(cout, tile.tn)
+        splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
+        opts = f"-DTM={tile.tm} -DTN={tile.tn} -DTK={tile.tk} -DWM={tile.wm} -DWN={tile.wn}"
+        opts += (" -DVEC=1" if tile.vec else "") + (f" -DKSPLIT={splits}" if splits > 1 else "")
+        key = ("builtins/conv/conv", "conv2d", opts)
+        if key not in self._kernels:
+            self._kernels[key] = cl.Kernel(self.program(CONV_CL, opts), "conv2d")
+        i32, int4 = np.int32, cltypes.make_int4
+        out = self.scratch(4 * splits * m * cout, 2) if splits > 1 else y
+        local = (tile.tn // tile.wn, tile.tm // tile.wm, 1)
+        events = [self.launch(self._kernels[key], (ceil_div(cout, tile.tn) * local[0],
+                                                   ceil_div(m, tile.tm) * local[1], splits), local,
+                              x, w_ohwi, bias, out, i32(m), i32(cout), i32(k), int4(h, w, cin, h),
+                              int4(w, 3, 1, 1), int4(1, 1, 1, 1), i32(splits == 1))]
+        if splits > 1:
+            key = ("builtins/matmul/gemm", "splitk_sum", "")
+            if key not in self._kernels:
+                self._kernels[key] = cl.Kernel(self.program(GEMM_CL, ""), "splitk_sum")
+            events.append(self.launch(self._kernels[key], (round_up(cout, 64), m, 1), (64, 1, 1), out, bias, y,
+                                      i32(m), i32(cout), i32(cout), i32(m * cout), i32(splits), i32(1)))
+        return events
 
 
 def pick_context(prefer: str | None = None) -> tuple[cl.Context, cl.Device]:

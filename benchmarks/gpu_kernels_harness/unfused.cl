@@ -3,8 +3,8 @@
 // each reading and writing whole tensors, as an engine without the fused ops
 // would run them. Each kernel is written plainly but not handicapped: the
 // elementwise ones are coalesced, the group reduction splits over work-groups
-// like the fused one, the GEMM is tiled like wino_gemm, and the direct 3x3
-// convolution is an implicit GEMM with the same 64x64 tiling.
+// like the fused one, and the GEMM is a plain 64x64 local-memory tiling (the
+// Winograd case's baseline is the backend's own direct convolution, conv.cl).
 // float storage (fp32), float math.
 
 #define EW_GUARD(n) const int i = get_global_id(0); if (i >= (n)) return
@@ -203,74 +203,3 @@ __kernel void un_bgemm(__global const float* A, __global const float* B, __globa
   }
 }
 
-// ------------------------------------------------------- direct 3x3 conv
-// Implicit GEMM: y[m][co] = bias[co] + sum_k A[m][k] w[k][co], m = (n, oy, ox),
-// k = (ky, kx, ci), A gathered from x with zero padding; w is HWIO
-// [3, 3, Cin, Cout] = [9*Cin, Cout]. Same tiling as un_bgemm / wino_gemm; the
-// gather's index math is hoisted: each work-item loads 4 fixed rows at one
-// fixed column of every K step, so (n, oy, ox) is decoded once and
-// (ky, kx, ci) advances incrementally.
-// Global (ceil(Cout/64)*16, ceil(N*H*W/64)*16), local (16, 16).
-__kernel void un_conv3x3(__global const float* x, __global const float* w,
-                         __global const float* bias, __global float* y, int N, int H, int W,
-                         int Cin, int Cout) {
-  __local float As[GB_BK][GB_BM + 1];
-  __local float Bs[GB_BK][GB_BN];
-  const int tx = get_local_id(0), ty = get_local_id(1);
-  const int lid = ty * GB_T + tx;
-  const int n0 = get_group_id(0) * GB_BN, m0 = get_group_id(1) * GB_BM;
-  const int M = N * H * W, K = 9 * Cin;
-  // This work-item's A loads: rows lid/16 + 16*it (it < 4), column kk.
-  const int kk = lid % GB_BK;
-  int oy[4], ox[4];
-  long base[4];
-  for (int it = 0; it < 4; ++it) {
-    const int gm = m0 + lid / GB_BK + 16 * it;
-    const int g = min(gm, M - 1);
-    ox[it] = g % W;
-    oy[it] = (g / W) % H;
-    base[it] = (long)(g / (W * H)) * H * W * Cin;
-    if (gm >= M) oy[it] = -100;  // every tap out of range: loads 0
-  }
-  int ci = kk, tap = 0;
-  while (ci >= Cin) { ci -= Cin; ++tap; }
-  int dy = tap / 3, dx = tap - 3 * (tap / 3);
-  float acc[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += GB_BK) {
-    for (int it = 0; it < 4; ++it) {
-      const int iy = oy[it] + dy - 1, ix = ox[it] + dx - 1;
-      float v = 0.0f;
-      if (dy < 3 && iy >= 0 && iy < H && ix >= 0 && ix < W) v = x[base[it] + ((long)iy * W + ix) * Cin + ci];
-      As[kk][lid / GB_BK + 16 * it] = v;
-    }
-    for (int e = lid; e < GB_BK * GB_BN; e += GB_T * GB_T) {
-      const int bk = e / GB_BN, c = e - bk * GB_BN;
-      const int gk = k0 + bk, gn = n0 + c;
-      Bs[bk][c] = (gk < K && gn < Cout) ? w[(long)gk * Cout + gn] : 0.0f;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int k = 0; k < GB_BK; ++k) {
-      float a[4], bb[4];
-      for (int i = 0; i < 4; ++i) a[i] = As[k][ty + GB_T * i];
-      for (int j = 0; j < 4; ++j) bb[j] = Bs[k][tx + GB_T * j];
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = mad(a[i], bb[j], acc[i][j]);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ci += GB_BK;  // next K step: advance (dy, dx, ci)
-    while (ci >= Cin) {
-      ci -= Cin;
-      if (++dx == 3) { dx = 0; ++dy; }
-    }
-  }
-  for (int i = 0; i < 4; ++i) {
-    const int r = m0 + ty + GB_T * i;
-    if (r >= M) continue;
-    for (int j = 0; j < 4; ++j) {
-      const int c = n0 + tx + GB_T * j;
-      if (c < Cout) y[(long)r * Cout + c] = acc[i][j] + bias[c];
-    }
-  }
-}

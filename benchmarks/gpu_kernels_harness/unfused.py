@@ -131,9 +131,3 @@ class Unfused:
                         heads * dv, 1, lk * heads * dv, dv,  # B = v_h [Lk x Dv]
                         heads * dv, lq * heads * dv, dv, n, heads)
         return [e1, e2, e3]
-
-    # ------------------------------------------------------------------ direct conv
-    def conv3x3(self, x, w_hwio, bias, y, n: int, h: int, w: int, cin: int, cout: int):
-        gsz = (ceil_div(cout, 64) * 16, ceil_div(n * h * w, 64) * 16)
-        return [self.r.launch(self.k("un_conv3x3"), gsz, (16, 16), x, w_hwio, bias, y, i32(n), i32(h),
-                              i32(w), i32(cin), i32(cout))]

@@ -40,25 +40,24 @@ constexpr size_t kCombineGroup = 64;
 constexpr size_t kOneGroup = 1024;        // largest gn_one work-group
 constexpr size_t kOneMinGroup = 64;       // smallest, for small groups
 constexpr int kOneUnroll = 4;             // GN_UNROLL: loads in flight per work-item
-constexpr int64_t kOneMaxElems = 262144;  // 2^18 elements per group (UseOneKernel)
 
 // The plan. "one" moves fewer bytes (x once from memory and once more from
 // cache, no partials) and launches one kernel instead of two or three, so GPUs
-// (tiled kernels) take it -- unless one work-group per (sample, group) would
-// leave the device idle: fewer pairs than compute units *and* more than
-// kOneMaxElems elements (1 MB of float) per group. There the split statistics
-// spread the reading over the whole device, and the groups read at once (e.g.
-// 32 x 4 MB in an SD VAE decoder) would no longer stay in a big GPU's L2 for
-// the second read. The SD UNets' GroupNorms (at most 40960 elements per group)
-// all take "one". CPU-like devices (flat kernels) keep "split": on PoCL (2
-// cores) "one" took 0.6x to 1.7x its time at SD shapes, no clear win.
-// DIFFLITE_GN_PLAN=one|split overrides, for benchmarking.
-bool UseOneKernel(int64_t n, int groups, int64_t group_elems, uint32_t cus, bool flat) {
+// (tiled kernels) take it when its work-groups, one per (sample, group), can
+// fill the device. With fewer (sample, group) pairs than compute units the
+// split statistics spread the reading over the whole device instead: on the
+// H100 (132 compute units) the SD 1.5 UNet's GroupNorms (N = 2, 32 groups)
+// took 1.46 ms per step with "one" against 1.27 ms split, and at N = 1
+// [4096, 1280] 0.099 ms against 0.058 (benchmarks/NOTES.md §10). Phones (a
+// few to a dozen compute units) take "one". CPU-like devices (flat kernels)
+// keep "split": on PoCL (2 cores) "one" took 0.6x to 1.7x its time at SD
+// shapes, no clear win. DIFFLITE_GN_PLAN=one|split overrides, for benchmarking.
+bool UseOneKernel(int64_t n, int groups, uint32_t cus, bool flat) {
   const char* env = std::getenv("DIFFLITE_GN_PLAN");
   if (env != nullptr && std::strcmp(env, "one") == 0) return true;
   if (env != nullptr && std::strcmp(env, "split") == 0) return false;
   if (flat) return false;
-  return n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxElems;
+  return n * groups >= static_cast<int64_t>(cus);
 }
 
 // gn_one's load width: 4 or 2 elements where they divide channels per group.
@@ -96,8 +95,7 @@ class GroupNormGpu final : public GpuOp {
     if (NumElements(x) > gpu::opsupport::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
-    one_ = UseOneKernel(n_, o.groups, spatial_ * cg_, ctx.device().compute_units,
-                        ctx.PreferFlatKernels());
+    one_ = UseOneKernel(n_, o.groups, ctx.device().compute_units, ctx.PreferFlatKernels());
     if (one_) return InitOne(ctx);
     // One program for the three kernels; the largest power-of-two work-group
     // <= 256 that the device and every kernel accept.
