@@ -314,11 +314,7 @@ class Runner:
         for tile in gemm_tiles(m, n):
             if tile.threads > self.max_wg:
                 continue
-            opts = tile.options(a_kmajor, b_kmajor)
-            key = ("builtins/matmul/gemm", "gemm", opts)
-            if key not in self._kernels:
-                self._kernels[key] = cl.Kernel(self.program(GEMM_CL, opts), "gemm")
-            k = self._kernels[key]
+            k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor))
             if k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device) >= tile.threads:
                 return k, tile
         raise RuntimeError(f"no GEMM tile fits the device for {m}x{n}")
@@ -446,18 +442,52 @@ class Runner:
         i32 = np.int32
         e1 = self.launch(self.kernel("winograd_conv3x3", "wino_input"), (round_up(t * cin, 128),), (128,),
                          x, vbuf, i32(h), i32(w), i32(cin), i32(th), i32(tw), i32(t))
-        # M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p (Gemm::Init / Run).
-        gemm, tile = self.gemm_kernel(t, cout, a_kmajor=True, b_kmajor=False)
-        local = (tile.tn // tile.wn, tile.tm // tile.wm, 1)
-        int4 = cltypes.make_int4  # bdims right-aligned (innermost in .w), unused slots 1 / stride 0
-        e2 = self.launch(gemm, (ceil_div(cout, tile.tn) * local[0], ceil_div(t, tile.tm) * local[1], 36), local,
-                         vbuf, u, None, mbuf, i32(t), i32(cout), i32(cin), i32(cin), i32(1), i32(cout), i32(1),
-                         i32(cout), int4(1, 1, 1, 36), int4(0, 0, 0, t * cin), int4(0, 0, 0, cin * cout),
-                         i32(t * cout), i32(0))
+        # M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p.
+        e2 = self.gemm(vbuf, u, mbuf, t, cout, cin, a_sm=cin, a_sk=1, b_sk=cout, b_sn=1, ldc=cout,
+                       bdims=(36,), a_bs=(t * cin,), b_bs=(cin * cout,), c_bs=t * cout)
         e3 = self.launch(self.kernel("winograd_conv3x3", "wino_output"), (round_up(t * cout, 128),), (128,),
                          mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(t))
-        return [e1, e2, e3]
+        return [e1, *e2, e3]
 
+    def gemm(self, a, b, c, m: int, n: int, k: int, a_sm: int, a_sk: int, b_sk: int, b_sn: int, ldc: int,
+             bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None) -> list[cl.Event]:
+        """The backend's tiled GEMM as gemm.cc's Gemm::Init / Run launch it on a GPU (tile, operand
+        layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) with element strides."""
+        a_kmajor, b_kmajor = a_sk == 1, b_sk == 1 and b_sn != 1
+        kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor)
+        batches = int(np.prod(bdims)) if bdims else 1
+        tiles = ceil_div(m, tile.tm) * ceil_div(n, tile.tn) * batches
+        splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
+        if splits > 1:
+            opts = tile.options(a_kmajor, b_kmajor) + f" -DKSPLIT={splits}"
+            kernel = self._cached_kernel(GEMM_CL, "gemm", opts)
+        pad = 4 - len(bdims)  # right-aligned, innermost in .w; unused slots 1 / stride 0
+        int4, i32 = cltypes.make_int4, np.int32
+        out = self.scratch(4 * splits * batches * m * n, 2) if splits > 1 else c
+        local = (tile.tn // tile.wn, tile.tm // tile.wm, 1)
+        events = [self.launch(kernel, (ceil_div(n, tile.tn) * local[0], ceil_div(m, tile.tm) * local[1],
+                                       batches * splits), local,
+                              a, b, bias, out, i32(m), i32(n), i32(k), i32(a_sm), i32(a_sk), i32(b_sk), i32(b_sn),
+                              i32(n if splits > 1 else ldc), int4(*([1] * pad), *bdims),
+                              int4(*([0] * pad), *a_bs), int4(*([0] * pad), *b_bs),
+                              i32(m * n if splits > 1 else c_bs), i32(bias is not None and splits == 1))]
+        if splits > 1:
+            events.append(self._splitk_sum(out, bias, c, m, n, ldc, c_bs, batches, splits))
+        return events
+
+    def _cached_kernel(self, path: Path, name: str, opts: str) -> cl.Kernel:
+        key = (str(path), name, opts)
+        if key not in self._kernels:
+            self._kernels[key] = cl.Kernel(self.program(path, opts), name)
+        return self._kernels[key]
+
+    def _splitk_sum(self, partials, bias, c, m: int, n: int, ldc: int, c_bs: int, batches: int,
+                    splits: int) -> cl.Event:
+        """gemm.cl's splitk_sum (gemm.cc: SplitKSum::Run)."""
+        i32 = np.int32
+        return self.launch(self._cached_kernel(GEMM_CL, "splitk_sum", ""), (round_up(n, 64), m, batches),
+                           (64, 1, 1), partials, bias, c, i32(m), i32(n), i32(ldc), i32(c_bs), i32(splits),
+                           i32(bias is not None))
 
     def conv3x3(self, x, w_ohwi, bias, y, n: int, h: int, w: int, cin: int, cout: int) -> list[cl.Event]:
         """The backend's direct 3x3 / stride 1 / pad 1 CONV_2D (conv.cc: CreateConv2d's tiled path,
@@ -469,22 +499,15 @@ class Runner:
         splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
         opts = f"-DTM={tile.tm} -DTN={tile.tn} -DTK={tile.tk} -DWM={tile.wm} -DWN={tile.wn}"
         opts += (" -DVEC=1" if tile.vec else "") + (f" -DKSPLIT={splits}" if splits > 1 else "")
-        key = ("builtins/conv/conv", "conv2d", opts)
-        if key not in self._kernels:
-            self._kernels[key] = cl.Kernel(self.program(CONV_CL, opts), "conv2d")
+        kernel = self._cached_kernel(CONV_CL, "conv2d", opts)
         i32, int4 = np.int32, cltypes.make_int4
         out = self.scratch(4 * splits * m * cout, 2) if splits > 1 else y
         local = (tile.tn // tile.wn, tile.tm // tile.wm, 1)
-        events = [self.launch(self._kernels[key], (ceil_div(cout, tile.tn) * local[0],
-                                                   ceil_div(m, tile.tm) * local[1], splits), local,
-                              x, w_ohwi, bias, out, i32(m), i32(cout), i32(k), int4(h, w, cin, h),
+        events = [self.launch(kernel, (ceil_div(cout, tile.tn) * local[0], ceil_div(m, tile.tm) * local[1], splits),
+                              local, x, w_ohwi, bias, out, i32(m), i32(cout), i32(k), int4(h, w, cin, h),
                               int4(w, 3, 1, 1), int4(1, 1, 1, 1), i32(splits == 1))]
         if splits > 1:
-            key = ("builtins/matmul/gemm", "splitk_sum", "")
-            if key not in self._kernels:
-                self._kernels[key] = cl.Kernel(self.program(GEMM_CL, ""), "splitk_sum")
-            events.append(self.launch(self._kernels[key], (round_up(cout, 64), m, 1), (64, 1, 1), out, bias, y,
-                                      i32(m), i32(cout), i32(cout), i32(m * cout), i32(splits), i32(1)))
+            events.append(self._splitk_sum(out, bias, y, m, cout, cout, m * cout, 1, splits))
         return events
 
 

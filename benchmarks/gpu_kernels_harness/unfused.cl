@@ -3,8 +3,9 @@
 // each reading and writing whole tensors, as an engine without the fused ops
 // would run them. Each kernel is written plainly but not handicapped: the
 // elementwise ones are coalesced, the group reduction splits over work-groups
-// like the fused one, and the GEMM is a plain 64x64 local-memory tiling (the
-// Winograd case's baseline is the backend's own direct convolution, conv.cl).
+// like the fused one, the attention's matrix products are the backend's own
+// GEMM (gemm.cl, through launch.py) and the Winograd case's baseline is the
+// backend's direct convolution (conv.cl).
 // float storage (fp32), float math.
 
 #define EW_GUARD(n) const int i = get_global_id(0); if (i >= (n)) return
@@ -117,7 +118,8 @@ __kernel void un_group_mean_final(__global const float* partial, __global float*
 
 // ------------------------------------------------------------------- softmax
 // One work-group of UN_WG per row of `cols`: max, sum of exp, write.
-__kernel void un_softmax_rows(__global const float* s, __global float* p, int cols) {
+// TFLite SOFTMAX with beta: p = softmax(beta * s) along rows.
+__kernel void un_softmax_rows(__global const float* s, __global float* p, int cols, float beta) {
   __local float red[UN_WG];
   const int lid = get_local_id(0);
   const long row = get_group_id(0);
@@ -134,7 +136,7 @@ __kernel void un_softmax_rows(__global const float* s, __global float* p, int co
   m = red[0];
   barrier(CLK_LOCAL_MEM_FENCE);
   float sum = 0.0f;
-  for (int j = lid; j < cols; j += UN_WG) sum += exp(in[j] - m);
+  for (int j = lid; j < cols; j += UN_WG) sum += exp(beta * (in[j] - m));
   red[lid] = sum;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int h = UN_WG / 2; h > 0; h >>= 1) {
@@ -142,64 +144,19 @@ __kernel void un_softmax_rows(__global const float* s, __global float* p, int co
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float inv = 1.0f / red[0];
-  for (int j = lid; j < cols; j += UN_WG) out[j] = exp(in[j] - m) * inv;
+  for (int j = lid; j < cols; j += UN_WG) out[j] = exp(beta * (in[j] - m)) * inv;
 }
 
-// ---------------------------------------------------------------------- GEMM
-#define GB_BM 64
-#define GB_BN 64
-#define GB_BK 16
-#define GB_T 16
-// Batched strided GEMM: C = alpha * A B for batch b = n * H + h, with
-// A[m][k] = A[a_off + m * a_rs + k * a_cs], a_off = n * a_bn + h * a_bh
-// (likewise B[k][n'] and C[m][n']). Global (ceil(N/64)*16, ceil(M/64)*16,
-// batches), local (16, 16).
-__kernel void un_bgemm(__global const float* A, __global const float* B, __global float* C, int M,
-                       int N, int K, int a_rs, int a_cs, int a_bn, int a_bh, int b_rs, int b_cs,
-                       int b_bn, int b_bh, int c_rs, int c_bn, int c_bh, int H, float alpha) {
-  __local float As[GB_BK][GB_BM + 1];
-  __local float Bs[GB_BK][GB_BN + 1];
-  const int tx = get_local_id(0), ty = get_local_id(1);
-  const int lid = ty * GB_T + tx;
-  const int n0 = get_group_id(0) * GB_BN, m0 = get_group_id(1) * GB_BM;
-  const int b = get_group_id(2);
-  const int bn = b / H, bh = b - (b / H) * H;
-  A += (long)bn * a_bn + (long)bh * a_bh;
-  B += (long)bn * b_bn + (long)bh * b_bh;
-  C += (long)bn * c_bn + (long)bh * c_bh;
-  float acc[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += GB_BK) {
-    for (int e = lid; e < GB_BM * GB_BK; e += GB_T * GB_T) {
-      int r, kk;  // consecutive work-items along A's contiguous axis
-      if (a_cs == 1) { r = e / GB_BK; kk = e - r * GB_BK; } else { kk = e / GB_BM; r = e - kk * GB_BM; }
-      const int gm = m0 + r, gk = k0 + kk;
-      As[kk][r] = (gm < M && gk < K) ? A[(long)gm * a_rs + (long)gk * a_cs] : 0.0f;
-    }
-    for (int e = lid; e < GB_BK * GB_BN; e += GB_T * GB_T) {
-      int kk, c;
-      if (b_cs == 1) { kk = e / GB_BN; c = e - kk * GB_BN; } else { c = e / GB_BK; kk = e - c * GB_BK; }
-      const int gk = k0 + kk, gn = n0 + c;
-      Bs[kk][c] = (gk < K && gn < N) ? B[(long)gk * b_rs + (long)gn * b_cs] : 0.0f;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < GB_BK; ++kk) {
-      float a[4], bb[4];
-      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + GB_T * i];
-      for (int j = 0; j < 4; ++j) bb[j] = Bs[kk][tx + GB_T * j];
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = mad(a[i], bb[j], acc[i][j]);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    const int r = m0 + ty + GB_T * i;
-    if (r >= M) continue;
-    for (int j = 0; j < 4; ++j) {
-      const int c = n0 + tx + GB_T * j;
-      if (c < N) C[(long)r * c_rs + c] = alpha * acc[i][j];
-    }
-  }
+// [N, H, L, D] -> [N, L, H, D] (the TRANSPOSE after the per-head BATCH_MATMUL).
+__kernel void un_heads_to_rows(__global const float* t, __global float* o, int L, int H, int D, int total) {
+  EW_GUARD(total);
+  const int d = i % D;
+  int r = i / D;
+  const int h = r % H;
+  r /= H;
+  const int l = r % L;
+  const int n = r / L;
+  o[i] = t[(((long)n * H + h) * L + l) * D + d];
 }
+
 

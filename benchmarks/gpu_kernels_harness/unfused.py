@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from .launch import Runner, ceil_div, gn_splits, round_up
+from .launch import Runner, gn_splits, round_up
 
 UNFUSED_CL = Path(__file__).resolve().parent / "unfused.cl"
 WG = 256
@@ -108,26 +108,21 @@ class Unfused:
         return ev
 
     # ------------------------------------------------------------------ attention
-    def bgemm(self, a, b, c, m, n_, k, a_rs, a_cs, a_bn, a_bh, b_rs, b_cs, b_bn, b_bh, c_rs, c_bn, c_bh,
-              batch_n, heads, alpha=1.0):
-        gsz = (ceil_div(n_, 64) * 16, ceil_div(m, 64) * 16, batch_n * heads)
-        return self.r.launch(self.k("un_bgemm"), gsz, (16, 16, 1), a, b, c, i32(m), i32(n_), i32(k),
-                             i32(a_rs), i32(a_cs), i32(a_bn), i32(a_bh), i32(b_rs), i32(b_cs), i32(b_bn),
-                             i32(b_bh), i32(c_rs), i32(c_bn), i32(c_bh), i32(heads), f32(alpha))
-
     def attention(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int, scale: float):
-        """S = scale q k^T (full [N,H,Lq,Lk] tensor) -> softmax -> P v."""
+        """As the backend runs the unfused graph: BATCH_MATMUL S = q k^T (the full [N,H,Lq,Lk]
+        tensor; gemm.cl with the backend's tile), SOFTMAX(beta = scale) -> P, BATCH_MATMUL P v
+        -> [N,H,Lq,Dv], TRANSPOSE to [N,Lq,H*Dv]. (The graph's q/k/v TRANSPOSEs are strides here.)"""
         tag = "attention"
         sbytes = 4 * n * heads * lq * lk
         s, p = self.temp(tag, 0, sbytes), self.temp(tag, 1, sbytes)
         hs = lq * lk
-        e1 = self.bgemm(q, k, s, lq, lk, dk,
-                        heads * dk, 1, lq * heads * dk, dk,  # A = q_h [Lq x Dk]
-                        1, heads * dk, lk * heads * dk, dk,  # B = k_h^T [Dk x Lk]
-                        lk, heads * hs, hs, n, heads, scale)
-        e2 = self.r.launch(self.k("un_softmax_rows"), (WG * n * heads * lq,), (WG,), s, p, i32(lk))
-        e3 = self.bgemm(p, v, o, lq, dv, lk,
-                        lk, 1, heads * hs, hs,  # A = P [Lq x Lk]
-                        heads * dv, 1, lk * heads * dv, dv,  # B = v_h [Lk x Dv]
-                        heads * dv, lq * heads * dv, dv, n, heads)
-        return [e1, e2, e3]
+        e1 = self.r.gemm(q, k, s, lq, lk, dk, a_sm=heads * dk, a_sk=1, b_sk=1, b_sn=heads * dk, ldc=lk,
+                         bdims=(n, heads), a_bs=(lq * heads * dk, dk), b_bs=(lk * heads * dk, dk), c_bs=hs)
+        e2 = self.r.launch(self.k("un_softmax_rows"), (WG * n * heads * lq,), (WG,), s, p, i32(lk), f32(scale))
+        t = self.temp(tag, 2, 4 * n * heads * lq * dv)  # [N, H, Lq, Dv]
+        e3 = self.r.gemm(p, v, t, lq, dv, lk, a_sm=lk, a_sk=1, b_sk=heads * dv, b_sn=1, ldc=dv,
+                         bdims=(n, heads), a_bs=(heads * hs, hs), b_bs=(lk * heads * dv, dv), c_bs=lq * dv)
+        total = n * lq * heads * dv
+        e4 = self.r.launch(self.k("un_heads_to_rows"), (round_up(total, WG),), (WG,), t, o, i32(lq), i32(heads),
+                           i32(dv), i32(total))
+        return [*e1, e2, *e3, e4]
