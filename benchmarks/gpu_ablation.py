@@ -7,6 +7,9 @@ Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
   self-attention   4096 x 4096, 8 heads x 40 (flash and partial-softmax variants)
   cross-attention  4096 x 77, 8 heads x 40 (both variants)
+  self-attention   4096 x 4096, 1 head x 512 (the VAE decoder's; wide and partial softmax) and
+                   256 x 256, 8 heads x 160, batch 2 (the UNet's 16x16 level; wide, partial softmax,
+                   flash where its tiles fit)
   Winograd F(4x4,3x3) vs the backend's direct 3x3 CONV_2D (conv.cl's implicit GEMM with the
   same vectorised tile, split-K where the backend would split) at 64x64x320 and 32x32x640
 plus a device-to-device copy bandwidth measurement.
@@ -166,25 +169,37 @@ def case_geglu(r, u, rows, d):
         bytes=4 * 3 * rows * d, flops=None, temp_tag="geglu")
 
 
-def case_attention(r, u, lq, lk, heads, dh):
+ATTN_KERNEL = {"flash": "flash", "partial_softmax": "partial", "wide": "wide"}  # label -> forced kernel
+
+
+def case_attention(r, u, lq, lk, heads, dh, n=1, variants=("flash", "partial_softmax")):
+    """Each kernel in `variants` forced (Runner.attention's kernel=, DIFFLITE_ATTN_KERNEL in the
+    library); flash is left out where its tiles do not fit local memory."""
     rng = np.random.default_rng(3)
-    n = 1
     q = rng.standard_normal((n, lq, heads * dh)).astype(np.float32)
     k = rng.standard_normal((n, lk, heads * dh)).astype(np.float32)
     v = rng.standard_normal((n, lk, heads * dh)).astype(np.float32)
     qb, kb, vb = r.upload(q), r.upload(k), r.upload(v)
     scale = 1.0 / math.sqrt(dh)
     shape = (n, lq, heads * dh)
-    outs = {lab: r.empty(shape) for lab in ("flash", "partial_softmax")}
+    flat = not r.device.type & cl.device_type.GPU
+    plan = {}
+    for lab in variants:
+        try:
+            plan[lab] = attention_plan(dh, dh, "auto", r.local_mem, flat=flat, kernel=ATTN_KERNEL[lab],
+                                       max_wg=r.max_wg)
+        except ValueError:  # flash with a head too wide for local memory
+            continue
+    outs = {lab: r.empty(shape) for lab in plan}
     yu = r.empty(shape)
-    auto = attention_plan(dh, dh, "auto", r.local_mem).variant
+    auto = attention_plan(dh, dh, "auto", r.local_mem, flat=flat, max_wg=r.max_wg)
+    labels = {lab: f"{lab}{' (auto)' if p == auto else ''}" for lab, p in plan.items()}
     fused = {
-        f"{lab}{' (auto)' if lab == auto else ''}":
-            (lambda lab=lab: r.attention(qb, kb, vb, outs[lab], n, lq, lk, heads, dh, dh, scale, False, lab))
-        for lab in ("flash", "partial_softmax")
+        labels[lab]: (lambda lab=lab: r.attention(qb, kb, vb, outs[lab], n, lq, lk, heads, dh, dh, scale, False,
+                                                  kernel=ATTN_KERNEL[lab]))
+        for lab in plan
     }
-    getters = {f"{lab}{' (auto)' if lab == auto else ''}": (lambda lab=lab: r.download(outs[lab], shape))
-               for lab in ("flash", "partial_softmax")}
+    getters = {labels[lab]: (lambda lab=lab: r.download(outs[lab], shape)) for lab in plan}
     return dict(
         fused=fused, unfused=lambda: u.attention(qb, kb, vb, yu, n, lq, lk, heads, dh, dh, scale),
         out=(getters, lambda: r.download(yu, shape)),
@@ -211,6 +226,9 @@ def case_winograd(r, u, hw, cin, cout):
         temp_tag=None, fused_scratch=scratch, baseline_name="direct 3x3")
 
 
+ATTN_WIDE_VARIANTS = ("wide", "partial_softmax", "flash")
+
+
 def cases(small: bool):
     f = 4 if small else 1  # spatial side divisor
     L = 4096 // (f * f)  # tokens
@@ -225,6 +243,9 @@ def cases(small: bool):
         (f"GEGLU {L}x{2 * c2} -> {L}x{c2}", case_geglu, (L, c2)),
         (f"self-attention {L}x{L}, 8x40", case_attention, (L, L, 8, 40)),
         (f"cross-attention {L}x77, 8x40", case_attention, (L, 77, 8, 40)),
+        (f"self-attention {L}x{L}, 1x512 (VAE)", case_attention, (L, L, 1, 512, 1, ATTN_WIDE_VARIANTS)),
+        (f"self-attention {256 // f}x{256 // f}, 8x160", case_attention,
+         (256 // f, 256 // f, 8, 160, 2, ATTN_WIDE_VARIANTS)),
         (f"Winograd 3x3 {s}x{s}x{c1}", case_winograd, (s, c1, c1)),
         (f"Winograd 3x3 {s // 2}x{s // 2}x{2 * c1}", case_winograd, (s // 2, 2 * c1, 2 * c1)),
     ]

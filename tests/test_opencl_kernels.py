@@ -317,7 +317,8 @@ def test_attention_rows_per_item(runner, launch, case, variant, rq, causal):
     k = nonzero(r, (n, lk, heads * dk), 1.5)
     v = nonzero(r, (n, lk, heads * dv))
     scale = 1.0 / math.sqrt(dk)
-    plan = launch.attention_plan(dk, dv, variant, min(runner.local_mem, 48 * 1024))  # H100-sized tiles
+    plan = launch.attention_plan(dk, dv, variant, min(runner.local_mem, 48 * 1024),  # H100-sized tiles
+                                 kernel=FORCE[variant])
     assert plan.variant == variant
     o = runner.empty((n, lq, heads * dv))
     _attention_rows(runner, launch, runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads,
@@ -327,18 +328,147 @@ def test_attention_rows_per_item(runner, launch, case, variant, rq, causal):
 
 
 def test_attention_auto_plan(launch):
-    """auto: flash for small heads when the K/V tiles fit in half of local memory, else partial."""
+    """auto: flash for small heads when the K/V tiles fit in half of local memory; wide heads take
+    attn_wide on GPUs (tiled kernels) and the partial softmax on CPU-like devices (flat kernels)."""
     kb48 = 48 * 1024
     assert launch.attention_plan(40, 40, "auto", kb48).variant == "flash"  # SD 1.5, 320 channels
     assert launch.attention_plan(64, 64, "auto", kb48).variant == "flash"  # SD 2.x
-    assert launch.attention_plan(80, 80, "auto", kb48).variant == "partial_softmax"
-    assert launch.attention_plan(160, 160, "auto", kb48).variant == "partial_softmax"
-    assert launch.attention_plan(512, 512, "auto", kb48).variant == "partial_softmax"  # VAE
+    assert launch.attention_plan(80, 80, "auto", kb48).variant == "wide"
+    assert launch.attention_plan(160, 160, "auto", kb48).variant == "wide"
+    assert launch.attention_plan(512, 512, "auto", kb48).variant == "wide"  # VAE
     assert launch.attention_plan(64, 64, "auto", 16 * 1024).variant == "partial_softmax"
+    assert launch.attention_plan(160, 160, "flash", kb48).variant == "wide"  # wide heads: FlashAttention-2
+    assert launch.attention_plan(40, 96, "flash", kb48).variant == "wide"
+    assert launch.attention_plan(160, 160, "partial_softmax", kb48).variant == "partial_softmax"
+    for d in (80, 160, 512):  # flat kernels (PoCL): as before attn_wide
+        assert launch.attention_plan(d, d, "auto", kb48, flat=True).variant == "partial_softmax"
+    assert launch.attention_plan(160, 160, "flash", kb48, flat=True).variant == "flash"
+    assert launch.attention_plan(40, 40, "auto", kb48, flat=True).variant == "flash"
+    # DIFFLITE_ATTN_KERNEL forces a kernel whatever the hint and device, or fails.
+    assert launch.attention_plan(40, 40, "flash", kb48, kernel="wide").variant == "wide"
+    assert launch.attention_plan(512, 512, "auto", kb48, kernel="partial").variant == "partial_softmax"
+    assert launch.attention_plan(160, 160, "partial_softmax", kb48, kernel="flash").variant == "flash"
+    with pytest.raises(ValueError):
+        launch.attention_plan(512, 512, "auto", kb48, kernel="flash")  # K/V tiles of 512-wide heads
     for mem in (kb48, 32 * 1024, 16 * 1024):
         for d in (40, 64, 80, 160, 512):
-            p = launch.attention_plan(d, d, "auto", mem)
-            assert p.local_bytes(d, d) <= mem
+            for flat in (False, True):
+                p = launch.attention_plan(d, d, "auto", mem, flat=flat)
+                assert p.local_bytes(d, d) <= mem
+
+
+FORCE = {"flash": "flash", "partial_softmax": "partial", "wide": "wide"}  # plan variant -> kernel=
+
+
+def test_attention_wide_plan(launch):
+    """attn_wide's tiles: the first ladder entry that fits local memory, the work-group limit and the
+    accumulator budget; the work-item layouts tile the score and output blocks."""
+    plan = launch.attention_plan(512, 512, "auto", 48 * 1024)  # the VAE's head on an H100
+    assert plan == launch.AttentionPlan("wide", bq=32, bk=64, dc=64, nt=256, vk=16, sx=16, ox=32)
+    assert plan.local_bytes(512, 512) == 41472 and plan.wide_block(512) == (4, 4)  # 64 accumulators
+    assert launch.attention_plan(512, 512, "auto", 32 * 1024).dc == 32  # second entry: 25088 bytes
+    assert launch.attention_plan(512, 512, "auto", 16 * 1024).nt == 64  # last entry
+    assert launch.attention_plan(160, 160, "auto", 48 * 1024).wide_block(160) == (1, 5)  # 40 float4s, 8 items
+    assert launch.attention_plan(512, 512, "auto", 48 * 1024, max_wg=128).nt == 128
+    with pytest.raises(ValueError):
+        launch.attention_plan(2048, 2048, "auto", 48 * 1024, kernel="wide")  # accumulators over budget
+    for mem in (48 * 1024, 32 * 1024, 16 * 1024, 1 << 20):
+        for dk, dv in ((40, 40), (64, 96), (70, 66), (160, 160), (512, 512), (1024, 1024)):
+            for p in launch.wide_plans(dk, dv, mem):
+                rows, cols = p.wide_block(dv)
+                assert p.local_bytes(dk, dv) <= mem and 4 * rows * cols <= launch.WIDE_MAX_ACC
+                assert p.nt % p.sx == 0 and p.bq % (p.nt // p.sx) == 0 and p.bk % p.sx == 0
+                assert p.nt % p.ox == 0 and rows * (p.nt // p.ox) == p.bq and p.bk % p.vk == 0
+                assert cols * p.ox >= -(-dv // 4) and p.dc % 4 == 0 and p.dc <= 64
+
+
+def _attention_wide(runner, launch, q, k, v, o, n, lq, lk, heads, dk, dv, scale, causal, plan):
+    """attn_wide with the given tiles (another device's ladder entry), as attention_opencl.cc launches it."""
+    i32, f32 = np.int32, np.float32
+    runner.launch(runner.kernel("attention", "attn_wide", plan.options(dk, dv)),
+                  (launch.ceil_div(lq, plan.bq) * plan.nt, heads, n), (plan.nt, 1, 1),
+                  q, k, v, o, i32(lq), i32(lk), i32(heads), f32(scale), i32(causal))
+
+
+WIDE_CASES = [
+    # n, lq, lk, heads, dk, dv: Lq and Lk not multiples of the blocks (32 rows, 64 keys)
+    (2, 77, 100, 1, 40, 40),
+    (2, 257, 77, 2, 40, 40),
+    (2, 100, 257, 2, 160, 160),  # 5 key blocks: the running max is rescaled
+    (2, 257, 100, 1, 160, 160),
+    (2, 77, 257, 1, 512, 512),  # the VAE's head width
+    (2, 100, 77, 2, 512, 512),
+    (2, 77, 100, 2, 64, 96),  # Dk != Dv
+    (2, 45, 70, 3, 70, 66),  # head sizes not multiples of 4
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_attention_wide(runner, launch, case, causal):
+    """attn_wide through the harness (kernel="wide", DIFFLITE_ATTN_KERNEL's mirror)."""
+    n, lq, lk, heads, dk, dv = case
+    r = np.random.default_rng(lq * lk + dk + causal)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    scale = 1.0 / math.sqrt(dk)
+    assert launch.attention_plan(dk, dv, "auto", runner.local_mem, kernel="wide").variant == "wide"
+    o = runner.empty((n, lq, heads * dv))
+    runner.attention(runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads, dk, dv, scale,
+                     causal, kernel="wide")
+    ref = attention_ref(q, k, v, heads, scale, causal)
+    assert rel_err(runner.download(o, ref.shape), ref) < TOL
+
+
+@pytest.mark.parametrize("entry", [0, 1, 2, 3])
+@pytest.mark.parametrize("case", [(2, 100, 257, 2, 160, 160), (2, 77, 100, 2, 64, 96), (1, 70, 130, 1, 512, 512)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_attention_wide_ladder(runner, launch, case, entry):
+    """Every attn_wide ladder entry (the tiles of 48, 32 and 16 KB devices), causal."""
+    n, lq, lk, heads, dk, dv = case
+    plans = launch.wide_plans(dk, dv, 1 << 20)
+    assert len(plans) == len(launch.WIDE_LADDER)
+    r = np.random.default_rng(entry + dv)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    scale = 1.0 / math.sqrt(dk)
+    o = runner.empty((n, lq, heads * dv))
+    _attention_wide(runner, launch, runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads,
+                    dk, dv, scale, True, plans[entry])
+    ref = attention_ref(q, k, v, heads, scale, True)
+    assert rel_err(runner.download(o, ref.shape), ref) < TOL
+
+
+def large_logit_inputs(r, n, lq, lk, heads, dk, dv):
+    """q, k, v whose logits reach ~300 in a few rows (exp overflows float32 past ~88, so a softmax that
+    does not subtract the running max returns inf/NaN) and ~30 in others."""
+    q = nonzero(r, (n, lq, heads * dk))
+    k = nonzero(r, (n, lk, heads * dk))
+    v = nonzero(r, (n, lk, heads * dv))
+    q[:, 5] *= 300.0
+    q[:, lq // 2] *= 30.0
+    q[:, lq - 1] *= -200.0
+    return q, k, v
+
+
+@pytest.mark.parametrize("kernel", ["wide", "flash", "partial"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", [(2, 77, 257, 2, 40, 40), (2, 100, 77, 1, 160, 160), (2, 77, 100, 1, 512, 512)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_attention_large_logits(runner, launch, case, causal, kernel):
+    """Every kernel keeps a running max: rows with huge logits stay finite and exact."""
+    n, lq, lk, heads, dk, dv = case
+    q, k, v = large_logit_inputs(np.random.default_rng(dk), n, lq, lk, heads, dk, dv)
+    scale = 1.0 / math.sqrt(dk)
+    s = np.einsum("nid,njd->nij", q[..., :dk].astype(np.float64), k[..., :dk]) * scale
+    assert np.abs(s).max() > 150  # the test's premise
+    o = runner.empty((n, lq, heads * dv))
+    runner.attention(runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads, dk, dv, scale,
+                     causal, kernel=kernel)
+    ref = attention_ref(q, k, v, heads, scale, causal)
+    assert rel_err(runner.download(o, ref.shape), ref) < TOL
 
 
 # ---------------------------------------------------------------------------
@@ -392,6 +522,13 @@ def test_plans_mirror_cxx(launch):
     assert ladder in src, f"PlanPartial's ladder differs from {ladder}"
     assert "Chunk(dk, o[3])" in src and "Chunk(dv, o[0])" in src
     assert "bq = 64, bk = 32, kc = 8" in src  # flash tiles (AttentionPlan("flash", bq=64, bk=32, kc=8))
+    wide = "{" + ", ".join("{" + ", ".join(map(str, t)) + "}" for t in launch.WIDE_LADDER) + "}"
+    assert f"kWideLadder[4][5] = {wide};" in src, f"kWideLadder differs from {wide}"
+    assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kWideMaxAcc") == launch.WIDE_MAX_ACC
+    assert "w.dc = Round4(Chunk(dk, o[3]));" in src and "sx = nt / (bq < 16 ? bq : 16);" in src  # PlanWide
+    assert "pad < best_pad || (pad == best_pad && side < best_side)" in src  # PickWideLayout
+    assert 'for (const char* k : {"wide", "flash", "partial"})' in src  # DIFFLITE_ATTN_KERNEL values
+    assert set(launch.ATTN_KERNELS) == {"wide", "flash", "partial"}
     # Winograd's GEMM: builtin::Gemm with gemm.cc's tile candidates.
     gemm = (REPO / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
     wanted = ["if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});",
@@ -431,13 +568,15 @@ def oplib(runner):
     return build_oplib()
 
 
-def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False, kernels="auto"):
+def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False, kernels="auto", profile=0):
     import gc
 
     from oplib_helpers import run_tflite, single_op_model
 
     path = single_op_model(tmp_path / "op.tflite", code, attrs, inputs, out_shape)
     options = {"backend": "opencl", "kernels": kernels}
+    if profile:
+        options["profile"] = str(profile)
     stats_path = tmp_path / "stats.json"
     if stats:
         options["stats_path"] = str(stats_path)
@@ -516,6 +655,80 @@ def test_delegate_attention(tmp_path, oplib, variant):
         assert stats.get("scratch_bytes") == want_scratch, stats
 
 
+def _delegate_attention(tmp_path, lib, q, k, v, heads, scale, causal, variant="auto", kernels="auto"):
+    """One difflite.Attention through the library: (output, stats, the attention kernels that ran)."""
+    n, lq = q.shape[:2]
+    dv = v.shape[2] // heads
+    out, stats = _run_delegate(
+        tmp_path, lib, "difflite.Attention", {"heads": heads, "scale": scale, "causal": causal, "variant": variant},
+        [("q", q, False), ("k", k, False), ("v", v, False)], (n, lq, heads * dv), [q, k, v], stats=True,
+        kernels=kernels, profile=2)
+    assert stats.get("nodes_claimed") == 1, stats
+    ran = {key.rsplit(" ", 1)[-1] for key in stats["profile_ms_per_invoke"] if key.startswith("difflite.Attention")}
+    return out, stats, ran
+
+
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_delegate_attention_wide(tmp_path, oplib, monkeypatch, case):
+    """DIFFLITE_ATTN_KERNEL=wide forces attn_wide (on PoCL too): the C++ plan and launch, no scratch."""
+    monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "wide")
+    n, lq, lk, heads, dk, dv = case
+    r = np.random.default_rng(lq + lk + dv)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    for causal in (False, True):
+        out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, causal)
+        assert rel_err(out, attention_ref(q, k, v, heads, 0.3, causal)) < TOL, causal
+        assert ran == {"attention.wide"} and stats.get("scratch_bytes") == 0, (ran, stats)
+    q, k, v = large_logit_inputs(r, n, lq, lk, heads, dk, dv)
+    out, _, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 1.0 / math.sqrt(dk), True)
+    assert rel_err(out, attention_ref(q, k, v, heads, 1.0 / math.sqrt(dk), True)) < TOL
+    assert ran == {"attention.wide"}
+
+
+@pytest.mark.parametrize("env,dk,dv,variant,kernels,want", [
+    (None, 80, 80, "auto", "tiled", "wide"),  # a wide head on a GPU-style device
+    (None, 40, 96, "flash", "tiled", "wide"),
+    (None, 80, 80, "partial_softmax", "tiled", "partial"),
+    (None, 40, 40, "auto", "tiled", "flash"),
+    (None, 80, 80, "auto", "auto", "partial"),  # PoCL (flat kernels): as before attn_wide
+    (None, 80, 80, "flash", "auto", "flash"),
+    ("flash", 80, 80, "partial_softmax", "tiled", "flash"),
+    ("partial", 40, 40, "flash", "tiled", "partial"),
+    ("wide", 40, 40, "partial_softmax", "auto", "wide"),
+])
+def test_delegate_attention_plan(tmp_path, oplib, runner, launch, monkeypatch, env, dk, dv, variant, kernels, want):
+    """The kernel the library picks (attention_opencl.cc's rule, DIFFLITE_ATTN_KERNEL) is the one the
+    harness's attention_plan picks, and computes the same function."""
+    if env is None:
+        monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
+    else:
+        monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", env)
+    plan = launch.attention_plan(dk, dv, variant, runner.local_mem, flat=kernels == "auto", kernel=env,
+                                 max_wg=runner.max_wg)  # kernels=auto is flat on PoCL (a CPU device)
+    assert FORCE[plan.variant] == want
+    n, lq, lk, heads = 2, 37, 70, 2
+    r = np.random.default_rng(dk + dv)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, True, variant, kernels)
+    assert rel_err(out, attention_ref(q, k, v, heads, 0.3, True)) < TOL
+    labels = {"wide": {"attention.wide"}, "flash": {"attention.flash"},
+              "partial": {"attention.rowstats", "attention.output"}}
+    assert ran == labels[want], (ran, stats)
+    assert stats.get("scratch_bytes") == (8 * n * heads * lq if want == "partial" else 0), stats
+
+
+def test_delegate_attention_bad_kernel_env(tmp_path, oplib, monkeypatch):
+    """An unknown DIFFLITE_ATTN_KERNEL refuses the node (TFLite cannot run it: the run fails)."""
+    monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "fastest")
+    q = nonzero(np.random.default_rng(0), (1, 5, 8))
+    with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention"):
+        _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False)
+
+
 @pytest.mark.parametrize("kernels", ["auto", "tiled"])  # PoCL: flat gemm_rows; tiled: the GPUs' GEMM
 def test_delegate_winograd(tmp_path, oplib, kernels):
     r = np.random.default_rng(14)
@@ -577,7 +790,11 @@ def test_programs_compile_for_half_storage(launch):
 
     clang = shutil.which("clang-15") or shutil.which("clang")
     assert clang, "no clang on PATH (installed with pocl-opencl-icd) to compile the kernels for half storage"
-    variants = {"attention": ([], ["-DAT_DK=40", "-DAT_DV=24"]),  # flash
+    variants = {"attention": ([], ["-DAT_DK=40", "-DAT_DV=24"],  # flash
+                              ["-DAT_DK=40", "-DAT_DV=24", "-DAT_BQ=32", "-DAT_BK=64", "-DAT_DC=40",  # wide
+                               "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
+                              ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",
+                               "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
                 "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"])}  # gn_one's load widths
     for f in sorted((REPO / "custom_ops" / "ops").glob("*/*.cl")):
         for extra in variants.get(f.stem, ([],)):

@@ -1,7 +1,7 @@
 // difflite.Attention on the GPU:
 //   q [N, Lq, H*Dk], k [N, Lk, H*Dk], v [N, Lk, H*Dv] -> o [N, Lq, H*Dv]
 //   o = per head softmax(scale * q k^T [+ causal mask: key j > query i]) v.
-// The Lq x Lk score matrix is never written to memory. Two variants:
+// The Lq x Lk score matrix is never written to memory. Three variants:
 //
 // (1) Partially fused softmax (any head size):
 //   attn_rowstats  per query row the max m and the sum l of exp(s - m),
@@ -31,8 +31,26 @@
 //                  softmax per chunk of AT_KC keys (running max, running sum,
 //                  accumulator rescaled when the max grows); o written once.
 //
+// (3) FlashAttention-2 tiled per work-group, for wide heads (AT_DK, AT_DV and
+//     the work-group size AT_NT given at build time):
+//   attn_wide      a work-group of AT_NT work-items owns AT_BQ query rows and
+//                  loops over blocks of AT_BK keys: the AT_BQ x AT_BK score
+//                  tile is computed cooperatively (Q and K staged through
+//                  local memory in chunks of AT_DC dims, each work-item an
+//                  AT_SR x AT_SC sub-tile) into local memory; one work-item
+//                  per row does the online softmax update (running max and
+//                  sum in local memory); then O += P V with V staged in chunks
+//                  of AT_VK keys, each work-item owning AT_OR rows x AT_OC
+//                  float4 columns of the AT_BQ x AT_DV accumulator in
+//                  registers (rescaled when a row's max grows). Each staged
+//                  chunk is fetched into registers while the previous one
+//                  is in use (a work-group per compute unit cannot hide the
+//                  loads' latency otherwise). No private array grows with
+//                  Dk, and Dv only through AT_OC.
+//
 // Launch: global (ceil(Lq / AT_BQ) * AT_WG, ...), local (AT_WG, 1, 1) with
-// AT_WG = AT_BQ / AT_RQ (AT_RQ defaults to 1: one row per work-item).
+// AT_WG = AT_BQ / AT_RQ (AT_RQ defaults to 1: one row per work-item);
+// attn_wide: global (ceil(Lq / AT_BQ) * AT_NT, H, N), local (AT_NT, 1, 1).
 // Scores are kept in base 2 (q pre-scaled by scale*log2(e), exp2), which is
 // the same softmax. Storage type DL_T (float or half); math in float.
 #include "dl_storage.cl"
@@ -49,7 +67,7 @@
 #define AT_KC 8  // keys per online-softmax step (flash; divides AT_BK)
 #endif
 #ifndef AT_DC
-#define AT_DC 32  // Dk chunk (partial softmax)
+#define AT_DC 32  // Dk chunk (partial softmax, wide)
 #endif
 #ifndef AT_DVC
 #define AT_DVC 64  // Dv chunk (partial softmax)
@@ -278,10 +296,12 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
 }
 
 // ---------------------------------------------------------------------------
-// FlashAttention (built only when the head sizes are given).
+// FlashAttention (built only when the head sizes are given; attn_wide when
+// AT_NT is given too, else attn_flash).
 #if defined(AT_DK) && defined(AT_DV)
 #define AT_DK4 ((AT_DK + 3) / 4)
 #define AT_DV4 ((AT_DV + 3) / 4)
+#ifndef AT_NT
 
 // Global (ceil(Lq / AT_BQ) * AT_WG, H, N), local (AT_WG, 1, 1).
 __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
@@ -401,4 +421,243 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
   }
 }
 
+#else  // AT_NT: wide heads
+// Work-item layouts (AT_NT items): for the scores AT_SY x AT_SX (rows x keys),
+// item (sy, sx) owning rows sy + AT_SY * i (i < AT_SR) and keys sx + AT_SX * j
+// (j < AT_SC); for the output AT_OY x AT_OX, item (oy, ox) owning rows
+// oy + AT_OY * i (i < AT_OR) and float4 columns ox + AT_OX * j (j < AT_OC).
+// Strided ownership: neighbouring items read neighbouring float4s of K and V
+// from local memory, and items of one row read the same Q / P value.
+#ifndef AT_VK
+#define AT_VK 8  // keys per staged V chunk (divides AT_BK)
+#endif
+#ifndef AT_SX
+#define AT_SX 16  // work-items along the keys of the score tile
+#endif
+#ifndef AT_OX
+#define AT_OX 32  // work-items along the float4 columns of the output
+#endif
+#define AT_SY (AT_NT / AT_SX)
+#define AT_SR (AT_BQ / AT_SY)
+#define AT_SC (AT_BK / AT_SX)
+#define AT_OY (AT_NT / AT_OX)
+#define AT_OR (AT_BQ / AT_OY)
+#define AT_OC ((AT_DV4 + AT_OX - 1) / AT_OX)
+#define AT_VS (AT_OC * AT_OX)  // float4s per staged V row (zero past AT_DV4)
+#define AT_QS (AT_BQ * (AT_DC4 + 1))  // Q chunk, rows padded by a float4
+#define AT_KS (AT_BK * (AT_DC4 + 1))  // K chunk
+#define AT_QRES (AT_DK <= AT_DC)  // Q block loaded once, kept in local memory
+// V chunks reuse the K (and, unless Q stays resident, the Q) area.
+#define AT_VOFF (AT_QRES ? AT_QS : 0)
+#define AT_SMEM4 (AT_QS + AT_KS > AT_VOFF + AT_VK * AT_VS ? AT_QS + AT_KS : AT_VOFF + AT_VK * AT_VS)
+#define AT_QPF ((AT_BQ * AT_DC4 + AT_NT - 1) / AT_NT)  // prefetched float4s per work-item: Q chunk
+#define AT_KPF ((AT_BK * AT_DC4 + AT_NT - 1) / AT_NT)  // K chunk
+#define AT_VPF ((AT_VK * AT_VS + AT_NT - 1) / AT_NT)   // V chunk
+#if AT_NT % AT_SX || AT_SY * AT_SR != AT_BQ || AT_SX * AT_SC != AT_BK || AT_NT % AT_OX || \
+    AT_OY * AT_OR != AT_BQ || AT_BK % AT_VK
+#error "attn_wide: AT_SX and AT_OX must tile AT_BQ x AT_BK and AT_BQ x AT_DV; AT_VK must divide AT_BK"
+#endif
+
+// Staging is software-pipelined: each chunk (Q and K dims, or V keys) is
+// fetched into registers while the previous one is used, then stored to local
+// memory. Work-item lid holds elements lid + AT_NT * t (t < count) of a
+// rows x cols4 float4 block of a row-major matrix at g (row stride `stride`),
+// zero at rows >= valid_rows and columns >= valid_cols, times mul. (count is
+// a constant at every call: the loops unroll once inlined, so r stays in
+// registers.)
+inline void aw_fetch(float4* r, int count, __global const DL_T* g, int stride, int rows,
+                     int cols4, int valid_rows, int valid_cols, float mul, int lid) {
+  for (int t = 0; t < count; ++t) {
+    const int e = lid + AT_NT * t;
+    const int row = e / cols4;
+    r[t] = e < rows * cols4 && row < valid_rows
+               ? at_ld4(g + (long)row * stride, 4 * (e - row * cols4), valid_cols) * mul
+               : (float4)(0.0f);
+  }
+}
+
+// The fetched share into local memory (rows lstride float4s apart).
+inline void aw_store(__local float4* s, int lstride, const float4* r, int count, int rows,
+                     int cols4, int lid) {
+  for (int t = 0; t < count; ++t) {
+    const int e = lid + AT_NT * t;
+    const int row = e / cols4;
+    if (e < rows * cols4) s[row * lstride + e - row * cols4] = r[t];
+  }
+}
+
+// Global (ceil(Lq / AT_BQ) * AT_NT, H, N), local (AT_NT, 1, 1).
+__kernel void attn_wide(__global const DL_T* q, __global const DL_T* k,
+                        __global const DL_T* v, __global DL_T* o, int Lq, int Lk,
+                        int H, float scale, int causal) {
+  __local float4 smem[AT_SMEM4];
+  __local float Ss[AT_BQ * (AT_BK + 1)];  // the tile's scores, then probabilities
+  __local float Ms[AT_BQ];  // running row max (base 2)
+  __local float Ls[AT_BQ];  // running row sum of exp2(s - max)
+  __local float Cs[AT_BQ];  // this tile's rescale factor of each row's accumulator
+  __local float4* Qs = smem;
+  __local float4* Ks = smem + AT_QS;
+  __local float4* Vs = smem + AT_VOFF;
+  const int lid = get_local_id(0);
+  const int sx = lid % AT_SX, sy = lid / AT_SX;
+  const int ox = lid % AT_OX, oy = lid / AT_OX;
+  const int row0 = get_group_id(0) * AT_BQ;
+  const int h = get_group_id(1);
+  const int n = get_group_id(2);
+  const int qstride = H * AT_DK;
+  const int vstride = H * AT_DV;
+  const float qscale = scale * AT_LOG2E;
+  __global const DL_T* qh = q + ((long)n * Lq + row0) * qstride + h * AT_DK;
+  __global const DL_T* kh = k + (long)n * Lk * qstride + h * AT_DK;
+  __global const DL_T* vh = v + (long)n * Lk * vstride + h * AT_DV;
+  const int rows_left = Lq - row0;
+  for (int r = lid; r < AT_BQ; r += AT_NT) {
+    Ms[r] = -INFINITY;
+    Ls[r] = 0.0f;
+  }
+  float4 qpf[AT_QPF], kpf[AT_KPF], vpf[AT_VPF];  // the next chunk, in flight
+#if AT_QRES
+  aw_fetch(qpf, AT_QPF, qh, qstride, AT_BQ, AT_DC4, rows_left, AT_DK, qscale, lid);
+  aw_store(Qs, AT_DC4 + 1, qpf, AT_QPF, AT_BQ, AT_DC4, lid);
+#endif
+  float4 acc[AT_OR][AT_OC];
+#pragma unroll
+  for (int i = 0; i < AT_OR; ++i) {
+#pragma unroll
+    for (int j = 0; j < AT_OC; ++j) acc[i][j] = (float4)(0.0f);
+  }
+  // Causal: no row of this block sees a key past its last row.
+  const int kend = causal ? min(Lk, min(Lq, row0 + AT_BQ)) : Lk;
+  // The first chunk: Q (unless resident) and K dims [0, AT_DC) of keys [0, AT_BK).
+#if !AT_QRES
+  aw_fetch(qpf, AT_QPF, qh, qstride, AT_BQ, AT_DC4, rows_left, AT_DC, qscale, lid);
+#endif
+  aw_fetch(kpf, AT_KPF, kh, qstride, AT_BK, AT_DC4, min(AT_BK, kend), AT_DC, 1.0f, lid);
+  for (int j0 = 0; j0 < kend; j0 += AT_BK) {
+    const int jn = min(AT_BK, kend - j0);
+    // 1. Scores S = Q K^T (scaled, base 2), Dk streamed in chunks.
+    float s[AT_SR][AT_SC];
+#pragma unroll
+    for (int i = 0; i < AT_SR; ++i) {
+#pragma unroll
+      for (int j = 0; j < AT_SC; ++j) s[i][j] = 0.0f;
+    }
+    for (int d0 = 0; d0 < AT_DK; d0 += AT_DC) {
+      barrier(CLK_LOCAL_MEM_FENCE);  // the previous readers of Qs / Ks / Vs are done
+#if !AT_QRES
+      aw_store(Qs, AT_DC4 + 1, qpf, AT_QPF, AT_BQ, AT_DC4, lid);
+#endif
+      aw_store(Ks, AT_DC4 + 1, kpf, AT_KPF, AT_BK, AT_DC4, lid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+      const int d1 = d0 + AT_DC;  // the next chunk: these keys' next dims, else the first V chunk
+      if (d1 < AT_DK) {
+#if !AT_QRES
+        aw_fetch(qpf, AT_QPF, qh + d1, qstride, AT_BQ, AT_DC4, rows_left, AT_DK - d1, qscale, lid);
+#endif
+        aw_fetch(kpf, AT_KPF, kh + (long)j0 * qstride + d1, qstride, AT_BK, AT_DC4, jn, AT_DK - d1,
+                 1.0f, lid);
+      } else {
+        aw_fetch(vpf, AT_VPF, vh + (long)j0 * vstride, vstride, AT_VK, AT_VS, jn, AT_DV, 1.0f, lid);
+      }
+#pragma unroll
+      for (int d4 = 0; d4 < AT_DC4; ++d4) {
+        float4 qd[AT_SR], kd[AT_SC];
+#pragma unroll
+        for (int i = 0; i < AT_SR; ++i) qd[i] = Qs[(sy + AT_SY * i) * (AT_DC4 + 1) + d4];
+#pragma unroll
+        for (int j = 0; j < AT_SC; ++j) kd[j] = Ks[(sx + AT_SX * j) * (AT_DC4 + 1) + d4];
+#pragma unroll
+        for (int i = 0; i < AT_SR; ++i) {
+#pragma unroll
+          for (int j = 0; j < AT_SC; ++j) s[i][j] = at_dot4(qd[i], kd[j], s[i][j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < AT_SR; ++i) {
+#pragma unroll
+      for (int j = 0; j < AT_SC; ++j) Ss[(sy + AT_SY * i) * (AT_BK + 1) + sx + AT_SX * j] = s[i][j];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // 2. Online softmax, one work-item per row: keys u < vis are visible;
+    // the row's scores become probabilities exp2(s - m_new) (0 elsewhere).
+    for (int r = lid; r < AT_BQ; r += AT_NT) {
+      __local float* srow = Ss + r * (AT_BK + 1);
+      const int vis = causal ? clamp(row0 + r - j0 + 1, 0, jn) : jn;
+      float tmax = -INFINITY;
+      for (int u = 0; u < vis; ++u) tmax = fmax(tmax, srow[u]);
+      const float mold = Ms[r];
+      const float mnew = fmax(mold, tmax);
+      const float corr = mnew == -INFINITY ? 1.0f : exp2(mold - mnew);  // 0 on the first visible tile
+      float sum = 0.0f;
+      for (int u = 0; u < AT_BK; ++u) {
+        const float p = u < vis ? exp2(srow[u] - mnew) : 0.0f;
+        srow[u] = p;
+        sum += p;
+      }
+      Ls[r] = Ls[r] * corr + sum;
+      Ms[r] = mnew;
+      Cs[r] = corr;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // 3. O = O * corr + P V, V streamed in chunks of AT_VK keys.
+#pragma unroll
+    for (int i = 0; i < AT_OR; ++i) {
+      const float c = Cs[oy + AT_OY * i];
+#pragma unroll
+      for (int j = 0; j < AT_OC; ++j) acc[i][j] *= c;
+    }
+    for (int c0 = 0; c0 < jn; c0 += AT_VK) {
+      barrier(CLK_LOCAL_MEM_FENCE);  // the previous readers of Vs (or Ks) are done
+      aw_store(Vs, AT_VS, vpf, AT_VPF, AT_VK, AT_VS, lid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+      const int c1 = c0 + AT_VK;  // the next chunk: these keys' next V rows, else the next keys' Q, K
+      const int j1 = j0 + AT_BK;
+      if (c1 < jn) {
+        aw_fetch(vpf, AT_VPF, vh + (long)(j0 + c1) * vstride, vstride, AT_VK, AT_VS, jn - c1, AT_DV,
+                 1.0f, lid);
+      } else if (j1 < kend) {
+#if !AT_QRES
+        aw_fetch(qpf, AT_QPF, qh, qstride, AT_BQ, AT_DC4, rows_left, AT_DC, qscale, lid);
+#endif
+        aw_fetch(kpf, AT_KPF, kh + (long)j1 * qstride, qstride, AT_BK, AT_DC4, min(AT_BK, kend - j1),
+                 AT_DC, 1.0f, lid);
+      }
+#pragma unroll
+      for (int u = 0; u < AT_VK; ++u) {
+        float p[AT_OR];
+#pragma unroll
+        for (int i = 0; i < AT_OR; ++i) p[i] = Ss[(oy + AT_OY * i) * (AT_BK + 1) + c0 + u];
+#pragma unroll
+        for (int j = 0; j < AT_OC; ++j) {
+          const float4 vd = Vs[u * AT_VS + ox + AT_OX * j];  // one read, 4 * AT_OR mads
+#pragma unroll
+          for (int i = 0; i < AT_OR; ++i) acc[i][j] = mad((float4)(p[i]), vd, acc[i][j]);
+        }
+      }
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);  // Ls complete (also when no key block ran)
+  // 4. o = O / l.
+#pragma unroll
+  for (int i = 0; i < AT_OR; ++i) {
+    const int r = oy + AT_OY * i;
+    if (row0 + r < Lq) {
+      const float l = Ls[r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      __global DL_T* orow = o + ((long)n * Lq + row0 + r) * vstride + h * AT_DV;
+#pragma unroll
+      for (int j = 0; j < AT_OC; ++j) {
+        const int c4 = ox + AT_OX * j;
+        const float4 a4 = acc[i][j] * inv;
+        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (4 * c4 + c < AT_DV) orow[4 * c4 + c] = (DL_T)a[c];
+        }
+      }
+    }
+  }
+}
+#endif  // AT_NT
 #endif  // AT_DK && AT_DV

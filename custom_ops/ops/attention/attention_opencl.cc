@@ -1,20 +1,38 @@
 // difflite.Attention on the OpenCL backend (kernels: attention.cl).
 //
-// Two variants; neither writes the Lq x Lk score matrix:
+// Three variants; none writes the Lq x Lk score matrix:
 //   partial_softmax  attn_rowstats (row max and sum of exp, [N,H,Lq] float2
 //                    in scratch slot 0) + attn_output (scores recomputed,
 //                    normalisation fused into the product with V).
 //   flash            attn_flash: one kernel, online softmax, K/V tiles in
 //                    local memory, q row and accumulator in registers.
-// `variant` is a hint: "auto" takes flash when both head sizes are <= 64
-// (its per-work-item registers: q row + accumulator) and its K/V tiles fit in
-// half the device's local memory; otherwise, and whenever the flash kernel
-// cannot be built with its work-group size, partial_softmax.
+//   wide             attn_wide: FlashAttention-2 tiled per work-group (a
+//                    block of query rows per work-group, score tile and V
+//                    chunks in local memory, the output block's accumulator
+//                    spread over the work-items' registers): one pass over
+//                    the scores for any head size.
+// `variant` is a hint. The rule:
+//   * "partial_softmax": partial_softmax.
+//   * A wide head (Dk or Dv > kFlashMaxHead) with "auto" or "flash" on a
+//     device with tiled kernels (GPUs, !PreferFlatKernels): wide (it is
+//     FlashAttention, tiled per work-group); if no wide tile fits, partial.
+//   * Otherwise "auto" takes flash when both head sizes are <= kFlashMaxHead
+//     (its per-work-item registers: q row + accumulator) and its K/V tiles
+//     fit in half the device's local memory, and "flash" takes it when the
+//     tiles fit at all; otherwise, and whenever the flash kernel cannot be
+//     built with its work-group size, partial_softmax. CPU-like devices (flat
+//     kernels, e.g. PoCL) keep this rule for wide heads too.
+// DIFFLITE_ATTN_KERNEL=wide|flash|partial forces that kernel whatever the
+// hint and device (for tests and benchmarks); the node is refused when the
+// forced kernel's tiles do not fit.
 // Local memory holds float4s along the head dimension (each head size or
-// chunk rounded up to a multiple of 4); each work-item owns `rq` query rows
-// (AT_RQ), so a work-group is bq / rq work-items.
+// chunk rounded up to a multiple of 4); each flash / partial work-item owns
+// `rq` query rows (AT_RQ), so a work-group is bq / rq work-items; a wide
+// work-group is `nt` work-items for bq rows.
 // The plan is mirrored by benchmarks/gpu_kernels_harness/launch.py
 // (attention_plan); keep the two in step.
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,27 +63,76 @@ constexpr int kFlashMaxHead = 64;
 // partial-softmax kernels take AT_RQ too but run with 1.
 constexpr int kRowRegs = 160;
 
+// attn_wide tiles: {rows per work-group, keys per block, work-items, Dk chunk
+// cap, V keys per chunk}: the first whose local memory fits the device, whose
+// work-group the device and kernel accept, and whose output accumulator takes
+// at most kWideMaxAcc floats per work-item. For the VAE's heads of 512 the
+// first takes 41472 bytes (H100: 48 KB), the second 25088 (32 KB devices),
+// the last 10496.
+constexpr int kWideLadder[4][5] = {{32, 64, 256, 64, 16}, {32, 64, 256, 32, 8}, {16, 32, 128, 32, 8}, {16, 32, 64, 16, 4}};
+constexpr int kWideMaxAcc = 128;
+
+enum class Kernel { kPartial, kFlash, kWide };
+
 int Round4(int d) { return (d + 3) / 4 * 4; }
 
 struct Plan {
-  bool flash = false;
+  Kernel kernel = Kernel::kPartial;
   int bq = 64, bk = 32, kc = 8, dc = 0, dvc = 0;
-  int rq = 1;  // query rows per work-item
+  int rq = 1;  // query rows per work-item (flash, partial)
+  int nt = 0, vk = 0, sx = 0, ox = 0;  // wide: work-items, V chunk keys, layouts
 
+  // attn_wide's float4 columns per work-item (AT_OC) and output rows (AT_OR).
+  int WideCols(int dv) const { return static_cast<int>(CeilDiv(Round4(dv) / 4, ox)); }
+  int WideRows() const { return bq / (nt / ox); }
   size_t LocalBytes(int dk, int dv) const {
-    if (flash) return 4u * bk * (Round4(dk) + Round4(dv));  // Ks Vs
+    if (kernel == Kernel::kFlash) return 4u * bk * (Round4(dk) + Round4(dv));  // Ks Vs
+    if (kernel == Kernel::kWide) {  // attn_wide's AT_SMEM4 float4s, Ss, Ms Ls Cs
+      const int dc4 = dc / 4;
+      const int qs = bq * (dc4 + 1), ks = bk * (dc4 + 1);
+      const int vs = vk * WideCols(dv) * ox;
+      const int voff = dk <= dc ? qs : 0;
+      const int smem4 = qs + ks > voff + vs ? qs + ks : voff + vs;
+      return 16u * smem4 + 4u * bq * (bk + 1) + 12u * bq;
+    }
     return 4u * (bq * (Round4(dc) + 4) + bk * Round4(dc) + bk * Round4(dvc) +
                  bq * (bk + 1));  // Qs Ks Vs Ps
   }
-  int WorkGroup() const { return bq / rq; }
+  int WorkGroup() const { return kernel == Kernel::kWide ? nt : bq / rq; }
   void PickRows(int dk, int dv) {
-    rq = flash && bq % 2 == 0 && 2 * (Round4(dk) + Round4(dv)) <= kRowRegs ? 2 : 1;
+    rq = kernel == Kernel::kFlash && bq % 2 == 0 && 2 * (Round4(dk) + Round4(dv)) <= kRowRegs
+             ? 2
+             : 1;
+  }
+  // attn_wide's work-item layouts: sy = min(bq, 16) rows x sx keys for the
+  // scores; ox float4 columns x (nt / ox) rows for the output, ox the power of
+  // two with the fewest padded columns, then the squarest register block.
+  void PickWideLayout(int dv) {
+    sx = nt / (bq < 16 ? bq : 16);
+    const int dv4 = Round4(dv) / 4;
+    int best_pad = 0, best_side = 0;
+    for (int x = 1; x <= nt; x *= 2) {
+      if (bq * x < nt) continue;  // nt / x rows must fit in bq
+      const int cols = static_cast<int>(CeilDiv(dv4, x)), rows = bq / (nt / x);
+      const int pad = cols * x, side = cols > rows ? cols : rows;
+      if (ox == 0 || pad < best_pad || (pad == best_pad && side < best_side)) {
+        ox = x;
+        best_pad = pad;
+        best_side = side;
+      }
+    }
   }
   std::string Options(int dk, int dv) const {
+    const std::string heads = "-DAT_DK=" + std::to_string(dk) + " -DAT_DV=" + std::to_string(dv);
     const std::string rows = " -DAT_RQ=" + std::to_string(rq);
-    if (flash) {
-      return "-DAT_DK=" + std::to_string(dk) + " -DAT_DV=" + std::to_string(dv) +
-             " -DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
+    if (kernel == Kernel::kWide) {
+      return heads + " -DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
+             " -DAT_DC=" + std::to_string(dc) + " -DAT_NT=" + std::to_string(nt) +
+             " -DAT_VK=" + std::to_string(vk) + " -DAT_SX=" + std::to_string(sx) +
+             " -DAT_OX=" + std::to_string(ox);
+    }
+    if (kernel == Kernel::kFlash) {
+      return heads + " -DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
              " -DAT_KC=" + std::to_string(kc) + rows;
     }
     return "-DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
@@ -79,7 +146,7 @@ int Chunk(int d, int cap) { return static_cast<int>(CeilDiv(d, CeilDiv(d, cap)))
 // Flash tiles (K/V tiles of 32 keys, 16 if local memory is tight), or false.
 bool PlanFlash(int dk, int dv, size_t local_mem, Plan* p) {
   Plan f;
-  f.flash = true;
+  f.kernel = Kernel::kFlash;
   if (f.LocalBytes(dk, dv) > local_mem) f.bk = 16;
   if (f.LocalBytes(dk, dv) > local_mem) return false;
   f.PickRows(dk, dv);
@@ -106,6 +173,42 @@ bool PlanPartial(int dk, int dv, size_t local_mem, Plan* p) {
   return false;
 }
 
+// Wide tiles from kWideLadder, starting at entry `first`; false when none
+// fits. `max_wg`: the device's work-group limit (0: unknown).
+bool PlanWide(int dk, int dv, size_t local_mem, size_t max_wg, int first, Plan* p,
+              int* entry) {
+  for (int i = first; i < 4; ++i) {
+    const int* o = kWideLadder[i];
+    Plan w;
+    w.kernel = Kernel::kWide;
+    w.bq = o[0];
+    w.bk = o[1];
+    w.nt = o[2];
+    w.dc = Round4(Chunk(dk, o[3]));
+    w.vk = o[4];
+    w.PickWideLayout(dv);
+    if (max_wg != 0 && static_cast<size_t>(w.nt) > max_wg) continue;
+    if (w.LocalBytes(dk, dv) > local_mem) continue;
+    if (4 * w.WideRows() * w.WideCols(dv) > kWideMaxAcc) continue;
+    *p = w;
+    *entry = i;
+    return true;
+  }
+  return false;
+}
+
+// DIFFLITE_ATTN_KERNEL: the forced kernel ("" when unset or empty), or an
+// error for another value.
+std::string ForcedKernel(std::string* error) {
+  const char* env = std::getenv("DIFFLITE_ATTN_KERNEL");
+  if (env == nullptr || *env == '\0') return "";
+  for (const char* k : {"wide", "flash", "partial"}) {
+    if (std::strcmp(env, k) == 0) return k;
+  }
+  *error = std::string("DIFFLITE_ATTN_KERNEL=") + env + ": expected wide, flash or partial";
+  return "";
+}
+
 class AttentionGpu final : public GpuOp {
  public:
   std::string Init(const attention::Options& o, const Shape& q, const Shape& k,
@@ -125,23 +228,42 @@ class AttentionGpu final : public GpuOp {
       return "the output has more than 2^31-1 elements";
     }
     const size_t local_mem = ctx.device().local_mem_bytes;
+    std::string e;
+    const std::string forced = ForcedKernel(&e);
+    if (!e.empty()) return e;
+    const bool wide_head = dk_ > kFlashMaxHead || dv_ > kFlashMaxHead;
+    const bool want_wide =
+        forced == "wide" || (forced.empty() && o.variant != "partial_softmax" && wide_head &&
+                             !ctx.PreferFlatKernels());
+    if (want_wide) {
+      e = InitWide(ctx);
+      if (e.empty()) return "";
+      if (forced == "wide") return "DIFFLITE_ATTN_KERNEL=wide: " + e;
+      e.clear();  // a hint only: fall back to the partial softmax
+    }
     const bool want_flash =
-        o.variant == "flash" ||
-        (o.variant == "auto" && dk_ <= kFlashMaxHead && dv_ <= kFlashMaxHead &&
-         Plan{true}.LocalBytes(dk_, dv_) <= local_mem / 2);
+        forced == "flash" ||
+        (forced.empty() && !want_wide &&
+         (o.variant == "flash" ||
+          (o.variant == "auto" && !wide_head &&
+           Plan{Kernel::kFlash}.LocalBytes(dk_, dv_) <= local_mem / 2)));
     if (want_flash && PlanFlash(dk_, dv_, local_mem, &plan_)) {
-      const std::string e = gpu::opsupport::GetKernel(
-          ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_), &flash_k_);
+      e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_),
+                                    &flash_k_);
       const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, flash_k_) : 0;
       if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(plan_.WorkGroup()))) return "";
       flash_k_ = nullptr;  // a hint only: fall back to the partial softmax
+    }
+    if (forced == "flash") {
+      return "DIFFLITE_ATTN_KERNEL=flash: attn_flash does not fit head sizes " +
+             std::to_string(dk_) + "/" + std::to_string(dv_) + " on this device";
     }
     if (!PlanPartial(dk_, dv_, local_mem, &plan_)) {
       return "attention tiles for head sizes " + std::to_string(dk_) + "/" +
              std::to_string(dv_) + " exceed the device's local memory";
     }
     const std::string opts = plan_.Options(dk_, dv_);
-    std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_rowstats", opts, &stats_k_);
+    e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_rowstats", opts, &stats_k_);
     if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_output", opts, &out_k_);
     if (!e.empty()) return e;
     for (cl_kernel kk : {stats_k_, out_k_}) {
@@ -154,7 +276,32 @@ class AttentionGpu final : public GpuOp {
     return "";
   }
 
-  size_t ScratchBytes() const override { return plan_.flash ? 0 : StatsBytes(); }
+  // attn_wide with the first ladder entry that fits and builds with its
+  // work-group size: "" (plan_ set), or the reason none does.
+  std::string InitWide(GpuContext& ctx) {
+    const size_t local_mem = ctx.device().local_mem_bytes;
+    const size_t max_wg = ctx.device().max_work_group_size;
+    std::string why = "no attn_wide tiles fit head sizes " + std::to_string(dk_) + "/" +
+                      std::to_string(dv_) + " on this device";
+    Plan w;
+    for (int entry = -1; PlanWide(dk_, dv_, local_mem, max_wg, entry + 1, &w, &entry);) {
+      cl_kernel kk = nullptr;
+      const std::string e =
+          gpu::opsupport::GetKernel(ctx, kProgram, "attn_wide", w.Options(dk_, dv_), &kk);
+      const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, kk) : 0;
+      if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(w.WorkGroup()))) {
+        plan_ = w;
+        wide_k_ = kk;
+        return "";
+      }
+      why = e.empty() ? "attn_wide accepts work-groups of at most " + std::to_string(wg) : e;
+    }
+    return why;
+  }
+
+  size_t ScratchBytes() const override {
+    return plan_.kernel == Kernel::kPartial ? StatsBytes() : 0;
+  }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
@@ -165,16 +312,18 @@ class AttentionGpu final : public GpuOp {
     const cl_int causal = o_.causal ? 1 : 0;
     const cl_float scale = o_.scale;
     const size_t wg = static_cast<size_t>(plan_.WorkGroup());
-    // ceil(Lq / bq) work-groups of bq / rq work-items (bq rows each).
+    // ceil(Lq / bq) work-groups of bq / rq (wide: nt) work-items, bq rows each.
     const size_t rows = static_cast<size_t>(CeilDiv(lq_, plan_.bq)) * wg;
     const size_t local[3] = {wg, 1, 1};
-    if (plan_.flash) {
-      e = SetKernelArgs(cl, flash_k_,
+    if (plan_.kernel != Kernel::kPartial) {  // flash or wide: one kernel, same arguments
+      const bool wide = plan_.kernel == Kernel::kWide;
+      cl_kernel kk = wide ? wide_k_ : flash_k_;
+      e = SetKernelArgs(cl, kk,
                         {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(out[0].mem),
                          Arg(lq), Arg(lk), Arg(h), Arg(scale), Arg(causal)});
       if (!e.empty()) return e;
       const size_t global[3] = {rows, static_cast<size_t>(h), static_cast<size_t>(n_)};
-      return ctx.Enqueue(flash_k_, 3, global, local, "attention.flash");
+      return ctx.Enqueue(kk, 3, global, local, wide ? "attention.wide" : "attention.flash");
     }
     cl_mem stats = ctx.Scratch(StatsBytes(), 0, &e);
     if (stats == nullptr) return "attention row statistics: " + e;
@@ -203,7 +352,7 @@ class AttentionGpu final : public GpuOp {
   attention::Options o_;
   int n_ = 0, lq_ = 0, lk_ = 0, dk_ = 0, dv_ = 0;
   Plan plan_;
-  cl_kernel flash_k_ = nullptr, stats_k_ = nullptr, out_k_ = nullptr;
+  cl_kernel flash_k_ = nullptr, wide_k_ = nullptr, stats_k_ = nullptr, out_k_ = nullptr;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
