@@ -61,8 +61,9 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False) -> di
     gc.collect()
     stats_path.unlink()
     ops = {name: round(ms, 4) for name, ms in stats["profile_ms_per_invoke"].items()}
+    memory = {key: stats[key] for key in ("arena_bytes", "scratch_bytes", "weights_bytes", "storage")}
     return {"component": component, "invokes": stats["invokes"], "kernel_ms": round(sum(ops.values()), 3),
-            "wall_ms_median": round(float(np.median(walls)) * 1e3, 2), "ops_ms": ops}
+            "wall_ms_median": round(float(np.median(walls)) * 1e3, 2), "memory": memory, "ops_ms": ops}
 
 
 def main() -> int:
@@ -77,7 +78,7 @@ def main() -> int:
     result = profile(args.folder, args.component, args.runs, args.detail)
     total = result["kernel_ms"]
     print(f"{args.component}: {result['wall_ms_median']} ms wall per invoke, {total:.2f} ms in kernels "
-          f"({result['invokes']} profiled invokes incl. warm-up)")
+          f"({result['invokes']} profiled invokes incl. warm-up); device memory {result['memory']}")
     print("| op | ms per invoke | share |")
     print("|---|---|---|")
     for name, ms in sorted(result["ops_ms"].items(), key=lambda kv: -kv[1]):
