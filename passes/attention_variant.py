@@ -24,12 +24,16 @@ Rule, first match wins:
   3. Lk < profile.flash_min_kv_len                         -> partial_softmax
      (short keys, e.g. cross-attention over 77 tokens: S is only Lk/Dv times bigger than the output,
      one K/V tile pass has nothing to stream, and flash's per-tile rescaling is pure overhead)
-  4. max(Dk, Dv) > profile.flash_max_head_dim              -> partial_softmax
-     (the per-work-item q row + accumulator would spill registers: the paper's "large number of
-     registers"; e.g. the VAE's single 512-wide head)
+  4. max(Dk, Dv) > profile.flash_max_head_dim              -> flash, served by the work-group-tiled
+     kernel (attn_wide: a block of query rows per work-group, the head dim staged through local
+     memory in chunks, the output accumulator spread over the work-items), since a per-work-item
+     q row + accumulator would spill registers (the paper's "large number of registers"), e.g.
+     the VAE's single 512-wide head; the kernels pick their tiles from the device's local memory
+     (down to ~10 KB; below WIDE_MIN_LOCAL_BYTES -> partial_softmax). On the H100 it ran the VAE head in 2.3 ms against the partial softmax's
+     22.7 (benchmarks/NOTES.md §10).
   5. flash_block_q > max_work_group_size, or the K/V tile flash_block_kv * (Dk + Dv) * e bytes
      exceeds local_mem_bytes                               -> partial_softmax
-     ("only works for SRAM with certain sizes")
+     ("only works for SRAM with certain sizes"; narrow heads, per-work-item kernel)
   6. otherwise                                             -> flash
      (long self-attention, e.g. 4096 x 4096 at 64x64 latents: S would be N*H*Lq*Lk*e bytes,
      268 MB in fp16 for SD 1.5's first level, written once and read twice by partial_softmax)
@@ -47,6 +51,9 @@ from compiler.profiles import Profile, load_profile
 from passes import ir_utils
 
 MB = 1e6
+# Local memory below which the work-group-tiled kernel is not planned for wide heads (its smallest
+# tile takes ~10 KB at head dim 512: custom_ops/ops/attention/attention_opencl.cc, kWideLadder).
+WIDE_MIN_LOCAL_BYTES = 16384
 
 
 def choose_attention_variants(model: ir.Model, profile: Profile | str, precision: str | None = None) -> list[dict]:
@@ -86,8 +93,13 @@ def decide(node: ir.Node, profile: Profile, e: int) -> dict:
         variant, reason = "partial_softmax", f"no FlashAttention kernel on {profile.name}"
     elif lk < profile.flash_min_kv_len:
         variant, reason = "partial_softmax", f"short keys: Lk {lk} < {profile.flash_min_kv_len}"
+    elif max(dk, dv) > profile.flash_max_head_dim and profile.local_mem_bytes < WIDE_MIN_LOCAL_BYTES:
+        variant, reason = "partial_softmax", (f"head dim {max(dk, dv)} > {profile.flash_max_head_dim} and local "
+                                              f"memory {profile.local_mem_bytes} B < {WIDE_MIN_LOCAL_BYTES} B")
     elif max(dk, dv) > profile.flash_max_head_dim:
-        variant, reason = "partial_softmax", f"head dim {max(dk, dv)} > {profile.flash_max_head_dim} (registers)"
+        variant, reason = "flash", (f"head dim {max(dk, dv)} > {profile.flash_max_head_dim} (registers): "
+                                    f"FlashAttention tiled per work-group; avoids writing {out['scores_mb']} MB "
+                                    "of scores")
     elif profile.flash_block_q > profile.max_work_group_size:
         variant, reason = "partial_softmax", (f"query block {profile.flash_block_q} > work-group limit "
                                               f"{profile.max_work_group_size}")
