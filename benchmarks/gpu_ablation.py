@@ -5,8 +5,8 @@ Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
   GroupNorm+SiLU   [1,64,64,320] and [1,4096,1280], 32 groups (one-kernel and split variants)
   GELU (erf)       4096 x 1280
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
-  self-attention   4096 x 4096, 8 heads x 40 (flash and partial-softmax variants)
-  cross-attention  4096 x 77, 8 heads x 40 (both variants)
+  self-attention   4096 x 4096, 8 heads x 40 (flash, wide and partial-softmax variants)
+  cross-attention  4096 x 77, 8 heads x 40 (the same three)
   self-attention   4096 x 4096, 1 head x 512 (the VAE decoder's; wide and partial softmax) and
                    256 x 256, 8 heads x 160, batch 2 (the UNet's 16x16 level; wide, partial softmax,
                    flash where its tiles fit)
@@ -241,8 +241,8 @@ def cases(small: bool):
         (f"GELU erf {L}x{c2}", case_gelu, (L, c2)),
         (f"GEGLU {L}x{2 * c1} -> {L}x{c1}", case_geglu, (L, c1)),
         (f"GEGLU {L}x{2 * c2} -> {L}x{c2}", case_geglu, (L, c2)),
-        (f"self-attention {L}x{L}, 8x40", case_attention, (L, L, 8, 40)),
-        (f"cross-attention {L}x77, 8x40", case_attention, (L, 77, 8, 40)),
+        (f"self-attention {L}x{L}, 8x40", case_attention, (L, L, 8, 40, 1, ("flash", "wide", "partial_softmax"))),
+        (f"cross-attention {L}x77, 8x40", case_attention, (L, 77, 8, 40, 1, ("flash", "wide", "partial_softmax"))),
         (f"self-attention {L}x{L}, 1x512 (VAE)", case_attention, (L, L, 1, 512, 1, ATTN_WIDE_VARIANTS)),
         (f"self-attention {256 // f}x{256 // f}, 8x160", case_attention,
          (256 // f, 256 // f, 8, 160, 2, ATTN_WIDE_VARIANTS)),
