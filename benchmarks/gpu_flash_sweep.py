@@ -1,0 +1,109 @@
+"""Tile sweep of the per-work-item FlashAttention kernel (attn_flash) at SD 1.5's first-level
+self-attention, on any OpenCL device (pyopencl, fp32 storage).
+
+    python benchmarks/gpu_flash_sweep.py [--lq 4096] [--heads 8] [--dim 40] [--n 1] [--runs 10] [--small]
+
+For each query block AT_BQ, key tile AT_BK, rescaling chunk AT_KC and rows per work-item AT_RQ
+(that fit the device's local memory and work-group limit) it times attn_flash with OpenCL events
+(median of --runs, each run queued behind a user event so no host gap counts), checks the output
+against the library's own plan (attention_opencl.cc, mirrored by launch.py: attention_plan), and
+writes benchmarks/results/gpu_flash_sweep_<device>.json (or $OUT/...) plus a markdown table,
+fastest first. The library's choice is marked.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+from gpu_ablation import gated
+from gpu_kernels_harness.launch import AttentionPlan, Runner, attention_plan, ceil_div
+
+
+def time_plan(r: Runner, plan: AttentionPlan, rq: int, bufs, shape, runs: int) -> float:
+    """Median seconds of attn_flash with `plan`'s tiles and AT_RQ = rq."""
+    n, lq, heads, d = shape
+    q, k, v, o = bufs
+    opts = plan.options(d, d).rsplit(" -DAT_RQ=", 1)[0] + f" -DAT_RQ={rq}"
+    kernel = r.kernel("attention", "attn_flash", opts)
+    items = plan.bq // rq
+    scale = np.float32(1.0 / math.sqrt(d))
+
+    def launch():
+        return [r.launch(kernel, (ceil_div(lq, plan.bq) * items, heads, n), (items, 1, 1), q, k, v, o,
+                         np.int32(lq), np.int32(lq), np.int32(heads), scale, np.int32(0))]
+
+    gated(r.queue, launch)[0].wait()  # warm-up (and the build)
+    times = []
+    for _ in range(runs):
+        (event,) = gated(r.queue, launch)
+        event.wait()
+        times.append((event.profile.end - event.profile.start) * 1e-9)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lq", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=40)
+    ap.add_argument("--n", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--small", action="store_true", help="a short sweep at 256 tokens (CPU OpenCL such as PoCL)")
+    args = ap.parse_args()
+    lq = 256 if args.small else args.lq
+    r = Runner()
+    d, heads, n = args.dim, args.heads, args.n
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((n, lq, heads * d)).astype(np.float32) for _ in range(3)]
+    q, k, v = (r.upload(a) for a in arrays)
+    shape = (n, lq, heads, d)
+    default = attention_plan(d, d, "flash", r.local_mem, flat=False, kernel="flash", max_wg=r.max_wg)
+    ref = r.empty(arrays[0].shape)
+    time_plan(r, default, default.rows_per_item(d, d), (q, k, v, ref), shape, 1)
+    want = r.download(ref, arrays[0].shape)
+    out = r.empty(arrays[0].shape)
+    grid = ((32, 64), (16, 32), (4, 8), (1, 2)) if args.small else ((32, 64, 128, 256), (16, 32, 64), (4, 8, 16),
+                                                                    (1, 2, 4))
+    rows = []
+    for bq, bk, kc, rq in itertools.product(*grid):
+        plan = AttentionPlan("flash", bq=bq, bk=bk, kc=kc)
+        if bq % rq or bq // rq > r.max_wg or kc > bk or plan.local_bytes(d, d) > r.local_mem:
+            continue
+        seconds = time_plan(r, plan, rq, (q, k, v, out), shape, args.runs)
+        err = float(np.abs(r.download(out, arrays[0].shape) - want).max() / np.abs(want).max())
+        flops = 4.0 * n * heads * lq * lq * d
+        is_default = (bq, bk, kc, rq) == (default.bq, default.bk, default.kc, default.rows_per_item(d, d))
+        rows.append({"bq": bq, "bk": bk, "kc": kc, "rq": rq, "ms": seconds * 1e3, "tflops": flops / seconds / 1e12,
+                     "max_rel_diff": err, "library_choice": is_default})
+    rows.sort(key=lambda row: row["ms"])
+    device = r.device.name.strip()
+    result = {"device": device, "lq": lq, "heads": heads, "dim": d, "n": n, "runs": args.runs, "rows": rows}
+    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    tag = "".join(c if c.isalnum() else "_" for c in device).lower() + ("_small" if args.small else "")
+    path = out_dir / f"gpu_flash_sweep_{tag}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{device}: attn_flash, {n}x{lq}x{lq}, {heads} heads x {d}, median of {args.runs}")
+    print("| AT_BQ | AT_BK | AT_KC | AT_RQ | ms | TFLOP/s | max rel diff |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        mark = " (library)" if row["library_choice"] else ""
+        print(f"| {row['bq']} | {row['bk']} | {row['kc']} | {row['rq']}{mark} | {row['ms']:.3f} | "
+              f"{row['tflops']:.1f} | {row['max_rel_diff']:.1e} |")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
