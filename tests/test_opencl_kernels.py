@@ -521,7 +521,9 @@ def test_plans_mirror_cxx(launch):
     ladder = "{" + ", ".join("{" + ", ".join(map(str, t)) + "}" for t in launch.PARTIAL_LADDER) + "}"
     assert ladder in src, f"PlanPartial's ladder differs from {ladder}"
     assert "Chunk(dk, o[3])" in src and "Chunk(dv, o[0])" in src
-    assert "bq = 64, bk = 32, kc = 8" in src  # flash tiles (AttentionPlan("flash", bq=64, bk=32, kc=8))
+    assert "bq = 64, bk = 32, kc = 8" in src  # Plan's defaults (the "auto" flash local-memory check)
+    assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashRows") == launch.FLASH_ROWS
+    assert "for (int bk : {64, 32, 16})" in src  # PlanFlash's key tiles
     wide = "{" + ", ".join("{" + ", ".join(map(str, t)) + "}" for t in launch.WIDE_LADDER) + "}"
     assert f"kWideLadder[4][5] = {wide};" in src, f"kWideLadder differs from {wide}"
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kWideMaxAcc") == launch.WIDE_MAX_ACC

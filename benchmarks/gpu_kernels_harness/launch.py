@@ -164,6 +164,7 @@ def _chunk(d: int, cap: int) -> int:
 
 
 FLASH_MAX_HEAD = 64
+FLASH_ROWS = 256  # kFlashRows: attn_flash's query rows per work-group
 ROW_REGS = 160
 # Partial-softmax tiles, the first that fits local memory:
 # (Dv chunk cap, rows per work-group, keys per tile, Dk chunk cap).
@@ -217,10 +218,12 @@ def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int, *, flat
     want_flash = forced == "flash" or (forced is None and not want_wide and (variant == "flash" or (
         variant == "auto" and not wide_head
         and AttentionPlan("flash", bq=64, bk=32, kc=8).local_bytes(dk, dv) <= local_mem_bytes // 2)))
-    if want_flash:
-        for bk in (32, 16):
-            flash = AttentionPlan("flash", bq=64, bk=bk, kc=8)
+    if want_flash:  # PlanFlash
+        for bk in (64, 32, 16):
+            flash = AttentionPlan("flash", bq=FLASH_ROWS, bk=bk, kc=8)
             if flash.local_bytes(dk, dv) <= local_mem_bytes:
+                while flash.bq > 32 and max_wg and flash.work_group(dk, dv) > max_wg:
+                    flash = AttentionPlan("flash", bq=flash.bq // 2, bk=bk, kc=8)
                 return flash
         if forced:
             raise ValueError(f"attention: attn_flash does not fit head sizes {dk}/{dv}")

@@ -144,12 +144,28 @@ struct Plan {
 int Chunk(int d, int cap) { return static_cast<int>(CeilDiv(d, CeilDiv(d, cap))); }
 
 // Flash tiles (K/V tiles of 32 keys, 16 if local memory is tight), or false.
-bool PlanFlash(int dk, int dv, size_t local_mem, Plan* p) {
+// attn_flash tiles: kFlashRows query rows per work-group (halved while the
+// work-group exceeds the device's limit) and the largest key tile of 64, 32,
+// 16 that fits local memory. On the H100, 256 rows x 64 keys ran SD 1.5's
+// 4096 x 4096, 8 x 40 self-attention in 1.00 ms against 1.50 ms for 64 x 32
+// (benchmarks/gpu_flash_sweep.py, NOTES.md §11): a work-group of 64 rows is a
+// single warp, too few per compute unit to hide the latencies.
+constexpr int kFlashRows = 256;
+
+bool PlanFlash(int dk, int dv, size_t local_mem, size_t max_wg, Plan* p) {
   Plan f;
   f.kernel = Kernel::kFlash;
-  if (f.LocalBytes(dk, dv) > local_mem) f.bk = 16;
+  f.bq = kFlashRows;
+  for (int bk : {64, 32, 16}) {
+    f.bk = bk;
+    if (f.LocalBytes(dk, dv) <= local_mem) break;
+  }
   if (f.LocalBytes(dk, dv) > local_mem) return false;
   f.PickRows(dk, dv);
+  while (f.bq > 32 && max_wg != 0 && static_cast<size_t>(f.WorkGroup()) > max_wg) {
+    f.bq /= 2;
+    f.PickRows(dk, dv);
+  }
   *p = f;
   return true;
 }
@@ -247,7 +263,7 @@ class AttentionGpu final : public GpuOp {
          (o.variant == "flash" ||
           (o.variant == "auto" && !wide_head &&
            Plan{Kernel::kFlash}.LocalBytes(dk_, dv_) <= local_mem / 2)));
-    if (want_flash && PlanFlash(dk_, dv_, local_mem, &plan_)) {
+    if (want_flash && PlanFlash(dk_, dv_, local_mem, ctx.device().max_work_group_size, &plan_)) {
       e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_),
                                     &flash_k_);
       const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, flash_k_) : 0;
