@@ -93,8 +93,9 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Weight storage: fp16 stores float16 weights + DEQUANTIZE.")
 @click.option("--fuse", default=None,
-              help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, attention, winograd "
-                   "[default: all four; winograd only where the device profile and budget say].")
+              help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, layernorm, attention, "
+                   "winograd [default: all five; layernorm runs as GroupNorm(groups=1); winograd only where "
+                   "the device profile and budget say].")
 @click.option("--device-profile", default="generic", show_default=True,
               help="Target GPU profile (compiler/device_profiles.json): generic, adreno-740, mali-g715, ...; "
                    "it picks Winograd convolutions and attention variants.")

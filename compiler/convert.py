@@ -20,8 +20,10 @@ from compiler.tflite.reader import read_tflite
 from compiler.tflite.writer import load_onnx, write_tflite
 
 DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
-CANONICAL_KINDS = ("gelu", "groupnorm", "attention")  # recognised even when not fused
-DEFAULT_FUSE = ("gelu", "groupnorm", "attention", "winograd")
+# Recognised even when not fused (the writer decomposes them). layernorm is not among them: an
+# unfused LayerNormalization keeps the writer's own lowering (no reshapes around it).
+CANONICAL_KINDS = ("gelu", "groupnorm", "attention")
+DEFAULT_FUSE = FUSE_KINDS  # every kind
 DEFAULT_PROFILE = "generic"
 DEFAULT_WINOGRAD_BUDGET_MB = 200.0
 PRECISIONS = ("fp32", "fp16")

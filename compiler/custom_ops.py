@@ -70,4 +70,16 @@ WINOGRAD_CONV3X3 = CustomOp(
 ALL = (GROUP_NORM, GELU, GEGLU, ATTENTION, WINOGRAD_CONV3X3)
 BY_NAME = {op.name: op for op in ALL}
 BY_CUSTOM_CODE = {op.custom_code: op for op in ALL}
-FUSE_KINDS = ("gelu", "groupnorm", "attention", "winograd")
+# A LayerNorm over the last axis has no op of its own: passes/layer_norm.py writes it as a
+# GroupNorm with groups=1 on x reshaped to [M, C, 1] (ONNX layout; [M, 1, C] in TFLite).
+LAYER_NORM_KIND = "layernorm"
+FUSE_KINDS = ("gelu", "groupnorm", LAYER_NORM_KIND, "attention", "winograd")
+
+
+def group_norm_kind(x_shape, groups: int) -> str:
+    """The --fuse kind of a difflite.GroupNorm whose x (ONNX layout) has `x_shape`: "layernorm"
+    for groups=1 on [M, C, 1] (one group of one position per row: exactly a LayerNorm over C),
+    otherwise "groupnorm"."""
+    if groups == 1 and x_shape is not None and len(x_shape) == 3 and x_shape[2] == 1:
+        return LAYER_NORM_KIND
+    return GROUP_NORM.fuse_kind

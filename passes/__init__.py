@@ -1,11 +1,11 @@
 """ONNX -> ONNX passes, run in a fixed order: cleanup, then the fusions asked for.
 
-    counts = run_passes(model, {"gelu", "groupnorm", "attention"})
+    counts = run_passes(model, {"gelu", "groupnorm", "layernorm", "attention"})
 
 mutates the onnx_ir.Model in place and returns {kind: {"matched": int, "candidates": int}} for
-the kinds "gelu", "geglu", "groupnorm", "groupnorm_silu", "attention". Candidates come from
-passes.census (counted after cleanup, before any fusion); matched is the number of difflite ops
-of that kind in the result (0 for a kind not fused).
+the kinds "gelu", "geglu", "groupnorm", "groupnorm_silu", "layernorm", "attention" (and
+"winograd"). Candidates come from passes.census (counted after cleanup, before any fusion);
+matched is the number of difflite ops of that kind in the result (0 for a kind not fused).
 """
 
 from __future__ import annotations
@@ -15,9 +15,19 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from compiler import custom_ops
-from passes import attention, attention_variant, census, cleanup, gelu, group_norm, winograd
+from passes import (
+    attention,
+    attention_variant,
+    census,
+    cleanup,
+    gelu,
+    group_norm,
+    ir_utils,
+    layer_norm,
+    winograd,
+)
 
-FUSION_ORDER = ("gelu", "groupnorm", "attention", "winograd")
+FUSION_ORDER = ("gelu", "groupnorm", "layernorm", "attention", "winograd")
 
 
 def run_passes(model: ir.Model, fuse: Iterable[str], profile=None, winograd_budget_mb: float = 0.0,
@@ -34,7 +44,7 @@ def run_passes(model: ir.Model, fuse: Iterable[str], profile=None, winograd_budg
     candidates = census.graph_census(model)
     winograd_candidates = winograd.census(model)
     fusions = {"gelu": gelu.fuse_gelu, "groupnorm": group_norm.fuse_group_norm,
-               "attention": attention.fuse_attention}
+               "layernorm": layer_norm.fuse_layer_norm, "attention": attention.fuse_attention}
     for kind in FUSION_ORDER:
         if kind in fuse and kind in fusions:
             fusions[kind](model)
@@ -52,15 +62,19 @@ def run_passes(model: ir.Model, fuse: Iterable[str], profile=None, winograd_budg
 
 
 def fused_counts(model: ir.Model) -> dict[str, int]:
-    """How many difflite ops of each census kind the graph holds."""
-    counts = {"gelu": 0, "geglu": 0, "groupnorm": 0, "groupnorm_silu": 0, "attention": 0}
+    """How many difflite ops of each census kind the graph holds. A GroupNorm with groups=1 on
+    an x of shape [M, C, 1] is a fused LayerNorm (custom_ops.group_norm_kind), not a group norm."""
+    counts = dict.fromkeys(census.KINDS, 0)
     kind_of = {custom_ops.GELU.name: "gelu", custom_ops.GEGLU.name: "geglu",
                custom_ops.GROUP_NORM.name: "groupnorm", custom_ops.ATTENTION.name: "attention"}
     for node in model.graph:
         if node.domain != custom_ops.DOMAIN or node.op_type not in kind_of:
             continue
-        counts[kind_of[node.op_type]] += 1
-        activation = node.attributes.get_string("activation", "none")
-        if node.op_type == custom_ops.GROUP_NORM.name and activation == "silu":
+        kind = kind_of[node.op_type]
+        if node.op_type == custom_ops.GROUP_NORM.name:
+            kind = custom_ops.group_norm_kind(ir_utils.static_shape(node.inputs[0]),
+                                              node.attributes.get_int("groups", 0))
+        counts[kind] += 1
+        if kind == "groupnorm" and node.attributes.get_string("activation", "none") == "silu":
             counts["groupnorm_silu"] += 1
     return counts

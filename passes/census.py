@@ -6,6 +6,7 @@
                   norm) feeds a Sigmoid and a Mul of itself with that Sigmoid
   gelu / geglu    GELU sites (Erf, Tanh, Gelu nodes, Sigmoid of x*1.702); a site whose input x
                   comes from a Split or Slice is a GEGLU, the others are GELUs
+  layernorm       LayerNormalization nodes
   attention       Softmax + Attention (opset 23) nodes
 `module_census(module)` counts the torch modules the graph came from, the check of the census.
 """
@@ -16,7 +17,7 @@ import onnx_ir as ir
 
 from passes import ir_utils
 
-KINDS = ("gelu", "geglu", "groupnorm", "groupnorm_silu", "attention")
+KINDS = ("gelu", "geglu", "groupnorm", "groupnorm_silu", "layernorm", "attention")
 ELEMENTWISE = ("Mul", "Div", "Add", "Sub", "Pow")
 GROUP_NORM_TAIL = ("Reshape", "Mul", "Add")
 QUICK_GELU_SCALE = 1.702
@@ -30,6 +31,8 @@ def graph_census(model: ir.Model) -> dict[str, int]:
         if node.op_type in ("InstanceNormalization", "GroupNormalization"):
             counts["groupnorm"] += 1
             counts["groupnorm_silu"] += _feeds_silu(node)
+        elif node.op_type == "LayerNormalization":
+            counts["layernorm"] += 1
         elif _is_gelu_site(node):
             counts["geglu" if _gelu_input_is_split(node) else "gelu"] += 1
         elif node.op_type in ("Softmax", "Attention"):
@@ -79,17 +82,20 @@ def _gelu_input_is_split(site: ir.Node) -> bool:
 
 
 def module_census(module) -> dict[str, int]:
-    """Counts of torch.nn.GroupNorm, diffusers GEGLU, stand-alone GELU activation modules and
-    attention modules (diffusers Attention, transformers' q/k/v_proj attentions) in `module`."""
+    """Counts of torch.nn.GroupNorm, torch.nn.LayerNorm, diffusers GEGLU, stand-alone GELU
+    activation modules and attention modules (diffusers Attention, transformers' q/k/v_proj
+    attentions) in `module`."""
     import torch
     from diffusers.models.activations import GEGLU
     from diffusers.models.attention_processor import Attention
 
-    counts = {"groupnorm": 0, "geglu": 0, "gelu": 0, "attention": 0}
+    counts = {"groupnorm": 0, "layernorm": 0, "geglu": 0, "gelu": 0, "attention": 0}
     inside_geglu = {id(m) for g in module.modules() if isinstance(g, GEGLU) for m in g.modules()}
     for sub in module.modules():
         if isinstance(sub, torch.nn.GroupNorm):
             counts["groupnorm"] += 1
+        elif isinstance(sub, torch.nn.LayerNorm):
+            counts["layernorm"] += 1
         elif isinstance(sub, GEGLU):
             counts["geglu"] += 1
         elif _is_gelu_module(sub) and id(sub) not in inside_geglu:

@@ -213,7 +213,11 @@ def test_fused_conversion_verifies_against_pytorch(tmp_path):
     out = tmp_path / "fused"
     difflite("convert", "preset:tiny", "-o", out, *SIZE)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["options"]["fuse"] == ["attention", "gelu", "groupnorm", "winograd"]
+    assert manifest["options"]["fuse"] == ["attention", "gelu", "groupnorm", "layernorm", "winograd"]
+    fusion = {name: r["fusion"] for name, r in json.loads((out / "report.json").read_text())["components"].items()}
+    for name in ("text_encoder", "unet"):  # the transformer blocks' LayerNorms run as GroupNorm(groups=1)
+        layernorm = fusion[name]["layernorm"]
+        assert layernorm["matched"] == layernorm["candidates"] > 0 and layernorm["custom_op"], (name, layernorm)
     for name in ("text_encoder", "unet", "vae_decoder"):
         assert any(op.startswith("difflite.") for op in manifest["components"][name]["custom_ops"]), name
     data = json.loads(difflite("verify", out, "--seeds", "0", "--json").stdout)

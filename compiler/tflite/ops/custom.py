@@ -89,7 +89,7 @@ def lower_group_norm(ctx, node):
     xi, out, _ = channels_last_io(ctx, x, node.outputs[0])
     gamma = ctx.constant(gamma.astype(np.float32).reshape(channels), gamma_value.name)
     beta = ctx.constant(beta.astype(np.float32).reshape(channels), beta_value.name)
-    if contract.GROUP_NORM.fuse_kind in ctx.fuse:
+    if contract.group_norm_kind(ctx.shape(x), groups) in ctx.fuse:
         emit_custom(ctx, contract.GROUP_NORM, [xi, gamma, beta], [out], opts)
         return
     stored = ctx.builder.shape_of(xi)
