@@ -139,3 +139,16 @@ def single_consumer(value: ir.Value) -> ir.Node | None:
 
 def onnx_opset(model: ir.Model) -> int:
     return model.opset_imports.get("", 1)
+
+
+def replace_node(graph: ir.Graph, node: ir.Node, old: ir.Value, new: ir.Value) -> None:
+    """Remove `node` after routing every use of its output `old` (graph outputs included) to `new`,
+    which takes over old's name (so graph outputs and later lookups keep their names)."""
+    name = old.name
+    for i, output in enumerate(graph.outputs):
+        if output is old:
+            graph.outputs[i] = new
+    old.replace_all_uses_with(new)
+    graph.remove(node, safe=True)
+    old.name = None
+    new.name = name

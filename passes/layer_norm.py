@@ -112,14 +112,7 @@ def _replace(graph: ir.Graph, node: ir.Node, gamma: np.ndarray, beta: np.ndarray
     new = added("Reshape", [normed_rows, _shape_const(graph, shape, shapes)], "from_rows", shape)
     graph.insert_after(node, nodes)
 
-    name = y.name
-    for i, output in enumerate(graph.outputs):
-        if output is y:
-            graph.outputs[i] = new
-    y.replace_all_uses_with(new)
-    graph.remove(node, safe=True)
-    y.name = None
-    new.name = name
+    ir_utils.replace_node(graph, node, y, new)
 
 
 def _vector(graph: ir.Graph, original: ir.Value | None, array: np.ndarray, base: str) -> ir.Value:

@@ -282,14 +282,6 @@ def _rewrite(graph: ir.Graph, cand: Candidate) -> None:
                                   {"tile": wg.TILE, "activation": "none"}, conv.outputs[0])
     node.name = conv.name
     graph.insert_after(conv, node)
-    old, new = conv.outputs[0], node.outputs[0]
-    name = old.name
-    for i, output in enumerate(graph.outputs):
-        if output is old:
-            graph.outputs[i] = new
-    old.replace_all_uses_with(new)
-    graph.remove(conv, safe=True)
-    old.name = None
-    new.name = name
+    ir_utils.replace_node(graph, conv, conv.outputs[0], node.outputs[0])
     if not weight.uses() and weight.name in graph.initializers and not weight.is_graph_input():
         del graph.initializers[weight.name]
