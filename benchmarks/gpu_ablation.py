@@ -7,6 +7,7 @@ Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
   self-attention   4096 x 4096, 8 heads x 40 (flash, wide and partial-softmax variants)
   cross-attention  4096 x 77, 8 heads x 40 (the same three)
+  self-attention   1024 x 1024, 8 heads x 80 at batch 2 (SD 1.5's 32x32 level), and
   self-attention   4096 x 4096, 1 head x 512 (the VAE decoder's; wide and partial softmax) and
                    256 x 256, 8 heads x 160, batch 2 (the UNet's 16x16 level; wide, partial softmax,
                    flash where its tiles fit)
@@ -244,6 +245,7 @@ def cases(small: bool):
         (f"self-attention {L}x{L}, 8x40", case_attention, (L, L, 8, 40, 1, ("flash", "wide", "partial_softmax"))),
         (f"cross-attention {L}x77, 8x40", case_attention, (L, 77, 8, 40, 1, ("flash", "wide", "partial_softmax"))),
         (f"self-attention {L}x{L}, 1x512 (VAE)", case_attention, (L, L, 1, 512, 1, ATTN_WIDE_VARIANTS)),
+        (f"self-attention {L // 4}x{L // 4}, 8x80", case_attention, (L // 4, L // 4, 8, 80, 2, ATTN_WIDE_VARIANTS)),
         (f"self-attention {256 // f}x{256 // f}, 8x160", case_attention,
          (256 // f, 256 // f, 8, 160, 2, ATTN_WIDE_VARIANTS)),
         (f"Winograd 3x3 {s}x{s}x{c1}", case_winograd, (s, c1, c1)),
