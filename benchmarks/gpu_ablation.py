@@ -5,7 +5,8 @@ Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
   GroupNorm+SiLU   [1,64,64,320] and [1,4096,1280], 32 groups (one-kernel and split variants)
   GELU (erf)       4096 x 1280
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
-  self-attention   4096 x 4096, 8 heads x 40 (flash, wide and partial-softmax variants)
+  self-attention   4096 x 4096, 8 heads x 40 (flash, wide and partial-softmax variants), at batch 1
+                   and at the UNet's batch 2 (classifier-free guidance)
   cross-attention  4096 x 77, 8 heads x 40 (the same three)
   self-attention   1024 x 1024, 8 heads x 80 at batch 2 (SD 1.5's 32x32 level), and
   self-attention   4096 x 4096, 1 head x 512 (the VAE decoder's; wide and partial softmax) and
@@ -243,6 +244,7 @@ def cases(small: bool):
         (f"GEGLU {L}x{2 * c1} -> {L}x{c1}", case_geglu, (L, c1)),
         (f"GEGLU {L}x{2 * c2} -> {L}x{c2}", case_geglu, (L, c2)),
         (f"self-attention {L}x{L}, 8x40", case_attention, (L, L, 8, 40, 1, ("flash", "wide", "partial_softmax"))),
+        (f"self-attention {L}x{L}, 8x40, batch 2", case_attention, (L, L, 8, 40, 2, ("flash", "partial_softmax"))),
         (f"cross-attention {L}x77, 8x40", case_attention, (L, 77, 8, 40, 1, ("flash", "wide", "partial_softmax"))),
         (f"self-attention {L}x{L}, 1x512 (VAE)", case_attention, (L, L, 1, 512, 1, ATTN_WIDE_VARIANTS)),
         (f"self-attention {L // 4}x{L // 4}, 8x80", case_attention, (L // 4, L // 4, 8, 80, 2, ATTN_WIDE_VARIANTS)),
