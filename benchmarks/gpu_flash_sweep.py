@@ -1,7 +1,7 @@
 """Tile sweep of the per-work-item FlashAttention kernel (attn_flash) at SD 1.5's first-level
 self-attention, on any OpenCL device (pyopencl, fp32 storage).
 
-    python benchmarks/gpu_flash_sweep.py [--lq 4096] [--heads 8] [--dim 40] [--n 1] [--runs 10] [--small]
+    python benchmarks/gpu_flash_sweep.py [--lq 4096] [--heads 8] [--dim 40] [--n 1] [--runs 10] [--small|--quick]
 
 For each query block AT_BQ, key tile AT_BK, rescaling chunk AT_KC and rows per work-item AT_RQ
 (that fit the device's local memory and work-group limit) it times attn_flash with OpenCL events
@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=1)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--small", action="store_true", help="a short sweep at 256 tokens (CPU OpenCL such as PoCL)")
+    ap.add_argument("--quick", action="store_true", help="only 128/256 rows, 32/64 keys, chunks 4/8, 1/2 rows per item")
     args = ap.parse_args()
     lq = 256 if args.small else args.lq
     r = Runner()
@@ -74,8 +75,12 @@ def main() -> int:
     time_plan(r, default, default.rows_per_item(d, d), (q, k, v, ref), shape, 1)
     want = r.download(ref, arrays[0].shape)
     out = r.empty(arrays[0].shape)
-    grid = ((32, 64), (16, 32), (4, 8), (1, 2)) if args.small else ((32, 64, 128, 256), (16, 32, 64), (4, 8, 16),
-                                                                    (1, 2, 4))
+    if args.small:
+        grid = ((32, 64), (16, 32), (4, 8), (1, 2))
+    elif args.quick:
+        grid = ((128, 256), (32, 64), (4, 8), (1, 2))
+    else:
+        grid = ((32, 64, 128, 256), (16, 32, 64), (4, 8, 16), (1, 2, 4))
     rows = []
     for bq, bk, kc, rq in itertools.product(*grid):
         plan = AttentionPlan("flash", bq=bq, bk=bk, kc=kc)
@@ -92,6 +97,7 @@ def main() -> int:
     result = {"device": device, "lq": lq, "heads": heads, "dim": d, "n": n, "runs": args.runs, "rows": rows}
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     tag = "".join(c if c.isalnum() else "_" for c in device).lower() + ("_small" if args.small else "")
+    tag += f"_n{n}_d{d}" if (n, d) != (1, 40) else ""
     path = out_dir / f"gpu_flash_sweep_{tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{device}: attn_flash, {n}x{lq}x{lq}, {heads} heads x {d}, median of {args.runs}")
