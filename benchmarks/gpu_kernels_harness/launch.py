@@ -367,7 +367,8 @@ class Runner:
         if splits is None:
             splits = gn_splits(n, groups, spatial, cg, self.compute_units, wg)
         combine = gn_combine_in_apply(n, groups, spatial, c, splits, awg)
-        opts = f"-DGN_WG={wg} -DGN_APPLY_WG={awg}"
+        vw = 4 if cg % 4 == 0 else 2 if cg % 2 == 0 else 1  # OneVectorWidth
+        opts = f"-DGN_WG={wg} -DGN_APPLY_WG={awg} -DGN_VW={vw} -DGN_UNROLL={GN_UNROLL}"
         stats = self.scratch(8 * n * groups, 0)
         partial = self.scratch(16 * n * groups * splits, 1)
         i32, f32 = np.int32, np.float32

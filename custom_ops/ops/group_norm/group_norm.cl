@@ -76,6 +76,85 @@ inline void gn_reduce(__local float* l_n, __local float* l_m, __local float* l_q
   }
 }
 
+// Reading a group: loads are GN_VW (1, 2 or 4, a divisor of cg) elements
+// wide; each work-item keeps GN_UNROLL of them in flight (gn_stats, gn_one).
+#ifndef GN_VW
+#define GN_VW 1
+#endif
+#ifndef GN_UNROLL
+#define GN_UNROLL 4
+#endif
+#if GN_VW == 4
+#define GN_VEC float4
+#define GN_LOAD(p, i) convert_float4(vload4(0, (p) + (i)))
+#define GN_STORE(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
+#define GN_HSUM(v) ((v).x + (v).y + (v).z + (v).w)
+#elif GN_VW == 2
+#define GN_VEC float2
+#define GN_LOAD(p, i) convert_float2(vload2(0, (p) + (i)))
+#define GN_STORE(p, i, v) vstore2(DL_CAT(convert_, DL_CAT(DL_T, 2))(v), 0, (p) + (i))
+#define GN_HSUM(v) ((v).x + (v).y)
+#else
+#define GN_VEC float
+#define GN_LOAD(p, i) ((float)(p)[i])
+#define GN_STORE(p, i, v) ((p)[i] = (DL_T)(v))
+#define GN_HSUM(v) (v)
+#endif
+
+// A work-item's walk over its group's vectors: vector e sits at row e / cgv,
+// channel GN_VW * (e % cgv) of the group (cgv = cg / GN_VW); stepping e by
+// GN_WG moves (row, col) = (*s, *k) by (ds, dk), without a division. Returns
+// the current element offset, then steps.
+inline int gn_step(int* s, int* k, int ds, int dk, int cgv, int C) {
+  const int off = *s * C + *k * GN_VW;
+  *k += dk;
+  *s += ds;
+  if (*k >= cgv) {
+    *k -= cgv;
+    *s += 1;
+  }
+  return off;
+}
+
+
+// One work-item's share of the statistics of `total` vectors of a group that
+// start at xg (rows C elements apart, cgv = cg / GN_VW vectors per row): every
+// GN_WG-th vector from its own, as shifted sums turned into (count, mean, M2).
+inline void gn_item_stats(__global const DL_T* xg, int total, int cgv, int C, float* cnt,
+                          float* mean, float* m2) {
+  const int lid = get_local_id(0);
+  const int ds = GN_WG / cgv;
+  const int dk = GN_WG - ds * cgv;
+  int s = lid / cgv;
+  int k = lid - s * cgv;
+  // Lanes past the end load the shift (they add nothing).
+  const float shift = lid < total ? (float)xg[s * C + k * GN_VW] : 0.0f;
+  GN_VEC s1 = 0.0f, s2 = 0.0f;
+  for (int e = lid; e < total; e += GN_UNROLL * GN_WG) {
+    GN_VEC v[GN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      const int off = gn_step(&s, &k, ds, dk, cgv, C);
+      v[u] = e + u * GN_WG < total ? GN_LOAD(xg, off) : (GN_VEC)shift;
+    }
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      const GN_VEC d = v[u] - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+  }
+  *cnt = lid < total ? (float)(((total - 1 - lid) / GN_WG + 1) * GN_VW) : 0.0f;
+  *mean = 0.0f;
+  *m2 = 0.0f;
+  if (*cnt > 0.0f) {
+    const float t1 = GN_HSUM(s1);
+    const float dm = t1 / *cnt;
+    *mean = shift + dm;
+    *m2 = fmax(GN_HSUM(s2) - t1 * dm, 0.0f);
+  }
+}
+
 // Global size (GN_WG * groups, splits, N), local size (GN_WG, 1, 1).
 // partial: [N][groups][splits] float4 (count, mean, M2, 0) when splits > 1.
 // stats:   [N][groups] float2 (mean, rstd) when splits == 1.
@@ -94,35 +173,9 @@ __kernel void gn_stats(__global const DL_T* x, __global float4* partial,
   const int rows_per = (S + splits - 1) / splits;
   const int s0 = min(S, sp * rows_per);
   const int s1 = min(S, s0 + rows_per);
-  const int total = (s1 - s0) * cg;  // elements of this work-group
-
-  // Element e of the work-group sits at row s0 + e / cg, channel g*cg + e % cg;
-  // (s, k) advance by GN_WG elements without a division per element.
-  __global const DL_T* base = x + ((long)n * S + s0) * C + g * cg;
-  int s = lid / cg;
-  int k = lid - s * cg;
-  const int ds = GN_WG / cg;
-  const int dk = GN_WG - ds * cg;
-  float shift = 0.0f, s1sum = 0.0f, s2sum = 0.0f, cnt = 0.0f;
-  if (lid < total) shift = (float)base[(long)s * C + k];
-  for (int e = lid; e < total; e += GN_WG) {
-    const float d = (float)base[(long)s * C + k] - shift;
-    s1sum += d;
-    s2sum += d * d;
-    cnt += 1.0f;
-    k += dk;
-    s += ds;
-    if (k >= cg) {
-      k -= cg;
-      s += 1;
-    }
-  }
-  float mean = 0.0f, m2 = 0.0f;
-  if (cnt > 0.0f) {
-    const float dm = s1sum / cnt;
-    mean = shift + dm;
-    m2 = fmax(s2sum - s1sum * dm, 0.0f);
-  }
+  const int cgv = cg / GN_VW;
+  float cnt, mean, m2;
+  gn_item_stats(x + ((long)n * S + s0) * C + g * cg, (s1 - s0) * cgv, cgv, C, &cnt, &mean, &m2);
   gn_reduce(l_n, l_m, l_q, cnt, mean, m2);
   if (lid == 0) {
     const int ng = n * groups + g;
@@ -249,46 +302,7 @@ __kernel void gn_apply4(__global const DL_T* x, __global const float2* stats,
 }
 
 // ---------------------------------------------------------------------------
-// The one-kernel plan. Loads are GN_VW (1, 2 or 4, a divisor of cg) elements
-// wide; each work-item keeps GN_UNROLL of them in flight.
-#ifndef GN_VW
-#define GN_VW 1
-#endif
-#ifndef GN_UNROLL
-#define GN_UNROLL 4
-#endif
-#if GN_VW == 4
-#define GN_VEC float4
-#define GN_LOAD(p, i) convert_float4(vload4(0, (p) + (i)))
-#define GN_STORE(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
-#define GN_HSUM(v) ((v).x + (v).y + (v).z + (v).w)
-#elif GN_VW == 2
-#define GN_VEC float2
-#define GN_LOAD(p, i) convert_float2(vload2(0, (p) + (i)))
-#define GN_STORE(p, i, v) vstore2(DL_CAT(convert_, DL_CAT(DL_T, 2))(v), 0, (p) + (i))
-#define GN_HSUM(v) ((v).x + (v).y)
-#else
-#define GN_VEC float
-#define GN_LOAD(p, i) ((float)(p)[i])
-#define GN_STORE(p, i, v) ((p)[i] = (DL_T)(v))
-#define GN_HSUM(v) (v)
-#endif
-
-// A work-item's walk over its group's vectors: vector e sits at row e / cgv,
-// channel GN_VW * (e % cgv) of the group (cgv = cg / GN_VW); stepping e by
-// GN_WG moves (row, col) = (*s, *k) by (ds, dk), without a division. Returns
-// the current element offset, then steps.
-inline int gn_step(int* s, int* k, int ds, int dk, int cgv, int C) {
-  const int off = *s * C + *k * GN_VW;
-  *k += dk;
-  *s += ds;
-  if (*k >= cgv) {
-    *k -= cgv;
-    *s += 1;
-  }
-  return off;
-}
-
+// The one-kernel plan.
 // Global size (GN_WG * groups, N), local size (GN_WG, 1): work-group (g, n)
 // normalises group g of sample n. Pass 1 reduces it as gn_stats does (shifted
 // sums per work-item, Chan merges in local memory); pass 2 reads it again and
@@ -305,47 +319,20 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
   __global const DL_T* xg = x + first;
   const int cgv = cg / GN_VW;
   const int total = S * cgv;  // vectors of the group
-  const int ds = GN_WG / cgv;
-  const int dk = GN_WG - ds * cgv;
-  const int s0 = lid / cgv;
-  const int k0 = lid - s0 * cgv;
-
-  // Pass 1. Lanes past the end load the shift (they add nothing).
-  const float shift = lid < total ? (float)xg[s0 * C + k0 * GN_VW] : 0.0f;
-  GN_VEC s1 = 0.0f, s2 = 0.0f;
-  int s = s0, k = k0;
-  for (int e = lid; e < total; e += GN_UNROLL * GN_WG) {
-    GN_VEC v[GN_UNROLL];
-#pragma unroll
-    for (int u = 0; u < GN_UNROLL; ++u) {
-      const int off = gn_step(&s, &k, ds, dk, cgv, C);
-      v[u] = e + u * GN_WG < total ? GN_LOAD(xg, off) : (GN_VEC)shift;
-    }
-#pragma unroll
-    for (int u = 0; u < GN_UNROLL; ++u) {
-      const GN_VEC d = v[u] - shift;
-      s1 += d;
-      s2 += d * d;
-    }
-  }
-  const float cnt = lid < total ? (float)(((total - 1 - lid) / GN_WG + 1) * GN_VW) : 0.0f;
-  float mean = 0.0f, m2 = 0.0f;
-  if (cnt > 0.0f) {
-    const float t1 = GN_HSUM(s1);
-    const float dm = t1 / cnt;
-    mean = shift + dm;
-    m2 = fmax(GN_HSUM(s2) - t1 * dm, 0.0f);
-  }
+  float cnt, mean, m2;
+  gn_item_stats(xg, total, cgv, C, &cnt, &mean, &m2);
   gn_reduce(l_n, l_m, l_q, cnt, mean, m2);
   const float mu = l_m[0];
   const float rstd = rsqrt((l_n[0] > 0.0f ? l_q[0] / l_n[0] : 0.0f) + eps);
 
   // Pass 2.
+  const int ds = GN_WG / cgv;
+  const int dk = GN_WG - ds * cgv;
   __global const DL_T* gg = gamma + g * cg;
   __global const DL_T* bg = beta + g * cg;
   __global DL_T* yg = y + first;
-  s = s0;
-  k = k0;
+  int s = lid / cgv;
+  int k = lid - s * cgv;
   for (int e = lid; e < total; e += GN_UNROLL * GN_WG) {
     GN_VEC v[GN_UNROLL];
     int off[GN_UNROLL], ch[GN_UNROLL];

@@ -104,8 +104,10 @@ class GroupNormGpu final : public GpuOp {
     while (wg_ * 2 <= kStatsGroup && (device_max == 0 || wg_ * 2 <= device_max)) wg_ *= 2;
     const char* apply_name = c_ % 4 == 0 ? "gn_apply4" : "gn_apply";
     for (;; wg_ /= 2) {
-      const std::string opts =
-          "-DGN_WG=" + std::to_string(wg_) + " -DGN_APPLY_WG=" + std::to_string(wg_);
+      const std::string opts = "-DGN_WG=" + std::to_string(wg_) +
+                               " -DGN_APPLY_WG=" + std::to_string(wg_) +
+                               " -DGN_VW=" + std::to_string(OneVectorWidth(cg_)) +
+                               " -DGN_UNROLL=" + std::to_string(kOneUnroll);
       std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_stats", opts, &stats_k_);
       if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_combine", opts, &combine_k_);
       if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, apply_name, opts, &apply_k_);
