@@ -510,8 +510,6 @@ def test_plans_mirror_cxx(launch):
     assert launch.GN_APPLY_WG == launch.GN_WG  # the C++ side builds both with one size
     gn = (ops / "group_norm" / "group_norm_opencl.cc").read_text()
     assert "(elems - 1) / (spatial * c) + 2" in gn and "samples * groups <= " in gn  # CombineInApply
-    assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kApplyMergeSplits") == launch.GN_APPLY_MERGE_SPLITS
-    assert "splits == 1 || splits > kApplyMergeSplits" in gn
     assert "CeilDiv(4 * std::max<int64_t>(1, cus), n * groups)" in gn and "wg * 16" in gn  # PlanSplits
     for name, value in (("kOneGroup", launch.GN_ONE_WG), ("kOneMinGroup", launch.GN_ONE_MIN_WG),
                         ("kOneUnroll", launch.GN_UNROLL)):

@@ -74,15 +74,11 @@ def gn_splits(n: int, groups: int, spatial: int, cg: int, compute_units: int, wg
     return max(1, min(want, by_size, 64, spatial))
 
 
-GN_APPLY_MERGE_SPLITS = 4  # kApplyMergeSplits
-
-
 def gn_combine_in_apply(n: int, groups: int, spatial: int, c: int, splits: int,
                         wg: int = GN_APPLY_WG) -> bool:
     """Whether gn_apply merges split statistics itself (2 kernels) rather than a gn_combine kernel
-    running first: a work-group may touch at most `wg` (sample, group) pairs of at most
-    GN_APPLY_MERGE_SPLITS partials each."""
-    if splits == 1 or splits > GN_APPLY_MERGE_SPLITS:
+    running first: a work-group may touch at most `wg` (sample, group) pairs."""
+    if splits == 1:
         return False
     elems = wg * (4 if c % 4 == 0 else 1)  # elements of one apply work-group
     samples = min(n, (elems - 1) // (spatial * c) + 2)

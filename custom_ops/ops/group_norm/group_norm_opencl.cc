@@ -76,15 +76,9 @@ int PlanSplits(int64_t n, int groups, int64_t spatial, int cg, uint32_t cus,
 
 // Whether gn_apply merges split statistics itself: one of its work-groups
 // (wg work-items, 4 elements each in the float4 form) touches at most wg
-// (sample, group) pairs, and each pair has at most kApplyMergeSplits
-// partials. Every apply work-group repeats those merges (serial, with a
-// division each) before it streams: on the H100 at [1, 4096, 1280] with 17
-// splits that made gn_apply 37 us against ~18 us for a plain stream of the
-// same bytes; a separate gn_combine costs one tiny kernel instead.
-constexpr int kApplyMergeSplits = 4;
-
+// (sample, group) pairs.
 bool CombineInApply(int64_t n, int groups, int64_t spatial, int c, int splits, size_t wg) {
-  if (splits == 1 || splits > kApplyMergeSplits) return false;
+  if (splits == 1) return false;
   const int64_t elems = static_cast<int64_t>(wg) * (c % 4 == 0 ? 4 : 1);
   const int64_t samples = std::min<int64_t>(n, (elems - 1) / (spatial * c) + 2);
   return samples * groups <= static_cast<int64_t>(wg);
