@@ -25,7 +25,6 @@ DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 CANONICAL_KINDS = ("gelu", "groupnorm", "attention")
 DEFAULT_FUSE = FUSE_KINDS  # every kind
 DEFAULT_PROFILE = "generic"
-DEFAULT_WINOGRAD_BUDGET_MB = 200.0
 PRECISIONS = ("fp32", "fp16")
 VERSION = "0.1.0"
 
@@ -39,7 +38,7 @@ class ConvertOptions:
     precision: str = "fp32"
     fuse: tuple[str, ...] = DEFAULT_FUSE
     device_profile: str = DEFAULT_PROFILE
-    winograd_budget_mb: float = DEFAULT_WINOGRAD_BUDGET_MB
+    winograd_budget_mb: float | None = None  # None: the device profile's budget
     keep_onnx: bool = False
     seed: int = 0  # the preset's weights
 
@@ -55,8 +54,14 @@ class ConvertOptions:
         if self.batch not in (1, 2):
             raise BadInput(f"batch {self.batch} must be 1 or 2")
         profiles.load_profile(self.device_profile)
-        if not self.winograd_budget_mb >= 0:
+        if self.winograd_budget_mb is not None and not self.winograd_budget_mb >= 0:
             raise BadInput(f"--winograd-budget-mb {self.winograd_budget_mb} must be >= 0")
+
+    def budget_mb(self) -> float:
+        """The Winograd weight budget: the option when given, else the device profile's."""
+        if self.winograd_budget_mb is not None:
+            return self.winograd_budget_mb
+        return profiles.load_profile(self.device_profile).winograd_budget_mb
 
     def manifest_dict(self) -> dict:
         d = asdict(self)
@@ -64,6 +69,7 @@ class ConvertOptions:
             d["device_profile"] = profiles.load_profile(self.device_profile).name
         d["components"] = list(self.components)
         d["fuse"] = sorted(self.fuse)
+        d["winograd_budget_mb"] = self.budget_mb()
         return d
 
 
@@ -155,7 +161,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     # for NHWC); only the kinds in options.fuse become custom ops.
     decisions: dict = {}
     fusion = run_passes(graph, set(CANONICAL_KINDS) | set(options.fuse), profile=options.device_profile,
-                        winograd_budget_mb=options.winograd_budget_mb, precision=options.precision,
+                        winograd_budget_mb=options.budget_mb(), precision=options.precision,
                         details=decisions)
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in options.fuse

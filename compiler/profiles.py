@@ -25,6 +25,9 @@ _TOP_KEYS = {"description": str, "gpu": str, "local_mem_bytes": int, "max_work_g
              "fp16": bool, "bandwidth_gbps": float, "fp32_gflops": float, "fp16_gflops": float,
              "launch_overhead_us": float, "winograd": dict, "attention": dict}
 _WINOGRAD_KEYS = {"min_in_channels": int, "min_out_channels": int, "min_tiles": int, "source": str}
+# Optional: the extra weight memory Winograd may add on this device when --winograd-budget-mb is
+# not given (its weights are 4x a 3x3 conv's); phones keep the default.
+DEFAULT_WINOGRAD_BUDGET_MB = 200.0
 _ATTENTION_KEYS = {"flash": bool, "flash_block_q": int, "flash_block_kv": int, "flash_max_head_dim": int,
                    "flash_min_kv_len": int, "source": str}
 
@@ -55,6 +58,7 @@ class Profile:
     flash_max_head_dim: int  # largest head dim whose q row + accumulator fit the registers
     flash_min_kv_len: int  # shorter key sequences use the partially fused softmax
     attention_source: str
+    winograd_budget_mb: float = DEFAULT_WINOGRAD_BUDGET_MB  # default Winograd weight budget
 
     def element_bytes(self, precision: str | None = None) -> int:
         """Bytes per activation/weight element on the device: `precision` ("fp16"/"fp32") when
@@ -111,7 +115,11 @@ def _checked(where: Path, label: str, entry: object, keys: dict[str, type]) -> d
 
 def _profile(where: Path, name: str, entry: object) -> Profile:
     top = _checked(where, f"profile {name!r}", entry, _TOP_KEYS)
-    wino = _checked(where, f"profile {name!r} winograd", top.pop("winograd"), _WINOGRAD_KEYS)
+    wino_entry = dict(top.pop("winograd"))
+    budget = wino_entry.pop("budget_mb", DEFAULT_WINOGRAD_BUDGET_MB)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+        raise BadInput(f"{where}: profile {name!r} winograd.budget_mb must be a number >= 0, got {budget!r}")
+    wino = _checked(where, f"profile {name!r} winograd", wino_entry, _WINOGRAD_KEYS)
     attn = _checked(where, f"profile {name!r} attention", top.pop("attention"), _ATTENTION_KEYS)
     return Profile(
         name=name, **top,
@@ -119,7 +127,7 @@ def _profile(where: Path, name: str, entry: object) -> Profile:
         winograd_min_tiles=wino["min_tiles"], winograd_source=wino["source"],
         flash_attention=attn["flash"], flash_block_q=attn["flash_block_q"], flash_block_kv=attn["flash_block_kv"],
         flash_max_head_dim=attn["flash_max_head_dim"], flash_min_kv_len=attn["flash_min_kv_len"],
-        attention_source=attn["source"],
+        attention_source=attn["source"], winograd_budget_mb=float(budget),
     )
 
 

@@ -26,7 +26,7 @@ from onnx.reference.op_run import OpRun
 from compiler import custom_ops
 from compiler import winograd as wg
 from compiler.errors import BadInput
-from compiler.profiles import PROFILE_NAMES, Profile, load_profile
+from compiler.profiles import PROFILE_NAMES, PROFILES_FILE, Profile, load_profile
 from passes.attention_variant import choose_attention_variants
 from passes.winograd import apply_winograd, census, conv_cost, find_candidates
 
@@ -131,6 +131,31 @@ def test_profiles_load():
     assert (adreno.winograd_min_in_channels, adreno.winograd_min_out_channels, adreno.winograd_min_tiles) == (128, 128, 64)
     assert adreno.fp16 and adreno.flash_attention and not load_profile("mali-g715").flash_attention
     assert load_profile("nvidia-h100").element_bytes("fp16") == 4  # no cl_khr_fp16: computes in fp32
+
+
+def test_winograd_budget_defaults_to_the_profile(tmp_path):
+    """--winograd-budget-mb unset: the device profile's budget (200 MB unless the profile says)."""
+    import json
+
+    from compiler.convert import ConvertOptions
+
+    assert load_profile("generic").winograd_budget_mb == 200.0
+    assert load_profile("nvidia-h100").winograd_budget_mb == 2000.0
+    assert ConvertOptions(device_profile="nvidia-h100").budget_mb() == 2000.0
+    assert ConvertOptions(device_profile="adreno-740").budget_mb() == 200.0
+    options = ConvertOptions(device_profile="nvidia-h100", winograd_budget_mb=0.0)
+    assert options.budget_mb() == 0.0 and options.manifest_dict()["winograd_budget_mb"] == 0.0
+    assert ConvertOptions(device_profile="nvidia-h100").manifest_dict()["winograd_budget_mb"] == 2000.0
+    entry = json.loads(PROFILES_FILE.read_text())["profiles"]["generic"]
+    for budget, ok in ((750, True), (-1, False), ("big", False)):
+        entry["winograd"]["budget_mb"] = budget
+        path = tmp_path / f"profile_{budget}.json"
+        path.write_text(json.dumps({"profiles": {"mine": entry}}))
+        if ok:
+            assert load_profile(str(path)).winograd_budget_mb == 750.0
+        else:
+            with pytest.raises(BadInput, match="budget_mb"):
+                load_profile(str(path))
 
 
 def test_unknown_profile_names_known_ones():
