@@ -97,26 +97,19 @@ class Conv2dOp final : public GpuOp {
            size_t flat_local)
       : k_(k), tile_(t), g_(g), has_bias_(has_bias), wt_(std::move(wt)),
         flat_local_(flat_local) {}
-  // Split-K (gemm.h): `k` built with -DKSPLIT=splits, partials summed by `sum`.
-  void SetSplitK(int splits, SplitKSum sum, size_t partial_bytes) {
-    splits_ = splits;
-    sum_ = sum;
-    partial_bytes_ = partial_bytes;
-  }
+  // Split-K (gemm.h); `k` must be the kernel the plan built.
+  void SetSplitK(const SplitK& split) { split_ = split; }
   bool UsesInput(size_t input) const override { return !(input == 1 && wt_.mem()); }
   size_t WeightBytes() const override { return wt_.bytes(); }
-  size_t ScratchBytes() const override { return partial_bytes_; }
+  size_t ScratchBytes() const override { return split_.bytes(); }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     const int m = g_.n * g_.oh * g_.ow;
     const int kk = g_.kh * g_.kw * g_.cin;
     cl_mem bias = has_bias_ ? in[2].mem : nullptr;
-    cl_mem y = out[0].mem;
     std::string e;
-    if (splits_ > 1) {
-      y = ctx.Scratch(partial_bytes_, kSplitKSlot, &e);
-      if (y == nullptr) return "split-K partials: " + e;
-    }
+    cl_mem y = split_.Target(ctx, out[0].mem, &e);
+    if (y == nullptr) return e;
     e = Args()
             .Mem(in[0].mem)
             .Mem(wt_.mem() ? wt_.mem() : in[1].mem)
@@ -128,7 +121,7 @@ class Conv2dOp final : public GpuOp {
             .Int4(g_.G0())
             .Int4(g_.G1())
             .Int4(g_.G2())
-            .Int(has_bias_ && splits_ == 1 ? 1 : 0)
+            .Int(has_bias_ && split_.splits() == 1 ? 1 : 0)
             .Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (wt_.mem()) {
@@ -141,11 +134,11 @@ class Conv2dOp final : public GpuOp {
                              static_cast<size_t>(tile_.tm / tile_.wm), 1};
     const size_t global[3] = {static_cast<size_t>((g_.cout + tile_.tn - 1) / tile_.tn) * local[0],
                               static_cast<size_t>((m + tile_.tm - 1) / tile_.tm) * local[1],
-                              static_cast<size_t>(splits_)};
+                              static_cast<size_t>(split_.splits())};
     e = ctx.Enqueue(k_, 3, global, local, "conv2d");
-    if (!e.empty() || splits_ == 1) return e;
-    return sum_.Run(ctx, y, bias, out[0].mem, m, g_.cout, g_.cout, m * g_.cout, 1, splits_,
-                    "conv2d.splitk_sum");
+    if (!e.empty()) return e;
+    return split_.Sum(ctx, y, bias, out[0].mem, m, g_.cout, g_.cout, m * g_.cout, 1,
+                      "conv2d.splitk_sum");
   }
 
  private:
@@ -155,9 +148,7 @@ class Conv2dOp final : public GpuOp {
   bool has_bias_;
   OwnedBuffer wt_;
   size_t flat_local_;
-  int splits_ = 1;
-  SplitKSum sum_;
-  size_t partial_bytes_ = 0;
+  SplitK split_;
 };
 
 class Conv1x1Op final : public GpuOp {
@@ -236,23 +227,16 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   };
   e = PickTile(ctx, m, g.cout, kernel_of, &tile, &kernel);
   if (!e.empty()) return Refuse(error, e);
-  const int64_t out_elements = static_cast<int64_t>(m) * g.cout;
-  const int splits =
-      tile.vec ? ChooseSplitK(ctx,
-                              static_cast<int64_t>((m + tile.tm - 1) / tile.tm) *
-                                  ((g.cout + tile.tn - 1) / tile.tn),
-                              k, out_elements)
-               : 1;
-  SplitKSum sum;
-  if (splits > 1) {
-    e = kernel_of(tile, &kernel, " -DKSPLIT=" + std::to_string(splits));
-    if (e.empty()) e = sum.Init(ctx);
+  SplitK split;
+  if (tile.vec) {
+    const int64_t tiles = static_cast<int64_t>((m + tile.tm - 1) / tile.tm) *
+                          ((g.cout + tile.tn - 1) / tile.tn);
+    e = split.Plan(ctx, tiles, k, static_cast<int64_t>(m) * g.cout,
+                   [&](const std::string& extra) { return kernel_of(tile, &kernel, extra); });
     if (!e.empty()) return Refuse(error, e);
   }
   auto op = std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, OwnedBuffer(), 0);
-  if (splits > 1) {
-    op->SetSplitK(splits, sum, static_cast<size_t>(splits) * out_elements * DTypeSize(ctx.storage()));
-  }
+  op->SetSplitK(split);
   return op;
 }
 

@@ -52,13 +52,20 @@ int ChooseSplitK(GpuContext& ctx, int64_t work_groups, int k, int64_t out_elemen
   return splits;
 }
 
-std::string SplitKSum::Init(GpuContext& ctx) {
-  return GetKernel(ctx, "gemm", "splitk_sum", "", &kernel_);
+std::string SplitK::InitSum(GpuContext& ctx) {
+  return GetKernel(ctx, "gemm", "splitk_sum", "", &sum_);
 }
 
-std::string SplitKSum::Run(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m,
-                           int n, int ldc, int c_bs, int batches, int splits,
-                           const char* label) const {
+cl_mem SplitK::Target(GpuContext& ctx, cl_mem c, std::string* error) const {
+  if (splits_ == 1) return c;
+  cl_mem partials = ctx.Scratch(partial_bytes_, kSplitKSlot, error);
+  if (partials == nullptr) *error = "split-K partials: " + *error;
+  return partials;
+}
+
+std::string SplitK::Sum(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m, int n,
+                        int ldc, int c_bs, int batches, const char* label) const {
+  if (splits_ == 1) return "";
   std::string e = Args()
                       .Mem(partials)
                       .Mem(bias)
@@ -67,14 +74,14 @@ std::string SplitKSum::Run(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem
                       .Int(n)
                       .Int(ldc)
                       .Int(c_bs)
-                      .Int(splits)
+                      .Int(splits_)
                       .Int(bias != nullptr ? 1 : 0)
-                      .Set(ctx.cl(), kernel_);
+                      .Set(ctx.cl(), sum_);
   if (!e.empty()) return e;
-  const size_t local[3] = {std::min<size_t>(64, ctx.KernelWorkGroupSize(kernel_)), 1, 1};
+  const size_t local[3] = {std::min<size_t>(64, ctx.KernelWorkGroupSize(sum_)), 1, 1};
   const size_t global[3] = {RoundUp(static_cast<size_t>(n), local[0]), static_cast<size_t>(m),
                             static_cast<size_t>(batches)};
-  return ctx.Enqueue(kernel_, 3, global, local, label);
+  return ctx.Enqueue(sum_, 3, global, local, label);
 }
 
 bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
@@ -144,13 +151,8 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   if (!e.empty() || !tile_.vec) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
                         ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;
-  const int64_t out_elements = static_cast<int64_t>(batches_) * s_.m * s_.n;
-  splits_ = ChooseSplitK(ctx, tiles, s_.k, out_elements);
-  if (splits_ == 1) return "";
-  e = kernel_of(tile_, &kernel_, " -DKSPLIT=" + std::to_string(splits_));
-  if (e.empty()) e = sum_.Init(ctx);
-  partial_bytes_ = static_cast<size_t>(splits_) * out_elements * DTypeSize(ctx.storage());
-  return e;
+  return split_.Plan(ctx, tiles, s_.k, static_cast<int64_t>(batches_) * s_.m * s_.n,
+                     [&](const std::string& extra) { return kernel_of(tile_, &kernel_, extra); });
 }
 
 std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
@@ -164,31 +166,29 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
     b = t;
   }
   const bool has_bias = s_.has_bias && bias != nullptr;
-  cl_mem out = c;
-  if (splits_ > 1) {
-    std::string err;
-    out = ctx.Scratch(partial_bytes_, kSplitKSlot, &err);
-    if (out == nullptr) return "split-K partials: " + err;
-  }
-  std::string e = Args()
-                      .Mem(a)
-                      .Mem(b)
-                      .Mem(bias)
-                      .Mem(out)
-                      .Int(s_.m)
-                      .Int(s_.n)
-                      .Int(s_.k)
-                      .Int(s_.a_sm)
-                      .Int(s_.a_sk)
-                      .Int(s_.b_sk)
-                      .Int(s_.b_sn)
-                      .Int(splits_ > 1 ? s_.n : s_.ldc)
-                      .Int4(s_.bdims, 1)
-                      .Int4(s_.a_bs)
-                      .Int4(s_.b_bs)
-                      .Int(splits_ > 1 ? s_.m * s_.n : s_.c_bs)
-                      .Int(has_bias && splits_ == 1 ? 1 : 0)
-                      .Set(ctx.cl(), kernel_);
+  const bool split = split_.splits() > 1;
+  std::string e;
+  cl_mem out = split_.Target(ctx, c, &e);
+  if (out == nullptr) return e;
+  e = Args()
+            .Mem(a)
+            .Mem(b)
+            .Mem(bias)
+            .Mem(out)
+            .Int(s_.m)
+            .Int(s_.n)
+            .Int(s_.k)
+            .Int(s_.a_sm)
+            .Int(s_.a_sk)
+            .Int(s_.b_sk)
+            .Int(s_.b_sn)
+            .Int(split ? s_.n : s_.ldc)
+            .Int4(s_.bdims, 1)
+            .Int4(s_.a_bs)
+            .Int4(s_.b_bs)
+            .Int(split ? s_.m * s_.n : s_.c_bs)
+            .Int(has_bias && !split ? 1 : 0)
+            .Set(ctx.cl(), kernel_);
   if (!e.empty()) return e;
   if (flat_) {
     const size_t local[3] = {flat_local_, 1, 1};
@@ -201,11 +201,11 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
                            static_cast<size_t>(tile_.tm / tile_.wm), 1};
   const size_t global[3] = {static_cast<size_t>((s_.n + tile_.tn - 1) / tile_.tn) * local[0],
                             static_cast<size_t>((s_.m + tile_.tm - 1) / tile_.tm) * local[1],
-                            static_cast<size_t>(batches_) * splits_};
+                            static_cast<size_t>(batches_) * split_.splits()};
   e = ctx.Enqueue(kernel_, 3, global, local, label);
-  if (!e.empty() || splits_ == 1) return e;
-  return sum_.Run(ctx, out, has_bias ? bias : nullptr, c, s_.m, s_.n, s_.ldc, s_.c_bs, batches_,
-                  splits_, label);
+  if (!e.empty()) return e;
+  return split_.Sum(ctx, out, has_bias ? bias : nullptr, c, s_.m, s_.n, s_.ldc, s_.c_bs, batches_,
+                    label);
 }
 
 }  // namespace difflite::gpu::builtin

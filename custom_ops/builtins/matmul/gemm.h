@@ -63,15 +63,33 @@ constexpr int kMinSplitKDepth = 256;
 // `out_elements`: batches * M * N, to keep the partials 32-bit indexable.
 int ChooseSplitK(GpuContext& ctx, int64_t work_groups, int k, int64_t out_elements);
 
-// Adds the partial planes: C[b*c_bs + m*ldc + n] = sum_s P[s][b][m][n] + bias[n].
-class SplitKSum {
+// One GEMM's split-K: the choice, the partial planes' scratch and splitk_sum.
+class SplitK {
  public:
-  std::string Init(GpuContext& ctx);
-  std::string Run(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m, int n,
-                  int ldc, int c_bs, int batches, int splits, const char* label) const;
+  // Chooses the splits for `tiles` output tiles (all batches) of depth k and
+  // `out_elements` = batches * M * N outputs; with more than one, `rebuild`
+  // gets " -DKSPLIT=<splits>" to build the split kernel.
+  template <typename F>
+  std::string Plan(GpuContext& ctx, int64_t tiles, int k, int64_t out_elements, F rebuild) {
+    splits_ = ChooseSplitK(ctx, tiles, k, out_elements);
+    if (splits_ == 1) return "";
+    partial_bytes_ = static_cast<size_t>(splits_) * out_elements * DTypeSize(ctx.storage());
+    std::string e = rebuild(" -DKSPLIT=" + std::to_string(splits_));
+    return e.empty() ? InitSum(ctx) : e;
+  }
+  int splits() const { return splits_; }
+  size_t bytes() const { return partial_bytes_; }
+  // Where the split kernel writes: the partial planes (kSplitKSlot), or `c` without splits.
+  cl_mem Target(GpuContext& ctx, cl_mem c, std::string* error) const;
+  // Adds the planes into C[b*c_bs + m*ldc + n] (+ bias[n]); nothing without splits.
+  std::string Sum(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m, int n, int ldc,
+                  int c_bs, int batches, const char* label) const;
 
  private:
-  cl_kernel kernel_ = nullptr;
+  std::string InitSum(GpuContext& ctx);
+  int splits_ = 1;
+  size_t partial_bytes_ = 0;
+  cl_kernel sum_ = nullptr;
 };
 
 struct GemmShape {
@@ -91,17 +109,15 @@ class Gemm {
   std::string Init(GpuContext& ctx, const GemmShape& s);
   std::string Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
                   const char* label) const;
-  size_t ScratchBytes() const { return b_scratch_bytes_ + partial_bytes_; }
-  int splits() const { return splits_; }
+  size_t ScratchBytes() const { return b_scratch_bytes_ + split_.bytes(); }
+  size_t TransposedBBytes() const { return b_scratch_bytes_; }  // its scratch slot 0
 
  private:
   GemmShape s_;
   TileConfig tile_;
   cl_kernel kernel_ = nullptr;
   int batches_ = 1;
-  int splits_ = 1;  // split-K
-  SplitKSum sum_;
-  size_t partial_bytes_ = 0;
+  SplitK split_;
   bool flat_ = false;
   size_t flat_local_ = 64;
   // Flat kernels with a k-major B (e.g. A * B^T): B is first copied n-major

@@ -68,10 +68,10 @@ class WinogradGpu final : public GpuOp {
     s.c_bs = t_ * cout_;
     e = gemm_.Init(ctx, s);
     if (!e.empty()) return "winograd GEMM: " + e;
-    // Scratch slots 0 and 1 hold V and M. Besides split-K's partials (slot kSplitKSlot), the
-    // GEMM's only scratch is its slot-0 copy of a k-major B on CPU-like devices: U is n-major.
+    // Scratch slots 0 and 1 hold V and M. The GEMM's slot-0 copy of a k-major B (CPU-like
+    // devices) never happens here, U being n-major; its split-K partials use kSplitKSlot.
     static_assert(gpu::builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
-    if (gemm_.splits() == 1 && gemm_.ScratchBytes() != 0) {
+    if (gemm_.TransposedBBytes() != 0) {
       return "winograd GEMM: wants scratch slot 0, which holds V";
     }
     return "";
