@@ -809,7 +809,7 @@ def test_programs_compile_for_half_storage(launch):
     # them: -DDL_FP16=1 and its prelude enabling cl_khr_fp16.
     prelude = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
     for f in ("matmul/gemm.cl", "conv/conv.cl"):
-        src = prelude + (REPO / "custom_ops" / "builtins" / f).read_text()
+        src = prelude + launch.cl_source(REPO / "custom_ops" / "builtins" / f)
         for extra in ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
                    "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", "-DDL_FP16=1", *extra,

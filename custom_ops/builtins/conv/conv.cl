@@ -35,10 +35,8 @@
 #define RA ((TM * TK + NT - 1) / NT)
 #ifdef DL_FP16
 #define CONVERT_DL_T16 convert_half16
-#define CONVERT_DL_T4 convert_half4
 #else
 #define CONVERT_DL_T16(v) (v)
-#define CONVERT_DL_T4(v) (v)
 #endif
 
 // The output pixels of the A rows this item stages (fixed over K since NT % TK == 0): the
@@ -162,7 +160,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 #define LDA (TM + 4)
 #define LDB (TN + 4)
 #define LB ((TN * TK + NT - 1) / NT)  // filter elements staged per item
-#define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
+#include "vec_tile.cl"
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
@@ -182,9 +180,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   // Split-K (KSPLIT > 1, as in gemm.cl): work-group dimension 2 is the split;
   // it sums K range [kbeg, kend) into partial plane `split` of y ([M][N] each).
   const int split = get_group_id(2);
-  const int kchunk = (K + KSPLIT * TK - 1) / (KSPLIT * TK) * TK;
-  const int kbeg = split * kchunk;
-  const int kend = min(K, kbeg + kchunk);
+  VT_SPLIT_RANGE(K, split, kbeg, kend);
 
   // The A rows this item loads: fixed over K (NT % TK == 0).
   const int a_kk = tid % TK;
@@ -192,11 +188,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
 
   float4 acc[WM][WN / 4];
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-#pragma unroll
-    for (int j = 0; j < WN / 4; ++j) acc[i][j] = (float4)(0.0f);
-  }
+  VT_ZERO(acc);
 
   // As in gemm.cl: iteration k0 fetches slice k0, computes slice k0 - TK
   // from buffer buf ^ 1 and stages slice k0 into buffer buf.
@@ -225,23 +217,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         rb[l] = (n < N && kb < kend && nn < TN) ? (float)w[n * K + kb] : 0.0f;
       }
     }
-    if (k0 > kbeg) {
-      const int cb = buf ^ 1;
-#pragma unroll
-      for (int kk = 0; kk < TK; ++kk) {
-        float4 a[WM / 4], b[WN / 4];
-#pragma unroll
-        for (int v = 0; v < WM / 4; ++v) a[v] = As[cb][kk][ty * (WM / 4) + v];
-#pragma unroll
-        for (int v = 0; v < WN / 4; ++v) b[v] = Bs[cb][kk][tx * (WN / 4) + v];
-#pragma unroll
-        for (int i = 0; i < WM; ++i) {
-          const float4 ai = (float4)(C4(a[i / 4], i % 4));
-#pragma unroll
-          for (int j = 0; j < WN / 4; ++j) acc[i][j] = fma(ai, b[j], acc[i][j]);
-        }
-      }
-    }
+    if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
     if (k0 < kend) {
 #pragma unroll
       for (int r = 0; r < RA; ++r) {
@@ -260,38 +236,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   }
 
   const bool vec_c = (N & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
-  const int mb = m0 + ty * WM;
-  const int nb = n0 + tx * WN;
-  float4 bv[WN / 4];
-#pragma unroll
-  for (int j = 0; j < WN / 4; ++j) {
-    float t[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int n = nb + 4 * j + c;
-      t[c] = (has_bias && n < N) ? (float)bias[n] : 0.0f;
-    }
-    bv[j] = (float4)(t[0], t[1], t[2], t[3]);
-  }
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-    const int m = mb + i;
-    if (m >= M) break;
-    __global DL_T* row = y + (split * M + m) * N;
-#pragma unroll
-    for (int j = 0; j < WN / 4; ++j) {
-      const int n = nb + 4 * j;
-      const float4 v = acc[i][j] + bv[j];
-      if (vec_c && n + 4 <= N) {
-        vstore4(CONVERT_DL_T4(v), 0, row + n);
-      } else {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          if (n + c < N) row[n + c] = (DL_T)C4(v, c);
-        }
-      }
-    }
-  }
+  VT_STORE(acc, bias, has_bias, M, N, vec_c, y + (split * M + m) * N);
 }
 #endif  // VEC
 

@@ -146,12 +146,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 #define LDB (TN + 4)
 #define LA ((TM * TK + NT - 1) / NT)  // A elements staged per item
 #define LB ((TN * TK + NT - 1) / NT)
-#define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
-#ifdef DL_FP16
-#define CONVERT_DL_T4 convert_half4
-#else
-#define CONVERT_DL_T4(v) (v)
-#endif
+#include "vec_tile.cl"
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
@@ -170,18 +165,12 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   // its K range [kbeg, kend) into partial plane s of C (splitk_sum adds them).
   const int batch = get_group_id(2) / KSPLIT;
   const int split = get_group_id(2) % KSPLIT;
-  const int kchunk = (K + KSPLIT * TK - 1) / (KSPLIT * TK) * TK;
-  const int kbeg = split * kchunk;
-  const int kend = min(K, kbeg + kchunk);
+  VT_SPLIT_RANGE(K, split, kbeg, kend);
   __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
   __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
 
   float4 acc[WM][WN / 4];
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-#pragma unroll
-    for (int j = 0; j < WN / 4; ++j) acc[i][j] = (float4)(0.0f);
-  }
+  VT_ZERO(acc);
 
   // Iteration k0 fetches slice k0 into ra/rb, computes slice k0 - TK from
   // local buffer buf ^ 1, then stages ra/rb into buffer buf. The barrier
@@ -214,23 +203,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         rb[l] = (n < N && k < kend && e < TN * TK) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
       }
     }
-    if (k0 > kbeg) {
-      const int cb = buf ^ 1;
-#pragma unroll
-      for (int kk = 0; kk < TK; ++kk) {
-        float4 a[WM / 4], b[WN / 4];
-#pragma unroll
-        for (int v = 0; v < WM / 4; ++v) a[v] = As[cb][kk][ty * (WM / 4) + v];
-#pragma unroll
-        for (int v = 0; v < WN / 4; ++v) b[v] = Bs[cb][kk][tx * (WN / 4) + v];
-#pragma unroll
-        for (int i = 0; i < WM; ++i) {
-          const float4 ai = (float4)(C4(a[i / 4], i % 4));
-#pragma unroll
-          for (int j = 0; j < WN / 4; ++j) acc[i][j] = fma(ai, b[j], acc[i][j]);
-        }
-      }
-    }
+    if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
     if (k0 < kend) {
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
@@ -259,38 +232,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 
   __global DL_T* Cb = C + (split * (get_num_groups(2) / KSPLIT) + batch) * c_bs;
   const bool vec_c = ((ldc | c_bs) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
-  const int mb = m0 + ty * WM;
-  const int nb = n0 + tx * WN;
-  float4 bv[WN / 4];
-#pragma unroll
-  for (int j = 0; j < WN / 4; ++j) {
-    float t[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int n = nb + 4 * j + c;
-      t[c] = (has_bias && n < N) ? (float)bias[n] : 0.0f;
-    }
-    bv[j] = (float4)(t[0], t[1], t[2], t[3]);
-  }
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-    const int m = mb + i;
-    if (m >= M) break;
-    __global DL_T* row = Cb + m * ldc;
-#pragma unroll
-    for (int j = 0; j < WN / 4; ++j) {
-      const int n = nb + 4 * j;
-      const float4 v = acc[i][j] + bv[j];
-      if (vec_c && n + 4 <= N) {
-        vstore4(CONVERT_DL_T4(v), 0, row + n);
-      } else {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          if (n + c < N) row[n + c] = (DL_T)C4(v, c);
-        }
-      }
-    }
-  }
+  VT_STORE(acc, bias, has_bias, M, N, vec_c, Cb + m * ldc);
 }
 #endif  // VEC
 

@@ -1,0 +1,79 @@
+// The register tile of the vectorised GEMM kernels (-DVEC=1: gemm.cl's gemm
+// and conv.cl's conv2d). A work-item owns the WM x WN block at rows ty*WM..,
+// cols tx*WN.. of its work-group's TM x TN tile, held as float4
+// acc[WM][WN / 4]; the operands of one k are float4 rows of the k-major local
+// tiles As[cb][k] / Bs[cb][k]. The loops over acc are macros rather than
+// functions so that the accumulators stay plain registers whatever the
+// compiler does with array arguments.
+#define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
+#ifdef DL_FP16
+#define CONVERT_DL_T4 convert_half4
+#else
+#define CONVERT_DL_T4(v) (v)
+#endif
+
+// Split-K (KSPLIT > 1): split `split` sums the TK-aligned K range
+// [kbeg, kend) (the last ranges may be short or empty); all of K otherwise.
+#define VT_SPLIT_RANGE(K, split, kbeg, kend)                                 \
+  const int kbeg = (split) * (((K) + KSPLIT * TK - 1) / (KSPLIT * TK) * TK); \
+  const int kend = min((K), kbeg + ((K) + KSPLIT * TK - 1) / (KSPLIT * TK) * TK)
+
+#define VT_ZERO(acc)                                          \
+  do {                                                        \
+    _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {       \
+      _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) { \
+        acc[i_][j_] = (float4)(0.0f);                         \
+      }                                                       \
+    }                                                         \
+  } while (0)
+
+// acc += the TK-deep slice in local buffer cb.
+#define VT_FMA_SLICE(As, Bs, cb, acc)                                                          \
+  do {                                                                                        \
+    _Pragma("unroll") for (int kk_ = 0; kk_ < TK; ++kk_) {                                    \
+      float4 a_[WM / 4], b_[WN / 4];                                                          \
+      _Pragma("unroll") for (int v_ = 0; v_ < WM / 4; ++v_) a_[v_] = As[cb][kk_][ty * (WM / 4) + v_]; \
+      _Pragma("unroll") for (int v_ = 0; v_ < WN / 4; ++v_) b_[v_] = Bs[cb][kk_][tx * (WN / 4) + v_]; \
+      _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                                     \
+        const float4 ai_ = (float4)(C4(a_[i_ / 4], i_ % 4));                                  \
+        _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                               \
+          acc[i_][j_] = fma(ai_, b_[j_], acc[i_][j_]);                                        \
+        }                                                                                     \
+      }                                                                                       \
+    }                                                                                         \
+  } while (0)
+
+// bias[n .. n+3] (zeros past N or without a bias).
+inline float4 vt_bias4(__global const DL_T* bias, int has_bias, int n, int N) {
+  float t[4];
+  for (int c = 0; c < 4; ++c) t[c] = (has_bias && n + c < N) ? (float)bias[n + c] : 0.0f;
+  return (float4)(t[0], t[1], t[2], t[3]);
+}
+
+// Stores acc (+ bias) of the item's block: rows m < M at ROW(m) (a pointer
+// expression in m), columns n < N; vstore4 where `vec_c` says rows are
+// 16-byte aligned.
+#define VT_STORE(acc, bias, has_bias, M, N, vec_c, ROW)                         \
+  do {                                                                         \
+    const int mb_ = m0 + ty * WM, nb_ = n0 + tx * WN;                          \
+    float4 bv_[WN / 4];                                                        \
+    _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                    \
+      bv_[j_] = vt_bias4(bias, has_bias, nb_ + 4 * j_, N);                     \
+    }                                                                          \
+    _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                        \
+      const int m = mb_ + i_;                                                  \
+      if (m >= (M)) break;                                                     \
+      __global DL_T* row_ = (ROW);                                             \
+      _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                  \
+        const int n_ = nb_ + 4 * j_;                                           \
+        const float4 v_ = acc[i_][j_] + bv_[j_];                               \
+        if ((vec_c) && n_ + 4 <= (N)) {                                        \
+          vstore4(CONVERT_DL_T4(v_), 0, row_ + n_);                            \
+        } else {                                                               \
+          _Pragma("unroll") for (int c_ = 0; c_ < 4; ++c_) {                   \
+            if (n_ + c_ < (N)) row_[n_ + c_] = (DL_T)C4(v_, c_);               \
+          }                                                                    \
+        }                                                                      \
+      }                                                                        \
+    }                                                                          \
+  } while (0)
