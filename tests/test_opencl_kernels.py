@@ -731,19 +731,25 @@ def test_delegate_attention_bad_kernel_env(tmp_path, oplib, monkeypatch):
         _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False)
 
 
+def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels):
+    """One WinogradConv3x3 through the delegate, checked against a direct 3x3 conv; its stats."""
+    x = nonzero(r, (n, h, w, cin))
+    wt = nonzero(r, (cout, cin, 3, 3), 0.5)
+    bias = nonzero(r, (cout,))
+    u = winograd_ref.transform_weights(wt)
+    out, stats = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
+                               [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x],
+                               stats=True, kernels=kernels)
+    assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL, (n, h, w, cin, cout)
+    return stats
+
+
 @pytest.mark.parametrize("kernels", ["auto", "tiled"])  # PoCL: flat gemm_rows; tiled: the GPUs' GEMM
 def test_delegate_winograd(tmp_path, oplib, kernels):
     r = np.random.default_rng(14)
     # T = 9 and 98 tiles with Cin = 24, Cout = 40: partial 32x32 / 64x64 GEMM tiles and K slices.
     for n, h, w, cin, cout in ((1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 10, 10, 24, 40), (2, 27, 26, 24, 40)):
-        x = nonzero(r, (n, h, w, cin))
-        wt = nonzero(r, (cout, cin, 3, 3), 0.5)
-        bias = nonzero(r, (cout,))
-        u = winograd_ref.transform_weights(wt)
-        out, stats = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
-                                   [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x],
-                                   stats=True, kernels=kernels)
-        assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL, (n, h, w, cin, cout)
+        stats = _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels)
         t = n * -(-h // 4) * -(-w // 4)
         assert stats.get("nodes_claimed") == 1, stats
         assert stats.get("kernels") == ("flat" if kernels == "auto" else "tiled"), stats
@@ -753,16 +759,8 @@ def test_delegate_winograd(tmp_path, oplib, kernels):
 def test_delegate_winograd_split_k(tmp_path, oplib, monkeypatch):
     """The GPUs' GEMM with split-K forced: its partial planes (scratch slot 2) leave V and M alone."""
     monkeypatch.setenv("DIFFLITE_SPLIT_K", "3")
-    r = np.random.default_rng(15)
     n, h, w, cin, cout = 2, 27, 26, 70, 40
-    x = nonzero(r, (n, h, w, cin))
-    wt = nonzero(r, (cout, cin, 3, 3), 0.5)
-    bias = nonzero(r, (cout,))
-    u = winograd_ref.transform_weights(wt)
-    out, stats = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
-                               [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x],
-                               stats=True, kernels="tiled")
-    assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL
+    stats = _delegate_winograd(tmp_path, oplib, np.random.default_rng(15), n, h, w, cin, cout, "tiled")
     t = n * 7 * 7
     assert stats.get("scratch_bytes") == 4 * 36 * t * (cin + cout + 3 * cout), stats  # V, M, 3 partial planes
 
