@@ -39,6 +39,18 @@
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
+// Element e of a staged TK-deep slice of A (TM rows) or B (TN columns):
+// its k index and row / column, walking the operand's contiguous index first.
+#if A_KMAJOR
+#define A_SLICE_INDEX(e, kk, mm) const int kk = (e) % TK, mm = (e) / TK
+#else
+#define A_SLICE_INDEX(e, kk, mm) const int mm = (e) % TM, kk = (e) / TM
+#endif
+#if B_KMAJOR
+#define B_SLICE_INDEX(e, kk, nn) const int kk = (e) % TK, nn = (e) / TK
+#else
+#define B_SLICE_INDEX(e, kk, nn) const int nn = (e) % TN, kk = (e) / TN
+#endif
 
 // Element offset of batch `batch` (up to 4 collapsed dims, innermost in .w).
 inline int batch_offset(int batch, int4 bdims, int4 strides) {
@@ -78,25 +90,13 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 
   for (int k0 = 0; k0 < K; k0 += TK) {
     for (int e = tid; e < TM * TK; e += NT) {
-#if A_KMAJOR
-      const int kk = e % TK;
-      const int mm = e / TK;
-#else
-      const int mm = e % TM;
-      const int kk = e / TM;
-#endif
+      A_SLICE_INDEX(e, kk, mm);
       const int m = m0 + mm;
       const int k = k0 + kk;
       As[kk][mm] = (m < M && k < K) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
     }
     for (int e = tid; e < TN * TK; e += NT) {
-#if B_KMAJOR
-      const int kk = e % TK;
-      const int nn = e / TK;
-#else
-      const int nn = e % TN;
-      const int kk = e / TN;
-#endif
+      B_SLICE_INDEX(e, kk, nn);
       const int n = n0 + nn;
       const int k = k0 + kk;
       Bs[kk][nn] = (n < N && k < K) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
@@ -183,22 +183,14 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
         const int e = tid + l * NT;
-#if A_KMAJOR
-        const int kk = e % TK, mm = e / TK;
-#else
-        const int mm = e % TM, kk = e / TM;
-#endif
+        A_SLICE_INDEX(e, kk, mm);
         const int m = m0 + mm, k = k0 + kk;
         ra[l] = (m < M && k < kend && e < TM * TK) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
       }
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
-#if B_KMAJOR
-        const int kk = e % TK, nn = e / TK;
-#else
-        const int nn = e % TN, kk = e / TN;
-#endif
+        B_SLICE_INDEX(e, kk, nn);
         const int n = n0 + nn, k = k0 + kk;
         rb[l] = (n < N && k < kend && e < TN * TK) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
       }
@@ -208,21 +200,13 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
         const int e = tid + l * NT;
-#if A_KMAJOR
-        const int kk = e % TK, mm = e / TK;
-#else
-        const int mm = e % TM, kk = e / TM;
-#endif
+        A_SLICE_INDEX(e, kk, mm);
         if (e < TM * TK) as[(buf * TK + kk) * LDA + mm] = ra[l];
       }
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
-#if B_KMAJOR
-        const int kk = e % TK, nn = e / TK;
-#else
-        const int nn = e % TN, kk = e / TN;
-#endif
+        B_SLICE_INDEX(e, kk, nn);
         if (e < TN * TK) bs[(buf * TK + kk) * LDB + nn] = rb[l];
       }
       barrier(CLK_LOCAL_MEM_FENCE);
