@@ -116,38 +116,51 @@ def attention_ref(q, k, v, heads, scale, causal):
 # GroupNorm
 
 
-@pytest.mark.parametrize(
-    "shape,groups,silu,splits,offset",
-    [
-        ((2, 5, 7, 24), 8, True, None, 0.5),  # float4 apply, one work-group per group
-        ((2, 5, 7, 24), 8, False, None, 0.5),
-        ((1, 48, 45, 40), 4, True, None, 3.0),  # large H*W: the planned multi-work-group reduction
-        ((1, 48, 45, 40), 4, True, 7, 50.0),  # uneven explicit splits, large mean offset
-        ((2, 13, 30), 5, True, 3, -2.0),  # [N, L, C], C % 4 != 0: scalar apply
-        ((1, 3, 300), 1, False, None, 1.0),  # a group wider than the work-group (cg > 256)
-        ((3, 5, 7, 24), 8, True, 2, 0.5),  # split stats merged by apply work-groups straddling samples
-        ((4, 2, 3, 128), 128, True, 3, 1.0),  # > 256 (sample, group) pairs per work-group: gn_combine
-    ],
-)
-def test_group_norm(runner, launch, shape, groups, silu, splits, offset):
+# The split plan (gn_stats_cols + gn_apply_cols) on column blocks: (shape, groups, silu, ys, mean
+# offset, expected (vw, lx, gpw, xb)); ys None takes the planned count for this device.
+GN_SPLIT_CASES = [
+    ((2, 5, 7, 24), 8, True, None, 0.5, (1, 24, 8, 1)),  # cg = 3: scalar columns, all groups in one block
+    ((2, 5, 7, 24), 8, False, 1, 0.5, (1, 24, 8, 1)),  # one partial per group
+    ((1, 48, 45, 40), 4, True, None, 3.0, (2, 20, 4, 1)),  # cg = 10: float2 columns, several partials
+    ((1, 48, 45, 40), 4, True, 7, 50.0, (2, 20, 4, 1)),  # uneven rows per partial, large mean offset
+    ((2, 13, 30), 5, True, 3, -2.0, (2, 15, 5, 1)),  # [N, L, C], C % 4 != 0
+    ((1, 3, 300), 1, False, None, 1.0, (4, 75, 1, 1)),  # one group (LayerNorm), fewer rows than GN_LY
+    ((2, 7, 2080), 2, True, 3, 1.0, (4, 130, 1, 2)),  # a group wider than the work-group: 2 shares
+    ((3, 5, 7, 24), 8, True, 2, 0.5, (1, 24, 8, 1)),  # three samples
+    ((4, 2, 3, 128), 128, True, None, 1.0, (1, 32, 32, 1)),  # cg = 1: 32 groups per block, 4 blocks
+    ((1, 64, 64, 80), 8, True, None, 100.0, (2, 40, 8, 1)),  # float2 vs float4 hazard: cg = 10
+]
+
+
+@pytest.mark.parametrize("shape,groups,silu,ys,offset,layout", GN_SPLIT_CASES)
+def test_group_norm(runner, launch, shape, groups, silu, ys, offset, layout):
     r = np.random.default_rng(sum(shape) + groups)
     c = shape[-1]
     x = nonzero(r, shape, 2.0, offset)
     gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
     y = runner.empty(shape)
-    planned = launch.gn_splits(shape[0], groups, int(np.prod(shape[1:-1])), c // groups,
-                               runner.compute_units)
-    if shape == (1, 48, 45, 40) and splits is None:
-        assert planned > 1, "this case must exercise the split reduction"
-    in_apply = launch.gn_combine_in_apply(shape[0], groups, int(np.prod(shape[1:-1])), c, splits or planned)
-    if shape in ((3, 5, 7, 24), (2, 13, 30)):
-        assert in_apply
-    if shape == (4, 2, 3, 128):
-        assert not in_apply
-    runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, groups,
-                      1e-5, silu, splits)
+    spatial = int(np.prod(shape[1:-1]))
+    cp = launch.gn_cols_plan(shape[0], groups, spatial, c, runner.compute_units, min(256, runner.max_wg), ys)
+    assert (cp.vw, cp.lx, cp.gpw, cp.xb) == layout
+    if shape == (1, 48, 45, 40) and ys is None:
+        assert cp.partials > 1, "this case must exercise merging partials"
+    ev = runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, groups,
+                           1e-5, silu, ys, plan="split")
+    assert len(ev) == 2
     ref = group_norm_ref(x, gamma, beta, groups, 1e-5, silu)
     assert rel_err(runner.download(y, shape), ref) < TOL
+
+
+def test_group_norm_split_plan(launch):
+    """PlanCols at SD 1.5 shapes on the H100 (132 compute units) and a 12-unit phone GPU."""
+    p = launch.gn_cols_plan(1, 32, 4096, 1280, 132)  # [1, 64x64, 1280]: cg = 40
+    assert (p.vw, p.lx, p.ly, p.gpw, p.xb, p.ys, p.ya) == (4, 40, 6, 4, 1, 64, 43)
+    p = launch.gn_cols_plan(2, 32, 4096, 320, 132)  # cg = 10: float2 columns, 8 groups per block
+    assert (p.vw, p.lx, p.ly, p.gpw, p.ys) == (2, 40, 6, 8, 64)
+    p = launch.gn_cols_plan(2, 1, 4096, 1280, 132)  # LayerNorm-as-GroupNorm over 1280 channels
+    assert (p.vw, p.lx, p.xb, p.partials) == (4, 160, 2, 64)
+    p = launch.gn_cols_plan(1, 32, 64, 1280, 12)  # 8x8: few rows, every work-item still walks 8
+    assert p.ys == 1 and p.ly == 6
 
 
 # The one-kernel plan (gn_one): channels per group 1, 3, 10, 40 (load widths 1, 1, 2, 4), mean
@@ -506,13 +519,13 @@ def _cxx_constant(path: Path, name: str) -> int:
 
 def test_plans_mirror_cxx(launch):
     ops = REPO / "custom_ops" / "ops"
-    assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kStatsGroup") == launch.GN_WG
-    assert launch.GN_APPLY_WG == launch.GN_WG  # the C++ side builds both with one size
     gn = (ops / "group_norm" / "group_norm_opencl.cc").read_text()
-    assert "(elems - 1) / (spatial * c) + 2" in gn and "samples * groups <= " in gn  # CombineInApply
-    assert "CeilDiv(4 * std::max<int64_t>(1, cus), n * groups)" in gn and "wg * 16" in gn  # PlanSplits
+    assert "CeilDiv(4 * std::max<int64_t>(1, cus), blocks)" in gn  # PlanCols: fill the device 4x
+    assert "if (cgv * d >= kColsMinWidth) break;" in gn and "cgv % p.xb != 0 || cgv / p.xb > limit" in gn
     for name, value in (("kOneGroup", launch.GN_ONE_WG), ("kOneMinGroup", launch.GN_ONE_MIN_WG),
-                        ("kOneUnroll", launch.GN_UNROLL)):
+                        ("kOneUnroll", launch.GN_UNROLL), ("kColsGroup", launch.COLS_GROUP),
+                        ("kColsMinWidth", launch.COLS_MIN_WIDTH), ("kStatsRows", launch.STATS_ROWS),
+                        ("kApplyRows", launch.APPLY_ROWS), ("kMaxPartials", launch.MAX_PARTIALS)):
         assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
     assert "return n * groups >= static_cast<int64_t>(cus);" in gn  # UseOneKernel
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne

@@ -63,26 +63,67 @@ def round_up(n: int, g: int) -> int:
 # ---------------------------------------------------------------------------
 # Launch plans (same numbers as the C++ side).
 
-GN_WG = 256  # gn_stats work-group (GN_WG)
-GN_APPLY_WG = 256  # gn_apply / gn_apply4 work-group (GN_APPLY_WG)
+COLS_GROUP = 256  # kColsGroup: the split plan's largest work-group
+COLS_MIN_WIDTH = 32  # kColsMinWidth
+STATS_ROWS = 8  # kStatsRows
+APPLY_ROWS = 16  # kApplyRows
+MAX_PARTIALS = 64  # kMaxPartials
 
 
-def gn_splits(n: int, groups: int, spatial: int, cg: int, compute_units: int, wg: int = GN_WG) -> int:
-    """Work-groups per (sample, group) for the statistics pass (group_norm_opencl.cc)."""
-    want = ceil_div(4 * max(1, compute_units), n * groups)  # enough work-groups to fill the device
-    by_size = max(1, (spatial * cg) // (wg * 16))  # at least ~16 elements per work-item
-    return max(1, min(want, by_size, 64, spatial))
+def gn_vector_width(cg: int) -> int:
+    """OneVectorWidth: 4 or 2 channels per load where they divide the channels per group."""
+    return 4 if cg % 4 == 0 else 2 if cg % 2 == 0 else 1
 
 
-def gn_combine_in_apply(n: int, groups: int, spatial: int, c: int, splits: int,
-                        wg: int = GN_APPLY_WG) -> bool:
-    """Whether gn_apply merges split statistics itself (2 kernels) rather than a gn_combine kernel
-    running first: a work-group may touch at most `wg` (sample, group) pairs."""
-    if splits == 1:
-        return False
-    elems = wg * (4 if c % 4 == 0 else 1)  # elements of one apply work-group
-    samples = min(n, (elems - 1) // (spatial * c) + 2)
-    return samples * groups <= wg
+@dataclass(frozen=True)
+class ColsPlan:
+    """The split plan's shape (ColsPlan in group_norm_opencl.cc)."""
+    vw: int
+    cv: int
+    lx: int
+    ly: int
+    gpw: int
+    xb: int
+    ys: int
+    ya: int
+
+    @property
+    def partials(self) -> int:
+        return self.ys * self.xb
+
+    def options(self) -> str:
+        return f"-DGN_VW={self.vw} -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_GPW={self.gpw} -DGN_UNROLL={GN_UNROLL}"
+
+
+def gn_cols_plan(n: int, groups: int, spatial: int, c: int, compute_units: int,
+                 limit: int = COLS_GROUP, ys: int | None = None) -> ColsPlan:
+    """PlanCols; `ys` overrides the statistics pass's work-groups down the rows (tests)."""
+    cg = c // groups
+    vw = gn_vector_width(cg)
+    cgv = cg // vw
+    gpw, xb = 1, 1
+    if cgv <= limit:
+        for d in range(1, groups + 1):
+            if cgv * d > limit:
+                break
+            if groups % d == 0:
+                gpw = d
+                if cgv * d >= COLS_MIN_WIDTH:
+                    break
+        lx = cgv * gpw
+    else:
+        xb = 2
+        while cgv % xb or cgv // xb > limit:
+            xb += 1
+        lx = cgv // xb
+    ly = min(max(1, min(COLS_GROUP, limit) // lx), spatial)
+    blocks = (c // vw // lx) * n
+    want = ceil_div(4 * max(1, compute_units), blocks)
+    by_rows = max(1, spatial // (ly * STATS_ROWS))
+    if ys is None:
+        ys = max(1, min(want, by_rows, MAX_PARTIALS // xb))
+    ya = max(1, ceil_div(spatial, ly * APPLY_ROWS))
+    return ColsPlan(vw, c // vw, lx, ly, gpw, xb, ys, ya)
 
 
 GN_ONE_WG = 1024  # largest gn_one work-group (kOneGroup)
@@ -100,7 +141,7 @@ def gn_plan(n: int, groups: int, compute_units: int, flat: bool) -> str:
 
 def gn_one_shape(group_elems: int, cg: int, max_wg: int) -> tuple[int, int]:
     """(work-group size before the kernel's own limit, load width GN_VW) of gn_one (InitOne)."""
-    vw = 4 if cg % 4 == 0 else 2 if cg % 2 == 0 else 1
+    vw = gn_vector_width(cg)
     wg = 1
     while wg * 2 <= min(GN_ONE_WG, max_wg):
         wg *= 2
@@ -352,41 +393,35 @@ class Runner:
 
     # -- ops (each returns the list of events it enqueued)
     def group_norm(self, x, gamma, beta, y, shape, groups: int, eps: float, silu: bool,
-                   splits: int | None = None, plan: str | None = None) -> list[cl.Event]:
-        """plan: "one" | "split" | None (the C++ default for this device; "split" when `splits`
-        is given)."""
+                   ys: int | None = None, plan: str | None = None) -> list[cl.Event]:
+        """plan: "one" | "split" | None (the C++ default for this device; "split" when `ys`, the
+        statistics pass's work-groups down the rows, is given)."""
         n, c = int(shape[0]), int(shape[-1])
         spatial = int(np.prod(shape[1:-1]))
         cg = c // groups
         if plan is None:
             flat = not self.device.type & cl.device_type.GPU
-            plan = "split" if splits is not None else gn_plan(n, groups, self.compute_units, flat)
+            plan = "split" if ys is not None else gn_plan(n, groups, self.compute_units, flat)
         if plan == "one":
             return [self._group_norm_one(x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu)]
-        wg, awg = GN_WG, GN_APPLY_WG
-        if splits is None:
-            splits = gn_splits(n, groups, spatial, cg, self.compute_units, wg)
-        combine = gn_combine_in_apply(n, groups, spatial, c, splits, awg)
-        vw = 4 if cg % 4 == 0 else 2 if cg % 2 == 0 else 1  # OneVectorWidth
-        opts = f"-DGN_WG={wg} -DGN_APPLY_WG={awg} -DGN_VW={vw} -DGN_UNROLL={GN_UNROLL}"
-        stats = self.scratch(8 * n * groups, 0)
-        partial = self.scratch(16 * n * groups * splits, 1)
-        i32, f32 = np.int32, np.float32
-        ev = [self.launch(self.kernel("group_norm", "gn_stats", opts), (wg * groups, splits, n), (wg, 1, 1),
-                          x, partial, stats, i32(spatial), i32(c), i32(cg), i32(splits), f32(eps))]
-        if splits > 1 and not combine:
-            count = n * groups
-            ev.append(self.launch(self.kernel("group_norm", "gn_combine", opts), (round_up(count, 64),), (64,),
-                                  partial, stats, i32(count), i32(splits), f32(eps)))
-        rows = n * spatial
-        if c % 4 == 0:
-            k, items = self.kernel("group_norm", "gn_apply4", opts), rows * c // 4
-        else:
-            k, items = self.kernel("group_norm", "gn_apply", opts), rows * c
-        ev.append(self.launch(k, (round_up(items, awg),), (awg,), x, stats, partial, gamma, beta, y, i32(rows),
-                              i32(spatial), i32(c), i32(cg), i32(groups), i32(1 if silu else 0),
-                              i32(1 if combine else 0), i32(splits), f32(eps)))
-        return ev
+        limit = min(COLS_GROUP, self.max_wg)
+        while True:  # InitCols
+            cp = gn_cols_plan(n, groups, spatial, c, self.compute_units, limit, ys)
+            ks = self.kernel("group_norm", "gn_stats_cols", cp.options())
+            ka = self.kernel("group_norm", "gn_apply_cols", cp.options())
+            accepted = min(k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
+                           for k in (ks, ka))
+            if accepted >= cp.lx * cp.ly or limit == 1:
+                break
+            limit = max(1, min(limit // 2, accepted))
+        partial = self.scratch(16 * n * groups * cp.partials, 0)
+        i32 = np.int32
+        local = (cp.lx, cp.ly, 1)
+        return [self.launch(ks, (cp.cv, cp.ly * cp.ys, n), local, x, partial, i32(spatial), i32(c), i32(cg),
+                            i32(groups), i32(cp.xb)),
+                self.launch(ka, (cp.cv, cp.ly * cp.ya, n), local, x, partial, gamma, beta, y, i32(spatial), i32(c),
+                            i32(cg), i32(groups), i32(cp.xb), i32(cp.partials), i32(1 if silu else 0),
+                            np.float32(eps))]
 
     def gn_one_kernel(self, group_elems: int, cg: int) -> tuple[cl.Kernel, int]:
         """gn_one and its work-group size: halved until the kernel accepts it (InitOne)."""

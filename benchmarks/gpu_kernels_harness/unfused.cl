@@ -10,6 +10,14 @@
 
 #define EW_GUARD(n) const int i = get_global_id(0); if (i >= (n)) return
 
+// ---------------------------------------------------------------- copy
+// The ceiling for a kernel that reads and writes n4 float4s once: the
+// ablation times it at each case's byte count.
+__kernel void un_copy4(__global const float4* x, __global float4* y, int n4) {
+  EW_GUARD(n4);
+  y[i] = x[i];
+}
+
 // ---------------------------------------------------------------- elementwise
 __kernel void un_square(__global const float* x, __global float* y, int n) {
   EW_GUARD(n);

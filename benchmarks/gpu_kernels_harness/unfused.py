@@ -10,11 +10,19 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from .launch import Runner, gn_splits, round_up
+from .launch import Runner, ceil_div, round_up
 
 UNFUSED_CL = Path(__file__).resolve().parent / "unfused.cl"
 WG = 256
 i32, f32 = np.int32, np.float32
+
+
+def group_mean_splits(n: int, groups: int, spatial: int, cg: int, compute_units: int) -> int:
+    """Work-groups per (sample, group) of un_group_sum_partial: enough to fill the device, at least
+    ~16 elements per work-item."""
+    want = ceil_div(4 * max(1, compute_units), n * groups)
+    by_size = max(1, (spatial * cg) // (WG * 16))
+    return max(1, min(want, by_size, 64, spatial))
 
 
 class Unfused:
@@ -52,7 +60,7 @@ class Unfused:
         cg = c // groups
         total = n * s * c
         nb = 4 * total
-        splits = gn_splits(n, groups, s, cg, self.r.compute_units, WG)
+        splits = group_mean_splits(n, groups, s, cg, self.r.compute_units)
         part = self.temp(tag, 0, 4 * n * groups * splits)
         mean, var, rstd = (self.temp(tag, i, 4 * n * groups) for i in (1, 2, 3))
         t = [self.temp(tag, 10 + i, nb) for i in range(6)]  # full-size temporaries

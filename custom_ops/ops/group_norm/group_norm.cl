@@ -1,39 +1,37 @@
 // difflite.GroupNorm (+ SiLU) on the GPU: x [N, S, C] (S = H*W or L), NHWC.
 //
 // Two passes over x, nothing of the unfused form materialised. The "split"
-// plan, two kernels (three at most):
-//   gn_stats    one read of x: per (sample, group) mean and variance. A
-//               work-group of GN_WG work-items reduces the rows [s0, s1) of
-//               one group; each work-item keeps shifted sums of the elements
-//               it reads, turns them into (count, mean, M2) and the work-group
-//               merges those pairwise (Chan et al.) in local memory.
-//               splits == 1: writes (mean, rstd) directly; splits > 1 (groups
-//               too big for one work-group to fill the device): one
-//               (count, mean, M2) partial per work-group.
-//   gn_apply /  one read of x, one write of y: normalise, affine, SiLU,
-//   gn_apply4   coalesced over C (float4 when C % 4 == 0). With split
-//               statistics each work-group first merges the partials of the
-//               (sample, group) pairs it touches in local memory.
-//   gn_combine  merges the partials into (mean, rstd) as a separate tiny
-//               kernel, only where a work-group of gn_apply would touch more
-//               than GN_APPLY_WG pairs (many small samples or > 256 groups).
-// The "one" plan (GPUs), one kernel:
-//   gn_one      one work-group per (sample, group): reduces the group as
-//               gn_stats does, then reads it again (from cache on a GPU) and
-//               writes y. GN_VW-wide loads, GN_UNROLL of them in flight.
+// plan, two kernels over column blocks (a work-item owns one vector of
+// channels and walks rows, see below):
+//   gn_stats_cols  one read of x: per work-group and group a partial
+//                  (count, mean, M2) from shifted sums, merged pairwise
+//                  (Chan et al.) in local memory.
+//   gn_apply_cols  merges the partials of its own groups in local memory,
+//                  folds mean, rstd, gamma and beta into one scale and shift
+//                  per channel (registers), then reads x once more and writes
+//                  y = act(x * scale + shift).
+// The "one" plan (GPUs with enough (sample, group) pairs), one kernel:
+//   gn_one         one work-group per (sample, group): reduces the group as
+//                  a walk over its elements, then reads it again (from cache
+//                  on a GPU) and writes y. GN_VW-wide loads, GN_UNROLL of
+//                  them in flight.
 //
 // Storage type DL_T (float or half), DL_T4 its 4-vector; math in float.
 #include "dl_storage.cl"
 #ifndef GN_WG
-#define GN_WG 256  // work-group size of gn_stats / gn_one (a power of two)
+#define GN_WG 256  // work-group size of gn_one (a power of two)
 #endif
-#ifndef GN_APPLY_WG
-#define GN_APPLY_WG 256  // work-group size of gn_apply / gn_apply4
+#ifndef GN_LX  // the split plan's work-group: GN_LX columns x GN_LY rows,
+#define GN_LX 64  // GN_GPW groups (or one group's share) across the columns
+#endif
+#ifndef GN_LY
+#define GN_LY 4
+#endif
+#ifndef GN_GPW
+#define GN_GPW 1
 #endif
 #define DL_CAT_(a, b) a##b
 #define DL_CAT(a, b) DL_CAT_(a, b)
-#define DL_LOAD4(p, i) convert_float4(vload4(0, (p) + (i)))
-#define DL_STORE4(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
 
 // Merges (nb, mb, qb) into (na, ma, qa): count, mean, sum of squared
 // deviations.
@@ -77,7 +75,8 @@ inline void gn_reduce(__local float* l_n, __local float* l_m, __local float* l_q
 }
 
 // Reading a group: loads are GN_VW (1, 2 or 4, a divisor of cg) elements
-// wide; each work-item keeps GN_UNROLL of them in flight (gn_stats, gn_one).
+// wide; each work-item keeps GN_UNROLL of them in flight (gn_one, and the
+// split plan's column walks).
 #ifndef GN_VW
 #define GN_VW 1
 #endif
@@ -155,156 +154,166 @@ inline void gn_item_stats(__global const DL_T* xg, int total, int cgv, int C, fl
   }
 }
 
-// Global size (GN_WG * groups, splits, N), local size (GN_WG, 1, 1).
-// partial: [N][groups][splits] float4 (count, mean, M2, 0) when splits > 1.
-// stats:   [N][groups] float2 (mean, rstd) when splits == 1.
-__kernel void gn_stats(__global const DL_T* x, __global float4* partial,
-                       __global float2* stats, int S, int C, int cg,
-                       int splits, float eps) {
-  __local float l_n[GN_WG];
-  __local float l_m[GN_WG];
-  __local float l_q[GN_WG];
-  const int lid = get_local_id(0);
-  const int g = get_group_id(0);
-  const int groups = get_num_groups(0);
-  const int sp = get_global_id(1);
-  const int n = get_global_id(2);
+// ---------------------------------------------------------------------------
+// The split plan: column blocks.
+// Per sample, x is S rows of cv = C / GN_VW vectors (GN_VW divides cg, so a
+// vector never straddles two groups). Both kernels run on global size
+// (cv, R, N) and local size (GN_LX, GN_LY, 1): a work-item owns one vector
+// column and walks the rows r, r + R, r + 2R, ..., so its channels, gamma,
+// beta and statistics stay in registers, and the GN_LX work-items of a row
+// read one contiguous stretch of it. A work-group's GN_LX columns are
+// GN_GPW whole groups (xb == 1), or a 1/xb share of one group (xb > 1:
+// groups wider than a work-group; GN_GPW is then 1).
+// partial[(n * groups + g) * P + p]: (count, mean, M2, 0) of one work-group's
+// share of group g, P = (work-groups along dimension 1) * xb.
 
-  const int rows_per = (S + splits - 1) / splits;
-  const int s0 = min(S, sp * rows_per);
-  const int s1 = min(S, s0 + rows_per);
-  const int cgv = cg / GN_VW;
+// The (count, mean, M2) of a work-item's shifted vector sums over `rows` rows.
+inline void gn_lanes_stats(GN_VEC shift, GN_VEC s1, GN_VEC s2, int rows, float* cnt,
+                           float* mean, float* m2) {
+  *cnt = (float)(rows * GN_VW);
+  *mean = 0.0f;
+  *m2 = 0.0f;
+  if (rows == 0) return;
+  const GN_VEC d_mean = s1 / (float)rows;  // per lane, relative to the shift
+  const float mu = GN_HSUM(shift + d_mean) / (float)GN_VW;
+  const GN_VEC spread = shift + d_mean - mu;
+  *mean = mu;
+  *m2 = fmax(GN_HSUM(s2 - s1 * d_mean) + (float)rows * GN_HSUM(spread * spread), 0.0f);
+}
+
+// Merges l_n/l_m/l_q[first + k * step] for k in [0, count) into the outputs.
+inline void gn_merge_local(__local const float* l_n, __local const float* l_m,
+                           __local const float* l_q, int first, int step, int count,
+                           float* na, float* ma, float* qa) {
+  for (int k = 0; k < count; ++k) {
+    const int i = first + k * step;
+    gn_merge(na, ma, qa, l_n[i], l_m[i], l_q[i]);
+  }
+}
+
+__kernel void gn_stats_cols(__global const DL_T* x, __global float4* partial, int S, int C,
+                            int cg, int groups, int xb) {
+  __local float l_n[GN_LX * GN_LY];
+  __local float l_m[GN_LX * GN_LY];
+  __local float l_q[GN_LX * GN_LY];
+  const int lx = get_local_id(0), ly = get_local_id(1);
+  const int r0 = get_global_id(1), R = get_global_size(1), n = get_global_id(2);
+  __global const DL_T* xc = x + (long)n * S * C + get_global_id(0) * GN_VW;
+  const GN_VEC shift = r0 < S ? GN_LOAD(xc, (long)r0 * C) : (GN_VEC)0.0f;
+  GN_VEC s1 = 0.0f, s2 = 0.0f;
+  int s = r0;
+  for (; s + (GN_UNROLL - 1) * R < S; s += GN_UNROLL * R) {
+    GN_VEC v[GN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) v[u] = GN_LOAD(xc, (long)(s + u * R) * C);
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      const GN_VEC d = v[u] - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+  }
+  for (; s < S; s += R) {
+    const GN_VEC d = GN_LOAD(xc, (long)s * C) - shift;
+    s1 += d;
+    s2 += d * d;
+  }
   float cnt, mean, m2;
-  gn_item_stats(x + ((long)n * S + s0) * C + g * cg, (s1 - s0) * cgv, cgv, C, &cnt, &mean, &m2);
-  gn_reduce(l_n, l_m, l_q, cnt, mean, m2);
-  if (lid == 0) {
-    const int ng = n * groups + g;
-    if (splits == 1) {
-      const float var = l_n[0] > 0.0f ? l_q[0] / l_n[0] : 0.0f;
-      stats[ng] = (float2)(l_m[0], rsqrt(var + eps));
-    } else {
-      partial[(long)ng * splits + sp] = (float4)(l_n[0], l_m[0], l_q[0], 0.0f);
-    }
-  }
-}
-
-// One work-item per (sample, group): merges `splits` partials.
-// Global size >= count (= N * groups), any local size.
-__kernel void gn_combine(__global const float4* partial, __global float2* stats,
-                         int count, int splits, float eps) {
-  const int ng = get_global_id(0);
-  if (ng >= count) return;
-  float na = 0.0f, ma = 0.0f, qa = 0.0f;
-  for (int p = 0; p < splits; ++p) {
-    const float4 v = partial[(long)ng * splits + p];
-    gn_merge(&na, &ma, &qa, v.x, v.y, v.z);
-  }
-  const float var = na > 0.0f ? qa / na : 0.0f;
-  stats[ng] = (float2)(ma, rsqrt(var + eps));
-}
-
-inline float gn_act(float v, int silu) {
-  return silu ? v / (1.0f + exp(-v)) : v;
-}
-
-// With `combine` (the statistics were split over several work-groups), the
-// work-group first merges the partials of every (sample, group) its elements
-// touch into l_st, so normalising needs no third kernel; the host guarantees
-// at most GN_APPLY_WG such pairs. Returns the first sample touched. Elements
-// [first_elem, last_elem] are the work-group's; the call is uniform.
-inline int gn_stage_stats(__local float2* l_st, __global const float4* partial,
-                          long first_elem, long last_elem, int S, int C, int groups,
-                          int splits, float eps) {
-  const long per_sample = (long)S * C;
-  const int n0 = (int)(first_elem / per_sample);
-  const int pairs = ((int)(last_elem / per_sample) - n0 + 1) * groups;
-  for (int p = get_local_id(0); p < pairs; p += get_local_size(0)) {
-    __global const float4* src = partial + ((long)n0 * groups + p) * splits;
-    float na = 0.0f, ma = 0.0f, qa = 0.0f;
-    for (int k = 0; k < splits; ++k) {
-      const float4 v = src[k];
-      gn_merge(&na, &ma, &qa, v.x, v.y, v.z);
-    }
-    const float var = na > 0.0f ? qa / na : 0.0f;
-    l_st[p] = (float2)(ma, rsqrt(var + eps));
+  gn_lanes_stats(shift, s1, s2, r0 < S ? (S - 1 - r0) / R + 1 : 0, &cnt, &mean, &m2);
+  const int lid = ly * GN_LX + lx;
+  l_n[lid] = cnt;
+  l_m[lid] = mean;
+  l_q[lid] = m2;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (ly == 0) {  // each column: its GN_LY rows of work-items
+    gn_merge_local(l_n, l_m, l_q, lx + GN_LX, GN_LX, GN_LY - 1, &cnt, &mean, &m2);
+    l_n[lx] = cnt;
+    l_m[lx] = mean;
+    l_q[lx] = m2;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  return n0;
+  if (lid < GN_GPW) {  // each group (share) of the work-group: its columns
+    const int cols = GN_LX / GN_GPW;
+    float na = 0.0f, ma = 0.0f, qa = 0.0f;
+    gn_merge_local(l_n, l_m, l_q, lid * cols, 1, cols, &na, &ma, &qa);
+    const int wx = get_group_id(0);
+    const int g = xb > 1 ? wx / xb : wx * GN_GPW + lid;
+    const int P = get_num_groups(1) * xb;
+    const int p = get_group_id(1) * xb + (xb > 1 ? wx % xb : 0);
+    partial[((long)n * groups + g) * P + p] = (float4)(na, ma, qa, 0.0f);
+  }
 }
 
-// Scalar form: one work-item per element; global size >= N*S*C, local size
-// GN_APPLY_WG. stats: final (mean, rstd) when !combine; partial: the split
-// statistics when combine.
-__kernel void gn_apply(__global const DL_T* x, __global const float2* stats,
-                       __global const float4* partial, __global const DL_T* gamma,
-                       __global const DL_T* beta, __global DL_T* y, int rows, int S,
-                       int C, int cg, int groups, int silu, int combine, int splits,
-                       float eps) {
-  __local float2 l_st[GN_APPLY_WG];
-  const int total = rows * C;
-  const int first = get_group_id(0) * GN_APPLY_WG;
-  int n0 = 0;
-  if (combine) {
-    n0 = gn_stage_stats(l_st, partial, first, min(total - 1, first + GN_APPLY_WG - 1), S, C,
-                        groups, splits, eps);
+// Merges the P partials of each of the work-group's GN_GPW groups into
+// l_st (mean, rstd): GN_LX * GN_LY / GN_GPW work-items per group each merge
+// every such-th partial, then one work-item per group merges theirs. A
+// uniform call.
+inline void gn_stage_groups(__local float2* l_st, __local float* l_n, __local float* l_m,
+                            __local float* l_q, __global const float4* partial, int first_group,
+                            int P, float eps) {
+  const int lid = get_local_id(1) * GN_LX + get_local_id(0);
+  const int per = GN_LX * GN_LY / GN_GPW;
+  const int j = lid / per, k = lid - j * per;
+  float na = 0.0f, ma = 0.0f, qa = 0.0f;
+  if (j < GN_GPW) {
+    __global const float4* src = partial + (long)(first_group + j) * P;
+    for (int p = k; p < P; p += per) {
+      const float4 v = src[p];
+      gn_merge(&na, &ma, &qa, v.x, v.y, v.z);
+    }
   }
-  const int i = get_global_id(0);
-  if (i >= total) return;
-  const int row = i / C;
-  const int c = i - row * C;
-  const int n = row / S;
-  const float2 st = combine ? l_st[(n - n0) * groups + c / cg] : stats[n * groups + c / cg];
-  const float v = ((float)x[i] - st.x) * (st.y * (float)gamma[c]) + (float)beta[c];
-  y[i] = (DL_T)gn_act(v, silu);
+  l_n[lid] = na;
+  l_m[lid] = ma;
+  l_q[lid] = qa;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid < GN_GPW) {
+    na = ma = qa = 0.0f;
+    gn_merge_local(l_n, l_m, l_q, lid * per, 1, min(per, P), &na, &ma, &qa);
+    l_st[lid] = (float2)(ma, rsqrt((na > 0.0f ? qa / na : 0.0f) + eps));
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-// Vector form (C % 4 == 0): one work-item per 4 channels of one row; global
-// size >= N*S*C/4, local size GN_APPLY_WG. The 4 lanes may straddle two groups.
-__kernel void gn_apply4(__global const DL_T* x, __global const float2* stats,
-                        __global const float4* partial, __global const DL_T* gamma,
-                        __global const DL_T* beta, __global DL_T* y, int rows, int S,
-                        int C, int cg, int groups, int silu, int combine, int splits,
-                        float eps) {
-  __local float2 l_st[GN_APPLY_WG];
-  const int c4 = C >> 2;
-  const int items = rows * c4;
-  const int first = get_group_id(0) * GN_APPLY_WG;
-  int n0 = 0;
-  if (combine) {
-    const int last = min(items - 1, first + GN_APPLY_WG - 1);
-    n0 = gn_stage_stats(l_st, partial, 4L * first, 4L * last + 3, S, C, groups, splits, eps);
+__kernel void gn_apply_cols(__global const DL_T* x, __global const float4* partial,
+                            __global const DL_T* gamma, __global const DL_T* beta,
+                            __global DL_T* y, int S, int C, int cg, int groups, int xb,
+                            int P, int silu, float eps) {
+  __local float l_n[GN_LX * GN_LY];
+  __local float l_m[GN_LX * GN_LY];
+  __local float l_q[GN_LX * GN_LY];
+  __local float2 l_st[GN_GPW];
+  const int wx = get_group_id(0), n = get_global_id(2);
+  const int first_group = n * groups + (xb > 1 ? wx / xb : wx * GN_GPW);
+  gn_stage_groups(l_st, l_n, l_m, l_q, partial, first_group, P, eps);
+  const int c = get_global_id(0) * GN_VW;
+  const float2 st = l_st[get_local_id(0) / (GN_LX / GN_GPW)];
+  const GN_VEC scale = st.y * GN_LOAD(gamma, c);
+  const GN_VEC shift = GN_LOAD(beta, c) - st.x * scale;
+  const int R = get_global_size(1);
+  const long base = (long)n * S * C + c;
+  __global const DL_T* xc = x + base;
+  __global DL_T* yc = y + base;
+  int s = get_global_id(1);
+  for (; s + (GN_UNROLL - 1) * R < S; s += GN_UNROLL * R) {
+    GN_VEC v[GN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) v[u] = GN_LOAD(xc, (long)(s + u * R) * C);
+#pragma unroll
+    for (int u = 0; u < GN_UNROLL; ++u) {
+      const GN_VEC r = v[u] * scale + shift;
+      GN_STORE(yc, (long)(s + u * R) * C, silu ? r / (1.0f + exp(-r)) : r);
+    }
   }
-  const int i = get_global_id(0);
-  if (i >= items) return;
-  const int row = i / c4;
-  const int c = (i - row * c4) << 2;
-  const int n = row / S;
-  float2 a, b, d, e;
-  if (combine) {
-    __local const float2* st = l_st + (n - n0) * groups;
-    a = st[c / cg];
-    b = st[(c + 1) / cg];
-    d = st[(c + 2) / cg];
-    e = st[(c + 3) / cg];
-  } else {
-    __global const float2* st = stats + n * groups;
-    a = st[c / cg];
-    b = st[(c + 1) / cg];
-    d = st[(c + 2) / cg];
-    e = st[(c + 3) / cg];
+  for (; s < S; s += R) {
+    const GN_VEC r = GN_LOAD(xc, (long)s * C) * scale + shift;
+    GN_STORE(yc, (long)s * C, silu ? r / (1.0f + exp(-r)) : r);
   }
-  const float4 mean = (float4)(a.x, b.x, d.x, e.x);
-  const float4 rstd = (float4)(a.y, b.y, d.y, e.y);
-  const long off = (long)row * C + c;
-  const float4 v = (DL_LOAD4(x, off) - mean) * (rstd * DL_LOAD4(gamma, c)) +
-                   DL_LOAD4(beta, c);
-  DL_STORE4(y, off, silu ? v / (1.0f + exp(-v)) : v);
 }
 
 // ---------------------------------------------------------------------------
 // The one-kernel plan.
 // Global size (GN_WG * groups, N), local size (GN_WG, 1): work-group (g, n)
-// normalises group g of sample n. Pass 1 reduces it as gn_stats does (shifted
+// normalises group g of sample n. Pass 1 reduces it (gn_item_stats: shifted
 // sums per work-item, Chan merges in local memory); pass 2 reads it again and
 // writes act(gamma * (x - mean) * rstd + beta).
 __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,

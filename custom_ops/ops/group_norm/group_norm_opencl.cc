@@ -1,16 +1,13 @@
 // difflite.GroupNorm on the OpenCL backend (kernels: group_norm.cl).
 //
 // Two plans (UseOneKernel below picks one):
-// "one": gn_one, one work-group per (sample, group) that reduces the group
-// and then normalises it: one kernel, no scratch (GPUs).
-// "split": gn_stats reads x once for the per-(sample, group) mean and rstd
-// (split over several work-groups per group when there are too few groups to
-// fill the device: partials); gn_apply (float4 form when C % 4 == 0) reads x
-// once more and writes y once, merging split partials itself in local memory.
-// A separate tiny gn_combine runs first only where an apply work-group would
-// touch more than GN_APPLY_WG (sample, group) pairs. Scratch: [N*groups]
-// float2 (mean, rstd) in slot 0 and, when split, [N*groups*splits] float4
-// partials in slot 1.
+// "one": gn_one, one work-group per (sample, group) that reduces the group and
+// then normalises it: one kernel, no scratch (GPUs).
+// "split": gn_stats_cols reads x once into per-(work-group, group) partial
+// statistics; gn_apply_cols merges the partials of its own groups in local
+// memory and reads x once more, writing y once. Both over column blocks
+// (ColsPlan): a work-item owns one vector of channels and walks rows.
+// Scratch: [N * groups * P] float4 partials in slot 0.
 // The launch plans are mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
 #include <cstdlib>
@@ -35,8 +32,11 @@ using gpu::opsupport::CeilDiv;
 using gpu::opsupport::SetKernelArgs;
 
 constexpr const char* kProgram = "group_norm";
-constexpr size_t kStatsGroup = 256;  // preferred work-groups of gn_stats / gn_apply
-constexpr size_t kCombineGroup = 64;
+constexpr int kColsGroup = 256;  // the split plan's largest work-group
+constexpr int kColsMinWidth = 32;  // columns a work-group should span (a warp's row stretch)
+constexpr int kStatsRows = 8;  // fewest rows per gn_stats_cols work-item
+constexpr int kApplyRows = 16;  // rows per gn_apply_cols work-item
+constexpr int kMaxPartials = 64;  // partials per group (gn_apply_cols merges them per work-group)
 constexpr size_t kOneGroup = 1024;        // largest gn_one work-group
 constexpr size_t kOneMinGroup = 64;       // smallest, for small groups
 constexpr int kOneUnroll = 4;             // GN_UNROLL: loads in flight per work-item
@@ -63,25 +63,49 @@ bool UseOneKernel(int64_t n, int groups, uint32_t cus, bool flat) {
 // gn_one's load width: 4 or 2 elements where they divide channels per group.
 int OneVectorWidth(int cg) { return cg % 4 == 0 ? 4 : cg % 2 == 0 ? 2 : 1; }
 
-// Work-groups per (sample, group) for the statistics pass: enough
-// work-groups to fill the device, at least ~16 elements per work-item.
-int PlanSplits(int64_t n, int groups, int64_t spatial, int cg, uint32_t cus,
-               size_t wg) {
-  const int64_t want = CeilDiv(4 * std::max<int64_t>(1, cus), n * groups);
-  const int64_t by_size =
-      std::max<int64_t>(1, spatial * cg / static_cast<int64_t>(wg * 16));
-  return static_cast<int>(std::max<int64_t>(
-      1, std::min({want, by_size, int64_t{64}, spatial})));
-}
+// The split plan's shape. Columns are vectors of vw channels (vw divides cg),
+// cv per row. A work-group spans lx columns x ly rows; lx is gpw whole groups
+// (the fewest that reach kColsMinWidth columns) or, for a group wider than
+// the work-group limit, a 1/xb share of one. gn_stats_cols runs ys
+// work-groups down the rows (fill the device 4 times over, at least
+// kStatsRows rows per work-item, at most kMaxPartials partials per group);
+// gn_apply_cols runs ya (kApplyRows rows per work-item).
+struct ColsPlan {
+  int vw = 1, cv = 1, lx = 1, ly = 1, gpw = 1, xb = 1, ys = 1, ya = 1;
 
-// Whether gn_apply merges split statistics itself: one of its work-groups
-// (wg work-items, 4 elements each in the float4 form) touches at most wg
-// (sample, group) pairs.
-bool CombineInApply(int64_t n, int groups, int64_t spatial, int c, int splits, size_t wg) {
-  if (splits == 1) return false;
-  const int64_t elems = static_cast<int64_t>(wg) * (c % 4 == 0 ? 4 : 1);
-  const int64_t samples = std::min<int64_t>(n, (elems - 1) / (spatial * c) + 2);
-  return samples * groups <= static_cast<int64_t>(wg);
+  int Partials() const { return ys * xb; }
+  std::string Options(int unroll) const {
+    return "-DGN_VW=" + std::to_string(vw) + " -DGN_LX=" + std::to_string(lx) +
+           " -DGN_LY=" + std::to_string(ly) + " -DGN_GPW=" + std::to_string(gpw) +
+           " -DGN_UNROLL=" + std::to_string(unroll);
+  }
+};
+
+ColsPlan PlanCols(int64_t n, int groups, int64_t spatial, int c, uint32_t cus, int limit) {
+  ColsPlan p;
+  const int cg = c / groups;
+  p.vw = OneVectorWidth(cg);
+  p.cv = c / p.vw;
+  const int cgv = cg / p.vw;
+  if (cgv <= limit) {
+    for (int d = 1; d <= groups && cgv * d <= limit; ++d) {
+      if (groups % d != 0) continue;
+      p.gpw = d;
+      if (cgv * d >= kColsMinWidth) break;
+    }
+    p.lx = cgv * p.gpw;
+  } else {
+    p.xb = 2;
+    while (cgv % p.xb != 0 || cgv / p.xb > limit) ++p.xb;
+    p.lx = cgv / p.xb;
+  }
+  p.ly = static_cast<int>(std::min<int64_t>(std::max(1, std::min(kColsGroup, limit) / p.lx), spatial));
+  const int64_t blocks = static_cast<int64_t>(p.cv / p.lx) * n;
+  const int64_t want = CeilDiv(4 * std::max<int64_t>(1, cus), blocks);
+  const int64_t by_rows = std::max<int64_t>(1, spatial / (p.ly * kStatsRows));
+  p.ys = static_cast<int>(std::max<int64_t>(1, std::min({want, by_rows, int64_t{kMaxPartials / p.xb}})));
+  p.ya = static_cast<int>(std::max<int64_t>(1, CeilDiv(spatial, int64_t{p.ly} * kApplyRows)));
+  return p;
 }
 
 class GroupNormGpu final : public GpuOp {
@@ -97,38 +121,10 @@ class GroupNormGpu final : public GpuOp {
     }
     one_ = UseOneKernel(n_, o.groups, ctx.device().compute_units, ctx.PreferFlatKernels());
     if (one_) return InitOne(ctx);
-    // One program for the three kernels; the largest power-of-two work-group
-    // <= 256 that the device and every kernel accept.
-    wg_ = 1;
-    const size_t device_max = ctx.device().max_work_group_size;
-    while (wg_ * 2 <= kStatsGroup && (device_max == 0 || wg_ * 2 <= device_max)) wg_ *= 2;
-    const char* apply_name = c_ % 4 == 0 ? "gn_apply4" : "gn_apply";
-    for (;; wg_ /= 2) {
-      const std::string opts = "-DGN_WG=" + std::to_string(wg_) +
-                               " -DGN_APPLY_WG=" + std::to_string(wg_) +
-                               " -DGN_VW=" + std::to_string(OneVectorWidth(cg_)) +
-                               " -DGN_UNROLL=" + std::to_string(kOneUnroll);
-      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_stats", opts, &stats_k_);
-      if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_combine", opts, &combine_k_);
-      if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, apply_name, opts, &apply_k_);
-      if (!e.empty()) return e;
-      bool fits = true;
-      for (cl_kernel k : {stats_k_, apply_k_}) {
-        const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, k);
-        if (kmax != 0 && kmax < wg_) fits = false;
-      }
-      if (fits) break;
-      if (wg_ == 1) return "group norm kernels fit no work-group size";
-    }
-    splits_ = PlanSplits(n_, o.groups, spatial_, cg_, ctx.device().compute_units, wg_);
-    combine_in_apply_ = CombineInApply(n_, o.groups, spatial_, c_, splits_, wg_);
-    return "";
+    return InitCols(ctx);
   }
 
-  size_t ScratchBytes() const override {
-    if (one_) return 0;
-    return StatsBytes() + (splits_ > 1 ? PartialBytes() : 0);
-  }
+  size_t ScratchBytes() const override { return one_ ? 0 : PartialBytes(); }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
@@ -136,48 +132,53 @@ class GroupNormGpu final : public GpuOp {
     if (!e.empty()) return e;
     if (one_) return RunOne(ctx, in, out);
     const gpu::ClApi& cl = ctx.cl();
-    cl_mem stats = ctx.Scratch(StatsBytes(), 0, &e);
-    if (stats == nullptr) return "group norm statistics: " + e;
-    cl_mem partial = stats;  // unused by gn_stats when splits == 1
-    if (splits_ > 1) {
-      partial = ctx.Scratch(PartialBytes(), 1, &e);
-      if (partial == nullptr) return "group norm partial sums: " + e;
-    }
-    const cl_int s = static_cast<cl_int>(spatial_), c = c_, cg = cg_,
-                 splits = splits_, groups = o_.groups;
+    cl_mem partial = ctx.Scratch(PartialBytes(), 0, &e);
+    if (partial == nullptr) return "group norm partial statistics: " + e;
+    const cl_int s = static_cast<cl_int>(spatial_), c = c_, cg = cg_, groups = o_.groups,
+                 xb = plan_.xb, parts = plan_.Partials(), silu = o_.silu ? 1 : 0;
     const cl_float eps = o_.epsilon;
-    e = SetKernelArgs(cl, stats_k_, {Arg(in[0].mem), Arg(partial), Arg(stats), Arg(s),
-                                     Arg(c), Arg(cg), Arg(splits), Arg(eps)});
+    const size_t local[3] = {static_cast<size_t>(plan_.lx), static_cast<size_t>(plan_.ly), 1};
+    e = SetKernelArgs(cl, stats_k_, {Arg(in[0].mem), Arg(partial), Arg(s), Arg(c), Arg(cg),
+                                     Arg(groups), Arg(xb)});
     if (!e.empty()) return e;
-    const size_t g1[3] = {wg_ * groups, static_cast<size_t>(splits_),
+    const size_t g1[3] = {static_cast<size_t>(plan_.cv), local[1] * plan_.ys,
                           static_cast<size_t>(n_)};
-    const size_t l1[3] = {wg_, 1, 1};
-    e = ctx.Enqueue(stats_k_, 3, g1, l1, "group_norm.stats");
+    e = ctx.Enqueue(stats_k_, 3, g1, local, "group_norm.stats");
     if (!e.empty()) return e;
-    if (splits_ > 1 && !combine_in_apply_) {
-      const cl_int count = n_ * groups;
-      e = SetKernelArgs(cl, combine_k_,
-                        {Arg(partial), Arg(stats), Arg(count), Arg(splits), Arg(eps)});
-      if (!e.empty()) return e;
-      const size_t g2 = gpu::RoundUp(static_cast<size_t>(count), kCombineGroup);
-      e = ctx.Enqueue(combine_k_, 1, &g2, &kCombineGroup, "group_norm.combine");
-      if (!e.empty()) return e;
-    }
-    const cl_int rows = static_cast<cl_int>(n_ * spatial_);
-    const cl_int silu = o_.silu ? 1 : 0;
-    const cl_int combine = combine_in_apply_ ? 1 : 0;
     e = SetKernelArgs(cl, apply_k_,
-                      {Arg(in[0].mem), Arg(stats), Arg(partial), Arg(in[1].mem),
-                       Arg(in[2].mem), Arg(out[0].mem), Arg(rows), Arg(s), Arg(c),
-                       Arg(cg), Arg(groups), Arg(silu), Arg(combine), Arg(splits),
-                       Arg(eps)});
+                      {Arg(in[0].mem), Arg(partial), Arg(in[1].mem), Arg(in[2].mem),
+                       Arg(out[0].mem), Arg(s), Arg(c), Arg(cg), Arg(groups), Arg(xb),
+                       Arg(parts), Arg(silu), Arg(eps)});
     if (!e.empty()) return e;
-    const size_t items = static_cast<size_t>(rows) * (c_ % 4 == 0 ? c_ / 4 : c_);
-    const size_t g3 = gpu::RoundUp(items, wg_);
-    return ctx.Enqueue(apply_k_, 1, &g3, &wg_, "group_norm.apply");
+    const size_t g2[3] = {static_cast<size_t>(plan_.cv), local[1] * plan_.ya,
+                          static_cast<size_t>(n_)};
+    return ctx.Enqueue(apply_k_, 3, g2, local, "group_norm.apply");
   }
 
  private:
+  // The split plan with the largest work-group limit (kColsGroup, the
+  // device's) whose work-group both kernels accept.
+  std::string InitCols(GpuContext& ctx) {
+    const size_t device_max = ctx.device().max_work_group_size;
+    int limit = kColsGroup;
+    if (device_max != 0 && device_max < static_cast<size_t>(limit)) limit = static_cast<int>(device_max);
+    for (;;) {
+      plan_ = PlanCols(n_, o_.groups, spatial_, c_, ctx.device().compute_units, limit);
+      const std::string opts = plan_.Options(kOneUnroll);
+      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_stats_cols", opts, &stats_k_);
+      if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_apply_cols", opts, &apply_k_);
+      if (!e.empty()) return e;
+      size_t accepted = static_cast<size_t>(plan_.lx) * plan_.ly;
+      for (cl_kernel k : {stats_k_, apply_k_}) {
+        const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, k);
+        if (kmax != 0) accepted = std::min(accepted, kmax);
+      }
+      if (accepted >= static_cast<size_t>(plan_.lx) * plan_.ly) return "";
+      if (limit == 1) return "group norm kernels fit no work-group size";
+      limit = std::max(1, std::min(limit / 2, static_cast<int>(accepted)));
+    }
+  }
+
   // The largest power-of-two work-group <= kOneGroup that the device and
   // gn_one accept, smaller (down to kOneMinGroup) for groups too small to give
   // each work-item kOneUnroll loads.
@@ -214,17 +215,17 @@ class GroupNormGpu final : public GpuOp {
     return ctx.Enqueue(one_k_, 2, global, local, "group_norm.one");
   }
 
-  size_t StatsBytes() const { return sizeof(cl_float2) * n_ * o_.groups; }
   size_t PartialBytes() const {
-    return sizeof(cl_float4) * static_cast<size_t>(n_) * o_.groups * splits_;
+    return sizeof(cl_float4) * static_cast<size_t>(n_) * o_.groups * plan_.Partials();
   }
 
   group_norm::Options o_;
-  int n_ = 0, c_ = 0, cg_ = 0, splits_ = 1, vw_ = 1;
-  bool one_ = false, combine_in_apply_ = false;
+  int n_ = 0, c_ = 0, cg_ = 0, vw_ = 1;
+  bool one_ = false;
   int64_t spatial_ = 0;
-  size_t wg_ = kStatsGroup;
-  cl_kernel stats_k_ = nullptr, combine_k_ = nullptr, apply_k_ = nullptr, one_k_ = nullptr;
+  size_t wg_ = kOneGroup;  // gn_one's work-group
+  ColsPlan plan_;
+  cl_kernel stats_k_ = nullptr, apply_k_ = nullptr, one_k_ = nullptr;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
