@@ -96,18 +96,21 @@ def gated(queue, fn) -> list:
         gate.set_status(cl.command_execution_status.COMPLETE)
 
 
-def measure(fn, runs: int, warmup: int, queue) -> tuple[float, int, float]:
+def measure(fn, runs: int, warmup: int, queue) -> tuple[float, int, float, list[float]]:
     """Median device seconds of fn() (which returns its events) from the first kernel's start to
-    the last one's end, its kernel count, and the median of the summed kernel durations."""
+    the last one's end, its kernel count, the median of the summed kernel durations, and each
+    kernel's median duration."""
     n_kernels = 0
     for _ in range(warmup):
         n_kernels = len(gated(queue, fn))
-    chain, kernels = [], []
+    chain, kernels, each = [], [], []
     for _ in range(runs):
         ev = gated(queue, fn)
         chain.append(device_time(ev))
         kernels.append(kernel_time(ev))
-    return statistics.median(chain), n_kernels, statistics.median(kernels)
+        each.append([(e.profile.end - e.profile.start) * 1e-9 for e in ev])
+    per_kernel = [statistics.median(k) for k in zip(*each)]
+    return statistics.median(chain), n_kernels, statistics.median(kernels), per_kernel
 
 
 def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int) -> float:
@@ -115,7 +118,7 @@ def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int) -> float:
     src = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     dst = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     cl.enqueue_fill_buffer(r.queue, src, np.float32(1.0), 0, nbytes)
-    t, _, _ = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup, r.queue)
+    t = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup, r.queue)[0]
     return 2 * nbytes / t
 
 
@@ -297,7 +300,7 @@ def main(argv=None) -> int:
             continue
         u = Unfused(r)
         spec = make(r, u, *params)
-        t_un, k_un, tk_un = measure(spec["unfused"], runs, warmup, r.queue)
+        t_un, k_un, tk_un, _ = measure(spec["unfused"], runs, warmup, r.queue)
         out_f, out_u = spec["out"]
         ref = out_u()
         temp_bytes = u.temp_bytes.get(spec["temp_tag"], 0) if spec["temp_tag"] else 0
@@ -305,13 +308,14 @@ def main(argv=None) -> int:
         if moved not in same_size_copy:
             same_size_copy[moved] = same_size_copy_bandwidth(r, u, moved, runs, warmup)
         for label, fn in spec["fused"].items():
-            t_f, k_f, tk_f = measure(fn, runs, warmup, r.queue)
+            t_f, k_f, tk_f, each_f = measure(fn, runs, warmup, r.queue)
             got = out_f[label]() if isinstance(out_f, dict) else out_f()
             gbs = spec["bytes"] / t_f / 1e9
             row = {
                 "case": name, "fused": label, "baseline": spec.get("baseline_name", "unfused"),
                 "fused_ms": t_f * 1e3, "unfused_ms": t_un * 1e3, "speedup": t_un / t_f,
                 "fused_kernel_ms": tk_f * 1e3, "unfused_kernel_ms": tk_un * 1e3,
+                "fused_each_kernel_ms": [t * 1e3 for t in each_f],
                 "kernel_speedup": tk_un / tk_f,
                 "fused_kernels": k_f, "unfused_kernels": k_un,
                 "bytes_moved": spec["bytes"], "fused_gbs": gbs, "unfused_gbs": spec["bytes"] / t_un / 1e9,

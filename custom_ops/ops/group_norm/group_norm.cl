@@ -181,13 +181,26 @@ inline void gn_lanes_stats(GN_VEC shift, GN_VEC s1, GN_VEC s2, int rows, float* 
   *m2 = fmax(GN_HSUM(s2 - s1 * d_mean) + (float)rows * GN_HSUM(spread * spread), 0.0f);
 }
 
-// Merges l_n/l_m/l_q[first + k * step] for k in [0, count) into the outputs.
-inline void gn_merge_local(__local const float* l_n, __local const float* l_m,
-                           __local const float* l_q, int first, int step, int count,
-                           float* na, float* ma, float* qa) {
-  for (int k = 0; k < count; ++k) {
-    const int i = first + k * step;
-    gn_merge(na, ma, qa, l_n[i], l_m[i], l_q[i]);
+// Tree-merges each of `segs` runs of `len` consecutive entries of l_n/l_m/l_q
+// into the run's first entry, in ceil(log2(len)) rounds (a chain of merges,
+// each with a division, would serialise). A uniform call.
+inline void gn_tree_merge(__local float* l_n, __local float* l_m, __local float* l_q, int segs,
+                          int len) {
+  const int lid = get_local_id(1) * get_local_size(0) + get_local_id(0);
+  const int nt = get_local_size(0) * get_local_size(1);
+  for (int h = len; h > 1;) {
+    const int upper = (h + 1) / 2, pairs = h - upper;  // entries [upper, h) merge down
+    for (int t = lid; t < segs * pairs; t += nt) {
+      const int seg = t / pairs;
+      const int a = seg * len + (t - seg * pairs), b = a + upper;
+      float na = l_n[a], ma = l_m[a], qa = l_q[a];
+      gn_merge(&na, &ma, &qa, l_n[b], l_m[b], l_q[b]);
+      l_n[a] = na;
+      l_m[a] = ma;
+      l_q[a] = qa;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    h = upper;
   }
 }
 
@@ -220,22 +233,18 @@ __kernel void gn_stats_cols(__global const DL_T* x, __global float4* partial, in
   }
   float cnt, mean, m2;
   gn_lanes_stats(shift, s1, s2, r0 < S ? (S - 1 - r0) / R + 1 : 0, &cnt, &mean, &m2);
+  // Entries grouped by group (share): its GN_LY rows x cols columns in one run.
+  const int cols = GN_LX / GN_GPW, j = lx / cols;
+  const int slot = (j * GN_LY + ly) * cols + (lx - j * cols);
+  l_n[slot] = cnt;
+  l_m[slot] = mean;
+  l_q[slot] = m2;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  gn_tree_merge(l_n, l_m, l_q, GN_GPW, GN_LY * cols);
   const int lid = ly * GN_LX + lx;
-  l_n[lid] = cnt;
-  l_m[lid] = mean;
-  l_q[lid] = m2;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (ly == 0) {  // each column: its GN_LY rows of work-items
-    gn_merge_local(l_n, l_m, l_q, lx + GN_LX, GN_LX, GN_LY - 1, &cnt, &mean, &m2);
-    l_n[lx] = cnt;
-    l_m[lx] = mean;
-    l_q[lx] = m2;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (lid < GN_GPW) {  // each group (share) of the work-group: its columns
-    const int cols = GN_LX / GN_GPW;
-    float na = 0.0f, ma = 0.0f, qa = 0.0f;
-    gn_merge_local(l_n, l_m, l_q, lid * cols, 1, cols, &na, &ma, &qa);
+  if (lid < GN_GPW) {
+    const int first = lid * GN_LY * cols;
+    const float na = l_n[first], ma = l_m[first], qa = l_q[first];
     const int wx = get_group_id(0);
     const int g = xb > 1 ? wx / xb : wx * GN_GPW + lid;
     const int P = get_num_groups(1) * xb;
@@ -246,8 +255,7 @@ __kernel void gn_stats_cols(__global const DL_T* x, __global float4* partial, in
 
 // Merges the P partials of each of the work-group's GN_GPW groups into
 // l_st (mean, rstd): GN_LX * GN_LY / GN_GPW work-items per group each merge
-// every such-th partial, then one work-item per group merges theirs. A
-// uniform call.
+// every such-th partial, then a tree merges theirs. A uniform call.
 inline void gn_stage_groups(__local float2* l_st, __local float* l_n, __local float* l_m,
                             __local float* l_q, __global const float4* partial, int first_group,
                             int P, float eps) {
@@ -266,10 +274,11 @@ inline void gn_stage_groups(__local float2* l_st, __local float* l_n, __local fl
   l_m[lid] = ma;
   l_q[lid] = qa;
   barrier(CLK_LOCAL_MEM_FENCE);
+  gn_tree_merge(l_n, l_m, l_q, GN_GPW, per);
   if (lid < GN_GPW) {
-    na = ma = qa = 0.0f;
-    gn_merge_local(l_n, l_m, l_q, lid * per, 1, min(per, P), &na, &ma, &qa);
-    l_st[lid] = (float2)(ma, rsqrt((na > 0.0f ? qa / na : 0.0f) + eps));
+    const int first = lid * per;
+    const float nn = l_n[first], q = l_q[first];
+    l_st[lid] = (float2)(l_m[first], rsqrt((nn > 0.0f ? q / nn : 0.0f) + eps));
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 }
