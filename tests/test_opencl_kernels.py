@@ -484,6 +484,133 @@ def test_attention_large_logits(runner, launch, case, causal, kernel):
     assert rel_err(runner.download(o, ref.shape), ref) < TOL
 
 
+# Split keys (attn_flash with AT_SPLIT + attn_merge). H100 numbers: 132 compute units, 48 KB of local
+# memory, work-groups of up to 1024.
+H100 = {"local_mem_bytes": 48 * 1024, "max_wg": 1024, "compute_units": 132}
+
+
+def test_attention_split_plan(launch):
+    """The split rule (attention_opencl.cc: PickSplits, mirrored by attention_plan): SD 1.5's 4096 x 4096,
+    8 x 40 self-attention launches 16384 work-items at batch 1 (too few for 132 compute units: splits
+    in 2, 32768 items) and 32768 at batch 2 (kept whole)."""
+    def plan(dk=40, variant="auto", shape=(1, 4096, 4096, 8), causal=False, flat=False, **kw):
+        mem, wg, cus = H100["local_mem_bytes"], H100["max_wg"], H100["compute_units"]
+        return launch.attention_plan(dk, dk, variant, mem, flat=flat, max_wg=wg, shape=shape, causal=causal,
+                                     compute_units=cus, **kw)
+
+    p = plan()
+    assert (p.variant, p.bq, p.work_group(40, 40)) == ("flash", 256, 128)  # 16 x 8 x 128 = 16384 items
+    assert p.splits == 2 and 16384 * 2 <= 132 * launch.SPLIT_ITEMS_PER_CU < 16384 * 4
+    assert p.options(40, 40).endswith(" -DAT_RQ=2 -DAT_SPLIT=2")
+    assert p.split_bytes(1, 4096, 8, 40) == 4 * 2 * 4096 * 8 * 42
+    assert plan(shape=(2, 4096, 4096, 8)).splits == 1  # 32768 items: split, they would exceed the target
+    assert plan(shape=(1, 1024, 4096, 8)).splits == 4  # 4096 items: 4 splits of 1024 keys
+    assert plan(shape=(1, 1024, 1023, 8)).splits == 2  # fewer than 4 x 256 keys
+    assert plan(shape=(1, 4096, 511, 8)).splits == 1  # fewer than 2 x 256 keys
+    assert plan(shape=(1, 4096, 77, 8)).splits == 1  # cross-attention
+    assert plan(causal=True).splits == 1
+    assert plan(flat=True).splits == 1  # CPU-like devices split only when forced
+    assert plan(dk=64, shape=(1, 9216, 9216, 5)).splits == 1  # SD 2.x at 768: 46080 items (AT_RQ=1)
+    assert plan(dk=80).variant == "wide" and plan(dk=80).splits == 1  # wide heads never split
+    assert plan(variant="partial_softmax").splits == 1
+    # DIFFLITE_ATTN_SPLITS: forced on any device, still never causal and clamped to 256 keys a split.
+    assert plan(splits=4).splits == 4 and plan(splits=1).splits == 1
+    assert plan(shape=(2, 4096, 4096, 8), splits=2, flat=True).splits == 2
+    assert plan(shape=(1, 64, 1000, 1), splits=4).splits == 2
+    assert plan(shape=(1, 64, 300, 1), splits=4).splits == 1
+    assert plan(splits=4, causal=True).splits == 1
+    assert plan(dk=80, splits=4).splits == 1 and plan(variant="partial_softmax", splits=2).splits == 1
+    for bad in (3, 8, 0):
+        with pytest.raises(ValueError):
+            plan(splits=bad)
+    assert launch.attention_plan(40, 40, "auto", 48 * 1024).splits == 1  # no shape: no split
+
+
+def test_attention_split_plan_mirrors_cxx(launch):
+    src = (REPO / "custom_ops" / "ops" / "attention" / "attention_opencl.cc").read_text()
+    for name, value in (("kSplitItemsPerCu", launch.SPLIT_ITEMS_PER_CU), ("kMinSplitKeys", launch.MIN_SPLIT_KEYS),
+                        ("kMaxSplits", launch.MAX_SPLITS), ("kSplitSlot", launch.SPLIT_SLOT),
+                        ("kMergeGroup", launch.MERGE_WG)):
+        m = re.search(rf"\b{name}\s*=\s*(\d+)", src)
+        assert m and int(m.group(1)) == value, name
+    assert 'for (const char* k : {"1", "2", "4"})' in src and launch.ATTN_SPLITS == (1, 2, 4)
+    assert "while (most > 1 && s.lk < static_cast<int64_t>(kMinSplitKeys) * most) most /= 2;" in src
+    assert "while (splits > 1 && s.items * splits > target) splits /= 2;" in src
+    assert "(dv_ + 2)" in src  # SplitBytes
+
+
+def _poison_scratch(runner, nbytes: int, slot: int) -> None:
+    import pyopencl as cl
+
+    cl.enqueue_copy(runner.queue, runner.scratch(nbytes, slot), np.full(max(1, nbytes // 4), np.nan, np.float32))
+
+
+def _attention_split_case(runner, launch, case, causal, seed, splits=None, plan=None, inputs=None):
+    """Harness attention with forced `splits` (or a given plan), scratch poisoned; (rel err, events)."""
+    n, lq, lk, heads, dk, dv = case
+    r = np.random.default_rng(seed)
+    if inputs is None:
+        q = nonzero(r, (n, lq, heads * dk), 1.5)
+        k = nonzero(r, (n, lk, heads * dk), 1.5)
+        v = nonzero(r, (n, lk, heads * dv))
+    else:
+        q, k, v = inputs
+    scale = 1.0 / math.sqrt(dk)
+    _poison_scratch(runner, 4 * 4 * n * lq * heads * (dv + 2), launch.SPLIT_SLOT)
+    o = runner.empty((n, lq, heads * dv))
+    events = runner.attention(runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads, dk, dv,
+                              scale, causal, "flash", splits=splits, plan=plan)
+    ref = attention_ref(q, k, v, heads, scale, causal)
+    return rel_err(runner.download(o, ref.shape), ref), events
+
+
+SPLIT_CASES = [
+    # n, lq, lk, heads, dk, dv, forced splits -> splits the rule keeps
+    ((1, 70, 1027, 2, 40, 40), 4, 4),  # 256/257 keys a split, tiles of 64 straddling the splits
+    ((2, 37, 601, 3, 5, 6), 2, 2),  # odd key count, head sizes not multiples of 4
+    ((2, 300, 777, 2, 40, 40), 2, 2),  # two row blocks of 256
+    ((1, 45, 1100, 1, 64, 24), 4, 4),  # Dk != Dv
+    ((1, 70, 1000, 2, 40, 40), 4, 2),  # 250 keys a split: clamped to 2
+    ((2, 37, 300, 3, 5, 6), 2, 1),  # 150 keys a split: refused, the unsplit kernel runs
+]
+
+
+@pytest.mark.parametrize("case,forced,want", SPLIT_CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple)
+                         else str(c))
+def test_attention_split(runner, launch, case, forced, want):
+    """Forced splits (DIFFLITE_ATTN_SPLITS's mirror) match NumPy; the clamp leaves 256 keys a split."""
+    n, lq, lk, heads, dk, dv = case
+    plan = launch.attention_plan(dk, dv, "flash", runner.local_mem, flat=True, max_wg=runner.max_wg,
+                                 shape=(n, lq, lk, heads), compute_units=runner.compute_units, splits=forced)
+    assert plan.variant == "flash" and plan.splits == want
+    err, events = _attention_split_case(runner, launch, case, False, lk + forced, splits=forced)
+    assert err < TOL
+    assert len(events) == (2 if want > 1 else 1)  # attn_flash (+ attn_merge)
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", [(2, 45, 3, 2, 40, 40), (1, 70, 130, 2, 5, 6), (2, 77, 257, 1, 40, 40)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_attention_split_kernel(runner, launch, case, causal, splits):
+    """The split kernel and attn_merge as launched with any split count, past the rule: splits with no
+    key (Lk = 3: l = 0, left out of the merge), few keys, and causal rows whose later splits see none."""
+    _, lq, _, _, dk, dv = case
+    base = launch.attention_plan(dk, dv, "flash", runner.local_mem, flat=True, kernel="flash", max_wg=runner.max_wg)
+    plan = launch.replace(base, splits=splits)
+    err, events = _attention_split_case(runner, launch, case, causal, lq + splits, plan=plan)
+    assert err < TOL and len(events) == 2
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_attention_split_large_logits(runner, launch, splits):
+    """The merge rescales each split by exp2(m_s - M): rows whose logits reach ~300 stay finite and exact."""
+    case = (2, 77, 1100, 2, 40, 40)
+    q, k, v = large_logit_inputs(np.random.default_rng(splits), *case)
+    err, events = _attention_split_case(runner, launch, case, False, 0, splits=splits, inputs=(q, k, v))
+    assert err < TOL and len(events) == 2
+
+
 # ---------------------------------------------------------------------------
 # Winograd F(4x4, 3x3)
 
@@ -744,6 +871,77 @@ def test_delegate_attention_bad_kernel_env(tmp_path, oplib, monkeypatch):
         _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False)
 
 
+SPLIT_LABELS = {"attention.flash_split", "attention.merge"}
+
+
+@pytest.mark.parametrize("case,forced,want", SPLIT_CASES + [((1, 70, 1027, 2, 40, 40), 1, 1)],
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
+def test_delegate_attention_split(tmp_path, oplib, monkeypatch, case, forced, want):
+    """DIFFLITE_ATTN_SPLITS forces flash's key splits in the library (on PoCL too): the C++ plan (the
+    256-keys clamp as attention_plan has it), launch, merge and scratch; causal never splits."""
+    monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", str(forced))
+    monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
+    n, lq, lk, heads, dk, dv = case
+    r = np.random.default_rng(lk + dv + forced)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    for causal in (False, True):
+        out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, causal, "flash")
+        assert rel_err(out, attention_ref(q, k, v, heads, 0.3, causal)) < TOL, causal
+        splits = 1 if causal else want
+        assert ran == (SPLIT_LABELS if splits > 1 else {"attention.flash"}), (causal, ran)
+        assert stats.get("scratch_bytes") == (4 * splits * n * lq * heads * (dv + 2) if splits > 1 else 0), stats
+
+
+def test_delegate_attention_split_only_flash(tmp_path, oplib, monkeypatch):
+    """Forced splits leave the partial softmax and attn_wide alone."""
+    monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", "4")
+    n, lq, lk, heads, dk, dv = 1, 37, 1100, 2, 40, 40
+    r = np.random.default_rng(21)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    for kernel, labels in (("partial", {"attention.rowstats", "attention.output"}), ("wide", {"attention.wide"})):
+        monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", kernel)
+        out, _, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False)
+        assert rel_err(out, attention_ref(q, k, v, heads, 0.3, False)) < TOL, kernel
+        assert ran == labels, (kernel, ran)
+
+
+@pytest.mark.parametrize("case", [(1, 70, 1027, 1, 40, 40), (1, 70, 1027, 4, 40, 40), (2, 300, 600, 2, 40, 40),
+                                  (1, 70, 300, 1, 40, 40)], ids=lambda c: "x".join(map(str, c)))
+def test_delegate_attention_split_auto(tmp_path, oplib, runner, launch, monkeypatch, case):
+    """Unforced, kernels=tiled (the GPUs' rule) on PoCL's compute units: the library splits as
+    attention_plan says (a launch of one 128-item work-group splits on any device), and is exact."""
+    monkeypatch.delenv("DIFFLITE_ATTN_SPLITS", raising=False)
+    monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
+    n, lq, lk, heads, dk, dv = case
+    plan = launch.attention_plan(dk, dv, "auto", runner.local_mem, max_wg=runner.max_wg, shape=(n, lq, lk, heads),
+                                 compute_units=runner.compute_units)
+    assert plan.variant == "flash"
+    if case == (1, 70, 1027, 1, 40, 40):
+        assert plan.splits > 1  # the premise: this test sees a split
+    r = np.random.default_rng(lk + heads)
+    q = nonzero(r, (n, lq, heads * dk), 1.5)
+    k = nonzero(r, (n, lk, heads * dk), 1.5)
+    v = nonzero(r, (n, lk, heads * dv))
+    out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False, "auto", "tiled")
+    assert rel_err(out, attention_ref(q, k, v, heads, 0.3, False)) < TOL
+    assert ran == (SPLIT_LABELS if plan.splits > 1 else {"attention.flash"}), (plan.splits, ran)
+    assert stats.get("scratch_bytes") == plan.split_bytes(n, lq, heads, dv), (plan.splits, stats)
+
+
+@pytest.mark.parametrize("value", ["3", "two", "8"])
+def test_delegate_attention_bad_splits_env(tmp_path, oplib, monkeypatch, value):
+    """DIFFLITE_ATTN_SPLITS other than 1, 2, 4 refuses the node, whatever kernel it would run."""
+    monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", value)
+    monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
+    q = nonzero(np.random.default_rng(0), (1, 5, 8))
+    with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention"):
+        _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False, "partial_softmax")
+
+
 def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels):
     """One WinogradConv3x3 through the delegate, checked against a direct 3x3 conv; its stats."""
     x = nonzero(r, (n, h, w, cin))
@@ -804,6 +1002,8 @@ def test_programs_compile_for_half_storage(launch):
     clang = shutil.which("clang-15") or shutil.which("clang")
     assert clang, "no clang on PATH (installed with pocl-opencl-icd) to compile the kernels for half storage"
     variants = {"attention": ([], ["-DAT_DK=40", "-DAT_DV=24"],  # flash
+                              ["-DAT_DK=40", "-DAT_DV=24", "-DAT_RQ=2", "-DAT_SPLIT=2"],  # split flash + merge
+                              ["-DAT_DK=7", "-DAT_DV=6", "-DAT_SPLIT=4"],
                               ["-DAT_DK=40", "-DAT_DV=24", "-DAT_BQ=32", "-DAT_BK=64", "-DAT_DC=40",  # wide
                                "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
                               ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",

@@ -12,7 +12,7 @@ Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +162,7 @@ class AttentionPlan:
     vk: int = 0  # wide: keys per staged V chunk
     sx: int = 0  # wide: work-items along the keys of the score tile
     ox: int = 0  # wide: work-items along the float4 columns of the output
+    splits: int = 1  # flash: key ranges per row block and head (AT_SPLIT; attn_merge combines them)
 
     def work_group(self, dk: int, dv: int) -> int:
         """Work-items per work-group (each work-group owns bq query rows)."""
@@ -183,8 +184,14 @@ class AttentionPlan:
             return (f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} "
                     f"-DAT_NT={self.nt} -DAT_VK={self.vk} -DAT_SX={self.sx} -DAT_OX={self.ox}")
         if self.variant == "flash":
-            return f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_KC={self.kc}" + rows
+            split = f" -DAT_SPLIT={self.splits}" if self.splits > 1 else ""
+            return f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_KC={self.kc}" + rows + split
         return f"-DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} -DAT_DVC={self.dvc}" + rows
+
+    def split_bytes(self, n: int, lq: int, heads: int, dv: int) -> int:
+        """Scratch of a split flash launch (AttentionGpu::SplitBytes): per split, a float partial row
+        and its (max, sum) for each (n, query, head)."""
+        return 4 * self.splits * n * lq * heads * (dv + 2) if self.splits > 1 else 0
 
     def local_bytes(self, dk: int, dv: int) -> int:
         if self.variant == "flash":
@@ -218,6 +225,36 @@ PARTIAL_LADDER = ((128, 64, 32, 64), (64, 64, 32, 64), (64, 32, 32, 64), (32, 32
 WIDE_LADDER = ((32, 64, 256, 64, 16), (32, 64, 256, 32, 8), (16, 32, 128, 32, 8), (16, 32, 64, 16, 4))
 WIDE_MAX_ACC = 128
 ATTN_KERNELS = {"wide": "wide", "flash": "flash", "partial": "partial_softmax"}  # DIFFLITE_ATTN_KERNEL
+# Split keys (attn_flash with AT_SPLIT + attn_merge; attention_opencl.cc: PickSplits).
+SPLIT_ITEMS_PER_CU = 256  # kSplitItemsPerCu: work-items per compute unit that fill a GPU
+MIN_SPLIT_KEYS = 256  # kMinSplitKeys
+MAX_SPLITS = 4  # kMaxSplits
+ATTN_SPLITS = (1, 2, 4)  # DIFFLITE_ATTN_SPLITS values
+SPLIT_SLOT = 1  # kSplitSlot: scratch slot of the partials
+MERGE_WG = 64  # kMergeGroup: attn_merge's work-group
+
+
+def attention_splits(items: int, lk: int, causal: bool, compute_units: int, *, flat: bool = False,
+                     forced: int | None = None) -> int:
+    """Key splits of a flash launch of `items` work-items (attention_opencl.cc: PickSplits): never
+    causal; at most MAX_SPLITS and each split keeps MIN_SPLIT_KEYS keys; forced (DIFFLITE_ATTN_SPLITS)
+    is clamped to that on any device; otherwise 1 on flat (CPU-like) devices, and on GPUs the most
+    splits that keep items * splits within compute_units * SPLIT_ITEMS_PER_CU."""
+    if forced is not None and forced not in ATTN_SPLITS:
+        raise ValueError(f"DIFFLITE_ATTN_SPLITS={forced}: expected 1, 2 or 4")
+    if causal:
+        return 1
+    most = MAX_SPLITS
+    while most > 1 and lk < MIN_SPLIT_KEYS * most:
+        most //= 2
+    if forced:
+        return min(forced, most)
+    if flat:
+        return 1
+    splits = most
+    while splits > 1 and items * splits > compute_units * SPLIT_ITEMS_PER_CU:
+        splits //= 2
+    return splits
 
 
 def wide_plans(dk: int, dv: int, local_mem_bytes: int, max_wg: int = 0) -> list[AttentionPlan]:
@@ -240,13 +277,29 @@ def wide_plans(dk: int, dv: int, local_mem_bytes: int, max_wg: int = 0) -> list[
 
 
 def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int, *, flat: bool = False,
-                   kernel: str | None = None, max_wg: int = 0) -> AttentionPlan:
+                   kernel: str | None = None, max_wg: int = 0, shape: tuple[int, int, int, int] | None = None,
+                   causal: bool = False, compute_units: int = 0, splits: int | None = None) -> AttentionPlan:
     """The kernel variant and tiles (attention_opencl.cc: AttentionGpu::Init). `variant` is a hint:
     "partial_softmax" keeps the partial softmax; a wide head (Dk or Dv > FLASH_MAX_HEAD) with "auto"
     or "flash" takes attn_wide on devices with tiled kernels (GPUs; flat=False); otherwise a flash
     request whose tiles do not fit local memory falls back to the partial softmax. `kernel`
     ("wide" | "flash" | "partial", DIFFLITE_ATTN_KERNEL) forces a kernel; ValueError if it does not
-    fit. max_wg: the device's work-group limit (0: none)."""
+    fit. max_wg: the device's work-group limit (0: none). With `shape` (n, lq, lk, heads) a flash
+    plan also gets its key splits (attention_splits, on a device of `compute_units`; `splits`:
+    DIFFLITE_ATTN_SPLITS); without, splits stay 1."""
+    plan = _attention_tiles(dk, dv, variant, local_mem_bytes, flat, kernel, max_wg)
+    if shape is None or plan.variant != "flash":
+        if splits is not None and splits not in ATTN_SPLITS:
+            raise ValueError(f"DIFFLITE_ATTN_SPLITS={splits}: expected 1, 2 or 4")
+        return plan
+    n, lq, lk, heads = shape
+    items = ceil_div(lq, plan.bq) * plan.work_group(dk, dv) * heads * n  # the unsplit launch
+    return replace(plan, splits=attention_splits(items, lk, causal, compute_units, flat=flat, forced=splits))
+
+
+def _attention_tiles(dk: int, dv: int, variant: str, local_mem_bytes: int, flat: bool, kernel: str | None,
+                     max_wg: int) -> AttentionPlan:
+    """attention_plan without the key splits."""
     forced = ATTN_KERNELS[kernel] if kernel else None
     wide_head = dk > FLASH_MAX_HEAD or dv > FLASH_MAX_HEAD
     want_wide = forced == "wide" or (forced is None and variant != "partial_softmax" and wide_head and not flat)
@@ -449,14 +502,22 @@ class Runner:
                             np.int32(rows), np.int32(d), np.int32(GELU_MODES[approximate]))]
 
     def attention(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
-                  scale: float, causal: bool, variant: str = "auto", kernel: str | None = None) -> list[cl.Event]:
-        """variant: the op's hint; kernel: "wide" | "flash" | "partial" forces one (DIFFLITE_ATTN_KERNEL)."""
+                  scale: float, causal: bool, variant: str = "auto", kernel: str | None = None,
+                  splits: int | None = None, plan: AttentionPlan | None = None) -> list[cl.Event]:
+        """variant: the op's hint; kernel: "wide" | "flash" | "partial" forces one (DIFFLITE_ATTN_KERNEL);
+        splits: 1 | 2 | 4 forces flash's key splits (DIFFLITE_ATTN_SPLITS, clamped as the library does);
+        plan: launch these tiles as given instead (no rule applied; e.g. splits with too few keys)."""
         flat = not self.device.type & cl.device_type.GPU  # kernels=auto: tiled on GPUs only
-        plan = attention_plan(dk, dv, variant, self.local_mem, flat=flat, kernel=kernel, max_wg=self.max_wg)
+        if plan is None:
+            plan = attention_plan(dk, dv, variant, self.local_mem, flat=flat, kernel=kernel, max_wg=self.max_wg,
+                                  shape=(n, lq, lk, heads), causal=causal, compute_units=self.compute_units,
+                                  splits=splits)
         opts = plan.options(dk, dv)
         i32, f32 = np.int32, np.float32
         items = plan.work_group(dk, dv)  # a work-group owns bq rows
         rows = ceil_div(lq, plan.bq) * items
+        if plan.splits > 1:
+            return self._attention_split(plan, q, k, v, o, n, lq, lk, heads, dk, dv, scale, causal)
         if plan.variant in ("flash", "wide"):
             name = f"attn_{plan.variant}"
             return [self.launch(self.kernel("attention", name, opts), (rows, heads, n), (items, 1, 1),
@@ -468,6 +529,22 @@ class Runner:
         e2 = self.launch(self.kernel("attention", "attn_output", opts), (rows, heads * chunks, n),
                          (items, 1, 1), q, k, v, stats, o, i32(lq), i32(lk), i32(heads), i32(dk), i32(dv),
                          f32(scale), i32(causal))
+        return [e1, e2]
+
+    def _attention_split(self, plan: AttentionPlan, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int,
+                         dv: int, scale: float, causal: bool) -> list[cl.Event]:
+        """Split attn_flash into float partials (scratch slot SPLIT_SLOT), then attn_merge into o
+        (AttentionGpu::RunSplit)."""
+        opts = plan.options(dk, dv)
+        i32, f32 = np.int32, np.float32
+        wg = plan.work_group(dk, dv)
+        part = self.scratch(plan.split_bytes(n, lq, heads, dv), SPLIT_SLOT)
+        grid = (ceil_div(lq, plan.bq) * wg, heads * plan.splits, n)  # dimension 1: head * splits + split
+        e1 = self.launch(self.kernel("attention", "attn_flash", opts), grid, (wg, 1, 1), q, k, v, part, i32(lq),
+                         i32(lk), i32(heads), f32(scale), i32(causal))
+        rows = n * lq * heads
+        e2 = self.launch(self.kernel("attention", "attn_merge", opts), (round_up(rows * ceil_div(dv, 4), MERGE_WG),),
+                         (MERGE_WG,), part, o, i32(rows))
         return [e1, e2]
 
     def winograd_scratch_bytes(self, n, h, w, cin, cout, elem: int = 4) -> int:

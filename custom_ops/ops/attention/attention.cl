@@ -30,6 +30,16 @@
 //                  dimension (AT_DK4 / AT_DV4 per key, zero padded); online
 //                  softmax per chunk of AT_KC keys (running max, running sum,
 //                  accumulator rescaled when the max grows); o written once.
+//   Split keys (AT_SPLIT = 2 or 4, flash-decoding style): grid dimension 1 is
+//                  H * AT_SPLIT (h * AT_SPLIT + split); a work-group sees only
+//                  keys [split * Lk / AT_SPLIT, (split + 1) * Lk / AT_SPLIT),
+//                  so a launch with too few work-groups to fill the GPU gets
+//                  AT_SPLIT times as many. `o` is then a float scratch buffer:
+//                  the self-normalised partial rows [AT_SPLIT][N*Lq*H][AT_DV],
+//                  then each row's (m, l) [AT_SPLIT][N*Lq*H][2] (base-2 max,
+//                  sum of exp2(s - m); l = 0 for a split that saw no key).
+//   attn_merge     (built with AT_SPLIT) combines them per (n, row, head):
+//                  w_s = exp2(m_s - M) * l_s, o = sum_s w_s o_s / sum_s w_s.
 //
 // (3) FlashAttention-2 tiled per work-group, for wide heads (AT_DK, AT_DV and
 //     the work-group size AT_NT given at build time):
@@ -51,6 +61,8 @@
 // Launch: global (ceil(Lq / AT_BQ) * AT_WG, ...), local (AT_WG, 1, 1) with
 // AT_WG = AT_BQ / AT_RQ (AT_RQ defaults to 1: one row per work-item);
 // attn_wide: global (ceil(Lq / AT_BQ) * AT_NT, H, N), local (AT_NT, 1, 1).
+// Split attn_flash: global (ceil(Lq / AT_BQ) * AT_WG, H * AT_SPLIT, N), then
+// attn_merge: global (N * Lq * H * ceil(AT_DV / 4), rounded up), any local.
 // Scores are kept in base 2 (q pre-scaled by scale*log2(e), exp2), which is
 // the same softmax. Storage type DL_T (float or half); math in float.
 #include "dl_storage.cl"
@@ -302,16 +314,46 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
 #define AT_DK4 ((AT_DK + 3) / 4)
 #define AT_DV4 ((AT_DV + 3) / 4)
 #ifndef AT_NT
+#ifndef AT_SPLIT
+#define AT_SPLIT 1  // key ranges per (row block, head): > 1 writes partials for attn_merge
+#endif
+#if AT_SPLIT > 1
+#define AT_OUT_T float  // attn_flash's `o`: the partials' scratch
+#else
+#define AT_OUT_T DL_T
+#endif
 
-// Global (ceil(Lq / AT_BQ) * AT_WG, H, N), local (AT_WG, 1, 1).
+// out[0 .. AT_DV) = acc * inv, in attn_flash's output type (the storage type,
+// or float for split partials).
+inline void at_store_row(__global AT_OUT_T* out, const float4* acc, float inv) {
+#pragma unroll
+  for (int d4 = 0; d4 < AT_DV4; ++d4) {
+    const float4 a4 = acc[d4] * inv;
+    const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (4 * d4 + c < AT_DV) out[4 * d4 + c] = (AT_OUT_T)a[c];
+    }
+  }
+}
+
+// Global (ceil(Lq / AT_BQ) * AT_WG, H * AT_SPLIT, N), local (AT_WG, 1, 1).
 __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
-                         __global const DL_T* v, __global DL_T* o, int Lq, int Lk,
+                         __global const DL_T* v, __global AT_OUT_T* o, int Lq, int Lk,
                          int H, float scale, int causal) {
   __local float4 Ks[AT_BK * AT_DK4];
   __local float4 Vs[AT_BK * AT_DV4];
   const int lid = get_local_id(0);
   const int row0 = get_group_id(0) * AT_BQ;
+#if AT_SPLIT > 1
+  const int h = get_group_id(1) / AT_SPLIT;
+  const int split = get_group_id(1) - h * AT_SPLIT;
+  const int kbeg = (int)((long)split * Lk / AT_SPLIT);  // this split's keys [kbeg, klim)
+  const int klim = (int)((long)(split + 1) * Lk / AT_SPLIT);
+#else
   const int h = get_group_id(1);
+  const int kbeg = 0, klim = Lk;
+#endif
   const int n = get_group_id(2);
   const int qstride = H * AT_DK;
   const int vstride = H * AT_DV;
@@ -332,8 +374,8 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
   }
   __global const DL_T* kh = k + (long)n * Lk * qstride + h * AT_DK;
   __global const DL_T* vh = v + (long)n * Lk * vstride + h * AT_DV;
-  const int kend = causal ? min(Lk, min(Lq, row0 + AT_BQ)) : Lk;
-  for (int j0 = 0; j0 < kend; j0 += AT_BK) {
+  const int kend = causal ? min(klim, min(Lq, row0 + AT_BQ)) : klim;
+  for (int j0 = kbeg; j0 < kend; j0 += AT_BK) {
     const int jn = min(AT_BK, kend - j0);
     barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers are done
     for (int e = lid; e < AT_BK * AT_DK4; e += AT_WG) {
@@ -402,24 +444,69 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
       }
     }
   }
+#if AT_SPLIT > 1
+  const long rows = (long)get_num_groups(2) * Lq * H;  // (n, i, h) rows of one split
+  __global float* stats = o + AT_SPLIT * rows * AT_DV;
+#endif
 #pragma unroll
   for (int r = 0; r < AT_RQ; ++r) {
     const int i = row0 + lid + r * AT_WG;
     if (i < Lq) {
       const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      __global DL_T* orow = o + ((long)n * Lq + i) * vstride + h * AT_DV;
-#pragma unroll
-      for (int d4 = 0; d4 < AT_DV4; ++d4) {
-        const float4 a4 = acc[r][d4] * inv;
-        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          if (4 * d4 + c < AT_DV) orow[4 * d4 + c] = (DL_T)a[c];
-        }
-      }
+      const long row = ((long)n * Lq + i) * H + h;  // o's row (n, i) at head h
+#if AT_SPLIT > 1
+      at_store_row(o + (split * rows + row) * AT_DV, acc[r], inv);
+      vstore2((float2)(m[r], l[r]), split * rows + row, stats);
+#else
+      at_store_row(o + row * AT_DV, acc[r], inv);
+#endif
     }
   }
 }
+
+#if AT_SPLIT > 1
+// p[d .. d + 3] of a float row as float4, zero at and past n.
+inline float4 at_ldf4(__global const float* p, int d, int n) {
+  return (float4)(p[d], d + 1 < n ? p[d + 1] : 0.0f, d + 2 < n ? p[d + 2] : 0.0f,
+                  d + 3 < n ? p[d + 3] : 0.0f);
+}
+
+// Global (rows * AT_DV4, rounded up), any local; rows = N * Lq * H. One
+// work-item per float4 of an output row: the splits' partial rows weighted by
+// w_s = exp2(m_s - M) * l_s (M: the largest m of the splits that saw a key),
+// divided by sum_s w_s; a split with l = 0 (no key) takes no part.
+__kernel void attn_merge(__global const float* part, __global DL_T* o, int rows) {
+  const int e = get_global_id(0);
+  if (e >= rows * AT_DV4) return;
+  const int row = e / AT_DV4;
+  const int d = 4 * (e - row * AT_DV4);
+  __global const float* stats = part + (long)AT_SPLIT * rows * AT_DV;
+  float mmax = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < AT_SPLIT; ++s) {
+    const float2 ml = vload2((long)s * rows + row, stats);
+    if (ml.y > 0.0f) mmax = fmax(mmax, ml.x);
+  }
+  float4 acc = (float4)(0.0f);
+  float wsum = 0.0f;
+#pragma unroll
+  for (int s = 0; s < AT_SPLIT; ++s) {
+    const float2 ml = vload2((long)s * rows + row, stats);
+    if (ml.y > 0.0f) {
+      const float w = exp2(ml.x - mmax) * ml.y;
+      wsum += w;
+      acc = mad((float4)(w), at_ldf4(part + ((long)s * rows + row) * AT_DV, d, AT_DV), acc);
+    }
+  }
+  acc *= wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  __global DL_T* out = o + (long)row * AT_DV + d;
+  const float a[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    if (d + c < AT_DV) out[c] = (DL_T)a[c];
+  }
+}
+#endif  // AT_SPLIT > 1
 
 #else  // AT_NT: wide heads
 // Work-item layouts (AT_NT items): for the scores AT_SY x AT_SX (rows x keys),

@@ -25,6 +25,30 @@
 // DIFFLITE_ATTN_KERNEL=wide|flash|partial forces that kernel whatever the
 // hint and device (for tests and benchmarks); the node is refused when the
 // forced kernel's tiles do not fit.
+// Split keys (flash only; attn_flash with AT_SPLIT, then attn_merge): a launch
+// with too few work-items to fill a GPU gets 2 or 4 work-groups per row block
+// and head, each over a contiguous 1/splits of the keys, writing float
+// partials (rows and their max / sum, scratch slot kSplitSlot) that attn_merge
+// combines. Measured on an H100 (132 compute units), SD 1.5's 4096 x 4096,
+// 8 x 40 self-attention: batch 1 launches 16384 work-items (124 per compute
+// unit) and ran 0.98 ms (21.8 TFLOPS); batch 2, 32768 (248 per unit), 1.53 ms
+// for twice the work (27.6 TFLOPS): about kSplitItemsPerCu work-items per
+// compute unit fill the device. The rule (PickSplits):
+//   * only flash on a device with tiled kernels (GPUs: the argument is about
+//     resident warps hiding latency; a CPU device runs a work-group per core
+//     to completion), never causal (a row block sees keys only up to its last
+//     row, so even splits of [0, Lk) would leave the later ones idle for most
+//     blocks), never wide or the partial softmax;
+//   * splits = the most of 4, 2 that keep the split launch within
+//     compute_units * kSplitItemsPerCu work-items (so batch 1 above takes 2:
+//     32768 items; batch 2 keeps 1): splitting past a device's fill adds
+//     partial traffic and a merge but no concurrency;
+//   * each split keeps at least kMinSplitKeys keys (fewer, and the extra
+//     partial row written and merged per split (Dv + 2 floats) is no longer
+//     small against the split's K/V work).
+// DIFFLITE_ATTN_SPLITS=1|2|4 forces the count on any device (for tests and
+// benchmarks), still only for non-causal flash and clamped so that each split
+// keeps kMinSplitKeys keys; another value refuses the node.
 // Local memory holds float4s along the head dimension (each head size or
 // chunk rounded up to a multiple of 4); each flash / partial work-item owns
 // `rq` query rows (AT_RQ), so a work-group is bq / rq work-items; a wide
@@ -54,6 +78,13 @@ using gpu::opsupport::SetKernelArgs;
 
 constexpr const char* kProgram = "attention";
 constexpr int kFlashMaxHead = 64;
+constexpr int kSplitItemsPerCu = 256;  // work-items per compute unit that fill a GPU
+constexpr int kMinSplitKeys = 256;     // fewest keys per split
+constexpr int kMaxSplits = 4;
+// Split partials: a slot of its own (slot 0 holds the partial softmax's row
+// statistics; the two never run in one Run, but distinct slots keep it so).
+constexpr int kSplitSlot = 1;
+constexpr size_t kMergeGroup = 64;  // attn_merge's work-group
 
 // Rows per work-item (AT_RQ), flash only: 2 when the two rows' q and
 // accumulator registers stay within kRowRegs floats, else 1. Measured on an
@@ -80,6 +111,7 @@ struct Plan {
   Kernel kernel = Kernel::kPartial;
   int bq = 64, bk = 32, kc = 8, dc = 0, dvc = 0;
   int rq = 1;  // query rows per work-item (flash, partial)
+  int splits = 1;  // flash: key ranges per row block and head (AT_SPLIT)
   int nt = 0, vk = 0, sx = 0, ox = 0;  // wide: work-items, V chunk keys, layouts
 
   // attn_wide's float4 columns per work-item (AT_OC) and output rows (AT_OR).
@@ -132,8 +164,9 @@ struct Plan {
              " -DAT_OX=" + std::to_string(ox);
     }
     if (kernel == Kernel::kFlash) {
+      const std::string split = splits > 1 ? " -DAT_SPLIT=" + std::to_string(splits) : "";
       return heads + " -DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
-             " -DAT_KC=" + std::to_string(kc) + rows;
+             " -DAT_KC=" + std::to_string(kc) + rows + split;
     }
     return "-DAT_BQ=" + std::to_string(bq) + " -DAT_BK=" + std::to_string(bk) +
            " -DAT_DC=" + std::to_string(dc) + " -DAT_DVC=" + std::to_string(dvc) + rows;
@@ -225,6 +258,41 @@ std::string ForcedKernel(std::string* error) {
   return "";
 }
 
+// DIFFLITE_ATTN_SPLITS: the forced split count (0 when unset or empty), or
+// an error for another value.
+int ForcedSplits(std::string* error) {
+  const char* env = std::getenv("DIFFLITE_ATTN_SPLITS");
+  if (env == nullptr || *env == '\0') return 0;
+  for (const char* k : {"1", "2", "4"}) {
+    if (std::strcmp(env, k) == 0) return std::atoi(k);
+  }
+  *error = std::string("DIFFLITE_ATTN_SPLITS=") + env + ": expected 1, 2 or 4";
+  return 0;
+}
+
+// What PickSplits needs to know of the launch and device.
+struct SplitQuery {
+  int64_t items = 0;  // work-items of the unsplit launch
+  int lk = 0;
+  bool causal = false;
+  bool flat = false;      // the device prefers flat kernels (CPU-like)
+  int64_t compute_units = 0;
+  int forced = 0;         // DIFFLITE_ATTN_SPLITS, 0: unset
+};
+
+// Key splits for attn_flash (see the header comment): 1, 2 or 4.
+int PickSplits(const SplitQuery& s) {
+  if (s.causal) return 1;
+  int most = kMaxSplits;  // each split keeps kMinSplitKeys keys
+  while (most > 1 && s.lk < static_cast<int64_t>(kMinSplitKeys) * most) most /= 2;
+  if (s.forced != 0) return s.forced < most ? s.forced : most;
+  if (s.flat) return 1;
+  const int64_t target = s.compute_units * kSplitItemsPerCu;
+  int splits = most;
+  while (splits > 1 && s.items * splits > target) splits /= 2;
+  return splits;
+}
+
 class AttentionGpu final : public GpuOp {
  public:
   std::string Init(const attention::Options& o, const Shape& q, const Shape& k,
@@ -246,6 +314,7 @@ class AttentionGpu final : public GpuOp {
     const size_t local_mem = ctx.device().local_mem_bytes;
     std::string e;
     const std::string forced = ForcedKernel(&e);
+    if (e.empty()) forced_splits_ = ForcedSplits(&e);
     if (!e.empty()) return e;
     const bool wide_head = dk_ > kFlashMaxHead || dv_ > kFlashMaxHead;
     const bool want_wide =
@@ -267,7 +336,10 @@ class AttentionGpu final : public GpuOp {
       e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_),
                                     &flash_k_);
       const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, flash_k_) : 0;
-      if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(plan_.WorkGroup()))) return "";
+      if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(plan_.WorkGroup()))) {
+        InitSplits(ctx);
+        return "";
+      }
       flash_k_ = nullptr;  // a hint only: fall back to the partial softmax
     }
     if (forced == "flash") {
@@ -290,6 +362,34 @@ class AttentionGpu final : public GpuOp {
       }
     }
     return "";
+  }
+
+  // Key splits for the flash plan (PickSplits): the split attn_flash and
+  // attn_merge when splits > 1 and both build with their work-groups, else
+  // (a speed-up only) the unsplit kernel already in flash_k_.
+  void InitSplits(GpuContext& ctx) {
+    SplitQuery s;
+    s.forced = forced_splits_;
+    s.items = CeilDiv(lq_, plan_.bq) * plan_.WorkGroup() * o_.heads * static_cast<int64_t>(n_);
+    s.lk = lk_;
+    s.causal = o_.causal;
+    s.flat = ctx.PreferFlatKernels();
+    s.compute_units = ctx.device().compute_units;
+    Plan split = plan_;
+    split.splits = PickSplits(s);
+    if (split.splits == 1) return;
+    cl_kernel fk = nullptr, mk = nullptr;
+    const std::string opts = split.Options(dk_, dv_);
+    std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", opts, &fk);
+    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_merge", opts, &mk);
+    const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, fk) : 0;
+    const size_t mwg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, mk) : 0;
+    const bool fits = (wg == 0 || wg >= static_cast<size_t>(split.WorkGroup())) &&
+                      (mwg == 0 || mwg >= kMergeGroup);
+    if (!e.empty() || !fits) return;
+    plan_ = split;
+    flash_k_ = fk;
+    merge_k_ = mk;
   }
 
   // attn_wide with the first ladder entry that fits and builds with its
@@ -316,7 +416,8 @@ class AttentionGpu final : public GpuOp {
   }
 
   size_t ScratchBytes() const override {
-    return plan_.kernel == Kernel::kPartial ? StatsBytes() : 0;
+    if (plan_.kernel == Kernel::kPartial) return StatsBytes();
+    return plan_.splits > 1 ? SplitBytes() : 0;
   }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
@@ -331,6 +432,7 @@ class AttentionGpu final : public GpuOp {
     // ceil(Lq / bq) work-groups of bq / rq (wide: nt) work-items, bq rows each.
     const size_t rows = static_cast<size_t>(CeilDiv(lq_, plan_.bq)) * wg;
     const size_t local[3] = {wg, 1, 1};
+    if (plan_.splits > 1) return RunSplit(ctx, in, out[0].mem, rows);
     if (plan_.kernel != Kernel::kPartial) {  // flash or wide: one kernel, same arguments
       const bool wide = plan_.kernel == Kernel::kWide;
       cl_kernel kk = wide ? wide_k_ : flash_k_;
@@ -361,14 +463,50 @@ class AttentionGpu final : public GpuOp {
   }
 
  private:
+  // Split attn_flash into the partials' scratch, then attn_merge into `o`.
+  // `row_items`: global dimension 0, as unsplit.
+  std::string RunSplit(GpuContext& ctx, const std::vector<GpuTensor>& in, cl_mem o,
+                       size_t row_items) {
+    const gpu::ClApi& cl = ctx.cl();
+    std::string e;
+    cl_mem part = ctx.Scratch(SplitBytes(), kSplitSlot, &e);
+    if (part == nullptr) return "attention split partials: " + e;
+    const cl_int lq = lq_, lk = lk_, h = o_.heads, causal = o_.causal ? 1 : 0;
+    const cl_float scale = o_.scale;
+    e = SetKernelArgs(cl, flash_k_,
+                      {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(part), Arg(lq),
+                       Arg(lk), Arg(h), Arg(scale), Arg(causal)});
+    if (!e.empty()) return e;
+    const size_t wg = static_cast<size_t>(plan_.WorkGroup());
+    const size_t local[3] = {wg, 1, 1};
+    const size_t global[3] = {row_items, static_cast<size_t>(h) * plan_.splits,
+                              static_cast<size_t>(n_)};
+    e = ctx.Enqueue(flash_k_, 3, global, local, "attention.flash_split");
+    if (!e.empty()) return e;
+    const cl_int out_rows = SplitRows();
+    e = SetKernelArgs(cl, merge_k_, {Arg(part), Arg(o), Arg(out_rows)});
+    if (!e.empty()) return e;
+    const size_t items = static_cast<size_t>(out_rows) * (Round4(dv_) / 4);  // a float4 each
+    const size_t mglobal[1] = {static_cast<size_t>(CeilDiv(items, kMergeGroup)) * kMergeGroup};
+    const size_t mlocal[1] = {kMergeGroup};
+    return ctx.Enqueue(merge_k_, 1, mglobal, mlocal, "attention.merge");
+  }
+
   size_t StatsBytes() const {
     return sizeof(cl_float2) * static_cast<size_t>(n_) * o_.heads * lq_;
+  }
+  // (n, query, head) rows of the output: one partial row and (m, l) per split each.
+  int SplitRows() const { return n_ * lq_ * o_.heads; }
+  size_t SplitBytes() const {
+    return sizeof(cl_float) * static_cast<size_t>(plan_.splits) * SplitRows() * (dv_ + 2);
   }
 
   attention::Options o_;
   int n_ = 0, lq_ = 0, lk_ = 0, dk_ = 0, dv_ = 0;
+  int forced_splits_ = 0;  // DIFFLITE_ATTN_SPLITS, 0: unset
   Plan plan_;
   cl_kernel flash_k_ = nullptr, wide_k_ = nullptr, stats_k_ = nullptr, out_k_ = nullptr;
+  cl_kernel merge_k_ = nullptr;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
