@@ -92,7 +92,7 @@ class ColsPlan:
         return self.ys * self.xb
 
     def options(self) -> str:
-        return f"-DGN_VW={self.vw} -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_GPW={self.gpw} -DGN_UNROLL={GN_UNROLL}"
+        return f"-DGN_VW={self.vw} -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_GPW={self.gpw}"
 
 
 def gn_cols_plan(n: int, groups: int, spatial: int, c: int, compute_units: int,

@@ -5,7 +5,8 @@
 // channels and walks rows, see below):
 //   gn_stats_cols  one read of x: per work-group and group a partial
 //                  (count, mean, M2) from shifted sums, merged pairwise
-//                  (Chan et al.) in local memory.
+//                  (Chan et al.) in local memory. GN_COLS_UNROLL rows in
+//                  flight per work-item, in both kernels.
 //   gn_apply_cols  merges the partials of its own groups in local memory,
 //                  folds mean, rstd, gamma and beta into one scale and shift
 //                  per channel (registers), then reads x once more and writes
@@ -29,6 +30,9 @@
 #endif
 #ifndef GN_GPW
 #define GN_GPW 1
+#endif
+#ifndef GN_COLS_UNROLL
+#define GN_COLS_UNROLL 8  // rows in flight per work-item of the split plan
 #endif
 #define DL_CAT_(a, b) a##b
 #define DL_CAT(a, b) DL_CAT_(a, b)
@@ -83,15 +87,18 @@ inline void gn_reduce(__local float* l_n, __local float* l_m, __local float* l_q
 #ifndef GN_UNROLL
 #define GN_UNROLL 4
 #endif
+// Vector loads and stores through vector pointers: every offset is a multiple
+// of GN_VW elements (GN_VW divides cg and C) and buffers start aligned, and
+// unlike vloadn this tells the compiler so (one wide load per vector).
 #if GN_VW == 4
 #define GN_VEC float4
-#define GN_LOAD(p, i) convert_float4(vload4(0, (p) + (i)))
-#define GN_STORE(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
+#define GN_LOAD(p, i) convert_float4(*(__global const DL_T4*)((p) + (i)))
+#define GN_STORE(p, i, v) (*(__global DL_T4*)((p) + (i)) = DL_CAT(convert_, DL_T4)(v))
 #define GN_HSUM(v) ((v).x + (v).y + (v).z + (v).w)
 #elif GN_VW == 2
 #define GN_VEC float2
-#define GN_LOAD(p, i) convert_float2(vload2(0, (p) + (i)))
-#define GN_STORE(p, i, v) vstore2(DL_CAT(convert_, DL_CAT(DL_T, 2))(v), 0, (p) + (i))
+#define GN_LOAD(p, i) convert_float2(*(__global const DL_CAT(DL_T, 2)*)((p) + (i)))
+#define GN_STORE(p, i, v) (*(__global DL_CAT(DL_T, 2)*)((p) + (i)) = DL_CAT(convert_, DL_CAT(DL_T, 2))(v))
 #define GN_HSUM(v) ((v).x + (v).y)
 #else
 #define GN_VEC float
@@ -214,22 +221,21 @@ __kernel void gn_stats_cols(__global const DL_T* x, __global float4* partial, in
   __global const DL_T* xc = x + (long)n * S * C + get_global_id(0) * GN_VW;
   const GN_VEC shift = r0 < S ? GN_LOAD(xc, (long)r0 * C) : (GN_VEC)0.0f;
   GN_VEC s1 = 0.0f, s2 = 0.0f;
-  int s = r0;
-  for (; s + (GN_UNROLL - 1) * R < S; s += GN_UNROLL * R) {
-    GN_VEC v[GN_UNROLL];
+  // Batches of GN_COLS_UNROLL rows, all loads issued before any is used (a
+  // remainder loop would wait on its loads one by one); rows past S read as
+  // the shift, which adds nothing.
+  for (int s = r0; s < S; s += GN_COLS_UNROLL * R) {
+    GN_VEC v[GN_COLS_UNROLL];
 #pragma unroll
-    for (int u = 0; u < GN_UNROLL; ++u) v[u] = GN_LOAD(xc, (long)(s + u * R) * C);
+    for (int u = 0; u < GN_COLS_UNROLL; ++u) {
+      v[u] = s + u * R < S ? GN_LOAD(xc, (long)(s + u * R) * C) : shift;
+    }
 #pragma unroll
-    for (int u = 0; u < GN_UNROLL; ++u) {
+    for (int u = 0; u < GN_COLS_UNROLL; ++u) {
       const GN_VEC d = v[u] - shift;
       s1 += d;
       s2 += d * d;
     }
-  }
-  for (; s < S; s += R) {
-    const GN_VEC d = GN_LOAD(xc, (long)s * C) - shift;
-    s1 += d;
-    s2 += d * d;
   }
   float cnt, mean, m2;
   gn_lanes_stats(shift, s1, s2, r0 < S ? (S - 1 - r0) / R + 1 : 0, &cnt, &mean, &m2);
@@ -302,20 +308,17 @@ __kernel void gn_apply_cols(__global const DL_T* x, __global const float4* parti
   const long base = (long)n * S * C + c;
   __global const DL_T* xc = x + base;
   __global DL_T* yc = y + base;
-  int s = get_global_id(1);
-  for (; s + (GN_UNROLL - 1) * R < S; s += GN_UNROLL * R) {
-    GN_VEC v[GN_UNROLL];
+  for (int s = get_global_id(1); s < S; s += GN_COLS_UNROLL * R) {
+    GN_VEC v[GN_COLS_UNROLL];
 #pragma unroll
-    for (int u = 0; u < GN_UNROLL; ++u) v[u] = GN_LOAD(xc, (long)(s + u * R) * C);
-#pragma unroll
-    for (int u = 0; u < GN_UNROLL; ++u) {
-      const GN_VEC r = v[u] * scale + shift;
-      GN_STORE(yc, (long)(s + u * R) * C, silu ? r / (1.0f + exp(-r)) : r);
+    for (int u = 0; u < GN_COLS_UNROLL; ++u) {
+      v[u] = s + u * R < S ? GN_LOAD(xc, (long)(s + u * R) * C) : (GN_VEC)0.0f;
     }
-  }
-  for (; s < S; s += R) {
-    const GN_VEC r = GN_LOAD(xc, (long)s * C) * scale + shift;
-    GN_STORE(yc, (long)s * C, silu ? r / (1.0f + exp(-r)) : r);
+#pragma unroll
+    for (int u = 0; u < GN_COLS_UNROLL; ++u) {
+      const GN_VEC r = v[u] * scale + shift;
+      if (s + u * R < S) GN_STORE(yc, (long)(s + u * R) * C, silu ? r / (1.0f + exp(-r)) : r);
+    }
   }
 }
 

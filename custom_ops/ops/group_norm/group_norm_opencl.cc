@@ -74,10 +74,9 @@ struct ColsPlan {
   int vw = 1, cv = 1, lx = 1, ly = 1, gpw = 1, xb = 1, ys = 1, ya = 1;
 
   int Partials() const { return ys * xb; }
-  std::string Options(int unroll) const {
+  std::string Options() const {
     return "-DGN_VW=" + std::to_string(vw) + " -DGN_LX=" + std::to_string(lx) +
-           " -DGN_LY=" + std::to_string(ly) + " -DGN_GPW=" + std::to_string(gpw) +
-           " -DGN_UNROLL=" + std::to_string(unroll);
+           " -DGN_LY=" + std::to_string(ly) + " -DGN_GPW=" + std::to_string(gpw);
   }
 };
 
@@ -164,7 +163,7 @@ class GroupNormGpu final : public GpuOp {
     if (device_max != 0 && device_max < static_cast<size_t>(limit)) limit = static_cast<int>(device_max);
     for (;;) {
       plan_ = PlanCols(n_, o_.groups, spatial_, c_, ctx.device().compute_units, limit);
-      const std::string opts = plan_.Options(kOneUnroll);
+      const std::string opts = plan_.Options();
       std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_stats_cols", opts, &stats_k_);
       if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_apply_cols", opts, &apply_k_);
       if (!e.empty()) return e;
