@@ -244,9 +244,7 @@ ATTN_CASES = [
 def test_attention(runner, launch, case, causal, variant):
     n, lq, lk, heads, dk, dv = case
     r = np.random.default_rng(lq * lk + causal)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     scale = 1.0 / math.sqrt(dk)
     assert launch.attention_plan(dk, dv, variant, runner.local_mem).variant == variant
     o = runner.empty((n, lq, heads * dv))
@@ -326,9 +324,7 @@ def test_attention_rows_per_item(runner, launch, case, variant, rq, causal):
     """Several query rows per work-item (AT_RQ) and float4 tiles with SD head sizes."""
     n, lq, lk, heads, dk, dv = case
     r = np.random.default_rng(dk * 7 + lq + rq)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     scale = 1.0 / math.sqrt(dk)
     plan = launch.attention_plan(dk, dv, variant, min(runner.local_mem, 48 * 1024),  # H100-sized tiles
                                  kernel=FORCE[variant])
@@ -422,9 +418,7 @@ def test_attention_wide(runner, launch, case, causal):
     """attn_wide through the harness (kernel="wide", DIFFLITE_ATTN_KERNEL's mirror)."""
     n, lq, lk, heads, dk, dv = case
     r = np.random.default_rng(lq * lk + dk + causal)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     scale = 1.0 / math.sqrt(dk)
     assert launch.attention_plan(dk, dv, "auto", runner.local_mem, kernel="wide").variant == "wide"
     o = runner.empty((n, lq, heads * dv))
@@ -443,15 +437,19 @@ def test_attention_wide_ladder(runner, launch, case, entry):
     plans = launch.wide_plans(dk, dv, 1 << 20)
     assert len(plans) == len(launch.WIDE_LADDER)
     r = np.random.default_rng(entry + dv)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     scale = 1.0 / math.sqrt(dk)
     o = runner.empty((n, lq, heads * dv))
     _attention_wide(runner, launch, runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads,
                     dk, dv, scale, True, plans[entry])
     ref = attention_ref(q, k, v, heads, scale, True)
     assert rel_err(runner.download(o, ref.shape), ref) < TOL
+
+
+def qkv_inputs(r, n, lq, lk, heads, dk, dv):
+    """Random q [n, lq, heads*dk], k [n, lk, heads*dk] (scale 1.5) and v [n, lk, heads*dv], no zeros."""
+    return (nonzero(r, (n, lq, heads * dk), 1.5), nonzero(r, (n, lk, heads * dk), 1.5),
+            nonzero(r, (n, lk, heads * dv)))
 
 
 def large_logit_inputs(r, n, lq, lk, heads, dk, dv):
@@ -550,9 +548,7 @@ def _attention_split_case(runner, launch, case, causal, seed, splits=None, plan=
     n, lq, lk, heads, dk, dv = case
     r = np.random.default_rng(seed)
     if inputs is None:
-        q = nonzero(r, (n, lq, heads * dk), 1.5)
-        k = nonzero(r, (n, lk, heads * dk), 1.5)
-        v = nonzero(r, (n, lk, heads * dv))
+        q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     else:
         q, k, v = inputs
     scale = 1.0 / math.sqrt(dk)
@@ -782,9 +778,7 @@ def test_delegate_gelu_geglu(tmp_path, oplib):
 def test_delegate_attention(tmp_path, oplib, variant):
     r = np.random.default_rng(13)
     n, lq, lk, heads, dk, dv = 2, 37, 19, 3, 5, 6
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for causal in (False, True):
         out, stats = _run_delegate(
             tmp_path, oplib, "difflite.Attention", {"heads": heads, "scale": 0.4, "causal": causal,
@@ -816,9 +810,7 @@ def test_delegate_attention_wide(tmp_path, oplib, monkeypatch, case):
     monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "wide")
     n, lq, lk, heads, dk, dv = case
     r = np.random.default_rng(lq + lk + dv)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for causal in (False, True):
         out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, causal)
         assert rel_err(out, attention_ref(q, k, v, heads, 0.3, causal)) < TOL, causal
@@ -852,9 +844,7 @@ def test_delegate_attention_plan(tmp_path, oplib, runner, launch, monkeypatch, e
     assert FORCE[plan.variant] == want
     n, lq, lk, heads = 2, 37, 70, 2
     r = np.random.default_rng(dk + dv)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, True, variant, kernels)
     assert rel_err(out, attention_ref(q, k, v, heads, 0.3, True)) < TOL
     labels = {"wide": {"attention.wide"}, "flash": {"attention.flash"},
@@ -883,9 +873,7 @@ def test_delegate_attention_split(tmp_path, oplib, monkeypatch, case, forced, wa
     monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
     n, lq, lk, heads, dk, dv = case
     r = np.random.default_rng(lk + dv + forced)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for causal in (False, True):
         out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, causal, "flash")
         assert rel_err(out, attention_ref(q, k, v, heads, 0.3, causal)) < TOL, causal
@@ -899,9 +887,7 @@ def test_delegate_attention_split_only_flash(tmp_path, oplib, monkeypatch):
     monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", "4")
     n, lq, lk, heads, dk, dv = 1, 37, 1100, 2, 40, 40
     r = np.random.default_rng(21)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for kernel, labels in (("partial", {"attention.rowstats", "attention.output"}), ("wide", {"attention.wide"})):
         monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", kernel)
         out, _, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False)
@@ -923,9 +909,7 @@ def test_delegate_attention_split_auto(tmp_path, oplib, runner, launch, monkeypa
     if case == (1, 70, 1027, 1, 40, 40):
         assert plan.splits > 1  # the premise: this test sees a split
     r = np.random.default_rng(lk + heads)
-    q = nonzero(r, (n, lq, heads * dk), 1.5)
-    k = nonzero(r, (n, lk, heads * dk), 1.5)
-    v = nonzero(r, (n, lk, heads * dv))
+    q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False, "auto", "tiled")
     assert rel_err(out, attention_ref(q, k, v, heads, 0.3, False)) < TOL
     assert ran == (SPLIT_LABELS if plan.splits > 1 else {"attention.flash"}), (plan.splits, ran)
