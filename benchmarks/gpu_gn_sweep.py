@@ -1,0 +1,103 @@
+"""Sweep of GroupNorm's split plan (gn_stats_cols + gn_apply_cols): the statistics pass's work-groups
+down the rows (ys, hence partials per group) at SD 1.5 GroupNorm shapes, on any OpenCL device
+(pyopencl, fp32 storage), next to the one-kernel plan (gn_one) and a copy of the same bytes.
+
+    python benchmarks/gpu_gn_sweep.py [--runs 20] [--small]
+
+Each configuration runs through benchmarks/gpu_kernels_harness/launch.py (the library's kernels and
+launch shapes, `ys` overridden), queued behind a user event (no host gaps), median of --runs; it
+checks the output against the library's own plan. Writes benchmarks/results/gpu_gn_sweep_<device>.json
+(or $OUT/...) and prints a markdown table per shape; the library's choice is marked.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402
+from gpu_kernels_harness.launch import MAX_PARTIALS, Runner, gn_cols_plan  # noqa: E402
+from gpu_kernels_harness.unfused import Unfused  # noqa: E402
+
+# (N, H*W, C): the ablation's two shapes, then the SD 1.5 UNet's GroupNorms at batch 2.
+SHAPES = [(1, 4096, 320), (1, 4096, 1280), (2, 4096, 320), (2, 4096, 640), (2, 1024, 640), (2, 1024, 1280),
+          (2, 256, 1280), (2, 256, 2560), (2, 64, 1280)]
+SMALL_SHAPES = [(1, 256, 64), (2, 64, 128)]
+GROUPS = 32
+
+
+def sweep_shape(r: Runner, u: Unfused, shape, runs: int) -> dict:
+    n, spatial, c = shape
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) + 0.5).astype(np.float32)
+    gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
+    beta = rng.uniform(-0.5, 0.5, c).astype(np.float32)
+    xb, gb, bb = r.upload(x), r.upload(gamma), r.upload(beta)
+    y = r.empty(shape)
+    library = gn_cols_plan(n, GROUPS, spatial, c, r.compute_units, min(256, r.max_wg))
+
+    def run(**kw):
+        return lambda: r.group_norm(xb, gb, bb, y, shape, GROUPS, 1e-5, True, **kw)
+
+    run(plan="split")()
+    want = r.download(y, shape)
+    moved = 4 * 2 * x.size
+    rows = []
+    candidates = sorted({ys for ys in (1, 2, 4, 8, 16, 32, 64, 128) if ys <= max(1, MAX_PARTIALS // library.xb)}
+                        | {library.ys})
+    for label, fn in [("one", run(plan="one"))] + [(f"split ys={ys}", run(ys=ys)) for ys in candidates]:
+        chain, _, kernels, each = measure(fn, runs, 3, r.queue)
+        err = float(np.abs(r.download(y, shape) - want).max() / np.abs(want).max())
+        rows.append({"config": label, "chain_ms": chain * 1e3, "kernel_ms": kernels * 1e3,
+                     "each_kernel_ms": [t * 1e3 for t in each], "gbs": moved / chain / 1e9, "max_rel_diff": err,
+                     "library_choice": label == f"split ys={library.ys}"})
+    copy = same_size_copy_bandwidth(r, u, moved, runs, 3)
+    for row in rows:
+        row["of_same_size_copy"] = row["gbs"] * 1e9 / copy
+    return {"shape": list(shape), "groups": GROUPS, "plan": library.__dict__, "same_size_copy_gbs": copy / 1e9,
+            "rows": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--small", action="store_true", help="tiny shapes (CPU OpenCL such as PoCL)")
+    args = ap.parse_args()
+    r = Runner()
+    u = Unfused(r)
+    results = [sweep_shape(r, u, s, args.runs) for s in (SMALL_SHAPES if args.small else SHAPES)]
+    device = r.device.name.strip()
+    for res in results:
+        print(f"\n{device}: GroupNorm+SiLU {res['shape']}, {GROUPS} groups, plan {res['plan']}, "
+              f"same-size copy {res['same_size_copy_gbs']:.0f} GB/s")
+        print("| config | chain us | kernels us | each kernel us | GB/s | of same-size copy | max rel diff |")
+        print("|---|---|---|---|---|---|---|")
+        for row in res["rows"]:
+            mark = " (library)" if row["library_choice"] else ""
+            each = " + ".join(f"{t * 1e3:.1f}" for t in row["each_kernel_ms"])
+            print(f"| {row['config']}{mark} | {row['chain_ms'] * 1e3:.1f} | {row['kernel_ms'] * 1e3:.1f} | {each} | "
+                  f"{row['gbs']:.0f} | {100 * row['of_same_size_copy']:.0f}% | {row['max_rel_diff']:.1e} |")
+    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_").lower()
+    out = out_dir / f"gpu_gn_sweep_{slug}{'_small' if args.small else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": device, "compute_units": r.compute_units, "runs": args.runs,
+                               "results": results}, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    bad = [(res["shape"], row["config"]) for res in results for row in res["rows"] if not row["max_rel_diff"] < 1e-4]
+    if bad:
+        print(f"outputs disagree with the library's plan: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
