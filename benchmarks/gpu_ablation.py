@@ -158,7 +158,7 @@ def case_group_norm(r, u, shape, groups):
     yu = r.empty(shape)
     total = x.size
     flat = not r.device.type & cl.device_type.GPU
-    auto = gn_plan(shape[0], groups, r.compute_units, flat)
+    auto = gn_plan(shape[0], groups, r.compute_units, flat, int(np.prod(shape[1:])) // groups)
     labels = {p: f"{p}{' (auto)' if p == auto else ''}" for p in plans}
     return dict(
         fused={labels[p]: (lambda p=p: r.group_norm(xb, gb, bb, outs[p], shape, groups, 1e-5, True, plan=p))

@@ -195,11 +195,14 @@ def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
 
 
 def test_group_norm_plan(launch):
-    """UseOneKernel: GPUs take the one-kernel plan when its work-groups fill the device."""
-    assert launch.gn_plan(2, 32, 12, flat=False) == "one"  # SD 1.5 UNet on a phone GPU
-    assert launch.gn_plan(2, 32, 132, flat=False) == "split"  # the same on the H100
-    assert launch.gn_plan(8, 32, 132, flat=False) == "one"  # enough groups to fill the device
-    assert launch.gn_plan(2, 32, 2, flat=True) == "split"  # CPU-like devices (PoCL)
+    """UseOneKernel: GPUs take the one-kernel plan when its work-groups fill the device or its groups are
+    small (a second kernel costs more than the idle compute units)."""
+    assert launch.gn_plan(2, 32, 12, flat=False, group_elems=4096 * 40) == "one"  # SD 1.5 on a phone GPU
+    assert launch.gn_plan(2, 32, 132, flat=False, group_elems=4096 * 20) == "split"  # 64x64x640 on the H100
+    assert launch.gn_plan(2, 32, 132, flat=False, group_elems=4096 * 10) == "one"  # 64x64x320: 41K a group
+    assert launch.gn_plan(2, 32, 132, flat=False, group_elems=1024 * 40) == "one"  # 32x32x1280
+    assert launch.gn_plan(8, 32, 132, flat=False, group_elems=4096 * 40) == "one"  # enough groups to fill it
+    assert launch.gn_plan(2, 32, 2, flat=True, group_elems=16) == "split"  # CPU-like devices (PoCL)
 
 
 # ---------------------------------------------------------------------------
@@ -650,7 +653,9 @@ def test_plans_mirror_cxx(launch):
                         ("kColsMinWidth", launch.COLS_MIN_WIDTH), ("kStatsRows", launch.STATS_ROWS),
                         ("kApplyRows", launch.APPLY_ROWS), ("kMaxPartials", launch.MAX_PARTIALS)):
         assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
-    assert "return n * groups >= static_cast<int64_t>(cus);" in gn  # UseOneKernel
+    assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kOneMaxGroupElems") == \
+        launch.ONE_MAX_GROUP_ELEMS
+    assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems" in gn  # UseOneKernel
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
     src = (ops / "attention" / "attention_opencl.cc").read_text()

@@ -131,12 +131,15 @@ GN_ONE_MIN_WG = 64  # kOneMinGroup
 GN_UNROLL = 4  # loads in flight per gn_one work-item (kOneUnroll)
 
 
-def gn_plan(n: int, groups: int, compute_units: int, flat: bool) -> str:
-    """"one" (gn_one: one kernel, one work-group per (sample, group)) or "split" (gn_stats +
-    gn_apply): UseOneKernel in group_norm_opencl.cc (without its DIFFLITE_GN_PLAN override)."""
+ONE_MAX_GROUP_ELEMS = 65536  # kOneMaxGroupElems
+
+
+def gn_plan(n: int, groups: int, compute_units: int, flat: bool, group_elems: int) -> str:
+    """"one" (gn_one: one kernel, one work-group per (sample, group)) or "split" (gn_stats_cols +
+    gn_apply_cols): UseOneKernel in group_norm_opencl.cc (without its DIFFLITE_GN_PLAN override)."""
     if flat:
         return "split"
-    return "one" if n * groups >= compute_units else "split"
+    return "one" if n * groups >= compute_units or group_elems <= ONE_MAX_GROUP_ELEMS else "split"
 
 
 def gn_one_shape(group_elems: int, cg: int, max_wg: int) -> tuple[int, int]:
@@ -454,7 +457,7 @@ class Runner:
         cg = c // groups
         if plan is None:
             flat = not self.device.type & cl.device_type.GPU
-            plan = "split" if ys is not None else gn_plan(n, groups, self.compute_units, flat)
+            plan = "split" if ys is not None else gn_plan(n, groups, self.compute_units, flat, spatial * cg)
         if plan == "one":
             return [self._group_norm_one(x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu)]
         limit = min(COLS_GROUP, self.max_wg)

@@ -40,24 +40,28 @@ constexpr int kMaxPartials = 64;  // partials per group (gn_apply_cols merges th
 constexpr size_t kOneGroup = 1024;        // largest gn_one work-group
 constexpr size_t kOneMinGroup = 64;       // smallest, for small groups
 constexpr int kOneUnroll = 4;             // GN_UNROLL: loads in flight per work-item
+constexpr int64_t kOneMaxGroupElems = 65536;  // "one" for groups this small (UseOneKernel)
 
 // The plan. "one" moves fewer bytes (x once from memory and once more from
-// cache, no partials) and launches one kernel instead of two or three, so GPUs
-// (tiled kernels) take it when its work-groups, one per (sample, group), can
-// fill the device. With fewer (sample, group) pairs than compute units the
-// split statistics spread the reading over the whole device instead: on the
-// H100 (132 compute units) the SD 1.5 UNet's GroupNorms (N = 2, 32 groups)
-// took 1.46 ms per step with "one" against 1.27 ms split, and at N = 1
-// [4096, 1280] 0.099 ms against 0.058 (benchmarks/NOTES.md §10). Phones (a
-// few to a dozen compute units) take "one". CPU-like devices (flat kernels)
-// keep "split": on PoCL (2 cores) "one" took 0.6x to 1.7x its time at SD
-// shapes, no clear win. DIFFLITE_GN_PLAN=one|split overrides, for benchmarking.
-bool UseOneKernel(int64_t n, int groups, uint32_t cus, bool flat) {
+// cache, no partials) and launches one kernel instead of two, so GPUs (tiled
+// kernels) take it when its work-groups, one per (sample, group), fill the
+// device, or when each group is small enough that a second kernel costs more
+// than the idle compute units: on the H100 (132 compute units) a kernel costs
+// ~7 us even when tiny and two dependent ones another 3-10 us between them,
+// so at N = 2, 32 groups "one" took 31 us against 37 split at [4096, 320]
+// (41K elements a group), 17 against 32 at [1024, 640], 10 against 31 at
+// [64, 1280]; split won from [4096, 640] (82K: 40 against 44) and at N = 1
+// [4096, 1280] (164K: 38 against 79) (benchmarks/gpu_gn_sweep.py, NOTES.md
+// §14). Phones (a few to a dozen compute units) take "one". CPU-like devices
+// (flat kernels) keep "split": on PoCL (2 cores) "one" took 0.6x to 1.7x its
+// time at SD shapes, no clear win. DIFFLITE_GN_PLAN=one|split overrides, for
+// benchmarking.
+bool UseOneKernel(int64_t n, int groups, int64_t group_elems, uint32_t cus, bool flat) {
   const char* env = std::getenv("DIFFLITE_GN_PLAN");
   if (env != nullptr && std::strcmp(env, "one") == 0) return true;
   if (env != nullptr && std::strcmp(env, "split") == 0) return false;
   if (flat) return false;
-  return n * groups >= static_cast<int64_t>(cus);
+  return n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems;
 }
 
 // gn_one's load width: 4 or 2 elements where they divide channels per group.
@@ -118,7 +122,8 @@ class GroupNormGpu final : public GpuOp {
     if (NumElements(x) > gpu::opsupport::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
-    one_ = UseOneKernel(n_, o.groups, ctx.device().compute_units, ctx.PreferFlatKernels());
+    one_ = UseOneKernel(n_, o.groups, spatial_ * cg_, ctx.device().compute_units,
+                        ctx.PreferFlatKernels());
     if (one_) return InitOne(ctx);
     return InitCols(ctx);
   }
