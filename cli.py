@@ -101,7 +101,7 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
                    "it picks Winograd convolutions and attention variants.")
 @click.option("--winograd-budget-mb", default=None, type=float,
               help="Extra weight memory Winograd may add (its weights are 4x a 3x3 conv's) "
-                   "[default: the device profile's budget: 200 MB, 2000 on nvidia-h100].")
+                   "[default: the device profile's budget: 200 MB, 4000 on nvidia-h100].")
 @click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only (recognised patterns are decomposed "
                                                 "into NHWC-friendly builtins).")
 @click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")

@@ -13,7 +13,8 @@ Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
                    256 x 256, 8 heads x 160, batch 2 (the UNet's 16x16 level; wide, partial softmax,
                    flash where its tiles fit)
   Winograd F(4x4,3x3) vs the backend's direct 3x3 CONV_2D (conv.cl's implicit GEMM with the
-  same vectorised tile, split-K where the backend would split) at 64x64x320 and 32x32x640
+  same vectorised tile, split-K where the backend would split) at 64x64x320 and 32x32x640, and
+  at batch 2 at 16x16x1280 and 8x8x1280
 plus a device-to-device copy bandwidth measurement.
 
 Fused kernels: custom_ops/ops/*/*.cl through benchmarks/gpu_kernels_harness/launch.py (the same
@@ -230,9 +231,8 @@ def case_attention(r, u, lq, lk, heads, dh, n=1, variants=("flash", "partial_sof
         temp_tag="attention")
 
 
-def case_winograd(r, u, hw, cin, cout):
+def case_winograd(r, u, hw, cin, cout, n=1):
     rng = np.random.default_rng(4)
-    n = 1
     x = rng.standard_normal((n, hw, hw, cin)).astype(np.float32)
     w = (rng.standard_normal((cout, cin, 3, 3)) / math.sqrt(9 * cin)).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
@@ -273,6 +273,10 @@ def cases(small: bool):
          (256 // f, 256 // f, 8, 160, 2, ATTN_WIDE_VARIANTS)),
         (f"Winograd 3x3 {s}x{s}x{c1}", case_winograd, (s, c1, c1)),
         (f"Winograd 3x3 {s // 2}x{s // 2}x{2 * c1}", case_winograd, (s // 2, 2 * c1, 2 * c1)),
+        # The UNet's two smallest levels at batch 2: 32 and 8 tiles, under the 32 tiles per image that
+        # TFLite's GPU delegate (and the device profiles' winograd.min_tiles) require.
+        (f"Winograd 3x3 {s // 4}x{s // 4}x{4 * c1}, batch 2", case_winograd, (s // 4, 4 * c1, 4 * c1, 2)),
+        (f"Winograd 3x3 {s // 8}x{s // 8}x{4 * c1}, batch 2", case_winograd, (s // 8, 4 * c1, 4 * c1, 2)),
     ]
 
 

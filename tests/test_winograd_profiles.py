@@ -140,12 +140,12 @@ def test_winograd_budget_defaults_to_the_profile(tmp_path):
     from compiler.convert import ConvertOptions
 
     assert load_profile("generic").winograd_budget_mb == 200.0
-    assert load_profile("nvidia-h100").winograd_budget_mb == 2000.0
-    assert ConvertOptions(device_profile="nvidia-h100").budget_mb() == 2000.0
+    assert load_profile("nvidia-h100").winograd_budget_mb == 4000.0
+    assert ConvertOptions(device_profile="nvidia-h100").budget_mb() == 4000.0
     assert ConvertOptions(device_profile="adreno-740").budget_mb() == 200.0
     options = ConvertOptions(device_profile="nvidia-h100", winograd_budget_mb=0.0)
     assert options.budget_mb() == 0.0 and options.manifest_dict()["winograd_budget_mb"] == 0.0
-    assert ConvertOptions(device_profile="nvidia-h100").manifest_dict()["winograd_budget_mb"] == 2000.0
+    assert ConvertOptions(device_profile="nvidia-h100").manifest_dict()["winograd_budget_mb"] == 4000.0
     entry = json.loads(PROFILES_FILE.read_text())["profiles"]["generic"]
     for budget, ok in ((750, True), (-1, False), ("big", False)):
         entry["winograd"]["budget_mb"] = budget
@@ -368,8 +368,11 @@ def test_tiny_unet_counts_and_equivalence(tiny_unet):
     for name in PROFILE_NAMES:
         found = find_candidates(model, name)
         counts[name] = {"candidates": sum(c.structural for c in found), "eligible": sum(c.eligible for c in found)}
-    # 128x128 px -> 16x16 latents: <= 16 tiles and <= 64 channels, under every real threshold.
+    # 128x128 px -> 16x16 latents: <= 16 tiles and <= 64 channels, under every phone's threshold. The
+    # nvidia-h100 profile takes 16 tiles an image (measured, NOTES.md §14): its one 64 -> 64 conv at 16x16.
+    h100 = counts.pop("nvidia-h100")
     assert all(c == {"candidates": expected, "eligible": 0} for c in counts.values()), counts
+    assert h100 == {"candidates": expected, "eligible": 1}, h100
     assert apply_winograd(model, "generic", budget_mb=1e6) == []
     eligible = [c for c in find_candidates(model, TEST_PROFILE) if c.eligible]
     decisions = apply_winograd(model, TEST_PROFILE, budget_mb=1e6)
