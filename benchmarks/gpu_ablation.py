@@ -216,7 +216,8 @@ def case_attention(r, u, lq, lk, heads, dh, n=1, variants=("flash", "partial_sof
             continue
     outs = {lab: r.empty(shape) for lab in plan}
     yu = r.empty(shape)
-    auto = attention_plan(dh, dh, "auto", r.local_mem, flat=flat, max_wg=r.max_wg)
+    auto = attention_plan(dh, dh, "auto", r.local_mem, flat=flat, max_wg=r.max_wg,
+                          flash_in_registers=r.flash_in_registers(dh, dh))
     labels = {lab: f"{lab}{' (auto)' if p == auto else ''}" for lab, p in plan.items()}
     fused = {
         labels[lab]: (lambda lab=lab: r.attention(qb, kb, vb, outs[lab], n, lq, lk, heads, dh, dh, scale, False,

@@ -1,6 +1,7 @@
 """Which memory instructions a difflite OpenCL kernel compiles to on NVIDIA (the program binary
 NVIDIA's OpenCL returns is PTX text): counts of each ld/st form per kernel, e.g. whether float4
-loads became ld.global.v4.f32 or four scalar loads.
+loads became ld.global.v4.f32 or four scalar loads, and CL_KERNEL_PRIVATE_MEM_SIZE (register
+spills to local memory on NVIDIA).
 
     python benchmarks/gpu_ptx.py OP [OPTIONS] [--dump DIR]
     python benchmarks/gpu_ptx.py group_norm "-DGN_VW=4 -DGN_LX=40 -DGN_LY=6 -DGN_GPW=4 -DGN_UNROLL=4"
@@ -49,9 +50,12 @@ def main(argv=None) -> int:
     if ".entry" not in ptx:
         print(f"{dev.name}: the program binary is not PTX text", file=sys.stderr)
         return 1
+    info = cl.kernel_work_group_info
     for name, body in kernel_bodies(ptx).items():
         counts = collections.Counter(MEMORY_OP.findall(body))
-        print(f"{name}: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
+        kernel = cl.Kernel(prog, name)
+        private = kernel.get_work_group_info(info.PRIVATE_MEM_SIZE, dev)  # spills, on NVIDIA
+        print(f"{name}: private {private} B, " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
     return 0
 
 

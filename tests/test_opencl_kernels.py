@@ -346,6 +346,14 @@ def test_attention_auto_plan(launch):
     assert launch.attention_plan(40, 40, "auto", kb48).variant == "flash"  # SD 1.5, 320 channels
     assert launch.attention_plan(64, 64, "auto", kb48).variant == "flash"  # SD 2.x
     assert launch.attention_plan(80, 80, "auto", kb48).variant == "wide"
+    # Heads up to 80 whose attn_flash spills nothing (the H100: 0 bytes at 80, 8 at 96) take flash.
+    assert launch.attention_plan(80, 80, "auto", kb48, flash_in_registers=True).variant == "flash"
+    assert launch.attention_plan(64, 80, "flash", kb48, flash_in_registers=True).variant == "flash"
+    assert launch.attention_plan(96, 96, "auto", kb48, flash_in_registers=True).variant == "wide"
+    assert launch.attention_plan(80, 80, "partial_softmax", kb48, flash_in_registers=True).variant == \
+        "partial_softmax"
+    assert launch.attention_plan(80, 80, "auto", kb48, flat=True, flash_in_registers=True).variant == \
+        "partial_softmax"
     assert launch.attention_plan(160, 160, "auto", kb48).variant == "wide"
     assert launch.attention_plan(512, 512, "auto", kb48).variant == "wide"  # VAE
     assert launch.attention_plan(64, 64, "auto", 16 * 1024).variant == "partial_softmax"
@@ -658,6 +666,8 @@ def test_plans_mirror_cxx(launch):
     assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems" in gn  # UseOneKernel
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
+    assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashItemMaxHead") == \
+        launch.FLASH_ITEM_MAX_HEAD
     src = (ops / "attention" / "attention_opencl.cc").read_text()
     ladder = "{" + ", ".join("{" + ", ".join(map(str, t)) + "}" for t in launch.PARTIAL_LADDER) + "}"
     assert ladder in src, f"PlanPartial's ladder differs from {ladder}"
@@ -845,7 +855,8 @@ def test_delegate_attention_plan(tmp_path, oplib, runner, launch, monkeypatch, e
     else:
         monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", env)
     plan = launch.attention_plan(dk, dv, variant, runner.local_mem, flat=kernels == "auto", kernel=env,
-                                 max_wg=runner.max_wg)  # kernels=auto is flat on PoCL (a CPU device)
+                                 max_wg=runner.max_wg,  # kernels=auto is flat on PoCL (a CPU device)
+                                 flash_in_registers=runner.flash_in_registers(dk, dv))
     assert FORCE[plan.variant] == want
     n, lq, lk, heads = 2, 37, 70, 2
     r = np.random.default_rng(dk + dv)

@@ -215,6 +215,7 @@ def _chunk(d: int, cap: int) -> int:
 
 
 FLASH_MAX_HEAD = 64
+FLASH_ITEM_MAX_HEAD = 80  # kFlashItemMaxHead: flash past FLASH_MAX_HEAD when attn_flash does not spill
 FLASH_ROWS = 256  # kFlashRows: attn_flash's query rows per work-group
 ROW_REGS = 160
 # Partial-softmax tiles, the first that fits local memory:
@@ -281,16 +282,19 @@ def wide_plans(dk: int, dv: int, local_mem_bytes: int, max_wg: int = 0) -> list[
 
 def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int, *, flat: bool = False,
                    kernel: str | None = None, max_wg: int = 0, shape: tuple[int, int, int, int] | None = None,
-                   causal: bool = False, compute_units: int = 0, splits: int | None = None) -> AttentionPlan:
+                   causal: bool = False, compute_units: int = 0, splits: int | None = None,
+                   flash_in_registers: bool = False) -> AttentionPlan:
     """The kernel variant and tiles (attention_opencl.cc: AttentionGpu::Init). `variant` is a hint:
     "partial_softmax" keeps the partial softmax; a wide head (Dk or Dv > FLASH_MAX_HEAD) with "auto"
-    or "flash" takes attn_wide on devices with tiled kernels (GPUs; flat=False); otherwise a flash
+    or "flash" takes attn_wide on devices with tiled kernels (GPUs; flat=False), except heads up to
+    FLASH_ITEM_MAX_HEAD when `flash_in_registers` (attn_flash compiles for them with nothing spilled:
+    Runner.flash_in_registers, FlashInRegisters in C++), which take attn_flash; otherwise a flash
     request whose tiles do not fit local memory falls back to the partial softmax. `kernel`
     ("wide" | "flash" | "partial", DIFFLITE_ATTN_KERNEL) forces a kernel; ValueError if it does not
     fit. max_wg: the device's work-group limit (0: none). With `shape` (n, lq, lk, heads) a flash
     plan also gets its key splits (attention_splits, on a device of `compute_units`; `splits`:
     DIFFLITE_ATTN_SPLITS); without, splits stay 1."""
-    plan = _attention_tiles(dk, dv, variant, local_mem_bytes, flat, kernel, max_wg)
+    plan = _attention_tiles(dk, dv, variant, local_mem_bytes, flat, kernel, max_wg, flash_in_registers)
     if shape is None or plan.variant != "flash":
         if splits is not None and splits not in ATTN_SPLITS:
             raise ValueError(f"DIFFLITE_ATTN_SPLITS={splits}: expected 1, 2 or 4")
@@ -301,18 +305,21 @@ def attention_plan(dk: int, dv: int, variant: str, local_mem_bytes: int, *, flat
 
 
 def _attention_tiles(dk: int, dv: int, variant: str, local_mem_bytes: int, flat: bool, kernel: str | None,
-                     max_wg: int) -> AttentionPlan:
+                     max_wg: int, flash_in_registers: bool) -> AttentionPlan:
     """attention_plan without the key splits."""
     forced = ATTN_KERNELS[kernel] if kernel else None
     wide_head = dk > FLASH_MAX_HEAD or dv > FLASH_MAX_HEAD
-    want_wide = forced == "wide" or (forced is None and variant != "partial_softmax" and wide_head and not flat)
+    hinted = forced is None and variant != "partial_softmax" and not flat
+    item_head = (hinted and wide_head and flash_in_registers and dk <= FLASH_ITEM_MAX_HEAD
+                 and dv <= FLASH_ITEM_MAX_HEAD)
+    want_wide = forced == "wide" or (hinted and wide_head and not item_head)
     if want_wide:
         wide = wide_plans(dk, dv, local_mem_bytes, max_wg)
         if wide:
             return wide[0]
         if forced:
             raise ValueError(f"attention: no attn_wide tiles fit head sizes {dk}/{dv}")
-    want_flash = forced == "flash" or (forced is None and not want_wide and (variant == "flash" or (
+    want_flash = forced == "flash" or (forced is None and not want_wide and (variant == "flash" or item_head or (
         variant == "auto" and not wide_head
         and AttentionPlan("flash", bq=64, bk=32, kc=8).local_bytes(dk, dv) <= local_mem_bytes // 2)))
     if want_flash:  # PlanFlash
@@ -504,6 +511,20 @@ class Runner:
         return [self.launch(self.kernel("geglu", "geglu"), (round_up(items, 256),), (256,), x, y,
                             np.int32(rows), np.int32(d), np.int32(GELU_MODES[approximate]))]
 
+    def flash_in_registers(self, dk: int, dv: int) -> bool:
+        """FlashInRegisters: attn_flash with its plan's tiles builds for heads of at most
+        FLASH_ITEM_MAX_HEAD, accepts its work-group and spills nothing (CL_KERNEL_PRIVATE_MEM_SIZE 0)."""
+        if dk > FLASH_ITEM_MAX_HEAD or dv > FLASH_ITEM_MAX_HEAD:
+            return False
+        try:
+            plan = _attention_tiles(dk, dv, "flash", self.local_mem, True, "flash", self.max_wg, False)
+            k = self.kernel("attention", "attn_flash", plan.options(dk, dv))
+        except (ValueError, cl.Error):
+            return False
+        info = cl.kernel_work_group_info
+        return (k.get_work_group_info(info.PRIVATE_MEM_SIZE, self.device) == 0
+                and k.get_work_group_info(info.WORK_GROUP_SIZE, self.device) >= plan.work_group(dk, dv))
+
     def attention(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
                   scale: float, causal: bool, variant: str = "auto", kernel: str | None = None,
                   splits: int | None = None, plan: AttentionPlan | None = None) -> list[cl.Event]:
@@ -514,7 +535,7 @@ class Runner:
         if plan is None:
             plan = attention_plan(dk, dv, variant, self.local_mem, flat=flat, kernel=kernel, max_wg=self.max_wg,
                                   shape=(n, lq, lk, heads), causal=causal, compute_units=self.compute_units,
-                                  splits=splits)
+                                  splits=splits, flash_in_registers=self.flash_in_registers(dk, dv))
         opts = plan.options(dk, dv)
         i32, f32 = np.int32, np.float32
         items = plan.work_group(dk, dv)  # a work-group owns bq rows

@@ -16,6 +16,11 @@
 //   * A wide head (Dk or Dv > kFlashMaxHead) with "auto" or "flash" on a
 //     device with tiled kernels (GPUs, !PreferFlatKernels): wide (it is
 //     FlashAttention, tiled per work-group); if no wide tile fits, partial.
+//     Except heads up to kFlashItemMaxHead whose attn_flash compiles without
+//     spilling (CL_KERNEL_PRIVATE_MEM_SIZE 0; FlashInRegisters): flash. On the
+//     H100 attn_flash spills nothing up to head 80 (8 bytes at 96, 848 at 160)
+//     and ran SD 1.5's 1024 x 1024, 8 x 80 self-attention at batch 2 in
+//     0.305 ms against 0.514 for attn_wide (benchmarks/NOTES.md §14).
 //   * Otherwise "auto" takes flash when both head sizes are <= kFlashMaxHead
 //     (its per-work-item registers: q row + accumulator) and its K/V tiles
 //     fit in half the device's local memory, and "flash" takes it when the
@@ -78,6 +83,7 @@ using gpu::opsupport::SetKernelArgs;
 
 constexpr const char* kProgram = "attention";
 constexpr int kFlashMaxHead = 64;
+constexpr int kFlashItemMaxHead = 80;  // flash past kFlashMaxHead when it does not spill
 constexpr int kSplitItemsPerCu = 256;  // work-items per compute unit that fill a GPU
 constexpr int kMinSplitKeys = 256;     // fewest keys per split
 constexpr int kMaxSplits = 4;
@@ -317,9 +323,10 @@ class AttentionGpu final : public GpuOp {
     if (e.empty()) forced_splits_ = ForcedSplits(&e);
     if (!e.empty()) return e;
     const bool wide_head = dk_ > kFlashMaxHead || dv_ > kFlashMaxHead;
-    const bool want_wide =
-        forced == "wide" || (forced.empty() && o.variant != "partial_softmax" && wide_head &&
-                             !ctx.PreferFlatKernels());
+    const bool hinted =
+        forced.empty() && o.variant != "partial_softmax" && !ctx.PreferFlatKernels();
+    const bool item_head = hinted && wide_head && FlashInRegisters(ctx);
+    const bool want_wide = forced == "wide" || (hinted && wide_head && !item_head);
     if (want_wide) {
       e = InitWide(ctx);
       if (e.empty()) return "";
@@ -329,7 +336,7 @@ class AttentionGpu final : public GpuOp {
     const bool want_flash =
         forced == "flash" ||
         (forced.empty() && !want_wide &&
-         (o.variant == "flash" ||
+         (o.variant == "flash" || item_head ||
           (o.variant == "auto" && !wide_head &&
            Plan{Kernel::kFlash}.LocalBytes(dk_, dv_) <= local_mem / 2)));
     if (want_flash && PlanFlash(dk_, dv_, local_mem, ctx.device().max_work_group_size, &plan_)) {
@@ -362,6 +369,23 @@ class AttentionGpu final : public GpuOp {
       }
     }
     return "";
+  }
+
+  // Whether a head of at most kFlashItemMaxHead builds attn_flash (its plan's
+  // tiles and work-group) with nothing spilled from registers.
+  bool FlashInRegisters(GpuContext& ctx) const {
+    if (dk_ > kFlashItemMaxHead || dv_ > kFlashItemMaxHead) return false;
+    Plan f;
+    if (!PlanFlash(dk_, dv_, ctx.device().local_mem_bytes, ctx.device().max_work_group_size, &f)) {
+      return false;
+    }
+    cl_kernel k = nullptr;
+    if (!gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", f.Options(dk_, dv_), &k).empty()) {
+      return false;
+    }
+    const size_t wg = gpu::opsupport::KernelMaxWorkGroup(ctx, k);
+    return gpu::opsupport::KernelPrivateBytes(ctx, k) == 0 &&
+           (wg == 0 || wg >= static_cast<size_t>(f.WorkGroup()));
   }
 
   // Key splits for the flash plan (PickSplits): the split attn_flash and
