@@ -114,29 +114,24 @@ def measure(fn, runs: int, warmup: int, queue) -> tuple[float, int, float, list[
     return statistics.median(chain), n_kernels, statistics.median(kernels), per_kernel
 
 
-def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int) -> float:
-    """Device-to-device clEnqueueCopyBuffer: (read + write) bytes / s."""
+def copy_bandwidth(r: Runner, nbytes: int, runs: int, warmup: int, u: Unfused | None = None) -> float:
+    """Device-to-device copy of nbytes with clEnqueueCopyBuffer or, given `u`, also with unfused.cl's
+    float4 copy kernel, whichever is faster: (read + write) bytes / s."""
     src = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     dst = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
     cl.enqueue_fill_buffer(r.queue, src, np.float32(1.0), 0, nbytes)
-    t = measure(lambda: [cl.enqueue_copy(r.queue, dst, src)], runs, warmup, r.queue)[0]
-    return 2 * nbytes / t
+    copies = [lambda: [cl.enqueue_copy(r.queue, dst, src)]]
+    if u is not None:
+        n4, kernel = nbytes // 16, u.k("un_copy4")
+        copies.append(lambda: [r.launch(kernel, (round_up(n4, 256),), (256,), src, dst, np.int32(n4))])
+    return 2 * nbytes / min(measure(fn, runs, warmup, r.queue)[0] for fn in copies)
 
 
 def same_size_copy_bandwidth(r: Runner, u: Unfused, moved: int, runs: int, warmup: int) -> float:
-    """The best copy that moves `moved` bytes (half read, half written), as a float4 kernel or as
-    clEnqueueCopyBuffer: (read + write) bytes / s. At a few MB a copy is far from the large-buffer
-    bandwidth (launch and ramp-up), so this is the fair ceiling for a kernel of that size."""
-    nbytes = max(16, moved // 2 // 16 * 16)
-    src = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
-    dst = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, nbytes)
-    cl.enqueue_fill_buffer(r.queue, src, np.float32(1.0), 0, nbytes)
-    n4 = nbytes // 16
-    kernel = u.k("un_copy4")
-    by_kernel = lambda: [r.launch(kernel, (round_up(n4, 256),), (256,), src, dst, np.int32(n4))]  # noqa: E731
-    by_copy = lambda: [cl.enqueue_copy(r.queue, dst, src)]  # noqa: E731
-    t = min(measure(fn, runs, warmup, r.queue)[0] for fn in (by_kernel, by_copy))
-    return 2 * nbytes / t
+    """The best copy that moves `moved` bytes (half read, half written). At a few MB a copy is far
+    from the large-buffer bandwidth (launch and ramp-up), so this is the fair ceiling for a kernel of
+    that size."""
+    return copy_bandwidth(r, max(16, moved // 2 // 16 * 16), runs, warmup, u)
 
 
 def rel_diff(a: np.ndarray, b: np.ndarray) -> float:

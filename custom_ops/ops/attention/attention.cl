@@ -107,6 +107,12 @@ inline float at_dot4(float4 a, float4 b, float s) {
 // ---------------------------------------------------------------------------
 // Partially fused softmax.
 
+// Offset of the first element of head h (head size d) at row `row` of sample
+// n in a [N, L, H * d] tensor.
+inline long at_head_offset(int n, int L, int row, int H, int d, int h) {
+  return ((long)n * L + row) * H * d + (long)h * d;
+}
+
 // Loads rows [row0, row0 + AT_BQ) x dims [d0, d0 + AT_DC) of q (pre-scaled)
 // into Qs as float4s (zero outside Lq x Dk and past the chunk).
 inline void at_load_q(__local float4* Qs, __global const DL_T* qh, int qstride,
@@ -172,8 +178,8 @@ __kernel void attn_rowstats(__global const DL_T* q, __global const DL_T* k,
   const int n = get_group_id(2);
   const int qstride = H * Dk;
   const float qscale = scale * AT_LOG2E;
-  __global const DL_T* qh = q + ((long)n * Lq + row0) * qstride + h * Dk;
-  __global const DL_T* kh = k + (long)n * Lk * qstride + h * Dk;
+  __global const DL_T* qh = q + at_head_offset(n, Lq, row0, H, Dk, h);
+  __global const DL_T* kh = k + at_head_offset(n, Lk, 0, H, Dk, h);
   const int rows_left = Lq - row0;
   const int q_resident = Dk <= AT_DC;
   if (q_resident) at_load_q(Qs, qh, qstride, rows_left, 0, Dk, qscale, lid);
@@ -236,9 +242,9 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
   const int qstride = H * Dk;
   const int vstride = H * Dv;
   const float qscale = scale * AT_LOG2E;
-  __global const DL_T* qh = q + ((long)n * Lq + row0) * qstride + h * Dk;
-  __global const DL_T* kh = k + (long)n * Lk * qstride + h * Dk;
-  __global const DL_T* vh = v + (long)n * Lk * vstride + h * Dv + dv0;
+  __global const DL_T* qh = q + at_head_offset(n, Lq, row0, H, Dk, h);
+  __global const DL_T* kh = k + at_head_offset(n, Lk, 0, H, Dk, h);
+  __global const DL_T* vh = v + at_head_offset(n, Lk, 0, H, Dv, h) + dv0;
   const int rows_left = Lq - row0;
   const int q_resident = Dk <= AT_DC;
   if (q_resident) at_load_q(Qs, qh, qstride, rows_left, 0, Dk, qscale, lid);
@@ -294,7 +300,7 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
   for (int r = 0; r < AT_RQ; ++r) {
     const int i = row0 + lid + r * AT_WG;
     if (i < Lq) {
-      __global DL_T* orow = o + ((long)n * Lq + i) * vstride + h * Dv + dv0;
+      __global DL_T* orow = o + at_head_offset(n, Lq, i, H, Dv, h) + dv0;
 #pragma unroll
       for (int d4 = 0; d4 < AT_DVC4; ++d4) {
         const float a[4] = {acc[r][d4].x, acc[r][d4].y, acc[r][d4].z, acc[r][d4].w};
@@ -364,7 +370,7 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
 #pragma unroll
   for (int r = 0; r < AT_RQ; ++r) {
     const int i = row0 + lid + r * AT_WG;
-    __global const DL_T* qrow = q + ((long)n * Lq + min(i, Lq - 1)) * qstride + h * AT_DK;
+    __global const DL_T* qrow = q + at_head_offset(n, Lq, min(i, Lq - 1), H, AT_DK, h);
 #pragma unroll
     for (int d4 = 0; d4 < AT_DK4; ++d4) qr[r][d4] = at_ld4(qrow, 4 * d4, AT_DK) * qscale;
 #pragma unroll
@@ -372,8 +378,8 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
     m[r] = -INFINITY;
     l[r] = 0.0f;
   }
-  __global const DL_T* kh = k + (long)n * Lk * qstride + h * AT_DK;
-  __global const DL_T* vh = v + (long)n * Lk * vstride + h * AT_DV;
+  __global const DL_T* kh = k + at_head_offset(n, Lk, 0, H, AT_DK, h);
+  __global const DL_T* vh = v + at_head_offset(n, Lk, 0, H, AT_DV, h);
   const int kend = causal ? min(klim, min(Lq, row0 + AT_BQ)) : klim;
   for (int j0 = kbeg; j0 < kend; j0 += AT_BK) {
     const int jn = min(AT_BK, kend - j0);
@@ -594,9 +600,9 @@ __kernel void attn_wide(__global const DL_T* q, __global const DL_T* k,
   const int qstride = H * AT_DK;
   const int vstride = H * AT_DV;
   const float qscale = scale * AT_LOG2E;
-  __global const DL_T* qh = q + ((long)n * Lq + row0) * qstride + h * AT_DK;
-  __global const DL_T* kh = k + (long)n * Lk * qstride + h * AT_DK;
-  __global const DL_T* vh = v + (long)n * Lk * vstride + h * AT_DV;
+  __global const DL_T* qh = q + at_head_offset(n, Lq, row0, H, AT_DK, h);
+  __global const DL_T* kh = k + at_head_offset(n, Lk, 0, H, AT_DK, h);
+  __global const DL_T* vh = v + at_head_offset(n, Lk, 0, H, AT_DV, h);
   const int rows_left = Lq - row0;
   for (int r = lid; r < AT_BQ; r += AT_NT) {
     Ms[r] = -INFINITY;
@@ -732,7 +738,7 @@ __kernel void attn_wide(__global const DL_T* q, __global const DL_T* k,
     if (row0 + r < Lq) {
       const float l = Ls[r];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      __global DL_T* orow = o + ((long)n * Lq + row0 + r) * vstride + h * AT_DV;
+      __global DL_T* orow = o + at_head_offset(n, Lq, row0 + r, H, AT_DV, h);
 #pragma unroll
       for (int j = 0; j < AT_OC; ++j) {
         const int c4 = ox + AT_OX * j;

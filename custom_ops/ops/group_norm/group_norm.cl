@@ -55,27 +55,45 @@ inline void gn_merge(float* na, float* ma, float* qa, float nb, float mb, float 
   *na = n;
 }
 
-// Merges every work-item's (count, mean, M2) in a tree in local memory
-// (GN_WG work-items, a power of two; a uniform call). The work-group's totals
-// end in l_n[0], l_m[0], l_q[0], visible to every work-item.
-inline void gn_reduce(__local float* l_n, __local float* l_m, __local float* l_q,
-                      float cnt, float mean, float m2) {
-  const int lid = get_local_id(0);
-  l_n[lid] = cnt;
-  l_m[lid] = mean;
-  l_q[lid] = m2;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int half_size = GN_WG / 2; half_size > 0; half_size >>= 1) {
-    if (lid < half_size) {
-      float na = l_n[lid], ma = l_m[lid], qa = l_q[lid];
-      gn_merge(&na, &ma, &qa, l_n[lid + half_size], l_m[lid + half_size],
-               l_q[lid + half_size]);
-      l_n[lid] = na;
-      l_m[lid] = ma;
-      l_q[lid] = qa;
+// Tree-merges each of `segs` runs of `len` consecutive entries of l_n/l_m/l_q
+// into the run's first entry, in ceil(log2(len)) rounds (a chain of merges,
+// each with a division, would serialise). A uniform call.
+inline void gn_tree_merge(__local float* l_n, __local float* l_m, __local float* l_q, int segs,
+                          int len) {
+  const int lid = get_local_id(1) * get_local_size(0) + get_local_id(0);
+  const int nt = get_local_size(0) * get_local_size(1);
+  for (int h = len; h > 1;) {
+    const int upper = (h + 1) / 2, pairs = h - upper;  // entries [upper, h) merge down
+    for (int t = lid; t < segs * pairs; t += nt) {
+      const int seg = t / pairs;
+      const int a = seg * len + (t - seg * pairs), b = a + upper;
+      float na = l_n[a], ma = l_m[a], qa = l_q[a];
+      gn_merge(&na, &ma, &qa, l_n[b], l_m[b], l_q[b]);
+      l_n[a] = na;
+      l_m[a] = ma;
+      l_q[a] = qa;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+    h = upper;
   }
+}
+
+// Stores (cnt, mean, m2) as entry i of l_n / l_m / l_q.
+inline void gn_put(__local float* l_n, __local float* l_m, __local float* l_q, int i, float cnt,
+                   float mean, float m2) {
+  l_n[i] = cnt;
+  l_m[i] = mean;
+  l_q[i] = m2;
+}
+
+// Merges every work-item's (count, mean, M2) in a tree in local memory
+// (GN_WG work-items; a uniform call). The work-group's totals end in l_n[0],
+// l_m[0], l_q[0], visible to every work-item.
+inline void gn_reduce(__local float* l_n, __local float* l_m, __local float* l_q,
+                      float cnt, float mean, float m2) {
+  gn_put(l_n, l_m, l_q, get_local_id(0), cnt, mean, m2);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  gn_tree_merge(l_n, l_m, l_q, 1, GN_WG);
 }
 
 // Reading a group: loads are GN_VW (1, 2 or 4, a divisor of cg) elements
@@ -188,29 +206,6 @@ inline void gn_lanes_stats(GN_VEC shift, GN_VEC s1, GN_VEC s2, int rows, float* 
   *m2 = fmax(GN_HSUM(s2 - s1 * d_mean) + (float)rows * GN_HSUM(spread * spread), 0.0f);
 }
 
-// Tree-merges each of `segs` runs of `len` consecutive entries of l_n/l_m/l_q
-// into the run's first entry, in ceil(log2(len)) rounds (a chain of merges,
-// each with a division, would serialise). A uniform call.
-inline void gn_tree_merge(__local float* l_n, __local float* l_m, __local float* l_q, int segs,
-                          int len) {
-  const int lid = get_local_id(1) * get_local_size(0) + get_local_id(0);
-  const int nt = get_local_size(0) * get_local_size(1);
-  for (int h = len; h > 1;) {
-    const int upper = (h + 1) / 2, pairs = h - upper;  // entries [upper, h) merge down
-    for (int t = lid; t < segs * pairs; t += nt) {
-      const int seg = t / pairs;
-      const int a = seg * len + (t - seg * pairs), b = a + upper;
-      float na = l_n[a], ma = l_m[a], qa = l_q[a];
-      gn_merge(&na, &ma, &qa, l_n[b], l_m[b], l_q[b]);
-      l_n[a] = na;
-      l_m[a] = ma;
-      l_q[a] = qa;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    h = upper;
-  }
-}
-
 __kernel void gn_stats_cols(__global const DL_T* x, __global float4* partial, int S, int C,
                             int cg, int groups, int xb) {
   __local float l_n[GN_LX * GN_LY];
@@ -242,9 +237,7 @@ __kernel void gn_stats_cols(__global const DL_T* x, __global float4* partial, in
   // Entries grouped by group (share): its GN_LY rows x cols columns in one run.
   const int cols = GN_LX / GN_GPW, j = lx / cols;
   const int slot = (j * GN_LY + ly) * cols + (lx - j * cols);
-  l_n[slot] = cnt;
-  l_m[slot] = mean;
-  l_q[slot] = m2;
+  gn_put(l_n, l_m, l_q, slot, cnt, mean, m2);
   barrier(CLK_LOCAL_MEM_FENCE);
   gn_tree_merge(l_n, l_m, l_q, GN_GPW, GN_LY * cols);
   const int lid = ly * GN_LX + lx;
@@ -276,9 +269,7 @@ inline void gn_stage_groups(__local float2* l_st, __local float* l_n, __local fl
       gn_merge(&na, &ma, &qa, v.x, v.y, v.z);
     }
   }
-  l_n[lid] = na;
-  l_m[lid] = ma;
-  l_q[lid] = qa;
+  gn_put(l_n, l_m, l_q, lid, na, ma, qa);
   barrier(CLK_LOCAL_MEM_FENCE);
   gn_tree_merge(l_n, l_m, l_q, GN_GPW, per);
   if (lid < GN_GPW) {
