@@ -2,7 +2,7 @@
 unfused kernels, at Stable Diffusion 1.5 shapes, on any OpenCL device (pyopencl).
 
 Cases (full size; --small divides them for a CPU OpenCL such as PoCL):
-  GroupNorm+SiLU   [1,64,64,320] and [1,4096,1280], 32 groups (one-kernel and split variants)
+  GroupNorm+SiLU   [1,64,64,320] and [1,4096,1280], 32 groups (cooperative, one-kernel and split variants)
   GELU (erf)       4096 x 1280
   GEGLU            4096 x 640 -> 4096 x 320 and 4096 x 2560 -> 4096 x 1280
   self-attention   4096 x 4096, 8 heads x 40 (flash, wide and partial-softmax variants), at batch 1
@@ -149,12 +149,12 @@ def case_group_norm(r, u, shape, groups):
     gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
     beta = rng.uniform(-0.5, 0.5, c).astype(np.float32)
     xb, gb, bb = r.upload(x), r.upload(gamma), r.upload(beta)
-    plans = ("one", "split")  # gn_one, or gn_stats_cols + gn_apply_cols
+    plans = ("coop", "one", "split")  # gn_coop, gn_one, or gn_stats_cols + gn_apply_cols
     outs = {p: r.empty(shape) for p in plans}
     yu = r.empty(shape)
     total = x.size
     flat = not r.device.type & cl.device_type.GPU
-    auto = gn_plan(shape[0], groups, r.compute_units, flat, int(np.prod(shape[1:])) // groups)
+    auto = gn_plan(flat)
     labels = {p: f"{p}{' (auto)' if p == auto else ''}" for p in plans}
     return dict(
         fused={labels[p]: (lambda p=p: r.group_norm(xb, gb, bb, outs[p], shape, groups, 1e-5, True, plan=p))

@@ -1,6 +1,8 @@
-"""Sweep of GroupNorm's split plan (gn_stats_cols + gn_apply_cols): the statistics pass's work-groups
-down the rows (ys, hence partials per group) at SD 1.5 GroupNorm shapes, on any OpenCL device
-(pyopencl, fp32 storage), next to the one-kernel plan (gn_one) and a copy of the same bytes.
+"""Sweep of GroupNorm's plans at SD 1.5 GroupNorm shapes, on any OpenCL device (pyopencl, fp32
+storage): the split plan (gn_stats_cols + gn_apply_cols) over the statistics pass's work-groups down
+the rows (ys, hence partials per group), the cooperative plan (gn_coop) over its work-group size,
+work-groups per compute unit (hence slices per group) and registers per work-item (hence chunks per
+slice), its fallback (spin_limit 0), the one-kernel plan (gn_one), and a copy of the same bytes.
 
     python benchmarks/gpu_gn_sweep.py [--runs 20] [--small]
 
@@ -19,12 +21,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyopencl as cl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402
-from gpu_kernels_harness.launch import MAX_PARTIALS, Runner, gn_cols_plan  # noqa: E402
+from gpu_kernels_harness.launch import MAX_PARTIALS, Runner, ceil_div, gn_cols_plan, gn_coop_plan, gn_plan  # noqa: E402
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
 
 # (N, H*W, C): the ablation's two shapes, then the SD 1.5 UNet's GroupNorms at batch 2.
@@ -53,16 +56,37 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int) -> dict:
     rows = []
     candidates = sorted({ys for ys in (1, 2, 4, 8, 16, 32, 64, 128) if ys <= max(1, MAX_PARTIALS // library.xb)}
                         | {library.ys})
-    for label, fn in [("one", run(plan="one"))] + [(f"split ys={ys}", run(ys=ys)) for ys in candidates]:
+    coop_default = r.gn_coop_shape(n, GROUPS, spatial, c // GROUPS)
+    coops = []
+    for wg in (128, 256, 512):
+        for per_cu in (1, 2, 3, 4):
+            for floats in (16, 32, 64):
+                plan = gn_coop_plan(n, GROUPS, spatial, c // GROUPS, wg, r.compute_units, floats, per_cu)
+                if wg > r.max_wg or plan in [p for _, p in coops]:
+                    continue
+                if r.kernel("group_norm", "gn_coop", plan.options()).get_work_group_info(
+                        cl.kernel_work_group_info.WORK_GROUP_SIZE, r.device) < wg:
+                    continue  # too many registers for this work-group
+                chunks = ceil_div(plan.rows * (c // GROUPS // plan.vw), plan.items * wg)
+                coops.append((f"coop wg={wg} per_cu={per_cu} floats={floats}: k={plan.k} items={plan.items} "
+                              f"chunks={chunks}", plan))
+    configs = [("one", run(plan="one"))] + [(f"split ys={ys}", run(ys=ys)) for ys in candidates] + \
+        [(label, run(plan="coop", coop=plan)) for label, plan in coops]
+    configs.append(("coop (library shape) spin_limit=0", run(plan="coop", coop=coop_default, spin_limit=0)))
+    chosen = gn_plan(not r.device.type & cl.device_type.GPU)
+    library_label = {"coop": next(label for label, plan in coops if plan == coop_default)}.get(
+        chosen, f"split ys={library.ys}")
+    for label, fn in configs:
         chain, _, kernels, each = measure(fn, runs, 3, r.queue)
         err = float(np.abs(r.download(y, shape) - want).max() / np.abs(want).max())
         rows.append({"config": label, "chain_ms": chain * 1e3, "kernel_ms": kernels * 1e3,
                      "each_kernel_ms": [t * 1e3 for t in each], "gbs": moved / chain / 1e9, "max_rel_diff": err,
-                     "library_choice": label == f"split ys={library.ys}"})
+                     "library_choice": label == library_label})
     copy = same_size_copy_bandwidth(r, u, moved, runs, 3)
     for row in rows:
         row["of_same_size_copy"] = row["gbs"] * 1e9 / copy
-    return {"shape": list(shape), "groups": GROUPS, "plan": library.__dict__, "same_size_copy_gbs": copy / 1e9,
+    return {"shape": list(shape), "groups": GROUPS, "plan": library.__dict__,
+            "coop_plan": coop_default.__dict__, "same_size_copy_gbs": copy / 1e9,
             "rows": rows}
 
 

@@ -194,15 +194,65 @@ def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
     assert rel_err(runner.download(y, shape), ref) < TOL
 
 
+# The cooperative plan (gn_coop): K work-groups a (sample, group), each walking a slice in chunks of
+# `items` vectors a work-item, exchanging partial sums. (shape, groups, wg, compute units (2 work-groups
+# each), floats a work-item, expected (vw, items, k, rows, chunks)): slices of uneven length (the last one short), one
+# slice (no exchange), several chunks (the last from registers, the others read again), load widths
+# 1, 2 and 4.
+GN_COOP_CASES = [
+    ((2, 48, 45, 40), 4, 256, 4, 32, (2, 15, 1, 2160, 3)),  # cg = 10: float2, one slice of 3 chunks
+    ((2, 48, 45, 40), 4, 256, 12, 32, (2, 15, 3, 720, 1)),  # 3 slices of one chunk, the last 720 rows
+    ((2, 48, 45, 40), 4, 64, 40, 8, (2, 4, 10, 216, 5)),  # 10 slices of 5 chunks of 64 work-items
+    ((2, 33, 31, 80), 2, 256, 24, 32, (4, 4, 12, 86, 1)),  # cg = 40: float4, 12 slices, the last 77 rows
+    ((2, 33, 31, 80), 2, 128, 6, 16, (4, 4, 3, 341, 7)),  # 3 slices of 7 chunks, the last part-filled
+    ((2, 37, 30), 10, 256, 1, 32, (1, 1, 1, 37, 1)),  # cg = 3: scalar, one slice (no exchange)
+    ((1, 8, 8, 24), 8, 32, 28, 1, (1, 1, 7, 10, 1)),  # cg = 3: 7 slices of 10 rows, the last 4
+    ((1, 3, 300), 1, 64, 100, 8, (4, 2, 3, 1, 1)),  # one group (LayerNorm) of 3 rows: a slice a row
+]
+
+
+@pytest.mark.parametrize("spin_limit", [0, 16384])
+@pytest.mark.parametrize("shape,groups,wg,cus,floats,layout", GN_COOP_CASES)
+def test_group_norm_coop(runner, launch, shape, groups, wg, cus, floats, layout, spin_limit):
+    """Both ways to the group's sums agree with NumPy: waiting for the siblings' partials (on PoCL,
+    whose work-groups run in turn, the last of a group finds them all) and computing them (spin_limit
+    0: every work-group reads every slice). Mean offset 100: a naive sum of squares would lose it."""
+    r = np.random.default_rng(sum(shape) + groups + wg)
+    c = shape[-1]
+    spatial = int(np.prod(shape[1:-1]))
+    plan = launch.gn_coop_plan(shape[0], groups, spatial, c // groups, wg, cus, floats, per_cu=2)
+    chunks = launch.ceil_div(plan.rows * c // groups // plan.vw, plan.items * wg)
+    assert (plan.vw, plan.items, plan.k, plan.rows, chunks) == layout
+    gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
+    y = runner.empty(shape)
+    gb, bb = runner.upload(gamma), runner.upload(beta)
+    for silu in (True, False):  # launches 1 and 2 on the same words: the second must not take the first's
+        x = nonzero(r, shape, 2.0, 100.0)
+        ev = runner.group_norm(runner.upload(x), gb, bb, y, shape, groups, 1e-5, silu, coop=plan,
+                               spin_limit=spin_limit)
+        assert len(ev) == 1
+        assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, groups, 1e-5, silu)) < TOL
+
+
+def test_group_norm_coop_plan(launch):
+    """PlanCoop on the H100 (132 compute units, 3 work-groups each): slices to fill it, then chunks of
+    at most 32 floats a work-item of 128."""
+    wg = launch.COOP_GROUP
+    p = launch.gn_coop_plan(1, 32, 4096, 10, wg, 132)  # [1, 64x64, 320]: 13 slices of one chunk
+    assert (p.vw, p.items, p.k, p.rows) == (2, 13, 13, 316)
+    p = launch.gn_coop_plan(1, 32, 4096, 40, wg, 132)  # [1, 64x64, 1280]: 13 slices of 4 chunks
+    assert (p.vw, p.items, p.k, p.rows) == (4, 7, 13, 316)
+    p = launch.gn_coop_plan(2, 32, 64, 40, wg, 132)  # 8x8x1280 at batch 2: 7 slices of 10 rows (the last 4)
+    assert (p.items, p.k, p.rows) == (1, 7, 10)
+    p = launch.gn_coop_plan(2, 32, 4096, 40, wg, 12)  # a phone: a group a work-group, 20 chunks
+    assert (p.items, p.k) == (8, 1)
+    assert launch.gn_coop_plan(4, 64, 4096, 40, wg, 132).k == 2  # enough groups: few slices
+
+
 def test_group_norm_plan(launch):
-    """UseOneKernel: GPUs take the one-kernel plan when its work-groups fill the device or its groups are
-    small (a second kernel costs more than the idle compute units)."""
-    assert launch.gn_plan(2, 32, 12, flat=False, group_elems=4096 * 40) == "one"  # SD 1.5 on a phone GPU
-    assert launch.gn_plan(2, 32, 132, flat=False, group_elems=4096 * 20) == "split"  # 64x64x640 on the H100
-    assert launch.gn_plan(2, 32, 132, flat=False, group_elems=4096 * 10) == "one"  # 64x64x320: 41K a group
-    assert launch.gn_plan(2, 32, 132, flat=False, group_elems=1024 * 40) == "one"  # 32x32x1280
-    assert launch.gn_plan(8, 32, 132, flat=False, group_elems=4096 * 40) == "one"  # enough groups to fill it
-    assert launch.gn_plan(2, 32, 2, flat=True, group_elems=16) == "split"  # CPU-like devices (PoCL)
+    """PickPlan: GPUs take the cooperative plan, CPU-like devices (PoCL) the split plan."""
+    assert launch.gn_plan(flat=False) == "coop"
+    assert launch.gn_plan(flat=True) == "split"
 
 
 # ---------------------------------------------------------------------------
@@ -659,11 +709,12 @@ def test_plans_mirror_cxx(launch):
     for name, value in (("kOneGroup", launch.GN_ONE_WG), ("kOneMinGroup", launch.GN_ONE_MIN_WG),
                         ("kOneUnroll", launch.GN_UNROLL), ("kColsGroup", launch.COLS_GROUP),
                         ("kColsMinWidth", launch.COLS_MIN_WIDTH), ("kStatsRows", launch.STATS_ROWS),
-                        ("kApplyRows", launch.APPLY_ROWS), ("kMaxPartials", launch.MAX_PARTIALS)):
+                        ("kApplyRows", launch.APPLY_ROWS), ("kMaxPartials", launch.MAX_PARTIALS),
+                        ("kCoopGroup", launch.COOP_GROUP), ("kCoopMaxFloats", launch.COOP_MAX_FLOATS),
+                        ("kCoopSpinLimit", launch.COOP_SPIN_LIMIT), ("kCoopGroupsPerCu", launch.COOP_GROUPS_PER_CU)):
         assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
-    assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kOneMaxGroupElems") == \
-        launch.ONE_MAX_GROUP_ELEMS
-    assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems" in gn  # UseOneKernel
+    assert "return flat ? Plan::kSplit : Plan::kCoop;" in gn  # PickPlan
+    assert "std::min<int64_t>({want, spatial, wg})" in gn and "CeilDiv(rows * cgv, chunks * wg)" in gn  # PlanCoop
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashItemMaxHead") == \
@@ -755,10 +806,11 @@ def test_delegate_group_norm(tmp_path, oplib):
         assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act == "silu")) < TOL, shape
 
 
-@pytest.mark.parametrize("plan", ["one", "split", None])
+@pytest.mark.parametrize("plan", ["one", "split", "coop", None])
 def test_delegate_group_norm_plans(tmp_path, oplib, monkeypatch, plan):
-    """DIFFLITE_GN_PLAN forces a plan; unset, kernels=tiled (as on GPUs) picks the one-kernel plan for
-    these small groups. The split plan is the one that asks for scratch (its statistics)."""
+    """DIFFLITE_GN_PLAN forces a plan; unset, kernels=tiled (as on GPUs) picks the cooperative plan.
+    The split plan is the one that asks for scratch (its statistics; coop keeps its partial sums in a
+    buffer of its own, which must outlive a launch)."""
     if plan is None:
         monkeypatch.delenv("DIFFLITE_GN_PLAN", raising=False)
     else:
@@ -1008,7 +1060,7 @@ def test_programs_compile_for_half_storage(launch):
                                "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
                               ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",
                                "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
-                "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"])}  # gn_one's load widths
+                "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"])}  # gn_one's and gn_coop's load widths
     for f in sorted((REPO / "custom_ops" / "ops").glob("*/*.cl")):
         for extra in variants.get(f.stem, ([],)):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",

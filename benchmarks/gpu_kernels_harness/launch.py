@@ -131,23 +131,57 @@ GN_ONE_MIN_WG = 64  # kOneMinGroup
 GN_UNROLL = 4  # loads in flight per gn_one work-item (kOneUnroll)
 
 
-ONE_MAX_GROUP_ELEMS = 65536  # kOneMaxGroupElems
+COOP_GROUP = 128  # kCoopGroup: gn_coop's largest work-group
+COOP_MAX_FLOATS = 32  # kCoopMaxFloats: floats of x a gn_coop work-item holds
+COOP_GROUPS_PER_CU = 3  # kCoopGroupsPerCu
+COOP_SPIN_LIMIT = 16384  # kCoopSpinLimit
 
 
-def gn_plan(n: int, groups: int, compute_units: int, flat: bool, group_elems: int) -> str:
-    """"one" (gn_one: one kernel, one work-group per (sample, group)) or "split" (gn_stats_cols +
-    gn_apply_cols): UseOneKernel in group_norm_opencl.cc (without its DIFFLITE_GN_PLAN override)."""
-    if flat:
-        return "split"
-    return "one" if n * groups >= compute_units or group_elems <= ONE_MAX_GROUP_ELEMS else "split"
+@dataclass(frozen=True)
+class CoopPlan:
+    """gn_coop's shape (CoopPlan in group_norm_opencl.cc): k slices of `rows` rows a group, walked in
+    chunks of `items` vectors a work-item."""
+    wg: int
+    vw: int
+    items: int
+    k: int
+    rows: int
+
+    def options(self) -> str:
+        return f"-DGN_WG={self.wg} -DGN_VW={self.vw} -DGN_ITEMS={self.items}"
+
+
+def power_of_two_group(cap: int, device_max: int) -> int:
+    """PowerOfTwoGroup: the largest power of two <= min(cap, device_max) (device_max 0: no limit)."""
+    wg = 1
+    while wg * 2 <= cap and (device_max == 0 or wg * 2 <= device_max):
+        wg *= 2
+    return wg
+
+
+def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, wg: int, compute_units: int,
+                 max_floats: int = COOP_MAX_FLOATS, per_cu: int = COOP_GROUPS_PER_CU) -> CoopPlan:
+    """PlanCoop: slices for per_cu work-groups a compute unit (at most one a row, wg a group), then the
+    fewest chunks a slice with at most max_floats floats a work-item, evened out."""
+    vw = gn_vector_width(cg)
+    cgv = cg // vw
+    k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * groups), spatial, wg))
+    rows = ceil_div(spatial, k)
+    chunks = ceil_div(rows * cgv, max(1, max_floats // vw) * wg)
+    return CoopPlan(wg, vw, ceil_div(rows * cgv, chunks * wg), ceil_div(spatial, rows), rows)
+
+
+def gn_plan(flat: bool) -> str:
+    """"coop" (gn_coop: one kernel, K work-groups a (sample, group) exchanging partial sums) on GPUs,
+    "split" (gn_stats_cols + gn_apply_cols) on CPU-like devices: PickPlan in group_norm_opencl.cc
+    (without its DIFFLITE_GN_PLAN override, which also offers "one", gn_one)."""
+    return "split" if flat else "coop"
 
 
 def gn_one_shape(group_elems: int, cg: int, max_wg: int) -> tuple[int, int]:
     """(work-group size before the kernel's own limit, load width GN_VW) of gn_one (InitOne)."""
     vw = gn_vector_width(cg)
-    wg = 1
-    while wg * 2 <= min(GN_ONE_WG, max_wg):
-        wg *= 2
+    wg = power_of_two_group(GN_ONE_WG, max_wg)
     while wg > GN_ONE_MIN_WG and wg * GN_UNROLL * vw > group_elems:
         wg //= 2
     return wg, vw
@@ -398,6 +432,7 @@ class Runner:
         self._programs: dict[tuple[str, str], cl.Program] = {}
         self._scratch: dict[int, cl.Buffer] = {}
         self._kernels: dict[tuple[str, str, str], cl.Kernel] = {}
+        self._gn_partials: dict[tuple, tuple[cl.Buffer, int]] = {}
 
     # -- programs and buffers
     def program(self, path: Path, options: str = "") -> cl.Program:
@@ -456,15 +491,20 @@ class Runner:
 
     # -- ops (each returns the list of events it enqueued)
     def group_norm(self, x, gamma, beta, y, shape, groups: int, eps: float, silu: bool,
-                   ys: int | None = None, plan: str | None = None) -> list[cl.Event]:
-        """plan: "one" | "split" | None (the C++ default for this device; "split" when `ys`, the
-        statistics pass's work-groups down the rows, is given)."""
+                   ys: int | None = None, plan: str | None = None, coop: CoopPlan | None = None,
+                   spin_limit: int = COOP_SPIN_LIMIT) -> list[cl.Event]:
+        """plan: "coop" | "one" | "split" | None (the C++ default for this device; "split" when `ys`, the
+        statistics pass's work-groups down the rows, is given; "coop" when `coop`, a gn_coop shape, is)."""
         n, c = int(shape[0]), int(shape[-1])
         spatial = int(np.prod(shape[1:-1]))
         cg = c // groups
         if plan is None:
-            flat = not self.device.type & cl.device_type.GPU
-            plan = "split" if ys is not None else gn_plan(n, groups, self.compute_units, flat, spatial * cg)
+            plan = "split" if ys is not None else "coop" if coop is not None else \
+                gn_plan(not self.device.type & cl.device_type.GPU)
+        if coop is None and plan == "coop":
+            coop = self.gn_coop_shape(n, groups, spatial, cg)
+        if plan == "coop":
+            return [self._group_norm_coop(x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu, coop, spin_limit)]
         if plan == "one":
             return [self._group_norm_one(x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu)]
         limit = min(COLS_GROUP, self.max_wg)
@@ -500,6 +540,33 @@ class Runner:
         i32 = np.int32
         return self.launch(k, (wg * groups, n), (wg, 1), x, gamma, beta, y, i32(spatial), i32(c), i32(cg),
                            i32(1 if silu else 0), np.float32(eps))
+
+    def gn_coop_shape(self, n: int, groups: int, spatial: int, cg: int) -> CoopPlan:
+        """InitCoop's plan: the work-group halved until gn_coop accepts it."""
+        wg = power_of_two_group(COOP_GROUP, self.max_wg)
+        while True:
+            plan = gn_coop_plan(n, groups, spatial, cg, wg, self.compute_units)
+            k = self.kernel("group_norm", "gn_coop", plan.options())
+            kmax = k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
+            if kmax >= plan.wg:
+                return plan
+            wg = power_of_two_group(kmax, 0)
+
+    def _group_norm_coop(self, x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu, plan: CoopPlan,
+                         spin_limit: int) -> cl.Event:
+        """gn_coop with this Runner's partial-sum words for (n, spatial, c, groups, plan): zeroed once,
+        then launch number L tags its words L (RunCoop)."""
+        key = (n, spatial, c, groups, plan)
+        partial, launches = self._gn_partials.get(key) or (
+            cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                      hostbuf=np.zeros(2 * n * groups * plan.k, np.uint64)), 0)
+        self._gn_partials[key] = (partial, launches + 1)
+        i32 = np.int32
+        tag = np.uint32(launches % 0xFFFFFFFF + 1)
+        return self.launch(self.kernel("group_norm", "gn_coop", plan.options()), (plan.wg * plan.k * groups, n),
+                           (plan.wg, 1), x, gamma, beta, y, partial, i32(spatial), i32(c), i32(cg),
+                           i32(groups), i32(plan.k), i32(plan.rows), i32(1 if silu else 0), np.float32(eps),
+                           tag, i32(spin_limit))
 
     def gelu(self, x, y, count: int, approximate: str = "erf") -> list[cl.Event]:
         items = ceil_div(count, 4)

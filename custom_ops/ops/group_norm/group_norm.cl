@@ -363,3 +363,209 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
     }
   }
 }
+
+// ---------------------------------------------------------------------------
+// The cooperative plan: one kernel, one read of x from memory, one write of y.
+// Global size (GN_WG * K * groups, N), local size (GN_WG, 1): the K work-groups
+// of (sample n, group g) each take `rows` consecutive rows of the group (a
+// slice), walked in chunks of GN_ITEMS vectors per work-item. Each sums its
+// slice (shifted sums: of x - shift and of its square; the shift is the
+// group's first element, the same in every slice, so partials add), publishes
+// them, waits for the K - 1 others', adds the K partials in index order and
+// writes its slice: the last chunk from registers, any earlier ones read
+// again (from cache; the host picks K so that a slice is one chunk where the
+// registers allow).
+// partial[((n * groups + g) * K + k) * 2 + {0, 1}]: the two sums, each a
+// 64-bit word with the launch's tag in its upper half. One aligned 64-bit
+// store carries a value and its tag together, so a reader needs no ordering
+// between separate stores (NVIDIA compiles mem_fence(CLK_GLOBAL_MEM_FENCE)
+// to a work-group-scope membar.cta), and a tag never seen before (the host
+// counts launches, never 0, the buffer starts zeroed) cannot match a stale
+// word.
+// Waiting needs the siblings to run alongside; GPUs dispatch work-groups in
+// index order, so siblings (adjacent indices) are resident together. Nothing
+// in OpenCL promises that, hence a bound: after spin_limit polls a work-group
+// computes the missing slices' sums itself from x (same sums, same order).
+
+#ifndef GN_ITEMS
+#define GN_ITEMS 4
+#endif
+#define GN_CHUNK (GN_ITEMS * GN_WG)  // vectors of a chunk
+
+// The work-group's sum of ab (a tree in local memory; a uniform call).
+inline float2 gn_sum2(__local float2* l_ab, float2 ab) {
+  const int lid = get_local_id(0);
+  barrier(CLK_LOCAL_MEM_FENCE);  // earlier readers of l_ab are done
+  l_ab[lid] = ab;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = GN_WG / 2; h > 0; h >>= 1) {
+    if (lid < h) l_ab[lid] += l_ab[lid + h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  return l_ab[0];
+}
+
+// Vectors of slice k: rows [k * rows, min(S, (k + 1) * rows)), cgv each.
+inline int gn_slice_vectors(int k, int rows, int S, int cgv) {
+  return clamp(S - k * rows, 0, rows) * cgv;
+}
+
+// (row, vector column) of vector e of a slice, for gn_step.
+inline void gn_seek(int e, int cgv, int* s, int* k) {
+  *s = e / cgv;
+  *k = e - *s * cgv;
+}
+
+// Loads this work-item's vectors of the chunk at vector e0 of a slice
+// (vectors e0 + lid + i * GN_WG, the slice's first `total` vectors at xs;
+// (*s, *k) at the first, left at the next chunk's) into v, vectors past the
+// end as the shift, and adds their shifted sums to *s1, *s2.
+inline void gn_chunk_load(__global const DL_T* xs, int e0, int total, int cgv, int C, float shift,
+                          int* s, int* k, GN_VEC* v, GN_VEC* s1, GN_VEC* s2) {
+  const int lid = get_local_id(0);
+  const int ds = GN_WG / cgv, dk = GN_WG - ds * cgv;
+#pragma unroll
+  for (int i = 0; i < GN_ITEMS; ++i) {
+    const int off = gn_step(s, k, ds, dk, cgv, C);
+    v[i] = e0 + lid + i * GN_WG < total ? GN_LOAD(xs, off) : (GN_VEC)shift;
+  }
+#pragma unroll
+  for (int i = 0; i < GN_ITEMS; ++i) {
+    const GN_VEC d = v[i] - shift;
+    *s1 += d;
+    *s2 += d * d;
+  }
+}
+
+// Writes y = act(v * scale + shift) for the chunk at vector e0 ((*s, *k) at
+// its first vector, advanced), scale and shift per channel from mean, rstd,
+// gamma and beta of the group (gg, bg).
+inline void gn_chunk_store(__global DL_T* ys, int e0, int total, int cgv, int C, int* s, int* k,
+                           const GN_VEC* v, float mean, float rstd, __global const DL_T* gg,
+                           __global const DL_T* bg, int silu) {
+  const int lid = get_local_id(0);
+  const int ds = GN_WG / cgv, dk = GN_WG - ds * cgv;
+#pragma unroll
+  for (int i = 0; i < GN_ITEMS; ++i) {
+    const int ch = *k * GN_VW;
+    const int off = gn_step(s, k, ds, dk, cgv, C);
+    if (e0 + lid + i * GN_WG < total) {
+      const GN_VEC r = (v[i] - mean) * (rstd * GN_LOAD(gg, ch)) + GN_LOAD(bg, ch);
+      GN_STORE(ys, off, silu ? r / (1.0f + exp(-r)) : r);
+    }
+  }
+}
+
+// This work-item's shifted sums over a whole slice, chunk by chunk as
+// gn_chunk_load adds them (the same order, so the same sums), one vector in
+// registers at a time (the fallback: registers stay free for the work-group's
+// own last chunk).
+inline float2 gn_slice_sums(__global const DL_T* xs, int total, int cgv, int C, float shift) {
+  const int lid = get_local_id(0);
+  const int ds = GN_WG / cgv, dk = GN_WG - ds * cgv;
+  int s, k;
+  gn_seek(lid, cgv, &s, &k);
+  GN_VEC s1 = 0.0f, s2 = 0.0f;
+  for (int e = lid; e < total; e += GN_WG) {
+    const GN_VEC d = GN_LOAD(xs, gn_step(&s, &k, ds, dk, cgv, C)) - shift;
+    s1 += d;
+    s2 += d * d;
+  }
+  return (float2)(GN_HSUM(s1), GN_HSUM(s2));
+}
+
+inline ulong gn_tagged(float v, uint tag) { return ((ulong)tag << 32) | as_uint(v); }
+
+inline int gn_has_tag(ulong word, uint tag) { return (uint)(word >> 32) == tag; }
+
+// Polls a sibling's two words (at most spin_limit times) until both carry
+// `tag`; whether they did, their sums in *sums.
+inline int gn_poll_partial(volatile __global const ulong* p, uint tag, int spin_limit,
+                           float2* sums) {
+  ulong a = p[0], b = p[1];
+  for (int i = 0; !(gn_has_tag(a, tag) && gn_has_tag(b, tag)) && i < spin_limit; ++i) {
+    a = p[0];
+    b = p[1];
+  }
+  *sums = (float2)(as_float((uint)a), as_float((uint)b));
+  return gn_has_tag(a, tag) && gn_has_tag(b, tag);
+}
+
+// The group's shifted sums from its K slices' (partial: the group's 2K
+// words), or, where a sibling's did not arrive within spin_limit polls,
+// computed from x. A uniform call.
+inline float2 gn_group_sums(__local float2* l_ab, __local int* l_ok,
+                            __global const DL_T* xg, __global ulong* partial, float2 own, int k,
+                            int K, int rows, int S, int cgv, int C, float shift, uint tag,
+                            int spin_limit) {
+  const int lid = get_local_id(0);
+  if (lid == 0) {
+    partial[2 * k] = gn_tagged(own.x, tag);
+    partial[2 * k + 1] = gn_tagged(own.y, tag);
+    *l_ok = 1;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid < K) {  // one work-item polls each sibling
+    float2 p = own;
+    if (lid != k && !gn_poll_partial(partial + 2 * lid, tag, spin_limit, &p)) *l_ok = 0;
+    l_ab[lid] = p;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float2 total = 0.0f;
+  if (*l_ok) {
+    for (int j = 0; j < K; ++j) total += l_ab[j];
+    return total;
+  }
+  for (int j = 0; j < K; ++j) {
+    total += j == k ? own
+                    : gn_sum2(l_ab, gn_slice_sums(xg + (long)j * rows * C,
+                                                      gn_slice_vectors(j, rows, S, cgv), cgv, C,
+                                                      shift));
+  }
+  return total;
+}
+
+__kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
+                      __global const DL_T* beta, __global DL_T* y, __global ulong* partial,
+                      int S, int C, int cg, int groups, int K, int rows, int silu, float eps,
+                      uint tag, int spin_limit) {
+  __local float2 l_ab[GN_WG];
+  __local int l_ok;
+  const int lid = get_local_id(0);
+  const int g = get_group_id(0) / K, k = get_group_id(0) - g * K;
+  const int cgv = cg / GN_VW;
+  __global const DL_T* xg = x + (long)get_global_id(1) * S * C + g * cg;
+  const float shift = (float)xg[0];
+  const long slice = (long)k * rows * C;
+  __global const DL_T* xs = xg + slice;
+  const int total = gn_slice_vectors(k, rows, S, cgv);
+  const int last = (total - 1) / GN_CHUNK * GN_CHUNK;  // the last chunk's first vector
+
+  GN_VEC v[GN_ITEMS], s1 = 0.0f, s2 = 0.0f;
+  int s, kk;
+  gn_seek(lid, cgv, &s, &kk);
+  for (int e0 = 0; e0 <= last; e0 += GN_CHUNK) {
+    gn_chunk_load(xs, e0, total, cgv, C, shift, &s, &kk, v, &s1, &s2);
+  }
+  const float2 own = gn_sum2(l_ab, (float2)(GN_HSUM(s1), GN_HSUM(s2)));
+  const float2 sums =
+      K == 1 ? own
+             : gn_group_sums(l_ab, &l_ok, xg, partial + (long)(get_global_id(1) * groups + g) * 2 * K,
+                             own, k, K, rows, S, cgv, C, shift, tag, spin_limit);
+  const float inv = 1.0f / (float)(S * cg);
+  const float dm = sums.x * inv;
+  const float mean = shift + dm;
+  const float rstd = rsqrt(fmax(sums.y * inv - dm * dm, 0.0f) + eps);
+
+  __global const DL_T* gg = gamma + g * cg;
+  __global const DL_T* bg = beta + g * cg;
+  __global DL_T* ys = y + (xg - x) + slice;
+  gn_seek(last + lid, cgv, &s, &kk);  // the last chunk first, from registers
+  gn_chunk_store(ys, last, total, cgv, C, &s, &kk, v, mean, rstd, gg, bg, silu);
+  gn_seek(lid, cgv, &s, &kk);
+  for (int e0 = 0; e0 < last; e0 += GN_CHUNK) {  // then any others, read again
+    int s0 = s, k0 = kk;
+    gn_chunk_load(xs, e0, total, cgv, C, shift, &s, &kk, v, &s1, &s2);  // (sums unused)
+    gn_chunk_store(ys, e0, total, cgv, C, &s0, &k0, v, mean, rstd, gg, bg, silu);
+  }
+}

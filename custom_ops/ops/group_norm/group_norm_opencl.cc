@@ -1,13 +1,18 @@
 // difflite.GroupNorm on the OpenCL backend (kernels: group_norm.cl).
 //
-// Two plans (UseOneKernel below picks one):
+// Three plans (PickPlan below picks one):
+// "coop": gn_coop, K work-groups per (sample, group), each holding a slice of
+// the group in registers; they exchange partial sums through a buffer of the
+// op's own, tagged with the launch, so x is read once from memory and y
+// written once, in one kernel (GPUs).
 // "one": gn_one, one work-group per (sample, group) that reduces the group and
-// then normalises it: one kernel, no scratch (GPUs).
+// then normalises it: one kernel, no scratch.
 // "split": gn_stats_cols reads x once into per-(work-group, group) partial
 // statistics; gn_apply_cols merges the partials of its own groups in local
 // memory and reads x once more, writing y once. Both over column blocks
-// (ColsPlan): a work-item owns one vector of channels and walks rows.
-// Scratch: [N * groups * P] float4 partials in slot 0.
+// (ColsPlan): a work-item owns one vector of channels and walks rows
+// (CPU-like devices).
+// Scratch: the split plan's partials in slot 0 ([N * groups * P] float4).
 // The launch plans are mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
 #include <cstdlib>
@@ -40,32 +45,71 @@ constexpr int kMaxPartials = 64;  // partials per group (gn_apply_cols merges th
 constexpr size_t kOneGroup = 1024;        // largest gn_one work-group
 constexpr size_t kOneMinGroup = 64;       // smallest, for small groups
 constexpr int kOneUnroll = 4;             // GN_UNROLL: loads in flight per work-item
-constexpr int64_t kOneMaxGroupElems = 65536;  // "one" for groups this small (UseOneKernel)
+constexpr int kCoopGroup = 128;  // gn_coop's work-group (largest)
+constexpr int kCoopMaxFloats = 32;  // floats of x a gn_coop work-item holds in registers
+constexpr int kCoopGroupsPerCu = 3;  // gn_coop work-groups a compute unit (PlanCoop)
+constexpr int kCoopSpinLimit = 16384;  // polls before a work-group computes the sums itself
 
-// The plan. "one" moves fewer bytes (x once from memory and once more from
-// cache, no partials) and launches one kernel instead of two, so GPUs (tiled
-// kernels) take it when its work-groups, one per (sample, group), fill the
-// device, or when each group is small enough that a second kernel costs more
-// than the idle compute units: on the H100 (132 compute units) a kernel costs
-// ~7 us even when tiny and two dependent ones another 3-10 us between them,
-// so at N = 2, 32 groups "one" took 31 us against 37 split at [4096, 320]
-// (41K elements a group), 17 against 32 at [1024, 640], 10 against 31 at
-// [64, 1280]; split won from [4096, 640] (82K: 40 against 44) and at N = 1
-// [4096, 1280] (164K: 38 against 79) (benchmarks/gpu_gn_sweep.py, NOTES.md
-// §14). Phones (a few to a dozen compute units) take "one". CPU-like devices
-// (flat kernels) keep "split": on PoCL (2 cores) "one" took 0.6x to 1.7x its
-// time at SD shapes, no clear win. DIFFLITE_GN_PLAN=one|split overrides, for
-// benchmarking.
-bool UseOneKernel(int64_t n, int groups, int64_t group_elems, uint32_t cus, bool flat) {
-  const char* env = std::getenv("DIFFLITE_GN_PLAN");
-  if (env != nullptr && std::strcmp(env, "one") == 0) return true;
-  if (env != nullptr && std::strcmp(env, "split") == 0) return false;
-  if (flat) return false;
-  return n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems;
-}
+enum class Plan { kOne, kSplit, kCoop };
 
 // gn_one's load width: 4 or 2 elements where they divide channels per group.
 int OneVectorWidth(int cg) { return cg % 4 == 0 ? 4 : cg % 2 == 0 ? 2 : 1; }
+
+// gn_coop's shape: a group is k slices of `rows` rows, a work-group (wg
+// work-items) per slice, walked in chunks of `items` vectors of vw channels
+// per work-item.
+struct CoopPlan {
+  int wg = 1, vw = 1, items = 1, k = 1, rows = 1;
+
+  std::string Options() const {
+    return "-DGN_WG=" + std::to_string(wg) + " -DGN_VW=" + std::to_string(vw) +
+           " -DGN_ITEMS=" + std::to_string(items);
+  }
+};
+
+// Slices enough for per_cu work-groups a compute unit (all resident at once:
+// a sibling that waits for a later wave stalls its group), at most one a row
+// and wg a group (the partials are gathered one per work-item); then the
+// fewest chunks a slice with at most max_floats floats a work-item, evened
+// out.
+CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int wg, int max_floats,
+                  uint32_t cus, int per_cu) {
+  CoopPlan p;
+  p.wg = wg;
+  p.vw = OneVectorWidth(cg);
+  const int64_t cgv = cg / p.vw;
+  const int64_t want = CeilDiv(static_cast<int64_t>(std::max<uint32_t>(cus, 1)) * per_cu, n * groups);
+  const int64_t k = std::max<int64_t>(1, std::min<int64_t>({want, spatial, wg}));
+  const int64_t rows = CeilDiv(spatial, k);
+  p.rows = static_cast<int>(rows);
+  p.k = static_cast<int>(CeilDiv(spatial, rows));
+  const int64_t chunks = CeilDiv(rows * cgv, std::max(1, max_floats / p.vw) * int64_t{wg});
+  p.items = static_cast<int>(CeilDiv(rows * cgv, chunks * wg));
+  return p;
+}
+
+// The largest power of two <= min(cap, the device's work-group limit).
+size_t PowerOfTwoGroup(size_t cap, size_t device_max) {
+  size_t wg = 1;
+  while (wg * 2 <= cap && (device_max == 0 || wg * 2 <= device_max)) wg *= 2;
+  return wg;
+}
+
+// The plan. GPUs (tiled kernels) take "coop": one kernel that reads x once
+// and writes y once. Two kernels cost at least ~30 us on the H100 (a kernel
+// ~7 us even when tiny, and 3-10 us between dependent ones), and "one" runs
+// a group per work-group (64 work-groups at batch 2 on 132 compute units);
+// "coop" beat both at every SD 1.5 GroupNorm shape (benchmarks/gpu_gn_sweep.py,
+// NOTES.md §15). CPU-like devices (flat kernels) keep "split": their
+// work-groups run one after another, so "coop" would wait out its polls.
+// DIFFLITE_GN_PLAN=one|split|coop overrides (an A/B on a new GPU).
+Plan PickPlan(bool flat) {
+  const char* env = std::getenv("DIFFLITE_GN_PLAN");
+  if (env != nullptr && std::strcmp(env, "one") == 0) return Plan::kOne;
+  if (env != nullptr && std::strcmp(env, "split") == 0) return Plan::kSplit;
+  if (env != nullptr && std::strcmp(env, "coop") == 0) return Plan::kCoop;
+  return flat ? Plan::kSplit : Plan::kCoop;
+}
 
 // The split plan's shape. Columns are vectors of vw channels (vw divides cg),
 // cv per row. A work-group spans lx columns x ly rows; lx is gpw whole groups
@@ -113,6 +157,10 @@ ColsPlan PlanCols(int64_t n, int groups, int64_t spatial, int c, uint32_t cus, i
 
 class GroupNormGpu final : public GpuOp {
  public:
+  ~GroupNormGpu() override {
+    if (coop_partial_ != nullptr) cl_->ReleaseMemObject(coop_partial_);
+  }
+
   std::string Init(const group_norm::Options& o, const Shape& x, GpuContext& ctx) {
     o_ = o;
     n_ = x[0];
@@ -122,19 +170,20 @@ class GroupNormGpu final : public GpuOp {
     if (NumElements(x) > gpu::opsupport::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
-    one_ = UseOneKernel(n_, o.groups, spatial_ * cg_, ctx.device().compute_units,
-                        ctx.PreferFlatKernels());
-    if (one_) return InitOne(ctx);
+    plan_kind_ = PickPlan(ctx.PreferFlatKernels());
+    if (plan_kind_ == Plan::kCoop) return InitCoop(ctx);
+    if (plan_kind_ == Plan::kOne) return InitOne(ctx);
     return InitCols(ctx);
   }
 
-  size_t ScratchBytes() const override { return one_ ? 0 : PartialBytes(); }
+  size_t ScratchBytes() const override { return plan_kind_ == Plan::kSplit ? PartialBytes() : 0; }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
     if (!e.empty()) return e;
-    if (one_) return RunOne(ctx, in, out);
+    if (plan_kind_ == Plan::kOne) return RunOne(ctx, in, out);
+    if (plan_kind_ == Plan::kCoop) return RunCoop(ctx, in, out);
     const gpu::ClApi& cl = ctx.cl();
     cl_mem partial = ctx.Scratch(PartialBytes(), 0, &e);
     if (partial == nullptr) return "group norm partial statistics: " + e;
@@ -188,9 +237,7 @@ class GroupNormGpu final : public GpuOp {
   // each work-item kOneUnroll loads.
   std::string InitOne(GpuContext& ctx) {
     vw_ = OneVectorWidth(cg_);
-    wg_ = 1;
-    const size_t device_max = ctx.device().max_work_group_size;
-    while (wg_ * 2 <= kOneGroup && (device_max == 0 || wg_ * 2 <= device_max)) wg_ *= 2;
+    wg_ = PowerOfTwoGroup(kOneGroup, ctx.device().max_work_group_size);
     const int64_t group_elems = spatial_ * cg_;
     while (wg_ > kOneMinGroup && static_cast<int64_t>(wg_) * kOneUnroll * vw_ > group_elems) {
       wg_ /= 2;
@@ -219,17 +266,68 @@ class GroupNormGpu final : public GpuOp {
     return ctx.Enqueue(one_k_, 2, global, local, "group_norm.one");
   }
 
+  // gn_coop with the largest power-of-two work-group (<= kCoopGroup) that
+  // the device and the kernel accept (the plan redone for each size tried),
+  // and its zeroed partial-sum words (they outlive a launch: a tag from the
+  // launch before must still be there, not another op's scratch).
+  std::string InitCoop(GpuContext& ctx) {
+    size_t wg = PowerOfTwoGroup(kCoopGroup, ctx.device().max_work_group_size);
+    for (;;) {
+      coop_ = PlanCoop(n_, o_.groups, spatial_, cg_, static_cast<int>(wg), kCoopMaxFloats,
+                       ctx.device().compute_units, kCoopGroupsPerCu);
+      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_coop", coop_.Options(), &coop_k_);
+      if (!e.empty()) return e;
+      const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, coop_k_);
+      if (kmax == 0 || kmax >= wg) break;
+      wg = PowerOfTwoGroup(kmax, 0);
+    }
+    cl_ = &ctx.cl();
+    std::vector<cl_ulong> zeros(2 * static_cast<size_t>(n_) * o_.groups * coop_.k, 0);
+    cl_int err = CL_SUCCESS;
+    coop_partial_ = cl_->CreateBuffer(ctx.context(), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                      zeros.size() * sizeof(cl_ulong), zeros.data(), &err);
+    if (coop_partial_ == nullptr || err != CL_SUCCESS) {
+      coop_partial_ = nullptr;
+      return "group norm partial sums: clCreateBuffer failed (" + std::to_string(err) + ")";
+    }
+    return "";
+  }
+
+  std::string RunCoop(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                      const std::vector<GpuTensor>& out) {
+    const cl_int s = static_cast<cl_int>(spatial_), c = c_, cg = cg_, groups = o_.groups,
+                 k = coop_.k, rows = coop_.rows, silu = o_.silu ? 1 : 0, spin = kCoopSpinLimit;
+    const cl_float eps = o_.epsilon;
+    const cl_uint tag = static_cast<cl_uint>(launches_ % 0xFFFFFFFFu) + 1;  // never 0
+    std::string e = SetKernelArgs(
+        ctx.cl(), coop_k_,
+        {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(out[0].mem), Arg(coop_partial_),
+         Arg(s), Arg(c), Arg(cg), Arg(groups), Arg(k), Arg(rows), Arg(silu), Arg(eps), Arg(tag),
+         Arg(spin)});
+    if (!e.empty()) return e;
+    const size_t wg = static_cast<size_t>(coop_.wg);
+    const size_t global[2] = {wg * coop_.k * o_.groups, static_cast<size_t>(n_)};
+    const size_t local[2] = {wg, 1};
+    e = ctx.Enqueue(coop_k_, 2, global, local, "group_norm.coop");
+    if (e.empty()) ++launches_;
+    return e;
+  }
+
   size_t PartialBytes() const {
     return sizeof(cl_float4) * static_cast<size_t>(n_) * o_.groups * plan_.Partials();
   }
 
   group_norm::Options o_;
   int n_ = 0, c_ = 0, cg_ = 0, vw_ = 1;
-  bool one_ = false;
+  Plan plan_kind_ = Plan::kSplit;
   int64_t spatial_ = 0;
   size_t wg_ = kOneGroup;  // gn_one's work-group
   ColsPlan plan_;
-  cl_kernel stats_k_ = nullptr, apply_k_ = nullptr, one_k_ = nullptr;
+  CoopPlan coop_;
+  uint64_t launches_ = 0;  // gn_coop launches so far (its tags)
+  const gpu::ClApi* cl_ = nullptr;
+  cl_mem coop_partial_ = nullptr;
+  cl_kernel stats_k_ = nullptr, apply_k_ = nullptr, one_k_ = nullptr, coop_k_ = nullptr;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
