@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 import pyopencl as cl  # noqa: E402
 
-from gpu_kernels_harness.launch import Runner, attention_plan, gn_plan, pick_context, round_up  # noqa: E402
+from gpu_kernels_harness.launch import Runner, attention_plan, pick_context, round_up  # noqa: E402
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
 
 MB = 1024 * 1024
@@ -153,8 +153,7 @@ def case_group_norm(r, u, shape, groups):
     outs = {p: r.empty(shape) for p in plans}
     yu = r.empty(shape)
     total = x.size
-    flat = not r.device.type & cl.device_type.GPU
-    auto = gn_plan(flat)
+    auto = r.gn_default_plan(shape[0], groups, int(np.prod(shape[1:-1])), c // groups)
     labels = {p: f"{p}{' (auto)' if p == auto else ''}" for p in plans}
     return dict(
         fused={labels[p]: (lambda p=p: r.group_norm(xb, gb, bb, outs[p], shape, groups, 1e-5, True, plan=p))

@@ -27,17 +27,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402
-from gpu_kernels_harness.launch import MAX_PARTIALS, Runner, ceil_div, gn_cols_plan, gn_coop_plan, gn_plan  # noqa: E402
+from gpu_kernels_harness.launch import MAX_PARTIALS, Runner, gn_cols_plan, gn_coop_plan  # noqa: E402
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
 
 # (N, H*W, C): the ablation's two shapes, then the SD 1.5 UNet's GroupNorms at batch 2.
 SHAPES = [(1, 4096, 320), (1, 4096, 1280), (2, 4096, 320), (2, 4096, 640), (2, 1024, 640), (2, 1024, 1280),
           (2, 256, 1280), (2, 256, 2560), (2, 64, 1280)]
 SMALL_SHAPES = [(1, 256, 64), (2, 64, 128)]
+# --vae: the SD 1.5 VAE decoder's GroupNorms (batch 1, 512x512 out); only the library's own shapes of
+# each plan (coop's costs a read of every slice per work-group at spin_limit 0, skipped).
+VAE_SHAPES = [(1, 4096, 512), (1, 16384, 512), (1, 65536, 256), (1, 65536, 512), (1, 262144, 128),
+              (1, 262144, 256)]
 GROUPS = 32
 
 
-def sweep_shape(r: Runner, u: Unfused, shape, runs: int) -> dict:
+def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True) -> dict:
     n, spatial, c = shape
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(shape) + 0.5).astype(np.float32)
@@ -57,8 +61,9 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int) -> dict:
     candidates = sorted({ys for ys in (1, 2, 4, 8, 16, 32, 64, 128) if ys <= max(1, MAX_PARTIALS // library.xb)}
                         | {library.ys})
     coop_default = r.gn_coop_shape(n, GROUPS, spatial, c // GROUPS)
-    coops = []
-    for wg in (128, 256, 512):
+    coops = [] if grid else [(f"coop (library shape: k={coop_default.k} items={coop_default.items} "
+                              f"chunks={coop_default.chunks})", coop_default)]
+    for wg in (128, 256, 512) if grid else ():
         for per_cu in (1, 2, 3, 4):
             for floats in (16, 32, 64):
                 plan = gn_coop_plan(n, GROUPS, spatial, c // GROUPS, wg, r.compute_units, floats, per_cu)
@@ -67,14 +72,16 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int) -> dict:
                 if r.kernel("group_norm", "gn_coop", plan.options()).get_work_group_info(
                         cl.kernel_work_group_info.WORK_GROUP_SIZE, r.device) < wg:
                     continue  # too many registers for this work-group
-                chunks = ceil_div(plan.rows * (c // GROUPS // plan.vw), plan.items * wg)
                 coops.append((f"coop wg={wg} per_cu={per_cu} floats={floats}: k={plan.k} items={plan.items} "
-                              f"chunks={chunks}", plan))
+                              f"chunks={plan.chunks}", plan))
+    if not grid:
+        candidates = [library.ys]
     configs = [("one", run(plan="one"))] + [(f"split ys={ys}", run(ys=ys)) for ys in candidates] + \
         [(label, run(plan="coop", coop=plan)) for label, plan in coops]
-    configs.append(("coop (library shape) spin_limit=0", run(plan="coop", coop=coop_default, spin_limit=0)))
-    chosen = gn_plan(not r.device.type & cl.device_type.GPU)
-    library_label = {"coop": next(label for label, plan in coops if plan == coop_default)}.get(
+    if grid:
+        configs.append(("coop (library shape) spin_limit=0", run(plan="coop", coop=coop_default, spin_limit=0)))
+    chosen = r.gn_default_plan(n, GROUPS, spatial, c // GROUPS)
+    library_label = {"coop": next(label for label, plan in coops if plan == coop_default), "one": "one"}.get(
         chosen, f"split ys={library.ys}")
     for label, fn in configs:
         chain, _, kernels, each = measure(fn, runs, 3, r.queue)
@@ -94,10 +101,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU OpenCL such as PoCL)")
+    ap.add_argument("--vae", action="store_true", help="the VAE decoder's shapes, library plans only")
     args = ap.parse_args()
     r = Runner()
     u = Unfused(r)
-    results = [sweep_shape(r, u, s, args.runs) for s in (SMALL_SHAPES if args.small else SHAPES)]
+    shapes = SMALL_SHAPES if args.small else VAE_SHAPES if args.vae else SHAPES
+    results = [sweep_shape(r, u, s, args.runs, grid=not args.vae) for s in shapes]
     device = r.device.name.strip()
     for res in results:
         print(f"\n{device}: GroupNorm+SiLU {res['shape']}, {GROUPS} groups, plan {res['plan']}, "
@@ -111,7 +120,7 @@ def main() -> int:
                   f"{row['gbs']:.0f} | {100 * row['of_same_size_copy']:.0f}% | {row['max_rel_diff']:.1e} |")
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_").lower()
-    out = out_dir / f"gpu_gn_sweep_{slug}{'_small' if args.small else ''}.json"
+    out = out_dir / f"gpu_gn_sweep_{slug}{'_small' if args.small else '_vae' if args.vae else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": device, "compute_units": r.compute_units, "runs": args.runs,
                                "results": results}, indent=2) + "\n")

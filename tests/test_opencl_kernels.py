@@ -221,8 +221,7 @@ def test_group_norm_coop(runner, launch, shape, groups, wg, cus, floats, layout,
     c = shape[-1]
     spatial = int(np.prod(shape[1:-1]))
     plan = launch.gn_coop_plan(shape[0], groups, spatial, c // groups, wg, cus, floats, per_cu=2)
-    chunks = launch.ceil_div(plan.rows * c // groups // plan.vw, plan.items * wg)
-    assert (plan.vw, plan.items, plan.k, plan.rows, chunks) == layout
+    assert (plan.vw, plan.items, plan.k, plan.rows, plan.chunks) == layout
     gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
     y = runner.empty(shape)
     gb, bb = runner.upload(gamma), runner.upload(beta)
@@ -250,9 +249,22 @@ def test_group_norm_coop_plan(launch):
 
 
 def test_group_norm_plan(launch):
-    """PickPlan: GPUs take the cooperative plan, CPU-like devices (PoCL) the split plan."""
-    assert launch.gn_plan(flat=False) == "coop"
-    assert launch.gn_plan(flat=True) == "split"
+    """PickPlan: GPUs take the cooperative plan while a slice is at most 8 chunks; beyond, the one-kernel
+    plan when its work-groups fill the device or its groups are small (a second kernel costs more than
+    the idle compute units), else the split plan; CPU-like devices (PoCL) the split plan."""
+    assert launch.gn_plan(False, 1, 2, 32, 4096 * 40, compute_units=12) == "coop"
+    assert launch.gn_plan(False, 8, 1, 32, 4096 * 160, compute_units=132) == "coop"
+    assert launch.gn_plan(False, 9, 2, 32, 4096 * 160, compute_units=12) == "one"  # fills a phone
+    assert launch.gn_plan(False, 20, 1, 32, 262144 * 4, compute_units=132) == "split"  # VAE 512x512x128
+    assert launch.gn_plan(False, 20, 1, 32, 60000, compute_units=132) == "one"  # small groups
+    assert launch.gn_plan(True, 1, 2, 32, 16, compute_units=2) == "split"  # CPU-like devices (PoCL)
+    # The chunks PickPlan sees at SD 1.5 shapes on the H100: the UNet's at most 6, the VAE's from 8.
+    h100 = [launch.gn_coop_plan(n, 32, s, c // 32, launch.COOP_GROUP, 132).chunks
+            for n, s, c in ((2, 4096, 320), (2, 4096, 640), (1, 4096, 1280), (2, 1024, 1280))]
+    assert max(h100) <= 6, h100
+    vae = [launch.gn_coop_plan(1, 32, s, c // 32, launch.COOP_GROUP, 132).chunks
+           for s, c in ((16384, 512), (65536, 256), (262144, 128))]
+    assert vae[0] <= 8 < min(vae[1:]), vae
 
 
 # ---------------------------------------------------------------------------
@@ -711,9 +723,13 @@ def test_plans_mirror_cxx(launch):
                         ("kColsMinWidth", launch.COLS_MIN_WIDTH), ("kStatsRows", launch.STATS_ROWS),
                         ("kApplyRows", launch.APPLY_ROWS), ("kMaxPartials", launch.MAX_PARTIALS),
                         ("kCoopGroup", launch.COOP_GROUP), ("kCoopMaxFloats", launch.COOP_MAX_FLOATS),
-                        ("kCoopSpinLimit", launch.COOP_SPIN_LIMIT), ("kCoopGroupsPerCu", launch.COOP_GROUPS_PER_CU)):
+                        ("kCoopSpinLimit", launch.COOP_SPIN_LIMIT), ("kCoopGroupsPerCu", launch.COOP_GROUPS_PER_CU),
+                        ("kCoopMaxChunks", launch.COOP_MAX_CHUNKS)):
         assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
-    assert "return flat ? Plan::kSplit : Plan::kCoop;" in gn  # PickPlan
+    assert "if (coop_chunks <= kCoopMaxChunks) return Plan::kCoop;" in gn  # PickPlan
+    assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems ? Plan::kOne" in gn
+    assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kOneMaxGroupElems") == \
+        launch.ONE_MAX_GROUP_ELEMS
     assert "std::min<int64_t>({want, spatial, wg})" in gn and "CeilDiv(rows * cgv, chunks * wg)" in gn  # PlanCoop
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD

@@ -135,6 +135,8 @@ COOP_GROUP = 128  # kCoopGroup: gn_coop's largest work-group
 COOP_MAX_FLOATS = 32  # kCoopMaxFloats: floats of x a gn_coop work-item holds
 COOP_GROUPS_PER_CU = 3  # kCoopGroupsPerCu
 COOP_SPIN_LIMIT = 16384  # kCoopSpinLimit
+COOP_MAX_CHUNKS = 8  # kCoopMaxChunks
+ONE_MAX_GROUP_ELEMS = 65536  # kOneMaxGroupElems
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class CoopPlan:
     items: int
     k: int
     rows: int
+    chunks: int
 
     def options(self) -> str:
         return f"-DGN_WG={self.wg} -DGN_VW={self.vw} -DGN_ITEMS={self.items}"
@@ -168,14 +171,20 @@ def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, wg: int, compute_un
     k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * groups), spatial, wg))
     rows = ceil_div(spatial, k)
     chunks = ceil_div(rows * cgv, max(1, max_floats // vw) * wg)
-    return CoopPlan(wg, vw, ceil_div(rows * cgv, chunks * wg), ceil_div(spatial, rows), rows)
+    return CoopPlan(wg, vw, ceil_div(rows * cgv, chunks * wg), ceil_div(spatial, rows), rows, chunks)
 
 
-def gn_plan(flat: bool) -> str:
-    """"coop" (gn_coop: one kernel, K work-groups a (sample, group) exchanging partial sums) on GPUs,
-    "split" (gn_stats_cols + gn_apply_cols) on CPU-like devices: PickPlan in group_norm_opencl.cc
-    (without its DIFFLITE_GN_PLAN override, which also offers "one", gn_one)."""
-    return "split" if flat else "coop"
+def gn_plan(flat: bool, coop_chunks: int, n: int, groups: int, group_elems: int, compute_units: int) -> str:
+    """"coop" (gn_coop: one kernel, K work-groups a (sample, group) exchanging partial sums) on GPUs
+    while a slice is at most COOP_MAX_CHUNKS chunks, else "one" (gn_one: a work-group per (sample,
+    group)) when those fill the device or groups are small, else "split" (gn_stats_cols +
+    gn_apply_cols), which CPU-like devices always take: PickPlan in group_norm_opencl.cc (without its
+    DIFFLITE_GN_PLAN override)."""
+    if flat:
+        return "split"
+    if coop_chunks <= COOP_MAX_CHUNKS:
+        return "coop"
+    return "one" if n * groups >= compute_units or group_elems <= ONE_MAX_GROUP_ELEMS else "split"
 
 
 def gn_one_shape(group_elems: int, cg: int, max_wg: int) -> tuple[int, int]:
@@ -499,8 +508,8 @@ class Runner:
         spatial = int(np.prod(shape[1:-1]))
         cg = c // groups
         if plan is None:
-            plan = "split" if ys is not None else "coop" if coop is not None else \
-                gn_plan(not self.device.type & cl.device_type.GPU)
+            plan = "split" if ys is not None else "coop" if coop is not None else self.gn_default_plan(
+                n, groups, spatial, cg)
         if coop is None and plan == "coop":
             coop = self.gn_coop_shape(n, groups, spatial, cg)
         if plan == "coop":
@@ -540,6 +549,13 @@ class Runner:
         i32 = np.int32
         return self.launch(k, (wg * groups, n), (wg, 1), x, gamma, beta, y, i32(spatial), i32(c), i32(cg),
                            i32(1 if silu else 0), np.float32(eps))
+
+    def gn_default_plan(self, n: int, groups: int, spatial: int, cg: int) -> str:
+        """The library's GroupNorm plan on this device (PickPlan, as GroupNormGpu::Init calls it)."""
+        chunks = gn_coop_plan(n, groups, spatial, cg, power_of_two_group(COOP_GROUP, self.max_wg),
+                              self.compute_units).chunks
+        return gn_plan(not self.device.type & cl.device_type.GPU, chunks, n, groups, spatial * cg,
+                       self.compute_units)
 
     def gn_coop_shape(self, n: int, groups: int, spatial: int, cg: int) -> CoopPlan:
         """InitCoop's plan: the work-group halved until gn_coop accepts it."""

@@ -48,6 +48,8 @@ constexpr int kOneUnroll = 4;             // GN_UNROLL: loads in flight per work
 constexpr int kCoopGroup = 128;  // gn_coop's work-group (largest)
 constexpr int kCoopMaxFloats = 32;  // floats of x a gn_coop work-item holds in registers
 constexpr int kCoopGroupsPerCu = 3;  // gn_coop work-groups a compute unit (PlanCoop)
+constexpr int kCoopMaxChunks = 8;  // "coop" while a slice is at most this many chunks (PickPlan)
+constexpr int64_t kOneMaxGroupElems = 65536;  // else "one" for groups this small (PickPlan)
 constexpr int kCoopSpinLimit = 16384;  // polls before a work-group computes the sums itself
 
 enum class Plan { kOne, kSplit, kCoop };
@@ -59,7 +61,7 @@ int OneVectorWidth(int cg) { return cg % 4 == 0 ? 4 : cg % 2 == 0 ? 2 : 1; }
 // work-items) per slice, walked in chunks of `items` vectors of vw channels
 // per work-item.
 struct CoopPlan {
-  int wg = 1, vw = 1, items = 1, k = 1, rows = 1;
+  int wg = 1, vw = 1, items = 1, k = 1, rows = 1, chunks = 1;
 
   std::string Options() const {
     return "-DGN_WG=" + std::to_string(wg) + " -DGN_VW=" + std::to_string(vw) +
@@ -84,6 +86,7 @@ CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int wg, int ma
   p.rows = static_cast<int>(rows);
   p.k = static_cast<int>(CeilDiv(spatial, rows));
   const int64_t chunks = CeilDiv(rows * cgv, std::max(1, max_floats / p.vw) * int64_t{wg});
+  p.chunks = static_cast<int>(chunks);
   p.items = static_cast<int>(CeilDiv(rows * cgv, chunks * wg));
   return p;
 }
@@ -95,20 +98,32 @@ size_t PowerOfTwoGroup(size_t cap, size_t device_max) {
   return wg;
 }
 
-// The plan. GPUs (tiled kernels) take "coop": one kernel that reads x once
-// and writes y once. Two kernels cost at least ~30 us on the H100 (a kernel
-// ~7 us even when tiny, and 3-10 us between dependent ones), and "one" runs
-// a group per work-group (64 work-groups at batch 2 on 132 compute units);
-// "coop" beat both at every SD 1.5 GroupNorm shape (benchmarks/gpu_gn_sweep.py,
-// NOTES.md §15). CPU-like devices (flat kernels) keep "split": their
-// work-groups run one after another, so "coop" would wait out its polls.
-// DIFFLITE_GN_PLAN=one|split|coop overrides (an A/B on a new GPU).
-Plan PickPlan(bool flat) {
+// The plan. GPUs (tiled kernels) take "coop", one kernel that reads x once
+// from memory and writes y once, while its slices are at most kCoopMaxChunks
+// chunks (the chunks but the last are read again, from cache while x fits in
+// it: on the H100, 8 chunks a slice is ~50 MB, its L2). Two kernels cost at
+// least ~30 us on the H100 (a kernel ~7 us even when tiny, and 3-10 us
+// between dependent ones), and "one" runs a group per work-group (64
+// work-groups at batch 2 on 132 compute units): "coop" beat both at every SD
+// 1.5 UNet GroupNorm shape (benchmarks/gpu_gn_sweep.py, NOTES.md §15).
+// Larger tensors (the VAE's 64-268 MB) take "one" when its work-groups, one
+// per (sample, group), fill the device or each group is small enough that a
+// second kernel costs more than the idle compute units (at most
+// kOneMaxGroupElems elements), else "split": it reads x twice from memory as
+// "coop" would, in whole rows of channels (NOTES.md §14). CPU-like devices
+// (flat kernels) take "split": their work-groups run one after another, so
+// "coop" would wait out its polls. DIFFLITE_GN_PLAN=coop|one|split overrides
+// (an A/B on a new GPU).
+Plan PickPlan(bool flat, int coop_chunks, int64_t n, int groups, int64_t group_elems,
+              uint32_t cus) {
   const char* env = std::getenv("DIFFLITE_GN_PLAN");
   if (env != nullptr && std::strcmp(env, "one") == 0) return Plan::kOne;
   if (env != nullptr && std::strcmp(env, "split") == 0) return Plan::kSplit;
   if (env != nullptr && std::strcmp(env, "coop") == 0) return Plan::kCoop;
-  return flat ? Plan::kSplit : Plan::kCoop;
+  if (flat) return Plan::kSplit;
+  if (coop_chunks <= kCoopMaxChunks) return Plan::kCoop;
+  return n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems ? Plan::kOne
+                                                                                     : Plan::kSplit;
 }
 
 // The split plan's shape. Columns are vectors of vw channels (vw divides cg),
@@ -170,7 +185,13 @@ class GroupNormGpu final : public GpuOp {
     if (NumElements(x) > gpu::opsupport::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
-    plan_kind_ = PickPlan(ctx.PreferFlatKernels());
+    const uint32_t cus = ctx.device().compute_units;
+    const int coop_chunks =
+        PlanCoop(n_, o.groups, spatial_, cg_,
+                 static_cast<int>(PowerOfTwoGroup(kCoopGroup, ctx.device().max_work_group_size)),
+                 kCoopMaxFloats, cus, kCoopGroupsPerCu)
+            .chunks;
+    plan_kind_ = PickPlan(ctx.PreferFlatKernels(), coop_chunks, n_, o.groups, spatial_ * cg_, cus);
     if (plan_kind_ == Plan::kCoop) return InitCoop(ctx);
     if (plan_kind_ == Plan::kOne) return InitOne(ctx);
     return InitCols(ctx);
