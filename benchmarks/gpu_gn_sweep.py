@@ -1,7 +1,7 @@
 """Sweep of GroupNorm's plans at SD 1.5 GroupNorm shapes, on any OpenCL device (pyopencl, fp32
 storage): the split plan (gn_stats_cols + gn_apply_cols) over the statistics pass's work-groups down
-the rows (ys, hence partials per group), the cooperative plan (gn_coop) over its work-group size,
-work-groups per compute unit (hence slices per group) and registers per work-item (hence chunks per
+the rows (ys, hence partials per group), the cooperative plan (gn_coop) over its work-group limit,
+work-groups per compute unit (hence slices per block) and registers per work-item (hence chunks per
 slice), its fallback (spin_limit 0), the one-kernel plan (gn_one), and a copy of the same bytes.
 
     python benchmarks/gpu_gn_sweep.py [--runs 20] [--small]
@@ -63,17 +63,17 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True) -> d
     coop_default = r.gn_coop_shape(n, GROUPS, spatial, c // GROUPS)
     coops = [] if grid else [(f"coop (library shape: k={coop_default.k} items={coop_default.items} "
                               f"chunks={coop_default.chunks})", coop_default)]
-    for wg in (128, 256, 512) if grid else ():
+    for limit in (64, 128, 256) if grid else ():
         for per_cu in (1, 2, 3, 4):
             for floats in (16, 32, 64):
-                plan = gn_coop_plan(n, GROUPS, spatial, c // GROUPS, wg, r.compute_units, floats, per_cu)
-                if wg > r.max_wg or plan in [p for _, p in coops]:
+                plan = gn_coop_plan(n, GROUPS, spatial, c // GROUPS, limit, r.compute_units, floats, per_cu)
+                if limit > r.max_wg or plan in [p for _, p in coops]:
                     continue
                 if r.kernel("group_norm", "gn_coop", plan.options()).get_work_group_info(
-                        cl.kernel_work_group_info.WORK_GROUP_SIZE, r.device) < wg:
+                        cl.kernel_work_group_info.WORK_GROUP_SIZE, r.device) < plan.lx * plan.ly:
                     continue  # too many registers for this work-group
-                coops.append((f"coop wg={wg} per_cu={per_cu} floats={floats}: k={plan.k} items={plan.items} "
-                              f"chunks={plan.chunks}", plan))
+                coops.append((f"coop limit={limit} per_cu={per_cu} floats={floats}: {plan.lx}x{plan.ly} k={plan.k} "
+                              f"items={plan.items} chunks={plan.chunks}", plan))
     if not grid:
         candidates = [library.ys]
     configs = [("one", run(plan="one"))] + [(f"split ys={ys}", run(ys=ys)) for ys in candidates] + \

@@ -194,34 +194,35 @@ def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
     assert rel_err(runner.download(y, shape), ref) < TOL
 
 
-# The cooperative plan (gn_coop): K work-groups a (sample, group), each walking a slice in chunks of
-# `items` vectors a work-item, exchanging partial sums. (shape, groups, wg, compute units (2 work-groups
-# each), floats a work-item, expected (vw, items, k, rows, chunks)): slices of uneven length (the last one short), one
-# slice (no exchange), several chunks (the last from registers, the others read again), load widths
-# 1, 2 and 4.
+# The cooperative plan (gn_coop): column blocks of whole groups, K work-groups a (sample, block), each
+# walking a slice of rows in chunks of `items` rows a work-item and exchanging per-group partial sums.
+# (shape, groups, work-group limit, compute units (2 work-groups each), floats a work-item, expected
+# (vw, lx, ly, gpw, items, k, rows, chunks)).
 GN_COOP_CASES = [
-    ((2, 48, 45, 40), 4, 256, 4, 32, (2, 15, 1, 2160, 3)),  # cg = 10: float2, one slice of 3 chunks
-    ((2, 48, 45, 40), 4, 256, 12, 32, (2, 15, 3, 720, 1)),  # 3 slices of one chunk, the last 720 rows
-    ((2, 48, 45, 40), 4, 64, 40, 8, (2, 4, 10, 216, 5)),  # 10 slices of 5 chunks of 64 work-items
-    ((2, 33, 31, 80), 2, 256, 24, 32, (4, 4, 12, 86, 1)),  # cg = 40: float4, 12 slices, the last 77 rows
-    ((2, 33, 31, 80), 2, 128, 6, 16, (4, 4, 3, 341, 7)),  # 3 slices of 7 chunks, the last part-filled
-    ((2, 37, 30), 10, 256, 1, 32, (1, 1, 1, 37, 1)),  # cg = 3: scalar, one slice (no exchange)
-    ((1, 8, 8, 24), 8, 32, 28, 1, (1, 1, 7, 10, 1)),  # cg = 3: 7 slices of 10 rows, the last 4
-    ((1, 3, 300), 1, 64, 100, 8, (4, 2, 3, 1, 1)),  # one group (LayerNorm) of 3 rows: a slice a row
+    ((2, 48, 45, 40), 4, 128, 4, 32, (2, 20, 6, 4, 15, 4, 540, 6)),  # cg = 10: float2, 4 groups (160 B) a block
+    ((2, 48, 45, 40), 4, 128, 12, 8, (2, 20, 6, 4, 4, 12, 180, 8)),  # 12 slices of 8 chunks
+    ((2, 48, 45, 40), 4, 64, 40, 4, (2, 20, 3, 4, 2, 30, 72, 12)),  # 30 slices x 4 groups = 120 partials
+    ((2, 33, 31, 80), 2, 128, 24, 32, (4, 10, 12, 1, 8, 12, 86, 1)),  # cg = 40: float4, last slice 77 rows
+    ((2, 33, 31, 80), 2, 64, 6, 8, (4, 10, 6, 1, 2, 3, 341, 29)),  # 29 chunks, the last part-filled
+    ((2, 37, 30), 10, 128, 1, 32, (1, 30, 4, 10, 10, 1, 37, 1)),  # cg = 3: scalar, one slice (no exchange)
+    ((1, 8, 8, 24), 8, 32, 28, 1, (1, 24, 1, 8, 1, 6, 11, 11)),  # one row a work-group, a chunk a row
+    ((2, 5, 7, 24), 8, 128, 40, 4, (1, 24, 5, 8, 1, 18, 2, 1)),  # 144 partials: two per work-item
+    ((6, 300, 1), 1, 128, 12, 2, (1, 1, 128, 1, 1, 4, 75, 1)),  # LayerNorm as GroupNorm: a column of rows
+    ((1, 64, 64, 320), 32, 128, 132, 32, (2, 20, 6, 4, 11, 33, 125, 2)),  # SD 1.5 64x64x320
 ]
 
 
 @pytest.mark.parametrize("spin_limit", [0, 16384])
-@pytest.mark.parametrize("shape,groups,wg,cus,floats,layout", GN_COOP_CASES)
-def test_group_norm_coop(runner, launch, shape, groups, wg, cus, floats, layout, spin_limit):
-    """Both ways to the group's sums agree with NumPy: waiting for the siblings' partials (on PoCL,
-    whose work-groups run in turn, the last of a group finds them all) and computing them (spin_limit
-    0: every work-group reads every slice). Mean offset 100: a naive sum of squares would lose it."""
-    r = np.random.default_rng(sum(shape) + groups + wg)
+@pytest.mark.parametrize("shape,groups,limit,cus,floats,layout", GN_COOP_CASES)
+def test_group_norm_coop(runner, launch, shape, groups, limit, cus, floats, layout, spin_limit):
+    """Both ways to a group's sums agree with NumPy: waiting for the siblings' partials (on PoCL, whose
+    work-groups run in turn, the last of a block finds them all) and computing them (spin_limit 0:
+    every work-group reads every slice). Mean offset 100: a naive sum of squares would lose it."""
+    r = np.random.default_rng(sum(shape) + groups + limit)
     c = shape[-1]
     spatial = int(np.prod(shape[1:-1]))
-    plan = launch.gn_coop_plan(shape[0], groups, spatial, c // groups, wg, cus, floats, per_cu=2)
-    assert (plan.vw, plan.items, plan.k, plan.rows, plan.chunks) == layout
+    plan = launch.gn_coop_plan(shape[0], groups, spatial, c // groups, limit, cus, floats, per_cu=2)
+    assert (plan.vw, plan.lx, plan.ly, plan.gpw, plan.items, plan.k, plan.rows, plan.chunks) == layout
     gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
     y = runner.empty(shape)
     gb, bb = runner.upload(gamma), runner.upload(beta)
@@ -233,19 +234,33 @@ def test_group_norm_coop(runner, launch, shape, groups, wg, cus, floats, layout,
         assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, groups, 1e-5, silu)) < TOL
 
 
+def test_group_norm_coop_wide_group(runner, launch):
+    """A group wider than the work-group limit (600 channels: 150 float4 columns > 128) has no cooperative
+    plan; the library runs the one-kernel plan instead (InitCoop's fallback)."""
+    assert launch.gn_coop_plan(1, 1, 3, 600, min(launch.COOP_GROUP, runner.max_wg), runner.compute_units).chunks \
+        == launch.NO_COOP
+    r = np.random.default_rng(3)
+    shape = (1, 3, 600)
+    x, gamma, beta = nonzero(r, shape, 2.0, 1.0), nonzero(r, (600,), 1.5), nonzero(r, (600,), 0.5)
+    y = runner.empty(shape)
+    runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, 1, 1e-5, False,
+                      plan="coop")
+    assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, 1, 1e-5, False)) < TOL
+
+
 def test_group_norm_coop_plan(launch):
-    """PlanCoop on the H100 (132 compute units, 3 work-groups each): slices to fill it, then chunks of
-    at most 32 floats a work-item of 128."""
-    wg = launch.COOP_GROUP
-    p = launch.gn_coop_plan(1, 32, 4096, 10, wg, 132)  # [1, 64x64, 320]: 13 slices of one chunk
-    assert (p.vw, p.items, p.k, p.rows) == (2, 13, 13, 316)
-    p = launch.gn_coop_plan(1, 32, 4096, 40, wg, 132)  # [1, 64x64, 1280]: 13 slices of 4 chunks
-    assert (p.vw, p.items, p.k, p.rows) == (4, 7, 13, 316)
-    p = launch.gn_coop_plan(2, 32, 64, 40, wg, 132)  # 8x8x1280 at batch 2: 7 slices of 10 rows (the last 4)
-    assert (p.items, p.k, p.rows) == (1, 7, 10)
-    p = launch.gn_coop_plan(2, 32, 4096, 40, wg, 12)  # a phone: a group a work-group, 20 chunks
-    assert (p.items, p.k) == (8, 1)
-    assert launch.gn_coop_plan(4, 64, 4096, 40, wg, 132).k == 2  # enough groups: few slices
+    """PlanCoop on the H100 (132 compute units, 3 work-groups each, at most 128 work-items): blocks of
+    the fewest whole groups that span whole 32-byte sectors, slices to fill the device, then chunks of at
+    most 32 floats a work-item."""
+    lim = launch.COOP_GROUP
+    p = launch.gn_coop_plan(1, 32, 4096, 10, lim, 132)  # [1, 64x64, 320]: 4 groups of 10 (160 B) a block
+    assert (p.vw, p.lx, p.ly, p.gpw, p.k, p.rows, p.chunks) == (2, 20, 6, 4, 50, 82, 1)
+    p = launch.gn_coop_plan(1, 32, 4096, 40, lim, 132)  # [1, 64x64, 1280]: a group of 40 (160 B) a block
+    assert (p.vw, p.lx, p.ly, p.gpw, p.k, p.rows, p.chunks) == (4, 10, 12, 1, 13, 316, 4)
+    p = launch.gn_coop_plan(8192, 1, 320, 1, lim, 132)  # LayerNorm [8192, 320]: a row a work-group
+    assert (p.lx, p.ly, p.k, p.items, p.chunks) == (1, 128, 1, 3, 1)
+    p = launch.gn_coop_plan(2, 32, 4096, 40, lim, 12)  # a phone: a group a work-group, 43 chunks
+    assert (p.k, p.chunks) == (1, 43)
 
 
 def test_group_norm_plan(launch):
@@ -258,13 +273,14 @@ def test_group_norm_plan(launch):
     assert launch.gn_plan(False, 20, 1, 32, 262144 * 4, compute_units=132) == "split"  # VAE 512x512x128
     assert launch.gn_plan(False, 20, 1, 32, 60000, compute_units=132) == "one"  # small groups
     assert launch.gn_plan(True, 1, 2, 32, 16, compute_units=2) == "split"  # CPU-like devices (PoCL)
-    # The chunks PickPlan sees at SD 1.5 shapes on the H100: the UNet's at most 6, the VAE's from 8.
+    # The chunks PickPlan sees at SD 1.5 shapes on the H100: the UNet's at most 8, the VAE's beyond
+    # from 64x64x... on.
     h100 = [launch.gn_coop_plan(n, 32, s, c // 32, launch.COOP_GROUP, 132).chunks
-            for n, s, c in ((2, 4096, 320), (2, 4096, 640), (1, 4096, 1280), (2, 1024, 1280))]
-    assert max(h100) <= 6, h100
+            for n, s, c in ((2, 4096, 320), (2, 4096, 640), (1, 4096, 1280), (2, 1024, 1280), (1, 4096, 512))]
+    assert max(h100) <= 8, h100
     vae = [launch.gn_coop_plan(1, 32, s, c // 32, launch.COOP_GROUP, 132).chunks
-           for s, c in ((16384, 512), (65536, 256), (262144, 128))]
-    assert vae[0] <= 8 < min(vae[1:]), vae
+           for s, c in ((65536, 256), (262144, 128))]
+    assert min(vae) > 8, vae
 
 
 # ---------------------------------------------------------------------------
@@ -730,7 +746,8 @@ def test_plans_mirror_cxx(launch):
     assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems ? Plan::kOne" in gn
     assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kOneMaxGroupElems") == \
         launch.ONE_MAX_GROUP_ELEMS
-    assert "std::min<int64_t>({want, spatial, wg})" in gn and "CeilDiv(rows * cgv, chunks * wg)" in gn  # PlanCoop
+    assert "std::min<int64_t>({want, spatial, 2 * p.lx * p.ly / p.gpw})" in gn  # PlanCoop
+    assert "(d * cg) % sector_elems == 0" in gn  # SectorGroups
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashItemMaxHead") == \

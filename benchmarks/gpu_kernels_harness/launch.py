@@ -103,13 +103,7 @@ def gn_cols_plan(n: int, groups: int, spatial: int, c: int, compute_units: int,
     cgv = cg // vw
     gpw, xb = 1, 1
     if cgv <= limit:
-        for d in range(1, groups + 1):
-            if cgv * d > limit:
-                break
-            if groups % d == 0:
-                gpw = d
-                if cgv * d >= COLS_MIN_WIDTH:
-                    break
+        gpw = groups_per_block(cgv, groups, limit)
         lx = cgv * gpw
     else:
         xb = 2
@@ -139,19 +133,7 @@ COOP_MAX_CHUNKS = 8  # kCoopMaxChunks
 ONE_MAX_GROUP_ELEMS = 65536  # kOneMaxGroupElems
 
 
-@dataclass(frozen=True)
-class CoopPlan:
-    """gn_coop's shape (CoopPlan in group_norm_opencl.cc): k slices of `rows` rows a group, walked in
-    chunks of `items` vectors a work-item."""
-    wg: int
-    vw: int
-    items: int
-    k: int
-    rows: int
-    chunks: int
-
-    def options(self) -> str:
-        return f"-DGN_WG={self.wg} -DGN_VW={self.vw} -DGN_ITEMS={self.items}"
+NO_COOP = 1 << 30  # kNoCoop
 
 
 def power_of_two_group(cap: int, device_max: int) -> int:
@@ -162,16 +144,65 @@ def power_of_two_group(cap: int, device_max: int) -> int:
     return wg
 
 
-def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, wg: int, compute_units: int,
+def groups_per_block(cgv: int, groups: int, limit: int) -> int:
+    """GroupsPerBlock: the fewest whole groups whose columns reach COLS_MIN_WIDTH within `limit`."""
+    gpw = 1
+    for d in range(1, groups + 1):
+        if cgv * d > limit:
+            break
+        if groups % d == 0:
+            gpw = d
+            if cgv * d >= COLS_MIN_WIDTH:
+                break
+    return gpw
+
+
+@dataclass(frozen=True)
+class CoopPlan:
+    """gn_coop's shape (CoopPlan in group_norm_opencl.cc): column blocks of gpw groups (lx vector columns)
+    by ly rows, k slices of `rows` rows a block, `chunks` chunks of `items` rows a work-item."""
+    vw: int
+    lx: int
+    ly: int
+    gpw: int
+    items: int
+    k: int
+    rows: int
+    chunks: int
+
+    def options(self) -> str:
+        return (f"-DGN_VW={self.vw} -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_GPW={self.gpw} "
+                f"-DGN_ITEMS={self.items}")
+
+
+def sector_groups(cg: int, cgv: int, groups: int, limit: int, sector_elems: int = 8) -> int:
+    """SectorGroups: the fewest whole groups whose row stretch is whole 32-byte sectors, within limit."""
+    for d in range(1, groups + 1):
+        if cgv * d > limit:
+            break
+        if groups % d == 0 and (d * cg) % sector_elems == 0:
+            return d
+    return groups_per_block(cgv, groups, limit)
+
+
+def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, limit: int, compute_units: int,
                  max_floats: int = COOP_MAX_FLOATS, per_cu: int = COOP_GROUPS_PER_CU) -> CoopPlan:
-    """PlanCoop: slices for per_cu work-groups a compute unit (at most one a row, wg a group), then the
-    fewest chunks a slice with at most max_floats floats a work-item, evened out."""
+    """PlanCoop (fp32 storage: 8 elements a sector): work-groups of at most `limit`; slices for per_cu
+    work-groups a compute unit (at most one a row, 2 * lx * ly / gpw a block), then the fewest chunks a
+    slice with at most max_floats floats a work-item, evened out. chunks NO_COOP: a group wider than
+    the work-group."""
     vw = gn_vector_width(cg)
     cgv = cg // vw
-    k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * groups), spatial, wg))
+    if cgv > limit:
+        return CoopPlan(vw, 1, 1, 1, 1, 1, 1, NO_COOP)
+    gpw = sector_groups(cg, cgv, groups, limit)
+    lx = cgv * gpw
+    ly = min(max(1, limit // lx), spatial)
+    k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * (groups // gpw)), spatial, 2 * lx * ly // gpw))
     rows = ceil_div(spatial, k)
-    chunks = ceil_div(rows * cgv, max(1, max_floats // vw) * wg)
-    return CoopPlan(wg, vw, ceil_div(rows * cgv, chunks * wg), ceil_div(spatial, rows), rows, chunks)
+    per_item = ceil_div(rows, ly)
+    chunks = ceil_div(per_item, max(1, max_floats // vw))
+    return CoopPlan(vw, lx, ly, gpw, ceil_div(per_item, chunks), ceil_div(spatial, rows), rows, chunks)
 
 
 def gn_plan(flat: bool, coop_chunks: int, n: int, groups: int, group_elems: int, compute_units: int) -> str:
@@ -512,6 +543,8 @@ class Runner:
                 n, groups, spatial, cg)
         if coop is None and plan == "coop":
             coop = self.gn_coop_shape(n, groups, spatial, cg)
+            if coop.chunks == NO_COOP:
+                plan = "one"  # InitCoop's fallback
         if plan == "coop":
             return [self._group_norm_coop(x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu, coop, spin_limit)]
         if plan == "one":
@@ -552,21 +585,23 @@ class Runner:
 
     def gn_default_plan(self, n: int, groups: int, spatial: int, cg: int) -> str:
         """The library's GroupNorm plan on this device (PickPlan, as GroupNormGpu::Init calls it)."""
-        chunks = gn_coop_plan(n, groups, spatial, cg, power_of_two_group(COOP_GROUP, self.max_wg),
-                              self.compute_units).chunks
+        chunks = gn_coop_plan(n, groups, spatial, cg, min(COOP_GROUP, self.max_wg), self.compute_units).chunks
         return gn_plan(not self.device.type & cl.device_type.GPU, chunks, n, groups, spatial * cg,
                        self.compute_units)
 
     def gn_coop_shape(self, n: int, groups: int, spatial: int, cg: int) -> CoopPlan:
-        """InitCoop's plan: the work-group halved until gn_coop accepts it."""
-        wg = power_of_two_group(COOP_GROUP, self.max_wg)
+        """InitCoop's plan: the work-group limit lowered until gn_coop accepts its work-group (a plan with
+        chunks NO_COOP: the library runs "one" instead)."""
+        limit = min(COOP_GROUP, self.max_wg)
         while True:
-            plan = gn_coop_plan(n, groups, spatial, cg, wg, self.compute_units)
+            plan = gn_coop_plan(n, groups, spatial, cg, limit, self.compute_units)
+            if plan.chunks == NO_COOP:
+                return plan
             k = self.kernel("group_norm", "gn_coop", plan.options())
             kmax = k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
-            if kmax >= plan.wg:
+            if kmax >= plan.lx * plan.ly:
                 return plan
-            wg = power_of_two_group(kmax, 0)
+            limit = kmax
 
     def _group_norm_coop(self, x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu, plan: CoopPlan,
                          spin_limit: int) -> cl.Event:
@@ -579,8 +614,9 @@ class Runner:
         self._gn_partials[key] = (partial, launches + 1)
         i32 = np.int32
         tag = np.uint32(launches % 0xFFFFFFFF + 1)
-        return self.launch(self.kernel("group_norm", "gn_coop", plan.options()), (plan.wg * plan.k * groups, n),
-                           (plan.wg, 1), x, gamma, beta, y, partial, i32(spatial), i32(c), i32(cg),
+        return self.launch(self.kernel("group_norm", "gn_coop", plan.options()),
+                           (plan.lx * plan.k * (groups // plan.gpw), plan.ly, n), (plan.lx, plan.ly, 1),
+                           x, gamma, beta, y, partial, i32(spatial), i32(c), i32(cg),
                            i32(groups), i32(plan.k), i32(plan.rows), i32(1 if silu else 0), np.float32(eps),
                            tag, i32(spin_limit))
 

@@ -366,22 +366,25 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 
 // ---------------------------------------------------------------------------
 // The cooperative plan: one kernel, one read of x from memory, one write of y.
-// Global size (GN_WG * K * groups, N), local size (GN_WG, 1): the K work-groups
-// of (sample n, group g) each take `rows` consecutive rows of the group (a
-// slice), walked in chunks of GN_ITEMS vectors per work-item. Each sums its
-// slice (shifted sums: of x - shift and of its square; the shift is the
-// group's first element, the same in every slice, so partials add), publishes
-// them, waits for the K - 1 others', adds the K partials in index order and
-// writes its slice: the last chunk from registers, any earlier ones read
-// again (from cache; the host picks K so that a slice is one chunk where the
-// registers allow).
-// partial[((n * groups + g) * K + k) * 2 + {0, 1}]: the two sums, each a
-// 64-bit word with the launch's tag in its upper half. One aligned 64-bit
-// store carries a value and its tag together, so a reader needs no ordering
-// between separate stores (NVIDIA compiles mem_fence(CLK_GLOBAL_MEM_FENCE)
-// to a work-group-scope membar.cta), and a tag never seen before (the host
-// counts launches, never 0, the buffer starts zeroed) cannot match a stale
-// word.
+// Column blocks as in the split plan: a block is GN_GPW whole groups (a row's
+// stretch of whole 32-byte sectors where it can), GN_LX = GN_GPW * cgv vector
+// columns; a work-item owns one column (so one group, its gamma and beta) and
+// walks rows. The K work-groups of (sample n,
+// block b) each take `rows` consecutive rows (a slice) in chunks of GN_ITEMS
+// rows per work-item (GN_ITEMS * GN_LY rows a chunk), sum it per group
+// (shifted sums: of x - shift and of its square; the shift is the group's
+// first element, the same in every slice, so partials add), publish the
+// sums, wait for the K - 1 others', add the K partials in index order and
+// write the slice: the last chunk from registers, any earlier ones read again
+// (from cache; the host keeps a slice to a few chunks).
+// Global size (GN_LX * K * blocks, GN_LY, N), local size (GN_LX, GN_LY, 1).
+// partial[((n * groups + g) * K + k) * 2 + {0, 1}]: the two sums of group g
+// over slice k, each a 64-bit word with the launch's tag in its upper half.
+// One aligned 64-bit store carries a value and its tag together, so a reader
+// needs no ordering between separate stores (NVIDIA compiles
+// mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group-scope membar.cta), and a tag
+// never seen before (the host counts launches, never 0, the buffer starts
+// zeroed) cannot match a stale word.
 // Waiting needs the siblings to run alongside; GPUs dispatch work-groups in
 // index order, so siblings (adjacent indices) are resident together. Nothing
 // in OpenCL promises that, hence a bound: after spin_limit polls a work-group
@@ -390,44 +393,20 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 #ifndef GN_ITEMS
 #define GN_ITEMS 4
 #endif
-#define GN_CHUNK (GN_ITEMS * GN_WG)  // vectors of a chunk
 
-// The work-group's sum of ab (a tree in local memory; a uniform call).
-inline float2 gn_sum2(__local float2* l_ab, float2 ab) {
-  const int lid = get_local_id(0);
-  barrier(CLK_LOCAL_MEM_FENCE);  // earlier readers of l_ab are done
-  l_ab[lid] = ab;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int h = GN_WG / 2; h > 0; h >>= 1) {
-    if (lid < h) l_ab[lid] += l_ab[lid + h];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  return l_ab[0];
-}
+// Rows of slice k: [k * rows, min(S, (k + 1) * rows)).
+inline int gn_slice_rows(int k, int rows, int S) { return clamp(S - k * rows, 0, rows); }
 
-// Vectors of slice k: rows [k * rows, min(S, (k + 1) * rows)), cgv each.
-inline int gn_slice_vectors(int k, int rows, int S, int cgv) {
-  return clamp(S - k * rows, 0, rows) * cgv;
-}
-
-// (row, vector column) of vector e of a slice, for gn_step.
-inline void gn_seek(int e, int cgv, int* s, int* k) {
-  *s = e / cgv;
-  *k = e - *s * cgv;
-}
-
-// Loads this work-item's vectors of the chunk at vector e0 of a slice
-// (vectors e0 + lid + i * GN_WG, the slice's first `total` vectors at xs;
-// (*s, *k) at the first, left at the next chunk's) into v, vectors past the
-// end as the shift, and adds their shifted sums to *s1, *s2.
-inline void gn_chunk_load(__global const DL_T* xs, int e0, int total, int cgv, int C, float shift,
-                          int* s, int* k, GN_VEC* v, GN_VEC* s1, GN_VEC* s2) {
-  const int lid = get_local_id(0);
-  const int ds = GN_WG / cgv, dk = GN_WG - ds * cgv;
+// Loads this work-item's rows of chunk `chunk` of a slice (xs: its column at
+// the slice's first row; rows (chunk * GN_ITEMS + i) * GN_LY + ly, those past
+// nrows as the shift) into v and adds their shifted sums to *s1, *s2.
+inline void gn_chunk_load(__global const DL_T* xs, int chunk, int nrows, int C, GN_VEC shift,
+                          GN_VEC* v, GN_VEC* s1, GN_VEC* s2) {
+  const int ly = get_local_id(1);
 #pragma unroll
   for (int i = 0; i < GN_ITEMS; ++i) {
-    const int off = gn_step(s, k, ds, dk, cgv, C);
-    v[i] = e0 + lid + i * GN_WG < total ? GN_LOAD(xs, off) : (GN_VEC)shift;
+    const int r = (chunk * GN_ITEMS + i) * GN_LY + ly;
+    v[i] = r < nrows ? GN_LOAD(xs, (long)r * C) : shift;
   }
 #pragma unroll
   for (int i = 0; i < GN_ITEMS; ++i) {
@@ -437,41 +416,51 @@ inline void gn_chunk_load(__global const DL_T* xs, int e0, int total, int cgv, i
   }
 }
 
-// Writes y = act(v * scale + shift) for the chunk at vector e0 ((*s, *k) at
-// its first vector, advanced), scale and shift per channel from mean, rstd,
-// gamma and beta of the group (gg, bg).
-inline void gn_chunk_store(__global DL_T* ys, int e0, int total, int cgv, int C, int* s, int* k,
-                           const GN_VEC* v, float mean, float rstd, __global const DL_T* gg,
-                           __global const DL_T* bg, int silu) {
-  const int lid = get_local_id(0);
-  const int ds = GN_WG / cgv, dk = GN_WG - ds * cgv;
+// Writes act(v * scale + offset) for the rows of gn_chunk_load's chunk.
+inline void gn_chunk_store(__global DL_T* ys, int chunk, int nrows, int C, const GN_VEC* v,
+                           GN_VEC scale, GN_VEC offset, int silu) {
+  const int ly = get_local_id(1);
 #pragma unroll
   for (int i = 0; i < GN_ITEMS; ++i) {
-    const int ch = *k * GN_VW;
-    const int off = gn_step(s, k, ds, dk, cgv, C);
-    if (e0 + lid + i * GN_WG < total) {
-      const GN_VEC r = (v[i] - mean) * (rstd * GN_LOAD(gg, ch)) + GN_LOAD(bg, ch);
-      GN_STORE(ys, off, silu ? r / (1.0f + exp(-r)) : r);
-    }
+    const int r = (chunk * GN_ITEMS + i) * GN_LY + ly;
+    const GN_VEC o = v[i] * scale + offset;
+    if (r < nrows) GN_STORE(ys, (long)r * C, silu ? o / (1.0f + exp(-o)) : o);
   }
 }
 
-// This work-item's shifted sums over a whole slice, chunk by chunk as
-// gn_chunk_load adds them (the same order, so the same sums), one vector in
-// registers at a time (the fallback: registers stay free for the work-group's
-// own last chunk).
-inline float2 gn_slice_sums(__global const DL_T* xs, int total, int cgv, int C, float shift) {
-  const int lid = get_local_id(0);
-  const int ds = GN_WG / cgv, dk = GN_WG - ds * cgv;
-  int s, k;
-  gn_seek(lid, cgv, &s, &k);
+// This work-item's shifted sums over a whole slice, in gn_chunk_load's order
+// (so the same sums), one row in registers at a time (the fallback:
+// registers stay free for the work-group's own last chunk).
+inline float2 gn_slice_sums(__global const DL_T* xs, int nrows, int C, GN_VEC shift) {
   GN_VEC s1 = 0.0f, s2 = 0.0f;
-  for (int e = lid; e < total; e += GN_WG) {
-    const GN_VEC d = GN_LOAD(xs, gn_step(&s, &k, ds, dk, cgv, C)) - shift;
+  for (int r = get_local_id(1); r < nrows; r += GN_LY) {
+    const GN_VEC d = GN_LOAD(xs, (long)r * C) - shift;
     s1 += d;
     s2 += d * d;
   }
   return (float2)(GN_HSUM(s1), GN_HSUM(s2));
+}
+
+// The block's sums per group of every work-item's `mine`: a tree down the
+// rows of each column, then each group's cgv columns in order, into
+// l_grp[0 .. GN_GPW). A uniform call.
+inline void gn_block_sums(__local float2* l_ab, __local float2* l_grp, float2 mine, int cgv) {
+  const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * GN_LX + lx;
+  barrier(CLK_LOCAL_MEM_FENCE);  // earlier readers of l_ab / l_grp are done
+  l_ab[lid] = mine;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  int h = 1;
+  while (h < GN_LY) h <<= 1;
+  for (h >>= 1; h > 0; h >>= 1) {
+    if (ly < h && ly + h < GN_LY) l_ab[lid] += l_ab[lid + h * GN_LX];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid < GN_GPW) {
+    float2 t = 0.0f;
+    for (int c = lid * cgv; c < (lid + 1) * cgv; ++c) t += l_ab[c];
+    l_grp[lid] = t;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
 }
 
 inline ulong gn_tagged(float v, uint tag) { return ((ulong)tag << 32) | as_uint(v); }
@@ -491,81 +480,90 @@ inline int gn_poll_partial(volatile __global const ulong* p, uint tag, int spin_
   return gn_has_tag(a, tag) && gn_has_tag(b, tag);
 }
 
-// The group's shifted sums from its K slices' (partial: the group's 2K
-// words), or, where a sibling's did not arrive within spin_limit polls,
-// computed from x. A uniform call.
-inline float2 gn_group_sums(__local float2* l_ab, __local int* l_ok,
-                            __global const DL_T* xg, __global ulong* partial, float2 own, int k,
-                            int K, int rows, int S, int cgv, int C, float shift, uint tag,
-                            int spin_limit) {
-  const int lid = get_local_id(0);
-  if (lid == 0) {
-    partial[2 * k] = gn_tagged(own.x, tag);
-    partial[2 * k + 1] = gn_tagged(own.y, tag);
-    *l_ok = 1;
+// Turns l_grp's sums of this slice into each group's sums over its K slices:
+// publishes them (partial: the block's first group's words), gathers the
+// siblings' (a work-item per (group, slice), at most two each) or, where one did not arrive
+// within spin_limit polls, computes every other slice's from x (xc: this
+// work-item's column at row 0). A uniform call.
+inline void gn_exchange(__local float2* l_ab, __local float2* l_grp, __local float2* l_part,
+                        __local int* l_ok, __global ulong* partial, __global const DL_T* xc,
+                        GN_VEC shift, int k, int K, int rows, int S, int C, int cgv, uint tag,
+                        int spin_limit) {
+  const int lid = get_local_id(1) * GN_LX + get_local_id(0);
+  if (lid < GN_GPW) {
+    partial[(lid * K + k) * 2] = gn_tagged(l_grp[lid].x, tag);
+    partial[(lid * K + k) * 2 + 1] = gn_tagged(l_grp[lid].y, tag);
+  }
+  if (lid == 0) *l_ok = 1;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int e = lid; e < GN_GPW * K; e += GN_LX * GN_LY) {  // entry (group j, slice kk)
+    const int j = e / K, kk = e - j * K;
+    float2 p = l_grp[j];
+    if (kk != k && !gn_poll_partial(partial + (long)e * 2, tag, spin_limit, &p)) *l_ok = 0;
+    l_part[e] = p;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  if (lid < K) {  // one work-item polls each sibling
-    float2 p = own;
-    if (lid != k && !gn_poll_partial(partial + 2 * lid, tag, spin_limit, &p)) *l_ok = 0;
-    l_ab[lid] = p;
+  if (!*l_ok) {  // every slice's sums (its own again: one loop, no skipped barriers)
+    for (int kk = 0; kk < K; ++kk) {
+      gn_block_sums(l_ab, l_grp, gn_slice_sums(xc + (long)kk * rows * C, gn_slice_rows(kk, rows, S),
+                                               C, shift),
+                    cgv);
+      if (lid < GN_GPW) l_part[lid * K + kk] = l_grp[lid];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid < GN_GPW) {
+    float2 t = 0.0f;
+    for (int kk = 0; kk < K; ++kk) t += l_part[lid * K + kk];
+    l_grp[lid] = t;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  float2 total = 0.0f;
-  if (*l_ok) {
-    for (int j = 0; j < K; ++j) total += l_ab[j];
-    return total;
-  }
-  for (int j = 0; j < K; ++j) {
-    total += j == k ? own
-                    : gn_sum2(l_ab, gn_slice_sums(xg + (long)j * rows * C,
-                                                      gn_slice_vectors(j, rows, S, cgv), cgv, C,
-                                                      shift));
-  }
-  return total;
 }
 
 __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
                       __global const DL_T* beta, __global DL_T* y, __global ulong* partial,
                       int S, int C, int cg, int groups, int K, int rows, int silu, float eps,
                       uint tag, int spin_limit) {
-  __local float2 l_ab[GN_WG];
+  __local float2 l_ab[GN_LX * GN_LY];
+  __local float2 l_part[2 * GN_LX * GN_LY];  // [j * K + kk] (the host keeps GN_GPW * K within)
+  __local float2 l_grp[GN_GPW];
   __local int l_ok;
-  const int lid = get_local_id(0);
-  const int g = get_group_id(0) / K, k = get_group_id(0) - g * K;
+  const int lid = get_local_id(1) * GN_LX + get_local_id(0);
+  const int b = get_group_id(0) / K, k = get_group_id(0) - b * K, n = get_global_id(2);
   const int cgv = cg / GN_VW;
-  __global const DL_T* xg = x + (long)get_global_id(1) * S * C + g * cg;
-  const float shift = (float)xg[0];
+  const int first = b * GN_GPW;  // the block's first group
+  const int c = first * cg + get_local_id(0) * GN_VW;  // this work-item's channels
+  const int j = get_local_id(0) / cgv;  // and group, in the block
+  const long sample = (long)n * S * C;
+  const GN_VEC shift = (GN_VEC)((float)x[sample + (first + j) * cg]);
+  __global const DL_T* xc = x + sample + c;
   const long slice = (long)k * rows * C;
-  __global const DL_T* xs = xg + slice;
-  const int total = gn_slice_vectors(k, rows, S, cgv);
-  const int last = (total - 1) / GN_CHUNK * GN_CHUNK;  // the last chunk's first vector
+  const int nrows = gn_slice_rows(k, rows, S);
+  const int last = (nrows - 1) / (GN_ITEMS * GN_LY);  // the last chunk
 
   GN_VEC v[GN_ITEMS], s1 = 0.0f, s2 = 0.0f;
-  int s, kk;
-  gn_seek(lid, cgv, &s, &kk);
-  for (int e0 = 0; e0 <= last; e0 += GN_CHUNK) {
-    gn_chunk_load(xs, e0, total, cgv, C, shift, &s, &kk, v, &s1, &s2);
+  for (int chunk = 0; chunk <= last; ++chunk) {
+    gn_chunk_load(xc + slice, chunk, nrows, C, shift, v, &s1, &s2);
   }
-  const float2 own = gn_sum2(l_ab, (float2)(GN_HSUM(s1), GN_HSUM(s2)));
-  const float2 sums =
-      K == 1 ? own
-             : gn_group_sums(l_ab, &l_ok, xg, partial + (long)(get_global_id(1) * groups + g) * 2 * K,
-                             own, k, K, rows, S, cgv, C, shift, tag, spin_limit);
-  const float inv = 1.0f / (float)(S * cg);
-  const float dm = sums.x * inv;
-  const float mean = shift + dm;
-  const float rstd = rsqrt(fmax(sums.y * inv - dm * dm, 0.0f) + eps);
-
-  __global const DL_T* gg = gamma + g * cg;
-  __global const DL_T* bg = beta + g * cg;
-  __global DL_T* ys = y + (xg - x) + slice;
-  gn_seek(last + lid, cgv, &s, &kk);  // the last chunk first, from registers
-  gn_chunk_store(ys, last, total, cgv, C, &s, &kk, v, mean, rstd, gg, bg, silu);
-  gn_seek(lid, cgv, &s, &kk);
-  for (int e0 = 0; e0 < last; e0 += GN_CHUNK) {  // then any others, read again
-    int s0 = s, k0 = kk;
-    gn_chunk_load(xs, e0, total, cgv, C, shift, &s, &kk, v, &s1, &s2);  // (sums unused)
-    gn_chunk_store(ys, e0, total, cgv, C, &s0, &k0, v, mean, rstd, gg, bg, silu);
+  gn_block_sums(l_ab, l_grp, (float2)(GN_HSUM(s1), GN_HSUM(s2)), cgv);
+  if (K > 1) {
+    gn_exchange(l_ab, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * K * 2, xc,
+                shift, k, K, rows, S, C, cgv, tag, spin_limit);
+  }
+  if (lid < GN_GPW) {  // sums -> (mean, rstd)
+    const float inv = 1.0f / (float)(S * cg);
+    const float dm = l_grp[lid].x * inv;
+    const float var = fmax(l_grp[lid].y * inv - dm * dm, 0.0f);
+    l_grp[lid] = (float2)((float)x[sample + (first + lid) * cg] + dm, rsqrt(var + eps));
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const float2 st = l_grp[j];
+  const GN_VEC scale = st.y * GN_LOAD(gamma, c);
+  const GN_VEC offset = GN_LOAD(beta, c) - st.x * scale;
+  __global DL_T* ys = y + sample + c + slice;
+  gn_chunk_store(ys, last, nrows, C, v, scale, offset, silu);  // from registers
+  for (int chunk = 0; chunk < last; ++chunk) {  // read again
+    gn_chunk_load(xc + slice, chunk, nrows, C, shift, v, &s1, &s2);  // (sums unused)
+    gn_chunk_store(ys, chunk, nrows, C, v, scale, offset, silu);
   }
 }

@@ -1,10 +1,10 @@
 // difflite.GroupNorm on the OpenCL backend (kernels: group_norm.cl).
 //
 // Three plans (PickPlan below picks one):
-// "coop": gn_coop, K work-groups per (sample, group), each holding a slice of
-// the group in registers; they exchange partial sums through a buffer of the
-// op's own, tagged with the launch, so x is read once from memory and y
-// written once, in one kernel (GPUs).
+// "coop": gn_coop, column blocks of whole groups, K work-groups per (sample,
+// block), each holding a slice of rows in registers; they exchange per-group
+// partial sums through a buffer of the op's own, tagged with the launch, so x
+// is read once from memory and y written once, in one kernel (GPUs).
 // "one": gn_one, one work-group per (sample, group) that reduces the group and
 // then normalises it: one kernel, no scratch.
 // "split": gn_stats_cols reads x once into per-(work-group, group) partial
@@ -57,37 +57,70 @@ enum class Plan { kOne, kSplit, kCoop };
 // gn_one's load width: 4 or 2 elements where they divide channels per group.
 int OneVectorWidth(int cg) { return cg % 4 == 0 ? 4 : cg % 2 == 0 ? 2 : 1; }
 
-// gn_coop's shape: a group is k slices of `rows` rows, a work-group (wg
-// work-items) per slice, walked in chunks of `items` vectors of vw channels
-// per work-item.
+// The fewest whole groups (a divisor of `groups`) whose cgv-vector columns
+// reach kColsMinWidth (a warp's stretch of a row) within `limit` columns;
+// fewer when that does not fit. cgv <= limit.
+int GroupsPerBlock(int cgv, int groups, int limit) {
+  int gpw = 1;
+  for (int d = 1; d <= groups && cgv * d <= limit; ++d) {
+    if (groups % d != 0) continue;
+    gpw = d;
+    if (cgv * d >= kColsMinWidth) break;
+  }
+  return gpw;
+}
+
+// gn_coop's block: the fewest whole groups whose row stretch is a whole
+// number of 32-byte sectors (sector_elems elements; a stretch that is not
+// shares its end sectors with the next block, read twice: at 64x64x320, 10
+// channels a group, the UNet's commonest GroupNorm, 40 bytes of a row cost
+// 64), within `limit` columns; else GroupsPerBlock's.
+int SectorGroups(int cg, int cgv, int groups, int limit, int sector_elems) {
+  for (int d = 1; d <= groups && cgv * d <= limit; ++d) {
+    if (groups % d == 0 && (d * cg) % sector_elems == 0) return d;
+  }
+  return GroupsPerBlock(cgv, groups, limit);
+}
+
+// gn_coop's shape: column blocks of gpw groups (lx = gpw * cgv vector
+// columns) by ly rows, k slices of `rows` rows a block, walked in `chunks`
+// chunks of `items` rows a work-item. chunks kNoCoop: no plan (a group wider
+// than the work-group).
+constexpr int kNoCoop = 1 << 30;
 struct CoopPlan {
-  int wg = 1, vw = 1, items = 1, k = 1, rows = 1, chunks = 1;
+  int vw = 1, lx = 1, ly = 1, gpw = 1, items = 1, k = 1, rows = 1, chunks = kNoCoop;
 
   std::string Options() const {
-    return "-DGN_WG=" + std::to_string(wg) + " -DGN_VW=" + std::to_string(vw) +
+    return "-DGN_VW=" + std::to_string(vw) + " -DGN_LX=" + std::to_string(lx) +
+           " -DGN_LY=" + std::to_string(ly) + " -DGN_GPW=" + std::to_string(gpw) +
            " -DGN_ITEMS=" + std::to_string(items);
   }
 };
 
-// Slices enough for per_cu work-groups a compute unit (all resident at once:
-// a sibling that waits for a later wave stalls its group), at most one a row
-// and wg a group (the partials are gathered one per work-item); then the
-// fewest chunks a slice with at most max_floats floats a work-item, evened
-// out.
-CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int wg, int max_floats,
-                  uint32_t cus, int per_cu) {
+// Work-groups of at most `limit` work-items; slices enough for per_cu
+// work-groups a compute unit (all resident at once: a sibling that waits for
+// a later wave stalls its block), at most one a row and 2 * lx * ly / gpw a
+// block (the partials are gathered two per work-item); then the fewest
+// chunks a slice with at most max_floats floats a work-item, evened out.
+CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int limit, int max_floats,
+                  uint32_t cus, int per_cu, int sector_elems) {
   CoopPlan p;
-  p.wg = wg;
   p.vw = OneVectorWidth(cg);
-  const int64_t cgv = cg / p.vw;
-  const int64_t want = CeilDiv(static_cast<int64_t>(std::max<uint32_t>(cus, 1)) * per_cu, n * groups);
-  const int64_t k = std::max<int64_t>(1, std::min<int64_t>({want, spatial, wg}));
+  const int cgv = cg / p.vw;
+  if (cgv > limit) return p;
+  p.gpw = SectorGroups(cg, cgv, groups, limit, sector_elems);
+  p.lx = cgv * p.gpw;
+  p.ly = static_cast<int>(std::min<int64_t>(std::max(1, limit / p.lx), spatial));
+  const int64_t blocks = static_cast<int64_t>(groups / p.gpw) * n;
+  const int64_t want = CeilDiv(static_cast<int64_t>(std::max<uint32_t>(cus, 1)) * per_cu, blocks);
+  const int64_t k =
+      std::max<int64_t>(1, std::min<int64_t>({want, spatial, 2 * p.lx * p.ly / p.gpw}));
   const int64_t rows = CeilDiv(spatial, k);
   p.rows = static_cast<int>(rows);
   p.k = static_cast<int>(CeilDiv(spatial, rows));
-  const int64_t chunks = CeilDiv(rows * cgv, std::max(1, max_floats / p.vw) * int64_t{wg});
-  p.chunks = static_cast<int>(chunks);
-  p.items = static_cast<int>(CeilDiv(rows * cgv, chunks * wg));
+  const int64_t per_item = CeilDiv(rows, p.ly);
+  p.chunks = static_cast<int>(CeilDiv(per_item, std::max(1, max_floats / p.vw)));
+  p.items = static_cast<int>(CeilDiv(per_item, p.chunks));
   return p;
 }
 
@@ -150,11 +183,7 @@ ColsPlan PlanCols(int64_t n, int groups, int64_t spatial, int c, uint32_t cus, i
   p.cv = c / p.vw;
   const int cgv = cg / p.vw;
   if (cgv <= limit) {
-    for (int d = 1; d <= groups && cgv * d <= limit; ++d) {
-      if (groups % d != 0) continue;
-      p.gpw = d;
-      if (cgv * d >= kColsMinWidth) break;
-    }
+    p.gpw = GroupsPerBlock(cgv, groups, limit);
     p.lx = cgv * p.gpw;
   } else {
     p.xb = 2;
@@ -186,11 +215,9 @@ class GroupNormGpu final : public GpuOp {
       return "x has more than 2^31-1 elements";
     }
     const uint32_t cus = ctx.device().compute_units;
-    const int coop_chunks =
-        PlanCoop(n_, o.groups, spatial_, cg_,
-                 static_cast<int>(PowerOfTwoGroup(kCoopGroup, ctx.device().max_work_group_size)),
-                 kCoopMaxFloats, cus, kCoopGroupsPerCu)
-            .chunks;
+    const int coop_chunks = PlanCoop(n_, o.groups, spatial_, cg_, CoopLimit(ctx), kCoopMaxFloats,
+                                     cus, kCoopGroupsPerCu, SectorElems(ctx))
+                                .chunks;
     plan_kind_ = PickPlan(ctx.PreferFlatKernels(), coop_chunks, n_, o.groups, spatial_ * cg_, cus);
     if (plan_kind_ == Plan::kCoop) return InitCoop(ctx);
     if (plan_kind_ == Plan::kOne) return InitOne(ctx);
@@ -287,20 +314,33 @@ class GroupNormGpu final : public GpuOp {
     return ctx.Enqueue(one_k_, 2, global, local, "group_norm.one");
   }
 
-  // gn_coop with the largest power-of-two work-group (<= kCoopGroup) that
-  // the device and the kernel accept (the plan redone for each size tried),
-  // and its zeroed partial-sum words (they outlive a launch: a tag from the
-  // launch before must still be there, not another op's scratch).
+  static int SectorElems(GpuContext& ctx) { return 32 / static_cast<int>(DTypeSize(ctx.storage())); }
+
+  static int CoopLimit(GpuContext& ctx) {
+    const size_t device_max = ctx.device().max_work_group_size;
+    return static_cast<int>(device_max == 0 ? kCoopGroup : std::min<size_t>(kCoopGroup, device_max));
+  }
+
+  // gn_coop with the largest work-group (<= kCoopGroup) that the device and
+  // the kernel accept (the plan redone for each limit tried), and its zeroed
+  // partial-sum words (they outlive a launch: a tag from the launch before
+  // must still be there, not another op's scratch). Falls back to "one"
+  // (plan_kind_ changed) when no work-group the kernel accepts holds a group.
   std::string InitCoop(GpuContext& ctx) {
-    size_t wg = PowerOfTwoGroup(kCoopGroup, ctx.device().max_work_group_size);
+    int limit = CoopLimit(ctx);
     for (;;) {
-      coop_ = PlanCoop(n_, o_.groups, spatial_, cg_, static_cast<int>(wg), kCoopMaxFloats,
-                       ctx.device().compute_units, kCoopGroupsPerCu);
+      coop_ = PlanCoop(n_, o_.groups, spatial_, cg_, limit, kCoopMaxFloats,
+                       ctx.device().compute_units, kCoopGroupsPerCu, SectorElems(ctx));
+      if (coop_.chunks == kNoCoop) {
+        plan_kind_ = Plan::kOne;
+        return InitOne(ctx);
+      }
       std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_coop", coop_.Options(), &coop_k_);
       if (!e.empty()) return e;
       const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, coop_k_);
+      const size_t wg = static_cast<size_t>(coop_.lx) * coop_.ly;
       if (kmax == 0 || kmax >= wg) break;
-      wg = PowerOfTwoGroup(kmax, 0);
+      limit = static_cast<int>(kmax);
     }
     cl_ = &ctx.cl();
     std::vector<cl_ulong> zeros(2 * static_cast<size_t>(n_) * o_.groups * coop_.k, 0);
@@ -326,10 +366,10 @@ class GroupNormGpu final : public GpuOp {
          Arg(s), Arg(c), Arg(cg), Arg(groups), Arg(k), Arg(rows), Arg(silu), Arg(eps), Arg(tag),
          Arg(spin)});
     if (!e.empty()) return e;
-    const size_t wg = static_cast<size_t>(coop_.wg);
-    const size_t global[2] = {wg * coop_.k * o_.groups, static_cast<size_t>(n_)};
-    const size_t local[2] = {wg, 1};
-    e = ctx.Enqueue(coop_k_, 2, global, local, "group_norm.coop");
+    const size_t lx = static_cast<size_t>(coop_.lx), ly = static_cast<size_t>(coop_.ly);
+    const size_t global[3] = {lx * coop_.k * (o_.groups / coop_.gpw), ly, static_cast<size_t>(n_)};
+    const size_t local[3] = {lx, ly, 1};
+    e = ctx.Enqueue(coop_k_, 3, global, local, "group_norm.coop");
     if (e.empty()) ++launches_;
     return e;
   }
