@@ -194,21 +194,24 @@ def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
     assert rel_err(runner.download(y, shape), ref) < TOL
 
 
-# The cooperative plan (gn_coop): column blocks of whole groups, K work-groups a (sample, block), each
-# walking a slice of rows in chunks of `items` rows a work-item and exchanging per-group partial sums.
-# (shape, groups, work-group limit, compute units (2 work-groups each), floats a work-item, expected
-# (vw, lx, ly, gpw, items, k, rows, chunks)).
+# The cooperative plan (gn_coop): column blocks of whole groups in float4 columns where the block spans
+# whole 32-byte sectors (a vector's lanes may belong to two groups), K work-groups a (sample, block),
+# each walking a slice of rows in chunks of `items` rows a work-item and exchanging per-group partial
+# sums. (shape, groups, work-group limit, compute units (2 work-groups each), floats a work-item,
+# expected (vw, lx, ly, gpw, items, k, rows, chunks)).
 GN_COOP_CASES = [
-    ((2, 48, 45, 40), 4, 128, 4, 32, (2, 20, 6, 4, 15, 4, 540, 6)),  # cg = 10: float2, 4 groups (160 B) a block
-    ((2, 48, 45, 40), 4, 128, 12, 8, (2, 20, 6, 4, 4, 12, 180, 8)),  # 12 slices of 8 chunks
-    ((2, 48, 45, 40), 4, 64, 40, 4, (2, 20, 3, 4, 2, 30, 72, 12)),  # 30 slices x 4 groups = 120 partials
-    ((2, 33, 31, 80), 2, 128, 24, 32, (4, 10, 12, 1, 8, 12, 86, 1)),  # cg = 40: float4, last slice 77 rows
+    ((2, 48, 45, 40), 4, 128, 4, 32, (4, 10, 12, 4, 8, 4, 540, 6)),  # cg = 10 in float4s: lanes of 2 groups
+    ((2, 48, 45, 40), 4, 128, 12, 8, (4, 10, 12, 4, 2, 12, 180, 8)),  # 12 slices of 8 chunks
+    ((2, 48, 45, 40), 4, 64, 40, 4, (4, 10, 6, 4, 1, 30, 72, 12)),  # 30 slices x 4 groups = 120 partials
+    ((2, 33, 31, 80), 2, 128, 24, 32, (4, 10, 12, 1, 8, 12, 86, 1)),  # cg = 40: a group a block, last slice 77
     ((2, 33, 31, 80), 2, 64, 6, 8, (4, 10, 6, 1, 2, 3, 341, 29)),  # 29 chunks, the last part-filled
-    ((2, 37, 30), 10, 128, 1, 32, (1, 30, 4, 10, 10, 1, 37, 1)),  # cg = 3: scalar, one slice (no exchange)
-    ((1, 8, 8, 24), 8, 32, 28, 1, (1, 24, 1, 8, 1, 6, 11, 11)),  # one row a work-group, a chunk a row
-    ((2, 5, 7, 24), 8, 128, 40, 4, (1, 24, 5, 8, 1, 18, 2, 1)),  # 144 partials: two per work-item
+    ((2, 37, 30), 10, 128, 1, 32, (1, 30, 4, 10, 10, 1, 37, 1)),  # cg = 3, 30 channels: scalar, no exchange
+    ((1, 8, 8, 24), 8, 32, 28, 1, (4, 6, 5, 8, 1, 7, 10, 2)),  # cg = 3 in float4s, last slice 4 rows
+    ((2, 5, 7, 24), 8, 128, 40, 4, (4, 6, 21, 8, 1, 18, 2, 1)),  # 144 partials: two per work-item
+    ((2, 13, 30), 5, 128, 10, 8, (2, 15, 8, 5, 1, 7, 2, 1)),  # no whole-sector block: float2 (cg = 6)
+    ((1, 9, 12), 4, 32, 8, 4, (1, 12, 2, 4, 1, 9, 1, 1)),  # no whole-sector block: scalar (cg = 3)
     ((6, 300, 1), 1, 128, 12, 2, (1, 1, 128, 1, 1, 4, 75, 1)),  # LayerNorm as GroupNorm: a column of rows
-    ((1, 64, 64, 320), 32, 128, 132, 32, (2, 20, 6, 4, 11, 33, 125, 2)),  # SD 1.5 64x64x320
+    ((1, 64, 64, 320), 32, 128, 132, 32, (4, 10, 12, 4, 6, 33, 125, 2)),  # SD 1.5 64x64x320
 ]
 
 
@@ -250,11 +253,11 @@ def test_group_norm_coop_wide_group(runner, launch):
 
 def test_group_norm_coop_plan(launch):
     """PlanCoop on the H100 (132 compute units, 3 work-groups each, at most 128 work-items): blocks of
-    the fewest whole groups that span whole 32-byte sectors, slices to fill the device, then chunks of at
-    most 32 floats a work-item."""
+    the fewest whole groups that span whole 32-byte sectors (in float4 columns), slices to fill the
+    device, then chunks of at most 32 floats a work-item."""
     lim = launch.COOP_GROUP
     p = launch.gn_coop_plan(1, 32, 4096, 10, lim, 132)  # [1, 64x64, 320]: 4 groups of 10 (160 B) a block
-    assert (p.vw, p.lx, p.ly, p.gpw, p.k, p.rows, p.chunks) == (2, 20, 6, 4, 50, 82, 1)
+    assert (p.vw, p.lx, p.ly, p.gpw, p.k, p.rows, p.chunks) == (4, 10, 12, 4, 50, 82, 1)
     p = launch.gn_coop_plan(1, 32, 4096, 40, lim, 132)  # [1, 64x64, 1280]: a group of 40 (160 B) a block
     assert (p.vw, p.lx, p.ly, p.gpw, p.k, p.rows, p.chunks) == (4, 10, 12, 1, 13, 316, 4)
     p = launch.gn_coop_plan(8192, 1, 320, 1, lim, 132)  # LayerNorm [8192, 320]: a row a work-group
@@ -746,8 +749,8 @@ def test_plans_mirror_cxx(launch):
     assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems ? Plan::kOne" in gn
     assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kOneMaxGroupElems") == \
         launch.ONE_MAX_GROUP_ELEMS
-    assert "std::min<int64_t>({want, spatial, 2 * p.lx * p.ly / p.gpw})" in gn  # PlanCoop
-    assert "(d * cg) % sector_elems == 0" in gn  # SectorGroups
+    assert "std::min<int64_t>({want, spatial, std::max(1, 2 * p.lx * p.ly / p.gpw)})" in gn  # PlanCoop
+    assert "(d * cg) % sector_elems == 0" in gn  # CoopBlock
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashItemMaxHead") == \
@@ -1093,7 +1096,9 @@ def test_programs_compile_for_half_storage(launch):
                                "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
                               ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",
                                "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
-                "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"])}  # gn_one's and gn_coop's load widths
+                "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"],  # gn_one's load widths
+                               ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
+                                "-DGN_ITEMS=7"])}  # gn_coop at 64x64x320
     for f in sorted((REPO / "custom_ops" / "ops").glob("*/*.cl")):
         for extra in variants.get(f.stem, ([],)):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",

@@ -171,34 +171,34 @@ class CoopPlan:
     chunks: int
 
     def options(self) -> str:
-        return (f"-DGN_VW={self.vw} -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_GPW={self.gpw} "
+        return (f"-DGN_COOP=1 -DGN_VW={self.vw} -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_GPW={self.gpw} "
                 f"-DGN_ITEMS={self.items}")
 
 
-def sector_groups(cg: int, cgv: int, groups: int, limit: int, sector_elems: int = 8) -> int:
-    """SectorGroups: the fewest whole groups whose row stretch is whole 32-byte sectors, within limit."""
+def coop_block(cg: int, groups: int, limit: int, sector_elems: int = 8) -> tuple[int, int, int]:
+    """CoopBlock: (gpw, vw, lx): the fewest whole groups whose row stretch is whole 32-byte sectors in
+    float4 columns within `limit` columns, else groups_per_block's in gn_vector_width(cg) columns."""
     for d in range(1, groups + 1):
-        if cgv * d > limit:
+        if d * cg > 4 * limit:
             break
-        if groups % d == 0 and (d * cg) % sector_elems == 0:
-            return d
-    return groups_per_block(cgv, groups, limit)
+        if groups % d == 0 and (d * cg) % sector_elems == 0 and sector_elems % 4 == 0:
+            return d, 4, d * cg // 4
+    vw = gn_vector_width(cg)
+    gpw = groups_per_block(cg // vw, groups, limit)
+    return gpw, vw, gpw * cg // vw
 
 
 def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, limit: int, compute_units: int,
                  max_floats: int = COOP_MAX_FLOATS, per_cu: int = COOP_GROUPS_PER_CU) -> CoopPlan:
-    """PlanCoop (fp32 storage: 8 elements a sector): work-groups of at most `limit`; slices for per_cu
-    work-groups a compute unit (at most one a row, 2 * lx * ly / gpw a block), then the fewest chunks a
-    slice with at most max_floats floats a work-item, evened out. chunks NO_COOP: a group wider than
-    the work-group."""
-    vw = gn_vector_width(cg)
-    cgv = cg // vw
-    if cgv > limit:
-        return CoopPlan(vw, 1, 1, 1, 1, 1, 1, NO_COOP)
-    gpw = sector_groups(cg, cgv, groups, limit)
-    lx = cgv * gpw
+    """PlanCoop (fp32 storage: 8 elements a sector): work-groups of at most `limit`; blocks (coop_block);
+    slices for per_cu work-groups a compute unit (at most one a row, 2 * lx * ly / gpw a block), then the
+    fewest chunks a slice with at most max_floats floats a work-item, evened out. chunks NO_COOP: a group
+    wider than the work-group."""
+    if cg // gn_vector_width(cg) > limit:
+        return CoopPlan(gn_vector_width(cg), 1, 1, 1, 1, 1, 1, NO_COOP)
+    gpw, vw, lx = coop_block(cg, groups, limit)
     ly = min(max(1, limit // lx), spatial)
-    k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * (groups // gpw)), spatial, 2 * lx * ly // gpw))
+    k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * (groups // gpw)), spatial, max(1, 2 * lx * ly // gpw)))
     rows = ceil_div(spatial, k)
     per_item = ceil_div(rows, ly)
     chunks = ceil_div(per_item, max(1, max_floats // vw))

@@ -180,7 +180,9 @@ inline void gn_item_stats(__global const DL_T* xg, int total, int cgv, int C, fl
 }
 
 // ---------------------------------------------------------------------------
-// The split plan: column blocks.
+// The split plan: column blocks. (Not built with gn_coop's options, GN_COOP:
+// its blocks need not be whole multiples of GN_GPW columns.)
+#ifndef GN_COOP
 // Per sample, x is S rows of cv = C / GN_VW vectors (GN_VW divides cg, so a
 // vector never straddles two groups). Both kernels run on global size
 // (cv, R, N) and local size (GN_LX, GN_LY, 1): a work-item owns one vector
@@ -313,6 +315,8 @@ __kernel void gn_apply_cols(__global const DL_T* x, __global const float4* parti
   }
 }
 
+#endif  // GN_COOP
+
 // ---------------------------------------------------------------------------
 // The one-kernel plan.
 // Global size (GN_WG * groups, N), local size (GN_WG, 1): work-group (g, n)
@@ -366,17 +370,19 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 
 // ---------------------------------------------------------------------------
 // The cooperative plan: one kernel, one read of x from memory, one write of y.
-// Column blocks as in the split plan: a block is GN_GPW whole groups (a row's
-// stretch of whole 32-byte sectors where it can), GN_LX = GN_GPW * cgv vector
-// columns; a work-item owns one column (so one group, its gamma and beta) and
-// walks rows. The K work-groups of (sample n,
-// block b) each take `rows` consecutive rows (a slice) in chunks of GN_ITEMS
-// rows per work-item (GN_ITEMS * GN_LY rows a chunk), sum it per group
-// (shifted sums: of x - shift and of its square; the shift is the group's
-// first element, the same in every slice, so partials add), publish the
-// sums, wait for the K - 1 others', add the K partials in index order and
-// write the slice: the last chunk from registers, any earlier ones read again
-// (from cache; the host keeps a slice to a few chunks).
+// Column blocks: a block is GN_GPW whole groups (a row's stretch of whole
+// 32-byte sectors where it can), GN_LX vector columns of GN_VW channels
+// (GN_VW divides the block's GN_GPW * cg channels, not necessarily cg: the
+// lanes of a vector may belong to two groups, so sums are kept per lane and
+// gathered per group by channel). A work-item owns one column (its gamma and
+// beta) and walks rows. The K work-groups of (sample n, block b) each take
+// `rows` consecutive rows (a slice) in chunks of GN_ITEMS rows per work-item
+// (GN_ITEMS * GN_LY rows a chunk), sum it per group (shifted sums: of x - shift
+// and of its square; the shift is the group's first element, the same in
+// every slice, so partials add), publish the sums, wait for the K - 1
+// others', add the K partials in index order and write the slice: the last
+// chunk from registers, any earlier ones read again (from cache; the host
+// keeps a slice to a few chunks).
 // Global size (GN_LX * K * blocks, GN_LY, N), local size (GN_LX, GN_LY, 1).
 // partial[((n * groups + g) * K + k) * 2 + {0, 1}]: the two sums of group g
 // over slice k, each a 64-bit word with the launch's tag in its upper half.
@@ -392,6 +398,13 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 
 #ifndef GN_ITEMS
 #define GN_ITEMS 4
+#endif
+#if GN_VW == 4
+#define GN_FROM_LANES(a) vload4(0, a)
+#elif GN_VW == 2
+#define GN_FROM_LANES(a) vload2(0, a)
+#else
+#define GN_FROM_LANES(a) ((a)[0])
 #endif
 
 // Rows of slice k: [k * rows, min(S, (k + 1) * rows)).
@@ -431,34 +444,43 @@ inline void gn_chunk_store(__global DL_T* ys, int chunk, int nrows, int C, const
 // This work-item's shifted sums over a whole slice, in gn_chunk_load's order
 // (so the same sums), one row in registers at a time (the fallback:
 // registers stay free for the work-group's own last chunk).
-inline float2 gn_slice_sums(__global const DL_T* xs, int nrows, int C, GN_VEC shift) {
-  GN_VEC s1 = 0.0f, s2 = 0.0f;
+inline void gn_slice_sums(__global const DL_T* xs, int nrows, int C, GN_VEC shift, GN_VEC* s1,
+                          GN_VEC* s2) {
+  *s1 = 0.0f;
+  *s2 = 0.0f;
   for (int r = get_local_id(1); r < nrows; r += GN_LY) {
     const GN_VEC d = GN_LOAD(xs, (long)r * C) - shift;
-    s1 += d;
-    s2 += d * d;
+    *s1 += d;
+    *s2 += d * d;
   }
-  return (float2)(GN_HSUM(s1), GN_HSUM(s2));
 }
 
-// The block's sums per group of every work-item's `mine`: a tree down the
-// rows of each column, then each group's cgv columns in order, into
+// The block's sums per group of every work-item's lane sums: a tree down the
+// rows of each column, then each group's cg channels in order, into
 // l_grp[0 .. GN_GPW). A uniform call.
-inline void gn_block_sums(__local float2* l_ab, __local float2* l_grp, float2 mine, int cgv) {
+inline void gn_block_sums(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local float2* l_grp,
+                          GN_VEC s1, GN_VEC s2, int cg) {
   const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * GN_LX + lx;
-  barrier(CLK_LOCAL_MEM_FENCE);  // earlier readers of l_ab / l_grp are done
-  l_ab[lid] = mine;
+  barrier(CLK_LOCAL_MEM_FENCE);  // earlier readers of l_s1 / l_s2 / l_grp are done
+  l_s1[lid] = s1;
+  l_s2[lid] = s2;
   barrier(CLK_LOCAL_MEM_FENCE);
   int h = 1;
   while (h < GN_LY) h <<= 1;
   for (h >>= 1; h > 0; h >>= 1) {
-    if (ly < h && ly + h < GN_LY) l_ab[lid] += l_ab[lid + h * GN_LX];
+    if (ly < h && ly + h < GN_LY) {
+      l_s1[lid] += l_s1[lid + h * GN_LX];
+      l_s2[lid] += l_s2[lid + h * GN_LX];
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (lid < GN_GPW) {
+  // Row 0 as channels: lane l of column c is channel c * GN_VW + l.
+  __local const float* c1 = (__local const float*)l_s1;
+  __local const float* c2 = (__local const float*)l_s2;
+  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
     float2 t = 0.0f;
-    for (int c = lid * cgv; c < (lid + 1) * cgv; ++c) t += l_ab[c];
-    l_grp[lid] = t;
+    for (int ch = j * cg; ch < (j + 1) * cg; ++ch) t += (float2)(c1[ch], c2[ch]);
+    l_grp[j] = t;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -482,17 +504,17 @@ inline int gn_poll_partial(volatile __global const ulong* p, uint tag, int spin_
 
 // Turns l_grp's sums of this slice into each group's sums over its K slices:
 // publishes them (partial: the block's first group's words), gathers the
-// siblings' (a work-item per (group, slice), at most two each) or, where one did not arrive
-// within spin_limit polls, computes every other slice's from x (xc: this
-// work-item's column at row 0). A uniform call.
-inline void gn_exchange(__local float2* l_ab, __local float2* l_grp, __local float2* l_part,
-                        __local int* l_ok, __global ulong* partial, __global const DL_T* xc,
-                        GN_VEC shift, int k, int K, int rows, int S, int C, int cgv, uint tag,
-                        int spin_limit) {
+// siblings' (a work-item per (group, slice), at most two each) or, where one
+// did not arrive within spin_limit polls, computes every slice's from x (xc:
+// this work-item's column at row 0). A uniform call.
+inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local float2* l_grp,
+                        __local float2* l_part, __local int* l_ok, __global ulong* partial,
+                        __global const DL_T* xc, GN_VEC shift, int k, int K, int rows, int S,
+                        int C, int cg, uint tag, int spin_limit) {
   const int lid = get_local_id(1) * GN_LX + get_local_id(0);
-  if (lid < GN_GPW) {
-    partial[(lid * K + k) * 2] = gn_tagged(l_grp[lid].x, tag);
-    partial[(lid * K + k) * 2 + 1] = gn_tagged(l_grp[lid].y, tag);
+  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
+    partial[(j * K + k) * 2] = gn_tagged(l_grp[j].x, tag);
+    partial[(j * K + k) * 2 + 1] = gn_tagged(l_grp[j].y, tag);
   }
   if (lid == 0) *l_ok = 1;
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -505,17 +527,17 @@ inline void gn_exchange(__local float2* l_ab, __local float2* l_grp, __local flo
   barrier(CLK_LOCAL_MEM_FENCE);
   if (!*l_ok) {  // every slice's sums (its own again: one loop, no skipped barriers)
     for (int kk = 0; kk < K; ++kk) {
-      gn_block_sums(l_ab, l_grp, gn_slice_sums(xc + (long)kk * rows * C, gn_slice_rows(kk, rows, S),
-                                               C, shift),
-                    cgv);
-      if (lid < GN_GPW) l_part[lid * K + kk] = l_grp[lid];
+      GN_VEC s1, s2;
+      gn_slice_sums(xc + (long)kk * rows * C, gn_slice_rows(kk, rows, S), C, shift, &s1, &s2);
+      gn_block_sums(l_s1, l_s2, l_grp, s1, s2, cg);
+      for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) l_part[j * K + kk] = l_grp[j];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (lid < GN_GPW) {
+  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
     float2 t = 0.0f;
-    for (int kk = 0; kk < K; ++kk) t += l_part[lid * K + kk];
-    l_grp[lid] = t;
+    for (int kk = 0; kk < K; ++kk) t += l_part[j * K + kk];
+    l_grp[j] = t;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -524,19 +546,20 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
                       __global const DL_T* beta, __global DL_T* y, __global ulong* partial,
                       int S, int C, int cg, int groups, int K, int rows, int silu, float eps,
                       uint tag, int spin_limit) {
-  __local float2 l_ab[GN_LX * GN_LY];
-  __local float2 l_part[2 * GN_LX * GN_LY];  // [j * K + kk] (the host keeps GN_GPW * K within)
+  __local GN_VEC l_s1[GN_LX * GN_LY];
+  __local GN_VEC l_s2[GN_LX * GN_LY];
+  __local float2 l_part[2 * GN_LX * GN_LY + GN_GPW];  // [j * K + kk] (the host keeps GN_GPW * K within)
   __local float2 l_grp[GN_GPW];
   __local int l_ok;
   const int lid = get_local_id(1) * GN_LX + get_local_id(0);
   const int b = get_group_id(0) / K, k = get_group_id(0) - b * K, n = get_global_id(2);
-  const int cgv = cg / GN_VW;
   const int first = b * GN_GPW;  // the block's first group
-  const int c = first * cg + get_local_id(0) * GN_VW;  // this work-item's channels
-  const int j = get_local_id(0) / cgv;  // and group, in the block
+  const int cb = get_local_id(0) * GN_VW;  // this work-item's first channel in the block
   const long sample = (long)n * S * C;
-  const GN_VEC shift = (GN_VEC)((float)x[sample + (first + j) * cg]);
-  __global const DL_T* xc = x + sample + c;
+  float lanes[GN_VW];
+  for (int l = 0; l < GN_VW; ++l) lanes[l] = (float)x[sample + (first + (cb + l) / cg) * cg];
+  const GN_VEC shift = GN_FROM_LANES(lanes);
+  __global const DL_T* xc = x + sample + first * cg + cb;
   const long slice = (long)k * rows * C;
   const int nrows = gn_slice_rows(k, rows, S);
   const int last = (nrows - 1) / (GN_ITEMS * GN_LY);  // the last chunk
@@ -545,22 +568,27 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
   for (int chunk = 0; chunk <= last; ++chunk) {
     gn_chunk_load(xc + slice, chunk, nrows, C, shift, v, &s1, &s2);
   }
-  gn_block_sums(l_ab, l_grp, (float2)(GN_HSUM(s1), GN_HSUM(s2)), cgv);
+  gn_block_sums(l_s1, l_s2, l_grp, s1, s2, cg);
   if (K > 1) {
-    gn_exchange(l_ab, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * K * 2, xc,
-                shift, k, K, rows, S, C, cgv, tag, spin_limit);
+    gn_exchange(l_s1, l_s2, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * K * 2,
+                xc, shift, k, K, rows, S, C, cg, tag, spin_limit);
   }
-  if (lid < GN_GPW) {  // sums -> (mean, rstd)
+  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {  // sums -> (mean, rstd)
     const float inv = 1.0f / (float)(S * cg);
-    const float dm = l_grp[lid].x * inv;
-    const float var = fmax(l_grp[lid].y * inv - dm * dm, 0.0f);
-    l_grp[lid] = (float2)((float)x[sample + (first + lid) * cg] + dm, rsqrt(var + eps));
+    const float dm = l_grp[j].x * inv;
+    const float var = fmax(l_grp[j].y * inv - dm * dm, 0.0f);
+    l_grp[j] = (float2)((float)x[sample + (first + j) * cg] + dm, rsqrt(var + eps));
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  const float2 st = l_grp[j];
-  const GN_VEC scale = st.y * GN_LOAD(gamma, c);
-  const GN_VEC offset = GN_LOAD(beta, c) - st.x * scale;
-  __global DL_T* ys = y + sample + c + slice;
+  float mean[GN_VW], rstd[GN_VW];
+  for (int l = 0; l < GN_VW; ++l) {
+    const float2 st = l_grp[(cb + l) / cg];
+    mean[l] = st.x;
+    rstd[l] = st.y;
+  }
+  const GN_VEC scale = GN_FROM_LANES(rstd) * GN_LOAD(gamma, first * cg + cb);
+  const GN_VEC offset = GN_LOAD(beta, first * cg + cb) - GN_FROM_LANES(mean) * scale;
+  __global DL_T* ys = y + sample + first * cg + cb + slice;
   gn_chunk_store(ys, last, nrows, C, v, scale, offset, silu);  // from registers
   for (int chunk = 0; chunk < last; ++chunk) {  // read again
     gn_chunk_load(xc + slice, chunk, nrows, C, shift, v, &s1, &s2);  // (sums unused)

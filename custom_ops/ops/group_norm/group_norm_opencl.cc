@@ -70,20 +70,8 @@ int GroupsPerBlock(int cgv, int groups, int limit) {
   return gpw;
 }
 
-// gn_coop's block: the fewest whole groups whose row stretch is a whole
-// number of 32-byte sectors (sector_elems elements; a stretch that is not
-// shares its end sectors with the next block, read twice: at 64x64x320, 10
-// channels a group, the UNet's commonest GroupNorm, 40 bytes of a row cost
-// 64), within `limit` columns; else GroupsPerBlock's.
-int SectorGroups(int cg, int cgv, int groups, int limit, int sector_elems) {
-  for (int d = 1; d <= groups && cgv * d <= limit; ++d) {
-    if (groups % d == 0 && (d * cg) % sector_elems == 0) return d;
-  }
-  return GroupsPerBlock(cgv, groups, limit);
-}
-
-// gn_coop's shape: column blocks of gpw groups (lx = gpw * cgv vector
-// columns) by ly rows, k slices of `rows` rows a block, walked in `chunks`
+// gn_coop's shape: column blocks of gpw groups (lx vector columns of vw
+// channels) by ly rows, k slices of `rows` rows a block, walked in `chunks`
 // chunks of `items` rows a work-item. chunks kNoCoop: no plan (a group wider
 // than the work-group).
 constexpr int kNoCoop = 1 << 30;
@@ -91,11 +79,31 @@ struct CoopPlan {
   int vw = 1, lx = 1, ly = 1, gpw = 1, items = 1, k = 1, rows = 1, chunks = kNoCoop;
 
   std::string Options() const {
-    return "-DGN_VW=" + std::to_string(vw) + " -DGN_LX=" + std::to_string(lx) +
+    return "-DGN_COOP=1 -DGN_VW=" + std::to_string(vw) + " -DGN_LX=" + std::to_string(lx) +
            " -DGN_LY=" + std::to_string(ly) + " -DGN_GPW=" + std::to_string(gpw) +
            " -DGN_ITEMS=" + std::to_string(items);
   }
 };
+
+// gn_coop's block: the fewest whole groups whose row stretch is whole 32-byte
+// sectors (sector_elems elements), in float4 columns (a vector may span two
+// groups), within `limit` columns: a stretch that is not whole sectors shares
+// its end sectors with the next block, read twice (at 64x64x320, 10 channels
+// a group, the UNet's commonest GroupNorm, 40 bytes of a row cost 64). Else
+// GroupsPerBlock's groups in OneVectorWidth(cg) columns. Sets gpw, vw, lx.
+void CoopBlock(int cg, int groups, int limit, int sector_elems, CoopPlan* p) {
+  for (int d = 1; d <= groups && d * cg <= 4 * limit; ++d) {
+    if (groups % d == 0 && (d * cg) % sector_elems == 0 && sector_elems % 4 == 0) {
+      p->gpw = d;
+      p->vw = 4;
+      p->lx = d * cg / 4;
+      return;
+    }
+  }
+  p->vw = OneVectorWidth(cg);
+  p->gpw = GroupsPerBlock(cg / p->vw, groups, limit);
+  p->lx = p->gpw * cg / p->vw;
+}
 
 // Work-groups of at most `limit` work-items; slices enough for per_cu
 // work-groups a compute unit (all resident at once: a sibling that waits for
@@ -105,16 +113,13 @@ struct CoopPlan {
 CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int limit, int max_floats,
                   uint32_t cus, int per_cu, int sector_elems) {
   CoopPlan p;
-  p.vw = OneVectorWidth(cg);
-  const int cgv = cg / p.vw;
-  if (cgv > limit) return p;
-  p.gpw = SectorGroups(cg, cgv, groups, limit, sector_elems);
-  p.lx = cgv * p.gpw;
+  if (cg / OneVectorWidth(cg) > limit) return p;
+  CoopBlock(cg, groups, limit, sector_elems, &p);
   p.ly = static_cast<int>(std::min<int64_t>(std::max(1, limit / p.lx), spatial));
   const int64_t blocks = static_cast<int64_t>(groups / p.gpw) * n;
   const int64_t want = CeilDiv(static_cast<int64_t>(std::max<uint32_t>(cus, 1)) * per_cu, blocks);
-  const int64_t k =
-      std::max<int64_t>(1, std::min<int64_t>({want, spatial, 2 * p.lx * p.ly / p.gpw}));
+  const int64_t k = std::max<int64_t>(  // l_part: 2 * lx * ly + gpw entries
+      1, std::min<int64_t>({want, spatial, std::max(1, 2 * p.lx * p.ly / p.gpw)}));
   const int64_t rows = CeilDiv(spatial, k);
   p.rows = static_cast<int>(rows);
   p.k = static_cast<int>(CeilDiv(spatial, rows));
