@@ -102,10 +102,13 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU OpenCL such as PoCL)")
     ap.add_argument("--vae", action="store_true", help="the VAE decoder's shapes, library plans only")
+    ap.add_argument("--shapes", default=None, help="comma-separated NxSxC shapes instead (e.g. 1x4096x320)")
     args = ap.parse_args()
     r = Runner()
     u = Unfused(r)
     shapes = SMALL_SHAPES if args.small else VAE_SHAPES if args.vae else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
     results = [sweep_shape(r, u, s, args.runs, grid=not args.vae) for s in shapes]
     device = r.device.name.strip()
     for res in results:

@@ -864,6 +864,27 @@ def test_delegate_group_norm_plans(tmp_path, oplib, monkeypatch, plan):
         assert (stats["scratch_bytes"] > 0) == (plan == "split"), (shape, plan, stats)
 
 
+def test_delegate_group_norm_coop_memory(tmp_path, oplib, monkeypatch):
+    """gn_coop's partial-sum words (two 8-byte words per (sample, group, slice)) are device memory the op
+    holds for its lifetime: reported with the weights, not as scratch."""
+    r = np.random.default_rng(16)
+    shape, groups = (2, 48, 45, 40), 4
+    x = nonzero(r, shape, 2.0, 100.0)
+    gamma, beta = nonzero(r, (40,), 1.5), nonzero(r, (40,), 0.5)
+    weights = {}
+    for plan in ("one", "coop"):
+        monkeypatch.setenv("DIFFLITE_GN_PLAN", plan)
+        out, stats = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+                                   {"groups": groups, "epsilon": 1e-5, "activation": "silu"},
+                                   [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x],
+                                   stats=True)
+        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, True)) < TOL, plan
+        assert stats["scratch_bytes"] == 0, (plan, stats)
+        weights[plan] = stats["weights_bytes"]
+    extra = weights["coop"] - weights["one"]
+    assert extra > 0 and extra % (16 * 2 * groups) == 0, weights
+
+
 def test_delegate_gelu_geglu(tmp_path, oplib):
     r = np.random.default_rng(12)
     x = nonzero(r, (3, 5, 67), 4.0)

@@ -1,8 +1,14 @@
 // difflite.GroupNorm (+ SiLU) on the GPU: x [N, S, C] (S = H*W or L), NHWC.
 //
-// Two passes over x, nothing of the unfused form materialised. The "split"
-// plan, two kernels over column blocks (a work-item owns one vector of
-// channels and walks rows, see below):
+// Nothing of the unfused form materialised. Three plans (PickPlan in
+// group_norm_opencl.cc):
+// "coop" (GPUs, tensors up to about the L2 cache), one kernel, one pass:
+//   gn_coop        column blocks of whole groups; the K work-groups of a
+//                  block each hold a slice of rows in registers and exchange
+//                  per-group partial sums through tagged 64-bit words, then
+//                  write y from registers (see "The cooperative plan").
+// The "split" plan (CPU-like devices, large tensors), two kernels over
+// column blocks (a work-item owns one vector of channels and walks rows):
 //   gn_stats_cols  one read of x: per work-group and group a partial
 //                  (count, mean, M2) from shifted sums, merged pairwise
 //                  (Chan et al.) in local memory. GN_COLS_UNROLL rows in
@@ -11,7 +17,8 @@
 //                  folds mean, rstd, gamma and beta into one scale and shift
 //                  per channel (registers), then reads x once more and writes
 //                  y = act(x * scale + shift).
-// The "one" plan (GPUs with enough (sample, group) pairs), one kernel:
+// The "one" plan (large tensors with enough (sample, group) pairs), one
+// kernel:
 //   gn_one         one work-group per (sample, group): reduces the group as
 //                  a walk over its elements, then reads it again (from cache
 //                  on a GPU) and writes y. GN_VW-wide loads, GN_UNROLL of

@@ -231,6 +231,10 @@ class GroupNormGpu final : public GpuOp {
 
   size_t ScratchBytes() const override { return plan_kind_ == Plan::kSplit ? PartialBytes() : 0; }
 
+  // gn_coop's partial-sum words live as long as the op (a few KB: two per
+  // (sample, group, slice)); reported with the memory the op holds.
+  size_t WeightBytes() const override { return coop_partial_ != nullptr ? CoopPartialBytes() : 0; }
+
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
@@ -348,7 +352,7 @@ class GroupNormGpu final : public GpuOp {
       limit = static_cast<int>(kmax);
     }
     cl_ = &ctx.cl();
-    std::vector<cl_ulong> zeros(2 * static_cast<size_t>(n_) * o_.groups * coop_.k, 0);
+    std::vector<cl_ulong> zeros(CoopPartialBytes() / sizeof(cl_ulong), 0);
     cl_int err = CL_SUCCESS;
     coop_partial_ = cl_->CreateBuffer(ctx.context(), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
                                       zeros.size() * sizeof(cl_ulong), zeros.data(), &err);
@@ -379,6 +383,9 @@ class GroupNormGpu final : public GpuOp {
     return e;
   }
 
+  size_t CoopPartialBytes() const {
+    return 2 * sizeof(cl_ulong) * static_cast<size_t>(n_) * o_.groups * coop_.k;
+  }
   size_t PartialBytes() const {
     return sizeof(cl_float4) * static_cast<size_t>(n_) * o_.groups * plan_.Partials();
   }
