@@ -211,6 +211,7 @@ GN_COOP_CASES = [
     ((2, 13, 30), 5, 128, 10, 8, (2, 15, 8, 5, 1, 7, 2, 1)),  # no whole-sector block: float2 (cg = 6)
     ((1, 9, 12), 4, 32, 8, 4, (1, 12, 2, 4, 1, 9, 1, 1)),  # no whole-sector block: scalar (cg = 3)
     ((6, 300, 1), 1, 128, 12, 2, (1, 1, 128, 1, 1, 4, 75, 1)),  # LayerNorm as GroupNorm: a column of rows
+    ((64, 1, 320), 1, 128, 12, 32, (4, 80, 1, 1, 1, 1, 1, 1)),  # LayerNorm [M, 1, C]: a row a work-group
     ((1, 64, 64, 320), 32, 128, 132, 32, (4, 10, 12, 4, 6, 33, 125, 2)),  # SD 1.5 64x64x320
 ]
 

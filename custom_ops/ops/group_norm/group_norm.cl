@@ -462,9 +462,10 @@ inline void gn_slice_sums(__global const DL_T* xs, int nrows, int C, GN_VEC shif
   }
 }
 
-// The block's sums per group of every work-item's lane sums: a tree down the
-// rows of each column, then each group's cg channels in order, into
-// l_grp[0 .. GN_GPW). A uniform call.
+// The block's sums per group of every work-item's lane sums, into
+// l_grp[0 .. GN_GPW). One group a block: a tree over all work-items. Else a
+// tree down the rows of each column, then each group's cg channels in order
+// (a vector's lanes may belong to two groups). A uniform call.
 inline void gn_block_sums(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local float2* l_grp,
                           GN_VEC s1, GN_VEC s2, int cg) {
   const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * GN_LX + lx;
@@ -472,15 +473,25 @@ inline void gn_block_sums(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local fl
   l_s1[lid] = s1;
   l_s2[lid] = s2;
   barrier(CLK_LOCAL_MEM_FENCE);
+#if GN_GPW == 1
+  const int n = GN_LX * GN_LY, at = lid;
+  const int step = 1;
+#else
+  const int n = GN_LY, at = ly;
+  const int step = GN_LX;
+#endif
   int h = 1;
-  while (h < GN_LY) h <<= 1;
+  while (h < n) h <<= 1;
   for (h >>= 1; h > 0; h >>= 1) {
-    if (ly < h && ly + h < GN_LY) {
-      l_s1[lid] += l_s1[lid + h * GN_LX];
-      l_s2[lid] += l_s2[lid + h * GN_LX];
+    if (at < h && at + h < n) {
+      l_s1[lid] += l_s1[lid + h * step];
+      l_s2[lid] += l_s2[lid + h * step];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
+#if GN_GPW == 1
+  if (lid == 0) l_grp[0] = (float2)(GN_HSUM(l_s1[0]), GN_HSUM(l_s2[0]));
+#else
   // Row 0 as channels: lane l of column c is channel c * GN_VW + l.
   __local const float* c1 = (__local const float*)l_s1;
   __local const float* c2 = (__local const float*)l_s2;
@@ -489,6 +500,7 @@ inline void gn_block_sums(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local fl
     for (int ch = j * cg; ch < (j + 1) * cg; ++ch) t += (float2)(c1[ch], c2[ch]);
     l_grp[j] = t;
   }
+#endif
   barrier(CLK_LOCAL_MEM_FENCE);
 }
 
