@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402
-from gpu_kernels_harness.launch import MAX_PARTIALS, Runner, gn_cols_plan, gn_coop_plan  # noqa: E402
+from gpu_kernels_harness.launch import MAX_PARTIALS, NO_COOP, Runner, gn_cols_plan, gn_coop_plan  # noqa: E402
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
 
 # (N, H*W, C): the ablation's two shapes, then the SD 1.5 UNet's GroupNorms at batch 2.
@@ -41,7 +41,7 @@ VAE_SHAPES = [(1, 4096, 512), (1, 16384, 512), (1, 65536, 256), (1, 65536, 512),
 GROUPS = 32
 
 
-def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True) -> dict:
+def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True, groups: int = GROUPS) -> dict:
     n, spatial, c = shape
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(shape) + 0.5).astype(np.float32)
@@ -49,10 +49,10 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True) -> d
     beta = rng.uniform(-0.5, 0.5, c).astype(np.float32)
     xb, gb, bb = r.upload(x), r.upload(gamma), r.upload(beta)
     y = r.empty(shape)
-    library = gn_cols_plan(n, GROUPS, spatial, c, r.compute_units, min(256, r.max_wg))
+    library = gn_cols_plan(n, groups, spatial, c, r.compute_units, min(256, r.max_wg))
 
     def run(**kw):
-        return lambda: r.group_norm(xb, gb, bb, y, shape, GROUPS, 1e-5, True, **kw)
+        return lambda: r.group_norm(xb, gb, bb, y, shape, groups, 1e-5, True, **kw)
 
     run(plan="split")()
     want = r.download(y, shape)
@@ -60,14 +60,15 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True) -> d
     rows = []
     candidates = sorted({ys for ys in (1, 2, 4, 8, 16, 32, 64, 128) if ys <= max(1, MAX_PARTIALS // library.xb)}
                         | {library.ys})
-    coop_default = r.gn_coop_shape(n, GROUPS, spatial, c // GROUPS)
-    coops = [] if grid else [(f"coop (library shape: k={coop_default.k} items={coop_default.items} "
-                              f"chunks={coop_default.chunks})", coop_default)]
+    coop_default = r.gn_coop_shape(n, groups, spatial, c // groups)
+    coops = [] if grid or coop_default.chunks == NO_COOP else [
+        (f"coop (library shape: k={coop_default.k} items={coop_default.items} chunks={coop_default.chunks})",
+         coop_default)]
     for limit in (64, 128, 256) if grid else ():
         for per_cu in (1, 2, 3, 4):
             for floats in (16, 32, 64):
-                plan = gn_coop_plan(n, GROUPS, spatial, c // GROUPS, limit, r.compute_units, floats, per_cu)
-                if limit > r.max_wg or plan in [p for _, p in coops]:
+                plan = gn_coop_plan(n, groups, spatial, c // groups, limit, r.compute_units, floats, per_cu)
+                if limit > r.max_wg or plan.chunks == NO_COOP or plan in [p for _, p in coops]:
                     continue
                 if r.kernel("group_norm", "gn_coop", plan.options()).get_work_group_info(
                         cl.kernel_work_group_info.WORK_GROUP_SIZE, r.device) < plan.lx * plan.ly:
@@ -78,11 +79,13 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True) -> d
         candidates = [library.ys]
     configs = [("one", run(plan="one"))] + [(f"split ys={ys}", run(ys=ys)) for ys in candidates] + \
         [(label, run(plan="coop", coop=plan)) for label, plan in coops]
-    if grid:
+    if grid and coop_default.chunks != NO_COOP:
         configs.append(("coop (library shape) spin_limit=0", run(plan="coop", coop=coop_default, spin_limit=0)))
-    chosen = r.gn_default_plan(n, GROUPS, spatial, c // GROUPS)
-    library_label = {"coop": next(label for label, plan in coops if plan == coop_default), "one": "one"}.get(
-        chosen, f"split ys={library.ys}")
+    chosen = r.gn_default_plan(n, groups, spatial, c // groups)
+    if chosen == "coop":
+        library_label = next(label for label, plan in coops if plan == coop_default)
+    else:
+        library_label = "one" if chosen == "one" else f"split ys={library.ys}"
     for label, fn in configs:
         chain, _, kernels, each = measure(fn, runs, 3, r.queue)
         err = float(np.abs(r.download(y, shape) - want).max() / np.abs(want).max())
@@ -92,7 +95,7 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True) -> d
     copy = same_size_copy_bandwidth(r, u, moved, runs, 3)
     for row in rows:
         row["of_same_size_copy"] = row["gbs"] * 1e9 / copy
-    return {"shape": list(shape), "groups": GROUPS, "plan": library.__dict__,
+    return {"shape": list(shape), "groups": groups, "plan": library.__dict__,
             "coop_plan": coop_default.__dict__, "same_size_copy_gbs": copy / 1e9,
             "rows": rows}
 
@@ -103,16 +106,18 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU OpenCL such as PoCL)")
     ap.add_argument("--vae", action="store_true", help="the VAE decoder's shapes, library plans only")
     ap.add_argument("--shapes", default=None, help="comma-separated NxSxC shapes instead (e.g. 1x4096x320)")
+    ap.add_argument("--groups", type=int, default=GROUPS,
+                    help="groups (default 32; 1 with --shapes 8192x1x320: the UNet's LayerNorm as GroupNorm)")
     args = ap.parse_args()
     r = Runner()
     u = Unfused(r)
     shapes = SMALL_SHAPES if args.small else VAE_SHAPES if args.vae else SHAPES
     if args.shapes:
         shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
-    results = [sweep_shape(r, u, s, args.runs, grid=not args.vae) for s in shapes]
+    results = [sweep_shape(r, u, s, args.runs, grid=not args.vae, groups=args.groups) for s in shapes]
     device = r.device.name.strip()
     for res in results:
-        print(f"\n{device}: GroupNorm+SiLU {res['shape']}, {GROUPS} groups, plan {res['plan']}, "
+        print(f"\n{device}: GroupNorm+SiLU {res['shape']}, {res['groups']} groups, plan {res['plan']}, "
               f"same-size copy {res['same_size_copy_gbs']:.0f} GB/s")
         print("| config | chain us | kernels us | each kernel us | GB/s | of same-size copy | max rel diff |")
         print("|---|---|---|---|---|---|---|")
