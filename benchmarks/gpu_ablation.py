@@ -200,17 +200,16 @@ def case_attention(r, u, lq, lk, heads, dh, n=1, variants=("flash", "partial_sof
     qb, kb, vb = r.upload(q), r.upload(k), r.upload(v)
     scale = 1.0 / math.sqrt(dh)
     shape = (n, lq, heads * dh)
-    flat = not r.device.type & cl.device_type.GPU
     plan = {}
     for lab in variants:
         try:
-            plan[lab] = attention_plan(dh, dh, "auto", r.local_mem, flat=flat, kernel=ATTN_KERNEL[lab],
+            plan[lab] = attention_plan(dh, dh, "auto", r.local_mem, flat=r.flat, kernel=ATTN_KERNEL[lab],
                                        max_wg=r.max_wg)
         except ValueError:  # flash with a head too wide for local memory
             continue
     outs = {lab: r.empty(shape) for lab in plan}
     yu = r.empty(shape)
-    auto = attention_plan(dh, dh, "auto", r.local_mem, flat=flat, max_wg=r.max_wg,
+    auto = attention_plan(dh, dh, "auto", r.local_mem, flat=r.flat, max_wg=r.max_wg,
                           flash_in_registers=r.flash_in_registers(dh, dh))
     labels = {lab: f"{lab}{' (auto)' if p == auto else ''}" for lab, p in plan.items()}
     fused = {

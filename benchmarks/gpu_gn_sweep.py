@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -70,8 +69,7 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True, grou
                 plan = gn_coop_plan(n, groups, spatial, c // groups, limit, r.compute_units, floats, per_cu)
                 if limit > r.max_wg or plan.chunks == NO_COOP or plan in [p for _, p in coops]:
                     continue
-                if r.kernel("group_norm", "gn_coop", plan.options()).get_work_group_info(
-                        cl.kernel_work_group_info.WORK_GROUP_SIZE, r.device) < plan.lx * plan.ly:
+                if r.max_work_group(r.kernel("group_norm", "gn_coop", plan.options())) < plan.lx * plan.ly:
                     continue  # too many registers for this work-group
                 coops.append((f"coop limit={limit} per_cu={per_cu} floats={floats}: {plan.lx}x{plan.ly} k={plan.k} "
                               f"items={plan.items} chunks={plan.chunks}", plan))

@@ -181,7 +181,7 @@ def coop_block(cg: int, groups: int, limit: int, sector_elems: int = 8) -> tuple
     for d in range(1, groups + 1):
         if d * cg > 4 * limit:
             break
-        if groups % d == 0 and (d * cg) % sector_elems == 0 and sector_elems % 4 == 0:
+        if groups % d == 0 and (d * cg) % sector_elems == 0:
             return d, 4, d * cg // 4
     vw = gn_vector_width(cg)
     gpw = groups_per_block(cg // vw, groups, limit)
@@ -206,7 +206,7 @@ def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, limit: int, compute
 
 
 def gn_plan(flat: bool, coop_chunks: int, n: int, groups: int, group_elems: int, compute_units: int) -> str:
-    """"coop" (gn_coop: one kernel, K work-groups a (sample, group) exchanging partial sums) on GPUs
+    """"coop" (gn_coop: one kernel, K work-groups a (sample, block) exchanging partial sums) on GPUs
     while a slice is at most COOP_MAX_CHUNKS chunks, else "one" (gn_one: a work-group per (sample,
     group)) when those fill the device or groups are small, else "split" (gn_stats_cols +
     gn_apply_cols), which CPU-like devices always take: PickPlan in group_norm_opencl.cc (without its
@@ -469,6 +469,7 @@ class Runner:
         self.compute_units = int(self.device.max_compute_units)
         self.local_mem = int(self.device.local_mem_size)
         self.max_wg = int(self.device.max_work_group_size)
+        self.flat = not self.device.type & cl.device_type.GPU  # kernels=auto: tiled kernels on GPUs only
         self._programs: dict[tuple[str, str], cl.Program] = {}
         self._scratch: dict[int, cl.Buffer] = {}
         self._kernels: dict[tuple[str, str, str], cl.Kernel] = {}
@@ -491,13 +492,17 @@ class Runner:
             self._kernels[key] = cl.Kernel(self.op_program(op, options), name)
         return self._kernels[key]
 
+    def max_work_group(self, kernel: cl.Kernel) -> int:
+        """CL_KERNEL_WORK_GROUP_SIZE: the largest work-group this kernel (as built) accepts."""
+        return kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
+
     def gemm_kernel(self, m: int, n: int, a_kmajor: bool, b_kmajor: bool) -> tuple[cl.Kernel, GemmTile]:
         """gemm.cl's tiled `gemm` with the first candidate tile the device runs (gemm.h: PickTile)."""
         for tile in gemm_tiles(m, n):
             if tile.threads > self.max_wg:
                 continue
             k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor))
-            if k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device) >= tile.threads:
+            if self.max_work_group(k) >= tile.threads:
                 return k, tile
         raise RuntimeError(f"no GEMM tile fits the device for {m}x{n}")
 
@@ -554,7 +559,7 @@ class Runner:
             cp = gn_cols_plan(n, groups, spatial, c, self.compute_units, limit, ys)
             ks = self.kernel("group_norm", "gn_stats_cols", cp.options())
             ka = self.kernel("group_norm", "gn_apply_cols", cp.options())
-            accepted = min(k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
+            accepted = min(self.max_work_group(k)
                            for k in (ks, ka))
             if accepted >= cp.lx * cp.ly or limit == 1:
                 break
@@ -573,7 +578,7 @@ class Runner:
         wg, vw = gn_one_shape(group_elems, cg, self.max_wg)
         while True:
             k = self.kernel("group_norm", "gn_one", f"-DGN_WG={wg} -DGN_VW={vw} -DGN_UNROLL={GN_UNROLL}")
-            if k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device) >= wg or wg == 1:
+            if self.max_work_group(k) >= wg or wg == 1:
                 return k, wg
             wg //= 2
 
@@ -586,8 +591,7 @@ class Runner:
     def gn_default_plan(self, n: int, groups: int, spatial: int, cg: int) -> str:
         """The library's GroupNorm plan on this device (PickPlan, as GroupNormGpu::Init calls it)."""
         chunks = gn_coop_plan(n, groups, spatial, cg, min(COOP_GROUP, self.max_wg), self.compute_units).chunks
-        return gn_plan(not self.device.type & cl.device_type.GPU, chunks, n, groups, spatial * cg,
-                       self.compute_units)
+        return gn_plan(self.flat, chunks, n, groups, spatial * cg, self.compute_units)
 
     def gn_coop_shape(self, n: int, groups: int, spatial: int, cg: int) -> CoopPlan:
         """InitCoop's plan: the work-group limit lowered until gn_coop accepts its work-group (a plan with
@@ -598,7 +602,7 @@ class Runner:
             if plan.chunks == NO_COOP:
                 return plan
             k = self.kernel("group_norm", "gn_coop", plan.options())
-            kmax = k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
+            kmax = self.max_work_group(k)
             if kmax >= plan.lx * plan.ly:
                 return plan
             limit = kmax
@@ -640,9 +644,8 @@ class Runner:
             k = self.kernel("attention", "attn_flash", plan.options(dk, dv))
         except (ValueError, cl.Error):
             return False
-        info = cl.kernel_work_group_info
-        return (k.get_work_group_info(info.PRIVATE_MEM_SIZE, self.device) == 0
-                and k.get_work_group_info(info.WORK_GROUP_SIZE, self.device) >= plan.work_group(dk, dv))
+        return (k.get_work_group_info(cl.kernel_work_group_info.PRIVATE_MEM_SIZE, self.device) == 0
+                and self.max_work_group(k) >= plan.work_group(dk, dv))
 
     def attention(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
                   scale: float, causal: bool, variant: str = "auto", kernel: str | None = None,
@@ -650,9 +653,8 @@ class Runner:
         """variant: the op's hint; kernel: "wide" | "flash" | "partial" forces one (DIFFLITE_ATTN_KERNEL);
         splits: 1 | 2 | 4 forces flash's key splits (DIFFLITE_ATTN_SPLITS, clamped as the library does);
         plan: launch these tiles as given instead (no rule applied; e.g. splits with too few keys)."""
-        flat = not self.device.type & cl.device_type.GPU  # kernels=auto: tiled on GPUs only
         if plan is None:
-            plan = attention_plan(dk, dv, variant, self.local_mem, flat=flat, kernel=kernel, max_wg=self.max_wg,
+            plan = attention_plan(dk, dv, variant, self.local_mem, flat=self.flat, kernel=kernel, max_wg=self.max_wg,
                                   shape=(n, lq, lk, heads), causal=causal, compute_units=self.compute_units,
                                   splits=splits, flash_in_registers=self.flash_in_registers(dk, dv))
         opts = plan.options(dk, dv)

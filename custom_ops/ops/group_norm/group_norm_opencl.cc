@@ -93,7 +93,7 @@ struct CoopPlan {
 // GroupsPerBlock's groups in OneVectorWidth(cg) columns. Sets gpw, vw, lx.
 void CoopBlock(int cg, int groups, int limit, int sector_elems, CoopPlan* p) {
   for (int d = 1; d <= groups && d * cg <= 4 * limit; ++d) {
-    if (groups % d == 0 && (d * cg) % sector_elems == 0 && sector_elems % 4 == 0) {
+    if (groups % d == 0 && (d * cg) % sector_elems == 0) {
       p->gpw = d;
       p->vw = 4;
       p->lx = d * cg / 4;
@@ -219,11 +219,9 @@ class GroupNormGpu final : public GpuOp {
     if (NumElements(x) > gpu::opsupport::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
-    const uint32_t cus = ctx.device().compute_units;
-    const int coop_chunks = PlanCoop(n_, o.groups, spatial_, cg_, CoopLimit(ctx), kCoopMaxFloats,
-                                     cus, kCoopGroupsPerCu, SectorElems(ctx))
-                                .chunks;
-    plan_kind_ = PickPlan(ctx.PreferFlatKernels(), coop_chunks, n_, o.groups, spatial_ * cg_, cus);
+    coop_ = PlanCoopFor(ctx, WorkGroupLimit(ctx, kCoopGroup));
+    plan_kind_ = PickPlan(ctx.PreferFlatKernels(), coop_.chunks, n_, o.groups, spatial_ * cg_,
+                          ctx.device().compute_units);
     if (plan_kind_ == Plan::kCoop) return InitCoop(ctx);
     if (plan_kind_ == Plan::kOne) return InitOne(ctx);
     return InitCols(ctx);
@@ -269,9 +267,7 @@ class GroupNormGpu final : public GpuOp {
   // The split plan with the largest work-group limit (kColsGroup, the
   // device's) whose work-group both kernels accept.
   std::string InitCols(GpuContext& ctx) {
-    const size_t device_max = ctx.device().max_work_group_size;
-    int limit = kColsGroup;
-    if (device_max != 0 && device_max < static_cast<size_t>(limit)) limit = static_cast<int>(device_max);
+    int limit = WorkGroupLimit(ctx, kColsGroup);
     for (;;) {
       plan_ = PlanCols(n_, o_.groups, spatial_, c_, ctx.device().compute_units, limit);
       const std::string opts = plan_.Options();
@@ -323,23 +319,26 @@ class GroupNormGpu final : public GpuOp {
     return ctx.Enqueue(one_k_, 2, global, local, "group_norm.one");
   }
 
-  static int SectorElems(GpuContext& ctx) { return 32 / static_cast<int>(DTypeSize(ctx.storage())); }
-
-  static int CoopLimit(GpuContext& ctx) {
+  // min(cap, the device's work-group limit).
+  static int WorkGroupLimit(GpuContext& ctx, int cap) {
     const size_t device_max = ctx.device().max_work_group_size;
-    return static_cast<int>(device_max == 0 ? kCoopGroup : std::min<size_t>(kCoopGroup, device_max));
+    return device_max != 0 && device_max < static_cast<size_t>(cap) ? static_cast<int>(device_max)
+                                                                      : cap;
   }
 
-  // gn_coop with the largest work-group (<= kCoopGroup) that the device and
-  // the kernel accept (the plan redone for each limit tried), and its zeroed
+  // PlanCoop for this op on this device (32-byte sectors of the storage type).
+  CoopPlan PlanCoopFor(GpuContext& ctx, int limit) const {
+    return PlanCoop(n_, o_.groups, spatial_, cg_, limit, kCoopMaxFloats, ctx.device().compute_units,
+                    kCoopGroupsPerCu, 32 / static_cast<int>(DTypeSize(ctx.storage())));
+  }
+
+  // gn_coop for Init's plan, replanned with a smaller work-group limit while
+  // the kernel does not accept the plan's work-group, and its zeroed
   // partial-sum words (they outlive a launch: a tag from the launch before
   // must still be there, not another op's scratch). Falls back to "one"
   // (plan_kind_ changed) when no work-group the kernel accepts holds a group.
   std::string InitCoop(GpuContext& ctx) {
-    int limit = CoopLimit(ctx);
     for (;;) {
-      coop_ = PlanCoop(n_, o_.groups, spatial_, cg_, limit, kCoopMaxFloats,
-                       ctx.device().compute_units, kCoopGroupsPerCu, SectorElems(ctx));
       if (coop_.chunks == kNoCoop) {
         plan_kind_ = Plan::kOne;
         return InitOne(ctx);
@@ -347,9 +346,8 @@ class GroupNormGpu final : public GpuOp {
       std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_coop", coop_.Options(), &coop_k_);
       if (!e.empty()) return e;
       const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, coop_k_);
-      const size_t wg = static_cast<size_t>(coop_.lx) * coop_.ly;
-      if (kmax == 0 || kmax >= wg) break;
-      limit = static_cast<int>(kmax);
+      if (kmax == 0 || kmax >= static_cast<size_t>(coop_.lx) * coop_.ly) break;
+      coop_ = PlanCoopFor(ctx, static_cast<int>(kmax));
     }
     cl_ = &ctx.cl();
     std::vector<cl_ulong> zeros(CoopPartialBytes() / sizeof(cl_ulong), 0);
