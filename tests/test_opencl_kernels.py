@@ -202,12 +202,14 @@ def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
 GN_COOP_CASES = [
     ((2, 48, 45, 40), 4, 128, 4, 32, (4, 10, 12, 4, 8, 4, 540, 6)),  # cg = 10 in float4s: lanes of 2 groups
     ((2, 48, 45, 40), 4, 128, 12, 8, (4, 10, 12, 4, 2, 12, 180, 8)),  # 12 slices of 8 chunks
-    ((2, 48, 45, 40), 4, 64, 40, 4, (4, 10, 6, 4, 1, 30, 72, 12)),  # 30 slices x 4 groups = 120 partials
+    ((2, 48, 45, 40), 4, 64, 40, 4, (4, 10, 6, 4, 1, 40, 54, 9)),  # 40 slices x 4 groups: 3 partials an item
+    ((2, 48, 45, 40), 4, 32, 200, 4, (4, 10, 3, 4, 1, 60, 36, 12)),  # capped at 8 partials a work-item
     ((2, 33, 31, 80), 2, 128, 24, 32, (4, 10, 12, 1, 8, 12, 86, 1)),  # cg = 40: a group a block, last slice 77
     ((2, 33, 31, 80), 2, 64, 6, 8, (4, 10, 6, 1, 2, 3, 341, 29)),  # 29 chunks, the last part-filled
     ((2, 37, 30), 10, 128, 1, 32, (1, 30, 4, 10, 10, 1, 37, 1)),  # cg = 3, 30 channels: scalar, no exchange
-    ((1, 8, 8, 24), 8, 32, 28, 1, (4, 6, 5, 8, 1, 7, 10, 2)),  # cg = 3 in float4s, last slice 4 rows
-    ((2, 5, 7, 24), 8, 128, 40, 4, (4, 6, 21, 8, 1, 18, 2, 1)),  # 144 partials: two per work-item
+    ((1, 8, 8, 24), 8, 32, 3, 1, (4, 6, 5, 8, 1, 6, 11, 3)),  # cg = 3 in float4s, last slice 9 rows
+    ((1, 8, 8, 24), 8, 32, 28, 1, (4, 6, 5, 8, 1, 22, 3, 1)),  # 176 partials: 6 per work-item
+    ((2, 5, 7, 24), 8, 128, 40, 4, (4, 6, 21, 8, 1, 35, 1, 1)),  # 280 partials: 3 per work-item
     ((2, 13, 30), 5, 128, 10, 8, (2, 15, 8, 5, 1, 7, 2, 1)),  # no whole-sector block: float2 (cg = 6)
     ((1, 9, 12), 4, 32, 8, 4, (1, 12, 2, 4, 1, 9, 1, 1)),  # no whole-sector block: scalar (cg = 3)
     ((6, 300, 1), 1, 128, 12, 2, (1, 1, 128, 1, 1, 4, 75, 1)),  # LayerNorm as GroupNorm: a column of rows
@@ -744,13 +746,14 @@ def test_plans_mirror_cxx(launch):
                         ("kApplyRows", launch.APPLY_ROWS), ("kMaxPartials", launch.MAX_PARTIALS),
                         ("kCoopGroup", launch.COOP_GROUP), ("kCoopMaxFloats", launch.COOP_MAX_FLOATS),
                         ("kCoopSpinLimit", launch.COOP_SPIN_LIMIT), ("kCoopGroupsPerCu", launch.COOP_GROUPS_PER_CU),
-                        ("kCoopMaxChunks", launch.COOP_MAX_CHUNKS)):
+                        ("kCoopMaxChunks", launch.COOP_MAX_CHUNKS), ("kCoopMaxGather", launch.COOP_MAX_GATHER)):
         assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
     assert "if (coop_chunks <= kCoopMaxChunks) return Plan::kCoop;" in gn  # PickPlan
     assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems ? Plan::kOne" in gn
     assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kOneMaxGroupElems") == \
         launch.ONE_MAX_GROUP_ELEMS
-    assert "std::min<int64_t>({want, spatial, std::max(1, 2 * p.lx * p.ly / p.gpw)})" in gn  # PlanCoop
+    assert "std::min<int64_t>({want, spatial, std::max(1, kCoopMaxGather * p.lx * p.ly / p.gpw)})" in gn  # PlanCoop
+    assert '" -DGN_PARTS=" + std::to_string(gpw * k)' in gn  # CoopPlan::Options
     assert "(d * cg) % sector_elems == 0" in gn  # CoopBlock
     assert "* kOneUnroll * vw_ > group_elems" in gn  # InitOne
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kFlashMaxHead") == launch.FLASH_MAX_HEAD

@@ -129,6 +129,7 @@ COOP_GROUP = 128  # kCoopGroup: gn_coop's largest work-group
 COOP_MAX_FLOATS = 32  # kCoopMaxFloats: floats of x a gn_coop work-item holds
 COOP_GROUPS_PER_CU = 3  # kCoopGroupsPerCu
 COOP_SPIN_LIMIT = 16384  # kCoopSpinLimit
+COOP_MAX_GATHER = 8  # kCoopMaxGather
 COOP_MAX_CHUNKS = 8  # kCoopMaxChunks
 ONE_MAX_GROUP_ELEMS = 65536  # kOneMaxGroupElems
 
@@ -172,7 +173,7 @@ class CoopPlan:
 
     def options(self) -> str:
         return (f"-DGN_COOP=1 -DGN_VW={self.vw} -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_GPW={self.gpw} "
-                f"-DGN_ITEMS={self.items}")
+                f"-DGN_ITEMS={self.items} -DGN_PARTS={self.gpw * self.k}")
 
 
 def coop_block(cg: int, groups: int, limit: int, sector_elems: int = 8) -> tuple[int, int, int]:
@@ -191,14 +192,15 @@ def coop_block(cg: int, groups: int, limit: int, sector_elems: int = 8) -> tuple
 def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, limit: int, compute_units: int,
                  max_floats: int = COOP_MAX_FLOATS, per_cu: int = COOP_GROUPS_PER_CU) -> CoopPlan:
     """PlanCoop (fp32 storage: 8 elements a sector): work-groups of at most `limit`; blocks (coop_block);
-    slices for per_cu work-groups a compute unit (at most one a row, 2 * lx * ly / gpw a block), then the
+    slices for per_cu work-groups a compute unit (at most one a row, COOP_MAX_GATHER * lx * ly / gpw a block), then the
     fewest chunks a slice with at most max_floats floats a work-item, evened out. chunks NO_COOP: a group
     wider than the work-group."""
     if cg // gn_vector_width(cg) > limit:
         return CoopPlan(gn_vector_width(cg), 1, 1, 1, 1, 1, 1, NO_COOP)
     gpw, vw, lx = coop_block(cg, groups, limit)
     ly = min(max(1, limit // lx), spatial)
-    k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * (groups // gpw)), spatial, max(1, 2 * lx * ly // gpw)))
+    k = max(1, min(ceil_div(max(compute_units, 1) * per_cu, n * (groups // gpw)), spatial,
+                       max(1, COOP_MAX_GATHER * lx * ly // gpw)))
     rows = ceil_div(spatial, k)
     per_item = ceil_div(rows, ly)
     chunks = ceil_div(per_item, max(1, max_floats // vw))

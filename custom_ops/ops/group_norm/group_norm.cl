@@ -406,6 +406,10 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 #ifndef GN_ITEMS
 #define GN_ITEMS 4
 #endif
+#ifndef GN_PARTS
+#define GN_PARTS (2 * GN_LX * GN_LY)  // GN_GPW * K: the slice sums a work-group gathers
+#endif
+#define GN_GATHER ((GN_PARTS + GN_LX * GN_LY - 1) / (GN_LX * GN_LY))  // per work-item
 #if GN_VW == 4
 #define GN_FROM_LANES(a) vload4(0, a)
 #elif GN_VW == 2
@@ -508,24 +512,72 @@ inline ulong gn_tagged(float v, uint tag) { return ((ulong)tag << 32) | as_uint(
 
 inline int gn_has_tag(ulong word, uint tag) { return (uint)(word >> 32) == tag; }
 
-// Polls a sibling's two words (at most spin_limit times) until both carry
-// `tag`; whether they did, their sums in *sums.
-inline int gn_poll_partial(volatile __global const ulong* p, uint tag, int spin_limit,
-                           float2* sums) {
-  ulong a = p[0], b = p[1];
-  for (int i = 0; !(gn_has_tag(a, tag) && gn_has_tag(b, tag)) && i < spin_limit; ++i) {
-    a = p[0];
-    b = p[1];
-  }
-  *sums = (float2)(as_float((uint)a), as_float((uint)b));
-  return gn_has_tag(a, tag) && gn_has_tag(b, tag);
+// Entry i (< GN_GATHER) of a work-item's gather: entry lid + i * (work-group
+// size), when it is another slice's ((group j, slice kk) = (e / K, e % K)).
+inline int gn_gathers(int i, int k, int K, int* e) {
+  *e = get_local_id(1) * GN_LX + get_local_id(0) + i * GN_LX * GN_LY;
+  return *e < GN_GPW * K && *e % K != k;
 }
 
-// Turns l_grp's sums of this slice into each group's sums over its K slices:
-// publishes them (partial: the block's first group's words), gathers the
-// siblings' (a work-item per (group, slice), at most two each) or, where one
-// did not arrive within spin_limit polls, computes every slice's from x (xc:
-// this work-item's column at row 0). A uniform call.
+// Gathers the siblings' sums into l_part[(group j) * K + slice kk]: a
+// work-item's GN_GATHER entries are read together (one wait, not one a
+// entry), then re-read until all carry `tag` or spin_limit polls pass; sets *l_ok to 0 when one did not arrive (its
+// entry is left unset). Its own slice's entries come from l_grp.
+inline void gn_gather(__local float2* l_grp, __local float2* l_part, __local int* l_ok,
+                      volatile __global const ulong* partial, int k, int K, uint tag,
+                      int spin_limit) {
+  ulong w[2 * GN_GATHER];
+  int e[GN_GATHER], want[GN_GATHER];
+#pragma unroll
+  for (int i = 0; i < GN_GATHER; ++i) {
+    want[i] = gn_gathers(i, k, K, &e[i]);
+    w[2 * i] = want[i] ? partial[e[i] * 2] : 0;
+    w[2 * i + 1] = want[i] ? partial[e[i] * 2 + 1] : 0;
+    if (e[i] < GN_GPW * K && !want[i]) l_part[e[i]] = l_grp[e[i] / K];
+  }
+  int missing = 0;
+  for (int spin = 0;; ++spin) {
+    missing = 0;
+#pragma unroll
+    for (int i = 0; i < GN_GATHER; ++i) {
+      if (!want[i] || (gn_has_tag(w[2 * i], tag) && gn_has_tag(w[2 * i + 1], tag))) continue;
+      missing = 1;
+      if (spin < spin_limit) {
+        w[2 * i] = partial[e[i] * 2];
+        w[2 * i + 1] = partial[e[i] * 2 + 1];
+      }
+    }
+    if (!missing || spin >= spin_limit) break;
+  }
+  if (missing) *l_ok = 0;
+#pragma unroll
+  for (int i = 0; i < GN_GATHER; ++i) {
+    if (want[i]) l_part[e[i]] = (float2)(as_float((uint)w[2 * i]), as_float((uint)w[2 * i + 1]));
+  }
+}
+
+// Adds each group's K slice sums l_part[j * K ..] into its first entry, in a
+// tree (the same order in every work-group of the block, so all get the
+// same totals; a chain of K local-memory adds would serialise). A uniform
+// call.
+inline void gn_add_slices(__local float2* l_part, int K) {
+  const int lid = get_local_id(1) * GN_LX + get_local_id(0);
+  for (int h = K; h > 1;) {
+    const int upper = (h + 1) / 2, pairs = h - upper;  // entries [upper, h) add down
+    for (int t = lid; t < GN_GPW * pairs; t += GN_LX * GN_LY) {
+      const int j = t / pairs, a = j * K + (t - j * pairs);
+      l_part[a] += l_part[a + upper];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    h = upper;
+  }
+}
+
+// Turns l_grp's sums of this slice into each group's sums over its K slices,
+// in l_part[j * K]: publishes them (partial: the block's first group's
+// words), gathers the siblings' or, where one did not arrive within
+// spin_limit polls, computes every slice's from x (xc: this work-item's
+// column at row 0). *l_ok is 1 on entry. A uniform call.
 inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local float2* l_grp,
                         __local float2* l_part, __local int* l_ok, __global ulong* partial,
                         __global const DL_T* xc, GN_VEC shift, int k, int K, int rows, int S,
@@ -535,14 +587,7 @@ inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local floa
     partial[(j * K + k) * 2] = gn_tagged(l_grp[j].x, tag);
     partial[(j * K + k) * 2 + 1] = gn_tagged(l_grp[j].y, tag);
   }
-  if (lid == 0) *l_ok = 1;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int e = lid; e < GN_GPW * K; e += GN_LX * GN_LY) {  // entry (group j, slice kk)
-    const int j = e / K, kk = e - j * K;
-    float2 p = l_grp[j];
-    if (kk != k && !gn_poll_partial(partial + (long)e * 2, tag, spin_limit, &p)) *l_ok = 0;
-    l_part[e] = p;
-  }
+  gn_gather(l_grp, l_part, l_ok, partial, k, K, tag, spin_limit);
   barrier(CLK_LOCAL_MEM_FENCE);
   if (!*l_ok) {  // every slice's sums (its own again: one loop, no skipped barriers)
     for (int kk = 0; kk < K; ++kk) {
@@ -553,12 +598,7 @@ inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local floa
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
-    float2 t = 0.0f;
-    for (int kk = 0; kk < K; ++kk) t += l_part[j * K + kk];
-    l_grp[j] = t;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
+  gn_add_slices(l_part, K);
 }
 
 __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
@@ -567,7 +607,7 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
                       uint tag, int spin_limit) {
   __local GN_VEC l_s1[GN_LX * GN_LY];
   __local GN_VEC l_s2[GN_LX * GN_LY];
-  __local float2 l_part[2 * GN_LX * GN_LY + GN_GPW];  // [j * K + kk] (the host keeps GN_GPW * K within)
+  __local float2 l_part[GN_PARTS];  // [j * K + kk]
   __local float2 l_grp[GN_GPW];
   __local int l_ok;
   const int lid = get_local_id(1) * GN_LX + get_local_id(0);
@@ -575,9 +615,14 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
   const int first = b * GN_GPW;  // the block's first group
   const int cb = get_local_id(0) * GN_VW;  // this work-item's first channel in the block
   const long sample = (long)n * S * C;
+  if (lid == 0) l_ok = 1;  // (gn_block_sums' barriers publish it)
+  // Everything but the slice is read up front, so that no load waits on the
+  // exchange: the shift per lane (its group's first element) and the lane's
+  // gamma and beta.
   float lanes[GN_VW];
   for (int l = 0; l < GN_VW; ++l) lanes[l] = (float)x[sample + (first + (cb + l) / cg) * cg];
   const GN_VEC shift = GN_FROM_LANES(lanes);
+  const GN_VEC gam = GN_LOAD(gamma, first * cg + cb), bet = GN_LOAD(beta, first * cg + cb);
   __global const DL_T* xc = x + sample + first * cg + cb;
   const long slice = (long)k * rows * C;
   const int nrows = gn_slice_rows(k, rows, S);
@@ -591,22 +636,19 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
   if (K > 1) {
     gn_exchange(l_s1, l_s2, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * K * 2,
                 xc, shift, k, K, rows, S, C, cg, tag, spin_limit);
+  } else {
+    for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) l_part[j * K] = l_grp[j];
+    barrier(CLK_LOCAL_MEM_FENCE);
   }
-  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {  // sums -> (mean, rstd)
-    const float inv = 1.0f / (float)(S * cg);
-    const float dm = l_grp[j].x * inv;
-    const float var = fmax(l_grp[j].y * inv - dm * dm, 0.0f);
-    l_grp[j] = (float2)((float)x[sample + (first + j) * cg] + dm, rsqrt(var + eps));
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float mean[GN_VW], rstd[GN_VW];
+  float dmean[GN_VW], rstd[GN_VW];  // per lane: its group's mean - shift, 1 / std
+  const float inv = 1.0f / (float)(S * cg);
   for (int l = 0; l < GN_VW; ++l) {
-    const float2 st = l_grp[(cb + l) / cg];
-    mean[l] = st.x;
-    rstd[l] = st.y;
+    const float2 t = l_part[((cb + l) / cg) * K];
+    dmean[l] = t.x * inv;
+    rstd[l] = rsqrt(fmax(t.y * inv - dmean[l] * dmean[l], 0.0f) + eps);
   }
-  const GN_VEC scale = GN_FROM_LANES(rstd) * GN_LOAD(gamma, first * cg + cb);
-  const GN_VEC offset = GN_LOAD(beta, first * cg + cb) - GN_FROM_LANES(mean) * scale;
+  const GN_VEC scale = GN_FROM_LANES(rstd) * gam;
+  const GN_VEC offset = bet - (shift + GN_FROM_LANES(dmean)) * scale;
   __global DL_T* ys = y + sample + first * cg + cb + slice;
   gn_chunk_store(ys, last, nrows, C, v, scale, offset, silu);  // from registers
   for (int chunk = 0; chunk < last; ++chunk) {  // read again

@@ -50,7 +50,8 @@ constexpr int kCoopMaxFloats = 32;  // floats of x a gn_coop work-item holds in 
 constexpr int kCoopGroupsPerCu = 3;  // gn_coop work-groups a compute unit (PlanCoop)
 constexpr int kCoopMaxChunks = 8;  // "coop" while a slice is at most this many chunks (PickPlan)
 constexpr int64_t kOneMaxGroupElems = 65536;  // else "one" for groups this small (PickPlan)
-constexpr int kCoopSpinLimit = 16384;  // polls before a work-group computes the sums itself
+constexpr int kCoopSpinLimit = 16384;
+constexpr int kCoopMaxGather = 8;  // slice sums a gn_coop work-item gathers (registers)  // polls before a work-group computes the sums itself
 
 enum class Plan { kOne, kSplit, kCoop };
 
@@ -81,7 +82,7 @@ struct CoopPlan {
   std::string Options() const {
     return "-DGN_COOP=1 -DGN_VW=" + std::to_string(vw) + " -DGN_LX=" + std::to_string(lx) +
            " -DGN_LY=" + std::to_string(ly) + " -DGN_GPW=" + std::to_string(gpw) +
-           " -DGN_ITEMS=" + std::to_string(items);
+           " -DGN_ITEMS=" + std::to_string(items) + " -DGN_PARTS=" + std::to_string(gpw * k);
   }
 };
 
@@ -107,8 +108,9 @@ void CoopBlock(int cg, int groups, int limit, int sector_elems, CoopPlan* p) {
 
 // Work-groups of at most `limit` work-items; slices enough for per_cu
 // work-groups a compute unit (all resident at once: a sibling that waits for
-// a later wave stalls its block), at most one a row and 2 * lx * ly / gpw a
-// block (the partials are gathered two per work-item); then the fewest
+// a later wave stalls its block), at most one a row and kCoopMaxGather *
+// lx * ly / gpw a block (the partials are gathered kCoopMaxGather a work-item
+// at most); then the fewest
 // chunks a slice with at most max_floats floats a work-item, evened out.
 CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int limit, int max_floats,
                   uint32_t cus, int per_cu, int sector_elems) {
@@ -118,8 +120,8 @@ CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int limit, int
   p.ly = static_cast<int>(std::min<int64_t>(std::max(1, limit / p.lx), spatial));
   const int64_t blocks = static_cast<int64_t>(groups / p.gpw) * n;
   const int64_t want = CeilDiv(static_cast<int64_t>(std::max<uint32_t>(cus, 1)) * per_cu, blocks);
-  const int64_t k = std::max<int64_t>(  // l_part: 2 * lx * ly + gpw entries
-      1, std::min<int64_t>({want, spatial, std::max(1, 2 * p.lx * p.ly / p.gpw)}));
+  const int64_t k = std::max<int64_t>(
+      1, std::min<int64_t>({want, spatial, std::max(1, kCoopMaxGather * p.lx * p.ly / p.gpw)}));
   const int64_t rows = CeilDiv(spatial, k);
   p.rows = static_cast<int>(rows);
   p.k = static_cast<int>(CeilDiv(spatial, rows));
