@@ -1,9 +1,10 @@
-"""Where gn_coop's time goes: the library's cooperative GroupNorm kernel against the same kernel with
-its exchange compiled out (every slice normalised by its own sums: wrong output, timing only), over
-block widths (groups a block: row stretches of 160 B to whole rows), work-groups per compute unit and
-work-group limits, with a same-size copy as the ceiling. The difference between a plan's "full" and
-"floor" rows is what the exchange costs; the floor against the copy is what the access pattern,
-reductions and launch cost.
+"""Where gn_coop's time goes: the library's cooperative GroupNorm kernel with each exchange
+("all-to-all": every work-group gathers every sibling's partial sums; "leader": one work-group a
+block gathers them and publishes the totals) against the same kernel with its exchange compiled out
+("floor": every slice normalised by its own sums: wrong output, timing only), over block widths
+(groups a block: row stretches of 160 B to whole rows), work-groups per compute unit and work-group
+limits, with a same-size copy as the ceiling. An exchange's row minus the floor is what it costs;
+the floor against the copy is what the access pattern, reductions and launch cost.
 
     python benchmarks/gpu_gn_floor.py [--shapes 1x4096x320,2x4096x320] [--runs 20]
 
@@ -24,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402
-from gpu_kernels_harness.launch import COOP_MAX_GATHER, CoopPlan, Runner, ceil_div, cl_source  # noqa: E402
+from gpu_kernels_harness.launch import (COOP_MAX_GATHER, CoopPlan, Runner, ceil_div, cl_source,  # noqa: E402
+                                         gn_coop_plan)
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
 
 FLOOR_OPTION = "-DGN_FLOOR_EXPERIMENT=1"
@@ -43,11 +45,8 @@ class FloorRunner(Runner):
             if EXCHANGE_CALL not in src:
                 raise SystemExit("gn_coop's exchange call not found: update EXCHANGE_CALL")
             import pyopencl as cl
-            # Skip the exchange; the totals then sit at l_part[group] (the K = 1 layout: with
-            # l_part[group * K] a large K would index past its end).
             head, kernel = src.split("__kernel void gn_coop(")
-            src = head + "__kernel void gn_coop(" + kernel.replace(EXCHANGE_CALL, "  if (0) {\n    gn_exchange(") \
-                .replace("* K]", "]")
+            src = head + "__kernel void gn_coop(" + kernel.replace(EXCHANGE_CALL, "  if (0) {\n    gn_exchange(")
             self._programs[key] = cl.Program(self.ctx, src).build(
                 options=f"-DDL_T=float -DDL_T4=float4 {options}".split())
         return self._programs[key]
@@ -56,6 +55,16 @@ class FloorRunner(Runner):
 class FloorPlan(CoopPlan):
     def options(self) -> str:
         return super().options() + " " + FLOOR_OPTION
+
+
+class LeaderPlan(CoopPlan):
+    def options(self) -> str:
+        return super().options() + " -DGN_LEADER=1"
+
+
+class AllToAllPlan(CoopPlan):
+    def options(self) -> str:
+        return super().options() + " -DGN_LEADER=0"
 
 
 def plan_for(n: int, groups: int, spatial: int, cg: int, gpw: int, limit: int, cus: int, per_cu: int,
@@ -79,6 +88,7 @@ def sweep(r: FloorRunner, u: Unfused, shape, groups: int, runs: int) -> dict:
     beta = rng.uniform(-0.5, 0.5, c).astype(np.float32)
     xb, gb, bb, y = r.upload(x), r.upload(gamma), r.upload(beta), r.empty(shape)
     moved = 4 * 2 * x.size
+    library = gn_coop_plan(n, groups, spatial, cg, min(128, r.max_wg), r.compute_units)
     rows = []
     for gpw in [d for d in range(1, groups + 1) if groups % d == 0 and (d * cg) % 8 == 0]:
         for limit in (128, 256):
@@ -88,14 +98,15 @@ def sweep(r: FloorRunner, u: Unfused, shape, groups: int, runs: int) -> dict:
                     continue
                 variants = [("floor", FloorPlan(**plan.__dict__))]
                 if plan.k * gpw <= COOP_MAX_GATHER * plan.lx * plan.ly:  # PlanCoop's gather limit
-                    variants.insert(0, ("full", plan))
+                    variants[:0] = [("all-to-all", AllToAllPlan(**plan.__dict__)), ("leader", LeaderPlan(**plan.__dict__))]
                 for variant, p in variants:
                     if r.max_work_group(r.kernel("group_norm", "gn_coop", p.options())) < p.lx * p.ly:
                         continue
                     chain = measure(lambda p=p: r.group_norm(xb, gb, bb, y, shape, groups, 1e-5, True,
                                                              plan="coop", coop=p), runs, 3, r.queue)[0]
                     rows.append({"gpw": gpw, "row_bytes": gpw * cg * 4, "limit": limit, "per_cu": per_cu,
-                                 "plan": plan.__dict__, "variant": variant, "us": chain * 1e6,
+                                 "plan": plan.__dict__, "library_plan": plan == library,
+                                 "variant": variant, "us": chain * 1e6,
                                  "gbs": moved / chain / 1e9})
     copy = same_size_copy_bandwidth(r, u, moved, runs, 3)
     for row in rows:
@@ -122,9 +133,20 @@ def main() -> int:
         print("|---|---|---|---|---|---|---|")
         for row in res["rows"]:
             p = row["plan"]
-            print(f"| {row['gpw']} ({row['row_bytes']} B) | {row['limit']} | {row['per_cu']} | {p['lx']}x{p['ly']}, "
+            mark = " (library)" if row["library_plan"] else ""
+            print(f"| {row['gpw']} ({row['row_bytes']} B){mark} | {row['limit']} | {row['per_cu']} | {p['lx']}x{p['ly']}, "
                   f"{p['k']}, {p['items']}x{p['chunks']} | {row['variant']} | {row['us']:.1f} | "
                   f"{row['of_same_size_copy']:.0%} |")
+    print("\nBest of each variant:")
+    for res in results:
+        for variant in ("all-to-all", "leader", "floor"):
+            rows = [row for row in res["rows"] if row["variant"] == variant]
+            if rows:
+                best = min(rows, key=lambda row: row["us"])
+                lib = [row for row in rows if row["library_plan"]]
+                lib_text = f"; library plan {lib[0]['us']:.1f} us ({lib[0]['of_same_size_copy']:.0%})" if lib else ""
+                print(f"{res['shape']} {variant}: {best['us']:.1f} us ({best['of_same_size_copy']:.0%}) at "
+                      f"{best['gpw']} groups, limit {best['limit']}, {best['per_cu']} a CU{lib_text}")
     out = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu_gn_floor_{device.lower().replace(' ', '_')}.json"

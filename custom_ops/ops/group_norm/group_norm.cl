@@ -391,8 +391,9 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 // chunk from registers, any earlier ones read again (from cache; the host
 // keeps a slice to a few chunks).
 // Global size (GN_LX * K * blocks, GN_LY, N), local size (GN_LX, GN_LY, 1).
-// partial[((n * groups + g) * K + k) * 2 + {0, 1}]: the two sums of group g
-// over slice k, each a 64-bit word with the launch's tag in its upper half.
+// partial[((n * groups + g) * (K + 1) + k) * 2 + {0, 1}]: the two sums of
+// group g over slice k (k == K: over all slices, GN_LEADER's totals), each a
+// 64-bit word with the launch's tag in its upper half.
 // One aligned 64-bit store carries a value and its tag together, so a reader
 // needs no ordering between separate stores (NVIDIA compiles
 // mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group-scope membar.cta), and a tag
@@ -410,6 +411,9 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 #define GN_PARTS (2 * GN_LX * GN_LY)  // GN_GPW * K: the slice sums a work-group gathers
 #endif
 #define GN_GATHER ((GN_PARTS + GN_LX * GN_LY - 1) / (GN_LX * GN_LY))  // per work-item
+#ifndef GN_LEADER
+#define GN_LEADER 0
+#endif
 #if GN_VW == 4
 #define GN_FROM_LANES(a) vload4(0, a)
 #elif GN_VW == 2
@@ -512,6 +516,22 @@ inline ulong gn_tagged(float v, uint tag) { return ((ulong)tag << 32) | as_uint(
 
 inline int gn_has_tag(ulong word, uint tag) { return (uint)(word >> 32) == tag; }
 
+// The first of the two words (sum of x - shift, sum of its square) of group j
+// of a block, slice kk; kk == K: the group's total over its K slices.
+inline int gn_word(int j, int kk, int K) { return (j * (K + 1) + kk) * 2; }
+
+// Polls a word pair (at most spin_limit re-reads) until both carry `tag`;
+// whether they did, their sums in *sums.
+inline int gn_poll_pair(volatile __global const ulong* p, uint tag, int spin_limit, float2* sums) {
+  ulong a = p[0], b = p[1];
+  for (int i = 0; !(gn_has_tag(a, tag) && gn_has_tag(b, tag)) && i < spin_limit; ++i) {
+    a = p[0];
+    b = p[1];
+  }
+  *sums = (float2)(as_float((uint)a), as_float((uint)b));
+  return gn_has_tag(a, tag) && gn_has_tag(b, tag);
+}
+
 // Entry i (< GN_GATHER) of a work-item's gather: entry lid + i * (work-group
 // size), when it is another slice's ((group j, slice kk) = (e / K, e % K)).
 inline int gn_gathers(int i, int k, int K, int* e) {
@@ -531,8 +551,9 @@ inline void gn_gather(__local float2* l_grp, __local float2* l_part, __local int
 #pragma unroll
   for (int i = 0; i < GN_GATHER; ++i) {
     want[i] = gn_gathers(i, k, K, &e[i]);
-    w[2 * i] = want[i] ? partial[e[i] * 2] : 0;
-    w[2 * i + 1] = want[i] ? partial[e[i] * 2 + 1] : 0;
+    const int at = gn_word(e[i] / K, e[i] % K, K);
+    w[2 * i] = want[i] ? partial[at] : 0;
+    w[2 * i + 1] = want[i] ? partial[at + 1] : 0;
     if (e[i] < GN_GPW * K && !want[i]) l_part[e[i]] = l_grp[e[i] / K];
   }
   int missing = 0;
@@ -543,8 +564,9 @@ inline void gn_gather(__local float2* l_grp, __local float2* l_part, __local int
       if (!want[i] || (gn_has_tag(w[2 * i], tag) && gn_has_tag(w[2 * i + 1], tag))) continue;
       missing = 1;
       if (spin < spin_limit) {
-        w[2 * i] = partial[e[i] * 2];
-        w[2 * i + 1] = partial[e[i] * 2 + 1];
+        const int at = gn_word(e[i] / K, e[i] % K, K);
+        w[2 * i] = partial[at];
+        w[2 * i + 1] = partial[at + 1];
       }
     }
     if (!missing || spin >= spin_limit) break;
@@ -574,22 +596,38 @@ inline void gn_add_slices(__local float2* l_part, int K) {
 }
 
 // Turns l_grp's sums of this slice into each group's sums over its K slices,
-// in l_part[j * K]: publishes them (partial: the block's first group's
-// words), gathers the siblings' or, where one did not arrive within
-// spin_limit polls, computes every slice's from x (xc: this work-item's
-// column at row 0). *l_ok is 1 on entry. A uniform call.
+// in l_grp (partial: the block's words, gn_word). Without GN_LEADER
+// every work-group publishes its sums and gathers all K - 1 siblings' (K^2
+// word pairs a group read in all). With GN_LEADER only slice 0's work-group
+// gathers; it publishes the totals, which the others poll (2K pairs a group:
+// one more round trip, far less polling traffic). Where sums did not arrive
+// within spin_limit polls, a work-group computes every slice's from x (xc:
+// this work-item's column at row 0): the same sums in the same order, so the
+// same totals. *l_ok is 1 on entry. A uniform call.
 inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local float2* l_grp,
                         __local float2* l_part, __local int* l_ok, __global ulong* partial,
                         __global const DL_T* xc, GN_VEC shift, int k, int K, int rows, int S,
                         int C, int cg, uint tag, int spin_limit) {
   const int lid = get_local_id(1) * GN_LX + get_local_id(0);
+  const int leads = GN_LEADER ? k == 0 : 0;  // gathers for the block, publishes its totals
+  const int gathers = GN_LEADER ? leads : 1;
   for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
-    partial[(j * K + k) * 2] = gn_tagged(l_grp[j].x, tag);
-    partial[(j * K + k) * 2 + 1] = gn_tagged(l_grp[j].y, tag);
+    if (leads) break;
+    partial[gn_word(j, k, K)] = gn_tagged(l_grp[j].x, tag);
+    partial[gn_word(j, k, K) + 1] = gn_tagged(l_grp[j].y, tag);
   }
-  gn_gather(l_grp, l_part, l_ok, partial, k, K, tag, spin_limit);
+  if (gathers) {
+    gn_gather(l_grp, l_part, l_ok, partial, k, K, tag, spin_limit);
+  } else {
+    for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {  // (the item that published l_grp[j])
+      float2 t;
+      if (!gn_poll_pair(partial + gn_word(j, K, K), tag, spin_limit, &t)) *l_ok = 0;
+      l_grp[j] = t;
+    }
+  }
   barrier(CLK_LOCAL_MEM_FENCE);
-  if (!*l_ok) {  // every slice's sums (its own again: one loop, no skipped barriers)
+  const int ok = *l_ok;
+  if (!ok) {  // every slice's sums (its own again: one loop, no skipped barriers)
     for (int kk = 0; kk < K; ++kk) {
       GN_VEC s1, s2;
       gn_slice_sums(xc + (long)kk * rows * C, gn_slice_rows(kk, rows, S), C, shift, &s1, &s2);
@@ -598,7 +636,16 @@ inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local floa
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  gn_add_slices(l_part, K);
+  gn_add_slices(l_part, K);  // (also where unused: no barrier under a condition, for PoCL)
+  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
+    if (!gathers && ok) break;  // (its totals came in l_grp)
+    l_grp[j] = l_part[j * K];
+    if (leads) {
+      partial[gn_word(j, K, K)] = gn_tagged(l_grp[j].x, tag);
+      partial[gn_word(j, K, K) + 1] = gn_tagged(l_grp[j].y, tag);
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
 }
 
 __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
@@ -634,16 +681,13 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
   }
   gn_block_sums(l_s1, l_s2, l_grp, s1, s2, cg);
   if (K > 1) {
-    gn_exchange(l_s1, l_s2, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * K * 2,
+    gn_exchange(l_s1, l_s2, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * (K + 1) * 2,
                 xc, shift, k, K, rows, S, C, cg, tag, spin_limit);
-  } else {
-    for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) l_part[j * K] = l_grp[j];
-    barrier(CLK_LOCAL_MEM_FENCE);
   }
   float dmean[GN_VW], rstd[GN_VW];  // per lane: its group's mean - shift, 1 / std
   const float inv = 1.0f / (float)(S * cg);
   for (int l = 0; l < GN_VW; ++l) {
-    const float2 t = l_part[((cb + l) / cg) * K];
+    const float2 t = l_grp[(cb + l) / cg];
     dmean[l] = t.x * inv;
     rstd[l] = rsqrt(fmax(t.y * inv - dmean[l] * dmean[l], 0.0f) + eps);
   }
