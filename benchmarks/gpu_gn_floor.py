@@ -1,9 +1,8 @@
-"""Where gn_coop's time goes: the library's cooperative GroupNorm kernel with each exchange
-("all-to-all": every work-group gathers every sibling's partial sums; "leader": one work-group a
-block gathers them and publishes the totals) against the same kernel with its exchange compiled out
-("floor": every slice normalised by its own sums: wrong output, timing only), over block widths
+"""Where gn_coop's time goes: the library's cooperative GroupNorm kernel ("exchange": every
+work-group gathers every sibling's partial sums) against the same kernel with its exchange compiled
+out ("floor": every slice normalised by its own sums: wrong output, timing only), over block widths
 (groups a block: row stretches of 160 B to whole rows), work-groups per compute unit and work-group
-limits, with a same-size copy as the ceiling. An exchange's row minus the floor is what it costs;
+limits, with a same-size copy as the ceiling. The exchange's row minus the floor is what it costs;
 the floor against the copy is what the access pattern, reductions and launch cost.
 
     python benchmarks/gpu_gn_floor.py [--shapes 1x4096x320,2x4096x320] [--runs 20]
@@ -57,16 +56,6 @@ class FloorPlan(CoopPlan):
         return super().options() + " " + FLOOR_OPTION
 
 
-class LeaderPlan(CoopPlan):
-    def options(self) -> str:
-        return super().options() + " -DGN_LEADER=1"
-
-
-class AllToAllPlan(CoopPlan):
-    def options(self) -> str:
-        return super().options() + " -DGN_LEADER=0"
-
-
 def plan_for(n: int, groups: int, spatial: int, cg: int, gpw: int, limit: int, cus: int, per_cu: int,
              floats: int) -> CoopPlan:
     """PlanCoop's arithmetic with the block width given (gpw groups in float4 columns), no cap on slices."""
@@ -98,7 +87,7 @@ def sweep(r: FloorRunner, u: Unfused, shape, groups: int, runs: int) -> dict:
                     continue
                 variants = [("floor", FloorPlan(**plan.__dict__))]
                 if plan.k * gpw <= COOP_MAX_GATHER * plan.lx * plan.ly:  # PlanCoop's gather limit
-                    variants[:0] = [("all-to-all", AllToAllPlan(**plan.__dict__)), ("leader", LeaderPlan(**plan.__dict__))]
+                    variants.insert(0, ("exchange", plan))
                 for variant, p in variants:
                     if r.max_work_group(r.kernel("group_norm", "gn_coop", p.options())) < p.lx * p.ly:
                         continue
@@ -139,7 +128,7 @@ def main() -> int:
                   f"{row['of_same_size_copy']:.0%} |")
     print("\nBest of each variant:")
     for res in results:
-        for variant in ("all-to-all", "leader", "floor"):
+        for variant in ("exchange", "floor"):
             rows = [row for row in res["rows"] if row["variant"] == variant]
             if rows:
                 best = min(rows, key=lambda row: row["us"])

@@ -869,7 +869,7 @@ def test_delegate_group_norm_plans(tmp_path, oplib, monkeypatch, plan):
 
 
 def test_delegate_group_norm_coop_memory(tmp_path, oplib, monkeypatch):
-    """gn_coop's partial-sum words (two 8-byte words per (sample, group, slice or total)) are device memory the op
+    """gn_coop's partial-sum words (two 8-byte words per (sample, group, slice)) are device memory the op
     holds for its lifetime: reported with the weights, not as scratch."""
     r = np.random.default_rng(16)
     shape, groups = (2, 48, 45, 40), 4

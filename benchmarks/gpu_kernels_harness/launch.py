@@ -616,7 +616,7 @@ class Runner:
         key = (n, spatial, c, groups, plan)
         partial, launches = self._gn_partials.get(key) or (
             cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                      hostbuf=np.zeros(2 * n * groups * (plan.k + 1), np.uint64)), 0)
+                      hostbuf=np.zeros(2 * n * groups * plan.k, np.uint64)), 0)
         self._gn_partials[key] = (partial, launches + 1)
         i32 = np.int32
         tag = np.uint32(launches % 0xFFFFFFFF + 1)

@@ -391,9 +391,8 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 // chunk from registers, any earlier ones read again (from cache; the host
 // keeps a slice to a few chunks).
 // Global size (GN_LX * K * blocks, GN_LY, N), local size (GN_LX, GN_LY, 1).
-// partial[((n * groups + g) * (K + 1) + k) * 2 + {0, 1}]: the two sums of
-// group g over slice k (k == K: over all slices, GN_LEADER's totals), each a
-// 64-bit word with the launch's tag in its upper half.
+// partial[((n * groups + g) * K + k) * 2 + {0, 1}]: the two sums of group g
+// over slice k, each a 64-bit word with the launch's tag in its upper half.
 // One aligned 64-bit store carries a value and its tag together, so a reader
 // needs no ordering between separate stores (NVIDIA compiles
 // mem_fence(CLK_GLOBAL_MEM_FENCE) to a work-group-scope membar.cta), and a tag
@@ -411,9 +410,6 @@ __kernel void gn_one(__global const DL_T* x, __global const DL_T* gamma,
 #define GN_PARTS (2 * GN_LX * GN_LY)  // GN_GPW * K: the slice sums a work-group gathers
 #endif
 #define GN_GATHER ((GN_PARTS + GN_LX * GN_LY - 1) / (GN_LX * GN_LY))  // per work-item
-#ifndef GN_LEADER
-#define GN_LEADER 0
-#endif
 #if GN_VW == 4
 #define GN_FROM_LANES(a) vload4(0, a)
 #elif GN_VW == 2
@@ -517,20 +513,8 @@ inline ulong gn_tagged(float v, uint tag) { return ((ulong)tag << 32) | as_uint(
 inline int gn_has_tag(ulong word, uint tag) { return (uint)(word >> 32) == tag; }
 
 // The first of the two words (sum of x - shift, sum of its square) of group j
-// of a block, slice kk; kk == K: the group's total over its K slices.
-inline int gn_word(int j, int kk, int K) { return (j * (K + 1) + kk) * 2; }
-
-// Polls a word pair (at most spin_limit re-reads) until both carry `tag`;
-// whether they did, their sums in *sums.
-inline int gn_poll_pair(volatile __global const ulong* p, uint tag, int spin_limit, float2* sums) {
-  ulong a = p[0], b = p[1];
-  for (int i = 0; !(gn_has_tag(a, tag) && gn_has_tag(b, tag)) && i < spin_limit; ++i) {
-    a = p[0];
-    b = p[1];
-  }
-  *sums = (float2)(as_float((uint)a), as_float((uint)b));
-  return gn_has_tag(a, tag) && gn_has_tag(b, tag);
-}
+// of a block, slice kk.
+inline int gn_word(int j, int kk, int K) { return (j * K + kk) * 2; }
 
 // Entry i (< GN_GATHER) of a work-item's gather: entry lid + i * (work-group
 // size), when it is another slice's ((group j, slice kk) = (e / K, e % K)).
@@ -551,7 +535,7 @@ inline void gn_gather(__local float2* l_grp, __local float2* l_part, __local int
 #pragma unroll
   for (int i = 0; i < GN_GATHER; ++i) {
     want[i] = gn_gathers(i, k, K, &e[i]);
-    const int at = gn_word(e[i] / K, e[i] % K, K);
+    const int at = 2 * e[i];  // gn_word(e / K, e % K, K)
     w[2 * i] = want[i] ? partial[at] : 0;
     w[2 * i + 1] = want[i] ? partial[at + 1] : 0;
     if (e[i] < GN_GPW * K && !want[i]) l_part[e[i]] = l_grp[e[i] / K];
@@ -564,7 +548,7 @@ inline void gn_gather(__local float2* l_grp, __local float2* l_part, __local int
       if (!want[i] || (gn_has_tag(w[2 * i], tag) && gn_has_tag(w[2 * i + 1], tag))) continue;
       missing = 1;
       if (spin < spin_limit) {
-        const int at = gn_word(e[i] / K, e[i] % K, K);
+        const int at = 2 * e[i];
         w[2 * i] = partial[at];
         w[2 * i + 1] = partial[at + 1];
       }
@@ -596,38 +580,26 @@ inline void gn_add_slices(__local float2* l_part, int K) {
 }
 
 // Turns l_grp's sums of this slice into each group's sums over its K slices,
-// in l_grp (partial: the block's words, gn_word). Without GN_LEADER
-// every work-group publishes its sums and gathers all K - 1 siblings' (K^2
-// word pairs a group read in all). With GN_LEADER only slice 0's work-group
-// gathers; it publishes the totals, which the others poll (2K pairs a group:
-// one more round trip, far less polling traffic). Where sums did not arrive
-// within spin_limit polls, a work-group computes every slice's from x (xc:
-// this work-item's column at row 0): the same sums in the same order, so the
-// same totals. *l_ok is 1 on entry. A uniform call.
+// in l_grp: publishes them (partial: the block's words, gn_word), gathers the
+// siblings' or, where one did not arrive within spin_limit polls, computes
+// every slice's from x (xc: this work-item's column at row 0): the same sums
+// in the same order, so the same totals. Every work-group reads all K
+// partials of its groups (K^2 word pairs a group in all); one work-group a
+// block gathering them and publishing the totals reads 2K, but its extra
+// round trip cost ~1 us more at every SD 1.5 shape (benchmarks/NOTES.md,
+// section 16). *l_ok is 1 on entry. A uniform call.
 inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local float2* l_grp,
                         __local float2* l_part, __local int* l_ok, __global ulong* partial,
                         __global const DL_T* xc, GN_VEC shift, int k, int K, int rows, int S,
                         int C, int cg, uint tag, int spin_limit) {
   const int lid = get_local_id(1) * GN_LX + get_local_id(0);
-  const int leads = GN_LEADER ? k == 0 : 0;  // gathers for the block, publishes its totals
-  const int gathers = GN_LEADER ? leads : 1;
   for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
-    if (leads) break;
     partial[gn_word(j, k, K)] = gn_tagged(l_grp[j].x, tag);
     partial[gn_word(j, k, K) + 1] = gn_tagged(l_grp[j].y, tag);
   }
-  if (gathers) {
-    gn_gather(l_grp, l_part, l_ok, partial, k, K, tag, spin_limit);
-  } else {
-    for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {  // (the item that published l_grp[j])
-      float2 t;
-      if (!gn_poll_pair(partial + gn_word(j, K, K), tag, spin_limit, &t)) *l_ok = 0;
-      l_grp[j] = t;
-    }
-  }
+  gn_gather(l_grp, l_part, l_ok, partial, k, K, tag, spin_limit);
   barrier(CLK_LOCAL_MEM_FENCE);
-  const int ok = *l_ok;
-  if (!ok) {  // every slice's sums (its own again: one loop, no skipped barriers)
+  if (!*l_ok) {  // every slice's sums (its own again: one loop, no skipped barriers)
     for (int kk = 0; kk < K; ++kk) {
       GN_VEC s1, s2;
       gn_slice_sums(xc + (long)kk * rows * C, gn_slice_rows(kk, rows, S), C, shift, &s1, &s2);
@@ -636,15 +608,8 @@ inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local floa
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  gn_add_slices(l_part, K);  // (also where unused: no barrier under a condition, for PoCL)
-  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
-    if (!gathers && ok) break;  // (its totals came in l_grp)
-    l_grp[j] = l_part[j * K];
-    if (leads) {
-      partial[gn_word(j, K, K)] = gn_tagged(l_grp[j].x, tag);
-      partial[gn_word(j, K, K) + 1] = gn_tagged(l_grp[j].y, tag);
-    }
-  }
+  gn_add_slices(l_part, K);
+  for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) l_grp[j] = l_part[j * K];
   barrier(CLK_LOCAL_MEM_FENCE);
 }
 
@@ -681,7 +646,7 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
   }
   gn_block_sums(l_s1, l_s2, l_grp, s1, s2, cg);
   if (K > 1) {
-    gn_exchange(l_s1, l_s2, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * (K + 1) * 2,
+    gn_exchange(l_s1, l_s2, l_grp, l_part, &l_ok, partial + ((long)n * groups + first) * K * 2,
                 xc, shift, k, K, rows, S, C, cg, tag, spin_limit);
   }
   float dmean[GN_VW], rstd[GN_VW];  // per lane: its group's mean - shift, 1 / std

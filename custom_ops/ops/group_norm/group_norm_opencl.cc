@@ -384,7 +384,7 @@ class GroupNormGpu final : public GpuOp {
   }
 
   size_t CoopPartialBytes() const {
-    return 2 * sizeof(cl_ulong) * static_cast<size_t>(n_) * o_.groups * (coop_.k + 1);
+    return 2 * sizeof(cl_ulong) * static_cast<size_t>(n_) * o_.groups * coop_.k;
   }
   size_t PartialBytes() const {
     return sizeof(cl_float4) * static_cast<size_t>(n_) * o_.groups * plan_.Partials();
