@@ -721,8 +721,8 @@ def test_winograd(runner, launch, n, h, w, cin, cout):
     ref = winograd_ref.conv3x3_nhwc(x, wt, bias)
     assert rel_err(runner.download(y, ref.shape), ref) < TOL
     t = launch.winograd_tiles(n, h, w)[2]
-    _, tile = runner.gemm_kernel(t, cout, a_kmajor=True, b_kmajor=False)
-    assert tile == launch.gemm_tiles(t, cout)[0]  # PoCL runs the tile a GPU gets
+    _, tile = runner.gemm_kernel(t, cout, a_kmajor=True, b_kmajor=False, macs=36 * t * cout * cin)
+    assert tile == launch.gemm_tiles(t, cout, 36 * t * cout * cin)[0]  # PoCL runs the tile a GPU gets
 
 
 # ---------------------------------------------------------------------------
@@ -775,10 +775,18 @@ def test_plans_mirror_cxx(launch):
     assert set(launch.ATTN_KERNELS) == {"wide", "flash", "partial"}
     # Winograd's GEMM: builtin::Gemm with gemm.cc's tile candidates.
     gemm = (REPO / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
-    wanted = ["if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});",
+    wanted = ["if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true});",
+              "if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});",
+              "const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;"]
+    wanted += [
               "configs.push_back({32, 32, 16, 4, 4, true});", "configs.push_back({16, 16, 16, 2, 2});"]
     assert all(line in gemm for line in wanted)
-    assert [launch.gemm_tiles(33, 33)[0], *launch.gemm_tiles(32, 33)] == [
+    assert _cxx_constant(REPO / "custom_ops" / "builtins" / "matmul" / "gemm.h", "kLargeTileMacs") == \
+        launch.LARGE_TILE_MACS
+    big = launch.LARGE_TILE_MACS
+    assert [launch.gemm_tiles(65, 65, big)[0], launch.gemm_tiles(64, 65, big)[0], launch.gemm_tiles(33, 33, big - 1)[0],
+            *launch.gemm_tiles(32, 33, big)] == [
+        launch.GemmTile(128, 128, 16, 8, 8, True), launch.GemmTile(64, 64, 16, 4, 4, True),
         launch.GemmTile(64, 64, 16, 4, 4, True), launch.GemmTile(32, 32, 16, 4, 4, True),
         launch.GemmTile(16, 16, 16, 2, 2, False)]
     wino = (ops / "winograd_conv3x3" / "winograd_conv3x3_opencl.cc").read_text()

@@ -435,9 +435,14 @@ class GemmTile:
                 f" -DA_KMAJOR={int(a_kmajor)} -DB_KMAJOR={int(b_kmajor)}")
 
 
-def gemm_tiles(m: int, n: int) -> list[GemmTile]:
-    """gemm.cc: TileCandidates (without DIFFLITE_GEMM_TILE), best first."""
-    tiles = [GemmTile(64, 64, 16, 4, 4, True)] if m > 32 and n > 32 else []
+LARGE_TILE_MACS = 1 << 30  # gemm.h: kLargeTileMacs
+
+
+def gemm_tiles(m: int, n: int, macs: int = 0) -> list[GemmTile]:
+    """gemm.cc: TileCandidates (without DIFFLITE_GEMM_TILE) for m x n outputs a batch and `macs`
+    multiply-adds in all, best first."""
+    tiles = [GemmTile(128, 128, 16, 8, 8, True)] if macs >= LARGE_TILE_MACS and m > 64 and n > 64 else []
+    tiles += [GemmTile(64, 64, 16, 4, 4, True)] if m > 32 and n > 32 else []
     return tiles + [GemmTile(32, 32, 16, 4, 4, True), GemmTile(16, 16, 16, 2, 2, False)]
 
 
@@ -498,9 +503,10 @@ class Runner:
         """CL_KERNEL_WORK_GROUP_SIZE: the largest work-group this kernel (as built) accepts."""
         return kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
 
-    def gemm_kernel(self, m: int, n: int, a_kmajor: bool, b_kmajor: bool) -> tuple[cl.Kernel, GemmTile]:
+    def gemm_kernel(self, m: int, n: int, a_kmajor: bool, b_kmajor: bool,
+                    macs: int = 0) -> tuple[cl.Kernel, GemmTile]:
         """gemm.cl's tiled `gemm` with the first candidate tile the device runs (gemm.h: PickTile)."""
-        for tile in gemm_tiles(m, n):
+        for tile in gemm_tiles(m, n, macs):
             if tile.threads > self.max_wg:
                 continue
             k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor))
@@ -713,11 +719,16 @@ class Runner:
         return [e1, *e2, e3]
 
     def gemm(self, a, b, c, m: int, n: int, k: int, a_sm: int, a_sk: int, b_sk: int, b_sn: int, ldc: int,
-             bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None) -> list[cl.Event]:
+             bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None, tile: GemmTile | None = None) -> list[cl.Event]:
         """The backend's tiled GEMM as gemm.cc's Gemm::Init / Run launch it on a GPU (tile, operand
-        layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) with element strides."""
+        layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) with element strides. `tile`
+        forces a tile (DIFFLITE_GEMM_TILE)."""
         a_kmajor, b_kmajor = a_sk == 1, b_sk == 1 and b_sn != 1
-        kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor)
+        if tile is None:
+            macs = (int(np.prod(bdims)) if bdims else 1) * m * n * k
+            kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor, macs)
+        else:
+            kernel = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor))
         batches = int(np.prod(bdims)) if bdims else 1
         tiles = ceil_div(m, tile.tm) * ceil_div(n, tile.tn) * batches
         splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
@@ -752,12 +763,15 @@ class Runner:
                            (64, 1, 1), partials, bias, c, i32(m), i32(n), i32(ldc), i32(c_bs), i32(splits),
                            i32(bias is not None))
 
-    def conv3x3(self, x, w_ohwi, bias, y, n: int, h: int, w: int, cin: int, cout: int) -> list[cl.Event]:
+    def conv3x3(self, x, w_ohwi, bias, y, n: int, h: int, w: int, cin: int, cout: int,
+                tile: GemmTile | None = None) -> list[cl.Event]:
         """The backend's direct 3x3 / stride 1 / pad 1 CONV_2D (conv.cc: CreateConv2d's tiled path,
         conv.cl's implicit GEMM, split-K and splitk_sum where it applies): the baseline Winograd
-        must beat."""
+        must beat. `tile` forces a tile (DIFFLITE_GEMM_TILE)."""
         m, k = n * h * w, 9 * cin
-        tile = next(t for t in gemm_tiles(m, cout) if t.threads <= self.max_wg and t.threads % t.tk == 0)
+        if tile is None:
+            tile = next(t for t in gemm_tiles(m, cout, m * cout * k)
+                        if t.threads <= self.max_wg and t.threads % t.tk == 0)
         tiles = ceil_div(m, tile.tm) * ceil_div(cout, tile.tn)
         splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
         opts = f"-DTM={tile.tm} -DTN={tile.tn} -DTK={tile.tk} -DWM={tile.wm} -DWN={tile.wn}"

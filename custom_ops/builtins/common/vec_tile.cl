@@ -1,8 +1,12 @@
 // The register tile of the vectorised GEMM kernels (-DVEC=1: gemm.cl's gemm
-// and conv.cl's conv2d). A work-item owns the WM x WN block at rows ty*WM..,
-// cols tx*WN.. of its work-group's TM x TN tile, held as float4
-// acc[WM][WN / 4]; the operands of one k are float4 rows of the k-major local
-// tiles As[cb][k] / Bs[cb][k]. The loops over acc are macros rather than
+// and conv.cl's conv2d). A work-item owns WM rows ty*WM.. and WN / 4
+// four-column groups (tx + j*TX)*4.. (j < WN / 4) of its work-group's TM x TN
+// tile, held as float4 acc[WM][WN / 4]; the operands of one k are float4 rows
+// of the k-major local tiles As[cb][k] / Bs[cb][k]. Column groups TX apart
+// (not WN / 4 adjacent ones): neighbouring items then read neighbouring
+// float4s of Bs, which no two items of a warp's 8-item phase read from the
+// same bank (adjacent groups of WN = 8 would make every read 2-way
+// conflicted), and store neighbouring float4s of C. The loops over acc are macros rather than
 // functions so that the accumulators stay plain registers whatever the
 // compiler does with array arguments.
 #define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
@@ -33,7 +37,7 @@
     _Pragma("unroll") for (int kk_ = 0; kk_ < TK; ++kk_) {                                    \
       float4 a_[WM / 4], b_[WN / 4];                                                          \
       _Pragma("unroll") for (int v_ = 0; v_ < WM / 4; ++v_) a_[v_] = As[cb][kk_][ty * (WM / 4) + v_]; \
-      _Pragma("unroll") for (int v_ = 0; v_ < WN / 4; ++v_) b_[v_] = Bs[cb][kk_][tx * (WN / 4) + v_]; \
+      _Pragma("unroll") for (int v_ = 0; v_ < WN / 4; ++v_) b_[v_] = Bs[cb][kk_][v_ * TX + tx];  \
       _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                                     \
         const float4 ai_ = (float4)(C4(a_[i_ / 4], i_ % 4));                                  \
         _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                               \
@@ -55,17 +59,17 @@ inline float4 vt_bias4(__global const DL_T* bias, int has_bias, int n, int N) {
 // 16-byte aligned.
 #define VT_STORE(acc, bias, has_bias, M, N, vec_c, ROW)                         \
   do {                                                                         \
-    const int mb_ = m0 + ty * WM, nb_ = n0 + tx * WN;                          \
+    const int mb_ = m0 + ty * WM;                                              \
     float4 bv_[WN / 4];                                                        \
     _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                    \
-      bv_[j_] = vt_bias4(bias, has_bias, nb_ + 4 * j_, N);                     \
+      bv_[j_] = vt_bias4(bias, has_bias, n0 + 4 * (j_ * TX + tx), N);          \
     }                                                                          \
     _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                        \
       const int m = mb_ + i_;                                                  \
       if (m >= (M)) break;                                                     \
       __global DL_T* row_ = (ROW);                                             \
       _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                  \
-        const int n_ = nb_ + 4 * j_;                                           \
+        const int n_ = n0 + 4 * (j_ * TX + tx);                                \
         const float4 v_ = acc[i_][j_] + bv_[j_];                               \
         if ((vec_c) && n_ + 4 <= (N)) {                                        \
           vstore4(CONVERT_DL_T4(v_), 0, row_ + n_);                            \

@@ -225,7 +225,7 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
     if (c.threads() % c.tk != 0) return std::string("tile threads not a multiple of TK");
     return GetKernel(ctx, "conv", "conv2d", c.Options() + extra, out);
   };
-  e = PickTile(ctx, m, g.cout, kernel_of, &tile, &kernel);
+  e = PickTile(ctx, m, g.cout, static_cast<int64_t>(m) * g.cout * k, kernel_of, &tile, &kernel);
   if (!e.empty()) return Refuse(error, e);
   SplitK split;
   if (tile.vec) {

@@ -13,7 +13,7 @@ std::string TileConfig::Options() const {
          " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "");
 }
 
-std::vector<TileConfig> TileCandidates(int m, int n) {
+std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs) {
   std::vector<TileConfig> configs;
   const char* env = std::getenv("DIFFLITE_GEMM_TILE");
   TileConfig forced;
@@ -30,6 +30,7 @@ std::vector<TileConfig> TileCandidates(int m, int n) {
   }
   // Vectorised by default: on the H100 it ran the SD 1.5 UNet's convolutions and projections
   // 2x faster than the scalar kernel, and larger tiles did not help (benchmarks/NOTES.md §6).
+  if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true});
   if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});
   configs.push_back({32, 32, 16, 4, 4, true});
   configs.push_back({16, 16, 16, 2, 2});
@@ -147,7 +148,8 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") + extra;
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
-  std::string e = PickTile(ctx, s_.m, s_.n, kernel_of, &tile_, &kernel_);
+  const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;
+  std::string e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_);
   if (!e.empty() || !tile_.vec) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
                         ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;

@@ -20,20 +20,24 @@ struct TileConfig {
   std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1]
 };
 
-// Candidate tiles, best first: 64x64 (for m, n > 32), 32x32, 16x16.
-// DIFFLITE_GEMM_TILE=TMxTNxTKxWMxWN (e.g. 128x128x16x8x8) puts one tile first,
-// a trailing v (128x128x16x8x8v) selects the vectorised variant; for
-// benchmarking (benchmarks/gpu_tiles.sh; larger tiles were slower on the H100,
-// NOTES.md §6).
-std::vector<TileConfig> TileCandidates(int m, int n);
+// Candidate tiles, best first, for a GEMM of m x n outputs per batch and
+// `macs` multiply-adds in all: 128x128 with 8x8 outputs a work-item for
+// GEMMs of at least kLargeTileMacs (on the H100 1.06-1.23x the 64x64 tile at
+// the SD 1.5 UNet's large projections and convolutions, 0.82-0.88x at its
+// 0.8 G-MAC ones: too few tiles; benchmarks/gpu_gemm_sweep.py, NOTES.md §17),
+// then 64x64 (for m, n > 32), 32x32, 16x16. DIFFLITE_GEMM_TILE=TMxTNxTKxWMxWN
+// (e.g. 128x128x16x8x8) puts one tile first, a trailing v (128x128x16x8x8v)
+// selects the vectorised variant; for benchmarking.
+constexpr int64_t kLargeTileMacs = 1073741824;  // 2^30
+std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs);
 
 // The first candidate tile that `kernel_of(config)` can run on this device.
 // kernel_of returns "" and the kernel, or a reason.
 template <typename F>
-std::string PickTile(GpuContext& ctx, int m, int n, F kernel_of, TileConfig* out,
+std::string PickTile(GpuContext& ctx, int m, int n, int64_t macs, F kernel_of, TileConfig* out,
                      cl_kernel* kernel) {
   std::string last;
-  for (const TileConfig& c : TileCandidates(m, n)) {
+  for (const TileConfig& c : TileCandidates(m, n, macs)) {
     if (static_cast<size_t>(c.threads()) > ctx.device().max_work_group_size) continue;
     cl_kernel k = nullptr;
     last = kernel_of(c, &k);
