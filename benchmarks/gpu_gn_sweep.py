@@ -2,7 +2,8 @@
 storage): the split plan (gn_stats_cols + gn_apply_cols) over the statistics pass's work-groups down
 the rows (ys, hence partials per group), the cooperative plan (gn_coop) over its work-group limit,
 work-groups per compute unit (hence slices per block) and registers per work-item (hence chunks per
-slice), its fallback (spin_limit 0), the one-kernel plan (gn_one), and a copy of the same bytes.
+slice), its fallback (spin_limit 0), the one-kernel plan (gn_one), the rows plan (gn_rows, LayerNorms:
+--groups 1 with shapes Nx1xC) and a copy of the same bytes.
 
     python benchmarks/gpu_gn_sweep.py [--runs 20] [--small]
 
@@ -77,10 +78,15 @@ def sweep_shape(r: Runner, u: Unfused, shape, runs: int, grid: bool = True, grou
         candidates = [library.ys]
     configs = [("one", run(plan="one"))] + [(f"split ys={ys}", run(ys=ys)) for ys in candidates] + \
         [(label, run(plan="coop", coop=plan)) for label, plan in coops]
+    rows_plan = r.gn_rows_shape(n, groups, spatial, c)
+    if rows_plan.rv:
+        configs.append((f"rows {rows_plan.lx}x{rows_plan.ly} rv={rows_plan.rv}", run(plan="rows", rows=rows_plan)))
     if grid and coop_default.chunks != NO_COOP:
         configs.append(("coop (library shape) spin_limit=0", run(plan="coop", coop=coop_default, spin_limit=0)))
     chosen = r.gn_default_plan(n, groups, spatial, c // groups)
-    if chosen == "coop":
+    if chosen == "rows":
+        library_label = f"rows {rows_plan.lx}x{rows_plan.ly} rv={rows_plan.rv}"
+    elif chosen == "coop":
         library_label = next(label for label, plan in coops if plan == coop_default)
     else:
         library_label = "one" if chosen == "one" else f"split ys={library.ys}"

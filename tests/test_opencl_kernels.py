@@ -269,6 +269,45 @@ def test_group_norm_coop_plan(launch):
     assert (p.k, p.chunks) == (1, 43)
 
 
+# The rows plan (gn_rows): LayerNorms as GroupNorm ([N, 1, C], one group), several rows a work-group.
+# (shape, work-group limit, expected (lx, ly, rv)).
+GN_ROWS_CASES = [
+    ((37, 1, 320), 128, (32, 4, 3)),  # the UNet's 320 channels: 80 float4s, the last work-group 1 row
+    ((5, 1, 36), 128, (16, 5, 1)),  # 9 float4s: 16 items a row, 5 rows (all there are)
+    ((3, 1, 1280), 128, (32, 3, 10)),  # 320 float4s: 10 an item
+    ((9, 1, 768), 64, (32, 2, 6)),  # the text encoder's 768 channels under a 64-item limit
+    ((7, 1, 8), 4, (2, 2, 1)),  # a tiny limit: 2 items a row, 2 rows
+]
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("shape,limit,layout", GN_ROWS_CASES)
+def test_group_norm_rows(runner, launch, shape, limit, layout, silu):
+    """gn_rows against NumPy: rows split over a power of two of work-items, the last work-group part
+    filled (its extra rows load the last row and store nothing), float4 columns past a row's end. Mean
+    offset 100: a naive sum of squares would lose it."""
+    r = np.random.default_rng(shape[0] * shape[-1] + limit)
+    c = shape[-1]
+    plan = launch.gn_rows_plan(shape[0], 1, 1, c, limit)
+    assert (plan.lx, plan.ly, plan.rv) == layout
+    x = nonzero(r, shape, 2.0, 100.0)
+    gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
+    y = runner.empty(shape)
+    ev = runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, 1, 1e-5, silu,
+                           rows=plan)
+    assert len(ev) == 1
+    assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, 1, 1e-5, silu)) < TOL
+
+
+def test_group_norm_rows_plan(launch):
+    """PlanRows has a plan for LayerNorms only: one group, one position a sample, C % 4 == 0, rows of at
+    most 32 x 16 float4s."""
+    assert launch.gn_rows_plan(8192, 1, 1, 320, 128) == launch.RowsPlan(32, 4, 3)  # UNet [8192, 320]
+    assert launch.gn_rows_plan(2, 1, 1, 2048, 128).rv == 16
+    for args in ((2, 1, 1, 2052), (2, 2, 1, 320), (2, 1, 4, 320), (2, 1, 1, 322)):
+        assert launch.gn_rows_plan(*args, 128).rv == 0, args
+
+
 def test_group_norm_plan(launch):
     """PickPlan: GPUs take the cooperative plan while a slice is at most 8 chunks; beyond, the one-kernel
     plan when its work-groups fill the device or its groups are small (a second kernel costs more than
@@ -279,6 +318,8 @@ def test_group_norm_plan(launch):
     assert launch.gn_plan(False, 20, 1, 32, 262144 * 4, compute_units=132) == "split"  # VAE 512x512x128
     assert launch.gn_plan(False, 20, 1, 32, 60000, compute_units=132) == "one"  # small groups
     assert launch.gn_plan(True, 1, 2, 32, 16, compute_units=2) == "split"  # CPU-like devices (PoCL)
+    assert launch.gn_plan(False, 1, 8192, 1, 320, compute_units=132, rows=True) == "rows"  # LayerNorms
+    assert launch.gn_plan(True, 1, 8192, 1, 320, compute_units=2, rows=True) == "split"
     # The chunks PickPlan sees at SD 1.5 shapes on the H100: the UNet's at most 8, the VAE's beyond
     # from 64x64x... on.
     h100 = [launch.gn_coop_plan(n, 32, s, c // 32, launch.COOP_GROUP, 132).chunks
@@ -746,9 +787,15 @@ def test_plans_mirror_cxx(launch):
                         ("kApplyRows", launch.APPLY_ROWS), ("kMaxPartials", launch.MAX_PARTIALS),
                         ("kCoopGroup", launch.COOP_GROUP), ("kCoopMaxFloats", launch.COOP_MAX_FLOATS),
                         ("kCoopSpinLimit", launch.COOP_SPIN_LIMIT), ("kCoopGroupsPerCu", launch.COOP_GROUPS_PER_CU),
-                        ("kCoopMaxChunks", launch.COOP_MAX_CHUNKS), ("kCoopMaxGather", launch.COOP_MAX_GATHER)):
+                        ("kCoopMaxChunks", launch.COOP_MAX_CHUNKS), ("kCoopMaxGather", launch.COOP_MAX_GATHER),
+                        ("kRowsGroup", launch.ROWS_GROUP), ("kRowsWidth", launch.ROWS_WIDTH),
+                        ("kRowsMaxVectors", launch.ROWS_MAX_VECTORS)):
         assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", name) == value, name
     assert "if (coop_chunks <= kCoopMaxChunks) return Plan::kCoop;" in gn  # PickPlan
+    assert "  if (flat) return Plan::kSplit;\n  if (rows) return Plan::kRows;\n" in gn  # PickPlan
+    assert "if (groups != 1 || spatial != 1 || c % 4 != 0) return p;" in gn  # PlanRows
+    assert "while (p.lx < cv && p.lx * 2 <= std::min(kRowsWidth, limit)) p.lx *= 2;" in gn
+    assert "if (CeilDiv(cv, p.lx) > kRowsMaxVectors) return p;" in gn
     assert "n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems ? Plan::kOne" in gn
     assert _cxx_constant(ops / "group_norm" / "group_norm_opencl.cc", "kOneMaxGroupElems") == \
         launch.ONE_MAX_GROUP_ELEMS
@@ -852,6 +899,27 @@ def test_delegate_group_norm(tmp_path, oplib):
                                {"groups": groups, "epsilon": 1e-5, "activation": act},
                                [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x])
         assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act == "silu")) < TOL, shape
+
+
+@pytest.mark.parametrize("plan", ["rows", None])
+def test_delegate_layer_norm_rows(tmp_path, oplib, monkeypatch, plan):
+    """LayerNorms as GroupNorm ([N, 1, C], one group) take the rows plan on GPUs (kernels=tiled) or when
+    forced; no scratch, no memory of its own. C = 36: 9 float4s a row."""
+    if plan is None:
+        monkeypatch.delenv("DIFFLITE_GN_PLAN", raising=False)
+    else:
+        monkeypatch.setenv("DIFFLITE_GN_PLAN", plan)
+    r = np.random.default_rng(17)
+    for shape, act in (((37, 1, 320), "none"), ((5, 1, 36), "silu")):
+        c = shape[-1]
+        x = nonzero(r, shape, 2.0, 100.0)
+        gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
+        out, stats = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+                                   {"groups": 1, "epsilon": 1e-5, "activation": act},
+                                   [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x],
+                                   stats=True, kernels="tiled" if plan is None else "auto")
+        assert rel_err(out, group_norm_ref(x, gamma, beta, 1, 1e-5, act == "silu")) < TOL, (shape, plan)
+        assert stats["scratch_bytes"] == 0 and stats["weights_bytes"] == 2 * 4 * c, (shape, plan, stats)  # gamma, beta
 
 
 @pytest.mark.parametrize("plan", ["one", "split", "coop", None])
@@ -1131,7 +1199,8 @@ def test_programs_compile_for_half_storage(launch):
                                "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
                 "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"],  # gn_one's load widths
                                ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
-                                "-DGN_ITEMS=7"])}  # gn_coop at 64x64x320
+                                "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
+                               ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"])}  # gn_rows at 320
     for f in sorted((REPO / "custom_ops" / "ops").glob("*/*.cl")):
         for extra in variants.get(f.stem, ([],)):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",

@@ -132,6 +132,9 @@ COOP_SPIN_LIMIT = 16384  # kCoopSpinLimit
 COOP_MAX_GATHER = 8  # kCoopMaxGather
 COOP_MAX_CHUNKS = 8  # kCoopMaxChunks
 ONE_MAX_GROUP_ELEMS = 65536  # kOneMaxGroupElems
+ROWS_GROUP = 128  # kRowsGroup: gn_rows's work-group
+ROWS_WIDTH = 32  # kRowsWidth: gn_rows's work-items a row (at most)
+ROWS_MAX_VECTORS = 16  # kRowsMaxVectors: float4s of a row a gn_rows work-item holds
 
 
 NO_COOP = 1 << 30  # kNoCoop
@@ -207,7 +210,34 @@ def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, limit: int, compute
     return CoopPlan(vw, lx, ly, gpw, ceil_div(per_item, chunks), ceil_div(spatial, rows), rows, chunks)
 
 
-def gn_plan(flat: bool, coop_chunks: int, n: int, groups: int, group_elems: int, compute_units: int) -> str:
+@dataclass(frozen=True)
+class RowsPlan:
+    """gn_rows's shape (RowsPlan in group_norm_opencl.cc): lx work-items a row, rv float4s each, ly rows a
+    work-group; rv 0: no rows plan."""
+    lx: int = 1
+    ly: int = 1
+    rv: int = 0
+
+    def options(self) -> str:
+        return f"-DGN_VW=4 -DGN_LX={self.lx} -DGN_LY={self.ly} -DGN_RV={self.rv}"
+
+
+def gn_rows_plan(n: int, groups: int, spatial: int, c: int, limit: int) -> RowsPlan:
+    """PlanRows: LayerNorms only (one group, one position a sample, C % 4 == 0): the smallest power of
+    two work-items a row that covers its float4s (at most ROWS_WIDTH and `limit`), at most
+    ROWS_MAX_VECTORS float4s each, limit // lx rows a work-group (at most n)."""
+    if groups != 1 or spatial != 1 or c % 4:
+        return RowsPlan()
+    cv, lx = c // 4, 1
+    while lx < cv and lx * 2 <= min(ROWS_WIDTH, limit):
+        lx *= 2
+    if ceil_div(cv, lx) > ROWS_MAX_VECTORS:
+        return RowsPlan()
+    return RowsPlan(lx, max(1, min(limit // lx, n)), ceil_div(cv, lx))
+
+
+def gn_plan(flat: bool, coop_chunks: int, n: int, groups: int, group_elems: int, compute_units: int,
+            rows: bool = False) -> str:
     """"coop" (gn_coop: one kernel, K work-groups a (sample, block) exchanging partial sums) on GPUs
     while a slice is at most COOP_MAX_CHUNKS chunks, else "one" (gn_one: a work-group per (sample,
     group)) when those fill the device or groups are small, else "split" (gn_stats_cols +
@@ -215,6 +245,8 @@ def gn_plan(flat: bool, coop_chunks: int, n: int, groups: int, group_elems: int,
     DIFFLITE_GN_PLAN override)."""
     if flat:
         return "split"
+    if rows:
+        return "rows"
     if coop_chunks <= COOP_MAX_CHUNKS:
         return "coop"
     return "one" if n * groups >= compute_units or group_elems <= ONE_MAX_GROUP_ELEMS else "split"
@@ -545,15 +577,22 @@ class Runner:
     # -- ops (each returns the list of events it enqueued)
     def group_norm(self, x, gamma, beta, y, shape, groups: int, eps: float, silu: bool,
                    ys: int | None = None, plan: str | None = None, coop: CoopPlan | None = None,
-                   spin_limit: int = COOP_SPIN_LIMIT) -> list[cl.Event]:
-        """plan: "coop" | "one" | "split" | None (the C++ default for this device; "split" when `ys`, the
-        statistics pass's work-groups down the rows, is given; "coop" when `coop`, a gn_coop shape, is)."""
+                   spin_limit: int = COOP_SPIN_LIMIT, rows: RowsPlan | None = None) -> list[cl.Event]:
+        """plan: "rows" | "coop" | "one" | "split" | None (the C++ default for this device; "split" when
+        `ys`, the statistics pass's work-groups down the rows, is given; "coop" when `coop`, a gn_coop
+        shape, is; "rows" when `rows`, a gn_rows shape, is)."""
         n, c = int(shape[0]), int(shape[-1])
         spatial = int(np.prod(shape[1:-1]))
         cg = c // groups
         if plan is None:
-            plan = "split" if ys is not None else "coop" if coop is not None else self.gn_default_plan(
-                n, groups, spatial, cg)
+            plan = "split" if ys is not None else "coop" if coop is not None else "rows" if rows is not None \
+                else self.gn_default_plan(n, groups, spatial, cg)
+        if rows is None and plan == "rows":
+            rows = self.gn_rows_shape(n, groups, spatial, c)
+            if rows.rv == 0:
+                plan = "coop"  # InitRows's fallback
+        if plan == "rows":
+            return [self._group_norm_rows(x, gamma, beta, y, n, c, eps, silu, rows)]
         if coop is None and plan == "coop":
             coop = self.gn_coop_shape(n, groups, spatial, cg)
             if coop.chunks == NO_COOP:
@@ -599,7 +638,26 @@ class Runner:
     def gn_default_plan(self, n: int, groups: int, spatial: int, cg: int) -> str:
         """The library's GroupNorm plan on this device (PickPlan, as GroupNormGpu::Init calls it)."""
         chunks = gn_coop_plan(n, groups, spatial, cg, min(COOP_GROUP, self.max_wg), self.compute_units).chunks
-        return gn_plan(self.flat, chunks, n, groups, spatial * cg, self.compute_units)
+        rows = gn_rows_plan(n, groups, spatial, groups * cg, min(ROWS_GROUP, self.max_wg)).rv > 0
+        return gn_plan(self.flat, chunks, n, groups, spatial * cg, self.compute_units, rows)
+
+    def gn_rows_shape(self, n: int, groups: int, spatial: int, c: int) -> RowsPlan:
+        """InitRows's plan: the work-group limit lowered until gn_rows accepts its work-group (rv 0: the
+        library runs "coop" instead)."""
+        limit = min(ROWS_GROUP, self.max_wg)
+        while True:
+            plan = gn_rows_plan(n, groups, spatial, c, limit)
+            if plan.rv == 0:
+                return plan
+            kmax = self.max_work_group(self.kernel("group_norm", "gn_rows", plan.options()))
+            if kmax >= plan.lx * plan.ly:
+                return plan
+            limit = kmax
+
+    def _group_norm_rows(self, x, gamma, beta, y, n, c, eps, silu, plan: RowsPlan) -> cl.Event:
+        return self.launch(self.kernel("group_norm", "gn_rows", plan.options()),
+                           (plan.lx, plan.ly * ceil_div(n, plan.ly)), (plan.lx, plan.ly), x, gamma, beta, y,
+                           np.int32(n), np.int32(c), np.int32(1 if silu else 0), np.float32(eps))
 
     def gn_coop_shape(self, n: int, groups: int, spatial: int, cg: int) -> CoopPlan:
         """InitCoop's plan: the work-group limit lowered until gn_coop accepts its work-group (a plan with

@@ -1,6 +1,9 @@
 // difflite.GroupNorm on the OpenCL backend (kernels: group_norm.cl).
 //
-// Three plans (PickPlan below picks one):
+// Four plans (PickPlan below picks one):
+// "rows": gn_rows, for LayerNorms (one group, one position a sample): a
+// work-group normalises several samples (rows), each read once into
+// registers and written once (GPUs).
 // "coop": gn_coop, column blocks of whole groups, K work-groups per (sample,
 // block), each holding a slice of rows in registers; they exchange per-group
 // partial sums through a buffer of the op's own, tagged with the launch, so x
@@ -50,10 +53,13 @@ constexpr int kCoopMaxFloats = 32;  // floats of x a gn_coop work-item holds in 
 constexpr int kCoopGroupsPerCu = 3;  // gn_coop work-groups a compute unit (PlanCoop)
 constexpr int kCoopMaxChunks = 8;  // "coop" while a slice is at most this many chunks (PickPlan)
 constexpr int64_t kOneMaxGroupElems = 65536;  // else "one" for groups this small (PickPlan)
-constexpr int kCoopSpinLimit = 16384;
-constexpr int kCoopMaxGather = 8;  // slice sums a gn_coop work-item gathers (registers)  // polls before a work-group computes the sums itself
+constexpr int kCoopSpinLimit = 16384;  // polls before a work-group computes the sums itself
+constexpr int kCoopMaxGather = 8;  // slice sums a gn_coop work-item gathers (registers)
+constexpr int kRowsGroup = 128;  // gn_rows's work-group
+constexpr int kRowsWidth = 32;  // gn_rows's work-items a row (at most)
+constexpr int kRowsMaxVectors = 16;  // float4s of a row a gn_rows work-item holds
 
-enum class Plan { kOne, kSplit, kCoop };
+enum class Plan { kOne, kSplit, kCoop, kRows };
 
 // gn_one's load width: 4 or 2 elements where they divide channels per group.
 int OneVectorWidth(int cg) { return cg % 4 == 0 ? 4 : cg % 2 == 0 ? 2 : 1; }
@@ -131,6 +137,31 @@ CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int limit, int
   return p;
 }
 
+// gn_rows's shape: lx work-items a row (the smallest power of two that
+// covers the row's float4s, at most kRowsWidth and `limit`), rv float4s each,
+// ly rows a work-group (limit / lx, at most n). rv 0: no rows plan (not a
+// LayerNorm: more than one group or position a sample, C % 4 != 0, or a row
+// of more than lx * kRowsMaxVectors float4s).
+struct RowsPlan {
+  int lx = 1, ly = 1, rv = 0;
+
+  std::string Options() const {
+    return "-DGN_VW=4 -DGN_LX=" + std::to_string(lx) + " -DGN_LY=" + std::to_string(ly) +
+           " -DGN_RV=" + std::to_string(rv);
+  }
+};
+
+RowsPlan PlanRows(int64_t n, int groups, int64_t spatial, int c, int limit) {
+  RowsPlan p;
+  if (groups != 1 || spatial != 1 || c % 4 != 0) return p;
+  const int cv = c / 4;
+  while (p.lx < cv && p.lx * 2 <= std::min(kRowsWidth, limit)) p.lx *= 2;
+  if (CeilDiv(cv, p.lx) > kRowsMaxVectors) return p;
+  p.rv = static_cast<int>(CeilDiv(cv, p.lx));
+  p.ly = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(limit / p.lx, n)));
+  return p;
+}
+
 // The largest power of two <= min(cap, the device's work-group limit).
 size_t PowerOfTwoGroup(size_t cap, size_t device_max) {
   size_t wg = 1;
@@ -138,7 +169,10 @@ size_t PowerOfTwoGroup(size_t cap, size_t device_max) {
   return wg;
 }
 
-// The plan. GPUs (tiled kernels) take "coop", one kernel that reads x once
+// The plan. GPUs (tiled kernels) take "rows" for LayerNorms (`rows`: it has
+// a plan): [8192, 320], 15 a UNet step, took 24 us as "coop" (a row a
+// work-group, 40% of a same-size copy) and 12 us (77%) as "rows" on the H100
+// (NOTES.md §18). Otherwise they take "coop", one kernel that reads x once
 // from memory and writes y once, while its slices are at most kCoopMaxChunks
 // chunks (the chunks but the last are read again, from cache while x fits in
 // it: on the H100, 8 chunks a slice is ~50 MB, its L2). Two kernels cost at
@@ -152,15 +186,17 @@ size_t PowerOfTwoGroup(size_t cap, size_t device_max) {
 // kOneMaxGroupElems elements), else "split": it reads x twice from memory as
 // "coop" would, in whole rows of channels (NOTES.md §14). CPU-like devices
 // (flat kernels) take "split": their work-groups run one after another, so
-// "coop" would wait out its polls. DIFFLITE_GN_PLAN=coop|one|split overrides
-// (an A/B on a new GPU).
-Plan PickPlan(bool flat, int coop_chunks, int64_t n, int groups, int64_t group_elems,
+// "coop" would wait out its polls. DIFFLITE_GN_PLAN=rows|coop|one|split
+// overrides (an A/B on a new GPU; "rows" only where it has a plan).
+Plan PickPlan(bool flat, bool rows, int coop_chunks, int64_t n, int groups, int64_t group_elems,
               uint32_t cus) {
   const char* env = std::getenv("DIFFLITE_GN_PLAN");
   if (env != nullptr && std::strcmp(env, "one") == 0) return Plan::kOne;
   if (env != nullptr && std::strcmp(env, "split") == 0) return Plan::kSplit;
   if (env != nullptr && std::strcmp(env, "coop") == 0) return Plan::kCoop;
+  if (env != nullptr && std::strcmp(env, "rows") == 0 && rows) return Plan::kRows;
   if (flat) return Plan::kSplit;
+  if (rows) return Plan::kRows;
   if (coop_chunks <= kCoopMaxChunks) return Plan::kCoop;
   return n * groups >= static_cast<int64_t>(cus) || group_elems <= kOneMaxGroupElems ? Plan::kOne
                                                                                      : Plan::kSplit;
@@ -222,8 +258,10 @@ class GroupNormGpu final : public GpuOp {
       return "x has more than 2^31-1 elements";
     }
     coop_ = PlanCoopFor(ctx, WorkGroupLimit(ctx, kCoopGroup));
-    plan_kind_ = PickPlan(ctx.PreferFlatKernels(), coop_.chunks, n_, o.groups, spatial_ * cg_,
-                          ctx.device().compute_units);
+    rows_ = PlanRows(n_, o.groups, spatial_, c_, WorkGroupLimit(ctx, kRowsGroup));
+    plan_kind_ = PickPlan(ctx.PreferFlatKernels(), rows_.rv > 0, coop_.chunks, n_, o.groups,
+                          spatial_ * cg_, ctx.device().compute_units);
+    if (plan_kind_ == Plan::kRows) return InitRows(ctx);
     if (plan_kind_ == Plan::kCoop) return InitCoop(ctx);
     if (plan_kind_ == Plan::kOne) return InitOne(ctx);
     return InitCols(ctx);
@@ -241,6 +279,7 @@ class GroupNormGpu final : public GpuOp {
     if (!e.empty()) return e;
     if (plan_kind_ == Plan::kOne) return RunOne(ctx, in, out);
     if (plan_kind_ == Plan::kCoop) return RunCoop(ctx, in, out);
+    if (plan_kind_ == Plan::kRows) return RunRows(ctx, in, out);
     const gpu::ClApi& cl = ctx.cl();
     cl_mem partial = ctx.Scratch(PartialBytes(), 0, &e);
     if (partial == nullptr) return "group norm partial statistics: " + e;
@@ -321,6 +360,37 @@ class GroupNormGpu final : public GpuOp {
     return ctx.Enqueue(one_k_, 2, global, local, "group_norm.one");
   }
 
+  // gn_rows, replanned with a smaller work-group limit while the kernel does
+  // not accept the plan's work-group; "coop" (plan_kind_ changed) when no
+  // work-group it accepts holds a row.
+  std::string InitRows(GpuContext& ctx) {
+    for (;;) {
+      if (rows_.rv == 0) {
+        plan_kind_ = Plan::kCoop;
+        return InitCoop(ctx);
+      }
+      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_rows", rows_.Options(), &rows_k_);
+      if (!e.empty()) return e;
+      const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, rows_k_);
+      if (kmax == 0 || kmax >= static_cast<size_t>(rows_.lx) * rows_.ly) return "";
+      rows_ = PlanRows(n_, o_.groups, spatial_, c_, static_cast<int>(kmax));
+    }
+  }
+
+  std::string RunRows(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                      const std::vector<GpuTensor>& out) {
+    const cl_int n = n_, c = c_, silu = o_.silu ? 1 : 0;
+    const cl_float eps = o_.epsilon;
+    std::string e = SetKernelArgs(ctx.cl(), rows_k_,
+                                  {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem),
+                                   Arg(out[0].mem), Arg(n), Arg(c), Arg(silu), Arg(eps)});
+    if (!e.empty()) return e;
+    const size_t lx = static_cast<size_t>(rows_.lx), ly = static_cast<size_t>(rows_.ly);
+    const size_t global[2] = {lx, ly * CeilDiv(static_cast<size_t>(n_), ly)};
+    const size_t local[2] = {lx, ly};
+    return ctx.Enqueue(rows_k_, 2, global, local, "group_norm.rows");
+  }
+
   // min(cap, the device's work-group limit).
   static int WorkGroupLimit(GpuContext& ctx, int cap) {
     const size_t device_max = ctx.device().max_work_group_size;
@@ -397,10 +467,12 @@ class GroupNormGpu final : public GpuOp {
   size_t wg_ = kOneGroup;  // gn_one's work-group
   ColsPlan plan_;
   CoopPlan coop_;
+  RowsPlan rows_;
   uint64_t launches_ = 0;  // gn_coop launches so far (its tags)
   const gpu::ClApi* cl_ = nullptr;
   cl_mem coop_partial_ = nullptr;
-  cl_kernel stats_k_ = nullptr, apply_k_ = nullptr, one_k_ = nullptr, coop_k_ = nullptr;
+  cl_kernel stats_k_ = nullptr, apply_k_ = nullptr, one_k_ = nullptr, coop_k_ = nullptr,
+            rows_k_ = nullptr;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
