@@ -5,6 +5,7 @@ checked against NumPy. The vectorised kernels' register tile is WM rows by WN / 
 groups (common/vec_tile.cl).
 
     python benchmarks/gpu_gemm_sweep.py [--runs 10] [--small] [--tiles 64x64x16x4x4v,128x128x16x8x8v]
+    python benchmarks/gpu_gemm_sweep.py --registers   # each tile's kernels: spills, work-group limit
 
 Writes benchmarks/results/gpu_gemm_sweep_<device>.json (or $OUT/...) and prints a markdown table:
 milliseconds, TFLOP/s and the speedup over the default tile, per shape.
@@ -86,15 +87,43 @@ def row(r: Runner, label: str, fn, flops: float, runs: int, get, want) -> dict:
     return {"tile": label, "ms": chain * 1e3, "tflops": flops / chain / 1e12, "max_rel_diff": err}
 
 
+def report_registers(r: Runner, tiles) -> None:
+    """Per tile, the GEMM kernel (both operand layouts of FULLY_CONNECTED: A and B k-major) and the 3x3
+    conv kernel: CL_KERNEL_PRIVATE_MEM_SIZE (bytes a work-item spills) and CL_KERNEL_WORK_GROUP_SIZE."""
+    import pyopencl as cl
+
+    from gpu_kernels_harness.launch import CONV_CL, GEMM_CL
+
+    info = cl.kernel_work_group_info
+    print("| tile | kernel | private bytes | work-group limit | items |")
+    print("|---|---|---|---|---|")
+    for label, tile in tiles:
+        if tile is None:
+            continue
+        opts = {"gemm": tile.options(True, True), "conv2d": tile.options(True, False).split(" -DA_KMAJOR")[0]}
+        for name, path in (("gemm", GEMM_CL), ("conv2d", CONV_CL)):
+            try:
+                k = r._cached_kernel(path, name, opts[name])
+            except Exception as e:  # noqa: BLE001 - a tile this device cannot build
+                print(f"| {label} | {name} | build failed: {str(e).splitlines()[0]} | | |")
+                continue
+            print(f"| {label} | {name} | {k.get_work_group_info(info.PRIVATE_MEM_SIZE, r.device)} | "
+                  f"{k.get_work_group_info(info.WORK_GROUP_SIZE, r.device)} | {tile.threads} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU OpenCL such as PoCL)")
     ap.add_argument("--tiles", default=",".join(TILES), help="comma-separated TMxTNxTKxWMxWN[v] tiles")
+    ap.add_argument("--registers", action="store_true", help="only report each tile's spills and work-group limit")
     args = ap.parse_args()
     r = Runner()
     tiles = [("default", None)] + [(t, parse_tile(t)) for t in args.tiles.split(",")]
     tiles = [(label, t) for label, t in tiles if t is None or t.threads <= r.max_wg]
+    if args.registers:
+        report_registers(r, tiles)
+        return 0
     results = []
     for shape in SMALL_FC if args.small else FC_SHAPES:
         results.append({"shape": shape[0], "mnk": list(shape[1:]), "rows": time_fc(r, shape, tiles, args.runs)})

@@ -776,6 +776,18 @@ def _cxx_constant(path: Path, name: str) -> int:
     return int(m.group(1))
 
 
+def test_large_tile_only_unspilled(runner, launch):
+    """A GEMM of 2^30 multiply-adds gets the 128x128 tile only where its kernel spills nothing
+    (PickTile): PoCL reports private memory for every kernel, so it gets the 64x64 tile; where the
+    report is 0 (the H100) the 128x128 one."""
+    big = launch.LARGE_TILE_MACS
+    assert launch.gemm_tiles(1024, 1024, big)[0] == launch.GemmTile(128, 128, 16, 8, 8, True, True)
+    kernel, tile = runner.gemm_kernel(1024, 1024, True, True, macs=big)
+    spills = runner.private_bytes(runner._cached_kernel(launch.GEMM_CL, "gemm",
+                                                        launch.gemm_tiles(1024, 1024, big)[0].options(True, True)))
+    assert (tile.tm, tile.wm) == ((64, 4) if spills else (128, 8)), (spills, tile)
+
+
 def test_plans_mirror_cxx(launch):
     ops = REPO / "custom_ops" / "ops"
     gn = (ops / "group_norm" / "group_norm_opencl.cc").read_text()
@@ -822,18 +834,20 @@ def test_plans_mirror_cxx(launch):
     assert set(launch.ATTN_KERNELS) == {"wide", "flash", "partial"}
     # Winograd's GEMM: builtin::Gemm with gemm.cc's tile candidates.
     gemm = (REPO / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
-    wanted = ["if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true});",
+    wanted = ["if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true});",
               "if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});",
               "const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;"]
     wanted += [
               "configs.push_back({32, 32, 16, 4, 4, true});", "configs.push_back({16, 16, 16, 2, 2});"]
     assert all(line in gemm for line in wanted)
+    assert "if (c.unspilled_only && KernelPrivateBytes(ctx, k) != 0) {" in \
+        (REPO / "custom_ops" / "builtins" / "matmul" / "gemm.h").read_text()  # PickTile
     assert _cxx_constant(REPO / "custom_ops" / "builtins" / "matmul" / "gemm.h", "kLargeTileMacs") == \
         launch.LARGE_TILE_MACS
     big = launch.LARGE_TILE_MACS
     assert [launch.gemm_tiles(65, 65, big)[0], launch.gemm_tiles(64, 65, big)[0], launch.gemm_tiles(33, 33, big - 1)[0],
             *launch.gemm_tiles(32, 33, big)] == [
-        launch.GemmTile(128, 128, 16, 8, 8, True), launch.GemmTile(64, 64, 16, 4, 4, True),
+        launch.GemmTile(128, 128, 16, 8, 8, True, True), launch.GemmTile(64, 64, 16, 4, 4, True),
         launch.GemmTile(64, 64, 16, 4, 4, True), launch.GemmTile(32, 32, 16, 4, 4, True),
         launch.GemmTile(16, 16, 16, 2, 2, False)]
     wino = (ops / "winograd_conv3x3" / "winograd_conv3x3_opencl.cc").read_text()

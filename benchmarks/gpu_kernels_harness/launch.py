@@ -455,6 +455,7 @@ class GemmTile:
     wm: int
     wn: int
     vec: bool
+    unspilled_only: bool = False  # TileConfig::unspilled_only: only where the kernel spills nothing
 
     @property
     def threads(self) -> int:
@@ -473,7 +474,7 @@ LARGE_TILE_MACS = 1 << 30  # gemm.h: kLargeTileMacs
 def gemm_tiles(m: int, n: int, macs: int = 0) -> list[GemmTile]:
     """gemm.cc: TileCandidates (without DIFFLITE_GEMM_TILE) for m x n outputs a batch and `macs`
     multiply-adds in all, best first."""
-    tiles = [GemmTile(128, 128, 16, 8, 8, True)] if macs >= LARGE_TILE_MACS and m > 64 and n > 64 else []
+    tiles = [GemmTile(128, 128, 16, 8, 8, True, True)] if macs >= LARGE_TILE_MACS and m > 64 and n > 64 else []
     tiles += [GemmTile(64, 64, 16, 4, 4, True)] if m > 32 and n > 32 else []
     return tiles + [GemmTile(32, 32, 16, 4, 4, True), GemmTile(16, 16, 16, 2, 2, False)]
 
@@ -531,6 +532,11 @@ class Runner:
             self._kernels[key] = cl.Kernel(self.op_program(op, options), name)
         return self._kernels[key]
 
+    def private_bytes(self, kernel: cl.Kernel) -> int:
+        """CL_KERNEL_PRIVATE_MEM_SIZE (gpu_api.h: KernelPrivateBytes): on NVIDIA the bytes a work-item
+        spills; PoCL reports 1024 for every kernel."""
+        return kernel.get_work_group_info(cl.kernel_work_group_info.PRIVATE_MEM_SIZE, self.device)
+
     def max_work_group(self, kernel: cl.Kernel) -> int:
         """CL_KERNEL_WORK_GROUP_SIZE: the largest work-group this kernel (as built) accepts."""
         return kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
@@ -542,6 +548,8 @@ class Runner:
             if tile.threads > self.max_wg:
                 continue
             k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor))
+            if tile.unspilled_only and self.private_bytes(k) != 0:
+                continue
             if self.max_work_group(k) >= tile.threads:
                 return k, tile
         raise RuntimeError(f"no GEMM tile fits the device for {m}x{n}")
@@ -827,13 +835,17 @@ class Runner:
         conv.cl's implicit GEMM, split-K and splitk_sum where it applies): the baseline Winograd
         must beat. `tile` forces a tile (DIFFLITE_GEMM_TILE)."""
         m, k = n * h * w, 9 * cin
-        if tile is None:
+
+        def options(t: GemmTile) -> str:
+            return f"-DTM={t.tm} -DTN={t.tn} -DTK={t.tk} -DWM={t.wm} -DWN={t.wn}" + (" -DVEC=1" if t.vec else "")
+
+        if tile is None:  # PickTile
             tile = next(t for t in gemm_tiles(m, cout, m * cout * k)
-                        if t.threads <= self.max_wg and t.threads % t.tk == 0)
+                        if t.threads <= self.max_wg and t.threads % t.tk == 0 and not (
+                            t.unspilled_only and self.private_bytes(self._cached_kernel(CONV_CL, "conv2d", options(t)))))
         tiles = ceil_div(m, tile.tm) * ceil_div(cout, tile.tn)
         splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
-        opts = f"-DTM={tile.tm} -DTN={tile.tn} -DTK={tile.tk} -DWM={tile.wm} -DWN={tile.wn}"
-        opts += (" -DVEC=1" if tile.vec else "") + (f" -DKSPLIT={splits}" if splits > 1 else "")
+        opts = options(tile) + (f" -DKSPLIT={splits}" if splits > 1 else "")
         kernel = self._cached_kernel(CONV_CL, "conv2d", opts)
         i32, int4 = np.int32, cltypes.make_int4
         out = self.scratch(4 * splits * m * cout, 2) if splits > 1 else y

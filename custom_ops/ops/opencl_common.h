@@ -108,19 +108,6 @@ inline std::string GetKernel(GpuContext& ctx, const char* program,
 }
 
 // CL_KERNEL_WORK_GROUP_SIZE of a built kernel (0 if the query fails).
-// CL_KERNEL_PRIVATE_MEM_SIZE: on NVIDIA the registers spilled to memory, per
-// work-item; UINT64_MAX when the query fails.
-inline uint64_t KernelPrivateBytes(const GpuContext& ctx, cl_kernel kernel) {
-  const ClApi& cl = ctx.cl();
-  cl_ulong bytes = 0;
-  if (cl.GetKernelWorkGroupInfo == nullptr ||
-      cl.GetKernelWorkGroupInfo(kernel, nullptr, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof(bytes),
-                                &bytes, nullptr) != CL_SUCCESS) {
-    return UINT64_MAX;
-  }
-  return bytes;
-}
-
 inline size_t KernelMaxWorkGroup(const GpuContext& ctx, cl_kernel kernel) {
   const ClApi& cl = ctx.cl();
   if (cl.GetKernelWorkGroupInfo == nullptr) return 0;

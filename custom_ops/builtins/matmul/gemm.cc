@@ -30,7 +30,7 @@ std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs) {
   }
   // Vectorised by default: on the H100 it ran the SD 1.5 UNet's convolutions and projections
   // 2x faster than the scalar kernel, and larger tiles did not help (benchmarks/NOTES.md §6).
-  if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true});
+  if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true});
   if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});
   configs.push_back({32, 32, 16, 4, 4, true});
   configs.push_back({16, 16, 16, 2, 2});

@@ -16,6 +16,10 @@ struct TileConfig {
   // The vectorised kernels (-DVEC=1: contiguous WM x WN block per item, float4
   // local reads, double-buffered tiles); needs wm and wn multiples of 4.
   bool vec = false;
+  // Taken only where its kernel spills nothing (KernelPrivateBytes 0): the
+  // large tile's 64 accumulators a work-item fit an H100's registers, not
+  // necessarily a phone GPU's.
+  bool unspilled_only = false;
   int threads() const { return (tm / wm) * (tn / wn); }
   std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1]
 };
@@ -42,6 +46,10 @@ std::string PickTile(GpuContext& ctx, int m, int n, int64_t macs, F kernel_of, T
     cl_kernel k = nullptr;
     last = kernel_of(c, &k);
     if (!last.empty()) return last;  // a build error is not a size problem
+    if (c.unspilled_only && KernelPrivateBytes(ctx, k) != 0) {
+      last = "tile spills registers on the device";
+      continue;
+    }
     if (ctx.KernelWorkGroupSize(k) >= static_cast<size_t>(c.threads())) {
       *out = c;
       *kernel = k;

@@ -152,6 +152,19 @@ class GpuContext {
   virtual bool PreferFlatKernels() const = 0;
 };
 
+// CL_KERNEL_PRIVATE_MEM_SIZE of a built kernel: on NVIDIA the registers it
+// spills to memory, per work-item; UINT64_MAX when the query fails.
+inline uint64_t KernelPrivateBytes(const GpuContext& ctx, cl_kernel kernel) {
+  const ClApi& cl = ctx.cl();
+  cl_ulong bytes = 0;
+  if (cl.GetKernelWorkGroupInfo == nullptr ||
+      cl.GetKernelWorkGroupInfo(kernel, nullptr, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof(bytes),
+                                &bytes, nullptr) != CL_SUCCESS) {
+    return UINT64_MAX;
+  }
+  return bytes;
+}
+
 // The GPU side of one node: created once at Prepare, run at every Invoke.
 class GpuOp {
  public:

@@ -384,7 +384,7 @@ class AttentionGpu final : public GpuOp {
       return false;
     }
     const size_t wg = gpu::opsupport::KernelMaxWorkGroup(ctx, k);
-    return gpu::opsupport::KernelPrivateBytes(ctx, k) == 0 &&
+    return gpu::KernelPrivateBytes(ctx, k) == 0 &&
            (wg == 0 || wg >= static_cast<size_t>(f.WorkGroup()));
   }
 
