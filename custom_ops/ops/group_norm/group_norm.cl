@@ -579,9 +579,10 @@ inline int gn_gathers(int i, int k, int K, int* e) {
 }
 
 // Gathers the siblings' sums into l_part[(group j) * K + slice kk]: a
-// work-item's GN_GATHER entries are read together (one wait, not one a
-// entry), then re-read until all carry `tag` or spin_limit polls pass; sets *l_ok to 0 when one did not arrive (its
-// entry is left unset). Its own slice's entries come from l_grp.
+// work-item's GN_GATHER entries are read together (one wait for all, not
+// one per entry), then re-read until all carry `tag` or spin_limit polls
+// pass; sets *l_ok to 0 when one did not arrive (its entry is left unset).
+// Its own slice's entries come from l_grp.
 inline void gn_gather(__local float2* l_grp, __local float2* l_part, __local int* l_ok,
                       volatile __global const ulong* partial, int k, int K, uint tag,
                       int spin_limit) {
