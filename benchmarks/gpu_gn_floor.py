@@ -47,7 +47,7 @@ class FloorRunner(Runner):
             head, kernel = src.split("__kernel void gn_coop(")
             src = head + "__kernel void gn_coop(" + kernel.replace(EXCHANGE_CALL, "  if (0) {\n    gn_exchange(")
             self._programs[key] = cl.Program(self.ctx, src).build(
-                options=f"-DDL_T=float -DDL_T4=float4 {options}".split())
+                options=f"{self.base_options} {options}".split())
         return self._programs[key]
 
 

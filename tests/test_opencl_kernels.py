@@ -357,6 +357,55 @@ def test_geglu(runner, mode, lead, d):
 
 
 # ---------------------------------------------------------------------------
+# Half storage without cl_khr_fp16 (-DDL_HALF_IO=1: vload_half / vstore_half, ops/common/dl_storage.cl),
+# which PoCL can run: inputs and outputs in half, arithmetic in float. The reference runs on the
+# half-rounded inputs; one rounding of the output to half is ~5e-4 of its magnitude.
+HALF_TOL = 1.5e-3
+
+
+@pytest.fixture(scope="module")
+def half_runner(launch, runner):
+    return launch.Runner(runner.ctx, runner.device, half_io=True)
+
+
+def halved(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", ["erf", "tanh"])
+def test_half_io_gelu_geglu(half_runner, mode):
+    r = np.random.default_rng(21)
+    x = halved(nonzero(r, (3, 5, 7), 4.0))  # 105 elements: float4 groups and a tail
+    y = half_runner.empty(x.shape)
+    half_runner.gelu(half_runner.upload(x), y, x.size, mode)
+    assert rel_err(half_runner.download(y, x.shape), gelu_ref(x, mode)) < HALF_TOL
+    d = 13  # rows of 2 x 13: vload_half4 at offsets that are not multiples of 4
+    x = halved(nonzero(r, (7, 2 * d), 3.0))
+    y = half_runner.empty((7, d))
+    half_runner.geglu(half_runner.upload(x), y, 7, d, mode)
+    ref = x[:, :d].astype(np.float64) * gelu_ref(x[:, d:], mode)
+    assert rel_err(half_runner.download(y, (7, d)), ref) < HALF_TOL
+
+
+@pytest.mark.parametrize("plan,shape,groups", [
+    ("coop", (1, 24, 20, 40), 4),  # float4 lanes of two groups
+    ("one", (2, 48, 45, 40), 4),  # float2 loads
+    ("one", (2, 37, 30), 10),  # scalar loads, C % 4 != 0
+    ("split", (2, 33, 31, 80), 2),
+    ("rows", (37, 1, 320), 1),  # a LayerNorm
+])
+def test_half_io_group_norm(half_runner, plan, shape, groups):
+    r = np.random.default_rng(sum(shape) + groups)
+    c = shape[-1]
+    x = halved(nonzero(r, shape, 2.0, 10.0))
+    gamma, beta = halved(nonzero(r, (c,), 1.5)), halved(nonzero(r, (c,), 0.5))
+    y = half_runner.empty(shape)
+    half_runner.group_norm(half_runner.upload(x), half_runner.upload(gamma), half_runner.upload(beta), y, shape,
+                           groups, 1e-5, True, plan=plan)
+    assert rel_err(half_runner.download(y, shape), group_norm_ref(x, gamma, beta, groups, 1e-5, True)) < HALF_TOL
+
+
+# ---------------------------------------------------------------------------
 # Attention
 
 ATTN_CASES = [

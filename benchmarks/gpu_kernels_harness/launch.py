@@ -7,7 +7,9 @@ GEMM of the builtins (custom_ops/builtins/matmul/gemm.cl) as builtin::Gemm launc
 (gemm.cc), on every device here. Used by tests/test_opencl_kernels.py
 (PoCL) and benchmarks/gpu_ablation.py (any OpenCL device).
 
-Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16).
+Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16), or with
+Runner(half_io=True) half through vload_half / vstore_half (-DDL_HALF_IO=1, ops/common/dl_storage.cl;
+no cl_khr_fp16 needed): so far the kernels of Gelu, GeGLU and GroupNorm only.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ def cl_source(path: Path, seen: set[str] | None = None) -> str:
         lines += ["#line 1", cl_source(found[0], seen).rstrip("\n"), f"#line {number + 1}"]
     return "\n".join(lines) + "\n"
 BASE_OPTIONS = "-DDL_T=float -DDL_T4=float4"
+HALF_IO_OPTIONS = "-DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1"
 
 GELU_MODES = {"erf": 0, "tanh": 1, "sigmoid": 2}
 
@@ -500,7 +503,11 @@ def winograd_tiles(n: int, h: int, w: int) -> tuple[int, int, int]:
 class Runner:
     """Holds a context/queue (profiling on), builds programs once, allocates scratch."""
 
-    def __init__(self, ctx: cl.Context | None = None, device: cl.Device | None = None):
+    def __init__(self, ctx: cl.Context | None = None, device: cl.Device | None = None, half_io: bool = False):
+        """half_io: activations and weights stored as half (HALF_IO_OPTIONS; upload, empty and download
+        convert)."""
+        self.base_options = HALF_IO_OPTIONS if half_io else BASE_OPTIONS
+        self.storage = np.float16 if half_io else np.float32
         if ctx is None:
             ctx, device = pick_context()
         self.ctx = ctx
@@ -520,7 +527,7 @@ class Runner:
         key = (str(path), options)
         if key not in self._programs:
             src = cl_source(path)
-            self._programs[key] = cl.Program(self.ctx, src).build(options=f"{BASE_OPTIONS} {options}".split())
+            self._programs[key] = cl.Program(self.ctx, src).build(options=f"{self.base_options} {options}".split())
         return self._programs[key]
 
     def op_program(self, op: str, options: str = "") -> cl.Program:
@@ -562,21 +569,21 @@ class Runner:
         return buf
 
     def upload(self, a: np.ndarray) -> cl.Buffer:
-        a = np.ascontiguousarray(a, dtype=np.float32)
+        a = np.ascontiguousarray(a, dtype=self.storage)
         return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
 
     def empty(self, shape, poison: bool = True) -> cl.Buffer:
-        nbytes = 4 * int(np.prod(shape))
+        nbytes = np.dtype(self.storage).itemsize * int(np.prod(shape))
         buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(4, nbytes))
         if poison:
-            cl.enqueue_copy(self.queue, buf, np.full(int(np.prod(shape)), np.nan, np.float32))
+            cl.enqueue_copy(self.queue, buf, np.full(int(np.prod(shape)), np.nan, self.storage))
         return buf
 
     def download(self, buf: cl.Buffer, shape) -> np.ndarray:
-        out = np.empty(shape, np.float32)
+        out = np.empty(shape, self.storage)
         cl.enqueue_copy(self.queue, out, buf)
         self.queue.finish()
-        return out
+        return out.astype(np.float32)
 
     def launch(self, kernel: cl.Kernel, global_size, local_size, *args) -> cl.Event:
         kernel.set_args(*args)

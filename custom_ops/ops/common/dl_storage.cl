@@ -1,5 +1,14 @@
 // The storage types every difflite op kernel is written in: DL_T (float or half) and DL_T4, its
 // 4-vector; the runtime passes both (-DDL_T=...), the defaults are for standalone builds.
+// Kernels read and write DL_T memory through DL_LOAD* / DL_STORE* (values in float): plain
+// accesses for float, and for half where the device has cl_khr_fp16. With DL_HALF_IO (half
+// storage on a device without cl_khr_fp16) they are core OpenCL 1.2's vload_half* /
+// vstore_half*, which need no half arithmetic: `half` then only names buffers.
+//   DL_LOAD(p, i), DL_STORE(p, i, v)      element i
+//   DL_LOAD4(p, i), DL_STORE4(p, i, v)    elements i .. i+3, any i (vload4 / vstore4)
+//   DL_LOAD2A, DL_LOAD4A, DL_STORE2A, DL_STORE4A: elements i .. i+1 or i+3 where p + i is
+//   aligned to the vector (i a multiple of 2 or 4, buffers aligned): through a vector pointer,
+//   which tells the compiler so (one wide access, unlike vloadn).
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
@@ -8,4 +17,26 @@
 #endif
 #ifndef DL_T4
 #define DL_T4 float4
+#endif
+#define DL_CAT_(a, b) a##b
+#define DL_CAT(a, b) DL_CAT_(a, b)
+#define DL_T2 DL_CAT(DL_T, 2)
+#ifdef DL_HALF_IO
+#define DL_LOAD(p, i) vload_half((i), (p))
+#define DL_STORE(p, i, v) vstore_half((v), (i), (p))
+#define DL_LOAD4(p, i) vload_half4(0, (p) + (i))
+#define DL_STORE4(p, i, v) vstore_half4((v), 0, (p) + (i))
+#define DL_LOAD2A(p, i) vload_half2(0, (p) + (i))
+#define DL_LOAD4A(p, i) vload_half4(0, (p) + (i))
+#define DL_STORE2A(p, i, v) vstore_half2((v), 0, (p) + (i))
+#define DL_STORE4A(p, i, v) vstore_half4((v), 0, (p) + (i))
+#else
+#define DL_LOAD(p, i) ((float)(p)[i])
+#define DL_STORE(p, i, v) ((p)[i] = (DL_T)(v))
+#define DL_LOAD4(p, i) convert_float4(vload4(0, (p) + (i)))
+#define DL_STORE4(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
+#define DL_LOAD2A(p, i) convert_float2(*(__global const DL_T2*)((p) + (i)))
+#define DL_LOAD4A(p, i) convert_float4(*(__global const DL_T4*)((p) + (i)))
+#define DL_STORE2A(p, i, v) (*(__global DL_T2*)((p) + (i)) = DL_CAT(convert_, DL_T2)(v))
+#define DL_STORE4A(p, i, v) (*(__global DL_T4*)((p) + (i)) = DL_CAT(convert_, DL_T4)(v))
 #endif

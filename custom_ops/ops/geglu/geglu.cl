@@ -20,7 +20,7 @@ __kernel void geglu(__global const DL_T* x, __global DL_T* y, int rows, int D, i
     DL_STORE4(out, c, DL_LOAD4(hidden, c) * dl_gelu4(DL_LOAD4(gate, c), mode));
   } else {
     for (int j = c; j < D; ++j) {
-      out[j] = (DL_T)((float)hidden[j] * dl_gelu((float)gate[j], mode));
+      DL_STORE(out, j, DL_LOAD(hidden, j) * dl_gelu(DL_LOAD(gate, j), mode));
     }
   }
 }

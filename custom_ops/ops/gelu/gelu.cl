@@ -10,6 +10,6 @@ __kernel void gelu(__global const DL_T* x, __global DL_T* y, int count, int mode
   if (i + 4 <= count) {
     DL_STORE4(y, i, dl_gelu4(DL_LOAD4(x, i), mode));
   } else {
-    for (int j = i; j < count; ++j) y[j] = (DL_T)dl_gelu((float)x[j], mode);
+    for (int j = i; j < count; ++j) DL_STORE(y, j, dl_gelu(DL_LOAD(x, j), mode));
   }
 }

@@ -3,10 +3,6 @@
 // mode: 0 erf, 1 tanh, 2 sigmoid (x * sigmoid(1.702 x), CLIP's quick GELU).
 // Storage type DL_T (float or half), DL_T4 its 4-vector; math in float.
 #include "dl_storage.cl"
-#define DL_CAT_(a, b) a##b
-#define DL_CAT(a, b) DL_CAT_(a, b)
-#define DL_LOAD4(p, i) convert_float4(vload4(0, (p) + (i)))
-#define DL_STORE4(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
 
 inline float dl_gelu(float x, int mode) {
   if (mode == 0) return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f));

@@ -44,8 +44,6 @@
 #ifndef GN_COLS_UNROLL
 #define GN_COLS_UNROLL 8  // rows in flight per work-item of the split plan
 #endif
-#define DL_CAT_(a, b) a##b
-#define DL_CAT(a, b) DL_CAT_(a, b)
 
 // Merges (nb, mb, qb) into (na, ma, qa): count, mean, sum of squared
 // deviations.
@@ -115,23 +113,23 @@ inline void gn_reduce(__local float* l_n, __local float* l_m, __local float* l_q
 #ifndef GN_UNROLL
 #define GN_UNROLL 4
 #endif
-// Vector loads and stores through vector pointers: every offset is a multiple
-// of GN_VW elements (GN_VW divides cg and C) and buffers start aligned, and
-// unlike vloadn this tells the compiler so (one wide load per vector).
+// Vector loads and stores, dl_storage.cl's aligned forms: every offset is a
+// multiple of GN_VW elements (GN_VW divides cg and C) and buffers start
+// aligned.
 #if GN_VW == 4
 #define GN_VEC float4
-#define GN_LOAD(p, i) convert_float4(*(__global const DL_T4*)((p) + (i)))
-#define GN_STORE(p, i, v) (*(__global DL_T4*)((p) + (i)) = DL_CAT(convert_, DL_T4)(v))
+#define GN_LOAD(p, i) DL_LOAD4A(p, i)
+#define GN_STORE(p, i, v) DL_STORE4A(p, i, v)
 #define GN_HSUM(v) ((v).x + (v).y + (v).z + (v).w)
 #elif GN_VW == 2
 #define GN_VEC float2
-#define GN_LOAD(p, i) convert_float2(*(__global const DL_CAT(DL_T, 2)*)((p) + (i)))
-#define GN_STORE(p, i, v) (*(__global DL_CAT(DL_T, 2)*)((p) + (i)) = DL_CAT(convert_, DL_CAT(DL_T, 2))(v))
+#define GN_LOAD(p, i) DL_LOAD2A(p, i)
+#define GN_STORE(p, i, v) DL_STORE2A(p, i, v)
 #define GN_HSUM(v) ((v).x + (v).y)
 #else
 #define GN_VEC float
-#define GN_LOAD(p, i) ((float)(p)[i])
-#define GN_STORE(p, i, v) ((p)[i] = (DL_T)(v))
+#define GN_LOAD(p, i) DL_LOAD(p, i)
+#define GN_STORE(p, i, v) DL_STORE(p, i, v)
 #define GN_HSUM(v) (v)
 #endif
 
@@ -162,7 +160,7 @@ inline void gn_item_stats(__global const DL_T* xg, int total, int cgv, int C, fl
   int s = lid / cgv;
   int k = lid - s * cgv;
   // Lanes past the end load the shift (they add nothing).
-  const float shift = lid < total ? (float)xg[s * C + k * GN_VW] : 0.0f;
+  const float shift = lid < total ? DL_LOAD(xg, s * C + k * GN_VW) : 0.0f;
   GN_VEC s1 = 0.0f, s2 = 0.0f;
   for (int e = lid; e < total; e += GN_UNROLL * GN_WG) {
     GN_VEC v[GN_UNROLL];
@@ -399,7 +397,7 @@ __kernel void gn_rows(__global const DL_T* x, __global const DL_T* gamma,
   const int lx = get_local_id(0), ly = get_local_id(1), n = get_global_id(1);
   const int cv = C / 4, at = ly * GN_LX;
   const long row = (long)min(n, N - 1) * C;
-  const float shift = (float)x[row];
+  const float shift = DL_LOAD(x, row);
   GN_VEC v[GN_RV], s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
   for (int i = 0; i < GN_RV; ++i) {
@@ -688,7 +686,7 @@ __kernel void gn_coop(__global const DL_T* x, __global const DL_T* gamma,
   // exchange: the shift per lane (its group's first element) and the lane's
   // gamma and beta.
   float lanes[GN_VW];
-  for (int l = 0; l < GN_VW; ++l) lanes[l] = (float)x[sample + (first + (cb + l) / cg) * cg];
+  for (int l = 0; l < GN_VW; ++l) lanes[l] = DL_LOAD(x, sample + (first + (cb + l) / cg) * cg);
   const GN_VEC shift = GN_FROM_LANES(lanes);
   const GN_VEC gam = GN_LOAD(gamma, first * cg + cb), bet = GN_LOAD(beta, first * cg + cb);
   __global const DL_T* xc = x + sample + first * cg + cb;
