@@ -13,8 +13,6 @@ milliseconds, TFLOP/s and the speedup over the default tile, per shape.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_out import write_result  # noqa: E402
 from gpu_ablation import measure  # noqa: E402
 from gpu_kernels_harness.launch import GemmTile, Runner  # noqa: E402
 
@@ -145,12 +144,8 @@ def main() -> int:
             bad = " WRONG" if rw["max_rel_diff"] > 1e-3 else ""
             cells.append(f"{rw['ms']:.3f} ({rw['tflops']:.1f}, {base / rw['ms']:.2f}x){bad}")
         print(f"| {res['shape']} | " + " | ".join(cells) + " |")
-    out = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gpu_gemm_sweep_{device.lower().replace(' ', '_')}.json"
-    path.write_text(json.dumps({"device": device, "tiles": [label for label, _ in tiles], "results": results},
-                               indent=1))
-    print(f"\nwrote {path}")
+    write_result("gpu_gemm_sweep", device, {"device": device, "tiles": [label for label, _ in tiles],
+                                            "results": results})
     return 0
 
 

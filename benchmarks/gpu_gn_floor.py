@@ -12,10 +12,7 @@ Writes benchmarks/results/gpu_gn_floor_<device>.json (or $OUT/...) and prints a 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_out import write_result  # noqa: E402
 from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402
 from gpu_kernels_harness.launch import (COOP_MAX_GATHER, CoopPlan, Runner, ceil_div, cl_source,  # noqa: E402
                                          gn_coop_plan)
@@ -136,11 +134,7 @@ def main() -> int:
                 lib_text = f"; library plan {lib[0]['us']:.1f} us ({lib[0]['of_same_size_copy']:.0%})" if lib else ""
                 print(f"{res['shape']} {variant}: {best['us']:.1f} us ({best['of_same_size_copy']:.0%}) at "
                       f"{best['gpw']} groups, limit {best['limit']}, {best['per_cu']} a CU{lib_text}")
-    out = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gpu_gn_floor_{device.lower().replace(' ', '_')}.json"
-    path.write_text(json.dumps({"device": device, "results": results}, indent=1))
-    print(f"\nwrote {path}")
+    write_result("gpu_gn_floor", device, {"device": device, "results": results})
     return 0
 
 

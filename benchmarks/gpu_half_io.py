@@ -9,8 +9,6 @@ Writes benchmarks/results/gpu_half_io_<device>.json (or $OUT/...) and prints a m
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_out import write_result  # noqa: E402
 from gpu_ablation import measure  # noqa: E402
 from gpu_kernels_harness.launch import Runner  # noqa: E402
 
@@ -94,11 +93,7 @@ def main() -> int:
     for row in rows:
         print(f"| {row['case']} | {row['float_us']:.1f} | {row['half_io_us']:.1f} | {row['speedup']:.2f}x | "
               f"{row['float_rel_err']:.1e} / {row['half_io_rel_err']:.1e} |")
-    out = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gpu_half_io_{device.lower().replace(' ', '_')}.json"
-    path.write_text(json.dumps({"device": device, "rows": rows}, indent=1))
-    print(f"\nwrote {path}")
+    write_result("gpu_half_io", device, {"device": device, "rows": rows})
     return 0
 
 
