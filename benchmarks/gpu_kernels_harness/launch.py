@@ -198,9 +198,9 @@ def coop_block(cg: int, groups: int, limit: int, sector_elems: int = 8) -> tuple
 def gn_coop_plan(n: int, groups: int, spatial: int, cg: int, limit: int, compute_units: int,
                  max_floats: int = COOP_MAX_FLOATS, per_cu: int = COOP_GROUPS_PER_CU) -> CoopPlan:
     """PlanCoop (fp32 storage: 8 elements a sector): work-groups of at most `limit`; blocks (coop_block);
-    slices for per_cu work-groups a compute unit (at most one a row, COOP_MAX_GATHER * lx * ly / gpw a block), then the
-    fewest chunks a slice with at most max_floats floats a work-item, evened out. chunks NO_COOP: a group
-    wider than the work-group."""
+    slices for per_cu work-groups a compute unit (at most one a row, COOP_MAX_GATHER * lx * ly / gpw a
+    block), then the fewest chunks a slice with at most max_floats floats a work-item, evened out. chunks
+    NO_COOP: a group wider than the work-group."""
     if cg // gn_vector_width(cg) > limit:
         return CoopPlan(gn_vector_width(cg), 1, 1, 1, 1, 1, 1, NO_COOP)
     gpw, vw, lx = coop_block(cg, groups, limit)
@@ -241,8 +241,9 @@ def gn_rows_plan(n: int, groups: int, spatial: int, c: int, limit: int) -> RowsP
 
 def gn_plan(flat: bool, coop_chunks: int, n: int, groups: int, group_elems: int, compute_units: int,
             rows: bool = False) -> str:
-    """"coop" (gn_coop: one kernel, K work-groups a (sample, block) exchanging partial sums) on GPUs
-    while a slice is at most COOP_MAX_CHUNKS chunks, else "one" (gn_one: a work-group per (sample,
+    """"rows" (gn_rows) for LayerNorms with a rows plan (`rows`) on GPUs, else "coop" (gn_coop: one
+    kernel, K work-groups a (sample, block) exchanging partial sums) while a slice is at most
+    COOP_MAX_CHUNKS chunks, else "one" (gn_one: a work-group per (sample,
     group)) when those fill the device or groups are small, else "split" (gn_stats_cols +
     gn_apply_cols), which CPU-like devices always take: PickPlan in group_norm_opencl.cc (without its
     DIFFLITE_GN_PLAN override)."""
@@ -656,18 +657,24 @@ class Runner:
         rows = gn_rows_plan(n, groups, spatial, groups * cg, min(ROWS_GROUP, self.max_wg)).rv > 0
         return gn_plan(self.flat, chunks, n, groups, spatial * cg, self.compute_units, rows)
 
-    def gn_rows_shape(self, n: int, groups: int, spatial: int, c: int) -> RowsPlan:
-        """InitRows's plan: the work-group limit lowered until gn_rows accepts its work-group (rv 0: the
-        library runs "coop" instead)."""
-        limit = min(ROWS_GROUP, self.max_wg)
+    def _accepted_plan(self, kernel: str, cap: int, plan_of, planned):
+        """plan_of(limit) for the largest work-group limit (from min(cap, the device's)) whose plan
+        `kernel` accepts, lowered to the kernel's own limit while it does not (InitRows, InitCoop); a plan
+        for which planned(plan) is false is returned as it is (no plan)."""
+        limit = min(cap, self.max_wg)
         while True:
-            plan = gn_rows_plan(n, groups, spatial, c, limit)
-            if plan.rv == 0:
+            plan = plan_of(limit)
+            if not planned(plan):
                 return plan
-            kmax = self.max_work_group(self.kernel("group_norm", "gn_rows", plan.options()))
+            kmax = self.max_work_group(self.kernel("group_norm", kernel, plan.options()))
             if kmax >= plan.lx * plan.ly:
                 return plan
             limit = kmax
+
+    def gn_rows_shape(self, n: int, groups: int, spatial: int, c: int) -> RowsPlan:
+        """InitRows's plan (rv 0: the library runs "coop" instead)."""
+        return self._accepted_plan("gn_rows", ROWS_GROUP, lambda limit: gn_rows_plan(n, groups, spatial, c, limit),
+                                   lambda plan: plan.rv > 0)
 
     def _group_norm_rows(self, x, gamma, beta, y, n, c, eps, silu, plan: RowsPlan) -> cl.Event:
         return self.launch(self.kernel("group_norm", "gn_rows", plan.options()),
@@ -675,18 +682,10 @@ class Runner:
                            np.int32(n), np.int32(c), np.int32(1 if silu else 0), np.float32(eps))
 
     def gn_coop_shape(self, n: int, groups: int, spatial: int, cg: int) -> CoopPlan:
-        """InitCoop's plan: the work-group limit lowered until gn_coop accepts its work-group (a plan with
-        chunks NO_COOP: the library runs "one" instead)."""
-        limit = min(COOP_GROUP, self.max_wg)
-        while True:
-            plan = gn_coop_plan(n, groups, spatial, cg, limit, self.compute_units)
-            if plan.chunks == NO_COOP:
-                return plan
-            k = self.kernel("group_norm", "gn_coop", plan.options())
-            kmax = self.max_work_group(k)
-            if kmax >= plan.lx * plan.ly:
-                return plan
-            limit = kmax
+        """InitCoop's plan (chunks NO_COOP: the library runs "one" instead)."""
+        return self._accepted_plan("gn_coop", COOP_GROUP,
+                                   lambda limit: gn_coop_plan(n, groups, spatial, cg, limit, self.compute_units),
+                                   lambda plan: plan.chunks != NO_COOP)
 
     def _group_norm_coop(self, x, gamma, beta, y, n, spatial, c, cg, groups, eps, silu, plan: CoopPlan,
                          spin_limit: int) -> cl.Event:

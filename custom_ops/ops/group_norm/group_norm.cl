@@ -440,7 +440,8 @@ __kernel void gn_rows(__global const DL_T* x, __global const DL_T* gamma,
 // (GN_ITEMS * GN_LY rows a chunk), sum it per group (shifted sums: of x - shift
 // and of its square; the shift is the group's first element, the same in
 // every slice, so partials add), publish the sums, wait for the K - 1
-// others', add the K partials in index order and write the slice: the last
+// others', add the K partials (a tree, the same in every work-group) and
+// write the slice: the last
 // chunk from registers, any earlier ones read again (from cache; the host
 // keeps a slice to a few chunks).
 // Global size (GN_LX * K * blocks, GN_LY, N), local size (GN_LX, GN_LY, 1).
@@ -565,10 +566,6 @@ inline ulong gn_tagged(float v, uint tag) { return ((ulong)tag << 32) | as_uint(
 
 inline int gn_has_tag(ulong word, uint tag) { return (uint)(word >> 32) == tag; }
 
-// The first of the two words (sum of x - shift, sum of its square) of group j
-// of a block, slice kk.
-inline int gn_word(int j, int kk, int K) { return (j * K + kk) * 2; }
-
 // Entry i (< GN_GATHER) of a work-item's gather: entry lid + i * (work-group
 // size), when it is another slice's ((group j, slice kk) = (e / K, e % K)).
 inline int gn_gathers(int i, int k, int K, int* e) {
@@ -589,7 +586,7 @@ inline void gn_gather(__local float2* l_grp, __local float2* l_part, __local int
 #pragma unroll
   for (int i = 0; i < GN_GATHER; ++i) {
     want[i] = gn_gathers(i, k, K, &e[i]);
-    const int at = 2 * e[i];  // gn_word(e / K, e % K, K)
+    const int at = 2 * e[i];  // entry e's two words
     w[2 * i] = want[i] ? partial[at] : 0;
     w[2 * i + 1] = want[i] ? partial[at + 1] : 0;
     if (e[i] < GN_GPW * K && !want[i]) l_part[e[i]] = l_grp[e[i] / K];
@@ -634,7 +631,7 @@ inline void gn_add_slices(__local float2* l_part, int K) {
 }
 
 // Turns l_grp's sums of this slice into each group's sums over its K slices,
-// in l_grp: publishes them (partial: the block's words, gn_word), gathers the
+// in l_grp: publishes them (partial: the block's words), gathers the
 // siblings' or, where one did not arrive within spin_limit polls, computes
 // every slice's from x (xc: this work-item's column at row 0): the same sums
 // in the same order, so the same totals. Every work-group reads all K
@@ -648,8 +645,8 @@ inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local floa
                         int C, int cg, uint tag, int spin_limit) {
   const int lid = get_local_id(1) * GN_LX + get_local_id(0);
   for (int j = lid; j < GN_GPW; j += GN_LX * GN_LY) {
-    partial[gn_word(j, k, K)] = gn_tagged(l_grp[j].x, tag);
-    partial[gn_word(j, k, K) + 1] = gn_tagged(l_grp[j].y, tag);
+    partial[(j * K + k) * 2] = gn_tagged(l_grp[j].x, tag);
+    partial[(j * K + k) * 2 + 1] = gn_tagged(l_grp[j].y, tag);
   }
   gn_gather(l_grp, l_part, l_ok, partial, k, K, tag, spin_limit);
   barrier(CLK_LOCAL_MEM_FENCE);

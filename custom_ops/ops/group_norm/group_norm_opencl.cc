@@ -115,9 +115,9 @@ void CoopBlock(int cg, int groups, int limit, int sector_elems, CoopPlan* p) {
 // Work-groups of at most `limit` work-items; slices enough for per_cu
 // work-groups a compute unit (all resident at once: a sibling that waits for
 // a later wave stalls its block), at most one a row and kCoopMaxGather *
-// lx * ly / gpw a block (the partials are gathered kCoopMaxGather a work-item
-// at most); then the fewest
-// chunks a slice with at most max_floats floats a work-item, evened out.
+// lx * ly / gpw a block (a work-item gathers at most kCoopMaxGather
+// partials); then the fewest chunks a slice with at most max_floats floats a
+// work-item, evened out.
 CoopPlan PlanCoop(int64_t n, int groups, int64_t spatial, int cg, int limit, int max_floats,
                   uint32_t cus, int per_cu, int sector_elems) {
   CoopPlan p;
