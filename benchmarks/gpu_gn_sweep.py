@@ -15,9 +15,6 @@ checks the output against the library's own plan. Writes benchmarks/results/gpu_
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import sys
 from pathlib import Path
 
@@ -26,6 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_out import write_result  # noqa: E402
 from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402
 from gpu_kernels_harness.launch import MAX_PARTIALS, NO_COOP, Runner, gn_cols_plan, gn_coop_plan  # noqa: E402
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
@@ -130,13 +128,8 @@ def main() -> int:
             each = " + ".join(f"{t * 1e3:.1f}" for t in row["each_kernel_ms"])
             print(f"| {row['config']}{mark} | {row['chain_ms'] * 1e3:.1f} | {row['kernel_ms'] * 1e3:.1f} | {each} | "
                   f"{row['gbs']:.0f} | {100 * row['of_same_size_copy']:.0f}% | {row['max_rel_diff']:.1e} |")
-    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_").lower()
-    out = out_dir / f"gpu_gn_sweep_{slug}{'_small' if args.small else '_vae' if args.vae else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": device, "compute_units": r.compute_units, "runs": args.runs,
-                               "results": results}, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    write_result("gpu_gn_sweep", device, {"device": device, "compute_units": r.compute_units, "runs": args.runs,
+                                          "results": results}, "_small" if args.small else "_vae" if args.vae else "")
     bad = [(res["shape"], row["config"]) for res in results for row in res["rows"] if not row["max_rel_diff"] < 1e-4]
     if bad:
         print(f"outputs disagree with the library's plan: {bad}", file=sys.stderr)
