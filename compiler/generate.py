@@ -286,7 +286,8 @@ class LitePipeline:
                 raise BadInput(f"{missing}: missing ({hint})")
             start = time.perf_counter()
             self._components[name] = Component(self.out / entry["file"], entry, backend=self.backend,
-                                               threads=self.threads)
+                                               threads=self.threads,
+                                               precision=self.manifest["options"]["precision"])
             self.load_seconds += time.perf_counter() - start
         return self._components[name]
 

@@ -40,7 +40,7 @@ class Profile:
     # Per work-group limits, as the OpenCL/Metal runtime reports them.
     local_mem_bytes: int
     max_work_group_size: int
-    fp16: bool  # the GPU runs float16 arithmetic (cl_khr_fp16); the kernels then run in fp16
+    fp16: bool  # the GPU has float16 arithmetic (cl_khr_fp16)
     # Throughput (approximate peaks).
     bandwidth_gbps: float  # DRAM bandwidth, GB/s
     fp32_gflops: float
@@ -62,8 +62,12 @@ class Profile:
 
     def element_bytes(self, precision: str | None = None) -> int:
         """Bytes per activation/weight element on the device: `precision` ("fp16"/"fp32") when
-        given, else fp16 where the GPU supports it."""
-        return 2 if _precision(self, precision) == "fp16" else 4
+        given, else fp16 where the GPU computes in it. fp16 storage needs no fp16 arithmetic
+        (vload_half / vstore_half are core OpenCL), so "fp16" is 2 bytes on every GPU."""
+        if precision is None:
+            return 2 if self.fp16 else 4
+        _precision(self, precision)  # validates it
+        return 2 if precision == "fp16" else 4
 
     def peak_gflops(self, precision: str | None = None) -> float:
         return self.fp16_gflops if _precision(self, precision) == "fp16" else self.fp32_gflops
@@ -75,7 +79,7 @@ def _precision(profile: Profile, precision: str | None) -> str:
     if precision not in PRECISIONS:
         raise BadInput(f"precision {precision!r} must be one of {', '.join(PRECISIONS)}")
     if precision == "fp16" and not profile.fp16:
-        return "fp32"  # no fp16 arithmetic on this GPU: it computes (and stores) in fp32
+        return "fp32"  # no fp16 arithmetic on this GPU: it computes in fp32
     return precision
 
 

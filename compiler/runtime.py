@@ -56,7 +56,10 @@ _STATS_IDS = itertools.count()
 class Component:
     """One emitted model, callable with NCHW numpy arrays by input name."""
 
-    def __init__(self, path, entry: dict | None = None, backend: str = "cpu", threads: int | None = None):
+    def __init__(self, path, entry: dict | None = None, backend: str = "cpu", threads: int | None = None,
+                 precision: str = "fp32"):
+        """`precision`: the delegate's (fp16: half storage on the OpenCL backend; the CPU
+        backend computes in float32 either way)."""
         from ai_edge_litert.interpreter import Interpreter
 
         self.path = Path(path)
@@ -66,7 +69,7 @@ class Component:
         custom = entry.get("custom_ops", [])
         # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file.
         self.stats_path = Path(tempfile.gettempdir()) / f"difflite-stats-{os.getpid()}-{next(_STATS_IDS)}.json"
-        delegates = [delegate_for(backend, stats_path=self.stats_path)] if (custom or backend != "cpu") else []
+        delegates = [delegate_for(backend, precision, stats_path=self.stats_path)] if (custom or backend != "cpu") else []
         try:
             self.interpreter = Interpreter(model_path=str(self.path), experimental_delegates=delegates,
                                            num_threads=threads or os.cpu_count())

@@ -68,7 +68,7 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
     for name, entry in man["components"].items():
         if components and name not in components:
             continue
-        runner = Component(out / entry["file"], entry, backend=backend)
+        runner = Component(out / entry["file"], entry, backend=backend, precision=options["precision"])
         for seed in seeds:
             spec = export.component_spec(pipe, name, options["height"], options["width"],
                                          options["batch"] if name == "unet" else 1, seed=seed)

@@ -43,8 +43,12 @@ from opencl_helpers import (  # noqa: E402
 from oplib_helpers import build_oplib  # noqa: E402
 
 TOL = 2e-5
-STYLES = ["flat", "tiled"]
+# fp16 storage rounds every input, weight and output to 11 significant bits.
+HALF_TOL = 4e-3
+# A style is the kernels option, "+fp16" adding precision=fp16 (half storage).
+STYLES = ["flat", "tiled", "flat+fp16", "tiled+fp16"]
 SAME, VALID = 0, 1  # schema Padding
+_tolerance_floor = [0.0]  # HALF_TOL while a "+fp16" style's test runs
 
 
 @pytest.fixture(scope="session")
@@ -55,8 +59,25 @@ def lib() -> Path:
 
 
 @pytest.fixture(params=STYLES)
-def style(request) -> str:
-    return request.param
+def style(request):
+    _tolerance_floor[0] = HALF_TOL if request.param.endswith("+fp16") else 0.0
+    yield request.param
+    _tolerance_floor[0] = 0.0
+
+
+def storage_bytes(style: str) -> int:
+    return 2 if style.endswith("+fp16") else 4
+
+
+def stored(style: str, values: np.ndarray) -> np.ndarray:
+    """float32 `values` as the style's storage holds them."""
+    return values.astype(np.float16).astype(np.float32) if style.endswith("+fp16") else values
+
+
+def style_options(style: str, **extra) -> dict[str, str]:
+    kernels, _, precision = style.partition("+")
+    return opencl_options(kernels=kernels, **({"precision": precision} if precision else {}),
+                          **extra)
 
 
 def rng(seed):
@@ -74,6 +95,7 @@ def check(got, want, tol=TOL):
     assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
     assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
     err = float(np.max(np.abs(got.astype(np.float64) - want)) / max(np.max(np.abs(want)), 1e-30))
+    tol = max(tol, _tolerance_floor[0])
     assert err <= tol, f"relative error {err:.3g} > {tol}"
 
 
@@ -83,8 +105,10 @@ def run_op(tmp_path, lib, build, feeds, style, name="op", nodes=1, **opts):
     m = OpModel()
     ins, outs = build(m)
     path = m.save(tmp_path / f"{name}.tflite", ins, outs)
-    got, stats = run_model(path, lib, feeds, opencl_options(kernels=style, **opts), stats=True)
+    got, stats = run_model(path, lib, feeds, style_options(style, **opts), stats=True)
     assert stats["nodes_claimed"] == nodes and stats["partitions"] == 1, stats
+    want_storage = "float16" if style.endswith("+fp16") or opts.get("precision") == "fp16" else "float32"
+    assert stats["storage"] == want_storage, stats
     return got, stats, path
 
 
@@ -442,7 +466,8 @@ def test_select_v2_and_cast(lib, tmp_path, style):
     i = r.integers(-1000, 1000, size=(3, 5, 7)).astype(np.int32)
     want_sel = np.where(cond, a, b)
     want_i2f = i.astype(np.float64)
-    want_f2i = (a * 100).astype(np.int32)  # truncation toward zero
+    a100 = stored(style, stored(style, a) * np.float32(100))
+    want_f2i = a100.astype(np.int32)  # truncation toward zero
 
     def build(m):
         ai = m.activation("a", a.shape)
@@ -719,9 +744,9 @@ def test_dequantize_is_folded(lib, tmp_path, style):
 
     (got,), stats, _ = run_op(tmp_path, lib, build, [x], style, nodes=4)
     check(got, want)
-    # weights uploaded once, as float32 (31*29 + 31 floats; flat kernels keep
-    # their own transposed copy of the FC weight instead of the original)
-    assert stats["weights_bytes"] == (31 * 29 + 31) * 4, stats
+    # weights uploaded once, in the storage type (31*29 + 31 values; flat
+    # kernels keep their own transposed copy of the FC weight instead of the original)
+    assert stats["weights_bytes"] == (31 * 29 + 31) * storage_bytes(style), stats
 
 
 # --------------------------------------------------------------------------
@@ -781,7 +806,7 @@ def test_writer_model_is_one_partition(lib, tmp_path, style, capfd):
 
     n_nodes = len(Interpreter(model_path=str(path))._get_ops_details())
     x = nonzero(rng(17), (1, 5, 7, 3))
-    (got,), stats = run_model(path, lib, [x], opencl_options(kernels=style, verbose=1), stats=True)
+    (got,), stats = run_model(path, lib, [x], style_options(style, verbose=1), stats=True)
     want = run_reference(path, [x])[0]
     check(got, want, 1e-5)
     assert stats["nodes_claimed"] == n_nodes == stats["nodes_total"], stats
@@ -843,9 +868,10 @@ def test_profile_option(lib, tmp_path):
     assert key.startswith("TANH 5x33->5x33 "), stats
 
 
-def test_fp16_request_falls_back_or_runs(lib, tmp_path, capfd):
-    """precision=fp16: half storage where the device has cl_khr_fp16, else a
-    one-line note and float32 storage (PoCL)."""
+def test_fp16_runs_in_half_storage(lib, tmp_path, capfd):
+    """precision=fp16 stores activations as half on any device: through
+    cl_khr_fp16 where the device has it, else through vload_half / vstore_half
+    (PoCL), which the verbose log names."""
     x = nonzero(rng(20), (4, 21))
 
     def build(m):
@@ -854,11 +880,14 @@ def test_fp16_request_falls_back_or_runs(lib, tmp_path, capfd):
         m.builtin("EXP", [xi], [y])
         return [xi], [y]
 
-    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", precision="fp16")
-    tol = TOL if stats["storage"] == "float32" else 2e-3
-    check(got, np.exp(x.astype(np.float64)), tol)
-    if stats["storage"] == "float32":
-        assert "has no cl_khr_fp16" in capfd.readouterr().err
+    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", precision="fp16", verbose=1)
+    want = np.exp(stored("flat+fp16", x).astype(np.float64))
+    check(got, want, 1e-3)
+    assert np.array_equal(got, stored("flat+fp16", got)), "outputs pass through half storage"
+    err = capfd.readouterr().err
+    assert "storage=float16" in err, err
+    if "cl_khr_fp16" not in err:
+        assert "(vload_half, float arithmetic)" in err, err
 
 
 # --------------------------------------------------------------------------

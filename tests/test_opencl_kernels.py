@@ -1283,12 +1283,16 @@ def test_programs_compile_for_half_storage(launch):
                    "-"]
             p = subprocess.run(cmd, input=launch.cl_source(f), capture_output=True, text=True)
             assert p.returncode == 0, f"{f.name} {extra} does not compile for half storage:\n{p.stderr[-2000:]}"
-    # The tiled GEMM and implicit-GEMM conv of the builtins, both variants, as the runtime builds
-    # them: -DDL_FP16=1 and its prelude enabling cl_khr_fp16.
+    # Every builtin program (the tiled GEMM and implicit-GEMM conv in all their variants) and the
+    # boundary conversions, as the runtime builds them: -DDL_FP16=1 and its prelude enabling
+    # cl_khr_fp16. (Their -DDL_HALF_IO=1 builds run on PoCL in test_opencl_builtins.py.)
     prelude = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
-    for f in ("matmul/gemm.cl", "conv/conv.cl"):
-        src = prelude + launch.cl_source(REPO / "custom_ops" / "builtins" / f)
-        for extra in ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]):
+    tiled = ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"])
+    sources = [*sorted((REPO / "custom_ops" / "builtins").glob("*/*.cl")),
+               REPO / "custom_ops" / "delegate" / "opencl" / "convert.cl"]
+    for f in sources:
+        src = prelude + launch.cl_source(f)
+        for extra in tiled if f.stem in ("gemm", "conv") else ([],):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
                    "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", "-DDL_FP16=1", *extra,
                    "-fsyntax-only", "-"]

@@ -15,6 +15,7 @@ OpenCL missing is a failure with the reason, never a skip.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,11 +34,13 @@ from opencl_helpers import opencl_options, require_opencl, run_model  # noqa: E4
 from oplib_helpers import build_oplib  # noqa: E402
 
 TOL = 1e-4
+HALF_TOL = 1e-2  # relative to the output's max magnitude, half storage against float32
 SIZE = ["--height", "64", "--width", "64"]
 COMPONENTS = ["text_encoder", "unet", "vae_decoder"]
 
 
-def difflite(*args) -> None:
+def difflite(*args) -> str:
+    """Runs the CLI; its stdout."""
     exe = shutil.which("difflite")
     command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
     result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
@@ -45,6 +48,7 @@ def difflite(*args) -> None:
     if result.returncode != 0:
         raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
                              f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +63,14 @@ def nofuse(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("opencl") / "tiny_nofuse"
     difflite("convert", "preset:tiny", "-o", out, *SIZE, "--components", ",".join(COMPONENTS),
              "--no-fuse")
+    return out
+
+
+@pytest.fixture(scope="module")
+def fused_fp16(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("opencl") / "tiny_fused_fp16"
+    difflite("convert", "preset:tiny", "-o", out, *SIZE, "--components", ",".join(COMPONENTS),
+             "--precision", "fp16")
     return out
 
 
@@ -139,3 +151,29 @@ def test_fused_matches_cpu_backend(lib, fused, component):
     check_claimed_whole(stats, n_nodes)
     errs = rel_errs(got, want)
     assert max(errs) <= TOL, errs
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_fused_fp16_storage_matches_cpu_backend(lib, fused_fp16, component):
+    """precision=fp16: every activation in half storage (vload_half / vstore_half where
+    the device has no cl_khr_fp16, as PoCL), the same fp16-weight file on backend=cpu."""
+    path = fused_fp16 / f"{component}.tflite"
+    n_nodes, _, feeds = model_info(path)
+    want, _ = run_model(path, lib, feeds, {"backend": "cpu"}, repeats=1)
+    got, stats = run_model(path, lib, feeds, opencl_options(precision="fp16"), stats=True)
+    check_claimed_whole(stats, n_nodes)
+    assert stats["storage"] == "float16", stats
+    errs = rel_errs(got, want)
+    assert max(errs) <= HALF_TOL, errs
+
+
+def test_verify_cli_runs_fp16_conversion_in_half_storage(lib, fused_fp16):
+    """`difflite verify OUT --backend opencl` on an fp16 conversion: the delegate stores
+    activations as half (the manifest's precision) and every component meets the fp16
+    tolerance against PyTorch."""
+    report = json.loads(difflite("verify", fused_fp16, "--backend", "opencl", "--seeds", "0",
+                                 "--json"))
+    assert report["passed"], report["checks"]
+    assert {c["component"] for c in report["checks"]} == set(COMPONENTS), report
+    for name in COMPONENTS:
+        assert report["gpu_memory"][name]["storage"] == "float16", report["gpu_memory"]

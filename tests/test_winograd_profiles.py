@@ -130,7 +130,9 @@ def test_profiles_load():
     # TFLite GPU's Adreno (7xx) case: 32 slices of 4 channels, 64 tiles.
     assert (adreno.winograd_min_in_channels, adreno.winograd_min_out_channels, adreno.winograd_min_tiles) == (128, 128, 64)
     assert adreno.fp16 and adreno.flash_attention and not load_profile("mali-g715").flash_attention
-    assert load_profile("nvidia-h100").element_bytes("fp16") == 4  # no cl_khr_fp16: computes in fp32
+    h100 = load_profile("nvidia-h100")  # no cl_khr_fp16: stores half, computes in fp32
+    assert h100.element_bytes("fp16") == 2 and h100.element_bytes() == 4
+    assert h100.peak_gflops("fp16") == h100.fp32_gflops
 
 
 def test_winograd_budget_defaults_to_the_profile(tmp_path):

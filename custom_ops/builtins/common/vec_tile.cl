@@ -9,12 +9,9 @@
 // conflicted), and store neighbouring float4s of C. The loops over acc are macros rather than
 // functions so that the accumulators stay plain registers whatever the
 // compiler does with array arguments.
+#include "dl_storage.cl"
+
 #define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
-#ifdef DL_FP16
-#define CONVERT_DL_T4 convert_half4
-#else
-#define CONVERT_DL_T4(v) (v)
-#endif
 
 // Split-K (KSPLIT > 1): split `split` sums the TK-aligned K range
 // [kbeg, kend) (the last ranges may be short or empty); all of K otherwise.
@@ -50,7 +47,7 @@
 // bias[n .. n+3] (zeros past N or without a bias).
 inline float4 vt_bias4(__global const DL_T* bias, int has_bias, int n, int N) {
   float t[4];
-  for (int c = 0; c < 4; ++c) t[c] = (has_bias && n + c < N) ? (float)bias[n + c] : 0.0f;
+  for (int c = 0; c < 4; ++c) t[c] = (has_bias && n + c < N) ? DL_LOAD(bias, n + c) : 0.0f;
   return (float4)(t[0], t[1], t[2], t[3]);
 }
 
@@ -72,10 +69,10 @@ inline float4 vt_bias4(__global const DL_T* bias, int has_bias, int n, int N) {
         const int n_ = n0 + 4 * (j_ * TX + tx);                                \
         const float4 v_ = acc[i_][j_] + bv_[j_];                               \
         if ((vec_c) && n_ + 4 <= (N)) {                                        \
-          vstore4(CONVERT_DL_T4(v_), 0, row_ + n_);                            \
+          DL_STORE4(row_, n_, v_);                                             \
         } else {                                                               \
           _Pragma("unroll") for (int c_ = 0; c_ < 4; ++c_) {                   \
-            if (n_ + c_ < (N)) row_[n_ + c_] = (DL_T)C4(v_, c_);               \
+            if (n_ + c_ < (N)) DL_STORE(row_, n_ + c_, C4(v_, c_));            \
           }                                                                    \
         }                                                                      \
       }                                                                        \

@@ -8,6 +8,7 @@
 // gemm.cl: a TM x TN tile per work-group, TK-deep K slices in local memory,
 // WM x WN outputs per item. Each item loads the A tile at a fixed k column
 // (NT is a multiple of TK), so its rows' pixel coordinates are computed once.
+#include "dl_storage.cl"
 #ifndef TM
 #define TM 64
 #endif
@@ -33,11 +34,6 @@
 #define TY (TM / WM)
 #define NT (TX * TY)
 #define RA ((TM * TK + NT - 1) / NT)
-#ifdef DL_FP16
-#define CONVERT_DL_T16 convert_half16
-#else
-#define CONVERT_DL_T16(v) (v)
-#endif
 
 // The output pixels of the A rows this item stages (fixed over K since NT % TK == 0): the
 // batch's base offset (-1: outside M) and the top-left input coordinates of the window.
@@ -108,7 +104,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         const int ix = a_x[r] + kx * dw;
         float v = 0.0f;
         if (a_base[r] >= 0 && k < K && iy >= 0 && iy < ih && ix >= 0 && ix < iw) {
-          v = (float)x[a_base[r] + (iy * iw + ix) * cin + ci];
+          v = DL_LOAD(x, a_base[r] + (iy * iw + ix) * cin + ci);
         }
         As[a_kk][mm] = v;
       }
@@ -118,7 +114,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
       const int nn = e / TK;
       const int n = n0 + nn;
       const int kb = k0 + kk;
-      Bs[kk][nn] = (n < N && kb < K) ? (float)w[n * K + kb] : 0.0f;
+      Bs[kk][nn] = (n < N && kb < K) ? DL_LOAD(w, n * K + kb) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
@@ -145,7 +141,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
     for (int j = 0; j < WN; ++j) {
       const int n = n0 + tx + j * TX;
       if (n < N) {
-        y[m * N + n] = (DL_T)(acc[i][j] + (has_bias ? (float)bias[n] : 0.0f));
+        DL_STORE(y, m * N + n, (acc[i][j] + (has_bias ? DL_LOAD(bias, n) : 0.0f)));
       }
     }
   }
@@ -206,7 +202,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         const int iy = a_y[r] + ky * dh;
         const int ix = a_x[r] + kx * dw;
         ra[r] = (a_base[r] >= 0 && k < kend && iy >= 0 && iy < ih && ix >= 0 && ix < iw)
-                    ? (float)x[a_base[r] + (iy * iw + ix) * cin + ci]
+                    ? DL_LOAD(x, a_base[r] + (iy * iw + ix) * cin + ci)
                     : 0.0f;
       }
 #pragma unroll
@@ -214,7 +210,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         const int e = tid + l * NT;
         const int kk = e % TK, nn = e / TK;
         const int n = n0 + nn, kb = k0 + kk;
-        rb[l] = (n < N && kb < kend && nn < TN) ? (float)w[n * K + kb] : 0.0f;
+        rb[l] = (n < N && kb < kend && nn < TN) ? DL_LOAD(w, n * K + kb) : 0.0f;
       }
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
@@ -259,18 +255,18 @@ __kernel void depthwise_conv2d(__global const DL_T* x, __global const DL_T* w,
   const int oy = t % oh;
   const int b = t / oh;
   const int ci = oc / mult;
-  float acc = has_bias ? (float)bias[oc] : 0.0f;
+  float acc = has_bias ? DL_LOAD(bias, oc) : 0.0f;
   for (int ky = 0; ky < kh; ++ky) {
     const int iy = oy * sh - pt + ky * dh;
     if (iy < 0 || iy >= ih) continue;
     for (int kx = 0; kx < kw; ++kx) {
       const int ix = ox * sw - pl + kx * dw;
       if (ix < 0 || ix >= iw) continue;
-      acc = fma((float)x[((b * ih + iy) * iw + ix) * cin + ci],
-                (float)w[(ky * kw + kx) * oc_count + oc], acc);
+      acc = fma(DL_LOAD(x, ((b * ih + iy) * iw + ix) * cin + ci),
+                DL_LOAD(w, (ky * kw + kx) * oc_count + oc), acc);
     }
   }
-  y[i] = (DL_T)acc;
+  DL_STORE(y, i, acc);
 }
 
 // conv2d for CPU-like devices (no local memory, no barriers, explicit
@@ -297,7 +293,7 @@ __kernel void conv2d_rows(__global const DL_T* x, __global const DL_T* wt,
   float16 b0 = (float16)(0.0f);
   if (has_bias) {
     float bv[16];
-    for (int j = 0; j < 16; ++j) bv[j] = n0 + j < N ? (float)bias[n0 + j] : 0.0f;
+    for (int j = 0; j < 16; ++j) bv[j] = n0 + j < N ? DL_LOAD(bias, n0 + j) : 0.0f;
     b0 = vload16(0, bv);
   }
   for (int r = 0; r < RM; ++r) {
@@ -324,10 +320,10 @@ __kernel void conv2d_rows(__global const DL_T* x, __global const DL_T* wt,
         keep[r] = in ? 1.0f : 0.0f;
       }
       for (int ci = 0; ci < cin; ++ci) {
-        const float16 w = convert_float16(vload16(0, wk + (size_t)ci * np));
+        const float16 w = DL_LOAD16(wk, (size_t)ci * np);
 #pragma unroll
         for (int r = 0; r < RM; ++r) {
-          acc[r] = fma((float16)((float)x[off[r] + ci] * keep[r]), w, acc[r]);
+          acc[r] = fma((float16)(DL_LOAD(x, off[r] + ci) * keep[r]), w, acc[r]);
         }
       }
     }
@@ -337,11 +333,11 @@ __kernel void conv2d_rows(__global const DL_T* x, __global const DL_T* wt,
     if (m >= M) break;
     __global DL_T* yp = y + (size_t)m * N + n0;
     if (n0 + 16 <= N) {
-      vstore16(CONVERT_DL_T16(acc[r]), 0, yp);
+      DL_STORE16(yp, 0, acc[r]);
     } else {
       float av[16];
       vstore16(acc[r], 0, av);
-      for (int j = 0; j < N - n0; ++j) yp[j] = (DL_T)av[j];
+      for (int j = 0; j < N - n0; ++j) DL_STORE(yp, j, av[j]);
     }
   }
 }

@@ -3,6 +3,7 @@
 // for all of them; the switch is uniform across a launch).
 //
 // Unary op codes (keep in sync with elementwise.cc).
+#include "dl_storage.cl"
 #define U_LOGISTIC 0
 #define U_TANH 1
 #define U_EXP 2
@@ -74,14 +75,14 @@ inline float binary_op(float a, float b, int op) {
 
 __kernel void unary(__global const DL_T* x, __global DL_T* y, int n, int op) {
   const int i = get_global_id(0);
-  if (i < n) y[i] = (DL_T)unary_op((float)x[i], op);
+  if (i < n) DL_STORE(y, i, unary_op(DL_LOAD(x, i), op));
 }
 
 // Same-shape operands (sa, sb in {0, 1}: 0 broadcasts a single element).
 __kernel void binary_flat(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
                           int n, int op, int sa, int sb) {
   const int i = get_global_id(0);
-  if (i < n) y[i] = (DL_T)binary_op((float)a[i * sa], (float)b[i * sb], op);
+  if (i < n) DL_STORE(y, i, binary_op(DL_LOAD(a, i * sa), DL_LOAD(b, i * sb), op));
 }
 
 // Broadcasting over up to 8 collapsed dims (outermost first).
@@ -104,12 +105,12 @@ __kernel void binary_nd(__global const DL_T* a, __global const DL_T* b, __global
       ib += c * sb[k];
     }
   }
-  y[i] = (DL_T)binary_op((float)a[ia], (float)b[ib], op);
+  DL_STORE(y, i, binary_op(DL_LOAD(a, ia), DL_LOAD(b, ib), op));
 }
 
 // SELECT / SELECT_V2: y = cond ? a : b, broadcasting; the condition is an
-// int32 (bool constants become 0/1) or a float tensor.
-#define SELECT_KERNEL(NAME, COND_T)                                                    \
+// int32 (bool constants become 0/1) or a float tensor; IS_SET(c, ic) tests it.
+#define SELECT_KERNEL(NAME, COND_T, IS_SET)                                            \
   __kernel void NAME(__global const COND_T* c, __global const DL_T* a,                \
                      __global const DL_T* b, __global DL_T* y, int n, int rank,        \
                      int8 dims_v, int8 sc_v, int8 sa_v, int8 sb_v) {                   \
@@ -131,34 +132,31 @@ __kernel void binary_nd(__global const DL_T* a, __global const DL_T* b, __global
         ib += cc * sb[k];                                                              \
       }                                                                                \
     }                                                                                  \
-    y[i] = c[ic] != (COND_T)0 ? a[ia] : b[ib];                                         \
+    DL_STORE(y, i, IS_SET(c, ic) ? DL_LOAD(a, ia) : DL_LOAD(b, ib));                   \
   }
 
-SELECT_KERNEL(select_i, int)
-SELECT_KERNEL(select_f, DL_T)
+#define INT_IS_SET(c, i) ((c)[i] != 0)
+#define FLOAT_IS_SET(c, i) (DL_LOAD(c, i) != 0.0f)
+SELECT_KERNEL(select_i, int, INT_IS_SET)
+SELECT_KERNEL(select_f, DL_T, FLOAT_IS_SET)
 
 __kernel void cast_i2f(__global const int* x, __global DL_T* y, int n) {
   const int i = get_global_id(0);
-  if (i < n) y[i] = (DL_T)(float)x[i];
+  if (i < n) DL_STORE(y, i, (float)x[i]);
 }
 
 // float -> int32 truncates toward zero (C static_cast, as TFLite's CAST).
 __kernel void cast_f2i(__global const DL_T* x, __global int* y, int n) {
   const int i = get_global_id(0);
-  if (i < n) y[i] = convert_int_rtz((float)x[i]);
+  if (i < n) y[i] = convert_int_rtz(DL_LOAD(x, i));
 }
 
 // ---------------------------------------------------------------------------
 // Row variants for CPU-like devices: an item handles 16 consecutive elements
 // of the innermost dim with explicit float16 vectors (a scalar tail in the
 // last chunk of a row). Binary operands walk that dim with stride 1 or 0.
-#ifdef DL_FP16
-#define LOAD16(p) vload_half16(0, (__global const half*)(p))
-#define STORE16(v, p) vstore_half16((v), 0, (__global half*)(p))
-#else
-#define LOAD16(p) vload16(0, (p))
-#define STORE16(v, p) vstore16((v), 0, (p))
-#endif
+#define LOAD16(p) DL_LOAD16((p), 0)
+#define STORE16(v, p) DL_STORE16((p), 0, (v))
 
 inline float16 unary_op16(float16 x, int op) {
   switch (op) {
@@ -206,7 +204,7 @@ __kernel void unary_vec(__global const DL_T* x, __global DL_T* y, int n, int op)
   if (i + 16 <= n) {
     STORE16(unary_op16(LOAD16(x + i), op), y + i);
   } else {
-    for (int j = i; j < n; ++j) y[j] = (DL_T)unary_op((float)x[j], op);
+    for (int j = i; j < n; ++j) DL_STORE(y, j, unary_op(DL_LOAD(x, j), op));
   }
 }
 
@@ -235,12 +233,12 @@ __kernel void binary_rows(__global const DL_T* a, __global const DL_T* b, __glob
   oa += c0 * ia;
   ob += c0 * ib;
   if (c0 + 16 <= inner) {
-    const float16 va = ia ? LOAD16(a + oa) : (float16)((float)a[oa]);
-    const float16 vb = ib ? LOAD16(b + ob) : (float16)((float)b[ob]);
+    const float16 va = ia ? LOAD16(a + oa) : (float16)(DL_LOAD(a, oa));
+    const float16 vb = ib ? LOAD16(b + ob) : (float16)(DL_LOAD(b, ob));
     STORE16(binary_op16(va, vb, op), y + oy);
   } else {
     for (int j = 0; j < inner - c0; ++j) {
-      y[oy + j] = (DL_T)binary_op((float)a[oa + j * ia], (float)b[ob + j * ib], op);
+      DL_STORE(y, oy + j, binary_op(DL_LOAD(a, oa + j * ia), DL_LOAD(b, ob + j * ib), op));
     }
   }
 }

@@ -9,6 +9,7 @@
 // so that neighbouring items load neighbouring addresses.
 // Batches: up to 4 collapsed dims (bdims, innermost in .w), with per-operand
 // strides (0 broadcasts).
+#include "dl_storage.cl"
 #ifndef TM
 #define TM 64
 #endif
@@ -93,13 +94,13 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
       A_SLICE_INDEX(e, kk, mm);
       const int m = m0 + mm;
       const int k = k0 + kk;
-      As[kk][mm] = (m < M && k < K) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
+      As[kk][mm] = (m < M && k < K) ? DL_LOAD(Ab, m * a_sm + k * a_sk) : 0.0f;
     }
     for (int e = tid; e < TN * TK; e += NT) {
       B_SLICE_INDEX(e, kk, nn);
       const int n = n0 + nn;
       const int k = k0 + kk;
-      Bs[kk][nn] = (n < N && k < K) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
+      Bs[kk][nn] = (n < N && k < K) ? DL_LOAD(Bb, k * b_sk + n * b_sn) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
@@ -127,8 +128,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
     for (int j = 0; j < WN; ++j) {
       const int n = n0 + tx + j * TX;
       if (n < N) {
-        const float v = acc[i][j] + (has_bias ? (float)bias[n] : 0.0f);
-        Cb[m * ldc + n] = (DL_T)v;
+        const float v = acc[i][j] + (has_bias ? DL_LOAD(bias, n) : 0.0f);
+        DL_STORE(Cb, m * ldc + n, v);
       }
     }
   }
@@ -185,14 +186,14 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int e = tid + l * NT;
         A_SLICE_INDEX(e, kk, mm);
         const int m = m0 + mm, k = k0 + kk;
-        ra[l] = (m < M && k < kend && e < TM * TK) ? (float)Ab[m * a_sm + k * a_sk] : 0.0f;
+        ra[l] = (m < M && k < kend && e < TM * TK) ? DL_LOAD(Ab, m * a_sm + k * a_sk) : 0.0f;
       }
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
         B_SLICE_INDEX(e, kk, nn);
         const int n = n0 + nn, k = k0 + kk;
-        rb[l] = (n < N && k < kend && e < TN * TK) ? (float)Bb[k * b_sk + n * b_sn] : 0.0f;
+        rb[l] = (n < N && k < kend && e < TN * TK) ? DL_LOAD(Bb, k * b_sk + n * b_sn) : 0.0f;
       }
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
@@ -232,22 +233,17 @@ __kernel void splitk_sum(__global const DL_T* P, __global const DL_T* bias, __gl
   const int plane = M * N;
   const int stride = (int)get_global_size(2) * plane;
   __global const DL_T* p = P + batch * plane + m * N + n;
-  float v = has_bias ? (float)bias[n] : 0.0f;
-  for (int s = 0; s < splits; ++s) v += (float)p[s * stride];
-  C[batch * c_bs + m * ldc + n] = (DL_T)v;
+  float v = has_bias ? DL_LOAD(bias, n) : 0.0f;
+  for (int s = 0; s < splits; ++s) v += DL_LOAD(p, s * stride);
+  DL_STORE(C, batch * c_bs + m * ldc + n, v);
 }
 
 // GEMM for CPU-like devices (no local memory, no barriers, explicit
-// vectors): an item owns 8 consecutive columns n0..n0+7 (one float16) and RM
+// vectors): an item owns 16 consecutive columns n0..n0+15 (one float16) and RM
 // consecutive rows of C; dimension 2 is the batch. B rows are one vload16
-// when B is n-major (b_sn == 1) and the 8 columns exist, else 8 loads.
+// when B is n-major (b_sn == 1) and the 16 columns exist, else 16 loads.
 #ifndef RM
 #define RM 8
-#endif
-#ifdef DL_FP16
-#define CONVERT_DL_T16 convert_half16
-#else
-#define CONVERT_DL_T16(v) (v)
 #endif
 __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
                         __global const DL_T* bias, __global DL_T* C, int M, int N, int K,
@@ -264,7 +260,7 @@ __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
   float16 b0 = (float16)(0.0f);
   if (has_bias) {
     float bv[16];
-    for (int j = 0; j < 16; ++j) bv[j] = j < lanes ? (float)bias[n0 + j] : 0.0f;
+    for (int j = 0; j < 16; ++j) bv[j] = j < lanes ? DL_LOAD(bias, n0 + j) : 0.0f;
     b0 = vload16(0, bv);
   }
   float16 acc[RM];
@@ -277,14 +273,14 @@ __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
     float16 b;
     __global const DL_T* bp = Bb + k * b_sk + n0 * b_sn;
     if (vec_b) {
-      b = convert_float16(vload16(0, bp));
+      b = DL_LOAD16(bp, 0);
     } else {
       float bv[16];
-      for (int j = 0; j < 16; ++j) bv[j] = j < lanes ? (float)bp[j * b_sn] : 0.0f;
+      for (int j = 0; j < 16; ++j) bv[j] = j < lanes ? DL_LOAD(bp, j * b_sn) : 0.0f;
       b = vload16(0, bv);
     }
     const int ko = k * a_sk;
-    for (int i = 0; i < RM; ++i) acc[i] = fma((float16)((float)Ab[rows[i] + ko]), b, acc[i]);
+    for (int i = 0; i < RM; ++i) acc[i] = fma((float16)(DL_LOAD(Ab, rows[i] + ko)), b, acc[i]);
   }
   __global DL_T* Cb = C + batch * c_bs;
   for (int i = 0; i < RM; ++i) {
@@ -292,11 +288,11 @@ __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
     if (m >= M) break;
     __global DL_T* cp = Cb + m * ldc + n0;
     if (lanes == 16) {
-      vstore16(CONVERT_DL_T16(acc[i]), 0, cp);
+      DL_STORE16(cp, 0, acc[i]);
     } else {
       float av[16];
       vstore16(acc[i], 0, av);
-      for (int j = 0; j < lanes; ++j) cp[j] = (DL_T)av[j];
+      for (int j = 0; j < lanes; ++j) DL_STORE(cp, j, av[j]);
     }
   }
 }

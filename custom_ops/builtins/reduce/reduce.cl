@@ -4,6 +4,7 @@
 // reduce_serial: one work-item per output; reduce_wg: one work-group of
 // RD_WG items per output with a tree in local memory. Accumulates in float;
 // the result is multiplied by `scale` (1/count for MEAN).
+#include "dl_storage.cl"
 #ifndef RD_WG
 #define RD_WG 64
 #endif
@@ -38,12 +39,12 @@ inline int offset_of(int i, int rank, const int* dims, const int* str) {
 inline float sum_run(__global const DL_T* p, int n) {
   float16 v = (float16)(0.0f);
   const int nv = n & ~15;
-  for (int i = 0; i < nv; i += 16) v += convert_float16(vload16(0, p + i));
+  for (int i = 0; i < nv; i += 16) v += DL_LOAD16(p, i);
   const float8 a = v.lo + v.hi;
   const float4 b = a.lo + a.hi;
   const float2 c = b.lo + b.hi;
   float s = c.x + c.y;
-  for (int i = nv; i < n; ++i) s += (float)p[i];
+  for (int i = nv; i < n; ++i) s += DL_LOAD(p, i);
   return s;
 }
 
@@ -66,19 +67,19 @@ __kernel void reduce_serial(__global const DL_T* x, __global DL_T* y, int n_out,
     for (int r = 0; r < outer; ++r) acc += sum_run(x + base + r * step, inner);
   } else if (rrank == 1) {
     const int s = rs[0];
-    for (int r = 0; r < count; ++r) acc = r_combine(acc, (float)x[base + r * s], op);
+    for (int r = 0; r < count; ++r) acc = r_combine(acc, DL_LOAD(x, base + r * s), op);
   } else if (rrank == 2) {
     for (int r0 = 0; r0 < rd[0]; ++r0) {
       for (int r1 = 0; r1 < rd[1]; ++r1) {
-        acc = r_combine(acc, (float)x[base + r0 * rs[0] + r1 * rs[1]], op);
+        acc = r_combine(acc, DL_LOAD(x, base + r0 * rs[0] + r1 * rs[1]), op);
       }
     }
   } else {
     for (int r = 0; r < count; ++r) {
-      acc = r_combine(acc, (float)x[base + offset_of(r, rrank, rd, rs)], op);
+      acc = r_combine(acc, DL_LOAD(x, base + offset_of(r, rrank, rd, rs)), op);
     }
   }
-  y[o] = (DL_T)(acc * scale);
+  DL_STORE(y, o, (acc * scale));
 }
 
 __kernel __attribute__((reqd_work_group_size(RD_WG, 1, 1)))
@@ -95,10 +96,10 @@ void reduce_wg(__global const DL_T* x, __global DL_T* y, int n_out, int count, i
   float acc = r_init(op);
   if (rrank == 1) {
     const int s = rs[0];
-    for (int r = lid; r < count; r += RD_WG) acc = r_combine(acc, (float)x[base + r * s], op);
+    for (int r = lid; r < count; r += RD_WG) acc = r_combine(acc, DL_LOAD(x, base + r * s), op);
   } else {
     for (int r = lid; r < count; r += RD_WG) {
-      acc = r_combine(acc, (float)x[base + offset_of(r, rrank, rd, rs)], op);
+      acc = r_combine(acc, DL_LOAD(x, base + offset_of(r, rrank, rd, rs)), op);
     }
   }
   red[lid] = acc;
@@ -107,5 +108,5 @@ void reduce_wg(__global const DL_T* x, __global DL_T* y, int n_out, int count, i
     if (lid < s) red[lid] = r_combine(red[lid], red[lid + s], op);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (lid == 0 && o < n_out) y[o] = (DL_T)(red[0] * scale);
+  if (lid == 0 && o < n_out) DL_STORE(y, o, (red[0] * scale));
 }

@@ -2,6 +2,7 @@
 // TFLite's coordinate rules (align_corners, half_pixel_centers). Coordinates
 // are computed in float exactly as TFLite's reference kernels do, so no
 // contraction into fma.
+#include "dl_storage.cl"
 #pragma OPENCL FP_CONTRACT OFF
 
 inline int nearest_index(int o, int in_size, float scale, int align, int half_px) {
@@ -25,7 +26,7 @@ __kernel void resize_nearest(__global const DL_T* x, __global DL_T* y, int n, in
   const int b = t / oh;
   const int iy = nearest_index(oy, ih, sh, align, half_px);
   const int ix = nearest_index(ox, iw, sw, align, half_px);
-  y[i] = x[((b * ih + iy) * iw + ix) * c + ch];
+  DL_STORE(y, i, DL_LOAD(x, ((b * ih + iy) * iw + ix) * c + ch));
 }
 
 inline void interp(int o, float scale, int half_px, int in_size, float* v, int* lo, int* hi) {
@@ -58,11 +59,11 @@ __kernel void resize_bilinear(__global const DL_T* x, __global DL_T* y, int n, i
   const float dx = fx - (float)x0;
   const int row0 = (b * ih + y0) * iw;
   const int row1 = (b * ih + y1) * iw;
-  const float v00 = (float)x[(row0 + x0) * c + ch];
-  const float v01 = (float)x[(row0 + x1) * c + ch];
-  const float v10 = (float)x[(row1 + x0) * c + ch];
-  const float v11 = (float)x[(row1 + x1) * c + ch];
+  const float v00 = DL_LOAD(x, (row0 + x0) * c + ch);
+  const float v01 = DL_LOAD(x, (row0 + x1) * c + ch);
+  const float v10 = DL_LOAD(x, (row1 + x0) * c + ch);
+  const float v11 = DL_LOAD(x, (row1 + x1) * c + ch);
   const float r = v00 * (1.0f - dy) * (1.0f - dx) + v10 * dy * (1.0f - dx) +
                   v01 * (1.0f - dy) * dx + v11 * dy * dx;
-  y[i] = (DL_T)r;
+  DL_STORE(y, i, r);
 }

@@ -1,6 +1,7 @@
 // SOFTMAX over the last axis: y = exp(beta * (x - max)) / sum(...), computed
 // in float. softmax_wg: one work-group of SM_WG items per row (long rows);
 // softmax_rows: one work-item per row (short rows, many of them).
+#include "dl_storage.cl"
 #ifndef SM_WG
 #define SM_WG 128
 #endif
@@ -13,7 +14,7 @@ void softmax_wg(__global const DL_T* x, __global DL_T* y, int len, float beta) {
   __global const DL_T* xr = x + base;
   __global DL_T* yr = y + base;
   float m = -INFINITY;
-  for (int i = lid; i < len; i += SM_WG) m = fmax(m, (float)xr[i]);
+  for (int i = lid; i < len; i += SM_WG) m = fmax(m, DL_LOAD(xr, i));
   red[lid] = m;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int s = SM_WG / 2; s > 0; s >>= 1) {
@@ -23,7 +24,7 @@ void softmax_wg(__global const DL_T* x, __global DL_T* y, int len, float beta) {
   m = red[0];
   barrier(CLK_LOCAL_MEM_FENCE);
   float sum = 0.0f;
-  for (int i = lid; i < len; i += SM_WG) sum += exp(((float)xr[i] - m) * beta);
+  for (int i = lid; i < len; i += SM_WG) sum += exp((DL_LOAD(xr, i) - m) * beta);
   red[lid] = sum;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int s = SM_WG / 2; s > 0; s >>= 1) {
@@ -31,7 +32,7 @@ void softmax_wg(__global const DL_T* x, __global DL_T* y, int len, float beta) {
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float inv = 1.0f / red[0];
-  for (int i = lid; i < len; i += SM_WG) yr[i] = (DL_T)(exp(((float)xr[i] - m) * beta) * inv);
+  for (int i = lid; i < len; i += SM_WG) DL_STORE(yr, i, (exp((DL_LOAD(xr, i) - m) * beta) * inv));
 }
 
 // One work-item per row, explicit float16 vectors along the row (a scalar
@@ -48,11 +49,6 @@ inline float hsum16(float16 v) {
   const float2 c = b.lo + b.hi;
   return c.x + c.y;
 }
-#ifdef DL_FP16
-#define CONVERT_DL_T16 convert_half16
-#else
-#define CONVERT_DL_T16(v) (v)
-#endif
 
 __kernel void softmax_rows(__global const DL_T* x, __global DL_T* y, int rows, int len,
                            float beta) {
@@ -62,17 +58,16 @@ __kernel void softmax_rows(__global const DL_T* x, __global DL_T* y, int rows, i
   __global DL_T* yr = y + (size_t)r * (size_t)len;
   const int lv = len & ~15;
   float16 mv = (float16)(-INFINITY);
-  for (int i = 0; i < lv; i += 16) mv = fmax(mv, convert_float16(vload16(0, xr + i)));
+  for (int i = 0; i < lv; i += 16) mv = fmax(mv, DL_LOAD16(xr, i));
   float m = hmax16(mv);
-  for (int i = lv; i < len; ++i) m = fmax(m, (float)xr[i]);
+  for (int i = lv; i < len; ++i) m = fmax(m, DL_LOAD(xr, i));
   float16 sv = (float16)(0.0f);
-  for (int i = 0; i < lv; i += 16) sv += exp((convert_float16(vload16(0, xr + i)) - m) * beta);
+  for (int i = 0; i < lv; i += 16) sv += exp((DL_LOAD16(xr, i) - m) * beta);
   float sum = hsum16(sv);
-  for (int i = lv; i < len; ++i) sum += exp(((float)xr[i] - m) * beta);
+  for (int i = lv; i < len; ++i) sum += exp((DL_LOAD(xr, i) - m) * beta);
   const float inv = 1.0f / sum;
   for (int i = 0; i < lv; i += 16) {
-    vstore16(CONVERT_DL_T16(exp((convert_float16(vload16(0, xr + i)) - m) * beta) * inv), 0,
-             yr + i);
+    DL_STORE16(yr, i, exp((DL_LOAD16(xr, i) - m) * beta) * inv);
   }
-  for (int i = lv; i < len; ++i) yr[i] = (DL_T)(exp(((float)xr[i] - m) * beta) * inv);
+  for (int i = lv; i < len; ++i) DL_STORE(yr, i, (exp((DL_LOAD(xr, i) - m) * beta) * inv));
 }

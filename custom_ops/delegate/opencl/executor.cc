@@ -1300,7 +1300,9 @@ std::string BackendImpl::Describe() const {
      << d.version << ", " << (d.is_gpu ? "GPU" : "not a GPU") << ", " << d.compute_units
      << " compute units, " << d.local_mem_bytes / 1024 << " KiB local memory, work-group <= "
      << d.max_work_group_size << (d.has_fp16 ? ", cl_khr_fp16" : "") << ") storage="
-     << DTypeName(storage) << " kernels=" << (gctx->PreferFlatKernels() ? "flat" : "tiled")
+     << DTypeName(storage)
+     << (storage == DType::kFloat16 && !d.has_fp16 ? " (vload_half, float arithmetic)" : "")
+     << " kernels=" << (gctx->PreferFlatKernels() ? "flat" : "tiled")
      << (rt->profiling() ? " profile=1" : "");
   return os.str();
 }
@@ -1323,14 +1325,7 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* er
   impl.options = options;
   impl.rt = rt;
   impl.storage = DType::kFloat32;
-  if (options.precision == "fp16") {
-    if (rt->info().has_fp16) {
-      impl.storage = DType::kFloat16;
-    } else {
-      Log("precision=fp16: " + rt->info().name +
-          " has no cl_khr_fp16; the OpenCL backend computes with float32 storage");
-    }
-  }
+  if (options.precision == "fp16") impl.storage = DType::kFloat16;
   const bool flat = options.kernels == "flat" || (options.kernels == "auto" && !rt->info().is_gpu);
   impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat);
   impl.gctx->set_detail(options.profile >= 2);

@@ -253,9 +253,12 @@ std::string Runtime::Init(const ClApi* cl, const DeviceEntry& entry,
   return "";
 }
 
-std::string Runtime::BaseOptions(DType storage) {
+std::string Runtime::BaseOptions(DType storage) const {
   if (storage == DType::kFloat16) {
-    return "-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_FP16=1";
+    // Without cl_khr_fp16 `half` only names buffers, read and written through
+    // core OpenCL 1.2's vload_half / vstore_half (ops/common/dl_storage.cl).
+    return info_.has_fp16 ? "-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_FP16=1"
+                          : "-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1";
   }
   return "-cl-std=CL1.2 -DDL_T=float -DDL_T4=float4";
 }

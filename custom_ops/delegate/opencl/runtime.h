@@ -62,8 +62,9 @@ class Runtime {
                    std::string* error);
   size_t KernelWorkGroupSize(cl_kernel kernel) const;
 
-  // The backend's own part of the build options.
-  static std::string BaseOptions(DType storage);
+  // The backend's own part of the build options: the storage type, and how
+  // kernels access half storage (cl_khr_fp16, or vload_half without it).
+  std::string BaseOptions(DType storage) const;
 
   // Serialises Invoke of every partition on this runtime: kernels are shared
   // objects whose arguments are set right before each enqueue.

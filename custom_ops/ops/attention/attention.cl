@@ -94,9 +94,9 @@
 
 // p[d .. d + 3] as float4, zero at and past n (never read there).
 inline float4 at_ld4(__global const DL_T* p, int d, int n) {
-  if (d + 4 <= n) return (float4)((float)p[d], (float)p[d + 1], (float)p[d + 2], (float)p[d + 3]);
-  return (float4)(d < n ? (float)p[d] : 0.0f, d + 1 < n ? (float)p[d + 1] : 0.0f,
-                  d + 2 < n ? (float)p[d + 2] : 0.0f, 0.0f);
+  if (d + 4 <= n) return DL_LOAD4(p, d);
+  return (float4)(d < n ? DL_LOAD(p, d) : 0.0f, d + 1 < n ? DL_LOAD(p, d + 1) : 0.0f,
+                  d + 2 < n ? DL_LOAD(p, d + 2) : 0.0f, 0.0f);
 }
 
 // s + a . b, as 4 multiply-adds.
@@ -306,7 +306,7 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
         const float a[4] = {acc[r][d4].x, acc[r][d4].y, acc[r][d4].z, acc[r][d4].w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          if (4 * d4 + c < dvend) orow[4 * d4 + c] = (DL_T)a[c];
+          if (4 * d4 + c < dvend) DL_STORE(orow, 4 * d4 + c, a[c]);
         }
       }
     }
@@ -509,7 +509,7 @@ __kernel void attn_merge(__global const float* part, __global DL_T* o, int rows)
   const float a[4] = {acc.x, acc.y, acc.z, acc.w};
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    if (d + c < AT_DV) out[c] = (DL_T)a[c];
+    if (d + c < AT_DV) DL_STORE(out, c, a[c]);
   }
 }
 #endif  // AT_SPLIT > 1
@@ -746,7 +746,7 @@ __kernel void attn_wide(__global const DL_T* q, __global const DL_T* k,
         const float a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          if (4 * c4 + c < AT_DV) orow[4 * c4 + c] = (DL_T)a[c];
+          if (4 * c4 + c < AT_DV) DL_STORE(orow, 4 * c4 + c, a[c]);
         }
       }
     }

@@ -6,11 +6,14 @@
 // vstore_half*, which need no half arithmetic: `half` then only names buffers.
 //   DL_LOAD(p, i), DL_STORE(p, i, v)      element i
 //   DL_LOAD4(p, i), DL_STORE4(p, i, v)    elements i .. i+3, any i (vload4 / vstore4)
+//   DL_LOAD16(p, i), DL_STORE16(p, i, v)  elements i .. i+15, any i (vload16 / vstore16)
 //   DL_LOAD2A, DL_LOAD4A, DL_STORE2A, DL_STORE4A: elements i .. i+1 or i+3 where p + i is
 //   aligned to the vector (i a multiple of 2 or 4, buffers aligned): through a vector pointer
 //   (vloada_half*), which tells the compiler so: one wide access, where vload4 / vload_half4
 //   may become 4 narrow ones (GroupNorm with half storage ran 0.70x of float with vload_half4
 //   on the H100).
+#ifndef DL_STORAGE_CL
+#define DL_STORAGE_CL
 #if defined(cl_khr_fp16)
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
@@ -23,11 +26,14 @@
 #define DL_CAT_(a, b) a##b
 #define DL_CAT(a, b) DL_CAT_(a, b)
 #define DL_T2 DL_CAT(DL_T, 2)
+#define DL_T16 DL_CAT(DL_T, 16)
 #ifdef DL_HALF_IO
 #define DL_LOAD(p, i) vload_half((i), (p))
 #define DL_STORE(p, i, v) vstore_half((v), (i), (p))
 #define DL_LOAD4(p, i) vload_half4(0, (p) + (i))
 #define DL_STORE4(p, i, v) vstore_half4((v), 0, (p) + (i))
+#define DL_LOAD16(p, i) vload_half16(0, (p) + (i))
+#define DL_STORE16(p, i, v) vstore_half16((v), 0, (p) + (i))
 #define DL_LOAD2A(p, i) vloada_half2(0, (p) + (i))
 #define DL_LOAD4A(p, i) vloada_half4(0, (p) + (i))
 #define DL_STORE2A(p, i, v) vstorea_half2((v), 0, (p) + (i))
@@ -37,8 +43,11 @@
 #define DL_STORE(p, i, v) ((p)[i] = (DL_T)(v))
 #define DL_LOAD4(p, i) convert_float4(vload4(0, (p) + (i)))
 #define DL_STORE4(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
+#define DL_LOAD16(p, i) convert_float16(vload16(0, (p) + (i)))
+#define DL_STORE16(p, i, v) vstore16(DL_CAT(convert_, DL_T16)(v), 0, (p) + (i))
 #define DL_LOAD2A(p, i) convert_float2(*(__global const DL_T2*)((p) + (i)))
 #define DL_LOAD4A(p, i) convert_float4(*(__global const DL_T4*)((p) + (i)))
 #define DL_STORE2A(p, i, v) (*(__global DL_T2*)((p) + (i)) = DL_CAT(convert_, DL_T2)(v))
 #define DL_STORE4A(p, i, v) (*(__global DL_T4*)((p) + (i)) = DL_CAT(convert_, DL_T4)(v))
 #endif
+#endif  // DL_STORAGE_CL

@@ -56,7 +56,7 @@ __kernel void wino_input(__global const DL_T* x, __global DL_T* V, int H, int W,
     for (int c = 0; c < 6; ++c) {
       const int ix = x0 + c;
       d[r][c] = (iy >= 0 && iy < H && ix >= 0 && ix < W)
-                    ? (float)xn[((long)iy * W + ix) * Cin]
+                    ? DL_LOAD(xn, ((long)iy * W + ix) * Cin)
                     : 0.0f;
     }
   }
@@ -73,12 +73,12 @@ __kernel void wino_input(__global const DL_T* x, __global DL_T* V, int H, int W,
     float v0, v1, v2, v3, v4, v5;
     WINO_BT(tmp[r][0], tmp[r][1], tmp[r][2], tmp[r][3], tmp[r][4], tmp[r][5], v0,
             v1, v2, v3, v4, v5);
-    out[(6 * r + 0) * plane] = (DL_T)v0;
-    out[(6 * r + 1) * plane] = (DL_T)v1;
-    out[(6 * r + 2) * plane] = (DL_T)v2;
-    out[(6 * r + 3) * plane] = (DL_T)v3;
-    out[(6 * r + 4) * plane] = (DL_T)v4;
-    out[(6 * r + 5) * plane] = (DL_T)v5;
+    DL_STORE(out, (6 * r + 0) * plane, v0);
+    DL_STORE(out, (6 * r + 1) * plane, v1);
+    DL_STORE(out, (6 * r + 2) * plane, v2);
+    DL_STORE(out, (6 * r + 3) * plane, v3);
+    DL_STORE(out, (6 * r + 4) * plane, v4);
+    DL_STORE(out, (6 * r + 5) * plane, v5);
   }
 }
 
@@ -98,15 +98,15 @@ __kernel void wino_output(__global const DL_T* M, __global const DL_T* bias,
   float tmp[4][6];  // tmp = A^T m (columns)
   #pragma unroll
   for (int c = 0; c < 6; ++c) {
-    const float m0 = (float)src[(0 * 6 + c) * plane];
-    const float m1 = (float)src[(1 * 6 + c) * plane];
-    const float m2 = (float)src[(2 * 6 + c) * plane];
-    const float m3 = (float)src[(3 * 6 + c) * plane];
-    const float m4 = (float)src[(4 * 6 + c) * plane];
-    const float m5 = (float)src[(5 * 6 + c) * plane];
+    const float m0 = DL_LOAD(src, (0 * 6 + c) * plane);
+    const float m1 = DL_LOAD(src, (1 * 6 + c) * plane);
+    const float m2 = DL_LOAD(src, (2 * 6 + c) * plane);
+    const float m3 = DL_LOAD(src, (3 * 6 + c) * plane);
+    const float m4 = DL_LOAD(src, (4 * 6 + c) * plane);
+    const float m5 = DL_LOAD(src, (5 * 6 + c) * plane);
     WINO_AT(m0, m1, m2, m3, m4, m5, tmp[0][c], tmp[1][c], tmp[2][c], tmp[3][c]);
   }
-  const float b = (float)bias[co];
+  const float b = DL_LOAD(bias, co);
   __global DL_T* yn = y + (long)n * H * W * Cout + co;
   #pragma unroll
   for (int r = 0; r < 4; ++r) {
@@ -118,7 +118,7 @@ __kernel void wino_output(__global const DL_T* M, __global const DL_T* bias,
     #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int ox = tx * 4 + c;
-      if (ox < W) yn[((long)oy * W + ox) * Cout] = (DL_T)(o[c] + b);
+      if (ox < W) DL_STORE(yn, ((long)oy * W + ox) * Cout, (o[c] + b));
     }
   }
 }
