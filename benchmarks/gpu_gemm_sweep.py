@@ -1,11 +1,12 @@
 """GEMM tiles at the SD 1.5 UNet's (batch 2) projection and convolution shapes, on any OpenCL device
-(pyopencl, fp32): the library's default tile against forced ones (DIFFLITE_GEMM_TILE's
+(pyopencl, fp32 or --half storage): the library's default tile against forced ones (DIFFLITE_GEMM_TILE's
 TMxTNxTKxWMxWN[v]), each through the backend's own launch (split-K where the library would split),
 checked against NumPy. The vectorised kernels' register tile is WM rows by WN / 4 float4 column
 groups (common/vec_tile.cl).
 
     python benchmarks/gpu_gemm_sweep.py [--runs 10] [--small] [--tiles 64x64x16x4x4v,128x128x16x8x8v]
     python benchmarks/gpu_gemm_sweep.py --registers   # each tile's kernels: spills, work-group limit
+    python benchmarks/gpu_gemm_sweep.py --half        # half storage (vload_half), float arithmetic
 
 Writes benchmarks/results/gpu_gemm_sweep_<device>.json (or $OUT/...) and prints a markdown table:
 milliseconds, TFLOP/s and the speedup over the default tile, per shape.
@@ -116,8 +117,10 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU OpenCL such as PoCL)")
     ap.add_argument("--tiles", default=",".join(TILES), help="comma-separated TMxTNxTKxWMxWN[v] tiles")
     ap.add_argument("--registers", action="store_true", help="only report each tile's spills and work-group limit")
+    ap.add_argument("--half", action="store_true",
+                    help="half storage through vload_half / vstore_half (-DDL_HALF_IO=1), float arithmetic")
     args = ap.parse_args()
-    r = Runner()
+    r = Runner(half_io=args.half)
     tiles = [("default", None)] + [(t, parse_tile(t)) for t in args.tiles.split(",")]
     tiles = [(label, t) for label, t in tiles if t is None or t.threads <= r.max_wg]
     if args.registers:
@@ -141,11 +144,12 @@ def main() -> int:
             if rw is None or "ms" not in rw:
                 cells.append("-" if rw is None else "error")
                 continue
-            bad = " WRONG" if rw["max_rel_diff"] > 1e-3 else ""
+            bad = " WRONG" if rw["max_rel_diff"] > (1e-2 if args.half else 1e-3) else ""
             cells.append(f"{rw['ms']:.3f} ({rw['tflops']:.1f}, {base / rw['ms']:.2f}x){bad}")
         print(f"| {res['shape']} | " + " | ".join(cells) + " |")
-    write_result("gpu_gemm_sweep", device, {"device": device, "tiles": [label for label, _ in tiles],
-                                            "results": results})
+    write_result("gpu_gemm_sweep", device, {"device": device, "storage": "half" if args.half else "float",
+                                            "tiles": [label for label, _ in tiles], "results": results},
+                 suffix="_half" if args.half else "")
     return 0
 
 

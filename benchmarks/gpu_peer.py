@@ -2,13 +2,15 @@
 in one run:
 
 - difflite: the fused .tflite through libdifflite_delegate.so, backend=opencl (ai-edge-litert's
-  interpreter; each invoke includes copying inputs to and outputs from the GPU);
+  interpreter; each invoke includes copying inputs to and outputs from the GPU), precision=fp32
+  and fp16 (half storage);
 - Google's LiteRT GPU accelerator (ML Drift over WebGPU/Vulkan) on the unfused difflite .tflite of
   the same weights, fp32 (enforce_f32) and fp16; its run_by_index returns before the GPU is done,
   so N queued runs are timed up to one final read;
 - PyTorch eager on CUDA: fp32 with TF32 off, and fp16 (SDPA).
 
     python benchmarks/gpu_peer.py --work /tmp/peer [--runs 10] [--components unet,vae_decoder]
+        [--precisions fp32,fp16] [--skip difflite,litert,torch]
 
 Writes benchmarks/results/gpu_peer_<device>.json (or $OUT/...) and prints a markdown table.
 """
@@ -205,6 +207,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--library", type=Path, default=ROOT / "custom_ops" / "build" / "libdifflite_delegate.so")
     parser.add_argument("--skip", default="", help="comma-separated: difflite,litert,torch")
+    parser.add_argument("--precisions", default="fp32,fp16",
+                        help="difflite's delegate precisions (fp16: half storage, float arithmetic "
+                             "where the GPU has no cl_khr_fp16)")
     parser.add_argument("--convert-args", default="",
                         help="more `difflite convert` arguments for the fused files, e.g. --device-profile nvidia-h100")
     args = parser.parse_args()
@@ -227,13 +232,14 @@ def main() -> int:
     manifest = json.loads((fused / "manifest.json").read_text())
     for name in components:
         entries = manifest["components"][name]["inputs"]
-        if "difflite" not in skip:
+        for precision in [] if "difflite" in skip else args.precisions.split(","):
+            key = f"{name}/difflite_opencl_{precision}"
             try:
-                log(f"difflite opencl {name}")
-                results[f"{name}/difflite_opencl_fp32"] = time_difflite(fused / f"{name}.tflite", entries,
-                                                                       args.runs, args.library, "fp32")
+                log(f"difflite opencl {precision} {name}")
+                results[key] = time_difflite(fused / f"{name}.tflite", entries, args.runs, args.library,
+                                             precision)
             except Exception as exc:  # keep the other columns when one engine fails
-                results[f"{name}/difflite_opencl_fp32"] = {"error": f"{type(exc).__name__}: {exc}"}
+                results[key] = {"error": f"{type(exc).__name__}: {exc}"}
             save()
         if "litert" not in skip:
             for label, enforce in (("fp32", True), ("fp16", False)):

@@ -2,7 +2,7 @@
 OpenCL event timestamps summed per op type, or with --detail per op, shapes and kernel; read
 from the delegate's stats_path file).
 
-    python benchmarks/gpu_profile.py OUT unet [--runs 5] [--detail] [--json FILE]
+    python benchmarks/gpu_profile.py OUT unet [--runs 5] [--detail] [--precision fp16] [--json FILE]
 
 Prints a table (ms per invoke and share per op type) and the wall time per invoke; with --json
 writes both. Event profiling serialises the queue a little, so the wall time here is slightly
@@ -36,7 +36,7 @@ def random_feeds(entry: dict, rng) -> dict:
     return feeds
 
 
-def profile(folder: Path, component: str, runs: int, detail: bool = False) -> dict:
+def profile(folder: Path, component: str, runs: int, detail: bool = False, precision: str = "fp32") -> dict:
     """Runs the component and returns the delegate's stats (stats_path) plus wall times."""
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
@@ -46,7 +46,7 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False) -> di
     entry = read_manifest(folder)["components"][component]
     stats_path = Path(tempfile.mkstemp(prefix="difflite-profile-", suffix=".json")[1])
     delegate = load_delegate(str(find_oplib()), {"backend": "opencl", "profile": "2" if detail else "1",
-                                                 "stats_path": str(stats_path)})
+                                                 "precision": precision, "stats_path": str(stats_path)})
     interpreter = Interpreter(model_path=str(folder / entry["file"]), experimental_delegates=[delegate])
     runner = interpreter.get_signature_runner("serving_default")
     feeds = random_feeds(entry, np.random.default_rng(0))
@@ -74,8 +74,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--detail", action="store_true",
                         help="per node shape and kernel (profile=2) instead of per op type")
+    parser.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+                        help="the delegate's precision (fp16: half storage)")
     args = parser.parse_args()
-    result = profile(args.folder, args.component, args.runs, args.detail)
+    result = profile(args.folder, args.component, args.runs, args.detail, args.precision)
+    result["precision"] = args.precision
     total = result["kernel_ms"]
     print(f"{args.component}: {result['wall_ms_median']} ms wall per invoke, {total:.2f} ms in kernels "
           f"({result['invokes']} profiled invokes incl. warm-up); device memory {result['memory']}")

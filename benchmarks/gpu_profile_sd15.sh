@@ -1,7 +1,8 @@
 #!/bin/bash
 # Per-node kernel profile of the SD 1.5 UNet and VAE decoder on the lent GPU (fp16 weights, batch 2,
 # 512x512): converts preset:sd15 with $CONVERT_ARGS (default: the nvidia-h100 device profile) into
-# $FOLDER unless it is there, then runs benchmarks/gpu_profile.py --detail on each component.
+# $FOLDER unless it is there, then runs benchmarks/gpu_profile.py --detail on each component at
+# the delegate precision $PRECISION (default fp32; fp16: half storage).
 # Source device_setup.sh first; results go to $OUT (profile_<component>.json / .txt).
 out=${OUT:-/tmp/profile}
 folder=${FOLDER:-/tmp/sd15h}
@@ -15,6 +16,7 @@ if [ ! -f "$folder/manifest.json" ]; then
 fi
 for component in ${COMPONENTS:-unet vae_decoder}; do
   timeout 180 python3 benchmarks/gpu_profile.py "$folder" "$component" --runs 5 --detail \
+    --precision "${PRECISION:-fp32}" \
     --json "$out/profile_$component.json" > "$out/profile_$component.txt" 2>"$out/profile_$component.err"
   head -1 "$out/profile_$component.txt"
 done

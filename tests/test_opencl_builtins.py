@@ -295,6 +295,7 @@ def test_depthwise_conv_2d(lib, tmp_path, style, case):
     ((3, 50, 40), 70, True, True, True),
     ((5, 21), 9, True, False, False),  # weights as a graph input
     ((2, 150, 37), 270, True, True, True),  # m = 300, n = 270: the 128x128 tile, ragged
+    ((2, 150, 36), 268, True, True, True),  # K % 4 == 0: both operands staged in quads
 ])
 def test_fully_connected(lib, tmp_path, style, case):
     shape, n, has_bias, keep, const_w = case
@@ -331,6 +332,11 @@ def test_fully_connected(lib, tmp_path, style, case):
     ((2, 9, 17), (2, 70, 9), True, True),
     ((1, 2, 67, 19), (1, 2, 71, 19), False, True),
     ((2, 300, 33), (2, 33, 270), False, False),  # the 128x128 tile, ragged edges
+    # multiples of 4: A staged in quads along k (or m, adj_x), B along n (or k, adj_y)
+    ((2, 3, 20, 12), (2, 3, 12, 16), False, False),
+    ((2, 12, 20), (2, 12, 16), True, False),
+    ((2, 3, 20, 44), (2, 3, 16, 44), False, True),
+    ((2, 300, 36), (2, 36, 272), False, False),
 ])
 def test_batch_matmul(lib, tmp_path, style, case):
     sa, sb, adj_x, adj_y = case

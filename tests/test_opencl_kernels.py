@@ -1257,44 +1257,49 @@ def test_include_is_expanded_once(launch, tmp_path):
         launch.cl_source(missing)
 
 
-def test_programs_compile_for_half_storage(launch):
-    """fp16 storage (DL_T=half, where a device has cl_khr_fp16) cannot run on PoCL; compile each
-    program for it with the clang that PoCL itself uses (Debian's pocl-opencl-icd depends on it)."""
+# Half storage as the runtime builds it: with cl_khr_fp16 (-DDL_FP16=1 and the prelude enabling
+# the extension) and without it (-DDL_HALF_IO=1, the extension switched off: any direct half
+# access or half cast is an error, as on PoCL and NVIDIA).
+_HALF_MODES = {
+    "cl_khr_fp16": ["-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_FP16=1"],
+    "vload_half": ["-Xclang", "-cl-ext=-cl_khr_fp16", "-DDL_HALF_IO=1"],
+}
+_HALF_PRELUDE = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
+# Build variants per program (defines past the defaults), as the runtime's plans pick them.
+_PROGRAM_VARIANTS = {
+    "attention": ([], ["-DAT_DK=40", "-DAT_DV=24"],  # flash
+                  ["-DAT_DK=40", "-DAT_DV=24", "-DAT_RQ=2", "-DAT_SPLIT=2"],  # split flash + merge
+                  ["-DAT_DK=7", "-DAT_DV=6", "-DAT_SPLIT=4"],
+                  ["-DAT_DK=40", "-DAT_DV=24", "-DAT_BQ=32", "-DAT_BK=64", "-DAT_DC=40",  # wide
+                   "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
+                  ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",
+                   "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
+    "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"],  # gn_one's load widths
+                   ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
+                    "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
+                   ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
+    "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+    "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_HALF_MODES))
+def test_programs_compile_for_half_storage(launch, mode):
+    """Half storage of every program (ops, builtins, boundary conversions) in each build variant,
+    compiled with the clang that PoCL itself uses (Debian's pocl-opencl-icd depends on it). PoCL
+    has no cl_khr_fp16, so that mode compiles only; vload_half builds also run in the op tests."""
     import shutil
     import subprocess
 
     clang = shutil.which("clang-15") or shutil.which("clang")
     assert clang, "no clang on PATH (installed with pocl-opencl-icd) to compile the kernels for half storage"
-    variants = {"attention": ([], ["-DAT_DK=40", "-DAT_DV=24"],  # flash
-                              ["-DAT_DK=40", "-DAT_DV=24", "-DAT_RQ=2", "-DAT_SPLIT=2"],  # split flash + merge
-                              ["-DAT_DK=7", "-DAT_DV=6", "-DAT_SPLIT=4"],
-                              ["-DAT_DK=40", "-DAT_DV=24", "-DAT_BQ=32", "-DAT_BK=64", "-DAT_DC=40",  # wide
-                               "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
-                              ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",
-                               "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
-                "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"],  # gn_one's load widths
-                               ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
-                                "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
-                               ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"])}  # gn_rows at 320
-    for f in sorted((REPO / "custom_ops" / "ops").glob("*/*.cl")):
-        for extra in variants.get(f.stem, ([],)):
-            cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
-                   "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", *extra, "-fsyntax-only",
-                   "-"]
-            p = subprocess.run(cmd, input=launch.cl_source(f), capture_output=True, text=True)
-            assert p.returncode == 0, f"{f.name} {extra} does not compile for half storage:\n{p.stderr[-2000:]}"
-    # Every builtin program (the tiled GEMM and implicit-GEMM conv in all their variants) and the
-    # boundary conversions, as the runtime builds them: -DDL_FP16=1 and its prelude enabling
-    # cl_khr_fp16. (Their -DDL_HALF_IO=1 builds run on PoCL in test_opencl_builtins.py.)
-    prelude = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
-    tiled = ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"])
-    sources = [*sorted((REPO / "custom_ops" / "builtins").glob("*/*.cl")),
-               REPO / "custom_ops" / "delegate" / "opencl" / "convert.cl"]
+    root = REPO / "custom_ops"
+    sources = [*sorted((root / "ops").glob("*/*.cl")), *sorted((root / "builtins").glob("*/*.cl")),
+               root / "delegate" / "opencl" / "convert.cl"]
     for f in sources:
-        src = prelude + launch.cl_source(f)
-        for extra in tiled if f.stem in ("gemm", "conv") else ([],):
+        src = _HALF_PRELUDE + launch.cl_source(f)
+        for extra in _PROGRAM_VARIANTS.get(f.stem, ([],)):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
-                   "-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_T=half", "-DDL_T4=half4", "-DDL_FP16=1", *extra,
-                   "-fsyntax-only", "-"]
+                   *_HALF_MODES[mode], "-DDL_T=half", "-DDL_T4=half4", *extra, "-fsyntax-only", "-"]
             p = subprocess.run(cmd, input=src, capture_output=True, text=True)
-            assert p.returncode == 0, f"{f} {extra} does not compile for half storage:\n{p.stderr[-2000:]}"
+            assert p.returncode == 0, f"{f.name} {extra} does not compile for half storage ({mode}):\n{p.stderr[-2000:]}"

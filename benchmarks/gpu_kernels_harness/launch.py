@@ -465,11 +465,18 @@ class GemmTile:
     def threads(self) -> int:
         return (self.tm // self.wm) * (self.tn // self.wn)
 
-    def options(self, a_kmajor: bool, b_kmajor: bool) -> str:
-        """TileConfig::Options() plus the operand layouts, as Gemm::Init builds the kernel."""
+    def options(self, a_kmajor: bool, b_kmajor: bool, a_quads: bool = False, b_quads: bool = False) -> str:
+        """TileConfig::Options() plus the operand layouts and quad staging, as Gemm::Init builds the
+        kernel."""
         vec = " -DVEC=1" if self.vec else ""
+        quads = "".join(f" -D{op}_QUADS=1" for op, on in (("A", a_quads), ("B", b_quads)) if on and self.vec)
         return (f"-DTM={self.tm} -DTN={self.tn} -DTK={self.tk} -DWM={self.wm} -DWN={self.wn}{vec}"
-                f" -DA_KMAJOR={int(a_kmajor)} -DB_KMAJOR={int(b_kmajor)}")
+                f" -DA_KMAJOR={int(a_kmajor)} -DB_KMAJOR={int(b_kmajor)}{quads}")
+
+
+def stages_in_quads(extent: int, other: int, batch_strides) -> bool:
+    """gemm.cc: StagesInQuads."""
+    return extent % 4 == 0 and other % 4 == 0 and all(b % 4 == 0 for b in batch_strides)
 
 
 LARGE_TILE_MACS = 1 << 30  # gemm.h: kLargeTileMacs
@@ -550,12 +557,12 @@ class Runner:
         return kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
 
     def gemm_kernel(self, m: int, n: int, a_kmajor: bool, b_kmajor: bool,
-                    macs: int = 0) -> tuple[cl.Kernel, GemmTile]:
+                    macs: int = 0, quads: tuple[bool, bool] = (False, False)) -> tuple[cl.Kernel, GemmTile]:
         """gemm.cl's tiled `gemm` with the first candidate tile the device runs (gemm.h: PickTile)."""
         for tile in gemm_tiles(m, n, macs):
             if tile.threads > self.max_wg:
                 continue
-            k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor))
+            k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor, *quads))
             if tile.unspilled_only and self.private_bytes(k) != 0:
                 continue
             if self.max_work_group(k) >= tile.threads:
@@ -796,16 +803,18 @@ class Runner:
         layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) with element strides. `tile`
         forces a tile (DIFFLITE_GEMM_TILE)."""
         a_kmajor, b_kmajor = a_sk == 1, b_sk == 1 and b_sn != 1
+        quads = (stages_in_quads(k, a_sm, a_bs) if a_kmajor else a_sm == 1 and stages_in_quads(m, a_sk, a_bs),
+                 stages_in_quads(k, b_sn, b_bs) if b_kmajor else b_sn == 1 and stages_in_quads(n, b_sk, b_bs))
         if tile is None:
             macs = (int(np.prod(bdims)) if bdims else 1) * m * n * k
-            kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor, macs)
+            kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor, macs, quads)
         else:
-            kernel = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor))
+            kernel = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor, *quads))
         batches = int(np.prod(bdims)) if bdims else 1
         tiles = ceil_div(m, tile.tm) * ceil_div(n, tile.tn) * batches
         splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
         if splits > 1:
-            opts = tile.options(a_kmajor, b_kmajor) + f" -DKSPLIT={splits}"
+            opts = tile.options(a_kmajor, b_kmajor, *quads) + f" -DKSPLIT={splits}"
             kernel = self._cached_kernel(GEMM_CL, "gemm", opts)
         pad = 4 - len(bdims)  # right-aligned, innermost in .w; unused slots 1 / stride 0
         int4, i32 = cltypes.make_int4, np.int32

@@ -100,6 +100,14 @@ bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, 
   return error->empty();
 }
 
+// Whether an operand whose contiguous index runs over `extent` elements, with
+// stride `other` for its other index and `batch` strides, splits into aligned
+// runs of 4 elements (gemm.cl's A_QUADS / B_QUADS; buffers start aligned).
+static bool StagesInQuads(int extent, int other, const std::vector<int>& batch) {
+  if (extent % 4 != 0 || other % 4 != 0) return false;
+  return std::all_of(batch.begin(), batch.end(), [](int b) { return b % 4 == 0; });
+}
+
 std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   s_ = s;
   if (s_.bdims.size() > 4) return "more than 4 batch dims after collapsing";
@@ -143,9 +151,15 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   }
   const bool a_kmajor = s_.a_sk == 1;
   const bool b_kmajor = s_.b_sk == 1 && s_.b_sn != 1;
+  const bool a_quads = a_kmajor ? StagesInQuads(s_.k, s_.a_sm, s_.a_bs)
+                                : s_.a_sm == 1 && StagesInQuads(s_.m, s_.a_sk, s_.a_bs);
+  const bool b_quads = b_kmajor ? StagesInQuads(s_.k, s_.b_sn, s_.b_bs)
+                                : s_.b_sn == 1 && StagesInQuads(s_.n, s_.b_sk, s_.b_bs);
   auto kernel_of = [&](const TileConfig& c, cl_kernel* k, const std::string& extra = "") {
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
-                             " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") + extra;
+                             " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
+                             (c.vec && a_quads ? " -DA_QUADS=1" : "") +
+                             (c.vec && b_quads ? " -DB_QUADS=1" : "") + extra;
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
   const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;

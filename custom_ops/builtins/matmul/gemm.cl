@@ -147,6 +147,43 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 #define LDB (TN + 4)
 #define LA ((TM * TK + NT - 1) / NT)  // A elements staged per item
 #define LB ((TN * TK + NT - 1) / NT)
+// A_QUADS / B_QUADS (set by the host where the operand's contiguous extent and
+// other strides are multiples of 4): the operand is staged as aligned runs of 4
+// elements along its contiguous index, one vector load each (4x fewer loads;
+// with half storage one 8-byte vloada_half4 instead of 4 2-byte loads).
+#ifndef A_QUADS
+#define A_QUADS 0
+#endif
+#ifndef B_QUADS
+#define B_QUADS 0
+#endif
+#define LA4 ((TM * TK / 4 + NT - 1) / NT)  // A quads staged per item
+#define LB4 ((TN * TK / 4 + NT - 1) / NT)
+// Quad e of a staged slice: its first k index and row / column.
+#if A_KMAJOR
+#define A_QUAD_INDEX(e, kk, mm) const int kk = 4 * ((e) % (TK / 4)), mm = (e) / (TK / 4)
+#else
+#define A_QUAD_INDEX(e, kk, mm) const int mm = 4 * ((e) % (TM / 4)), kk = (e) / (TM / 4)
+#endif
+#if B_KMAJOR
+#define B_QUAD_INDEX(e, kk, nn) const int kk = 4 * ((e) % (TK / 4)), nn = (e) / (TK / 4)
+#else
+#define B_QUAD_INDEX(e, kk, nn) const int nn = 4 * ((e) % (TN / 4)), kk = (e) / (TN / 4)
+#endif
+// Writes quad q (first index kk, row / column rc) into local tile t (row
+// length LD, buffer buf): k-major quads go down 4 k rows, the others are one
+// aligned float4 of a k row.
+inline void stage_quad(__local float* t, int ld, int buf, int kk, int rc, float4 q, int kmajor) {
+  __local float* p = t + (buf * TK + kk) * ld + rc;
+  if (kmajor) {
+    p[0] = q.x;
+    p[ld] = q.y;
+    p[2 * ld] = q.z;
+    p[3 * ld] = q.w;
+  } else {
+    *(__local float4*)p = q;
+  }
+}
 #include "vec_tile.cl"
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
@@ -177,10 +214,29 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   // local buffer buf ^ 1, then stages ra/rb into buffer buf. The barrier
   // that ends an iteration also separates the reads of a buffer from the
   // next writes to it.
-  float ra[LA], rb[LB];
+#if A_QUADS
+  float4 ra[LA4];
+#else
+  float ra[LA];
+#endif
+#if B_QUADS
+  float4 rb[LB4];
+#else
+  float rb[LB];
+#endif
   int buf = 0;
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
     if (k0 < kend) {
+#if A_QUADS
+#pragma unroll
+      for (int l = 0; l < LA4; ++l) {
+        const int e = tid + l * NT;
+        A_QUAD_INDEX(e, kk, mm);
+        const int m = m0 + mm, k = k0 + kk;
+        ra[l] = (m < M && k < kend && e < TM * TK / 4) ? DL_LOAD4A(Ab, m * a_sm + k * a_sk)
+                                                       : (float4)(0.0f);
+      }
+#else
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
         const int e = tid + l * NT;
@@ -188,6 +244,17 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int m = m0 + mm, k = k0 + kk;
         ra[l] = (m < M && k < kend && e < TM * TK) ? DL_LOAD(Ab, m * a_sm + k * a_sk) : 0.0f;
       }
+#endif
+#if B_QUADS
+#pragma unroll
+      for (int l = 0; l < LB4; ++l) {
+        const int e = tid + l * NT;
+        B_QUAD_INDEX(e, kk, nn);
+        const int n = n0 + nn, k = k0 + kk;
+        rb[l] = (n < N && k < kend && e < TN * TK / 4) ? DL_LOAD4A(Bb, k * b_sk + n * b_sn)
+                                                       : (float4)(0.0f);
+      }
+#else
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
@@ -195,21 +262,40 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int n = n0 + nn, k = k0 + kk;
         rb[l] = (n < N && k < kend && e < TN * TK) ? DL_LOAD(Bb, k * b_sk + n * b_sn) : 0.0f;
       }
+#endif
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
     if (k0 < kend) {
+#if A_QUADS
+#pragma unroll
+      for (int l = 0; l < LA4; ++l) {
+        const int e = tid + l * NT;
+        A_QUAD_INDEX(e, kk, mm);
+        if (e < TM * TK / 4) stage_quad(as, LDA, buf, kk, mm, ra[l], A_KMAJOR);
+      }
+#else
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
         const int e = tid + l * NT;
         A_SLICE_INDEX(e, kk, mm);
         if (e < TM * TK) as[(buf * TK + kk) * LDA + mm] = ra[l];
       }
+#endif
+#if B_QUADS
+#pragma unroll
+      for (int l = 0; l < LB4; ++l) {
+        const int e = tid + l * NT;
+        B_QUAD_INDEX(e, kk, nn);
+        if (e < TN * TK / 4) stage_quad(bs, LDB, buf, kk, nn, rb[l], B_KMAJOR);
+      }
+#else
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
         B_SLICE_INDEX(e, kk, nn);
         if (e < TN * TK) bs[(buf * TK + kk) * LDB + nn] = rb[l];
       }
+#endif
       barrier(CLK_LOCAL_MEM_FENCE);
       buf ^= 1;
     }

@@ -325,8 +325,10 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
 #endif
 #if AT_SPLIT > 1
 #define AT_OUT_T float  // attn_flash's `o`: the partials' scratch
+#define AT_OUT_STORE(p, i, v) ((p)[i] = (v))
 #else
 #define AT_OUT_T DL_T
+#define AT_OUT_STORE(p, i, v) DL_STORE(p, i, v)
 #endif
 
 // out[0 .. AT_DV) = acc * inv, in attn_flash's output type (the storage type,
@@ -338,7 +340,7 @@ inline void at_store_row(__global AT_OUT_T* out, const float4* acc, float inv) {
     const float a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      if (4 * d4 + c < AT_DV) out[4 * d4 + c] = (AT_OUT_T)a[c];
+      if (4 * d4 + c < AT_DV) AT_OUT_STORE(out, 4 * d4 + c, a[c]);
     }
   }
 }
