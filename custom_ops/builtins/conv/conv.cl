@@ -188,7 +188,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 
   // As in gemm.cl: iteration k0 fetches slice k0, computes slice k0 - TK
   // from buffer buf ^ 1 and stages slice k0 into buffer buf.
-  float ra[RA], rb[LB];
+  DL_RAW ra[RA], rb[LB];  // raw (as stored) until staged: see dl_storage.cl's DL_RAW
   int buf = 0;
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
     if (k0 < kend) {
@@ -202,15 +202,15 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         const int iy = a_y[r] + ky * dh;
         const int ix = a_x[r] + kx * dw;
         ra[r] = (a_base[r] >= 0 && k < kend && iy >= 0 && iy < ih && ix >= 0 && ix < iw)
-                    ? DL_LOAD(x, a_base[r] + (iy * iw + ix) * cin + ci)
-                    : 0.0f;
+                    ? DL_LOAD_RAW(x, a_base[r] + (iy * iw + ix) * cin + ci)
+                    : (DL_RAW)0;
       }
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
         const int kk = e % TK, nn = e / TK;
         const int n = n0 + nn, kb = k0 + kk;
-        rb[l] = (n < N && kb < kend && nn < TN) ? DL_LOAD(w, n * K + kb) : 0.0f;
+        rb[l] = (n < N && kb < kend && nn < TN) ? DL_LOAD_RAW(w, n * K + kb) : (DL_RAW)0;
       }
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
@@ -218,13 +218,13 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 #pragma unroll
       for (int r = 0; r < RA; ++r) {
         const int mm = tid / TK + r * (NT / TK);
-        if (mm < TM) as[(buf * TK + a_kk) * LDA + mm] = ra[r];
+        if (mm < TM) as[(buf * TK + a_kk) * LDA + mm] = DL_FROM_RAW(ra[r]);
       }
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
         const int kk = e % TK, nn = e / TK;
-        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = rb[l];
+        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_FROM_RAW(rb[l]);
       }
       barrier(CLK_LOCAL_MEM_FENCE);
       buf ^= 1;

@@ -214,15 +214,16 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   // local buffer buf ^ 1, then stages ra/rb into buffer buf. The barrier
   // that ends an iteration also separates the reads of a buffer from the
   // next writes to it.
+  // Raw (as stored) until staged: see dl_storage.cl's DL_RAW.
 #if A_QUADS
-  float4 ra[LA4];
+  DL_RAW4 ra[LA4];
 #else
-  float ra[LA];
+  DL_RAW ra[LA];
 #endif
 #if B_QUADS
-  float4 rb[LB4];
+  DL_RAW4 rb[LB4];
 #else
-  float rb[LB];
+  DL_RAW rb[LB];
 #endif
   int buf = 0;
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
@@ -233,8 +234,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int e = tid + l * NT;
         A_QUAD_INDEX(e, kk, mm);
         const int m = m0 + mm, k = k0 + kk;
-        ra[l] = (m < M && k < kend && e < TM * TK / 4) ? DL_LOAD4A(Ab, m * a_sm + k * a_sk)
-                                                       : (float4)(0.0f);
+        ra[l] = (m < M && k < kend && e < TM * TK / 4) ? DL_LOAD4A_RAW(Ab, m * a_sm + k * a_sk)
+                                                       : (DL_RAW4)(0);
       }
 #else
 #pragma unroll
@@ -242,7 +243,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int e = tid + l * NT;
         A_SLICE_INDEX(e, kk, mm);
         const int m = m0 + mm, k = k0 + kk;
-        ra[l] = (m < M && k < kend && e < TM * TK) ? DL_LOAD(Ab, m * a_sm + k * a_sk) : 0.0f;
+        ra[l] = (m < M && k < kend && e < TM * TK) ? DL_LOAD_RAW(Ab, m * a_sm + k * a_sk)
+                                                   : (DL_RAW)0;
       }
 #endif
 #if B_QUADS
@@ -251,8 +253,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int e = tid + l * NT;
         B_QUAD_INDEX(e, kk, nn);
         const int n = n0 + nn, k = k0 + kk;
-        rb[l] = (n < N && k < kend && e < TN * TK / 4) ? DL_LOAD4A(Bb, k * b_sk + n * b_sn)
-                                                       : (float4)(0.0f);
+        rb[l] = (n < N && k < kend && e < TN * TK / 4) ? DL_LOAD4A_RAW(Bb, k * b_sk + n * b_sn)
+                                                       : (DL_RAW4)(0);
       }
 #else
 #pragma unroll
@@ -260,7 +262,8 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
         const int e = tid + l * NT;
         B_SLICE_INDEX(e, kk, nn);
         const int n = n0 + nn, k = k0 + kk;
-        rb[l] = (n < N && k < kend && e < TN * TK) ? DL_LOAD(Bb, k * b_sk + n * b_sn) : 0.0f;
+        rb[l] = (n < N && k < kend && e < TN * TK) ? DL_LOAD_RAW(Bb, k * b_sk + n * b_sn)
+                                                   : (DL_RAW)0;
       }
 #endif
     }
@@ -271,14 +274,14 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
       for (int l = 0; l < LA4; ++l) {
         const int e = tid + l * NT;
         A_QUAD_INDEX(e, kk, mm);
-        if (e < TM * TK / 4) stage_quad(as, LDA, buf, kk, mm, ra[l], A_KMAJOR);
+        if (e < TM * TK / 4) stage_quad(as, LDA, buf, kk, mm, DL_FROM_RAW4(ra[l]), A_KMAJOR);
       }
 #else
 #pragma unroll
       for (int l = 0; l < LA; ++l) {
         const int e = tid + l * NT;
         A_SLICE_INDEX(e, kk, mm);
-        if (e < TM * TK) as[(buf * TK + kk) * LDA + mm] = ra[l];
+        if (e < TM * TK) as[(buf * TK + kk) * LDA + mm] = DL_FROM_RAW(ra[l]);
       }
 #endif
 #if B_QUADS
@@ -286,14 +289,14 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
       for (int l = 0; l < LB4; ++l) {
         const int e = tid + l * NT;
         B_QUAD_INDEX(e, kk, nn);
-        if (e < TN * TK / 4) stage_quad(bs, LDB, buf, kk, nn, rb[l], B_KMAJOR);
+        if (e < TN * TK / 4) stage_quad(bs, LDB, buf, kk, nn, DL_FROM_RAW4(rb[l]), B_KMAJOR);
       }
 #else
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
         B_SLICE_INDEX(e, kk, nn);
-        if (e < TN * TK) bs[(buf * TK + kk) * LDB + nn] = rb[l];
+        if (e < TN * TK) bs[(buf * TK + kk) * LDB + nn] = DL_FROM_RAW(rb[l]);
       }
 #endif
       barrier(CLK_LOCAL_MEM_FENCE);

@@ -50,4 +50,27 @@
 #define DL_STORE2A(p, i, v) (*(__global DL_T2*)((p) + (i)) = DL_CAT(convert_, DL_T2)(v))
 #define DL_STORE4A(p, i, v) (*(__global DL_T4*)((p) + (i)) = DL_CAT(convert_, DL_T4)(v))
 #endif
+
+// Prefetching into registers: DL_RAW / DL_RAW4 hold elements as stored (the
+// bits, as ushort, with DL_HALF_IO), so a kernel can issue its loads early and
+// convert only where it uses the values. A vload_half's conversion sits right
+// after its load and waits for it there: the GEMMs' prefetch across a slice's
+// multiply-adds then stalls (0.70x of float storage on the H100).
+//   DL_LOAD_RAW(p, i), DL_LOAD4A_RAW(p, i)  element i, aligned elements i .. i+3
+//   DL_FROM_RAW(r), DL_FROM_RAW4(r)         their values in float (r an lvalue)
+#ifdef DL_HALF_IO
+#define DL_RAW ushort
+#define DL_RAW4 ushort4
+#define DL_LOAD_RAW(p, i) (((__global const ushort*)(p))[i])
+#define DL_LOAD4A_RAW(p, i) (*(__global const ushort4*)((p) + (i)))
+#define DL_FROM_RAW(r) vload_half(0, (__private const half*)&(r))
+#define DL_FROM_RAW4(r) vload_half4(0, (__private const half*)&(r))
+#else
+#define DL_RAW DL_T
+#define DL_RAW4 DL_T4
+#define DL_LOAD_RAW(p, i) ((p)[i])
+#define DL_LOAD4A_RAW(p, i) (*(__global const DL_T4*)((p) + (i)))
+#define DL_FROM_RAW(r) ((float)(r))
+#define DL_FROM_RAW4(r) convert_float4(r)
+#endif
 #endif  // DL_STORAGE_CL
