@@ -8,10 +8,9 @@
 //   DL_LOAD4(p, i), DL_STORE4(p, i, v)    elements i .. i+3, any i (vload4 / vstore4)
 //   DL_LOAD16(p, i), DL_STORE16(p, i, v)  elements i .. i+15, any i (vload16 / vstore16)
 //   DL_LOAD2A, DL_LOAD4A, DL_STORE2A, DL_STORE4A: elements i .. i+1 or i+3 where p + i is
-//   aligned to the vector (i a multiple of 2 or 4, buffers aligned): through a vector pointer
-//   (vloada_half*), which tells the compiler so: one wide access, where vload4 / vload_half4
-//   may become 4 narrow ones (GroupNorm with half storage ran 0.70x of float with vload_half4
-//   on the H100).
+//   aligned to the vector (i a multiple of 2 or 4, buffers aligned): through a vector pointer,
+//   which tells the compiler so: one wide access, where vload4 / vload_half4 may become 4
+//   narrow ones.
 #ifndef DL_STORAGE_CL
 #define DL_STORAGE_CL
 #if defined(cl_khr_fp16)
@@ -34,10 +33,31 @@
 #define DL_STORE4(p, i, v) vstore_half4((v), 0, (p) + (i))
 #define DL_LOAD16(p, i) vload_half16(0, (p) + (i))
 #define DL_STORE16(p, i, v) vstore_half16((v), 0, (p) + (i))
-#define DL_LOAD2A(p, i) vloada_half2(0, (p) + (i))
-#define DL_LOAD4A(p, i) vloada_half4(0, (p) + (i))
-#define DL_STORE2A(p, i, v) vstorea_half2((v), 0, (p) + (i))
-#define DL_STORE4A(p, i, v) vstorea_half4((v), 0, (p) + (i))
+// The aligned forms move the bits as one ushort2 / ushort4 and convert them in
+// a private variable: NVIDIA compiles vloada_half4 / vstorea_half4 on global
+// memory to four 2-byte accesses.
+#define DL_LOAD2A(p, i) dl_load2a_half((p) + (i))
+#define DL_LOAD4A(p, i) dl_load4a_half((p) + (i))
+#define DL_STORE2A(p, i, v) dl_store2a_half((p) + (i), (v))
+#define DL_STORE4A(p, i, v) dl_store4a_half((p) + (i), (v))
+inline float2 dl_load2a_half(__global const half* p) {
+  const ushort2 bits = *(__global const ushort2*)p;
+  return vload_half2(0, (__private const half*)&bits);
+}
+inline float4 dl_load4a_half(__global const half* p) {
+  const ushort4 bits = *(__global const ushort4*)p;
+  return vload_half4(0, (__private const half*)&bits);
+}
+inline void dl_store2a_half(__global half* p, float2 v) {
+  ushort2 bits;
+  vstore_half2(v, 0, (__private half*)&bits);
+  *(__global ushort2*)p = bits;
+}
+inline void dl_store4a_half(__global half* p, float4 v) {
+  ushort4 bits;
+  vstore_half4(v, 0, (__private half*)&bits);
+  *(__global ushort4*)p = bits;
+}
 #else
 #define DL_LOAD(p, i) ((float)(p)[i])
 #define DL_STORE(p, i, v) ((p)[i] = (DL_T)(v))
