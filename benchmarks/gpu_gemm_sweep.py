@@ -1,4 +1,4 @@
-"""GEMM tiles at the SD 1.5 UNet's (batch 2) projection and convolution shapes, on any OpenCL device
+"""GEMM tiles at the SD 1.5 UNet's (batch 2) projection, convolution and Winograd shapes, on any OpenCL device
 (pyopencl, fp32 or --half storage): the library's default tile against forced ones (DIFFLITE_GEMM_TILE's
 TMxTNxTKxWMxWN[v]), each through the backend's own launch (split-K where the library would split),
 checked against NumPy. The vectorised kernels' register tile is WM rows by WN / 4 float4 column
@@ -32,6 +32,11 @@ FC_SHAPES = [("GEGLU in, 64x64", 8192, 2560, 320), ("GEGLU in, 16x16", 512, 1024
              ("FF out, 32x32", 2048, 640, 2560), ("q/k/v/out, 64x64", 8192, 320, 320),
              ("proj, 32x32", 2048, 640, 640)]
 CONV_SHAPES = [("conv3x3 8x8x1280", 2, 8, 8, 1280, 1280), ("conv3x3 16x16x1280", 2, 16, 16, 1280, 1280)]
+# (label, T, Cin, Cout): the 36 Winograd GEMMs M[p] = V[p] U[p], V [36][T][Cin] (k-major) and
+# U [36][Cin][Cout] (n-major), at a UNet level and a VAE level.
+WINO_SHAPES = [("wino 2x64x64x320", 512, 320, 320), ("wino 1x128x128x512 (VAE)", 1024, 512, 512)]
+SMALL_WINO = [("small wino", 20, 12, 16)]
+QUADS = None  # (A, B) from --quads; None: as the library decides
 SMALL_FC = [("small fc", 150, 270, 37)]
 SMALL_CONV = [("small conv", 1, 9, 10, 19, 36)]
 TILES = ["64x64x16x4x4v", "128x128x16x8x8v", "128x128x8x8x8v", "128x64x16x8x8v", "64x128x16x8x8v",
@@ -53,8 +58,25 @@ def time_fc(r: Runner, shape, tiles, runs: int) -> list[dict]:
     ab, wb, c = r.upload(a), r.upload(w), r.empty((m, n))
     rows = []
     for label, tile in tiles:
-        fn = lambda tile=tile: r.gemm(ab, wb, c, m, n, k, k, 1, 1, k, n, tile=tile)  # noqa: E731
+        fn = lambda tile=tile: r.gemm(ab, wb, c, m, n, k, k, 1, 1, k, n, tile=tile, quads=QUADS)  # noqa: E731
         rows.append(row(r, label, fn, 2.0 * m * n * k, runs, lambda: r.download(c, (m, n)), want))
+    return rows
+
+
+def time_wino(r: Runner, shape, tiles, runs: int) -> list[dict]:
+    _, t, cin, cout = shape
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((36, t, cin)).astype(np.float32)
+    u = (rng.standard_normal((36, cin, cout)) / np.sqrt(cin)).astype(np.float32)
+    want = np.matmul(v, u)
+    vb, ub, mb = r.upload(v), r.upload(u), r.empty((36, t, cout))
+    rows = []
+    for label, tile in tiles:
+        fn = lambda tile=tile: r.gemm(vb, ub, mb, t, cout, cin, a_sm=cin, a_sk=1, b_sk=cout,  # noqa: E731
+                                      b_sn=1, ldc=cout, bdims=(36,), a_bs=(t * cin,),
+                                      b_bs=(cin * cout,), c_bs=t * cout, tile=tile, quads=QUADS)
+        rows.append(row(r, label, fn, 2.0 * 36 * t * cin * cout, runs, lambda: r.download(mb, (36, t, cout)),
+                        want))
     return rows
 
 
@@ -119,7 +141,12 @@ def main() -> int:
     ap.add_argument("--registers", action="store_true", help="only report each tile's spills and work-group limit")
     ap.add_argument("--half", action="store_true",
                     help="half storage through vload_half / vstore_half (-DDL_HALF_IO=1), float arithmetic")
+    ap.add_argument("--quads", choices=("auto", "ab", "a", "b", "none"), default="auto",
+                    help="which operands may be staged in quads (A_QUADS / B_QUADS) where their layout "
+                         "allows; auto: as the library decides")
     args = ap.parse_args()
+    global QUADS
+    QUADS = None if args.quads == "auto" else ("a" in args.quads, "b" in args.quads)
     r = Runner(half_io=args.half)
     tiles = [("default", None)] + [(t, parse_tile(t)) for t in args.tiles.split(",")]
     tiles = [(label, t) for label, t in tiles if t is None or t.threads <= r.max_wg]
@@ -131,6 +158,8 @@ def main() -> int:
         results.append({"shape": shape[0], "mnk": list(shape[1:]), "rows": time_fc(r, shape, tiles, args.runs)})
     for shape in SMALL_CONV if args.small else CONV_SHAPES:
         results.append({"shape": shape[0], "nhwcc": list(shape[1:]), "rows": time_conv(r, shape, tiles, args.runs)})
+    for shape in SMALL_WINO if args.small else WINO_SHAPES:
+        results.append({"shape": shape[0], "t_cin_cout": list(shape[1:]), "rows": time_wino(r, shape, tiles, args.runs)})
     device = r.device.name.strip()
     print(f"\n{device}: GEMM tiles (ms, TFLOP/s, speedup over the default tile)")
     print("| shape | " + " | ".join(label for label, _ in tiles) + " |")
@@ -149,7 +178,7 @@ def main() -> int:
         print(f"| {res['shape']} | " + " | ".join(cells) + " |")
     write_result("gpu_gemm_sweep", device, {"device": device, "storage": "half" if args.half else "float",
                                             "tiles": [label for label, _ in tiles], "results": results},
-                 suffix="_half" if args.half else "")
+                 suffix=("_half" if args.half else "") + ("" if args.quads == "auto" else f"_quads_{args.quads}"))
     return 0
 
 

@@ -798,13 +798,18 @@ class Runner:
         return [e1, *e2, e3]
 
     def gemm(self, a, b, c, m: int, n: int, k: int, a_sm: int, a_sk: int, b_sk: int, b_sn: int, ldc: int,
-             bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None, tile: GemmTile | None = None) -> list[cl.Event]:
+             bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None, tile: GemmTile | None = None,
+             quads: tuple[bool, bool] | None = None) -> list[cl.Event]:
         """The backend's tiled GEMM as gemm.cc's Gemm::Init / Run launch it on a GPU (tile, operand
         layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) with element strides. `tile`
-        forces a tile (DIFFLITE_GEMM_TILE)."""
+        forces a tile (DIFFLITE_GEMM_TILE); `quads` (A, B) turns quad staging off where False."""
         a_kmajor, b_kmajor = a_sk == 1, b_sk == 1 and b_sn != 1
-        quads = (stages_in_quads(k, a_sm, a_bs) if a_kmajor else a_sm == 1 and stages_in_quads(m, a_sk, a_bs),
-                 stages_in_quads(k, b_sn, b_bs) if b_kmajor else b_sn == 1 and stages_in_quads(n, b_sk, b_bs))
+        # gemm.cc: no quads with half storage and B n-major
+        allowed = quads or ((True, True) if self.storage != np.float16 or b_kmajor else (False, False))
+        quads = (allowed[0] and (stages_in_quads(k, a_sm, a_bs) if a_kmajor
+                                 else a_sm == 1 and stages_in_quads(m, a_sk, a_bs)),
+                 allowed[1] and (stages_in_quads(k, b_sn, b_bs) if b_kmajor
+                                 else b_sn == 1 and stages_in_quads(n, b_sk, b_bs)))
         if tile is None:
             macs = (int(np.prod(bdims)) if bdims else 1) * m * n * k
             kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor, macs, quads)

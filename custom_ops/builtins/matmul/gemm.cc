@@ -151,10 +151,16 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   }
   const bool a_kmajor = s_.a_sk == 1;
   const bool b_kmajor = s_.b_sk == 1 && s_.b_sn != 1;
-  const bool a_quads = a_kmajor ? StagesInQuads(s_.k, s_.a_sm, s_.a_bs)
-                                : s_.a_sm == 1 && StagesInQuads(s_.m, s_.a_sk, s_.a_bs);
-  const bool b_quads = b_kmajor ? StagesInQuads(s_.k, s_.b_sn, s_.b_bs)
-                                : s_.b_sn == 1 && StagesInQuads(s_.n, s_.b_sk, s_.b_bs);
+  // Half storage with B n-major (the Winograd GEMMs' U): quads made the H100 slower (VAE
+  // 128x128x512: 0.608 ms with both operands in quads, 0.537 with none; float 0.464 with both;
+  // benchmarks/NOTES.md §20), where with B k-major (FULLY_CONNECTED) both in quads is fastest.
+  const bool quads_allowed = DTypeSize(ctx.storage()) != 2 || b_kmajor;
+  const bool a_quads = quads_allowed &&
+                       (a_kmajor ? StagesInQuads(s_.k, s_.a_sm, s_.a_bs)
+                                 : s_.a_sm == 1 && StagesInQuads(s_.m, s_.a_sk, s_.a_bs));
+  const bool b_quads = quads_allowed &&
+                       (b_kmajor ? StagesInQuads(s_.k, s_.b_sn, s_.b_bs)
+                                 : s_.b_sn == 1 && StagesInQuads(s_.n, s_.b_sk, s_.b_bs));
   auto kernel_of = [&](const TileConfig& c, cl_kernel* k, const std::string& extra = "") {
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
