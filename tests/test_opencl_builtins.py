@@ -404,12 +404,14 @@ BROADCASTS = [
     ((1,), (3, 17)),
     ((2, 1, 3, 1, 5, 2), (1, 4, 1, 2, 1, 2)),
     ((3, 41, 1), (3, 1, 1)),
+    ((2, 3, 5, 8), (2, 3, 5, 8)),  # elements % 4 == 0: 4 an item (GPU kernels)
+    ((4, 12), (1,)),  # the same with a broadcast scalar
 ]
 
 
-# ADD on every broadcast pattern, the other ops on two of them (keeps the file fast).
+# ADD on every broadcast pattern, the other ops on three of them (keeps the file fast).
 BINARY_CASES = [("ADD", s) for s in BROADCASTS] + [
-    (op, s) for op in BINARY if op != "ADD" for s in (BROADCASTS[1], BROADCASTS[4])]
+    (op, s) for op in BINARY if op != "ADD" for s in (BROADCASTS[1], BROADCASTS[4], BROADCASTS[6])]
 
 
 @pytest.mark.parametrize("op,shapes", BINARY_CASES,

@@ -129,7 +129,7 @@ Shape BroadcastShape(const Shape& a, const Shape& b) {
 
 class BinaryOp final : public GpuOp {
  public:
-  enum Kind { kFlat, kNd, kRows };
+  enum Kind { kFlat, kFlat4, kNd, kRows };
   BinaryOp(cl_kernel k, size_t local, Kind kind, int n, int code, IndexSpace space,
            const char* label)
       : k_(k), local_(local), kind_(kind), n_(n), code_(code), space_(std::move(space)),
@@ -163,16 +163,17 @@ class BinaryOp final : public GpuOp {
       if (!e.empty()) return e;
       return Launch1D(ctx, k_, static_cast<size_t>(rows) * chunks, local_, label_);
     }
+    const int items = kind_ == kFlat4 ? n_ / 4 : n_;
     Args a;
-    a.Mem(in[0].mem).Mem(in[1].mem).Mem(out[0].mem).Int(n_).Int(code_);
-    if (kind_ == kFlat) {
+    a.Mem(in[0].mem).Mem(in[1].mem).Mem(out[0].mem).Int(items).Int(code_);
+    if (kind_ == kFlat || kind_ == kFlat4) {
       a.Int(space_.strides[0][0]).Int(space_.strides[1][0]);
     } else {
       a.Int(space_.rank()).Int8(space_.dims, 1).Int8(space_.strides[0]).Int8(space_.strides[1]);
     }
     std::string e = a.Set(ctx.cl(), k_);
     if (!e.empty()) return e;
-    return Launch1D(ctx, k_, static_cast<size_t>(n_), local_, label_);
+    return Launch1D(ctx, k_, static_cast<size_t>(items), local_, label_);
   }
 
  private:
@@ -227,10 +228,14 @@ std::unique_ptr<GpuOp> CreateBinary(const NodeView& node, GpuContext& ctx, std::
   if (PreferFlatKernels(ctx) && ia <= 1 && ib <= 1 && space.dims.back() >= 16) {
     kind = BinaryOp::kRows;
   } else if (space.rank() == 1 && ia <= 1 && ib <= 1) {
-    kind = BinaryOp::kFlat;
+    // 4 elements an item where they split evenly: one aligned vector access an operand
+    // (one 2- or 4-byte access a work-item left the UNet's residual ADDs issue-bound).
+    kind = NumElements(out) % 4 == 0 ? BinaryOp::kFlat4 : BinaryOp::kFlat;
   }
-  const char* kernel = kind == BinaryOp::kRows ? "binary_rows"
-                       : kind == BinaryOp::kFlat ? "binary_flat" : "binary_nd";
+  const char* kernel = kind == BinaryOp::kRows    ? "binary_rows"
+                       : kind == BinaryOp::kFlat4 ? "binary_flat4"
+                       : kind == BinaryOp::kFlat  ? "binary_flat"
+                                                  : "binary_nd";
   cl_kernel k = nullptr;
   e = GetKernel(ctx, kProgram, kernel, "", &k);
   if (!e.empty()) return Refuse(error, e);

@@ -85,6 +85,18 @@ __kernel void binary_flat(__global const DL_T* a, __global const DL_T* b, __glob
   if (i < n) DL_STORE(y, i, binary_op(DL_LOAD(a, i * sa), DL_LOAD(b, i * sb), op));
 }
 
+// binary_flat, 4 consecutive elements an item (n4 = elements / 4).
+__kernel void binary_flat4(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
+                           int n4, int op, int sa, int sb) {
+  const int i = get_global_id(0);
+  if (i >= n4) return;
+  const float4 va = sa ? DL_LOAD4A(a, 4 * i) : (float4)(DL_LOAD(a, 0));
+  const float4 vb = sb ? DL_LOAD4A(b, 4 * i) : (float4)(DL_LOAD(b, 0));
+  DL_STORE4A(y, 4 * i,
+             (float4)(binary_op(va.x, vb.x, op), binary_op(va.y, vb.y, op),
+                      binary_op(va.z, vb.z, op), binary_op(va.w, vb.w, op)));
+}
+
 // Broadcasting over up to 8 collapsed dims (outermost first).
 __kernel void binary_nd(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
                         int n, int op, int rank, int8 dims_v, int8 sa_v, int8 sb_v) {
