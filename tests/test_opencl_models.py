@@ -10,6 +10,9 @@ load_delegate(lib, {"backend": "opencl"}) on the machine's OpenCL device
 * fused (difflite.GroupNorm/Gelu/GeGLU/Attention custom ops, whose OpenCL
   sides live in custom_ops/ops/): the same, against backend=cpu (the op
   library's reference kernels + XNNPACK).
+* fp16 (`--precision fp16` conversion, precision=fp16: half storage through
+  vload_half on PoCL): each component, and the unet with the tiled kernels,
+  within 1e-2 of backend=cpu; `difflite verify --backend opencl` passes.
 
 OpenCL missing is a failure with the reason, never a skip.
 """
@@ -163,6 +166,20 @@ def test_fused_fp16_storage_matches_cpu_backend(lib, fused_fp16, component):
     got, stats = run_model(path, lib, feeds, opencl_options(precision="fp16"), stats=True)
     check_claimed_whole(stats, n_nodes)
     assert stats["storage"] == "float16", stats
+    errs = rel_errs(got, want)
+    assert max(errs) <= HALF_TOL, errs
+
+
+def test_fused_fp16_unet_with_tiled_kernels(lib, fused_fp16):
+    """The fused unet in half storage with the kernels GPUs get (kernels=tiled: the tiled GEMMs
+    with quad staging and raw prefetch, Winograd, flash attention), against backend=cpu."""
+    path = fused_fp16 / "unet.tflite"
+    n_nodes, _, feeds = model_info(path)
+    want, _ = run_model(path, lib, feeds, {"backend": "cpu"}, repeats=1)
+    got, stats = run_model(path, lib, feeds, opencl_options(precision="fp16", kernels="tiled"),
+                           stats=True, repeats=1)
+    check_claimed_whole(stats, n_nodes)
+    assert stats["storage"] == "float16" and stats["kernels"] == "tiled", stats
     errs = rel_errs(got, want)
     assert max(errs) <= HALF_TOL, errs
 
