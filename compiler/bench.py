@@ -20,7 +20,7 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -38,7 +38,7 @@ LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
 @dataclass
 class BenchOptions:
     backend: str = "cpu"
-    precision: str = "fp32"
+    precision: str | None = None  # None: the conversion's (the manifest's options.precision)
     runs: int = 10
     warmup: int = 2
     steps: int = 20
@@ -56,7 +56,7 @@ class BenchOptions:
     def validate(self) -> None:
         if self.backend not in BACKENDS:
             raise BadInput(f"--backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
-        if self.precision not in PRECISIONS:
+        if self.precision is not None and self.precision not in PRECISIONS:
             raise BadInput(f"--precision {self.precision!r}: choose from {', '.join(PRECISIONS)}")
         if self.runs < 1:
             raise BadInput(f"--runs {self.runs}: must be at least 1")
@@ -396,6 +396,8 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
     options.validate()
     out = Path(out)
     manifest = read_manifest(out)
+    if options.precision is None:
+        options = replace(options, precision=manifest["options"].get("precision", "fp32"))
     names = select_components(manifest, options.components)
     if not names:
         raise BadInput(f"{out}: the manifest lists no components")
@@ -526,8 +528,9 @@ def render(result: dict) -> None:
 @click.argument("out", type=click.Path())
 @click.option("--backend", type=click.Choice(BACKENDS), default="cpu", show_default=True,
               help="Op library backend (delegate option backend=...).")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="Op library precision (delegate option precision=...).")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="Op library precision (delegate option precision=...) [default: the conversion's, "
+                   "from OUT's manifest].")
 @click.option("--runs", default=10, show_default=True, type=int, help="Timed runs per component.")
 @click.option("--warmup", default=2, show_default=True, type=int, help="Warm-up runs per component.")
 @click.option("--steps", default=20, show_default=True, type=int, help="Denoising steps of the pipeline estimate.")

@@ -329,6 +329,24 @@ def test_adb_bench_builtins_only_old_benchmark_model(outs, device):
     assert unet["memory_overall_mb"] == pytest.approx(138.809) and unet["memory_peak_mb"] is None
 
 
+def test_adb_bench_precision_defaults_to_the_conversions(outs, device, tmp_path):
+    """No --precision: the delegate runs at the manifest's precision (an fp16 conversion gets
+    precision:fp16, i.e. half storage on OpenCL); --precision overrides it."""
+    out16 = tmp_path / "fp16"
+    subprocess.run([*command_line(), "convert", "preset:tiny", "-o", str(out16), *SIZE, "--no-fuse",
+                    "--components", "unet", "--precision", "fp16"], cwd=ROOT, check=True,
+                   capture_output=True, text=True)
+    for args, want in (([], "fp16"), (["--precision", "fp32"], "fp32")):
+        data = json.loads(device.bench(out16, "--oplib", device.library, "--backend", "opencl", *args,
+                                       "--runs", 2, "--json").stdout)
+        assert data["precision"] == want, data
+        commands = [c for c in device.shell_commands() if "--graph=" in c]
+        assert f"precision:{want}'" in commands[-1], commands[-1]
+    data = json.loads(device.bench(outs["nofuse"], "--oplib", device.library, "--backend", "opencl",
+                                   "--runs", 2, "--json").stdout)
+    assert data["precision"] == "fp32", data
+
+
 def test_adb_bench_tflite_gpu_baseline(outs, device):
     data = json.loads(device.bench(outs["nofuse"], "--tflite-gpu", "--precision", "fp16", "--runs", 2,
                                    "--json").stdout)
