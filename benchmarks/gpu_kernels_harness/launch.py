@@ -9,7 +9,7 @@ GEMM of the builtins (custom_ops/builtins/matmul/gemm.cl) as builtin::Gemm launc
 
 Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16), or with
 Runner(half_io=True) half through vload_half / vstore_half (-DDL_HALF_IO=1, ops/common/dl_storage.cl;
-no cl_khr_fp16 needed): so far the kernels of Gelu, GeGLU and GroupNorm only.
+no cl_khr_fp16 needed), as the library runs precision=fp16 on such devices.
 """
 from __future__ import annotations
 

@@ -145,20 +145,16 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 // computed, so the global loads overlap the arithmetic; one barrier per slice.
 #define LDA (TM + 4)
 #define LDB (TN + 4)
-#define LA ((TM * TK + NT - 1) / NT)  // A elements staged per item
-#define LB ((TN * TK + NT - 1) / NT)
 // A_QUADS / B_QUADS (set by the host where the operand's contiguous extent and
 // other strides are multiples of 4): the operand is staged as aligned runs of 4
 // elements along its contiguous index, one vector load each (4x fewer loads;
-// with half storage one 8-byte vloada_half4 instead of 4 2-byte loads).
+// with half storage one 8-byte load instead of 4 2-byte ones).
 #ifndef A_QUADS
 #define A_QUADS 0
 #endif
 #ifndef B_QUADS
 #define B_QUADS 0
 #endif
-#define LA4 ((TM * TK / 4 + NT - 1) / NT)  // A quads staged per item
-#define LB4 ((TN * TK / 4 + NT - 1) / NT)
 // Quad e of a staged slice: its first k index and row / column.
 #if A_KMAJOR
 #define A_QUAD_INDEX(e, kk, mm) const int kk = 4 * ((e) % (TK / 4)), mm = (e) / (TK / 4)
@@ -171,7 +167,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 #define B_QUAD_INDEX(e, kk, nn) const int nn = 4 * ((e) % (TN / 4)), kk = (e) / (TN / 4)
 #endif
 // Writes quad q (first index kk, row / column rc) into local tile t (row
-// length LD, buffer buf): k-major quads go down 4 k rows, the others are one
+// length ld, buffer buf): k-major quads go down 4 k rows, the others are one
 // aligned float4 of a k row.
 inline void stage_quad(__local float* t, int ld, int buf, int kk, int rc, float4 q, int kmajor) {
   __local float* p = t + (buf * TK + kk) * ld + rc;
@@ -184,6 +180,60 @@ inline void stage_quad(__local float* t, int ld, int buf, int kk, int rc, float4
     *(__local float4*)p = q;
   }
 }
+
+// One operand's TK-deep slice, EXT rows (A) or columns (B) from rc0: the
+// registers an item fetches it into (N elements or N / 4 quads a slice, raw
+// until staged: see dl_storage.cl's DL_RAW), the fetch of slice k0 (element
+// (rc, k) at p[rc * s_rc + k * s_k], zero at and past BOUND or kend) and its
+// staging into local tile t (row length LD, buffer buf). INDEX is the
+// operand's A/B_SLICE_INDEX or A/B_QUAD_INDEX.
+#define SLICE_REGS(N) (((N) + NT - 1) / NT)
+#define FETCH_ELEMS(r, INDEX, EXT, rc0, BOUND, p, s_rc, s_k)                        \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(EXT * TK); ++l_) {            \
+    const int e_ = tid + l_ * NT;                                                   \
+    INDEX(e_, kk_, rr_);                                                            \
+    const int rc_ = (rc0) + rr_, k_ = k0 + kk_;                                     \
+    r[l_] = (rc_ < (BOUND) && k_ < kend && e_ < EXT * TK)                           \
+                ? DL_LOAD_RAW(p, rc_ * (s_rc) + k_ * (s_k)) : (DL_RAW)0;            \
+  }
+#define FETCH_QUADS(r, INDEX, EXT, rc0, BOUND, p, s_rc, s_k)                        \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(EXT * TK / 4); ++l_) {        \
+    const int e_ = tid + l_ * NT;                                                   \
+    INDEX(e_, kk_, rr_);                                                            \
+    const int rc_ = (rc0) + rr_, k_ = k0 + kk_;                                     \
+    r[l_] = (rc_ < (BOUND) && k_ < kend && e_ < EXT * TK / 4)                       \
+                ? DL_LOAD4A_RAW(p, rc_ * (s_rc) + k_ * (s_k)) : (DL_RAW4)(0);       \
+  }
+#define STAGE_ELEMS(r, INDEX, EXT, t, LD)                                           \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(EXT * TK); ++l_) {            \
+    const int e_ = tid + l_ * NT;                                                   \
+    INDEX(e_, kk_, rr_);                                                            \
+    if (e_ < EXT * TK) t[(buf * TK + kk_) * (LD) + rr_] = DL_FROM_RAW(r[l_]);       \
+  }
+#define STAGE_QUADS(r, INDEX, EXT, t, LD, KMAJOR)                                   \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(EXT * TK / 4); ++l_) {        \
+    const int e_ = tid + l_ * NT;                                                   \
+    INDEX(e_, kk_, rr_);                                                            \
+    if (e_ < EXT * TK / 4) stage_quad(t, LD, buf, kk_, rr_, DL_FROM_RAW4(r[l_]), KMAJOR);  \
+  }
+#if A_QUADS
+#define A_REGS DL_RAW4 ra[SLICE_REGS(TM * TK / 4)]
+#define FETCH_A FETCH_QUADS(ra, A_QUAD_INDEX, TM, m0, M, Ab, a_sm, a_sk)
+#define STAGE_A STAGE_QUADS(ra, A_QUAD_INDEX, TM, as, LDA, A_KMAJOR)
+#else
+#define A_REGS DL_RAW ra[SLICE_REGS(TM * TK)]
+#define FETCH_A FETCH_ELEMS(ra, A_SLICE_INDEX, TM, m0, M, Ab, a_sm, a_sk)
+#define STAGE_A STAGE_ELEMS(ra, A_SLICE_INDEX, TM, as, LDA)
+#endif
+#if B_QUADS
+#define B_REGS DL_RAW4 rb[SLICE_REGS(TN * TK / 4)]
+#define FETCH_B FETCH_QUADS(rb, B_QUAD_INDEX, TN, n0, N, Bb, b_sn, b_sk)
+#define STAGE_B STAGE_QUADS(rb, B_QUAD_INDEX, TN, bs, LDB, B_KMAJOR)
+#else
+#define B_REGS DL_RAW rb[SLICE_REGS(TN * TK)]
+#define FETCH_B FETCH_ELEMS(rb, B_SLICE_INDEX, TN, n0, N, Bb, b_sn, b_sk)
+#define STAGE_B STAGE_ELEMS(rb, B_SLICE_INDEX, TN, bs, LDB)
+#endif
 #include "vec_tile.cl"
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
@@ -214,91 +264,18 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   // local buffer buf ^ 1, then stages ra/rb into buffer buf. The barrier
   // that ends an iteration also separates the reads of a buffer from the
   // next writes to it.
-  // Raw (as stored) until staged: see dl_storage.cl's DL_RAW.
-#if A_QUADS
-  DL_RAW4 ra[LA4];
-#else
-  DL_RAW ra[LA];
-#endif
-#if B_QUADS
-  DL_RAW4 rb[LB4];
-#else
-  DL_RAW rb[LB];
-#endif
+  A_REGS;
+  B_REGS;
   int buf = 0;
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
     if (k0 < kend) {
-#if A_QUADS
-#pragma unroll
-      for (int l = 0; l < LA4; ++l) {
-        const int e = tid + l * NT;
-        A_QUAD_INDEX(e, kk, mm);
-        const int m = m0 + mm, k = k0 + kk;
-        ra[l] = (m < M && k < kend && e < TM * TK / 4) ? DL_LOAD4A_RAW(Ab, m * a_sm + k * a_sk)
-                                                       : (DL_RAW4)(0);
-      }
-#else
-#pragma unroll
-      for (int l = 0; l < LA; ++l) {
-        const int e = tid + l * NT;
-        A_SLICE_INDEX(e, kk, mm);
-        const int m = m0 + mm, k = k0 + kk;
-        ra[l] = (m < M && k < kend && e < TM * TK) ? DL_LOAD_RAW(Ab, m * a_sm + k * a_sk)
-                                                   : (DL_RAW)0;
-      }
-#endif
-#if B_QUADS
-#pragma unroll
-      for (int l = 0; l < LB4; ++l) {
-        const int e = tid + l * NT;
-        B_QUAD_INDEX(e, kk, nn);
-        const int n = n0 + nn, k = k0 + kk;
-        rb[l] = (n < N && k < kend && e < TN * TK / 4) ? DL_LOAD4A_RAW(Bb, k * b_sk + n * b_sn)
-                                                       : (DL_RAW4)(0);
-      }
-#else
-#pragma unroll
-      for (int l = 0; l < LB; ++l) {
-        const int e = tid + l * NT;
-        B_SLICE_INDEX(e, kk, nn);
-        const int n = n0 + nn, k = k0 + kk;
-        rb[l] = (n < N && k < kend && e < TN * TK) ? DL_LOAD_RAW(Bb, k * b_sk + n * b_sn)
-                                                   : (DL_RAW)0;
-      }
-#endif
+      FETCH_A;
+      FETCH_B;
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
     if (k0 < kend) {
-#if A_QUADS
-#pragma unroll
-      for (int l = 0; l < LA4; ++l) {
-        const int e = tid + l * NT;
-        A_QUAD_INDEX(e, kk, mm);
-        if (e < TM * TK / 4) stage_quad(as, LDA, buf, kk, mm, DL_FROM_RAW4(ra[l]), A_KMAJOR);
-      }
-#else
-#pragma unroll
-      for (int l = 0; l < LA; ++l) {
-        const int e = tid + l * NT;
-        A_SLICE_INDEX(e, kk, mm);
-        if (e < TM * TK) as[(buf * TK + kk) * LDA + mm] = DL_FROM_RAW(ra[l]);
-      }
-#endif
-#if B_QUADS
-#pragma unroll
-      for (int l = 0; l < LB4; ++l) {
-        const int e = tid + l * NT;
-        B_QUAD_INDEX(e, kk, nn);
-        if (e < TN * TK / 4) stage_quad(bs, LDB, buf, kk, nn, DL_FROM_RAW4(rb[l]), B_KMAJOR);
-      }
-#else
-#pragma unroll
-      for (int l = 0; l < LB; ++l) {
-        const int e = tid + l * NT;
-        B_SLICE_INDEX(e, kk, nn);
-        if (e < TN * TK) bs[(buf * TK + kk) * LDB + nn] = DL_FROM_RAW(rb[l]);
-      }
-#endif
+      STAGE_A;
+      STAGE_B;
       barrier(CLK_LOCAL_MEM_FENCE);
       buf ^= 1;
     }

@@ -1324,8 +1324,7 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* er
   BackendImpl& impl = *b->impl_;
   impl.options = options;
   impl.rt = rt;
-  impl.storage = DType::kFloat32;
-  if (options.precision == "fp16") impl.storage = DType::kFloat16;
+  impl.storage = options.precision == "fp16" ? DType::kFloat16 : DType::kFloat32;
   const bool flat = options.kernels == "flat" || (options.kernels == "auto" && !rt->info().is_gpu);
   impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat);
   impl.gctx->set_detail(options.profile >= 2);
