@@ -30,6 +30,7 @@ from compiler.procstats import peak_rss_mb
 
 BACKENDS = ("cpu", "opencl")
 PRECISIONS = ("fp32", "fp16")
+MATHS = ("auto", "fp32")
 PIPELINE = ("text_encoder", "unet", "vae_decoder")
 FALLBACK_VOCAB = 256
 LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
@@ -39,6 +40,7 @@ LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
 class BenchOptions:
     backend: str = "cpu"
     precision: str | None = None  # None: the conversion's (the manifest's options.precision)
+    math: str = "auto"  # opencl: auto (half multiply-adds at fp16 where the GPU has cl_khr_fp16) | fp32
     runs: int = 10
     warmup: int = 2
     steps: int = 20
@@ -58,6 +60,10 @@ class BenchOptions:
             raise BadInput(f"--backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise BadInput(f"--precision {self.precision!r}: choose from {', '.join(PRECISIONS)}")
+        if self.math not in MATHS:
+            raise BadInput(f"--math {self.math!r}: choose from {', '.join(MATHS)}")
+        if self.math != "auto" and self.backend != "opencl":
+            raise BadInput(f"--math {self.math} applies to --backend opencl only")
         if self.runs < 1:
             raise BadInput(f"--runs {self.runs}: must be at least 1")
         if self.warmup < 0:
@@ -71,6 +77,13 @@ class BenchOptions:
                            "it needs --adb SERIAL")
         if self.serial is not None and not self.device_dir.startswith("/"):
             raise BadInput(f"--device-dir {self.device_dir!r}: must be an absolute path on the device")
+
+    def delegate_options(self) -> dict[str, str]:
+        """The op library's options (math only where it is not the default)."""
+        opts = {"backend": self.backend, "precision": self.precision}
+        if self.math != "auto":
+            opts["math"] = self.math
+        return opts
 
     @property
     def guided(self) -> bool:
@@ -170,10 +183,11 @@ def host_delegate(options: BenchOptions):
     if not library.is_file():
         raise BadInput(f"--oplib {library}: no such file")
     try:
-        return load_delegate(str(library), {"backend": options.backend, "precision": options.precision})
+        return load_delegate(str(library), options.delegate_options())
     except ValueError as exc:
-        raise BadInput(f"{library}: the op library refused backend={options.backend} "
-                       f"precision={options.precision}: {str(exc).splitlines()[0]}") from exc
+        described = " ".join(f"{k}={v}" for k, v in options.delegate_options().items())
+        raise BadInput(f"{library}: the op library refused {described}: "
+                       f"{str(exc).splitlines()[0]}") from exc
 
 
 def load_runner(path: Path, entry: dict, options: BenchOptions):
@@ -348,7 +362,7 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
             options.benchmark_model, f"{directory}/{entry['file']}", options.runs, options.warmup,
             threads=options.threads,
             delegate_path=f"{directory}/{LIBRARY_ON_DEVICE}" if library is not None else None,
-            delegate_options={"backend": options.backend, "precision": options.precision},
+            delegate_options=options.delegate_options(),
             use_gpu=options.tflite_gpu, gpu_fp16=options.precision == "fp16",
             value_ranges=ranges, library_dir=directory)
         log(f"benchmark_model {entry['file']} on {options.serial}: {options.warmup} warm-up + {options.runs} runs")
@@ -414,7 +428,8 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
     for name, r in timed.items():
         r["calls_per_image"] = plan["calls"].get(name, 0)
     return {"out": str(out), "mode": "adb" if options.serial else "host", "backend": options.backend,
-            "precision": options.precision, "runs": options.runs, "warmup": options.warmup,
+            "precision": options.precision, "math": options.math, "runs": options.runs,
+            "warmup": options.warmup,
             "seed": options.seed, "source": manifest.get("source", {}).get("model"),
             "fuse": manifest.get("options", {}).get("fuse"), **result}
 
@@ -494,7 +509,8 @@ def render(result: dict) -> None:
     where = (f"{result['device']['serial']} ({result['device'].get('model') or 'adb'})" if result["mode"] == "adb"
              else f"host {result['host']['machine']}, {result['host']['threads']} threads")
     table = Table(title=f"difflite bench {result['out']}: {where}, backend {result['backend']} "
-                        f"{result['precision']}, {result['warmup']} warm-up + {result['runs']} runs")
+                        f"{result['precision']}{'' if result['math'] == 'auto' else ' math ' + result['math']}, "
+                        f"{result['warmup']} warm-up + {result['runs']} runs")
     columns = ["component", "median ms", "min ms", "max ms", "mean ms", "first ms",
                "init ms" if result["mode"] == "adb" else "load ms", "calls/image", "ms/image"]
     if result["mode"] == "adb":
@@ -531,6 +547,9 @@ def render(result: dict) -> None:
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="Op library precision (delegate option precision=...) [default: the conversion's, "
                    "from OUT's manifest].")
+@click.option("--math", type=click.Choice(MATHS), default="auto", show_default=True,
+              help="--backend opencl: auto multiplies and adds in half in the GEMM tiles at fp16 where the "
+                   "GPU has cl_khr_fp16 (phones); fp32 keeps float arithmetic (delegate option math=...).")
 @click.option("--runs", default=10, show_default=True, type=int, help="Timed runs per component.")
 @click.option("--warmup", default=2, show_default=True, type=int, help="Warm-up runs per component.")
 @click.option("--steps", default=20, show_default=True, type=int, help="Denoising steps of the pipeline estimate.")
@@ -556,7 +575,7 @@ def render(result: dict) -> None:
 @click.option("--tflite-gpu", is_flag=True,
               help="--adb: time TFLite's own GPU delegate (--use_gpu=true) instead of the op library "
                    "(models without difflite custom ops only: convert --no-fuse).")
-def bench_command(out, backend, precision, runs, warmup, steps, guidance, components, seed, threads, oplib,
+def bench_command(out, backend, precision, math, runs, warmup, steps, guidance, components, seed, threads, oplib,
                   as_json, save, plot, serial, device_dir, benchmark_model, tflite_gpu):
     """Time each component of OUT and estimate one image (host, or a phone with --adb SERIAL).
 
@@ -565,7 +584,7 @@ def bench_command(out, backend, precision, runs, warmup, steps, guidance, compon
     VAE decoder, as a sum of medians and (host) one measured run.
     """
     options = BenchOptions(
-        backend=backend, precision=precision, runs=runs, warmup=warmup, steps=steps, guidance=guidance,
+        backend=backend, precision=precision, math=math, runs=runs, warmup=warmup, steps=steps, guidance=guidance,
         components=tuple(c.strip() for c in components.split(",") if c.strip()) if components else None,
         seed=seed, threads=threads, oplib=oplib, serial=serial, device_dir=device_dir,
         benchmark_model=benchmark_model, tflite_gpu=tflite_gpu)

@@ -3,6 +3,8 @@
 # then difflite itself (editable). `--test` adds the test-only dependencies (pytest, tensorflow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# `--test` also unpacks Intel's CPU runtime for OpenCL (scripts/fetch_fp16_opencl.sh): the tests'
+# OpenCL device with cl_khr_fp16, for half arithmetic (tests/test_fp16_device.py).
 
 APT_PACKAGES=(cmake g++ make opencl-headers ocl-icd-opencl-dev pocl-opencl-icd libflatbuffers-dev clinfo)
 # tests also cross-compile the op library for aarch64 and load it under qemu-user
@@ -26,3 +28,4 @@ extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 "$PYTHON" -m pip install -q -e ".${extras}"
 "$PYTHON" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+if [ "${1:-}" = "--test" ]; then PYTHON="$PYTHON" scripts/fetch_fp16_opencl.sh >/dev/null; fi

@@ -143,6 +143,8 @@ def test_host_bench_bad_input(outs, tmp_path):
     bad_input(difflite("bench", outs["fused"], "--plot", tmp_path / "plot.jpg", check=False), ".png")
     bad_input(difflite("bench", outs["fused"], "--plot", tmp_path / "nowhere" / "p.png", check=False), "does not exist")
     bad_input(difflite("bench", outs["fused"], "--tflite-gpu", check=False), "--adb")
+    bad_input(difflite("bench", outs["fused"], "--math", "fp32", check=False), "--math fp32",
+              "--backend opencl only")
 
 
 def test_pipeline_plan_batch2_unet():
@@ -342,6 +344,11 @@ def test_adb_bench_precision_defaults_to_the_conversions(outs, device, tmp_path)
         assert data["precision"] == want, data
         commands = [c for c in device.shell_commands() if "--graph=" in c]
         assert f"precision:{want}'" in commands[-1], commands[-1]
+    data = json.loads(device.bench(out16, "--oplib", device.library, "--backend", "opencl",
+                                   "--math", "fp32", "--runs", 2, "--json").stdout)
+    assert data["precision"] == "fp16" and data["math"] == "fp32", data
+    command = [c for c in device.shell_commands() if "--graph=" in c][-1]
+    assert "--external_delegate_options='backend:opencl;precision:fp16;math:fp32'" in command, command
     data = json.loads(device.bench(outs["nofuse"], "--oplib", device.library, "--backend", "opencl",
                                    "--runs", 2, "--json").stdout)
     assert data["precision"] == "fp32", data

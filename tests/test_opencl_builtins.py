@@ -898,6 +898,38 @@ def test_fp16_runs_in_half_storage(lib, tmp_path, capfd):
         assert "(vload_half, float arithmetic)" in err, err
 
 
+def test_fp16_arithmetic_in_gemm_tiles(lib, tmp_path):
+    """precision=fp16 on a device with cl_khr_fp16 multiplies and adds in half in the tiled
+    GEMMs (math=auto), with a float carry per K slice; math=fp32 keeps float arithmetic. Without
+    cl_khr_fp16 both are float. DIFFLITE_EXPECT_ARITHMETIC names what this device must do (the
+    CI lane on Intel's CPU OpenCL, which has cl_khr_fp16, sets float16)."""
+    r = rng(21)
+    x = nonzero(r, (96, 1000))
+    wt = nonzero(r, (72, 1000))
+    hx, hw = (stored("tiled+fp16", v).astype(np.float64) for v in (x, wt))
+    want = hx @ hw.T
+
+    def build(m):
+        xi = m.activation("x", x.shape)
+        y = m.activation("y", want.shape)
+        m.builtin("FULLY_CONNECTED", [xi, m.constant("w", wt), -1], [y])
+        return [xi], [y]
+
+    (as_float,), stats32, _ = run_op(tmp_path, lib, build, [x], "tiled+fp16", math="fp32")
+    assert stats32["arithmetic"] == "float32", stats32
+    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "tiled+fp16")
+    expected = os.environ.get("DIFFLITE_EXPECT_ARITHMETIC")
+    if expected:
+        assert stats["arithmetic"] == expected, stats
+    check(as_float, want, HALF_TOL)
+    check(got, want, HALF_TOL)
+    if stats["arithmetic"] == "float16":
+        # Half products and partial sums round differently from float ones.
+        assert not np.array_equal(got, as_float), "math=auto ran float arithmetic"
+    else:
+        assert np.array_equal(got, as_float), "float arithmetic either way"
+
+
 # --------------------------------------------------------------------------
 # Refusals and options
 
@@ -937,6 +969,8 @@ def test_unsupported_nodes_stay_with_tflite(lib, tmp_path, capfd):
     ({"backend": "opencl", "kernels": "fast"}, "kernels must be auto, tiled or flat"),
     ({"backend": "opencl", "profile": "yes"}, "profile must be 0, 1"),
     ({"backend": "cpu", "stats_path": "/tmp/x.json"}, "apply to backend=opencl only"),
+    ({"backend": "opencl", "math": "fp16"}, "math must be auto or fp32"),
+    ({"backend": "cpu", "math": "fp32"}, "apply to backend=opencl only"),
     ({"backend": "opencl", "device": "-7"}, "device must be an integer"),
 ])
 def test_bad_opencl_options(lib, opts, msg):

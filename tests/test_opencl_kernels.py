@@ -1258,10 +1258,12 @@ def test_include_is_expanded_once(launch, tmp_path):
 
 
 # Half storage as the runtime builds it: with cl_khr_fp16 (-DDL_FP16=1 and the prelude enabling
-# the extension) and without it (-DDL_HALF_IO=1, the extension switched off: any direct half
-# access or half cast is an error, as on PoCL and NVIDIA).
+# the extension; also with half multiply-adds, -DDL_FP16_MATH=1, the default there) and without
+# it (-DDL_HALF_IO=1, the extension switched off: any direct half access or half cast is an
+# error, as on PoCL and NVIDIA).
 _HALF_MODES = {
     "cl_khr_fp16": ["-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_FP16=1"],
+    "cl_khr_fp16+math": ["-Xclang", "-cl-ext=+cl_khr_fp16", "-DDL_FP16=1", "-DDL_FP16_MATH=1"],
     "vload_half": ["-Xclang", "-cl-ext=-cl_khr_fp16", "-DDL_HALF_IO=1"],
 }
 _HALF_PRELUDE = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
@@ -1286,8 +1288,9 @@ _PROGRAM_VARIANTS = {
 @pytest.mark.parametrize("mode", sorted(_HALF_MODES))
 def test_programs_compile_for_half_storage(launch, mode):
     """Half storage of every program (ops, builtins, boundary conversions) in each build variant,
-    compiled with the clang that PoCL itself uses (Debian's pocl-opencl-icd depends on it). PoCL
-    has no cl_khr_fp16, so that mode compiles only; vload_half builds also run in the op tests."""
+    compiled with the clang that PoCL itself uses (Debian's pocl-opencl-icd depends on it). The
+    op tests also run them: vload_half on PoCL, cl_khr_fp16 on Intel's CPU OpenCL (the fp16
+    lane, tests/test_fp16_device.py)."""
     import shutil
     import subprocess
 

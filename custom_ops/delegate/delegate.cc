@@ -506,6 +506,12 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
         return false;
       }
       o->kernels = val;
+    } else if (key == "math") {
+      if (val != "auto" && val != "fp32") {
+        *error = "math must be auto or fp32, got '" + val + "'";
+        return false;
+      }
+      o->math = val;
     } else if (key == "stats_path") {
       if (val.empty()) {
         *error = "stats_path must name a file";
@@ -515,13 +521,13 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
     } else {
       *error = "unknown option '" + key +
                "' (known: backend, precision, verbose, num_threads, device, "
-               "profile, stats_path, kernels)";
+               "profile, stats_path, kernels, math)";
       return false;
     }
   }
-  if (o->backend == "cpu" && (o->device != -1 || o->profile ||
-                              !o->stats_path.empty() || o->kernels != "auto")) {
-    *error = "device, profile, stats_path and kernels apply to backend=opencl only";
+  if (o->backend == "cpu" && (o->device != -1 || o->profile || !o->stats_path.empty() ||
+                              o->kernels != "auto" || o->math != "auto")) {
+    *error = "device, profile, stats_path, kernels and math apply to backend=opencl only";
     return false;
   }
   return true;

@@ -1,8 +1,8 @@
 // The register tile of the vectorised GEMM kernels (-DVEC=1: gemm.cl's gemm
 // and conv.cl's conv2d). A work-item owns WM rows ty*WM.. and WN / 4
 // four-column groups (tx + j*TX)*4.. (j < WN / 4) of its work-group's TM x TN
-// tile, held as float4 acc[WM][WN / 4]; the operands of one k are float4 rows
-// of the k-major local tiles As[cb][k] / Bs[cb][k]. Column groups TX apart
+// tile, held as float4 acc[WM][WN / 4]; the operands of one k are DL_C4 rows
+// of the k-major local tiles As[cb][k] / Bs[cb][k] (float4, or half4 with DL_FP16_MATH). Column groups TX apart
 // (not WN / 4 adjacent ones): neighbouring items then read neighbouring
 // float4s of Bs, which no two items of a warp's 8-item phase read from the
 // same bank (adjacent groups of WN = 8 would make every read 2-way
@@ -28,17 +28,41 @@
     }                                                         \
   } while (0)
 
-// acc += the TK-deep slice in local buffer cb.
-#define VT_FMA_SLICE(As, Bs, cb, acc)                                                          \
+// acc += the TK-deep slice in local buffer cb (tiles of DL_C4).
+#ifndef DL_FP16_MATH
+#define VT_FMA_SLICE(As, Bs, cb, acc) VT_SLICE_FMAS(As, Bs, cb, acc)
+#else
+// Half arithmetic: the slice's TK multiply-adds go into half partial sums,
+// which are then added to the float accumulators. The rounding error of a
+// half sum grows with its length, so it is bounded by TK here instead of by K
+// (K = 11520 for a 3x3 convolution over 1280 channels).
+#define VT_FMA_SLICE(As, Bs, cb, acc)                                          \
+  do {                                                                        \
+    half4 part_[WM][WN / 4];                                                  \
+    _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                       \
+      _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                 \
+        part_[i_][j_] = (half4)(0.0h);                                        \
+      }                                                                       \
+    }                                                                         \
+    VT_SLICE_FMAS(As, Bs, cb, part_);                                         \
+    _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                       \
+      _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                 \
+        acc[i_][j_] += convert_float4(part_[i_][j_]);                         \
+      }                                                                       \
+    }                                                                         \
+  } while (0)
+#endif
+// sum += the slice's products, in DL_C4.
+#define VT_SLICE_FMAS(As, Bs, cb, sum)                                                         \
   do {                                                                                        \
     _Pragma("unroll") for (int kk_ = 0; kk_ < TK; ++kk_) {                                    \
-      float4 a_[WM / 4], b_[WN / 4];                                                          \
+      DL_C4 a_[WM / 4], b_[WN / 4];                                                           \
       _Pragma("unroll") for (int v_ = 0; v_ < WM / 4; ++v_) a_[v_] = As[cb][kk_][ty * (WM / 4) + v_]; \
       _Pragma("unroll") for (int v_ = 0; v_ < WN / 4; ++v_) b_[v_] = Bs[cb][kk_][v_ * TX + tx];  \
       _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                                     \
-        const float4 ai_ = (float4)(C4(a_[i_ / 4], i_ % 4));                                  \
+        const DL_C4 ai_ = (DL_C4)(C4(a_[i_ / 4], i_ % 4));                                    \
         _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                               \
-          acc[i_][j_] = fma(ai_, b_[j_], acc[i_][j_]);                                        \
+          sum[i_][j_] = fma(ai_, b_[j_], sum[i_][j_]);                                        \
         }                                                                                     \
       }                                                                                       \
     }                                                                                         \

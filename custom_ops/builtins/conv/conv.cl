@@ -150,8 +150,8 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 #else  // VEC
 // Vectorised variant (-DVEC=1), the design of gemm.cl's: an item owns the
 // contiguous block rows ty*WM.., cols tx*WN.. (WM, WN multiples of 4) and
-// reads its operands per k as float4s from k-major tiles padded by 4 floats
-// (16-byte aligned); double-buffered tiles, slice k+1 fetched into registers
+// reads its operands per k as DL_C4s from k-major tiles padded by 4 elements
+// (aligned); double-buffered tiles, slice k+1 fetched into registers
 // while slice k is computed, one barrier per slice.
 #define LDA (TM + 4)
 #define LDB (TN + 4)
@@ -161,10 +161,10 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
-  __local float4 As[2][TK][LDA / 4];
-  __local float4 Bs[2][TK][LDB / 4];
-  __local float* as = (__local float*)As;
-  __local float* bs = (__local float*)Bs;
+  __local DL_C4 As[2][TK][LDA / 4];
+  __local DL_C4 Bs[2][TK][LDB / 4];
+  __local DL_C* as = (__local DL_C*)As;
+  __local DL_C* bs = (__local DL_C*)Bs;
   const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
   const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
   const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
@@ -218,13 +218,13 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 #pragma unroll
       for (int r = 0; r < RA; ++r) {
         const int mm = tid / TK + r * (NT / TK);
-        if (mm < TM) as[(buf * TK + a_kk) * LDA + mm] = DL_FROM_RAW(ra[r]);
+        if (mm < TM) as[(buf * TK + a_kk) * LDA + mm] = DL_TO_C(DL_FROM_RAW(ra[r]));
       }
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
         const int kk = e % TK, nn = e / TK;
-        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_FROM_RAW(rb[l]);
+        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_TO_C(DL_FROM_RAW(rb[l]));
       }
       barrier(CLK_LOCAL_MEM_FENCE);
       buf ^= 1;

@@ -138,9 +138,10 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 #else  // VEC
 // Vectorised variant (-DVEC=1, WM and WN multiples of 4): an item owns the
 // contiguous block rows ty*WM.., cols tx*WN.. of the tile, so its operands per
-// k are WM/4 + WN/4 float4 reads of the k-major local tiles (not WM + WN
-// strided scalar reads). Rows are padded by 4 floats: spreads the banks of the
-// staging writes and keeps every float4 16-byte aligned. The tiles are double
+// k are WM/4 + WN/4 4-vector reads of the k-major local tiles (not WM + WN
+// strided scalar reads; DL_C4: float4, or half4 with half arithmetic). Rows
+// are padded by 4 elements: spreads the banks of the staging writes and keeps
+// every 4-vector aligned. The tiles are double
 // buffered and slice k+1 is fetched into registers before slice k is
 // computed, so the global loads overlap the arithmetic; one barrier per slice.
 #define LDA (TM + 4)
@@ -168,16 +169,17 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
 #endif
 // Writes quad q (first index kk, row / column rc) into local tile t (row
 // length ld, buffer buf): k-major quads go down 4 k rows, the others are one
-// aligned float4 of a k row.
-inline void stage_quad(__local float* t, int ld, int buf, int kk, int rc, float4 q, int kmajor) {
-  __local float* p = t + (buf * TK + kk) * ld + rc;
+// aligned 4-vector of a k row.
+inline void stage_quad(__local DL_C* t, int ld, int buf, int kk, int rc, float4 q, int kmajor) {
+  __local DL_C* p = t + (buf * TK + kk) * ld + rc;
+  const DL_C4 c = DL_TO_C4(q);
   if (kmajor) {
-    p[0] = q.x;
-    p[ld] = q.y;
-    p[2 * ld] = q.z;
-    p[3 * ld] = q.w;
+    p[0] = c.x;
+    p[ld] = c.y;
+    p[2 * ld] = c.z;
+    p[3 * ld] = c.w;
   } else {
-    *(__local float4*)p = q;
+    *(__local DL_C4*)p = c;
   }
 }
 
@@ -208,7 +210,7 @@ inline void stage_quad(__local float* t, int ld, int buf, int kk, int rc, float4
   _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(EXT * TK); ++l_) {            \
     const int e_ = tid + l_ * NT;                                                   \
     INDEX(e_, kk_, rr_);                                                            \
-    if (e_ < EXT * TK) t[(buf * TK + kk_) * (LD) + rr_] = DL_FROM_RAW(r[l_]);       \
+    if (e_ < EXT * TK) t[(buf * TK + kk_) * (LD) + rr_] = DL_TO_C(DL_FROM_RAW(r[l_])); \
   }
 #define STAGE_QUADS(r, INDEX, EXT, t, LD, KMAJOR)                                   \
   _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(EXT * TK / 4); ++l_) {        \
@@ -240,10 +242,10 @@ __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
           int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
-  __local float4 As[2][TK][LDA / 4];
-  __local float4 Bs[2][TK][LDB / 4];
-  __local float* as = (__local float*)As;
-  __local float* bs = (__local float*)Bs;
+  __local DL_C4 As[2][TK][LDA / 4];
+  __local DL_C4 Bs[2][TK][LDB / 4];
+  __local DL_C* as = (__local DL_C*)As;
+  __local DL_C* bs = (__local DL_C*)Bs;
   const int tx = get_local_id(0);
   const int ty = get_local_id(1);
   const int tid = ty * TX + tx;

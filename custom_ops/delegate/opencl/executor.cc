@@ -197,8 +197,8 @@ std::string DetailLabel(const ClaimedNode& n) {
 
 class ContextImpl final : public GpuContext {
  public:
-  ContextImpl(std::shared_ptr<Runtime> rt, DType storage, bool flat)
-      : rt_(std::move(rt)), storage_(storage), flat_(flat) {}
+  ContextImpl(std::shared_ptr<Runtime> rt, DType storage, bool flat, bool half_math)
+      : rt_(std::move(rt)), storage_(storage), flat_(flat), half_math_(half_math) {}
   ~ContextImpl() override {
     for (auto& kv : scratch_) {
       if (kv.second.first != nullptr) rt_->cl().ReleaseMemObject(kv.second.first);
@@ -220,7 +220,7 @@ class ContextImpl final : public GpuContext {
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, std::string* error) override {
     std::string e;
-    cl_kernel k = rt_->Kernel(program, kernel_name, options, storage_, &e);
+    cl_kernel k = rt_->Kernel(program, kernel_name, options, storage_, half_math_, &e);
     if (k == nullptr && error != nullptr) *error = e;
     return k;
   }
@@ -290,6 +290,7 @@ class ContextImpl final : public GpuContext {
  private:
   std::shared_ptr<Runtime> rt_;
   DType storage_;
+  bool half_math_;  // -DDL_FP16_MATH: half multiply-adds in the GEMM tiles
   bool flat_;
   std::map<int, std::pair<cl_mem, size_t>> scratch_;
   std::vector<std::pair<std::string, cl_event>> events_;
@@ -311,6 +312,7 @@ struct BackendImpl : std::enable_shared_from_this<BackendImpl> {
   std::shared_ptr<Runtime> rt;
   std::unique_ptr<ContextImpl> gctx;
   DType storage = DType::kFloat32;
+  bool half_math = false;  // see Runtime::BaseOptions
   std::map<int, std::unique_ptr<ClaimedNode>> pending;
   std::map<int, std::shared_ptr<HostConst>> host_consts;  // during claiming
   int nodes_claimed = 0;
@@ -1265,6 +1267,7 @@ void BackendImpl::WriteStats() {
      << ", \"device\": " << JsonString(rt->info().name)
      << ", \"platform\": " << JsonString(rt->info().platform)
      << ", \"storage\": " << JsonString(DTypeName(storage))
+     << ", \"arithmetic\": " << JsonString(half_math ? "float16" : "float32")
      << ", \"kernels\": " << JsonString(gctx->PreferFlatKernels() ? "flat" : "tiled")
      << ", \"programs_built\": " << rt->programs_built()
      << ", \"build_seconds\": " << rt->build_seconds();
@@ -1301,7 +1304,10 @@ std::string BackendImpl::Describe() const {
      << " compute units, " << d.local_mem_bytes / 1024 << " KiB local memory, work-group <= "
      << d.max_work_group_size << (d.has_fp16 ? ", cl_khr_fp16" : "") << ") storage="
      << DTypeName(storage)
-     << (storage == DType::kFloat16 && !d.has_fp16 ? " (vload_half, float arithmetic)" : "")
+     << (storage != DType::kFloat16 ? ""
+         : !d.has_fp16               ? " (vload_half, float arithmetic)"
+         : half_math                 ? " (half multiply-adds in the GEMM tiles)"
+                                     : " (float arithmetic: math=fp32)")
      << " kernels=" << (gctx->PreferFlatKernels() ? "flat" : "tiled")
      << (rt->profiling() ? " profile=1" : "");
   return os.str();
@@ -1325,8 +1331,9 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* er
   impl.options = options;
   impl.rt = rt;
   impl.storage = options.precision == "fp16" ? DType::kFloat16 : DType::kFloat32;
+  impl.half_math = impl.storage == DType::kFloat16 && rt->info().has_fp16 && options.math == "auto";
   const bool flat = options.kernels == "flat" || (options.kernels == "auto" && !rt->info().is_gpu);
-  impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat);
+  impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat, impl.half_math);
   impl.gctx->set_detail(options.profile >= 2);
   return b;
 }

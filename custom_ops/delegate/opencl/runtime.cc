@@ -253,12 +253,13 @@ std::string Runtime::Init(const ClApi* cl, const DeviceEntry& entry,
   return "";
 }
 
-std::string Runtime::BaseOptions(DType storage) const {
+std::string Runtime::BaseOptions(DType storage, bool half_math) const {
   if (storage == DType::kFloat16) {
     // Without cl_khr_fp16 `half` only names buffers, read and written through
     // core OpenCL 1.2's vload_half / vstore_half (ops/common/dl_storage.cl).
-    return info_.has_fp16 ? "-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_FP16=1"
-                          : "-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1";
+    if (!info_.has_fp16) return "-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1";
+    return std::string("-cl-std=CL1.2 -DDL_T=half -DDL_T4=half4 -DDL_FP16=1") +
+           (half_math ? " -DDL_FP16_MATH=1" : "");
   }
   return "-cl-std=CL1.2 -DDL_T=float -DDL_T4=float4";
 }
@@ -318,9 +319,9 @@ cl_program Runtime::Program(const std::string& program,
 cl_kernel Runtime::Kernel(const std::string& program,
                           const std::string& kernel_name,
                           const std::string& options, DType storage,
-                          std::string* error) {
+                          bool half_math, std::string* error) {
   const std::string full =
-      BaseOptions(storage) + (options.empty() ? "" : " " + options);
+      BaseOptions(storage, half_math) + (options.empty() ? "" : " " + options);
   const std::string key = program + "\n" + full + "\n" + kernel_name;
   std::lock_guard<std::mutex> lock(cache_mutex_);
   auto it = kernels_.find(key);

@@ -55,16 +55,19 @@ class Runtime {
   int device_index() const { return device_index_; }
 
   // A kernel of the embedded program `program`, built with the backend's
-  // options for `storage` plus `options`; cached per (program, options,
-  // storage, kernel). nullptr and *error on failure (build log included).
+  // options for `storage` (and half arithmetic) plus `options`; cached per
+  // (program, options, storage, arithmetic, kernel). nullptr and *error on
+  // failure (build log included).
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
-                   const std::string& options, DType storage,
+                   const std::string& options, DType storage, bool half_math,
                    std::string* error);
   size_t KernelWorkGroupSize(cl_kernel kernel) const;
 
-  // The backend's own part of the build options: the storage type, and how
-  // kernels access half storage (cl_khr_fp16, or vload_half without it).
-  std::string BaseOptions(DType storage) const;
+  // The backend's own part of the build options: the storage type, how
+  // kernels access half storage (cl_khr_fp16, or vload_half without it) and,
+  // with half_math (half storage on a device with cl_khr_fp16 only), half
+  // multiply-adds in the GEMM tiles (-DDL_FP16_MATH=1).
+  std::string BaseOptions(DType storage, bool half_math) const;
 
   // Serialises Invoke of every partition on this runtime: kernels are shared
   // objects whose arguments are set right before each enqueue.

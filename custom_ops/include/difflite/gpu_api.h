@@ -12,7 +12,8 @@
 // activations), float32 or (where the device has cl_khr_fp16 and the delegate
 // runs at precision=fp16) float16 storage. Kernels receive the storage type as
 // the macro DL_T (float or half) and DL_T4 (float4/half4) in their build
-// options, and accumulate in float.
+// options, and accumulate in float (with -DDL_FP16_MATH=1 the tiled GEMMs
+// multiply-add in half within a K slice: ops/common/dl_storage.cl's DL_C).
 //
 // Program sources: every custom_ops/**/*.cl file is embedded into the library
 // at build time; its program name is the file's base name ("group_norm" for

@@ -93,4 +93,24 @@ inline void dl_store4a_half(__global half* p, float4 v) {
 #define DL_FROM_RAW(r) ((float)(r))
 #define DL_FROM_RAW4(r) convert_float4(r)
 #endif
+
+// The multiply-add type of the GEMM tiles (vec_tile.cl): DL_C, DL_C4. With
+// DL_FP16_MATH (precision=fp16 on a device with cl_khr_fp16, unless the
+// delegate's math=fp32) it is half, which mobile GPUs run at twice float's
+// rate, and the tiles in local memory take half the bytes; float otherwise.
+// DL_TO_C / DL_TO_C4 convert a float value into it.
+#ifdef DL_FP16_MATH
+#ifndef DL_FP16
+#error "DL_FP16_MATH needs DL_FP16 (half storage with cl_khr_fp16)"
+#endif
+#define DL_C half
+#define DL_C4 half4
+#define DL_TO_C(v) ((half)(v))
+#define DL_TO_C4(v) convert_half4(v)
+#else
+#define DL_C float
+#define DL_C4 float4
+#define DL_TO_C(v) ((float)(v))
+#define DL_TO_C4(v) (v)
+#endif
 #endif  // DL_STORAGE_CL
