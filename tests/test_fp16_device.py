@@ -28,7 +28,7 @@ DEFAULT_DIR = Path.home() / ".cache" / "difflite" / "intel-cpu-opencl-2026.2.0"
 LANES = {
     "builtins": ("test_opencl_builtins.py", "fp16", 200),
     "models": ("test_opencl_models.py", "fp16", 5),
-    "kernels": ("test_opencl_kernels.py", "half_io", 7),
+    "kernels": ("test_opencl_kernels.py", "half_io or fp16", 11),
 }
 
 

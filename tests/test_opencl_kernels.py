@@ -938,13 +938,14 @@ def oplib(runner):
     return build_oplib()
 
 
-def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False, kernels="auto", profile=0):
+def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False, kernels="auto", profile=0,
+                  **extra):
     import gc
 
     from oplib_helpers import run_tflite, single_op_model
 
     path = single_op_model(tmp_path / "op.tflite", code, attrs, inputs, out_shape)
-    options = {"backend": "opencl", "kernels": kernels}
+    options = {"backend": "opencl", "kernels": kernels, **extra}
     if profile:
         options["profile"] = str(profile)
     stats_path = tmp_path / "stats.json"
@@ -1066,17 +1067,51 @@ def test_delegate_attention(tmp_path, oplib, variant):
         assert stats.get("scratch_bytes") == want_scratch, stats
 
 
-def _delegate_attention(tmp_path, lib, q, k, v, heads, scale, causal, variant="auto", kernels="auto"):
+def _delegate_attention(tmp_path, lib, q, k, v, heads, scale, causal, variant="auto", kernels="auto", **extra):
     """One difflite.Attention through the library: (output, stats, the attention kernels that ran)."""
     n, lq = q.shape[:2]
     dv = v.shape[2] // heads
     out, stats = _run_delegate(
         tmp_path, lib, "difflite.Attention", {"heads": heads, "scale": scale, "causal": causal, "variant": variant},
         [("q", q, False), ("k", k, False), ("v", v, False)], (n, lq, heads * dv), [q, k, v], stats=True,
-        kernels=kernels, profile=2)
+        kernels=kernels, profile=2, **extra)
     assert stats.get("nodes_claimed") == 1, stats
     ran = {key.rsplit(" ", 1)[-1] for key in stats["profile_ms_per_invoke"] if key.startswith("difflite.Attention")}
     return out, stats, ran
+
+
+HALF_TOL = 5e-3  # half storage of q, k, v and o (and half products with half arithmetic)
+
+
+RAN = {("flash", ""): {"attention.flash"}, ("flash", "2"): {"attention.flash_split", "attention.merge"},
+       ("partial", ""): {"attention.rowstats", "attention.output"}, ("wide", ""): {"attention.wide"}}
+
+
+@pytest.mark.parametrize("kernel,splits", sorted(RAN))
+def test_delegate_attention_fp16(tmp_path, oplib, monkeypatch, kernel, splits):
+    """Attention at precision=fp16 (SD's head size 40), every kernel. On a device with cl_khr_fp16
+    attn_flash multiplies in half (math=auto): its output then differs from math=fp32's. The
+    fp16 lane (tests/test_fp16_device.py) runs this on such a device."""
+    monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", kernel)
+    monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", splits)
+    n, lq, lk, heads, dk, dv = 2, 77, 520, 2, 40, 40  # 2 splits of >= 256 keys
+    q, k, v = qkv_inputs(np.random.default_rng(lq + len(kernel)), n, lq, lk, heads, dk, dv)
+    want = attention_ref(*(x.astype(np.float16).astype(np.float32) for x in (q, k, v)), heads, 0.3, False)
+    outs = {}
+    for math in ("fp32", "auto"):
+        out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False,
+                                              precision="fp16", math=math)
+        assert stats["storage"] == "float16", stats
+        assert ran == RAN[kernel, splits], ran
+        assert rel_err(out, want) < HALF_TOL, (math, rel_err(out, want))
+        outs[math] = (out, stats["arithmetic"])
+    expected = os.environ.get("DIFFLITE_EXPECT_ARITHMETIC")
+    if expected:
+        assert outs["auto"][1] == expected, outs["auto"][1]
+    if outs["auto"][1] == "float16" and kernel == "flash":
+        assert not np.array_equal(outs["auto"][0], outs["fp32"][0]), "attn_flash ran float arithmetic"
+    elif outs["auto"][1] == "float32":
+        assert np.array_equal(outs["auto"][0], outs["fp32"][0]), "float arithmetic either way"
 
 
 @pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "x".join(map(str, c)))

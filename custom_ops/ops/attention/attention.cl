@@ -64,7 +64,8 @@
 // Split attn_flash: global (ceil(Lq / AT_BQ) * AT_WG, H * AT_SPLIT, N), then
 // attn_merge: global (N * Lq * H * ceil(AT_DV / 4), rounded up), any local.
 // Scores are kept in base 2 (q pre-scaled by scale*log2(e), exp2), which is
-// the same softmax. Storage type DL_T (float or half); math in float.
+// the same softmax. Storage type DL_T (float or half); math in float, except
+// attn_flash's products with DL_FP16_MATH (half q, K, V; see there).
 #include "dl_storage.cl"
 #ifndef AT_BQ
 #define AT_BQ 64  // query rows per work-group
@@ -331,6 +332,18 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
 #define AT_OUT_STORE(p, i, v) DL_STORE(p, i, v)
 #endif
 
+// sum[r] += the chunk's probabilities p[r][u] times V rows c0 + u (u < AT_KC),
+// in DL_C4; one V read feeds 4 * AT_RQ multiply-adds.
+#define AT_CHUNK_PV(p, Vs, c0, sum)                                                     \
+  _Pragma("unroll") for (int u_ = 0; u_ < AT_KC; ++u_) {                                \
+    _Pragma("unroll") for (int d4_ = 0; d4_ < AT_DV4; ++d4_) {                          \
+      const DL_C4 vd_ = Vs[((c0) + u_) * AT_DV4 + d4_];                                  \
+      _Pragma("unroll") for (int r_ = 0; r_ < AT_RQ; ++r_) {                            \
+        sum[r_][d4_] = mad((DL_C4)(DL_TO_C(p[r_][u_])), vd_, sum[r_][d4_]);             \
+      }                                                                                 \
+    }                                                                                   \
+  }
+
 // out[0 .. AT_DV) = acc * inv, in attn_flash's output type (the storage type,
 // or float for split partials).
 inline void at_store_row(__global AT_OUT_T* out, const float4* acc, float inv) {
@@ -349,8 +362,10 @@ inline void at_store_row(__global AT_OUT_T* out, const float4* acc, float inv) {
 __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
                          __global const DL_T* v, __global AT_OUT_T* o, int Lq, int Lk,
                          int H, float scale, int causal) {
-  __local float4 Ks[AT_BK * AT_DK4];
-  __local float4 Vs[AT_BK * AT_DV4];
+  // K, V and q in DL_C4: half with half arithmetic (the products; scores,
+  // softmax and the accumulator stay float), float otherwise.
+  __local DL_C4 Ks[AT_BK * AT_DK4];
+  __local DL_C4 Vs[AT_BK * AT_DV4];
   const int lid = get_local_id(0);
   const int row0 = get_group_id(0) * AT_BQ;
 #if AT_SPLIT > 1
@@ -366,7 +381,7 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
   const int qstride = H * AT_DK;
   const int vstride = H * AT_DV;
   const float qscale = scale * AT_LOG2E;
-  float4 qr[AT_RQ][AT_DK4];
+  DL_C4 qr[AT_RQ][AT_DK4];
   float4 acc[AT_RQ][AT_DV4];
   float m[AT_RQ], l[AT_RQ];
 #pragma unroll
@@ -374,7 +389,7 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
     const int i = row0 + lid + r * AT_WG;
     __global const DL_T* qrow = q + at_head_offset(n, Lq, min(i, Lq - 1), H, AT_DK, h);
 #pragma unroll
-    for (int d4 = 0; d4 < AT_DK4; ++d4) qr[r][d4] = at_ld4(qrow, 4 * d4, AT_DK) * qscale;
+    for (int d4 = 0; d4 < AT_DK4; ++d4) qr[r][d4] = DL_TO_C4(at_ld4(qrow, 4 * d4, AT_DK) * qscale);
 #pragma unroll
     for (int d4 = 0; d4 < AT_DV4; ++d4) acc[r][d4] = (float4)(0.0f);
     m[r] = -INFINITY;
@@ -389,31 +404,32 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
     for (int e = lid; e < AT_BK * AT_DK4; e += AT_WG) {
       const int jj = e / AT_DK4;
       const int d4 = e - jj * AT_DK4;
-      Ks[e] = jj < jn ? at_ld4(kh + (long)(j0 + jj) * qstride, 4 * d4, AT_DK) : (float4)(0.0f);
+      Ks[e] = DL_TO_C4(jj < jn ? at_ld4(kh + (long)(j0 + jj) * qstride, 4 * d4, AT_DK) : (float4)(0.0f));
     }
     for (int e = lid; e < AT_BK * AT_DV4; e += AT_WG) {
       const int jj = e / AT_DV4;
       const int d4 = e - jj * AT_DV4;
-      Vs[e] = jj < jn ? at_ld4(vh + (long)(j0 + jj) * vstride, 4 * d4, AT_DV) : (float4)(0.0f);
+      Vs[e] = DL_TO_C4(jj < jn ? at_ld4(vh + (long)(j0 + jj) * vstride, 4 * d4, AT_DV) : (float4)(0.0f));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int c0 = 0; c0 < jn; c0 += AT_KC) {
       float s[AT_RQ][AT_KC];
 #pragma unroll
       for (int u = 0; u < AT_KC; ++u) {
-        float4 dot[AT_RQ];
+        DL_C4 dot[AT_RQ];
 #pragma unroll
-        for (int r = 0; r < AT_RQ; ++r) dot[r] = (float4)(0.0f);
+        for (int r = 0; r < AT_RQ; ++r) dot[r] = (DL_C4)(0.0f);
 #pragma unroll
         for (int d4 = 0; d4 < AT_DK4; ++d4) {
-          const float4 kd = Ks[(c0 + u) * AT_DK4 + d4];  // one read, 4 * AT_RQ mads
+          const DL_C4 kd = Ks[(c0 + u) * AT_DK4 + d4];  // one read, 4 * AT_RQ mads
 #pragma unroll
           for (int r = 0; r < AT_RQ; ++r) dot[r] = mad(qr[r][d4], kd, dot[r]);
         }
 #pragma unroll
         for (int r = 0; r < AT_RQ; ++r) {
           const int ok = c0 + u < jn && (!causal || j0 + c0 + u <= row0 + lid + r * AT_WG);
-          s[r][u] = ok ? (dot[r].x + dot[r].y) + (dot[r].z + dot[r].w) : -INFINITY;
+          const float4 d = convert_float4(dot[r]);
+          s[r][u] = ok ? (d.x + d.y) + (d.z + d.w) : -INFINITY;
         }
       }
       int any = 0;
@@ -441,15 +457,24 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
         m[r] = mnew;
       }
       if (!any) continue;  // no barrier inside this loop
+#ifdef DL_FP16_MATH
+      // The chunk's AT_KC products p v are summed in half, then added in
+      // float: a half sum over all Lk keys would lose the small late terms.
+      half4 part[AT_RQ][AT_DV4];
 #pragma unroll
-      for (int u = 0; u < AT_KC; ++u) {
+      for (int r = 0; r < AT_RQ; ++r) {
 #pragma unroll
-        for (int d4 = 0; d4 < AT_DV4; ++d4) {
-          const float4 vd = Vs[(c0 + u) * AT_DV4 + d4];  // one read, 4 * AT_RQ mads
-#pragma unroll
-          for (int r = 0; r < AT_RQ; ++r) acc[r][d4] = mad((float4)(s[r][u]), vd, acc[r][d4]);
-        }
+        for (int d4 = 0; d4 < AT_DV4; ++d4) part[r][d4] = (half4)(0.0h);
       }
+      AT_CHUNK_PV(s, Vs, c0, part);
+#pragma unroll
+      for (int r = 0; r < AT_RQ; ++r) {
+#pragma unroll
+        for (int d4 = 0; d4 < AT_DV4; ++d4) acc[r][d4] += convert_float4(part[r][d4]);
+      }
+#else
+      AT_CHUNK_PV(s, Vs, c0, acc);
+#endif
     }
   }
 #if AT_SPLIT > 1
