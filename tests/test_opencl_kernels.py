@@ -727,7 +727,7 @@ def test_attention_split_plan_mirrors_cxx(launch):
     assert 'for (const char* k : {"1", "2", "4"})' in src and launch.ATTN_SPLITS == (1, 2, 4)
     assert "while (most > 1 && s.lk < static_cast<int64_t>(kMinSplitKeys) * most) most /= 2;" in src
     assert "while (splits > 1 && s.items * splits > target) splits /= 2;" in src
-    assert "(dv_ + 2)" in src  # SplitBytes
+    assert "(sizeof(cl_float2) + storage_bytes_ * static_cast<size_t>(dv_))" in src  # SplitBytes
 
 
 def _poison_scratch(runner, nbytes: int, slot: int) -> None:
@@ -1104,6 +1104,10 @@ def test_delegate_attention_fp16(tmp_path, oplib, monkeypatch, kernel, splits):
         assert stats["storage"] == "float16", stats
         assert ran == RAN[kernel, splits], ran
         assert rel_err(out, want) < HALF_TOL, (math, rel_err(out, want))
+        if splits:  # float32 twins of the inputs and output, and the split partials: each row's
+            # (max, sum) in float, the partial row in half
+            staging = 4 * (q.size + k.size + v.size + out.size)
+            assert stats["scratch_bytes"] == staging + int(splits) * n * lq * heads * (8 + 2 * dv), stats
         outs[math] = (out, stats["arithmetic"])
     expected = os.environ.get("DIFFLITE_EXPECT_ARITHMETIC")
     if expected:

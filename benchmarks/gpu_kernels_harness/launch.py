@@ -303,10 +303,10 @@ class AttentionPlan:
             return f"-DAT_DK={dk} -DAT_DV={dv} -DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_KC={self.kc}" + rows + split
         return f"-DAT_BQ={self.bq} -DAT_BK={self.bk} -DAT_DC={self.dc} -DAT_DVC={self.dvc}" + rows
 
-    def split_bytes(self, n: int, lq: int, heads: int, dv: int) -> int:
-        """Scratch of a split flash launch (AttentionGpu::SplitBytes): per split, a float partial row
-        and its (max, sum) for each (n, query, head)."""
-        return 4 * self.splits * n * lq * heads * (dv + 2) if self.splits > 1 else 0
+    def split_bytes(self, n: int, lq: int, heads: int, dv: int, elem: int = 4) -> int:
+        """Scratch of a split flash launch (AttentionGpu::SplitBytes): per split and (n, query, head),
+        a float (max, sum) and a partial row of `elem`-byte storage elements."""
+        return self.splits * n * lq * heads * (8 + elem * dv) if self.splits > 1 else 0
 
     def local_bytes(self, dk: int, dv: int) -> int:
         if self.variant == "flash":
@@ -765,7 +765,7 @@ class Runner:
 
     def _attention_split(self, plan: AttentionPlan, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int,
                          dv: int, scale: float, causal: bool) -> list[cl.Event]:
-        """Split attn_flash into float partials (scratch slot SPLIT_SLOT), then attn_merge into o
+        """Split attn_flash into partials (scratch slot SPLIT_SLOT), then attn_merge into o
         (AttentionGpu::RunSplit)."""
         opts = plan.options(dk, dv)
         i32, f32 = np.int32, np.float32

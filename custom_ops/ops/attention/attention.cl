@@ -34,10 +34,11 @@
 //                  H * AT_SPLIT (h * AT_SPLIT + split); a work-group sees only
 //                  keys [split * Lk / AT_SPLIT, (split + 1) * Lk / AT_SPLIT),
 //                  so a launch with too few work-groups to fill the GPU gets
-//                  AT_SPLIT times as many. `o` is then a float scratch buffer:
-//                  the self-normalised partial rows [AT_SPLIT][N*Lq*H][AT_DV],
-//                  then each row's (m, l) [AT_SPLIT][N*Lq*H][2] (base-2 max,
-//                  sum of exp2(s - m); l = 0 for a split that saw no key).
+//                  AT_SPLIT times as many. `o` is then a scratch buffer: each
+//                  row's (m, l) as float [AT_SPLIT][N*Lq*H][2] (base-2 max,
+//                  sum of exp2(s - m); l = 0 for a split that saw no key),
+//                  then the self-normalised partial rows in the storage type
+//                  [AT_SPLIT][N*Lq*H][AT_DV].
 //   attn_merge     (built with AT_SPLIT) combines them per (n, row, head):
 //                  w_s = exp2(m_s - M) * l_s, o = sum_s w_s o_s / sum_s w_s.
 //
@@ -325,11 +326,17 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
 #define AT_SPLIT 1  // key ranges per (row block, head): > 1 writes partials for attn_merge
 #endif
 #if AT_SPLIT > 1
-#define AT_OUT_T float  // attn_flash's `o`: the partials' scratch
-#define AT_OUT_STORE(p, i, v) ((p)[i] = (v))
+#define AT_OUT_T float  // attn_flash's `o`: the partials' scratch (at_split_rows)
 #else
 #define AT_OUT_T DL_T
-#define AT_OUT_STORE(p, i, v) DL_STORE(p, i, v)
+#endif
+#if AT_SPLIT > 1
+// The split partials' scratch: each row's (m, l) as float2, [AT_SPLIT][rows],
+// then the self-normalised partial rows in the storage type (half with fp16:
+// they are output-sized values), [AT_SPLIT][rows][AT_DV].
+inline __global DL_T* at_split_rows(__global float* scratch, long rows) {
+  return (__global DL_T*)(scratch + 2 * AT_SPLIT * rows);
+}
 #endif
 
 // sum[r] += the chunk's probabilities p[r][u] times V rows c0 + u (u < AT_KC),
@@ -344,16 +351,15 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
     }                                                                                   \
   }
 
-// out[0 .. AT_DV) = acc * inv, in attn_flash's output type (the storage type,
-// or float for split partials).
-inline void at_store_row(__global AT_OUT_T* out, const float4* acc, float inv) {
+// out[0 .. AT_DV) = acc * inv (an output row, or a split's partial row).
+inline void at_store_row(__global DL_T* out, const float4* acc, float inv) {
 #pragma unroll
   for (int d4 = 0; d4 < AT_DV4; ++d4) {
     const float4 a4 = acc[d4] * inv;
     const float a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      if (4 * d4 + c < AT_DV) AT_OUT_STORE(out, 4 * d4 + c, a[c]);
+      if (4 * d4 + c < AT_DV) DL_STORE(out, 4 * d4 + c, a[c]);
     }
   }
 }
@@ -479,7 +485,8 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
   }
 #if AT_SPLIT > 1
   const long rows = (long)get_num_groups(2) * Lq * H;  // (n, i, h) rows of one split
-  __global float* stats = o + AT_SPLIT * rows * AT_DV;
+  __global float* stats = o;
+  __global DL_T* part = at_split_rows(o, rows);
 #endif
 #pragma unroll
   for (int r = 0; r < AT_RQ; ++r) {
@@ -488,7 +495,7 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
       const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
       const long row = ((long)n * Lq + i) * H + h;  // o's row (n, i) at head h
 #if AT_SPLIT > 1
-      at_store_row(o + (split * rows + row) * AT_DV, acc[r], inv);
+      at_store_row(part + (split * rows + row) * AT_DV, acc[r], inv);
       vstore2((float2)(m[r], l[r]), split * rows + row, stats);
 #else
       at_store_row(o + row * AT_DV, acc[r], inv);
@@ -498,22 +505,17 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
 }
 
 #if AT_SPLIT > 1
-// p[d .. d + 3] of a float row as float4, zero at and past n.
-inline float4 at_ldf4(__global const float* p, int d, int n) {
-  return (float4)(p[d], d + 1 < n ? p[d + 1] : 0.0f, d + 2 < n ? p[d + 2] : 0.0f,
-                  d + 3 < n ? p[d + 3] : 0.0f);
-}
-
 // Global (rows * AT_DV4, rounded up), any local; rows = N * Lq * H. One
 // work-item per float4 of an output row: the splits' partial rows weighted by
 // w_s = exp2(m_s - M) * l_s (M: the largest m of the splits that saw a key),
 // divided by sum_s w_s; a split with l = 0 (no key) takes no part.
-__kernel void attn_merge(__global const float* part, __global DL_T* o, int rows) {
+__kernel void attn_merge(__global float* scratch, __global DL_T* o, int rows) {
   const int e = get_global_id(0);
   if (e >= rows * AT_DV4) return;
   const int row = e / AT_DV4;
   const int d = 4 * (e - row * AT_DV4);
-  __global const float* stats = part + (long)AT_SPLIT * rows * AT_DV;
+  __global const float* stats = scratch;
+  __global const DL_T* part = at_split_rows(scratch, rows);
   float mmax = -INFINITY;
 #pragma unroll
   for (int s = 0; s < AT_SPLIT; ++s) {
@@ -528,7 +530,7 @@ __kernel void attn_merge(__global const float* part, __global DL_T* o, int rows)
     if (ml.y > 0.0f) {
       const float w = exp2(ml.x - mmax) * ml.y;
       wsum += w;
-      acc = mad((float4)(w), at_ldf4(part + ((long)s * rows + row) * AT_DV, d, AT_DV), acc);
+      acc = mad((float4)(w), at_ld4(part + ((long)s * rows + row) * AT_DV, d, AT_DV), acc);
     }
   }
   acc *= wsum > 0.0f ? 1.0f / wsum : 0.0f;

@@ -32,8 +32,9 @@
 // forced kernel's tiles do not fit.
 // Split keys (flash only; attn_flash with AT_SPLIT, then attn_merge): a launch
 // with too few work-items to fill a GPU gets 2 or 4 work-groups per row block
-// and head, each over a contiguous 1/splits of the keys, writing float
-// partials (rows and their max / sum, scratch slot kSplitSlot) that attn_merge
+// and head, each over a contiguous 1/splits of the keys, writing partials
+// (each row's max / sum in float, the rows in the storage type: half with
+// fp16, scratch slot kSplitSlot) that attn_merge
 // combines. Measured on an H100 (132 compute units), SD 1.5's 4096 x 4096,
 // 8 x 40 self-attention: batch 1 launches 16384 work-items (124 per compute
 // unit) and ran 0.98 ms (21.8 TFLOPS); batch 2, 32768 (248 per unit), 1.53 ms
@@ -309,6 +310,7 @@ class AttentionGpu final : public GpuOp {
     lk_ = k[1];
     dk_ = q[2] / o.heads;
     dv_ = v[2] / o.heads;
+    storage_bytes_ = DTypeSize(ctx.storage());
     for (const Shape* s : {&q, &k, &v}) {
       if (NumElements(*s) > gpu::opsupport::kMaxIndex) {
         return "q, k or v has more than 2^31-1 elements";
@@ -521,12 +523,15 @@ class AttentionGpu final : public GpuOp {
   }
   // (n, query, head) rows of the output: one partial row and (m, l) per split each.
   int SplitRows() const { return n_ * lq_ * o_.heads; }
+  // attn_flash's split scratch: (m, l) float2s, then the rows in the storage type.
   size_t SplitBytes() const {
-    return sizeof(cl_float) * static_cast<size_t>(plan_.splits) * SplitRows() * (dv_ + 2);
+    return static_cast<size_t>(plan_.splits) * SplitRows() *
+           (sizeof(cl_float2) + storage_bytes_ * static_cast<size_t>(dv_));
   }
 
   attention::Options o_;
   int n_ = 0, lq_ = 0, lk_ = 0, dk_ = 0, dv_ = 0;
+  size_t storage_bytes_ = 4;  // bytes of an element of the storage type
   int forced_splits_ = 0;  // DIFFLITE_ATTN_SPLITS, 0: unset
   Plan plan_;
   cl_kernel flash_k_ = nullptr, wide_k_ = nullptr, stats_k_ = nullptr, out_k_ = nullptr;
