@@ -210,8 +210,9 @@ def main() -> int:
     parser.add_argument("--precisions", default="fp32,fp16",
                         help="difflite's delegate precisions (fp16: half storage, float arithmetic "
                              "where the GPU has no cl_khr_fp16)")
-    parser.add_argument("--convert-args", default="",
-                        help="more `difflite convert` arguments for the fused files, e.g. --device-profile nvidia-h100")
+    parser.add_argument("--convert-args", default="--device-profile nvidia-h100",
+                        help="more `difflite convert` arguments for the fused files (default: the lent GPU's "
+                             "device profile; the generic one hints the partial softmax and fewer Winograd layers)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     components = args.components.split(",")
