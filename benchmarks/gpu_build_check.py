@@ -16,7 +16,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 PRELUDE = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
 STORAGE = {
@@ -31,7 +30,6 @@ def main() -> int:
     import pyopencl as cl
 
     from gpu_kernels_harness import launch
-    from test_opencl_kernels import _PROGRAM_VARIANTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="platform/device name substring")
@@ -45,7 +43,7 @@ def main() -> int:
     failures = 0
     for path in sources:
         text = PRELUDE + launch.cl_source(path)
-        for extra in _PROGRAM_VARIANTS.get(path.stem, ([],)):
+        for extra in launch.PROGRAM_VARIANTS.get(path.stem, ([],)):
             for mode in modes:
                 options = f"-cl-std=CL1.2 {STORAGE[mode]} {' '.join(extra)}"
                 try:

@@ -1306,22 +1306,6 @@ _HALF_MODES = {
     "vload_half": ["-Xclang", "-cl-ext=-cl_khr_fp16", "-DDL_HALF_IO=1"],
 }
 _HALF_PRELUDE = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
-# Build variants per program (defines past the defaults), as the runtime's plans pick them.
-_PROGRAM_VARIANTS = {
-    "attention": ([], ["-DAT_DK=40", "-DAT_DV=24"],  # flash
-                  ["-DAT_DK=40", "-DAT_DV=24", "-DAT_RQ=2", "-DAT_SPLIT=2"],  # split flash + merge
-                  ["-DAT_DK=7", "-DAT_DV=6", "-DAT_SPLIT=4"],
-                  ["-DAT_DK=40", "-DAT_DV=24", "-DAT_BQ=32", "-DAT_BK=64", "-DAT_DC=40",  # wide
-                   "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
-                  ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",
-                   "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
-    "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"],  # gn_one's load widths
-                   ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
-                    "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
-                   ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
-    "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
-    "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
-}
 
 
 @pytest.mark.parametrize("mode", sorted(_HALF_MODES))
@@ -1340,7 +1324,7 @@ def test_programs_compile_for_half_storage(launch, mode):
                root / "delegate" / "opencl" / "convert.cl"]
     for f in sources:
         src = _HALF_PRELUDE + launch.cl_source(f)
-        for extra in _PROGRAM_VARIANTS.get(f.stem, ([],)):
+        for extra in launch.PROGRAM_VARIANTS.get(f.stem, ([],)):
             cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-finclude-default-header",
                    *_HALF_MODES[mode], "-DDL_T=half", "-DDL_T4=half4", *extra, "-fsyntax-only", "-"]
             p = subprocess.run(cmd, input=src, capture_output=True, text=True)

@@ -346,6 +346,25 @@ SPLIT_ITEMS_PER_CU = 256  # kSplitItemsPerCu: work-items per compute unit that f
 MIN_SPLIT_KEYS = 256  # kMinSplitKeys
 MAX_SPLITS = 4  # kMaxSplits
 ATTN_SPLITS = (1, 2, 4)  # DIFFLITE_ATTN_SPLITS values
+# Build variants per program (defines past the defaults), as the runtime's plans pick them: what
+# the half-storage compile test and benchmarks/gpu_build_check.py build.
+PROGRAM_VARIANTS = {
+    "attention": ([], ["-DAT_DK=40", "-DAT_DV=24"],  # flash
+                  ["-DAT_DK=40", "-DAT_DV=24", "-DAT_RQ=2", "-DAT_SPLIT=2"],  # split flash + merge
+                  ["-DAT_DK=7", "-DAT_DV=6", "-DAT_SPLIT=4"],
+                  ["-DAT_DK=40", "-DAT_DV=24", "-DAT_BQ=32", "-DAT_BK=64", "-DAT_DC=40",  # wide
+                   "-DAT_NT=256", "-DAT_VK=16", "-DAT_SX=16", "-DAT_OX=8"],
+                  ["-DAT_DK=70", "-DAT_DV=66", "-DAT_BQ=16", "-DAT_BK=32", "-DAT_DC=36",
+                   "-DAT_NT=64", "-DAT_VK=4", "-DAT_SX=4", "-DAT_OX=16"]),
+    "group_norm": ([], ["-DGN_VW=2"], ["-DGN_VW=4"],  # gn_one's load widths
+                   ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
+                    "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
+                   ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
+    "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+    "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+}
+
+
 SPLIT_SLOT = 1  # kSplitSlot: scratch slot of the partials
 MERGE_WG = 64  # kMergeGroup: attn_merge's work-group
 
