@@ -66,7 +66,9 @@
 // attn_merge: global (N * Lq * H * ceil(AT_DV / 4), rounded up), any local.
 // Scores are kept in base 2 (q pre-scaled by scale*log2(e), exp2), which is
 // the same softmax. Storage type DL_T (float or half); math in float, except
-// attn_flash's products with DL_FP16_MATH (half q, K, V; see there).
+// the products of attn_flash, attn_rowstats and attn_output with DL_FP16_MATH:
+// q, K and V tiles in half, dot products and p.v summed in half over a chunk
+// (AT_KC keys, AT_DC dims, AT_BK keys), then carried in float.
 #include "dl_storage.cl"
 #ifndef AT_BQ
 #define AT_BQ 64  // query rows per work-group
@@ -117,15 +119,15 @@ inline long at_head_offset(int n, int L, int row, int H, int d, int h) {
 
 // Loads rows [row0, row0 + AT_BQ) x dims [d0, d0 + AT_DC) of q (pre-scaled)
 // into Qs as float4s (zero outside Lq x Dk and past the chunk).
-inline void at_load_q(__local float4* Qs, __global const DL_T* qh, int qstride,
+inline void at_load_q(__local DL_C4* Qs, __global const DL_T* qh, int qstride,
                       int rows_left, int d0, int Dk, float qscale, int lid) {
   const int dend = min(AT_DC, Dk - d0);  // dims of this chunk
   for (int e = lid; e < AT_BQ * AT_DC4; e += AT_WG) {
     const int r = e / AT_DC4;
     const int d4 = e - r * AT_DC4;
-    Qs[r * (AT_DC4 + 1) + d4] =
+    Qs[r * (AT_DC4 + 1) + d4] = DL_TO_C4(
         r < rows_left ? at_ld4(qh + (long)r * qstride + d0, 4 * d4, dend) * qscale
-                      : (float4)(0.0f);
+                      : (float4)(0.0f));
   }
 }
 
@@ -133,7 +135,7 @@ inline void at_load_q(__local float4* Qs, __global const DL_T* qh, int qstride,
 // work-item's rows r < AT_RQ (local rows lid + r * AT_WG), Dk streamed in
 // chunks through local memory. Keys u >= jn read zeros. When q_resident, Qs
 // already holds the whole (single-chunk) Q block.
-inline void at_tile_scores(float s[AT_RQ][AT_BK], __local float4* Qs, __local float4* Ks,
+inline void at_tile_scores(float s[AT_RQ][AT_BK], __local DL_C4* Qs, __local DL_C4* Ks,
                            __global const DL_T* qh, __global const DL_T* kh,
                            int qstride, int rows_left, int j0, int jn, int Dk,
                            float qscale, int q_resident, int lid) {
@@ -149,21 +151,44 @@ inline void at_tile_scores(float s[AT_RQ][AT_BK], __local float4* Qs, __local fl
     for (int e = lid; e < AT_BK * AT_DC4; e += AT_WG) {
       const int jj = e / AT_DC4;
       const int d4 = e - jj * AT_DC4;
-      Ks[e] = jj < jn ? at_ld4(kh + (long)(j0 + jj) * qstride + d0, 4 * d4, dend)
-                      : (float4)(0.0f);
+      Ks[e] = DL_TO_C4(jj < jn ? at_ld4(kh + (long)(j0 + jj) * qstride + d0, 4 * d4, dend)
+                               : (float4)(0.0f));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+#ifdef DL_FP16_MATH
+    // The chunk's AT_DC products of each score are summed in half, then
+    // added to the float score.
+    half sc[AT_RQ][AT_BK];
+#pragma unroll
+    for (int r = 0; r < AT_RQ; ++r) {
+#pragma unroll
+      for (int u = 0; u < AT_BK; ++u) sc[r][u] = 0.0h;
+    }
+#endif
     for (int d4 = 0; d4 < AT_DC4; ++d4) {
-      float4 qd[AT_RQ];
+      DL_C4 qd[AT_RQ];
 #pragma unroll
       for (int r = 0; r < AT_RQ; ++r) qd[r] = Qs[(lid + r * AT_WG) * (AT_DC4 + 1) + d4];
 #pragma unroll
       for (int u = 0; u < AT_BK; ++u) {
-        const float4 kd = Ks[u * AT_DC4 + d4];
+        const DL_C4 kd = Ks[u * AT_DC4 + d4];
 #pragma unroll
-        for (int r = 0; r < AT_RQ; ++r) s[r][u] = at_dot4(qd[r], kd, s[r][u]);
+        for (int r = 0; r < AT_RQ; ++r) {
+#ifdef DL_FP16_MATH
+          sc[r][u] = dot(qd[r], kd) + sc[r][u];
+#else
+          s[r][u] = at_dot4(qd[r], kd, s[r][u]);
+#endif
+        }
       }
     }
+#ifdef DL_FP16_MATH
+#pragma unroll
+    for (int r = 0; r < AT_RQ; ++r) {
+#pragma unroll
+      for (int u = 0; u < AT_BK; ++u) s[r][u] += (float)sc[r][u];
+    }
+#endif
   }
 }
 
@@ -172,8 +197,8 @@ inline void at_tile_scores(float s[AT_RQ][AT_BK], __local float4* Qs, __local fl
 __kernel void attn_rowstats(__global const DL_T* q, __global const DL_T* k,
                             __global float2* stats, int Lq, int Lk, int H, int Dk,
                             float scale, int causal) {
-  __local float4 Qs[AT_BQ * (AT_DC4 + 1)];
-  __local float4 Ks[AT_BK * AT_DC4];
+  __local DL_C4 Qs[AT_BQ * (AT_DC4 + 1)];
+  __local DL_C4 Ks[AT_BK * AT_DC4];
   const int lid = get_local_id(0);
   const int row0 = get_group_id(0) * AT_BQ;
   const int h = get_group_id(1);
@@ -230,9 +255,9 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
                           __global const DL_T* v, __global const float2* stats,
                           __global DL_T* o, int Lq, int Lk, int H, int Dk, int Dv,
                           float scale, int causal) {
-  __local float4 Qs[AT_BQ * (AT_DC4 + 1)];
-  __local float4 Ks[AT_BK * AT_DC4];
-  __local float4 Vs[AT_BK * AT_DVC4];
+  __local DL_C4 Qs[AT_BQ * (AT_DC4 + 1)];
+  __local DL_C4 Ks[AT_BK * AT_DC4];
+  __local DL_C4 Vs[AT_BK * AT_DVC4];
   __local float Ps[AT_BQ * (AT_BK + 1)];  // each row's probabilities (own rows)
   const int lid = get_local_id(0);
   const int row0 = get_group_id(0) * AT_BQ;
@@ -283,20 +308,41 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
     for (int e = lid; e < AT_BK * AT_DVC4; e += AT_WG) {
       const int jj = e / AT_DVC4;
       const int d4 = e - jj * AT_DVC4;
-      Vs[e] = jj < jn ? at_ld4(vh + (long)(j0 + jj) * vstride, 4 * d4, dvend) : (float4)(0.0f);
+      Vs[e] = DL_TO_C4(jj < jn ? at_ld4(vh + (long)(j0 + jj) * vstride, 4 * d4, dvend)
+                               : (float4)(0.0f));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int u = 0; u < AT_BK; ++u) {  // not unrolled: p comes from local memory
-      float p[AT_RQ];
+#ifdef DL_FP16_MATH
+    // The tile's AT_BK products p v summed in half, then added in float.
+    half4 part[AT_RQ][AT_DVC4];
 #pragma unroll
-      for (int r = 0; r < AT_RQ; ++r) p[r] = Ps[(lid + r * AT_WG) * (AT_BK + 1) + u];
+    for (int r = 0; r < AT_RQ; ++r) {
+#pragma unroll
+      for (int d4 = 0; d4 < AT_DVC4; ++d4) part[r][d4] = (half4)(0.0h);
+    }
+#define AT_PV_SUM part
+#else
+#define AT_PV_SUM acc
+#endif
+    for (int u = 0; u < AT_BK; ++u) {  // not unrolled: p comes from local memory
+      DL_C p[AT_RQ];
+#pragma unroll
+      for (int r = 0; r < AT_RQ; ++r) p[r] = DL_TO_C(Ps[(lid + r * AT_WG) * (AT_BK + 1) + u]);
 #pragma unroll
       for (int d4 = 0; d4 < AT_DVC4; ++d4) {
-        const float4 vd = Vs[u * AT_DVC4 + d4];
+        const DL_C4 vd = Vs[u * AT_DVC4 + d4];
 #pragma unroll
-        for (int r = 0; r < AT_RQ; ++r) acc[r][d4] = mad((float4)(p[r]), vd, acc[r][d4]);
+        for (int r = 0; r < AT_RQ; ++r) AT_PV_SUM[r][d4] = mad((DL_C4)(p[r]), vd, AT_PV_SUM[r][d4]);
       }
     }
+#undef AT_PV_SUM
+#ifdef DL_FP16_MATH
+#pragma unroll
+    for (int r = 0; r < AT_RQ; ++r) {
+#pragma unroll
+      for (int d4 = 0; d4 < AT_DVC4; ++d4) acc[r][d4] += convert_float4(part[r][d4]);
+    }
+#endif
   }
 #pragma unroll
   for (int r = 0; r < AT_RQ; ++r) {
