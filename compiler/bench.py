@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import os
 import platform
 import statistics
@@ -329,6 +330,28 @@ def android_library(options: BenchOptions) -> Path:
     return adb.check_android_library(path)
 
 
+def read_device_stats(device, path: str) -> dict | None:
+    """The OpenCL backend's stats_path JSON on the phone (None where it wrote none)."""
+    status, text = device.shell(f"cat {shlex.quote(path)}", timeout=60)
+    if status != 0:
+        return None
+    try:
+        stats = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return stats if isinstance(stats, dict) else None
+
+
+def stats_line(name: str, stats: dict) -> str:
+    """One line of what the op library reported: the GPU, storage and arithmetic, and memory."""
+    mb = 1 / 1e6
+    return (f"{name}: {stats.get('device', '?')} ({stats.get('platform', '?')}), storage "
+            f"{stats.get('storage', '?')}, arithmetic {stats.get('arithmetic', '?')}, "
+            f"{stats.get('nodes_claimed', '?')}/{stats.get('nodes_total', '?')} nodes in "
+            f"{stats.get('partitions', '?')} partition(s); intermediates {stats.get('arena_bytes', 0) * mb:.1f} MB "
+            f"+ op scratch {stats.get('scratch_bytes', 0) * mb:.1f} MB, weights {stats.get('weights_bytes', 0) * mb:.1f} MB")
+
+
 def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
     from compiler import adb
 
@@ -358,11 +381,17 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
     results = {}
     for name, entry in entries.items():
         ranges = {i["name"]: (0, vocab - 1) for i in entry.get("inputs", []) if i["dtype"].startswith(("int", "uint"))}
+        # The OpenCL backend reports what it ran and allocated (stats_path): read back afterwards.
+        stats_file = f"{directory}/stats_{name}.json" if library is not None and options.backend == "opencl" else None
+        delegate_options = options.delegate_options()
+        if stats_file:
+            device.shell(f"rm -f {shlex.quote(stats_file)}", timeout=60)
+            delegate_options["stats_path"] = stats_file
         command = adb.benchmark_command(
             options.benchmark_model, f"{directory}/{entry['file']}", options.runs, options.warmup,
             threads=options.threads,
             delegate_path=f"{directory}/{LIBRARY_ON_DEVICE}" if library is not None else None,
-            delegate_options=options.delegate_options(),
+            delegate_options=delegate_options,
             use_gpu=options.tflite_gpu, gpu_fp16=options.precision == "fp16",
             value_ranges=ranges, library_dir=directory)
         log(f"benchmark_model {entry['file']} on {options.serial}: {options.warmup} warm-up + {options.runs} runs")
@@ -383,6 +412,7 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
             "first_ms": parsed.first_ms, "warmup_avg_ms": parsed.warmup_avg_ms, "load_ms": parsed.init_ms,
             "memory_init_mb": parsed.memory_init_mb, "memory_overall_mb": parsed.memory_overall_mb,
             "memory_peak_mb": parsed.memory_peak_mb, "delegations": parsed.delegations,
+            "delegate_stats": read_device_stats(device, stats_file) if stats_file else None,
             "command": command,
         }
     plan = pipeline_plan(manifest, options.steps, options.guided)
@@ -538,6 +568,11 @@ def render(result: dict) -> None:
     if result.get("peak_rss_mb") is not None:
         label = "peak RSS" if result["mode"] == "host" else "largest benchmark_model peak memory"
         console.print(f"{label} {result['peak_rss_mb']:.0f} MB")
+    reported = {n: r["delegate_stats"] for n, r in result["components"].items() if r.get("delegate_stats")}
+    if reported:
+        console.print("the op library on the phone (stats_path):")
+        for name, stats in reported.items():
+            console.print(f"  {stats_line(name, stats)}")
 
 
 @click.command("bench")

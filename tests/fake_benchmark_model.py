@@ -5,13 +5,29 @@ must exist, delegate options are key:value pairs separated by ';', backend cpu|o
 prints benchmark_model's log for --warmup_runs and --num_runs with times derived from the model's
 size. $FAKE_BM_STYLE: "new" (default: "INFO: " prefixes, p5/median/p95, periodic peak memory) or
 "old" (no prefixes, CRLF line ends, exponent-form averages, no median). $FAKE_BM_FAIL set: the
-delegate fails to apply, as on a phone without OpenCL."""
+delegate fails to apply, as on a phone without OpenCL. With backend:opencl and stats_path:FILE
+it writes FILE as the op library does, for a GPU with cl_khr_fp16 (sizes derived from the
+model's)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
+
+
+def write_stats(path: str, graph: Path, nodes: int, options: dict[str, str]) -> None:
+    """What libdifflite_delegate.so's stats_path holds, for a phone GPU with cl_khr_fp16."""
+    half = options.get("precision") == "fp16"
+    size = graph.stat().st_size
+    Path(path).write_text(json.dumps({
+        "arena_bytes": size // (8 if half else 4), "weights_bytes": size * (1 if half else 2),
+        "scratch_bytes": size // 16, "nodes_claimed": nodes, "nodes_total": nodes, "partitions": 1,
+        "device": "QUALCOMM Adreno(TM) 740", "platform": "QUALCOMM Snapdragon(TM)",
+        "storage": "float16" if half else "float32",
+        "arithmetic": "float16" if half and options.get("math", "auto") == "auto" else "float32",
+        "kernels": "tiled", "programs_built": 12, "build_seconds": 1.5}))
 
 
 def flags(argv: list[str]) -> dict[str, str]:
@@ -59,6 +75,8 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(f"ERROR: Failed to apply EXTERNAL delegate.{end}ERROR: Benchmarking failed.{end}")
         return 1
     if delegate is not None:
+        if options.get("backend") == "opencl" and "stats_path" in options:
+            write_stats(options["stats_path"], Path(graph), nodes, options)
         say("EXTERNAL delegate created.")
         say(f"Replacing {nodes} out of {nodes} node(s) with delegate (TfLiteDelegate) node, "
             f"yielding 1 partitions for subgraph 0.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -290,7 +291,8 @@ def test_adb_bench_fused_opencl(outs, device, tmp_path):
     assert len(commands) == 3
     for c in commands:
         assert f"--external_delegate_path={folder}/libdifflite_delegate.so" in c
-        assert "--external_delegate_options='backend:opencl;precision:fp16'" in c
+        name = re.search(r"--graph=\S*/(\w+)\.tflite", c).group(1)
+        assert f"--external_delegate_options='backend:opencl;precision:fp16;stats_path:{folder}/stats_{name}.json'" in c
         assert "--num_runs=7" in c and "--warmup_runs=3" in c and "--min_secs=0" in c
     te_command = next(c for c in commands if "text_encoder.tflite" in c)
     vocab = len(json.loads((outs["fused"] / "tokenizer" / "vocab.json").read_text()))
@@ -304,6 +306,10 @@ def test_adb_bench_fused_opencl(outs, device, tmp_path):
         assert r["first_ms"] == pytest.approx(2 * base_ms) and r["load_ms"] == pytest.approx(123.4)
         assert r["runs"] == 7 and r["memory_peak_mb"] == pytest.approx(45.25)
         assert r["delegations"][0]["delegate"] == "TfLiteDelegate"
+        # what the op library reported on the phone (stats_path), read back with adb
+        stats = r["delegate_stats"]
+        assert stats["storage"] == "float16" and stats["arithmetic"] == "float16", stats
+        assert stats["arena_bytes"] == size // 8 and stats["device"] == "QUALCOMM Adreno(TM) 740", stats
     pipeline = data["pipeline"]
     assert pipeline["calls"] == {"text_encoder": 2, "unet": 10, "vae_decoder": 1}
     assert pipeline["measured_ms"] is None
@@ -343,12 +349,16 @@ def test_adb_bench_precision_defaults_to_the_conversions(outs, device, tmp_path)
                                        "--runs", 2, "--json").stdout)
         assert data["precision"] == want, data
         commands = [c for c in device.shell_commands() if "--graph=" in c]
-        assert f"precision:{want}'" in commands[-1], commands[-1]
+        assert f"precision:{want};stats_path:" in commands[-1], commands[-1]
     data = json.loads(device.bench(out16, "--oplib", device.library, "--backend", "opencl",
                                    "--math", "fp32", "--runs", 2, "--json").stdout)
     assert data["precision"] == "fp16" and data["math"] == "fp32", data
+    assert data["components"]["unet"]["delegate_stats"]["arithmetic"] == "float32", data
     command = [c for c in device.shell_commands() if "--graph=" in c][-1]
-    assert "--external_delegate_options='backend:opencl;precision:fp16;math:fp32'" in command, command
+    assert "--external_delegate_options='backend:opencl;precision:fp16;math:fp32;stats_path:" in command, command
+    table = device.bench(out16, "--oplib", device.library, "--backend", "opencl", "--runs", 2).stdout
+    assert "the op library on the phone (stats_path):" in table, table
+    assert re.search(r"unet: QUALCOMM Adreno\(TM\) 740 .*storage float16, arithmetic float16", table), table
     data = json.loads(device.bench(outs["nofuse"], "--oplib", device.library, "--backend", "opencl",
                                    "--runs", 2, "--json").stdout)
     assert data["precision"] == "fp32", data
