@@ -627,6 +627,27 @@ def test_concatenation_split(lib, tmp_path, style):
         check(g, w)
 
 
+@pytest.mark.parametrize("channels", [(8, 16), (6, 10), (4, 3)])
+def test_concatenation_copies_vectors(lib, tmp_path, style, channels):
+    """Channel concatenations as the UNet has them: each input is copied as vectors of up to 16
+    bytes where the channel counts and offsets allow (8 and 16 channels: 4 floats or 8 halves an
+    item; 6 and 10: 2; 4 and 3: single elements), into the right place."""
+    r = rng(14)
+    a = nonzero(r, (2, 3, 5, channels[0]))
+    b = nonzero(r, (2, 3, 5, channels[1]))
+    c = nonzero(r, (2, 3, 5, channels[0]))
+    want = np.concatenate([a, b, c], axis=-1)
+
+    def build(m):
+        ins = [m.activation(name, v.shape) for name, v in (("a", a), ("b", b), ("c", c))]
+        y = m.activation("y", want.shape)
+        m.builtin("CONCATENATION", ins, [y], axis=3)
+        return ins, [y]
+
+    (got,), _, _ = run_op(tmp_path, lib, build, [a, b, c], style)
+    assert np.array_equal(got, stored(style, want)), "a copy moves the stored bits unchanged"
+
+
 @pytest.mark.parametrize("case", [
     # shape, begin, end, strides, begin_mask, end_mask, shrink_mask
     ((5, 7, 9), [1, 0, 2], [4, 7, 9], [1, 2, 3], 0, 0, 0),

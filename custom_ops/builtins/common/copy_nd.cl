@@ -1,8 +1,9 @@
 // Strided copy over an index space of up to 8 dims (dims outermost first,
 // padded with 1): element i, decomposed over `dims`, is read at
 // src_off + sum(c_k * sstr_k) and written at dst_off + sum(c_k * dstr_k).
-// COPY_T is the element's bit type (uint or ushort): the op never looks at
-// values, so one program serves float, half and int32 tensors. Strides may
+// COPY_T is the element's bit type (uint or ushort, or a vector of them: the
+// host then counts dims, strides and offsets in vectors): the op never looks
+// at values, so one program serves float, half and int32 tensors. Strides may
 // be negative (reversed slices) or zero (broadcast).
 #ifndef COPY_T
 #define COPY_T uint
@@ -35,6 +36,7 @@ __kernel void copy_nd(__global const COPY_T* src, int src_off, __global COPY_T* 
   dst[d] = src[so];
 }
 
+#ifndef COPY_VECTOR  // copy_rows moves scalars in vload16s
 // Rows variant: the innermost dim (`inner` elements) is contiguous in both
 // source and destination; an item copies 16 of them (CPU-like devices).
 __kernel void copy_rows(__global const COPY_T* src, int src_off, __global COPY_T* dst,
@@ -64,3 +66,4 @@ __kernel void copy_rows(__global const COPY_T* src, int src_off, __global COPY_T
     for (int j = 0; j < inner - c0; ++j) dst[d + j] = src[so + j];
   }
 }
+#endif  // COPY_VECTOR
