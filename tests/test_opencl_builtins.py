@@ -406,6 +406,11 @@ BROADCASTS = [
     ((3, 41, 1), (3, 1, 1)),
     ((2, 3, 5, 8), (2, 3, 5, 8)),  # elements % 4 == 0: 4 an item (GPU kernels)
     ((4, 12), (1,)),  # the same with a broadcast scalar
+    # innermost dim % 4 == 0: binary_nd4 (GPU kernels), 4 elements an item
+    ((2, 3, 5, 8), (2, 1, 1, 8)),  # the UNet's time-embedding ADD
+    ((2, 1, 1, 8), (2, 3, 5, 8)),
+    ((3, 1, 12), (3, 5, 1)),  # one operand broadcast along the innermost dim
+    ((2, 4, 6), (2, 1, 6)),  # 6 % 4 != 0: binary_nd
 ]
 
 

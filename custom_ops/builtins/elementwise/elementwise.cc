@@ -5,6 +5,7 @@
 // CAST between int32 and float. Float tensors only for the math (int32
 // arithmetic stays with TFLite); fused activations other than NONE are
 // refused.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -129,7 +130,7 @@ Shape BroadcastShape(const Shape& a, const Shape& b) {
 
 class BinaryOp final : public GpuOp {
  public:
-  enum Kind { kFlat, kFlat4, kNd, kRows };
+  enum Kind { kFlat, kFlat4, kNd, kNd4, kRows };
   BinaryOp(cl_kernel k, size_t local, Kind kind, int n, int code, IndexSpace space,
            const char* label)
       : k_(k), local_(local), kind_(kind), n_(n), code_(code), space_(std::move(space)),
@@ -163,7 +164,7 @@ class BinaryOp final : public GpuOp {
       if (!e.empty()) return e;
       return Launch1D(ctx, k_, static_cast<size_t>(rows) * chunks, local_, label_);
     }
-    const int items = kind_ == kFlat4 ? n_ / 4 : n_;
+    const int items = kind_ == kFlat4 || kind_ == kNd4 ? n_ / 4 : n_;
     Args a;
     a.Mem(in[0].mem).Mem(in[1].mem).Mem(out[0].mem).Int(items).Int(code_);
     if (kind_ == kFlat || kind_ == kFlat4) {
@@ -171,6 +172,7 @@ class BinaryOp final : public GpuOp {
     } else {
       a.Int(space_.rank()).Int8(space_.dims, 1).Int8(space_.strides[0]).Int8(space_.strides[1]);
     }
+    if (kind_ == kNd4) a.Int(space_.strides[0].back() != 0).Int(space_.strides[1].back() != 0);
     std::string e = a.Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     return Launch1D(ctx, k_, static_cast<size_t>(items), local_, label_);
@@ -195,6 +197,27 @@ int BinaryCode(const std::string& n) {
   if (n == "SQUARED_DIFFERENCE") return kSqDiff;
   if (n == "POW") return kPow;
   return -1;
+}
+
+// Whether binary_nd4 can take the broadcast `space`: 4 innermost elements an
+// item, each operand either contiguous there with every stride a multiple of 4
+// (aligned vectors) or broadcast along it.
+bool QuadsAlongInnermost(const IndexSpace& space) {
+  if (space.dims.back() % 4 != 0) return false;
+  for (const std::vector<int>& s : space.strides) {
+    if (s.back() > 1) return false;
+    if (s.back() == 1 && !std::all_of(s.begin(), s.end() - 1, [](int v) { return v % 4 == 0; })) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// binary_nd4's index space: the innermost dim counted in quads, its strides in elements.
+IndexSpace InQuads(IndexSpace space) {
+  space.dims.back() /= 4;
+  for (std::vector<int>& s : space.strides) s.back() *= 4;
+  return space;
 }
 
 std::unique_ptr<GpuOp> CreateBinary(const NodeView& node, GpuContext& ctx, std::string* error) {
@@ -231,10 +254,16 @@ std::unique_ptr<GpuOp> CreateBinary(const NodeView& node, GpuContext& ctx, std::
     // 4 elements an item where they split evenly: one aligned vector access an operand
     // (one 2- or 4-byte access a work-item left the UNet's residual ADDs issue-bound).
     kind = NumElements(out) % 4 == 0 ? BinaryOp::kFlat4 : BinaryOp::kFlat;
+  } else if (!PreferFlatKernels(ctx) && QuadsAlongInnermost(space)) {
+    // The UNet's time-embedding ADDs ([N,H,W,C] + [N,1,1,C]): one element an item was
+    // issue-bound, like the same-shape ADDs before binary_flat4.
+    kind = BinaryOp::kNd4;
+    space = InQuads(std::move(space));
   }
   const char* kernel = kind == BinaryOp::kRows    ? "binary_rows"
                        : kind == BinaryOp::kFlat4 ? "binary_flat4"
                        : kind == BinaryOp::kFlat  ? "binary_flat"
+                       : kind == BinaryOp::kNd4   ? "binary_nd4"
                                                   : "binary_nd";
   cl_kernel k = nullptr;
   e = GetKernel(ctx, kProgram, kernel, "", &k);

@@ -120,6 +120,37 @@ __kernel void binary_nd(__global const DL_T* a, __global const DL_T* b, __global
   DL_STORE(y, i, binary_op(DL_LOAD(a, ia), DL_LOAD(b, ib), op));
 }
 
+// binary_nd, 4 consecutive innermost elements an item (n4 = elements / 4): the
+// host divides the innermost dim by 4 and multiplies its strides by 4, so
+// offsets stay in elements. An operand whose innermost stride is nonzero (va,
+// vb) is read as one aligned 4-vector, else its one element is broadcast.
+__kernel void binary_nd4(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
+                         int n4, int op, int rank, int8 dims_v, int8 sa_v, int8 sb_v, int va,
+                         int vb) {
+  const int i = get_global_id(0);
+  if (i >= n4) return;
+  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
+                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
+  const int sa[8] = {sa_v.s0, sa_v.s1, sa_v.s2, sa_v.s3, sa_v.s4, sa_v.s5, sa_v.s6, sa_v.s7};
+  const int sb[8] = {sb_v.s0, sb_v.s1, sb_v.s2, sb_v.s3, sb_v.s4, sb_v.s5, sb_v.s6, sb_v.s7};
+  int r = i, ia = 0, ib = 0;
+#pragma unroll
+  for (int k = 7; k >= 0; --k) {
+    if (k < rank) {
+      const int q = r / dims[k];
+      const int c = r - q * dims[k];
+      r = q;
+      ia += c * sa[k];
+      ib += c * sb[k];
+    }
+  }
+  const float4 x = va ? DL_LOAD4A(a, ia) : (float4)(DL_LOAD(a, ia));
+  const float4 z = vb ? DL_LOAD4A(b, ib) : (float4)(DL_LOAD(b, ib));
+  DL_STORE4A(y, 4 * i,
+             (float4)(binary_op(x.x, z.x, op), binary_op(x.y, z.y, op),
+                      binary_op(x.z, z.z, op), binary_op(x.w, z.w, op)));
+}
+
 // SELECT / SELECT_V2: y = cond ? a : b, broadcasting; the condition is an
 // int32 (bool constants become 0/1) or a float tensor; IS_SET(c, ic) tests it.
 #define SELECT_KERNEL(NAME, COND_T, IS_SET)                                            \
