@@ -296,6 +296,11 @@ def test_depthwise_conv_2d(lib, tmp_path, style, case):
     ((5, 21), 9, True, False, False),  # weights as a graph input
     ((2, 150, 37), 270, True, True, True),  # m = 300, n = 270: the 128x128 tile, ragged
     ((2, 150, 36), 268, True, True, True),  # K % 4 == 0: both operands staged in quads
+    # <= 8 rows, K % 4 == 0 (the time embedding): gemm_skinny with the GPU kernels
+    ((2, 64), 40, True, False, True),
+    ((3, 36), 7, False, False, True),  # ragged last column block
+    ((1, 1, 296), 10, True, True, True),  # K past one pass of the work-group (4 x 64)
+    ((8, 520), 13, True, False, True),
 ])
 def test_fully_connected(lib, tmp_path, style, case):
     shape, n, has_bias, keep, const_w = case

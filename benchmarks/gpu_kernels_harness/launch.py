@@ -360,7 +360,7 @@ PROGRAM_VARIANTS = {
                    ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
                     "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
                    ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
-    "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+    "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"]),
     "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
 }
 

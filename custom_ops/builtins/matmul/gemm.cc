@@ -161,6 +161,14 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   const bool b_quads = quads_allowed &&
                        (b_kmajor ? StagesInQuads(s_.k, s_.b_sn, s_.b_bs)
                                  : s_.b_sn == 1 && StagesInQuads(s_.n, s_.b_sk, s_.b_bs));
+  if (s_.m <= kSkinnyMaxRows && batches_ == 1 && b_kmajor && s_.a_sk == 1 &&
+      s_.k % 4 == 0 && s_.a_sm % 4 == 0 && s_.b_sn % 4 == 0) {
+    std::string e = GetKernel(ctx, "gemm", "gemm_skinny", "-DSK_M=" + std::to_string(s_.m), &kernel_);
+    if (e.empty() && ctx.KernelWorkGroupSize(kernel_) >= kSkinnyGroup) {
+      skinny_ = true;
+      return "";
+    }
+  }
   auto kernel_of = [&](const TileConfig& c, cl_kernel* k, const std::string& extra = "") {
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
@@ -188,6 +196,25 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
     b = t;
   }
   const bool has_bias = s_.has_bias && bias != nullptr;
+  if (skinny_) {
+    std::string e = Args()
+                        .Mem(a)
+                        .Mem(b)
+                        .Mem(bias)
+                        .Mem(c)
+                        .Int(s_.n)
+                        .Int(s_.k)
+                        .Int(s_.a_sm)
+                        .Int(s_.b_sn)
+                        .Int(s_.ldc)
+                        .Int(has_bias ? 1 : 0)
+                        .Set(ctx.cl(), kernel_);
+    if (!e.empty()) return e;
+    const size_t local[1] = {kSkinnyGroup};
+    const size_t global[1] = {static_cast<size_t>((s_.n + kSkinnyColumns - 1) / kSkinnyColumns) *
+                              kSkinnyGroup};
+    return ctx.Enqueue(kernel_, 1, global, local, label);
+  }
   const bool split = split_.splits() > 1;
   std::string e;
   cl_mem out = split_.Target(ctx, c, &e);

@@ -104,6 +104,11 @@ class SplitK {
   cl_kernel sum_ = nullptr;
 };
 
+// At most this many rows (one batch, B k-major) take gemm.cl's gemm_skinny.
+constexpr int kSkinnyMaxRows = 8;
+constexpr size_t kSkinnyGroup = 64;  // its SK_WG
+constexpr int kSkinnyColumns = 4;    // its SK_NC
+
 struct GemmShape {
   int m = 0, n = 0, k = 0;
   int a_sm = 0, a_sk = 0, b_sk = 0, b_sn = 0, ldc = 0;
@@ -132,6 +137,7 @@ class Gemm {
   SplitK split_;
   bool flat_ = false;
   size_t flat_local_ = 64;
+  bool skinny_ = false;  // gemm_skinny
   // Flat kernels with a k-major B (e.g. A * B^T): B is first copied n-major
   // into scratch memory.
   bool transpose_b_ = false;
