@@ -5,6 +5,7 @@
 // host then counts dims, strides and offsets in vectors): the op never looks
 // at values, so one program serves float, half and int32 tensors. Strides may
 // be negative (reversed slices) or zero (broadcast).
+#include "nd_index.cl"
 #ifndef COPY_T
 #define COPY_T uint
 #endif
@@ -14,26 +15,8 @@ __kernel void copy_nd(__global const COPY_T* src, int src_off, __global COPY_T* 
                       int8 dstr_v) {
   const int i = get_global_id(0);
   if (i >= n) return;
-  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
-                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
-  const int ss[8] = {sstr_v.s0, sstr_v.s1, sstr_v.s2, sstr_v.s3,
-                     sstr_v.s4, sstr_v.s5, sstr_v.s6, sstr_v.s7};
-  const int ds[8] = {dstr_v.s0, dstr_v.s1, dstr_v.s2, dstr_v.s3,
-                     dstr_v.s4, dstr_v.s5, dstr_v.s6, dstr_v.s7};
-  int r = i;
-  int so = src_off;
-  int d = dst_off;
-#pragma unroll
-  for (int k = 7; k >= 0; --k) {
-    if (k < rank) {
-      const int q = r / dims[k];
-      const int c = r - q * dims[k];
-      r = q;
-      so += c * ss[k];
-      d += c * ds[k];
-    }
-  }
-  dst[d] = src[so];
+  const int2 o = nd_offsets(i, rank, dims_v, sstr_v, dstr_v);
+  dst[dst_off + o.y] = src[src_off + o.x];
 }
 
 #ifndef COPY_VECTOR  // copy_rows moves scalars in vload16s

@@ -4,6 +4,7 @@
 //
 // Unary op codes (keep in sync with elementwise.cc).
 #include "dl_storage.cl"
+#include "nd_index.cl"
 #define U_LOGISTIC 0
 #define U_TANH 1
 #define U_EXP 2
@@ -102,22 +103,8 @@ __kernel void binary_nd(__global const DL_T* a, __global const DL_T* b, __global
                         int n, int op, int rank, int8 dims_v, int8 sa_v, int8 sb_v) {
   const int i = get_global_id(0);
   if (i >= n) return;
-  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
-                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
-  const int sa[8] = {sa_v.s0, sa_v.s1, sa_v.s2, sa_v.s3, sa_v.s4, sa_v.s5, sa_v.s6, sa_v.s7};
-  const int sb[8] = {sb_v.s0, sb_v.s1, sb_v.s2, sb_v.s3, sb_v.s4, sb_v.s5, sb_v.s6, sb_v.s7};
-  int r = i, ia = 0, ib = 0;
-#pragma unroll
-  for (int k = 7; k >= 0; --k) {
-    if (k < rank) {
-      const int q = r / dims[k];
-      const int c = r - q * dims[k];
-      r = q;
-      ia += c * sa[k];
-      ib += c * sb[k];
-    }
-  }
-  DL_STORE(y, i, binary_op(DL_LOAD(a, ia), DL_LOAD(b, ib), op));
+  const int2 o = nd_offsets(i, rank, dims_v, sa_v, sb_v);
+  DL_STORE(y, i, binary_op(DL_LOAD(a, o.x), DL_LOAD(b, o.y), op));
 }
 
 // binary_nd, 4 consecutive innermost elements an item (n4 = elements / 4): the
@@ -129,23 +116,9 @@ __kernel void binary_nd4(__global const DL_T* a, __global const DL_T* b, __globa
                          int vb) {
   const int i = get_global_id(0);
   if (i >= n4) return;
-  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
-                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
-  const int sa[8] = {sa_v.s0, sa_v.s1, sa_v.s2, sa_v.s3, sa_v.s4, sa_v.s5, sa_v.s6, sa_v.s7};
-  const int sb[8] = {sb_v.s0, sb_v.s1, sb_v.s2, sb_v.s3, sb_v.s4, sb_v.s5, sb_v.s6, sb_v.s7};
-  int r = i, ia = 0, ib = 0;
-#pragma unroll
-  for (int k = 7; k >= 0; --k) {
-    if (k < rank) {
-      const int q = r / dims[k];
-      const int c = r - q * dims[k];
-      r = q;
-      ia += c * sa[k];
-      ib += c * sb[k];
-    }
-  }
-  const float4 x = va ? DL_LOAD4A(a, ia) : (float4)(DL_LOAD(a, ia));
-  const float4 z = vb ? DL_LOAD4A(b, ib) : (float4)(DL_LOAD(b, ib));
+  const int2 o = nd_offsets(i, rank, dims_v, sa_v, sb_v);
+  const float4 x = va ? DL_LOAD4A(a, o.x) : (float4)(DL_LOAD(a, o.x));
+  const float4 z = vb ? DL_LOAD4A(b, o.y) : (float4)(DL_LOAD(b, o.y));
   DL_STORE4A(y, 4 * i,
              (float4)(binary_op(x.x, z.x, op), binary_op(x.y, z.y, op),
                       binary_op(x.z, z.z, op), binary_op(x.w, z.w, op)));
