@@ -927,6 +927,8 @@ def test_fp16_runs_in_half_storage(lib, tmp_path, capfd):
     assert "storage=float16" in err, err
     if "cl_khr_fp16" not in err:
         assert "(vload_half, float arithmetic)" in err, err
+    else:
+        assert "(half multiply-adds in GEMMs and attention)" in err, err
 
 
 def test_fp16_arithmetic_in_gemm_tiles(lib, tmp_path):

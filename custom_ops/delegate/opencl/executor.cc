@@ -290,7 +290,7 @@ class ContextImpl final : public GpuContext {
  private:
   std::shared_ptr<Runtime> rt_;
   DType storage_;
-  bool half_math_;  // -DDL_FP16_MATH: half multiply-adds in the GEMM tiles
+  bool half_math_;  // -DDL_FP16_MATH: half multiply-adds in the GEMM tiles and attention
   bool flat_;
   std::map<int, std::pair<cl_mem, size_t>> scratch_;
   std::vector<std::pair<std::string, cl_event>> events_;
@@ -1306,7 +1306,7 @@ std::string BackendImpl::Describe() const {
      << DTypeName(storage)
      << (storage != DType::kFloat16 ? ""
          : !d.has_fp16               ? " (vload_half, float arithmetic)"
-         : half_math                 ? " (half multiply-adds in the GEMM tiles)"
+         : half_math                 ? " (half multiply-adds in GEMMs and attention)"
                                      : " (float arithmetic: math=fp32)")
      << " kernels=" << (gctx->PreferFlatKernels() ? "flat" : "tiled")
      << (rt->profiling() ? " profile=1" : "");
