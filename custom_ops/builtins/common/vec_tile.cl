@@ -2,7 +2,8 @@
 // and conv.cl's conv2d). A work-item owns WM rows ty*WM.. and WN / 4
 // four-column groups (tx + j*TX)*4.. (j < WN / 4) of its work-group's TM x TN
 // tile, held as float4 acc[WM][WN / 4]; the operands of one k are DL_C4 rows
-// of the k-major local tiles As[cb][k] / Bs[cb][k] (float4, or half4 with DL_FP16_MATH). Column groups TX apart
+// (float4, or half4 with DL_FP16_MATH) of the k-major local tiles As[cb][k] /
+// Bs[cb][k]. Column groups TX apart
 // (not WN / 4 adjacent ones): neighbouring items then read neighbouring
 // float4s of Bs, which no two items of a warp's 8-item phase read from the
 // same bank (adjacent groups of WN = 8 would make every read 2-way

@@ -94,7 +94,8 @@ inline void dl_store4a_half(__global half* p, float4 v) {
 #define DL_FROM_RAW4(r) convert_float4(r)
 #endif
 
-// The multiply-add type of the GEMM tiles (vec_tile.cl): DL_C, DL_C4. With
+// The multiply-add type of the GEMM tiles (vec_tile.cl) and the attention
+// kernels' products: DL_C, DL_C4. With
 // DL_FP16_MATH (precision=fp16 on a device with cl_khr_fp16, unless the
 // delegate's math=fp32) it is half, which mobile GPUs run at twice float's
 // rate, and the tiles in local memory take half the bytes; float otherwise.
