@@ -192,5 +192,8 @@ def test_verify_cli_runs_fp16_conversion_in_half_storage(lib, fused_fp16):
                                  "--json"))
     assert report["passed"], report["checks"]
     assert {c["component"] for c in report["checks"]} == set(COMPONENTS), report
+    expected = os.environ.get("DIFFLITE_EXPECT_ARITHMETIC")  # the fp16 lane: float16
     for name in COMPONENTS:
         assert report["gpu_memory"][name]["storage"] == "float16", report["gpu_memory"]
+        if expected:
+            assert report["gpu_memory"][name]["arithmetic"] == expected, report["gpu_memory"]
