@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import os
 import platform
+import shlex
 import statistics
 import tempfile
 import time
@@ -183,10 +183,11 @@ def host_delegate(options: BenchOptions):
     library = Path(options.oplib) if options.oplib else find_oplib()
     if not library.is_file():
         raise BadInput(f"--oplib {library}: no such file")
+    delegate_options = options.delegate_options()
     try:
-        return load_delegate(str(library), options.delegate_options())
+        return load_delegate(str(library), delegate_options)
     except ValueError as exc:
-        described = " ".join(f"{k}={v}" for k, v in options.delegate_options().items())
+        described = " ".join(f"{k}={v}" for k, v in delegate_options.items())
         raise BadInput(f"{library}: the op library refused {described}: "
                        f"{str(exc).splitlines()[0]}") from exc
 

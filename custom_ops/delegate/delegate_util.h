@@ -27,8 +27,8 @@ struct Options {
   int profile = 0;  // opencl: kernel times (profiling queue) per op type (1), per node and kernel (2)
   std::string stats_path;  // opencl: JSON memory report written after Prepare
   std::string kernels = "auto";  // opencl: auto | tiled | flat (kernel style)
-  // opencl: auto (half multiply-adds in the GEMM tiles at precision=fp16 where the device has
-  // cl_khr_fp16) | fp32 (float arithmetic always)
+  // opencl: auto (half multiply-adds in GEMMs and attention at precision=fp16 where the device
+  // has cl_khr_fp16) | fp32 (float arithmetic always)
   std::string math = "auto";
 };
 

@@ -29,20 +29,8 @@ __kernel void copy_rows(__global const COPY_T* src, int src_off, __global COPY_T
   if (item >= n_items) return;
   const int row = item / chunks;
   const int c0 = (item - row * chunks) * 16;
-  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
-                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
-  const int ss[8] = {sstr_v.s0, sstr_v.s1, sstr_v.s2, sstr_v.s3,
-                     sstr_v.s4, sstr_v.s5, sstr_v.s6, sstr_v.s7};
-  const int ds[8] = {dstr_v.s0, dstr_v.s1, dstr_v.s2, dstr_v.s3,
-                     dstr_v.s4, dstr_v.s5, dstr_v.s6, dstr_v.s7};
-  int r = row, so = src_off + c0, d = dst_off + c0;
-  for (int k = rank - 1; k >= 0; --k) {
-    const int q = r / dims[k];
-    const int c = r - q * dims[k];
-    r = q;
-    so += c * ss[k];
-    d += c * ds[k];
-  }
+  const int2 o = nd_offsets(row, rank, dims_v, sstr_v, dstr_v);
+  const int so = src_off + c0 + o.x, d = dst_off + c0 + o.y;
   if (c0 + 16 <= inner) {
     vstore16(vload16(0, src + so), 0, dst + d);
   } else {

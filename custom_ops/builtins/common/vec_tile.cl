@@ -33,24 +33,14 @@
 #ifndef DL_FP16_MATH
 #define VT_FMA_SLICE(As, Bs, cb, acc) VT_SLICE_FMAS(As, Bs, cb, acc)
 #else
-// Half arithmetic: the slice's TK multiply-adds go into half partial sums,
-// which are then added to the float accumulators. The rounding error of a
-// half sum grows with its length, so it is bounded by TK here instead of by K
-// (K = 11520 for a 3x3 convolution over 1280 channels).
-#define VT_FMA_SLICE(As, Bs, cb, acc)                                          \
-  do {                                                                        \
-    half4 part_[WM][WN / 4];                                                  \
-    _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                       \
-      _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                 \
-        part_[i_][j_] = (half4)(0.0h);                                        \
-      }                                                                       \
-    }                                                                         \
-    VT_SLICE_FMAS(As, Bs, cb, part_);                                         \
-    _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                       \
-      _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                 \
-        acc[i_][j_] += convert_float4(part_[i_][j_]);                         \
-      }                                                                       \
-    }                                                                         \
+// Half arithmetic: the slice's TK multiply-adds go into half partial sums
+// (dl_storage.cl), so their error is bounded by TK instead of by K (K = 11520
+// for a 3x3 convolution over 1280 channels).
+#define VT_FMA_SLICE(As, Bs, cb, acc)            \
+  do {                                          \
+    DL_HALF_PARTS(part_, WM, WN / 4);           \
+    VT_SLICE_FMAS(As, Bs, cb, part_);           \
+    DL_CARRY_PARTS(acc, part_, WM, WN / 4);     \
   } while (0)
 #endif
 // sum += the slice's products, in DL_C4.

@@ -86,6 +86,12 @@ __kernel void binary_flat(__global const DL_T* a, __global const DL_T* b, __glob
   if (i < n) DL_STORE(y, i, binary_op(DL_LOAD(a, i * sa), DL_LOAD(b, i * sb), op));
 }
 
+// binary_op on each of 4 lanes.
+inline float4 binary_op4(float4 a, float4 b, int op) {
+  return (float4)(binary_op(a.x, b.x, op), binary_op(a.y, b.y, op), binary_op(a.z, b.z, op),
+                  binary_op(a.w, b.w, op));
+}
+
 // binary_flat, 4 consecutive elements an item (n4 = elements / 4).
 __kernel void binary_flat4(__global const DL_T* a, __global const DL_T* b, __global DL_T* y,
                            int n4, int op, int sa, int sb) {
@@ -93,9 +99,7 @@ __kernel void binary_flat4(__global const DL_T* a, __global const DL_T* b, __glo
   if (i >= n4) return;
   const float4 va = sa ? DL_LOAD4A(a, 4 * i) : (float4)(DL_LOAD(a, 0));
   const float4 vb = sb ? DL_LOAD4A(b, 4 * i) : (float4)(DL_LOAD(b, 0));
-  DL_STORE4A(y, 4 * i,
-             (float4)(binary_op(va.x, vb.x, op), binary_op(va.y, vb.y, op),
-                      binary_op(va.z, vb.z, op), binary_op(va.w, vb.w, op)));
+  DL_STORE4A(y, 4 * i, binary_op4(va, vb, op));
 }
 
 // Broadcasting over up to 8 collapsed dims (outermost first).
@@ -119,9 +123,7 @@ __kernel void binary_nd4(__global const DL_T* a, __global const DL_T* b, __globa
   const int2 o = nd_offsets(i, rank, dims_v, sa_v, sb_v);
   const float4 x = va ? DL_LOAD4A(a, o.x) : (float4)(DL_LOAD(a, o.x));
   const float4 z = vb ? DL_LOAD4A(b, o.y) : (float4)(DL_LOAD(b, o.y));
-  DL_STORE4A(y, 4 * i,
-             (float4)(binary_op(x.x, z.x, op), binary_op(x.y, z.y, op),
-                      binary_op(x.z, z.z, op), binary_op(x.w, z.w, op)));
+  DL_STORE4A(y, 4 * i, binary_op4(x, z, op));
 }
 
 // SELECT / SELECT_V2: y = cond ? a : b, broadcasting; the condition is an
@@ -233,21 +235,10 @@ __kernel void binary_rows(__global const DL_T* a, __global const DL_T* b, __glob
   if (item >= n_items) return;
   const int row = item / chunks;
   const int c0 = (item - row * chunks) * 16;
-  const int dims[8] = {dims_v.s0, dims_v.s1, dims_v.s2, dims_v.s3,
-                       dims_v.s4, dims_v.s5, dims_v.s6, dims_v.s7};
-  const int sa[8] = {sa_v.s0, sa_v.s1, sa_v.s2, sa_v.s3, sa_v.s4, sa_v.s5, sa_v.s6, sa_v.s7};
-  const int sb[8] = {sb_v.s0, sb_v.s1, sb_v.s2, sb_v.s3, sb_v.s4, sb_v.s5, sb_v.s6, sb_v.s7};
-  int r = row, oa = 0, ob = 0;
-  for (int k = rank - 1; k >= 0; --k) {
-    const int q = r / dims[k];
-    const int c = r - q * dims[k];
-    r = q;
-    oa += c * sa[k];
-    ob += c * sb[k];
-  }
+  const int2 o = nd_offsets(row, rank, dims_v, sa_v, sb_v);
   const int oy = row * inner + c0;
-  oa += c0 * ia;
-  ob += c0 * ib;
+  const int oa = o.x + c0 * ia;
+  const int ob = o.y + c0 * ib;
   if (c0 + 16 <= inner) {
     const float16 va = ia ? LOAD16(a + oa) : (float16)(DL_LOAD(a, oa));
     const float16 vb = ib ? LOAD16(b + ob) : (float16)(DL_LOAD(b, ob));

@@ -66,7 +66,7 @@ class Runtime {
   // The backend's own part of the build options: the storage type, how
   // kernels access half storage (cl_khr_fp16, or vload_half without it) and,
   // with half_math (half storage on a device with cl_khr_fp16 only), half
-  // multiply-adds in the GEMM tiles (-DDL_FP16_MATH=1).
+  // multiply-adds in GEMMs and attention (-DDL_FP16_MATH=1).
   std::string BaseOptions(DType storage, bool half_math) const;
 
   // Serialises Invoke of every partition on this runtime: kernels are shared

@@ -250,6 +250,22 @@ __kernel void attn_rowstats(__global const DL_T* q, __global const DL_T* k,
   }
 }
 
+// sum[r] += the tile's probabilities (own rows of Ps) times its V rows, in
+// DL_C4; the key loop is not unrolled: p comes from local memory.
+#define AT_TILE_PV(Ps, Vs, lid, sum)                                                         \
+  for (int u_ = 0; u_ < AT_BK; ++u_) {                                                   \
+    DL_C p_[AT_RQ];                                                                      \
+    _Pragma("unroll") for (int r_ = 0; r_ < AT_RQ; ++r_) {                               \
+      p_[r_] = DL_TO_C(Ps[((lid) + r_ * AT_WG) * (AT_BK + 1) + u_]);                     \
+    }                                                                                    \
+    _Pragma("unroll") for (int d4_ = 0; d4_ < AT_DVC4; ++d4_) {                          \
+      const DL_C4 vd_ = Vs[u_ * AT_DVC4 + d4_];                                          \
+      _Pragma("unroll") for (int r_ = 0; r_ < AT_RQ; ++r_) {                             \
+        sum[r_][d4_] = mad((DL_C4)(p_[r_]), vd_, sum[r_][d4_]);                          \
+      }                                                                                  \
+    }                                                                                    \
+  }
+
 // Global (ceil(Lq / AT_BQ) * AT_WG, H * ceil(Dv / AT_DVC), N), local (AT_WG, 1, 1).
 __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
                           __global const DL_T* v, __global const float2* stats,
@@ -314,34 +330,11 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
     barrier(CLK_LOCAL_MEM_FENCE);
 #ifdef DL_FP16_MATH
     // The tile's AT_BK products p v summed in half, then added in float.
-    half4 part[AT_RQ][AT_DVC4];
-#pragma unroll
-    for (int r = 0; r < AT_RQ; ++r) {
-#pragma unroll
-      for (int d4 = 0; d4 < AT_DVC4; ++d4) part[r][d4] = (half4)(0.0h);
-    }
-#define AT_PV_SUM part
+    DL_HALF_PARTS(part, AT_RQ, AT_DVC4);
+    AT_TILE_PV(Ps, Vs, lid, part);
+    DL_CARRY_PARTS(acc, part, AT_RQ, AT_DVC4);
 #else
-#define AT_PV_SUM acc
-#endif
-    for (int u = 0; u < AT_BK; ++u) {  // not unrolled: p comes from local memory
-      DL_C p[AT_RQ];
-#pragma unroll
-      for (int r = 0; r < AT_RQ; ++r) p[r] = DL_TO_C(Ps[(lid + r * AT_WG) * (AT_BK + 1) + u]);
-#pragma unroll
-      for (int d4 = 0; d4 < AT_DVC4; ++d4) {
-        const DL_C4 vd = Vs[u * AT_DVC4 + d4];
-#pragma unroll
-        for (int r = 0; r < AT_RQ; ++r) AT_PV_SUM[r][d4] = mad((DL_C4)(p[r]), vd, AT_PV_SUM[r][d4]);
-      }
-    }
-#undef AT_PV_SUM
-#ifdef DL_FP16_MATH
-#pragma unroll
-    for (int r = 0; r < AT_RQ; ++r) {
-#pragma unroll
-      for (int d4 = 0; d4 < AT_DVC4; ++d4) acc[r][d4] += convert_float4(part[r][d4]);
-    }
+    AT_TILE_PV(Ps, Vs, lid, acc);
 #endif
   }
 #pragma unroll
@@ -512,18 +505,9 @@ __kernel void attn_flash(__global const DL_T* q, __global const DL_T* k,
 #ifdef DL_FP16_MATH
       // The chunk's AT_KC products p v are summed in half, then added in
       // float: a half sum over all Lk keys would lose the small late terms.
-      half4 part[AT_RQ][AT_DV4];
-#pragma unroll
-      for (int r = 0; r < AT_RQ; ++r) {
-#pragma unroll
-        for (int d4 = 0; d4 < AT_DV4; ++d4) part[r][d4] = (half4)(0.0h);
-      }
+      DL_HALF_PARTS(part, AT_RQ, AT_DV4);
       AT_CHUNK_PV(s, Vs, c0, part);
-#pragma unroll
-      for (int r = 0; r < AT_RQ; ++r) {
-#pragma unroll
-        for (int d4 = 0; d4 < AT_DV4; ++d4) acc[r][d4] += convert_float4(part[r][d4]);
-      }
+      DL_CARRY_PARTS(acc, part, AT_RQ, AT_DV4);
 #else
       AT_CHUNK_PV(s, Vs, c0, acc);
 #endif

@@ -108,6 +108,24 @@ inline void dl_store4a_half(__global half* p, float4 v) {
 #define DL_C4 half4
 #define DL_TO_C(v) ((half)(v))
 #define DL_TO_C4(v) convert_half4(v)
+// A short run of products is summed in half partial sums, then carried into
+// float accumulators: the rounding error of a half sum grows with its length,
+// so it stays bounded by the run's, not by the whole reduction's.
+//   DL_HALF_PARTS(part, R, C)        declares half4 part[R][C], all zero
+//   DL_CARRY_PARTS(acc, part, R, C)  acc[i][j] += part[i][j] (float4 acc)
+#define DL_HALF_PARTS(part, R, C)                                  \
+  half4 part[R][C];                                                \
+  _Pragma("unroll") for (int i_ = 0; i_ < (R); ++i_) {             \
+    _Pragma("unroll") for (int j_ = 0; j_ < (C); ++j_) {           \
+      part[i_][j_] = (half4)(0.0h);                                \
+    }                                                              \
+  }
+#define DL_CARRY_PARTS(acc, part, R, C)                            \
+  _Pragma("unroll") for (int i_ = 0; i_ < (R); ++i_) {             \
+    _Pragma("unroll") for (int j_ = 0; j_ < (C); ++j_) {           \
+      acc[i_][j_] += convert_float4(part[i_][j_]);                 \
+    }                                                              \
+  }
 #else
 #define DL_C float
 #define DL_C4 float4
