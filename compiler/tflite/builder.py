@@ -31,8 +31,11 @@ TFLITE_TYPES = {
     np.dtype(np.uint8): schema.TensorType.UINT8,
 }
 NUMPY_TYPES = {v: k for k, v in TFLITE_TYPES.items()}
-BUFFER_ALIGNMENT = 16
-APPENDED_ALIGNMENT = 64  # appended weights start on cache-line (and SIMD) boundaries
+# Every weight starts on a 128-byte boundary of the file (inline or appended): the largest
+# base-address alignment OpenCL devices ask (1024 bits), so that on a device sharing memory with
+# the host a weight can back a buffer in place, straight from the mapped file (zero copy).
+BUFFER_ALIGNMENT = 128
+APPENDED_ALIGNMENT = BUFFER_ALIGNMENT
 FLATBUFFER_LIMIT = 2**31 - 1  # flatbuffers' 32-bit offsets
 INLINE_HEADROOM = 64 << 20  # room for the graph itself next to the weights
 WEIGHT_LAYOUTS = ("auto", "inline", "appended")
@@ -252,7 +255,7 @@ class ModelBuilder:
         return out.getbuffer()
 
     def _inline_flatbuffer(self) -> memoryview:
-        builder = flatbuffers.Builder(self._constant_bytes + 16 * len(self.buffers) + (1 << 20))
+        builder = flatbuffers.Builder(self._constant_bytes + BUFFER_ALIGNMENT * len(self.buffers) + (1 << 20))
         offsets = [self._pack_inline_buffer(builder, entry) for entry in self.buffers]
         builder.Finish(_pack_model(builder, self._model(), offsets), file_identifier=b"TFL3")
         # A view, not builder.Output()'s copy: a 2 GB model would otherwise exist twice.
@@ -297,7 +300,7 @@ class ModelBuilder:
 
 
 def _pack_model(builder, model: schema.ModelT, buffer_offsets: list[int]) -> int:
-    """ModelT.Pack, except that the buffers are the pre-packed, 16-byte aligned ones (the
+    """ModelT.Pack, except that the buffers are the pre-packed, BUFFER_ALIGNMENT-aligned ones (the
     generated Pack copies byte by byte and aligns only to the element size)."""
     schema.ModelStartBuffersVector(builder, len(buffer_offsets))
     for offset in reversed(buffer_offsets):

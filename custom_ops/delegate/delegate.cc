@@ -518,16 +518,30 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
         return false;
       }
       o->stats_path = val;
+    } else if (key == "cache_dir") {
+      if (val.empty()) {
+        *error = "cache_dir must name a folder, or be off";
+        return false;
+      }
+      o->cache_dir = val;
+    } else if (key == "zero_copy") {
+      if (val != "auto" && val != "off") {
+        *error = "zero_copy must be auto or off, got '" + val + "'";
+        return false;
+      }
+      o->zero_copy = val;
     } else {
       *error = "unknown option '" + key +
                "' (known: backend, precision, verbose, num_threads, device, "
-               "profile, stats_path, kernels, math)";
+               "profile, stats_path, kernels, math, cache_dir, zero_copy)";
       return false;
     }
   }
   if (o->backend == "cpu" && (o->device != -1 || o->profile || !o->stats_path.empty() ||
-                              o->kernels != "auto" || o->math != "auto")) {
-    *error = "device, profile, stats_path, kernels and math apply to backend=opencl only";
+                              o->kernels != "auto" || o->math != "auto" ||
+                              !o->cache_dir.empty() || o->zero_copy != "auto")) {
+    *error = "device, profile, stats_path, kernels, math, cache_dir and zero_copy apply to "
+             "backend=opencl only";
     return false;
   }
   return true;

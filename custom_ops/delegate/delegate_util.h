@@ -30,6 +30,12 @@ struct Options {
   // opencl: auto (half multiply-adds in GEMMs and attention at precision=fp16 where the device
   // has cl_khr_fp16) | fp32 (float arithmetic always)
   std::string math = "auto";
+  // opencl: where compiled programs are cached on disk; "" = the default
+  // ($XDG_CACHE_HOME or ~/.cache, difflite/opencl; none on Android), "off" = no cache.
+  std::string cache_dir;
+  // opencl: auto (on devices sharing memory with the host, weights whose model
+  // bytes need no conversion become buffers over the model file's pages) | off.
+  std::string zero_copy = "auto";
 };
 
 // What Delegate::data_ points at.

@@ -299,26 +299,20 @@ OwnedBuffer::~OwnedBuffer() {
   if (mem_ != nullptr) cl_->ReleaseMemObject(mem_);
 }
 
-std::string OwnedBuffer::Upload(GpuContext& ctx, const std::vector<float>& values) {
+std::string OwnedBuffer::Allocate(GpuContext& ctx, size_t bytes) {
+  if (mem_ != nullptr) cl_->ReleaseMemObject(mem_);
   cl_ = &ctx.cl();
-  std::vector<uint16_t> half;
-  const void* src = values.data();
-  bytes_ = values.size() * 4;
-  if (ctx.storage() == DType::kFloat16) {
-    half.resize(values.size());
-    for (size_t i = 0; i < values.size(); ++i) half[i] = FloatToHalf(values[i]);
-    src = half.data();
-    bytes_ = values.size() * 2;
-  }
-  if (bytes_ == 0) return "empty weight";
+  mem_ = nullptr;
+  bytes_ = 0;
+  if (bytes == 0) return "empty buffer";
   cl_int err = CL_SUCCESS;
-  mem_ = ctx.cl().CreateBuffer(ctx.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes_,
-                               const_cast<void*>(src), &err);
-  if (mem_ == nullptr || err != CL_SUCCESS) {
-    mem_ = nullptr;
-    return "cannot upload a " + std::to_string(bytes_) + "-byte weight: error " +
+  cl_mem m = ctx.cl().CreateBuffer(ctx.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+  if (m == nullptr || err != CL_SUCCESS) {
+    return "cannot allocate a " + std::to_string(bytes) + "-byte buffer: error " +
            std::to_string(err);
   }
+  mem_ = m;
+  bytes_ = bytes;
   return "";
 }
 

@@ -116,9 +116,8 @@ class OwnedBuffer {
   OwnedBuffer(OwnedBuffer&& o) noexcept { *this = std::move(o); }
   OwnedBuffer& operator=(OwnedBuffer&& o) noexcept;
   ~OwnedBuffer();
-  // Uploads `values` in the storage type (float32, or half when storage is
-  // kFloat16). "" or a reason.
-  std::string Upload(GpuContext& ctx, const std::vector<float>& values);
+  // A new read-write buffer of `bytes` (contents undefined). "" or a reason.
+  std::string Allocate(GpuContext& ctx, size_t bytes);
   cl_mem mem() const { return mem_; }
   size_t bytes() const { return bytes_; }
 

@@ -91,15 +91,19 @@ std::string CheckConv(const NodeView& node, int padding, int stride_w, int strid
 
 class Conv2dOp final : public GpuOp {
  public:
-  // `wt`: the filter repacked [K][N] for the flat kernel (conv2d_rows); empty
-  // for the tiled one, which reads the OHWI filter in place.
-  Conv2dOp(cl_kernel k, TileConfig t, ConvGeometry g, bool has_bias, OwnedBuffer wt,
+  // `wt`: the filter packed [K][N] for the flat kernel (conv2d_rows); not
+  // planned for the tiled one, which reads the OHWI filter in place.
+  Conv2dOp(cl_kernel k, TileConfig t, ConvGeometry g, bool has_bias, PackedWeight wt,
            size_t flat_local)
       : k_(k), tile_(t), g_(g), has_bias_(has_bias), wt_(std::move(wt)),
         flat_local_(flat_local) {}
   // Split-K (gemm.h); `k` must be the kernel the plan built.
   void SetSplitK(const SplitK& split) { split_ = split; }
-  bool UsesInput(size_t input) const override { return !(input == 1 && wt_.mem()); }
+  bool UsesInput(size_t input) const override { return !(input == 1 && wt_.planned()); }
+  bool PacksInput(size_t input) const override { return input == 1 && wt_.planned(); }
+  std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
+    return wt_.Pack(ctx, in[1].mem);
+  }
   size_t WeightBytes() const override { return wt_.bytes(); }
   size_t ScratchBytes() const override { return split_.bytes(); }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
@@ -112,7 +116,7 @@ class Conv2dOp final : public GpuOp {
     if (y == nullptr) return e;
     e = Args()
             .Mem(in[0].mem)
-            .Mem(wt_.mem() ? wt_.mem() : in[1].mem)
+            .Mem(wt_.planned() ? wt_.mem() : in[1].mem)
             .Mem(bias)
             .Mem(y)
             .Int(m)
@@ -124,7 +128,7 @@ class Conv2dOp final : public GpuOp {
             .Int(has_bias_ && split_.splits() == 1 ? 1 : 0)
             .Set(ctx.cl(), k_);
     if (!e.empty()) return e;
-    if (wt_.mem()) {
+    if (wt_.planned()) {
       const size_t local[2] = {flat_local_, 1};
       const size_t global[2] = {RoundUp(static_cast<size_t>((g_.cout + 15) / 16), flat_local_),
                                 static_cast<size_t>((m + kFlatRows - 1) / kFlatRows)};
@@ -146,28 +150,32 @@ class Conv2dOp final : public GpuOp {
   TileConfig tile_;
   ConvGeometry g_;
   bool has_bias_;
-  OwnedBuffer wt_;
+  PackedWeight wt_;
   size_t flat_local_;
   SplitK split_;
 };
 
 class Conv1x1Op final : public GpuOp {
  public:
-  Conv1x1Op(Gemm g, bool has_bias, OwnedBuffer wt)
+  Conv1x1Op(Gemm g, bool has_bias, PackedWeight wt)
       : gemm_(std::move(g)), has_bias_(has_bias), wt_(std::move(wt)) {}
-  bool UsesInput(size_t input) const override { return !(input == 1 && wt_.mem()); }
+  bool UsesInput(size_t input) const override { return !(input == 1 && wt_.planned()); }
+  bool PacksInput(size_t input) const override { return input == 1 && wt_.planned(); }
+  std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
+    return wt_.Pack(ctx, in[1].mem);
+  }
   size_t WeightBytes() const override { return wt_.bytes(); }
   size_t ScratchBytes() const override { return gemm_.ScratchBytes(); }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    return gemm_.Run(ctx, in[0].mem, wt_.mem() ? wt_.mem() : in[1].mem,
+    return gemm_.Run(ctx, in[0].mem, wt_.planned() ? wt_.mem() : in[1].mem,
                      has_bias_ ? in[2].mem : nullptr, out[0].mem, "conv2d_1x1");
   }
 
  private:
   Gemm gemm_;
   bool has_bias_;
-  OwnedBuffer wt_;
+  PackedWeight wt_;
 };
 
 std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::string* error) {
@@ -181,14 +189,13 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   if (!e.empty()) return Refuse(error, e);
   const int m = g.n * g.oh * g.ow;
   const int k = g.kh * g.kw * g.cin;
-  // CPU-like devices: the filter repacked [K][N] for the flat kernels.
-  OwnedBuffer wt;
-  // 1x1 filters feed gemm_rows (ldb = N); others conv2d_rows (rows padded to 8).
+  // CPU-like devices: the filter packed [K][N] for the flat kernels.
+  PackedWeight wt;
+  // 1x1 filters feed gemm_rows (ldb = N); others conv2d_rows (rows padded to 16).
   const bool one_by_one =
       g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0;
-  const bool flat = UploadTransposedWeight(ctx, node.inputs[1], g.cout, k, one_by_one ? 1 : 16,
-                                           &wt, &e);
-  if (!e.empty()) return Refuse(error, e);
+  wt.Plan(ctx, node.inputs[1], g.cout, k, one_by_one ? 1 : 16);
+  const bool flat = wt.planned();
   if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0) {
     GemmShape s;
     s.m = m;
@@ -235,7 +242,7 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
                    [&](const std::string& extra) { return kernel_of(tile, &kernel, extra); });
     if (!e.empty()) return Refuse(error, e);
   }
-  auto op = std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, OwnedBuffer(), 0);
+  auto op = std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, PackedWeight(), 0);
   op->SetSplitK(split);
   return op;
 }

@@ -85,19 +85,32 @@ std::string SplitK::Sum(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c,
   return ctx.Enqueue(sum_, 3, global, local, label);
 }
 
-bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
-                            OwnedBuffer* out, std::string* error) {
-  if (!PreferFlatKernels(ctx) || w.const_data == nullptr || w.dtype != DType::kFloat32) {
-    return false;
-  }
-  const auto* src = static_cast<const float*>(w.const_data);
-  const int np = (n + pad_to - 1) / pad_to * pad_to;
-  std::vector<float> t(static_cast<size_t>(np) * k, 0.0f);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < k; ++j) t[static_cast<size_t>(j) * np + i] = src[static_cast<size_t>(i) * k + j];
-  }
-  *error = out->Upload(ctx, t);
-  return error->empty();
+void PackedWeight::Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to) {
+  if (!PreferFlatKernels(ctx) || !w.is_constant || w.dtype != DType::kFloat32) return;
+  n_ = n;
+  k_ = k;
+  np_ = (n + pad_to - 1) / pad_to * pad_to;
+  element_bytes_ = DTypeSize(ctx.storage());
+}
+
+size_t PackedWeight::bytes() const {
+  return static_cast<size_t>(np_) * static_cast<size_t>(k_) * element_bytes_;
+}
+
+std::string PackedWeight::Pack(GpuContext& ctx, cl_mem w) {
+  if (w == nullptr) return "packing a weight that was not uploaded";
+  std::string e = buffer_.Allocate(ctx, bytes());
+  if (!e.empty()) return e;
+  cl_kernel kernel = nullptr;
+  e = GetKernel(ctx, "weight_pack", "pack_transposed", "", &kernel);
+  if (!e.empty()) return e;
+  cl_mem out = buffer_.mem();
+  e = Args().Mem(w).Mem(out).Int(n_).Int(k_).Int(np_).Set(ctx.cl(), kernel);
+  if (!e.empty()) return e;
+  const size_t local[2] = {16, 4};
+  const size_t global[2] = {RoundUp(static_cast<size_t>(np_), local[0]),
+                            RoundUp(static_cast<size_t>(k_), local[1])};
+  return ctx.Enqueue(kernel, 2, global, local, "pack_transposed");
 }
 
 // Whether an operand whose contiguous index runs over `extent` elements, with

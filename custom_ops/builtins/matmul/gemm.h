@@ -149,12 +149,25 @@ class Gemm {
 constexpr int kFlatRows = 8;
 
 // For CPU-like devices: a constant [N][K] float matrix (FULLY_CONNECTED
-// weights, OHWI filters) uploaded transposed as [K][NP], NP = N rounded up to
-// `pad_to` (zeros), so that the flat kernels read it n-major. Returns false
-// (nothing uploaded) when the device prefers tiled kernels or the weight is
-// not a constant; *error on failure.
-bool UploadTransposedWeight(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
-                            OwnedBuffer* out, std::string* error);
+// weights, OHWI filters) kept transposed as [K][NP], NP = N rounded up to
+// `pad_to` (zeros), so that the flat kernels read it n-major. The copy is made
+// on the device from the uploaded weight (GpuOp::PackWeights), never on the host.
+class PackedWeight {
+ public:
+  // Plans the packed copy where the device prefers flat kernels and `w` is a
+  // float constant; planned() tells.
+  void Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to);
+  bool planned() const { return np_ > 0; }
+  // Makes the copy from `w` (the uploaded [N][K] weight). "" or a reason.
+  std::string Pack(GpuContext& ctx, cl_mem w);
+  cl_mem mem() const { return buffer_.mem(); }
+  size_t bytes() const;
+
+ private:
+  int n_ = 0, k_ = 0, np_ = 0;
+  size_t element_bytes_ = 4;
+  OwnedBuffer buffer_;
+};
 
 }  // namespace difflite::gpu::builtin
 

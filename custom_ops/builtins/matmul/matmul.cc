@@ -21,15 +21,19 @@ std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
 
 class GemmOp final : public GpuOp {
  public:
-  GemmOp(Gemm g, int bias_input, const char* label, OwnedBuffer b = OwnedBuffer())
+  GemmOp(Gemm g, int bias_input, const char* label, PackedWeight b = PackedWeight())
       : gemm_(std::move(g)), bias_input_(bias_input), label_(label), own_b_(std::move(b)) {}
-  bool UsesInput(size_t input) const override { return !(input == 1 && own_b_.mem()); }
+  bool UsesInput(size_t input) const override { return !(input == 1 && own_b_.planned()); }
+  bool PacksInput(size_t input) const override { return input == 1 && own_b_.planned(); }
+  std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
+    return own_b_.Pack(ctx, in[1].mem);
+  }
   size_t WeightBytes() const override { return own_b_.bytes(); }
   size_t ScratchBytes() const override { return gemm_.ScratchBytes(); }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     cl_mem bias = bias_input_ >= 0 ? in[bias_input_].mem : nullptr;
-    cl_mem b = own_b_.mem() ? own_b_.mem() : in[1].mem;
+    cl_mem b = own_b_.planned() ? own_b_.mem() : in[1].mem;
     return gemm_.Run(ctx, in[0].mem, b, bias, out[0].mem, label_);
   }
 
@@ -37,7 +41,7 @@ class GemmOp final : public GpuOp {
   Gemm gemm_;
   int bias_input_;
   const char* label_;
-  OwnedBuffer own_b_;
+  PackedWeight own_b_;
 };
 
 std::unique_ptr<GpuOp> CreateFullyConnected(const NodeView& node, GpuContext& ctx,
@@ -82,12 +86,11 @@ std::unique_ptr<GpuOp> CreateFullyConnected(const NodeView& node, GpuContext& ct
   s.b_sn = k;
   s.ldc = n;
   s.has_bias = has_bias;
-  OwnedBuffer wt;
-  if (UploadTransposedWeight(ctx, w, n, k, 1, &wt, &e)) {
+  PackedWeight wt;
+  wt.Plan(ctx, w, n, k, 1);
+  if (wt.planned()) {
     s.b_sk = n;
     s.b_sn = 1;
-  } else if (!e.empty()) {
-    return Refuse(error, e);
   }
   Gemm g;
   e = g.Init(ctx, s);

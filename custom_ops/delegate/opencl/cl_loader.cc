@@ -121,6 +121,8 @@ void LoadOnce(Loaded* out) {
        &missing);
   Bind(out->handle, "clBuildProgram", &a.BuildProgram, &missing);
   Bind(out->handle, "clGetProgramBuildInfo", &a.GetProgramBuildInfo, &missing);
+  Bind(out->handle, "clCreateProgramWithBinary", &a.CreateProgramWithBinary, &missing);
+  Bind(out->handle, "clGetProgramInfo", &a.GetProgramInfo, &missing);
   Bind(out->handle, "clReleaseProgram", &a.ReleaseProgram, &missing);
   Bind(out->handle, "clCreateKernel", &a.CreateKernel, &missing);
   Bind(out->handle, "clGetKernelInfo", &a.GetKernelInfo, &missing);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cl_loader.h"
+#include "delegate_util.h"
 
 namespace difflite::gpu {
 namespace {
@@ -226,6 +227,9 @@ std::string Runtime::Init(const ClApi* cl, const DeviceEntry& entry,
   const cl_uint align_bits =
       DeviceValue<cl_uint>(*cl, device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN);
   d.base_align_bytes = std::max<size_t>(align_bits / 8, 4);
+  d.host_unified_memory =
+      DeviceValue<cl_bool>(*cl, device_, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
+  d.driver_version = DeviceString(*cl, device_, CL_DRIVER_VERSION);
   size_t items[3] = {1, 1, 1};
   if (cl->GetDeviceInfo(device_, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(items),
                         items, nullptr) == CL_SUCCESS) {
@@ -264,10 +268,11 @@ std::string Runtime::BaseOptions(DType storage, bool half_math) const {
   return "-cl-std=CL1.2 -DDL_T=float -DDL_T4=float4";
 }
 
-cl_program Runtime::Program(const std::string& program,
-                            const std::string& options, std::string* error) {
-  // Called with cache_mutex_ held.
+cl_program Runtime::Program(const std::string& program, const std::string& options,
+                            const ProgramCache& disk, std::string* error) {
   const std::string key = program + "\n" + options;
+  std::unique_lock<std::mutex> lock(cache_mutex_);
+  built_.wait(lock, [&] { return building_.count(key) == 0; });
   auto it = programs_.find(key);
   if (it != programs_.end()) return it->second;
   auto f = failed_.find(key);
@@ -275,59 +280,149 @@ cl_program Runtime::Program(const std::string& program,
     *error = f->second;
     return nullptr;
   }
+  building_.insert(key);
+  lock.unlock();
+  const auto t0 = std::chrono::steady_clock::now();
+  cl_program prog = Build(program, options, disk, error);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lock.lock();
+  build_seconds_ += seconds;
+  building_.erase(key);
+  if (prog != nullptr) {
+    programs_[key] = prog;
+  } else {
+    failed_[key] = *error;
+  }
+  built_.notify_all();
+  return prog;
+}
+
+std::string Runtime::CacheKey(const std::string& text, const std::string& options) const {
+  return "device=" + info_.name + "\nvendor=" + info_.vendor + "\ndriver=" +
+         info_.driver_version + "\nplatform=" + info_.platform + "\nversion=" + info_.version +
+         "\noptions=" + options + "\nsource=" + std::to_string(text.size()) + ":" +
+         std::to_string(Fnv1a64(text.data(), text.size()));
+}
+
+cl_program Runtime::Build(const std::string& program, const std::string& options,
+                          const ProgramCache& disk, std::string* error) {
   const EmbeddedProgram* src = FindEmbeddedProgram(program);
   if (src == nullptr) {
     *error = "no embedded OpenCL program '" + program + "'";
     return nullptr;
   }
-  std::string text;
+  std::string text = kPrelude;
   std::set<std::string> seen = {program};
   if (!ExpandIncludes(src->source, src->size, &seen, &text, error)) return nullptr;
-  const auto t0 = std::chrono::steady_clock::now();
-  const char* strings[2] = {kPrelude, text.c_str()};
-  const size_t lengths[2] = {std::strlen(kPrelude), text.size()};
+  const std::string key = CacheKey(text, options);
+  std::vector<unsigned char> binary;
+  std::string why;
+  if (disk.Load(key, &binary, &why)) {
+    cl_program prog = BuildFromBinary(binary, options);
+    if (prog != nullptr) {
+      std::lock_guard<std::mutex> lock(cache_mutex_);
+      ++from_disk_;
+      return prog;
+    }
+    why = "the driver refused the stored binary";
+  }
+  if (!why.empty()) {
+    Log("program cache: " + disk.PathOf(key) + " (" + program + "): " + why + "; rebuilding");
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    ++rejected_;
+  }
+  cl_program prog = BuildFromSource(program, text, options, error);
+  if (prog == nullptr) return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    ++compiled_;
+  }
+  if (disk.enabled()) {
+    const std::vector<unsigned char> built = BinaryOf(prog);
+    const std::string e = built.empty() ? "the driver gave no binary" : disk.Store(key, built);
+    if (!e.empty()) Log("program cache: not storing " + program + ": " + e);
+  }
+  return prog;
+}
+
+cl_program Runtime::BuildFromSource(const std::string& program, const std::string& text,
+                                    const std::string& options, std::string* error) {
+  const char* strings[1] = {text.c_str()};
+  const size_t lengths[1] = {text.size()};
   cl_int err = CL_SUCCESS;
-  cl_program prog = cl_->CreateProgramWithSource(context_, 2, strings, lengths, &err);
+  cl_program prog = cl_->CreateProgramWithSource(context_, 1, strings, lengths, &err);
   if (prog == nullptr || err != CL_SUCCESS) {
     *error = "clCreateProgramWithSource(" + program + "): " + ClErrorName(err);
     return nullptr;
   }
   err = cl_->BuildProgram(prog, 1, &device_, options.c_str(), nullptr, nullptr);
-  build_seconds_ += std::chrono::duration<double>(
-                        std::chrono::steady_clock::now() - t0).count();
-  if (err != CL_SUCCESS) {
-    size_t n = 0;
-    std::string log;
-    if (cl_->GetProgramBuildInfo(prog, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr,
-                                 &n) == CL_SUCCESS && n > 1) {
-      log.resize(n);
-      cl_->GetProgramBuildInfo(prog, device_, CL_PROGRAM_BUILD_LOG, n, &log[0],
-                               nullptr);
-      while (!log.empty() && log.back() == '\0') log.pop_back();
-    }
-    cl_->ReleaseProgram(prog);
-    *error = "building OpenCL program '" + program + "' (" + options +
-             ") failed: " + ClErrorName(err) +
-             (log.empty() ? "" : ": " + OneLine(log, 1500));
-    failed_[key] = *error;
+  if (err == CL_SUCCESS) return prog;
+  size_t n = 0;
+  std::string log;
+  if (cl_->GetProgramBuildInfo(prog, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n) ==
+          CL_SUCCESS &&
+      n > 1) {
+    log.resize(n);
+    cl_->GetProgramBuildInfo(prog, device_, CL_PROGRAM_BUILD_LOG, n, &log[0], nullptr);
+    while (!log.empty() && log.back() == '\0') log.pop_back();
+  }
+  cl_->ReleaseProgram(prog);
+  *error = "building OpenCL program '" + program + "' (" + options + ") failed: " +
+           ClErrorName(err) + (log.empty() ? "" : ": " + OneLine(log, 1500));
+  return nullptr;
+}
+
+cl_program Runtime::BuildFromBinary(const std::vector<unsigned char>& binary,
+                                    const std::string& options) {
+  const unsigned char* data = binary.data();
+  const size_t size = binary.size();
+  cl_int status = CL_SUCCESS, err = CL_SUCCESS;
+  cl_program prog =
+      cl_->CreateProgramWithBinary(context_, 1, &device_, &size, &data, &status, &err);
+  if (prog == nullptr || err != CL_SUCCESS || status != CL_SUCCESS) {
+    if (prog != nullptr) cl_->ReleaseProgram(prog);
     return nullptr;
   }
-  programs_[key] = prog;
+  if (cl_->BuildProgram(prog, 1, &device_, options.c_str(), nullptr, nullptr) != CL_SUCCESS) {
+    cl_->ReleaseProgram(prog);
+    return nullptr;
+  }
   return prog;
+}
+
+std::vector<unsigned char> Runtime::BinaryOf(cl_program prog) const {
+  size_t size = 0;
+  if (cl_->GetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr) !=
+          CL_SUCCESS ||
+      size == 0) {
+    return {};
+  }
+  std::vector<unsigned char> binary(size);
+  unsigned char* ptr = binary.data();
+  if (cl_->GetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr) != CL_SUCCESS) {
+    return {};
+  }
+  return binary;
 }
 
 cl_kernel Runtime::Kernel(const std::string& program,
                           const std::string& kernel_name,
                           const std::string& options, DType storage,
-                          bool half_math, std::string* error) {
+                          bool half_math, const ProgramCache& disk, std::string* error) {
   const std::string full =
       BaseOptions(storage, half_math) + (options.empty() ? "" : " " + options);
   const std::string key = program + "\n" + full + "\n" + kernel_name;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    auto it = kernels_.find(key);
+    if (it != kernels_.end()) return it->second;
+  }
+  cl_program prog = Program(program, full, disk, error);
+  if (prog == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(cache_mutex_);
   auto it = kernels_.find(key);
   if (it != kernels_.end()) return it->second;
-  cl_program prog = Program(program, full, error);
-  if (prog == nullptr) return nullptr;
   cl_int err = CL_SUCCESS;
   cl_kernel k = cl_->CreateKernel(prog, kernel_name.c_str(), &err);
   if (k == nullptr || err != CL_SUCCESS) {
@@ -352,6 +447,21 @@ size_t Runtime::KernelWorkGroupSize(cl_kernel kernel) const {
 size_t Runtime::programs_built() const {
   std::lock_guard<std::mutex> lock(cache_mutex_);
   return programs_.size();
+}
+
+size_t Runtime::programs_compiled() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  return compiled_;
+}
+
+size_t Runtime::programs_from_disk() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  return from_disk_;
+}
+
+size_t Runtime::programs_rejected() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  return rejected_;
 }
 
 double Runtime::build_seconds() const {

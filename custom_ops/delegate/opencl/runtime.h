@@ -6,13 +6,16 @@
 #define DIFFLITE_OPENCL_RUNTIME_H_
 
 #include <cstddef>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "difflite/gpu_api.h"
+#include "opencl/program_cache.h"
 
 namespace difflite::gpu {
 
@@ -56,11 +59,14 @@ class Runtime {
 
   // A kernel of the embedded program `program`, built with the backend's
   // options for `storage` (and half arithmetic) plus `options`; cached per
-  // (program, options, storage, arithmetic, kernel). nullptr and *error on
-  // failure (build log included).
+  // (program, options, storage, arithmetic, kernel) in memory, and the
+  // program's binary in `disk` (loaded from there when an intact entry for
+  // this device, driver, source and options exists). nullptr and *error on
+  // failure (build log included). Threads may ask at once: distinct programs
+  // build in parallel, the same program once.
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, DType storage, bool half_math,
-                   std::string* error);
+                   const ProgramCache& disk, std::string* error);
   size_t KernelWorkGroupSize(cl_kernel kernel) const;
 
   // The backend's own part of the build options: the storage type, how
@@ -73,14 +79,28 @@ class Runtime {
   // objects whose arguments are set right before each enqueue.
   std::mutex& exec_mutex() { return exec_mutex_; }
 
+  // Programs in this process: all of them, compiled from source, loaded from
+  // the disk cache, and disk entries rejected (stale, corrupt, foreign).
   size_t programs_built() const;
+  size_t programs_compiled() const;
+  size_t programs_from_disk() const;
+  size_t programs_rejected() const;
+  // Seconds spent compiling or loading programs (summed over threads).
   double build_seconds() const;
 
  private:
   Runtime() = default;
   std::string Init(const ClApi* cl, const DeviceEntry& entry, bool profile);
   cl_program Program(const std::string& program, const std::string& options,
-                     std::string* error);
+                     const ProgramCache& disk, std::string* error);
+  cl_program Build(const std::string& program, const std::string& options,
+                   const ProgramCache& disk, std::string* error);
+  cl_program BuildFromSource(const std::string& program, const std::string& text,
+                             const std::string& options, std::string* error);
+  cl_program BuildFromBinary(const std::vector<unsigned char>& binary,
+                             const std::string& options);
+  std::string CacheKey(const std::string& text, const std::string& options) const;
+  std::vector<unsigned char> BinaryOf(cl_program prog) const;
 
   const ClApi* cl_ = nullptr;
   DeviceInfo info_;
@@ -91,10 +111,13 @@ class Runtime {
   int device_index_ = -1;
 
   mutable std::mutex cache_mutex_;
+  std::condition_variable built_;  // a program left building_
+  std::set<std::string> building_;
   std::map<std::string, cl_program> programs_;
   std::map<std::string, std::string> failed_;  // key -> build error
   std::map<std::string, cl_kernel> kernels_;
   double build_seconds_ = 0.0;
+  size_t compiled_ = 0, from_disk_ = 0, rejected_ = 0;
   std::mutex exec_mutex_;
 };
 

@@ -28,9 +28,11 @@
 // without its own pragma.
 //
 // Additions by the backend (delegate/opencl/), all backward compatible: ClApi
-// members CreateSubBuffer, GetPlatformInfo, GetKernelInfo, RetainMemObject;
+// members CreateSubBuffer, GetPlatformInfo, GetKernelInfo, RetainMemObject,
+// CreateProgramWithBinary, GetProgramInfo;
 // DeviceInfo fields after has_fp16; GpuContext::device_id(),
-// KernelWorkGroupSize() and PreferFlatKernels(); GpuOp::AliasInput(), UsesInput(), WeightBytes();
+// KernelWorkGroupSize() and PreferFlatKernels(); GpuOp::AliasInput(), UsesInput(), WeightBytes(),
+// PacksInput(), PackWeights(); TensorInfo::is_constant;
 // the meaning of an omitted optional input in NodeView/Run; RegisterGpuOp and
 // DIFFLITE_REGISTER_GPU_OP.
 #ifndef DIFFLITE_GPU_API_H_
@@ -83,6 +85,8 @@ struct ClApi {
   decltype(&::clGetPlatformInfo) GetPlatformInfo = nullptr;
   decltype(&::clGetKernelInfo) GetKernelInfo = nullptr;
   decltype(&::clRetainMemObject) RetainMemObject = nullptr;
+  decltype(&::clCreateProgramWithBinary) CreateProgramWithBinary = nullptr;
+  decltype(&::clGetProgramInfo) GetProgramInfo = nullptr;
 };
 
 struct DeviceInfo {
@@ -100,6 +104,8 @@ struct DeviceInfo {
   uint64_t global_mem_bytes = 0;   // CL_DEVICE_GLOBAL_MEM_SIZE
   uint64_t max_alloc_bytes = 0;    // CL_DEVICE_MAX_MEM_ALLOC_SIZE
   size_t base_align_bytes = 0;     // CL_DEVICE_MEM_BASE_ADDR_ALIGN, in bytes
+  bool host_unified_memory = false;  // CL_DEVICE_HOST_UNIFIED_MEMORY (phones, CPUs, iGPUs)
+  std::string driver_version;      // CL_DRIVER_VERSION
 };
 
 // One device tensor: its own cl_mem (possibly a sub-buffer of the planned
@@ -188,6 +194,15 @@ class GpuOp {
   // Bytes of device memory the op holds itself (repacked weights), for the
   // memory report.
   virtual size_t WeightBytes() const { return 0; }
+  // True when the op keeps its own re-laid-out copy of constant input `input`,
+  // made on the device by PackWeights from the uploaded constant. The backend
+  // uploads such a constant, calls PackWeights once (before the first Run),
+  // and releases the upload at once where no op UsesInput it: no weight is
+  // re-laid-out on the host, and at most one weight is held twice at a time.
+  virtual bool PacksInput(size_t /*input*/) const { return false; }
+  virtual std::string PackWeights(GpuContext& /*ctx*/, const std::vector<GpuTensor>& /*inputs*/) {
+    return "";
+  }
 };
 
 // What the backend hands a GPU op factory about one node.
@@ -203,7 +218,9 @@ struct NodeView {
 // when this node (type, shape, options, device) is not supported; the backend
 // then leaves the node to TFLite. Constant inputs are uploaded by the backend
 // and arrive at Run like any input; an op may instead keep its own transformed
-// copy of a weight made at creation (e.g. a repacked filter).
+// copy of a weight, made on the device by PackWeights (e.g. a repacked filter).
+// Factories see const_data for int32 constants and small float ones only:
+// large float16 weights are never widened on the host (is_constant tells).
 using GpuOpFactory = std::unique_ptr<GpuOp> (*)(const NodeView& node, GpuContext& ctx,
                                                 std::string* error);
 

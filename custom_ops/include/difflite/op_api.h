@@ -34,6 +34,9 @@ struct TensorInfo {
   // Non-null when the tensor is a constant of the model (weights); lets an op
   // inspect it at Prepare time. Ops must not rely on it being set.
   const void* const_data = nullptr;
+  // Added by the OpenCL backend: true for a model constant even where
+  // const_data is not set (a float16 weight the backend does not widen on the host).
+  bool is_constant = false;
 };
 
 // What Run sees of one tensor (shape already checked by Infer).

@@ -1,0 +1,118 @@
+// The OpenCL backend's internals, shared by its parts:
+//   claim.cc           Delegate::Prepare: which nodes run on the GPU, their ops
+//   partition_plan.cc  a partition's tensors: lifetimes, aliases, shared buffers
+//   weights.cc         a partition's constants: uploaded one at a time, held once
+//   partition.cc       a partition kernel: Init, Prepare (plan -> upload), Invoke
+//   executor.cc        the Backend facade, the stats report
+#ifndef DIFFLITE_OPENCL_BACKEND_H_
+#define DIFFLITE_OPENCL_BACKEND_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "delegate_util.h"
+#include "difflite/gpu_api.h"
+#include "difflite/tflite_abi.h"
+#include "opencl/gpu_context.h"
+#include "opencl/runtime.h"
+
+namespace difflite::gpu {
+
+// A model constant: where its bytes are and how the ops see it. Nothing is
+// copied for a float32, float16 or int32 constant: `bytes` points into the
+// model; only bool / int64 constants (converted to int32) and small float16
+// ones (widened for the op factories) own a host copy, and only while claiming
+// and uploading.
+struct HostConst {
+  DType dtype = DType::kFloat32;         // as the ops see it: kFloat32 or kInt32
+  tfl::Type model_type = tfl::kFloat32;  // of `bytes`: kFloat32, kFloat16 or kInt32
+  Shape shape;
+  const void* bytes = nullptr;           // into the model, or into `converted`
+  // float32 / int32 values for the op factories (TensorInfo::const_data);
+  // nullptr for a float16 weight of more than kWidenedElements.
+  const void* values = nullptr;
+  std::vector<uint8_t> converted;
+  size_t elements() const { return static_cast<size_t>(NumElements(shape)); }
+  size_t model_bytes() const { return elements() * (model_type == tfl::kFloat16 ? 2 : 4); }
+};
+
+// float16 constants up to this many elements are widened on the host for the
+// op factories that read values (scalars, small vectors); larger ones (weights)
+// never are.
+constexpr size_t kWidenedElements = 256;
+
+// Writes `count` elements of `c` from element `first` as float32 (a folded
+// constant read back by TFLite).
+void WidenTo(const HostConst& c, size_t first, size_t count, float* out);
+
+// One node the backend claimed.
+struct ClaimedNode {
+  int node_index = -1;
+  std::string name;
+  bool folded = false;  // DEQUANTIZE of a constant: runs nothing
+  std::unique_ptr<OpInstance> custom;  // outlives `op` (NodeView::custom)
+  std::unique_ptr<GpuOp> op;
+  std::vector<int> inputs;
+  std::vector<int> outputs;
+  std::vector<TensorInfo> in_info;
+  std::vector<TensorInfo> out_info;
+  std::map<int, std::shared_ptr<HostConst>> consts;  // constant inputs
+  std::shared_ptr<HostConst> folded_value;          // output of a folded node
+
+  ~ClaimedNode() {
+    op.reset();  // before `custom`
+  }
+};
+
+// "CONV_2D 2x64x64x320,320x3x3x320,320->2x64x64x320": a node's profile=2 key
+// (nodes with the same op and shapes add up).
+std::string DetailLabel(const ClaimedNode& n);
+
+class Partition;
+
+// Shared with every partition it created: TFLite may free the partitions after the delegate
+// (Python drops the delegate first in some teardown orders), and a partition's destructor must
+// still reach the OpenCL runtime and the ops' context.
+struct BackendImpl : std::enable_shared_from_this<BackendImpl> {
+  Options options;
+  std::shared_ptr<Runtime> rt;
+  std::unique_ptr<ContextImpl> gctx;
+  DType storage = DType::kFloat32;
+  bool half_math = false;  // see Runtime::BaseOptions
+  std::map<int, std::unique_ptr<ClaimedNode>> pending;
+  std::map<int, std::shared_ptr<HostConst>> host_consts;  // during claiming
+  int nodes_claimed = 0;
+  int nodes_total = 0;
+  double claim_seconds = 0;
+  std::vector<Partition*> partitions;
+
+  // claim.cc
+  tfl::Status PrepareDelegate(tfl::Context* ctx, tfl::Delegate* delegate);
+  std::unique_ptr<ClaimedNode> Claim(tfl::Context* ctx, int node_index, tfl::Node* node,
+                                     tfl::Registration* reg, std::string* name,
+                                     std::string* why);
+  std::string ClaimInputs(tfl::Context* ctx, ClaimedNode* cn);
+  std::string ClaimOutputs(tfl::Context* ctx, ClaimedNode* cn);
+  std::string CreateOp(tfl::Node* node, tfl::Registration* reg, bool is_custom, ClaimedNode* cn);
+  std::shared_ptr<HostConst> ConstantOf(tfl::Context* ctx, int idx, std::string* why);
+  // executor.cc
+  void WriteStats();
+  std::string Describe() const;
+};
+
+// The table from a Delegate to its BackendImpl (a partition finds its backend
+// through DelegateParams::delegate).
+std::mutex& ImplMutex();
+std::map<const tfl::Delegate*, BackendImpl*>& ImplOf();
+BackendImpl* FindImpl(const tfl::Delegate* d);
+
+// partition.cc: the registration of the partition kernel.
+tfl::Registration PartitionRegistration();
+
+}  // namespace difflite::gpu
+
+#endif  // DIFFLITE_OPENCL_BACKEND_H_

@@ -1,0 +1,63 @@
+// What the ops see of the backend (GpuContext): the runtime's context, queue
+// and kernels, the program cache, op scratch memory, and profiling events.
+#ifndef DIFFLITE_OPENCL_GPU_CONTEXT_H_
+#define DIFFLITE_OPENCL_GPU_CONTEXT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "difflite/gpu_api.h"
+#include "opencl/program_cache.h"
+#include "opencl/runtime.h"
+
+namespace difflite::gpu {
+
+class ContextImpl final : public GpuContext {
+ public:
+  ContextImpl(std::shared_ptr<Runtime> rt, DType storage, bool flat, bool half_math,
+              ProgramCache disk)
+      : rt_(std::move(rt)), storage_(storage), half_math_(half_math), flat_(flat),
+        disk_(std::move(disk)) {}
+  ~ContextImpl() override;
+
+  const ClApi& cl() const override { return rt_->cl(); }
+  const DeviceInfo& device() const override { return rt_->info(); }
+  cl_context context() const override { return rt_->context(); }
+  cl_command_queue queue() const override { return rt_->queue(); }
+  DType storage() const override { return storage_; }
+  cl_device_id device_id() const override { return rt_->device(); }
+  size_t KernelWorkGroupSize(cl_kernel kernel) const override {
+    return rt_->KernelWorkGroupSize(kernel);
+  }
+  bool PreferFlatKernels() const override { return flat_; }
+  cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
+                   const std::string& options, std::string* error) override;
+  std::string Enqueue(cl_kernel kernel, cl_uint dims, const size_t* global,
+                      const size_t* local, const char* label) override;
+  cl_mem Scratch(size_t bytes, int slot, std::string* error) override;
+
+  void set_label(const std::string& l) { label_ = l; }
+  // profile=2: events keyed by node label and kernel label, not by op type alone.
+  void set_detail(bool on) { detail_ = on; }
+  std::vector<std::pair<std::string, cl_event>> TakeEvents();
+  size_t scratch_bytes() const;
+  const ProgramCache& disk() const { return disk_; }
+
+ private:
+  std::shared_ptr<Runtime> rt_;
+  DType storage_;
+  bool half_math_;  // -DDL_FP16_MATH: half multiply-adds in the GEMM tiles and attention
+  bool flat_;
+  ProgramCache disk_;
+  std::map<int, std::pair<cl_mem, size_t>> scratch_;
+  std::vector<std::pair<std::string, cl_event>> events_;
+  std::string label_;
+  bool detail_ = false;
+};
+
+}  // namespace difflite::gpu
+
+#endif  // DIFFLITE_OPENCL_GPU_CONTEXT_H_

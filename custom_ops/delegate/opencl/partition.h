@@ -1,0 +1,110 @@
+// One partition kernel of the OpenCL backend: the claimed nodes TFLite
+// replaced by one delegate node. Prepare reads as plan -> upload:
+//   partition_plan.cc  classify tensors, lifetimes in node steps, RESHAPE-style
+//                      aliases, intermediates placed into buffers shared by
+//                      lifetime (no sub-buffers), boundary staging, op tensors
+//   weights.cc         constants uploaded one at a time in the storage type,
+//                      each op's device-side weight packing, model pages released
+// and Invoke (partition.cc) writes the inputs, runs the ops in order on the
+// in-order queue, reads the outputs and waits once.
+#ifndef DIFFLITE_OPENCL_PARTITION_H_
+#define DIFFLITE_OPENCL_PARTITION_H_
+
+#include <climits>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "opencl/backend.h"
+
+namespace difflite::gpu {
+
+struct Slot {
+  enum Kind { kConst, kInput, kInternal };
+  Kind kind = kInternal;
+  DType model = DType::kFloat32;    // the TFLite tensor's type
+  DType storage = DType::kFloat32;  // on the device
+  Shape shape;
+  size_t bytes = 0;
+  std::shared_ptr<HostConst> host;  // constants
+  bool used = false;                // some op reads it on the device at Run
+  bool packed = false;              // some op packs its own copy of it (constants)
+  bool is_output = false;           // read back after Invoke
+  int first = INT_MAX;
+  int last = -1;
+  int root = -1;                    // tensor index whose buffer it uses
+  cl_mem mem = nullptr;
+  bool owns_mem = false;
+  bool zero_copy = false;           // mem is a buffer over the model file's pages
+  cl_mem staging = nullptr;         // float32 twin for half storage
+};
+
+// What the weight upload did (stats and the verbose log).
+struct UploadReport {
+  size_t held_bytes = 0;       // constants kept on the device
+  size_t zero_copy_bytes = 0;  // of those, buffers over the model file's pages
+  size_t released_bytes = 0;   // model pages dropped from this process after upload
+  size_t staging_bytes = 0;    // the largest host staging buffer used for conversions
+  double seconds = 0;
+};
+
+class Partition {
+ public:
+  explicit Partition(std::shared_ptr<BackendImpl> be) : be_(std::move(be)) {}
+  ~Partition();
+
+  std::string Init(tfl::Context* ctx, const tfl::DelegateParams* params);
+  tfl::Status Prepare(tfl::Context* ctx);
+  tfl::Status Invoke(tfl::Context* ctx);
+
+  size_t arena_bytes = 0;
+  size_t weights_bytes = 0;
+  size_t scratch_bytes = 0;
+  size_t staging_bytes = 0;
+  UploadReport upload;
+  int nodes() const { return static_cast<int>(nodes_.size()); }
+  const std::map<std::string, std::pair<double, long>>& profile() const { return prof_; }
+  long invokes() const { return invokes_; }
+
+ private:
+  // partition_plan.cc
+  std::string ClassifyTensors();
+  void JoinAliases();
+  std::string AllocateIntermediates();
+  std::string AllocateStaging();
+  void BindRunTensors();
+  std::string ResizeOutputs(tfl::Context* ctx);
+  // weights.cc
+  std::string UploadConstants();
+  void DropHostConstants();
+  // partition.cc
+  std::string PlanAndUpload(tfl::Context* ctx);
+  std::string WriteInputs(tfl::Context* ctx);
+  std::string RunNodes();
+  std::string ReadOutputs(tfl::Context* ctx);
+  void CollectProfile();
+  std::string Convert(const char* kernel, cl_mem src, cl_mem dst, size_t n);
+  int Root(int idx) {
+    int r = idx;
+    while (slots_.at(r).root != r) r = slots_.at(r).root;
+    return r;
+  }
+
+  std::shared_ptr<BackendImpl> be_;
+  std::vector<std::unique_ptr<ClaimedNode>> nodes_;
+  std::vector<size_t> exec_;  // indices into nodes_ of the nodes that run
+  std::vector<int> inputs_;   // partition input tensors (from TFLite)
+  std::vector<int> outputs_;
+  std::map<int, Slot> slots_;
+  std::vector<cl_mem> objects_;  // the intermediate buffers, each shared by several tensors
+  std::vector<std::vector<GpuTensor>> run_in_, run_out_;
+  bool prepared_ = false;
+  std::map<std::string, std::pair<double, long>> prof_;  // name -> (ms, kernels)
+  long invokes_ = 0;
+};
+
+}  // namespace difflite::gpu
+
+#endif  // DIFFLITE_OPENCL_PARTITION_H_

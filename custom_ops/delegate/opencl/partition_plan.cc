@@ -1,0 +1,226 @@
+// The memory plan of a partition (see partition.h).
+#include <algorithm>
+#include <climits>
+
+#include "opencl/cl_loader.h"
+#include "opencl/memory_plan.h"
+#include "opencl/partition.h"
+
+namespace difflite::gpu {
+
+namespace {
+
+Slot MakeSlot(int idx, Slot::Kind kind, DType model, DType storage, const Shape& shape) {
+  Slot s;
+  s.kind = kind;
+  s.model = model;
+  s.storage = model == DType::kInt32 ? DType::kInt32 : storage;
+  s.shape = shape;
+  s.bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(s.storage);
+  s.root = idx;
+  return s;
+}
+
+}  // namespace
+
+// Constants, partition inputs and produced tensors, with lifetimes in steps
+// (positions in exec_).
+std::string Partition::ClassifyTensors() {
+  const DType storage = be_->storage;
+  for (const auto& n : nodes_) {
+    if (!n->folded) continue;
+    const int out = n->outputs[0];
+    Slot s = MakeSlot(out, Slot::kConst, DType::kFloat32, storage, n->folded_value->shape);
+    s.host = n->folded_value;
+    slots_[out] = s;
+  }
+  const int steps = static_cast<int>(exec_.size());
+  for (int step = 0; step < steps; ++step) {
+    ClaimedNode& n = *nodes_[exec_[step]];
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const int idx = n.inputs[i];
+      if (idx < 0) continue;
+      auto it = slots_.find(idx);
+      if (it == slots_.end()) {
+        auto c = n.consts.find(idx);
+        if (c != n.consts.end()) {
+          Slot s = MakeSlot(idx, Slot::kConst, c->second->dtype, storage, c->second->shape);
+          s.host = c->second;
+          it = slots_.emplace(idx, s).first;
+        } else {
+          const TensorInfo& info = n.in_info[i];
+          Slot s = MakeSlot(idx, Slot::kInput, info.dtype, storage, info.shape);
+          s.first = 0;
+          it = slots_.emplace(idx, s).first;
+        }
+      }
+      Slot& s = it->second;
+      if (s.kind == Slot::kConst) {
+        s.used = s.used || n.op->UsesInput(i);
+        s.packed = s.packed || n.op->PacksInput(i);
+      } else {
+        s.used = true;
+        s.last = std::max(s.last, step);
+      }
+    }
+    for (size_t o = 0; o < n.outputs.size(); ++o) {
+      const int idx = n.outputs[o];
+      if (slots_.count(idx)) {
+        return "tensor " + std::to_string(idx) + " is written by two nodes";
+      }
+      Slot s = MakeSlot(idx, Slot::kInternal, n.out_info[o].dtype, storage, n.out_info[o].shape);
+      s.first = step;
+      s.last = step;
+      s.used = true;
+      slots_.emplace(idx, s);
+    }
+  }
+  for (int idx : outputs_) {
+    auto it = slots_.find(idx);
+    if (it == slots_.end()) {
+      return "partition output " + std::to_string(idx) + " is produced by no node";
+    }
+    it->second.is_output = true;
+    if (it->second.kind != Slot::kConst) it->second.last = steps;
+  }
+  return "";
+}
+
+// An output sharing its input's buffer (same bytes); roots' lifetimes cover
+// their aliases.
+void Partition::JoinAliases() {
+  for (size_t step = 0; step < exec_.size(); ++step) {
+    ClaimedNode& n = *nodes_[exec_[step]];
+    for (size_t o = 0; o < n.outputs.size(); ++o) {
+      const int a = n.op->AliasInput(o);
+      if (a < 0 || static_cast<size_t>(a) >= n.inputs.size() || n.inputs[a] < 0) continue;
+      Slot& in = slots_.at(n.inputs[a]);
+      Slot& out = slots_.at(n.outputs[o]);
+      if (in.kind == Slot::kConst || in.bytes != out.bytes || in.storage != out.storage) {
+        continue;
+      }
+      out.root = Root(n.inputs[a]);
+    }
+  }
+  for (auto& kv : slots_) {
+    Slot& s = kv.second;
+    if (s.kind == Slot::kConst || s.root == kv.first) continue;
+    Slot& r = slots_.at(Root(kv.first));
+    r.first = std::min(r.first, s.first);
+    r.last = std::max(r.last, s.last);
+  }
+}
+
+// Whole buffers shared by tensors with disjoint lifetimes, not sub-buffers of one arena:
+// NVIDIA's driver crashes releasing some arena sub-buffers (benchmarks/NOTES.md §4), and
+// mobile drivers align sub-buffer origins coarsely.
+std::string Partition::AllocateIntermediates() {
+  const ClApi& cl = be_->rt->cl();
+  std::vector<int> roots;
+  std::vector<PlanItem> items;
+  for (auto& kv : slots_) {
+    Slot& s = kv.second;
+    if (s.kind == Slot::kConst || s.root != kv.first) continue;
+    roots.push_back(kv.first);
+    PlanItem it;
+    it.bytes = s.bytes;
+    it.first = std::max(0, s.first == INT_MAX ? 0 : s.first);
+    it.last = std::max(it.first, s.last);
+    items.push_back(it);
+  }
+  const ObjectPlan plan = PlanSharedObjects(items);
+  // Poison: a read before any write shows up as NaN.
+  const cl_uint nan_bits = be_->storage == DType::kFloat16 ? 0x7e007e00u : 0x7fc00000u;
+  cl_int err = CL_SUCCESS;
+  for (size_t bytes : plan.object_bytes) {
+    cl_mem object = cl.CreateBuffer(be_->rt->context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    if (object == nullptr || err != CL_SUCCESS) {
+      return "cannot allocate a " + std::to_string(bytes) + "-byte intermediate buffer (" +
+             std::to_string(plan.total_bytes) + " bytes in all): " + ClErrorName(err);
+    }
+    objects_.push_back(object);
+    err = cl.EnqueueFillBuffer(be_->rt->queue(), object, &nan_bits, sizeof(nan_bits), 0,
+                               bytes / 4 * 4, 0, nullptr, nullptr);
+    if (err != CL_SUCCESS) return "clEnqueueFillBuffer(intermediates): " + ClErrorName(err);
+  }
+  arena_bytes = plan.total_bytes;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    slots_.at(roots[i]).mem = objects_[plan.object_of[i]];
+  }
+  for (auto& kv : slots_) {
+    Slot& s = kv.second;
+    if (s.kind != Slot::kConst && s.root != kv.first) s.mem = slots_.at(Root(kv.first)).mem;
+  }
+  return "";
+}
+
+// Float32 twins for float tensors crossing the boundary in half storage.
+std::string Partition::AllocateStaging() {
+  staging_bytes = 0;
+  if (be_->storage != DType::kFloat16) return "";
+  const ClApi& cl = be_->rt->cl();
+  for (auto& kv : slots_) {
+    Slot& s = kv.second;
+    const bool boundary = s.kind == Slot::kInput || (s.kind == Slot::kInternal && s.is_output);
+    if (!boundary || s.model != DType::kFloat32) continue;
+    const size_t bytes = std::max<size_t>(static_cast<size_t>(NumElements(s.shape)) * 4, 4);
+    cl_int err = CL_SUCCESS;
+    s.staging = cl.CreateBuffer(be_->rt->context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    if (s.staging == nullptr || err != CL_SUCCESS) {
+      return "cannot allocate a staging buffer: " + ClErrorName(err);
+    }
+    staging_bytes += bytes;
+  }
+  if (staging_bytes == 0) return "";
+  // Built now, not at the first Invoke: every program a partition runs is ready after Prepare.
+  std::string e;
+  for (const char* kernel : {"f32_to_storage", "storage_to_f32"}) {
+    if (be_->gctx->Kernel("convert", kernel, "", &e) == nullptr) return e;
+  }
+  return "";
+}
+
+// The tensors each op sees at Run.
+void Partition::BindRunTensors() {
+  run_in_.assign(exec_.size(), {});
+  run_out_.assign(exec_.size(), {});
+  scratch_bytes = 0;
+  for (size_t step = 0; step < exec_.size(); ++step) {
+    ClaimedNode& n = *nodes_[exec_[step]];
+    for (int idx : n.inputs) {
+      GpuTensor t;
+      if (idx >= 0) {
+        const Slot& s = slots_.at(idx);
+        t.mem = s.mem;
+        t.dtype = s.storage;
+        t.shape = s.shape;
+      } else {
+        t.dtype = DType::kOther;
+      }
+      run_in_[step].push_back(t);
+    }
+    for (int idx : n.outputs) {
+      const Slot& s = slots_.at(idx);
+      run_out_[step].push_back({s.mem, s.storage, s.shape});
+    }
+    scratch_bytes = std::max(scratch_bytes, n.op->ScratchBytes());
+  }
+}
+
+// Interpreter-visible outputs get the planned shapes.
+std::string Partition::ResizeOutputs(tfl::Context* ctx) {
+  for (int idx : outputs_) {
+    const Slot& s = slots_.at(idx);
+    tfl::Tensor* t = TensorAt(ctx, idx);
+    if (t->dims == nullptr || ToVector(t->dims) != s.shape) {
+      tfl::IntArray* dims = NewIntArray(s.shape);
+      if (dims == nullptr || ctx->ResizeTensor(ctx, t, dims) != tfl::kOk) {
+        return "cannot resize output tensor " + std::to_string(idx) + " to " +
+               ShapeToString(s.shape);
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace difflite::gpu

@@ -1,0 +1,273 @@
+// A partition's constants on the device (see partition.h): each weight is read
+// once from the model and held once, in the storage type.
+//
+// - Upload order follows the nodes: a node's constants are uploaded, then its op
+//   packs its own copy where it keeps one (GpuOp::PackWeights, on the device),
+//   and an upload no op reads at Run is released at once. So at most one weight
+//   is held twice, and only on devices whose kernels want a packed layout.
+// - The model's bytes go to the device as they are where they are already in the
+//   storage type (float16 weights in half storage); otherwise they are converted
+//   through one bounded staging buffer (kStagingBytes), never a whole tensor.
+// - Zero copy: where the device shares memory with the host (phones, CPUs,
+//   integrated GPUs) and the model's bytes need no conversion, the buffer is made
+//   over the model file's own pages (CL_MEM_USE_HOST_PTR on the interpreter's
+//   read-only mapping): the weights live once, as clean file pages the system
+//   may page out and back in. Option zero_copy=off turns it off.
+// - After a copy, the model's pages of that weight are released from the process
+//   (madvise MADV_DONTNEED on the file mapping: clean pages, re-read from the file
+//   should TFLite ever touch them), so the interpreter's mapping does not keep a
+//   second copy resident.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "opencl/cl_loader.h"
+#include "opencl/half.h"
+#include "opencl/partition.h"
+
+namespace difflite::gpu {
+
+namespace {
+
+constexpr size_t kStagingBytes = 4u << 20;
+
+// The address ranges of this process mapped from files (/proc/self/maps).
+class FileMappings {
+ public:
+  FileMappings() {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+      std::istringstream in(line);
+      std::string range, perms, offset, dev;
+      unsigned long inode = 0;
+      if (!(in >> range >> perms >> offset >> dev >> inode) || inode == 0) continue;
+      const size_t dash = range.find('-');
+      if (dash == std::string::npos) continue;
+      ranges_.emplace_back(std::stoull(range.substr(0, dash), nullptr, 16),
+                           std::stoull(range.substr(dash + 1), nullptr, 16));
+    }
+    std::sort(ranges_.begin(), ranges_.end());
+  }
+
+  bool Contains(const void* p, size_t n) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(),
+                               std::make_pair(a, UINTPTR_MAX));
+    if (it == ranges_.begin()) return false;
+    --it;
+    return a >= it->first && a + n <= it->second;
+  }
+
+ private:
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;
+};
+
+size_t PageSize() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+bool SameEncoding(tfl::Type model, DType storage) {
+  return (model == tfl::kFloat32 && storage == DType::kFloat32) ||
+         (model == tfl::kFloat16 && storage == DType::kFloat16) ||
+         (model == tfl::kInt32 && storage == DType::kInt32);
+}
+
+// Elements [first, first + count) of `c` in `storage` at `out`.
+void ConvertElements(const HostConst& c, size_t first, size_t count, DType storage, void* out) {
+  if (SameEncoding(c.model_type, storage)) {
+    const size_t es = DTypeSize(storage);
+    std::memcpy(out, static_cast<const uint8_t*>(c.bytes) + first * es, count * es);
+    return;
+  }
+  if (storage == DType::kFloat16) {  // float32 model bytes
+    const float* src = static_cast<const float*>(c.bytes) + first;
+    auto* dst = static_cast<uint16_t*>(out);
+    for (size_t i = 0; i < count; ++i) dst[i] = FloatToHalf(src[i]);
+    return;
+  }
+  WidenTo(c, first, count, static_cast<float*>(out));  // float16 model bytes, float storage
+}
+
+class WeightUploader {
+ public:
+  WeightUploader(const Runtime& rt, bool zero_copy, UploadReport* report)
+      : rt_(rt), zero_copy_(zero_copy && rt.info().host_unified_memory), report_(report) {}
+
+  // A new read-only device buffer holding `c` in `storage`; *zero_copy: over the model's
+  // pages. "" or a reason.
+  std::string Upload(const HostConst& c, DType storage, cl_mem* out, bool* zero_copy) {
+    *zero_copy = false;
+    const size_t bytes = c.elements() * DTypeSize(storage);
+    if (CanWrap(c, storage, bytes)) {
+      cl_int err = CL_SUCCESS;
+      *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, bytes,
+                                   const_cast<void*>(c.bytes), &err);
+      if (*out != nullptr && err == CL_SUCCESS) {
+        report_->zero_copy_bytes += bytes;
+        *zero_copy = true;
+        return "";
+      }
+      *out = nullptr;  // the driver refused the pointer: copy instead
+    }
+    cl_int err = CL_SUCCESS;
+    *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY, std::max<size_t>(bytes, 4),
+                                 nullptr, &err);
+    if (*out == nullptr || err != CL_SUCCESS) {
+      *out = nullptr;
+      return "cannot allocate " + std::to_string(bytes) + " bytes: " + ClErrorName(err);
+    }
+    const std::string e = Write(c, storage, *out);
+    if (e.empty()) ReleaseModelPages(c);
+    return e;
+  }
+
+  // The whole pages of the model's copy of `c`, dropped from this process.
+  void ReleaseModelPages(const HostConst& c) {
+    const size_t size = c.model_bytes();
+    if (!files_.Contains(c.bytes, size)) return;
+    const size_t page = PageSize();
+    const auto begin = reinterpret_cast<uintptr_t>(c.bytes);
+    const uintptr_t first = (begin + page - 1) / page * page;
+    const uintptr_t last = (begin + size) / page * page;
+    if (last <= first) return;
+    if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0) {
+      report_->released_bytes += last - first;
+    }
+  }
+
+ private:
+  bool CanWrap(const HostConst& c, DType storage, size_t bytes) const {
+    const size_t align = std::max<size_t>(rt_.info().base_align_bytes, 64);
+    return zero_copy_ && SameEncoding(c.model_type, storage) && bytes >= 4 && bytes % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(c.bytes) % align == 0 && files_.Contains(c.bytes, bytes);
+  }
+
+  std::string Write(const HostConst& c, DType storage, cl_mem mem) {
+    const size_t n = c.elements();
+    const size_t es = DTypeSize(storage);
+    cl_command_queue q = rt_.queue();
+    if (SameEncoding(c.model_type, storage) && n * es >= 4) {
+      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, 0, n * es, c.bytes, 0,
+                                                     nullptr, nullptr);
+      return err == CL_SUCCESS ? "" : "clEnqueueWriteBuffer: " + ClErrorName(err);
+    }
+    // Converted (or padded to 4 bytes) through the staging buffer, a chunk at a time.
+    const size_t chunk = std::max<size_t>(kStagingBytes / es, 1);
+    staging_.resize(std::max<size_t>(std::min(n, chunk) * es, 4));
+    report_->staging_bytes = std::max(report_->staging_bytes, staging_.size());
+    for (size_t first = 0; first < n; first += chunk) {
+      const size_t count = std::min(chunk, n - first);
+      std::fill(staging_.begin(), staging_.end(), 0);
+      ConvertElements(c, first, count, storage, staging_.data());
+      const size_t size = std::max<size_t>(count * es, n * es < 4 ? 4 : 0);
+      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, first * es, size,
+                                                     staging_.data(), 0, nullptr, nullptr);
+      if (err != CL_SUCCESS) return "clEnqueueWriteBuffer: " + ClErrorName(err);
+    }
+    return "";
+  }
+
+  const Runtime& rt_;
+  const bool zero_copy_;
+  UploadReport* report_;
+  FileMappings files_;
+  std::vector<uint8_t> staging_;
+};
+
+}  // namespace
+
+void WidenTo(const HostConst& c, size_t first, size_t count, float* out) {
+  if (c.model_type == tfl::kFloat16) {
+    const uint16_t* src = static_cast<const uint16_t*>(c.bytes) + first;
+    for (size_t i = 0; i < count; ++i) out[i] = HalfToFloat(src[i]);
+  } else {
+    std::memcpy(out, static_cast<const float*>(c.bytes) + first, count * 4);
+  }
+}
+
+std::string Partition::UploadConstants() {
+  const auto t0 = std::chrono::steady_clock::now();
+  upload = UploadReport();
+  WeightUploader uploader(*be_->rt, be_->options.zero_copy != "off", &upload);
+  // Constant -> nodes still to pack it; an upload no op reads at Run goes after the last.
+  std::map<int, int> packers_left;
+  for (auto& kv : slots_) {
+    if (kv.second.kind == Slot::kConst && kv.second.packed) packers_left[kv.first] = 0;
+  }
+  for (size_t step : exec_) {
+    const ClaimedNode& n = *nodes_[step];
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i] >= 0 && n.op->PacksInput(i)) ++packers_left[n.inputs[i]];
+    }
+  }
+  for (size_t step : exec_) {
+    ClaimedNode& n = *nodes_[step];
+    std::vector<GpuTensor> in(n.inputs.size());
+    bool packs = false;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const int idx = n.inputs[i];
+      if (idx < 0) continue;
+      Slot& s = slots_.at(idx);
+      if (s.kind != Slot::kConst || !(s.used || s.packed)) continue;
+      if (s.mem == nullptr) {
+        const std::string e = uploader.Upload(*s.host, s.storage, &s.mem, &s.zero_copy);
+        if (!e.empty()) return "uploading constant tensor " + std::to_string(idx) + ": " + e;
+        s.owns_mem = true;
+      }
+      in[i] = {s.mem, s.storage, s.shape};
+      packs = packs || n.op->PacksInput(i);
+    }
+    if (!packs) continue;
+    std::string e = n.op->PackWeights(*be_->gctx, in);
+    if (e.empty() && be_->rt->cl().Finish(be_->rt->queue()) != CL_SUCCESS) e = "clFinish";
+    if (!e.empty()) return "node " + std::to_string(n.node_index) + " (" + n.name + "): " + e;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const int idx = n.inputs[i];
+      if (idx < 0 || !n.op->PacksInput(i) || --packers_left[idx] > 0) continue;
+      Slot& s = slots_.at(idx);
+      if (s.used || s.mem == nullptr) continue;
+      be_->rt->cl().ReleaseMemObject(s.mem);
+      s.mem = nullptr;
+      s.owns_mem = false;
+      if (s.zero_copy) uploader.ReleaseModelPages(*s.host);  // copies released theirs already
+      s.zero_copy = false;
+    }
+  }
+  weights_bytes = 0;
+  for (const auto& kv : slots_) {
+    if (kv.second.kind == Slot::kConst && kv.second.mem != nullptr) {
+      weights_bytes += std::max<size_t>(kv.second.bytes, 4);
+    }
+  }
+  upload.held_bytes = weights_bytes;
+  for (size_t step : exec_) weights_bytes += nodes_[step]->op->WeightBytes();
+  DropHostConstants();
+  upload.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return "";
+}
+
+// Host views of constants are no longer needed, except folded outputs read by TFLite.
+void Partition::DropHostConstants() {
+  for (auto& kv : slots_) {
+    if (kv.second.kind == Slot::kConst && !kv.second.is_output) kv.second.host.reset();
+  }
+  for (auto& n : nodes_) {
+    n->consts.clear();
+    if (n->folded && !slots_.at(n->outputs[0]).is_output) n->folded_value.reset();
+    for (TensorInfo& t : n->in_info) t.const_data = nullptr;
+  }
+}
+
+}  // namespace difflite::gpu
