@@ -56,7 +56,13 @@ __kernel void softmax_rows(__global const DL_T* x, __global DL_T* y, int rows, i
   if (r >= rows) return;
   __global const DL_T* xr = x + (size_t)r * (size_t)len;
   __global DL_T* yr = y + (size_t)r * (size_t)len;
+#ifdef DL_HALF_IO
+  // PoCL 3.1 compiles vload_half16 to an aligned vector load (a crash where a row of odd length
+  // starts mid-vector): vectors only where every row starts on a 16-element boundary.
+  const int lv = (len & 15) == 0 ? len : 0;
+#else
   const int lv = len & ~15;
+#endif
   float16 mv = (float16)(-INFINITY);
   for (int i = 0; i < lv; i += 16) mv = fmax(mv, DL_LOAD16(xr, i));
   float m = hmax16(mv);

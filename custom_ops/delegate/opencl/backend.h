@@ -73,6 +73,7 @@ struct ClaimedNode {
 std::string DetailLabel(const ClaimedNode& n);
 
 class Partition;
+struct Candidate;
 
 // Shared with every partition it created: TFLite may free the partitions after the delegate
 // (Python drops the delegate first in some teardown orders), and a partition's destructor must
@@ -85,6 +86,7 @@ struct BackendImpl : std::enable_shared_from_this<BackendImpl> {
   bool half_math = false;  // see Runtime::BaseOptions
   std::map<int, std::unique_ptr<ClaimedNode>> pending;
   std::map<int, std::shared_ptr<HostConst>> host_consts;  // during claiming
+  std::mutex host_consts_mutex;
   int nodes_claimed = 0;
   int nodes_total = 0;
   double claim_seconds = 0;
@@ -92,6 +94,8 @@ struct BackendImpl : std::enable_shared_from_this<BackendImpl> {
 
   // claim.cc
   tfl::Status PrepareDelegate(tfl::Context* ctx, tfl::Delegate* delegate);
+  void ClaimAll(tfl::Context* ctx, std::vector<Candidate>* candidates);
+  void ClaimOne(tfl::Context* ctx, Candidate* c);
   std::unique_ptr<ClaimedNode> Claim(tfl::Context* ctx, int node_index, tfl::Node* node,
                                      tfl::Registration* reg, std::string* name,
                                      std::string* why);

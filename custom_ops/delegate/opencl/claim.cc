@@ -10,10 +10,15 @@
 // constant is folded: its output becomes a constant too and the node runs
 // nothing (it is claimed only when a claimed node consumes the output).
 // A refused node gets a one-line reason on stderr and stays with TFLite.
+// Factories run on several threads (ClaimAll): they compile programs.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
+#include "difflite/parallel.h"
 #include "opencl/backend.h"
 #include "opencl/executor.h"
 #include "opencl/half.h"
@@ -140,6 +145,7 @@ std::string DetailLabel(const ClaimedNode& n) {
 }
 
 std::shared_ptr<HostConst> BackendImpl::ConstantOf(Context* ctx, int idx, std::string* why) {
+  std::lock_guard<std::mutex> lock(host_consts_mutex);
   auto it = host_consts.find(idx);
   if (it != host_consts.end()) return it->second;
   const Tensor* t = TensorAt(ctx, idx);
@@ -324,12 +330,64 @@ std::unique_ptr<ClaimedNode> BackendImpl::Claim(Context* ctx, int node_index, No
   if (!is_custom && reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kDequantize)) {
     *why = FoldDequantize(ctx, cn.get());
     if (!why->empty()) return nullptr;
+    std::lock_guard<std::mutex> lock(host_consts_mutex);
     host_consts[cn->outputs[0]] = cn->folded_value;
     return cn;
   }
   *why = CreateOp(node, reg, is_custom, cn.get());
   if (!why->empty()) return nullptr;
   return cn;
+}
+
+// One node of the execution plan and what claiming it gave.
+struct Candidate {
+  int node_index = -1;
+  Node* node = nullptr;
+  Registration* reg = nullptr;
+  std::string name, why;
+  std::unique_ptr<ClaimedNode> claimed;
+  bool is_dequantize() const {
+    return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
+  }
+};
+
+namespace {
+
+int ClaimThreads(const Options& options) {
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(options.num_threads > 0 ? options.num_threads : hardware, 1, 16);
+}
+
+}  // namespace
+
+void BackendImpl::ClaimOne(Context* ctx, Candidate* c) {
+  try {
+    c->claimed = Claim(ctx, c->node_index, c->node, c->reg, &c->name, &c->why);
+  } catch (...) {
+    c->why = "exception: " + ExceptionText();
+    c->claimed.reset();
+  }
+}
+
+// DEQUANTIZE nodes first, in order (cheap: they fold): a consumer must see its weight as a
+// constant. Then every other node's op factory on a pool of threads, so that the distinct
+// OpenCL programs the factories ask for compile (or load from the disk cache) at once.
+void BackendImpl::ClaimAll(Context* ctx, std::vector<Candidate>* candidates) {
+  std::vector<Candidate*> rest;
+  for (Candidate& c : *candidates) {
+    if (c.is_dequantize()) {
+      ClaimOne(ctx, &c);
+    } else {
+      rest.push_back(&c);
+    }
+  }
+  const int threads = ClaimThreads(options);
+  std::atomic<size_t> next{0};
+  ParallelFor(threads, threads, 1e9, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (size_t i = next++; i < rest.size(); i = next++) ClaimOne(ctx, rest[i]);
+    }
+  });
 }
 
 tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* delegate) {
@@ -348,47 +406,44 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int> plan_nodes = ToVector(plan);
   nodes_total = static_cast<int>(plan_nodes.size());
+  std::vector<Candidate> candidates;
+  for (int node_index : plan_nodes) {
+    Candidate c;
+    c.node_index = node_index;
+    if (ctx->GetNodeAndRegistration(ctx, node_index, &c.node, &c.reg) == tfl::kOk &&
+        c.node != nullptr && c.reg != nullptr) {
+      candidates.push_back(std::move(c));
+    }
+  }
+  std::unique_lock<std::mutex> lock(rt->exec_mutex());
+  ClaimAll(ctx, &candidates);
   std::vector<int> claimed;
   std::map<int, std::vector<int>> consumers;  // tensor -> claimed consumer nodes
-  std::unique_lock<std::mutex> lock(rt->exec_mutex());
-  for (int node_index : plan_nodes) {
-    tfl::Node* node = nullptr;
-    tfl::Registration* reg = nullptr;
-    if (ctx->GetNodeAndRegistration(ctx, node_index, &node, &reg) != tfl::kOk ||
-        node == nullptr || reg == nullptr) {
+  for (Candidate& c : candidates) {
+    if (c.claimed == nullptr) {
+      Log("not delegating node " + std::to_string(c.node_index) + " (" + c.name + "): " + c.why);
       continue;
     }
-    std::string name, why;
-    std::unique_ptr<ClaimedNode> cn;
-    try {
-      cn = Claim(ctx, node_index, node, reg, &name, &why);
-    } catch (...) {
-      why = "exception: " + ExceptionText();
-      cn.reset();
-    }
-    if (cn == nullptr) {
-      Log("not delegating node " + std::to_string(node_index) + " (" + name + "): " + why);
-      continue;
-    }
+    const ClaimedNode& cn = *c.claimed;
     if (options.verbose) {
       std::string in_s, out_s;
-      for (size_t i = 0; i < cn->in_info.size(); ++i) {
-        in_s += (i ? ", " : "") + (cn->inputs[i] < 0 ? std::string("none")
-                                                    : InfoString(cn->in_info[i]));
+      for (size_t i = 0; i < cn.in_info.size(); ++i) {
+        in_s += (i ? ", " : "") + (cn.inputs[i] < 0 ? std::string("none")
+                                                   : InfoString(cn.in_info[i]));
       }
-      for (size_t i = 0; i < cn->out_info.size(); ++i) {
-        out_s += (i ? ", " : "") + InfoString(cn->out_info[i]);
+      for (size_t i = 0; i < cn.out_info.size(); ++i) {
+        out_s += (i ? ", " : "") + InfoString(cn.out_info[i]);
       }
-      Log("claim node " + std::to_string(node_index) + " " + name + " inputs=(" + in_s +
-          ") outputs=(" + out_s + ")" + (cn->folded ? " folded" : ""));
+      Log("claim node " + std::to_string(c.node_index) + " " + c.name + " inputs=(" + in_s +
+          ") outputs=(" + out_s + ")" + (cn.folded ? " folded" : ""));
     }
-    if (!cn->folded) {
-      for (int idx : cn->inputs) {
-        if (idx >= 0) consumers[idx].push_back(node_index);
+    if (!cn.folded) {
+      for (int idx : cn.inputs) {
+        if (idx >= 0) consumers[idx].push_back(c.node_index);
       }
     }
-    claimed.push_back(node_index);
-    pending[node_index] = std::move(cn);
+    claimed.push_back(c.node_index);
+    pending[c.node_index] = std::move(c.claimed);
   }
   // A folded DEQUANTIZE is only worth claiming for a claimed consumer.
   std::vector<int> kept;
@@ -407,7 +462,8 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
   nodes_claimed = static_cast<int>(kept.size());
   if (options.verbose) {
     Log("opencl: claimed " + std::to_string(kept.size()) + " of " +
-        std::to_string(plan_nodes.size()) + " nodes; " +
+        std::to_string(plan_nodes.size()) + " nodes on " + std::to_string(ClaimThreads(options)) +
+        " threads in " + std::to_string(claim_seconds) + " s; " +
         std::to_string(rt->programs_built()) + " programs built so far");
   }
   if (kept.empty()) {

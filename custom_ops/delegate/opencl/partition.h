@@ -21,6 +21,8 @@
 
 namespace difflite::gpu {
 
+class WeightUploader;
+
 struct Slot {
   enum Kind { kConst, kInput, kInternal };
   Kind kind = kInternal;
@@ -78,6 +80,8 @@ class Partition {
   std::string ResizeOutputs(tfl::Context* ctx);
   // weights.cc
   std::string UploadConstants();
+  std::map<int, int> CountPackers() const;
+  void DropPackedOnly(int idx, WeightUploader* uploader);
   void DropHostConstants();
   // partition.cc
   std::string PlanAndUpload(tfl::Context* ctx);

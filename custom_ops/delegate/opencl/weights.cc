@@ -99,27 +99,23 @@ void ConvertElements(const HostConst& c, size_t first, size_t count, DType stora
   WidenTo(c, first, count, static_cast<float*>(out));  // float16 model bytes, float storage
 }
 
+}  // namespace
+
 class WeightUploader {
  public:
   WeightUploader(const Runtime& rt, bool zero_copy, UploadReport* report)
       : rt_(rt), zero_copy_(zero_copy && rt.info().host_unified_memory), report_(report) {}
 
+  ~WeightUploader() {
+    if (transient_ != nullptr) rt_.cl().ReleaseMemObject(transient_);
+  }
+
   // A new read-only device buffer holding `c` in `storage`; *zero_copy: over the model's
   // pages. "" or a reason.
   std::string Upload(const HostConst& c, DType storage, cl_mem* out, bool* zero_copy) {
-    *zero_copy = false;
+    *zero_copy = Wrap(c, storage, out);
+    if (*zero_copy) return "";
     const size_t bytes = c.elements() * DTypeSize(storage);
-    if (CanWrap(c, storage, bytes)) {
-      cl_int err = CL_SUCCESS;
-      *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, bytes,
-                                   const_cast<void*>(c.bytes), &err);
-      if (*out != nullptr && err == CL_SUCCESS) {
-        report_->zero_copy_bytes += bytes;
-        *zero_copy = true;
-        return "";
-      }
-      *out = nullptr;  // the driver refused the pointer: copy instead
-    }
     cl_int err = CL_SUCCESS;
     *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY, std::max<size_t>(bytes, 4),
                                  nullptr, &err);
@@ -130,6 +126,31 @@ class WeightUploader {
     const std::string e = Write(c, storage, *out);
     if (e.empty()) ReleaseModelPages(c);
     return e;
+  }
+
+  // For a constant read once, by one op's PackWeights: written into the one transient buffer
+  // that every such constant goes through in turn, so that packing allocates and frees no
+  // device memory per weight (and wraps no model pages: they are released after the copy).
+  // ReserveTransient first.
+  std::string UploadTransient(const HostConst& c, DType storage, cl_mem* out) {
+    if (c.elements() * DTypeSize(storage) > transient_bytes_) return "transient buffer too small";
+    const std::string e = Write(c, storage, transient_);
+    if (e.empty()) ReleaseModelPages(c);
+    *out = transient_;
+    return e;
+  }
+
+  std::string ReserveTransient(size_t bytes) {
+    if (bytes == 0) return "";
+    cl_int err = CL_SUCCESS;
+    transient_ = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    if (transient_ == nullptr || err != CL_SUCCESS) {
+      transient_ = nullptr;
+      return "cannot allocate a " + std::to_string(bytes) + "-byte packing buffer: " + ClErrorName(err);
+    }
+    transient_bytes_ = bytes;
+    report_->staging_bytes = std::max(report_->staging_bytes, bytes);
+    return "";
   }
 
   // The whole pages of the model's copy of `c`, dropped from this process.
@@ -147,10 +168,24 @@ class WeightUploader {
   }
 
  private:
-  bool CanWrap(const HostConst& c, DType storage, size_t bytes) const {
+  // A read-only buffer over the model's own pages, where the device shares memory with the host
+  // and the bytes need no conversion; false (nothing made) otherwise or where the driver refuses.
+  bool Wrap(const HostConst& c, DType storage, cl_mem* out) {
+    const size_t bytes = c.elements() * DTypeSize(storage);
     const size_t align = std::max<size_t>(rt_.info().base_align_bytes, 64);
-    return zero_copy_ && SameEncoding(c.model_type, storage) && bytes >= 4 && bytes % 4 == 0 &&
-           reinterpret_cast<uintptr_t>(c.bytes) % align == 0 && files_.Contains(c.bytes, bytes);
+    if (!zero_copy_ || !SameEncoding(c.model_type, storage) || bytes < 4 || bytes % 4 != 0 ||
+        reinterpret_cast<uintptr_t>(c.bytes) % align != 0 || !files_.Contains(c.bytes, bytes)) {
+      return false;
+    }
+    cl_int err = CL_SUCCESS;
+    *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, bytes,
+                                 const_cast<void*>(c.bytes), &err);
+    if (*out == nullptr || err != CL_SUCCESS) {
+      *out = nullptr;
+      return false;
+    }
+    report_->zero_copy_bytes += bytes;
+    return true;
   }
 
   std::string Write(const HostConst& c, DType storage, cl_mem mem) {
@@ -183,9 +218,9 @@ class WeightUploader {
   UploadReport* report_;
   FileMappings files_;
   std::vector<uint8_t> staging_;
+  cl_mem transient_ = nullptr;
+  size_t transient_bytes_ = 0;
 };
-
-}  // namespace
 
 void WidenTo(const HostConst& c, size_t first, size_t count, float* out) {
   if (c.model_type == tfl::kFloat16) {
@@ -200,17 +235,14 @@ std::string Partition::UploadConstants() {
   const auto t0 = std::chrono::steady_clock::now();
   upload = UploadReport();
   WeightUploader uploader(*be_->rt, be_->options.zero_copy != "off", &upload);
-  // Constant -> nodes still to pack it; an upload no op reads at Run goes after the last.
-  std::map<int, int> packers_left;
-  for (auto& kv : slots_) {
-    if (kv.second.kind == Slot::kConst && kv.second.packed) packers_left[kv.first] = 0;
+  std::map<int, int> packers_left = CountPackers();
+  size_t transient_bytes = 0;
+  for (const auto& kv : packers_left) {
+    const Slot& s = slots_.at(kv.first);
+    if (!s.used && kv.second == 1) transient_bytes = std::max(transient_bytes, s.bytes);
   }
-  for (size_t step : exec_) {
-    const ClaimedNode& n = *nodes_[step];
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      if (n.inputs[i] >= 0 && n.op->PacksInput(i)) ++packers_left[n.inputs[i]];
-    }
-  }
+  std::string e = uploader.ReserveTransient(transient_bytes);
+  if (!e.empty()) return e;
   for (size_t step : exec_) {
     ClaimedNode& n = *nodes_[step];
     std::vector<GpuTensor> in(n.inputs.size());
@@ -221,27 +253,23 @@ std::string Partition::UploadConstants() {
       Slot& s = slots_.at(idx);
       if (s.kind != Slot::kConst || !(s.used || s.packed)) continue;
       if (s.mem == nullptr) {
-        const std::string e = uploader.Upload(*s.host, s.storage, &s.mem, &s.zero_copy);
+        // Read once, by this node's PackWeights: no buffer of its own.
+        const bool transient = !s.used && packers_left.count(idx) && packers_left[idx] == 1;
+        e = transient ? uploader.UploadTransient(*s.host, s.storage, &s.mem)
+                      : uploader.Upload(*s.host, s.storage, &s.mem, &s.zero_copy);
         if (!e.empty()) return "uploading constant tensor " + std::to_string(idx) + ": " + e;
-        s.owns_mem = true;
+        s.owns_mem = !transient;
       }
       in[i] = {s.mem, s.storage, s.shape};
       packs = packs || n.op->PacksInput(i);
     }
     if (!packs) continue;
-    std::string e = n.op->PackWeights(*be_->gctx, in);
+    e = n.op->PackWeights(*be_->gctx, in);
     if (e.empty() && be_->rt->cl().Finish(be_->rt->queue()) != CL_SUCCESS) e = "clFinish";
     if (!e.empty()) return "node " + std::to_string(n.node_index) + " (" + n.name + "): " + e;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const int idx = n.inputs[i];
-      if (idx < 0 || !n.op->PacksInput(i) || --packers_left[idx] > 0) continue;
-      Slot& s = slots_.at(idx);
-      if (s.used || s.mem == nullptr) continue;
-      be_->rt->cl().ReleaseMemObject(s.mem);
-      s.mem = nullptr;
-      s.owns_mem = false;
-      if (s.zero_copy) uploader.ReleaseModelPages(*s.host);  // copies released theirs already
-      s.zero_copy = false;
+      if (idx >= 0 && n.op->PacksInput(i) && --packers_left[idx] == 0) DropPackedOnly(idx, &uploader);
     }
   }
   weights_bytes = 0;
@@ -256,6 +284,29 @@ std::string Partition::UploadConstants() {
   upload.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return "";
+}
+
+// Constant -> the number of nodes that pack their own copy of it.
+std::map<int, int> Partition::CountPackers() const {
+  std::map<int, int> packers;
+  for (size_t step : exec_) {
+    const ClaimedNode& n = *nodes_[step];
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i] >= 0 && n.op->PacksInput(i)) ++packers[n.inputs[i]];
+    }
+  }
+  return packers;
+}
+
+// A constant no op reads at Run, once its last packer has packed it: its upload goes.
+void Partition::DropPackedOnly(int idx, WeightUploader* uploader) {
+  Slot& s = slots_.at(idx);
+  if (s.used || s.mem == nullptr) return;
+  if (s.owns_mem) be_->rt->cl().ReleaseMemObject(s.mem);
+  if (s.zero_copy) uploader->ReleaseModelPages(*s.host);  // copies released theirs already
+  s.mem = nullptr;
+  s.owns_mem = false;
+  s.zero_copy = false;
 }
 
 // Host views of constants are no longer needed, except folded outputs read by TFLite.
