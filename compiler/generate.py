@@ -10,7 +10,10 @@ step, so the same prompt, seed and weights give the same picture as PyTorch:
 - the scheduler comes from OUT/scheduler/scheduler_config.json (diffusers' classes), the step
   loop uses scale_model_input, step(...).prev_sample and passes eta/generator as diffusers does;
 - classifier-free guidance (guidance > 1): one UNet call on [uncond, cond] when the UNet was
-  converted with batch 2, two calls with batch 1.
+  converted with batch 2, two calls with batch 1;
+- the stages run (img2img: vae_encoder), text_encoder, unet, vae_decoder; only the VAE encoder's
+  stage draws from the generator, so loading each model just for its stage (low_memory) gives
+  the same picture.
 
 Only the file's command-line entry point and light modules are imported at module load, so
 `difflite --help` stays fast; torch and diffusers are imported when a picture is made."""
@@ -22,7 +25,8 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,15 +229,21 @@ class LitePipeline:
     >>> pipe = LitePipeline("out/tiny")
     >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
     >>> result.save("astronaut.png")
+    >>> pipe.close()
+
+    The models stay loaded across calls. With `low_memory`, each is loaded right before its
+    stage and freed right after it ((img2img: vae_encoder), text_encoder, unet, vae_decoder):
+    one interpreter alive at a time, for the price of loading them again for every picture.
     """
 
-    def __init__(self, out, backend: str = "cpu", threads: int | None = None):
+    def __init__(self, out, backend: str = "cpu", threads: int | None = None, low_memory: bool = False):
         from compiler import manifest
 
         self.out = Path(out)
         self.manifest = manifest.read_manifest(self.out)
         self.backend = backend
         self.threads = threads
+        self.low_memory = low_memory
         components = self.manifest.get("components", {})
         for name in REQUIRED_COMPONENTS:
             if name not in components:
@@ -291,6 +301,34 @@ class LitePipeline:
             self.load_seconds += time.perf_counter() - start
         return self._components[name]
 
+    def release(self, name: str) -> None:
+        """Free a loaded component (the time it takes counts as load time)."""
+        component = self._components.pop(name, None)
+        if component is not None:
+            start = time.perf_counter()
+            component.close()
+            self.load_seconds += time.perf_counter() - start
+
+    def close(self) -> None:
+        for name in list(self._components):
+            self.release(name)
+
+    def __enter__(self) -> LitePipeline:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator:
+        """The component of one stage: loaded if it is not, freed at the end with low_memory."""
+        component = self.component(name)
+        try:
+            yield component
+        finally:
+            if self.low_memory:
+                self.release(name)
+
     @property
     def tokenizer(self):
         if self._tokenizer is None:
@@ -332,20 +370,9 @@ class LitePipeline:
                  guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float = 0.8,
                  progress: Callable[[int, int], None] | None = None) -> GenerateResult:
         import torch
-        from diffusers.utils.torch_utils import randn_tensor
 
-        if not isinstance(steps, int) or steps < 1:
-            raise BadInput(f"--steps {steps!r} must be a positive integer")
-        if not np.isfinite(guidance):
-            raise BadInput(f"--guidance {guidance!r} must be a finite number")
         img2img = init_image is not None
-        if img2img:
-            if not (0.0 < strength <= 1.0):
-                raise BadInput(f"--strength {strength!r} must be in (0, 1]")
-            if min(int(steps * strength), steps) < 1:
-                raise BadInput(f"--strength {strength} x --steps {steps} leaves no denoising step")
-            if not self.has_vae_encoder:
-                raise BadInput(f"{self.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
+        self._check_call(steps, guidance, img2img, strength)
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds
@@ -353,84 +380,132 @@ class LitePipeline:
         sched = make_scheduler(scheduler, self.scheduler_config)
         timer.add("setup", start)  # the scheduler (and diffusers' imports, the first time)
         cfg = guidance > 1.0
-        for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
-            self.component(name)
+        if not self.low_memory:
+            for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
+                self.component(name)
         self.tokenizer  # noqa: B018 (loaded here so that text_encoder times the model alone)
         image_in = load_init_image(init_image, self.height, self.width) if img2img else None
 
-        start = time.perf_counter()
-        cond = self.encode_prompt(prompt)
-        uncond = self.encode_prompt(negative_prompt) if cfg else None
-        timer.add("text_encoder", start)
-
         generator = torch.Generator("cpu").manual_seed(int(seed))
         sched.set_timesteps(steps, device="cpu")
-        shape = (1, self.channels, self.latent_height, self.latent_width)
         if img2img:
             timesteps = img2img_timesteps(sched, steps, strength)
-            start = time.perf_counter()
-            encoded = self.component("vae_encoder")(image=image_in)
-            timer.add("vae_encoder", start)
-            mean = torch.from_numpy(np.ascontiguousarray(encoded["latent_mean"], dtype=np.float32))
-            std = torch.from_numpy(np.ascontiguousarray(encoded["latent_std"], dtype=np.float32))
-            # retrieve_latents(sample_mode="sample"): the posterior sample draws first ...
-            eps = randn_tensor(mean.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
-            init_latents = mean + std * eps
-            # ... then the noise for add_noise at the first kept timestep.
-            noise = randn_tensor(init_latents.shape, generator=generator, device=torch.device("cpu"),
-                                 dtype=torch.float32)
-            latents = sched.add_noise(init_latents, noise, timesteps[:1].repeat(1))
+            latents = self._image_latents(image_in, sched, timesteps, generator, timer)
         else:
             timesteps = sched.timesteps
-            latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
-            latents = latents * sched.init_noise_sigma
-        extra = step_kwargs(sched, generator)
+            latents = self._noise_latents(sched, generator)
+        cond, uncond = self._encode_prompts(prompt, negative_prompt if cfg else None, timer)
+        latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance,
+                                            step_kwargs(sched, generator), timer, progress)
+        image = self._decode(latents, timer)
 
-        unet_seconds, unet_calls = 0.0, 0
         total = len(timesteps)
-        for i, t in enumerate(timesteps):
-            model_input = torch.cat([latents] * 2) if cfg else latents
-            model_input = sched.scale_model_input(model_input, t)
-            sample = model_input.numpy()[0:1]
-            start = time.perf_counter()
-            noise = self.predict_noise(sample, float(t), cond, uncond)
-            unet_seconds += time.perf_counter() - start
-            unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
-            if cfg:
-                noise_uncond, noise_text = (torch.from_numpy(np.ascontiguousarray(n, dtype=np.float32)) for n in noise)
-                noise_pred = noise_uncond + guidance * (noise_text - noise_uncond)
-            else:
-                noise_pred = torch.from_numpy(np.ascontiguousarray(noise[0], dtype=np.float32))
-            latents = sched.step(noise_pred, t, latents, **extra, return_dict=False)[0]
-            if progress is not None:
-                progress(i + 1, total)
-        timer.seconds["unet"] = unet_seconds
-
-        start = time.perf_counter()
-        decoded = self.component("vae_decoder")(latent=latents.numpy().astype(np.float32))["image"]
-        timer.add("vae_decoder", start)
-        image = (torch.from_numpy(np.ascontiguousarray(decoded, dtype=np.float32)) / 2 + 0.5).clamp(0, 1)
-        image = image[0].permute(1, 2, 0).numpy()
-
         timings = {k: round(v, 4) for k, v in timer.seconds.items()}
-        timings["unet_per_step"] = round(unet_seconds / max(total, 1), 4)
-        timings["load"] = round(self.load_seconds - loaded_before, 4)  # interpreters, tokenizer (first call)
+        timings["unet_per_step"] = round(timer.seconds["unet"] / max(total, 1), 4)
+        # loading (and with low_memory freeing) the interpreters, the tokenizer the first time
+        timings["load"] = round(self.load_seconds - loaded_before, 4)
         timings["total"] = round(time.perf_counter() - started, 4)
         settings = {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "seed": int(seed),
             "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": type(sched).__name__,
             "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
-            "backend": self.backend, "height": self.height, "width": self.width,
+            "backend": self.backend, "height": self.height, "width": self.width, "low_memory": self.low_memory,
             "img2img": img2img, **({"strength": strength} if img2img else {}),
         }
         return GenerateResult(image=image, timings=timings, settings=settings, latents=latents.numpy())
 
+    def _check_call(self, steps, guidance, img2img: bool, strength) -> None:
+        if not isinstance(steps, int) or steps < 1:
+            raise BadInput(f"--steps {steps!r} must be a positive integer")
+        if not np.isfinite(guidance):
+            raise BadInput(f"--guidance {guidance!r} must be a finite number")
+        if not img2img:
+            return
+        if not (0.0 < strength <= 1.0):
+            raise BadInput(f"--strength {strength!r} must be in (0, 1]")
+        if min(int(steps * strength), steps) < 1:
+            raise BadInput(f"--strength {strength} x --steps {steps} leaves no denoising step")
+        if not self.has_vae_encoder:
+            raise BadInput(f"{self.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
 
-def generate(out, prompt: str, output=None, backend: str = "cpu", **kwargs) -> GenerateResult:
+    def _noise_latents(self, sched, generator):
+        """txt2img: diffusers' prepare_latents."""
+        import torch
+        from diffusers.utils.torch_utils import randn_tensor
+
+        shape = (1, self.channels, self.latent_height, self.latent_width)
+        latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+        return latents * sched.init_noise_sigma
+
+    def _image_latents(self, image_in: np.ndarray, sched, timesteps, generator, timer: _Timer):
+        """img2img: the VAE posterior sample of the picture, noised to the first kept timestep."""
+        import torch
+        from diffusers.utils.torch_utils import randn_tensor
+
+        with self.stage("vae_encoder") as encoder:
+            start = time.perf_counter()
+            encoded = encoder(image=image_in)
+            timer.add("vae_encoder", start)
+        mean = torch.from_numpy(np.ascontiguousarray(encoded["latent_mean"], dtype=np.float32))
+        std = torch.from_numpy(np.ascontiguousarray(encoded["latent_std"], dtype=np.float32))
+        # retrieve_latents(sample_mode="sample"): the posterior sample draws first ...
+        eps = randn_tensor(mean.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+        init_latents = mean + std * eps
+        # ... then the noise for add_noise at the first kept timestep.
+        noise = randn_tensor(init_latents.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+        return sched.add_noise(init_latents, noise, timesteps[:1].repeat(1))
+
+    def _encode_prompts(self, prompt: str, negative_prompt: str | None, timer: _Timer):
+        """(cond, uncond); uncond is None without a negative prompt (no classifier-free guidance)."""
+        with self.stage("text_encoder"):
+            start = time.perf_counter()
+            cond = self.encode_prompt(prompt)
+            uncond = None if negative_prompt is None else self.encode_prompt(negative_prompt)
+            timer.add("text_encoder", start)
+        return cond, uncond
+
+    def _denoise(self, latents, sched, timesteps, cond, uncond, guidance: float, extra: dict, timer: _Timer,
+                 progress: Callable[[int, int], None] | None):
+        """The scheduler loop; returns the final latents and the number of UNet calls."""
+        import torch
+
+        cfg = uncond is not None
+        unet_seconds, unet_calls = 0.0, 0
+        with self.stage("unet"):
+            for i, t in enumerate(timesteps):
+                model_input = torch.cat([latents] * 2) if cfg else latents
+                sample = sched.scale_model_input(model_input, t).numpy()[0:1]
+                start = time.perf_counter()
+                noise = self.predict_noise(sample, float(t), cond, uncond)
+                unet_seconds += time.perf_counter() - start
+                unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
+                noise = [torch.from_numpy(np.ascontiguousarray(n, dtype=np.float32)) for n in noise]
+                noise_pred = noise[0] + guidance * (noise[1] - noise[0]) if cfg else noise[0]
+                latents = sched.step(noise_pred, t, latents, **extra, return_dict=False)[0]
+                if progress is not None:
+                    progress(i + 1, len(timesteps))
+        timer.seconds["unet"] = unet_seconds
+        return latents, unet_calls
+
+    def _decode(self, latents, timer: _Timer) -> np.ndarray:
+        """The VAE decoder's picture as float32 HWC in [0, 1]."""
+        import torch
+
+        with self.stage("vae_decoder") as decoder:
+            start = time.perf_counter()
+            decoded = decoder(latent=latents.numpy().astype(np.float32))["image"]
+            timer.add("vae_decoder", start)
+        image = (torch.from_numpy(np.ascontiguousarray(decoded, dtype=np.float32)) / 2 + 0.5).clamp(0, 1)
+        return image[0].permute(1, 2, 0).numpy()
+
+
+def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bool = False,
+             **kwargs) -> GenerateResult:
     """One picture from an output folder; writes it to `output` (PNG) when given."""
     if output is not None:
         check_writable(output)
-    result = LitePipeline(out, backend=backend)(prompt, **kwargs)
+    with LitePipeline(out, backend=backend, low_memory=low_memory) as pipe:
+        result = pipe(prompt, **kwargs)
     if output is not None:
         result.save(output)
     return result
@@ -459,9 +534,14 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", **kwargs) -> G
               help="img2img: start from this picture (needs OUT/vae_encoder.tflite).")
 @click.option("--strength", default=0.8, show_default=True, type=float,
               help="img2img: how much of the picture is re-noised, in (0, 1].")
+@click.option("--low-memory", is_flag=True,
+              help="Trade load time for peak memory: load each model right before its stage and free it "
+                   "right after (vae_encoder, text_encoder, unet, vae_decoder), so one is resident at a time "
+                   "instead of all three, for phones that cannot hold them together. Every picture then pays "
+                   "the loading (timings: load); the picture is the same.")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
 def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, backend,
-                     init_image, strength, as_json):
+                     init_image, strength, low_memory, as_json):
     """Make a picture from PROMPT with the .tflite files in OUT (txt2img, or img2img with
     --init-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
     from rich.console import Console
@@ -474,12 +554,12 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     )
 
     output = check_writable(output)
-    pipe = LitePipeline(out, backend=backend)
+    pipe = LitePipeline(out, backend=backend, low_memory=low_memory)
     if init_image is not None and not pipe.has_vae_encoder:
         raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
     console = Console(stderr=True)
-    with Progress(TextColumn("[difflite] denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as bar:
+    with pipe, Progress(TextColumn("[difflite] denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("denoising", total=None)
 
         def progress(done, total):

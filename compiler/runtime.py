@@ -5,10 +5,12 @@ transposes at the model boundary happen here."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,13 @@ def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None 
 _STATS_IDS = itertools.count()
 
 
+def _remove_file(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 class Component:
     """One emitted model, callable with NCHW numpy arrays by input name."""
 
@@ -69,10 +78,16 @@ class Component:
         custom = entry.get("custom_ops", [])
         # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file.
         self.stats_path = Path(tempfile.gettempdir()) / f"difflite-stats-{os.getpid()}-{next(_STATS_IDS)}.json"
-        delegates = [delegate_for(backend, precision, stats_path=self.stats_path)] if (custom or backend != "cpu") else []
+        self._remove_stats = weakref.finalize(self, _remove_file, self.stats_path)
+        self.delegate = None
+        if custom or backend != "cpu":
+            self.delegate = delegate_for(backend, precision, stats_path=self.stats_path)
         try:
-            self.interpreter = Interpreter(model_path=str(self.path), experimental_delegates=delegates,
+            self.interpreter = Interpreter(model_path=str(self.path),
+                                           experimental_delegates=[] if self.delegate is None else [self.delegate],
                                            num_threads=threads or os.cpu_count())
+            # The OpenCL backend plans memory and uploads the weights here: loading ends ready to run.
+            self.interpreter.allocate_tensors()
             self.runner = self.interpreter.get_signature_runner(SIGNATURE_KEY)
         except (ValueError, RuntimeError) as exc:
             raise BadInput(f"{self.path}: cannot load ({exc})") from exc
@@ -80,15 +95,31 @@ class Component:
                         for e in entry.get("inputs", []) + entry.get("outputs", [])}
         self.input_details = self.runner.get_input_details()
 
+    @property
+    def closed(self) -> bool:
+        return self.interpreter is None
+
+    def close(self) -> None:
+        """Free the model now: the signature runner and the interpreter go before the delegate
+        they run on, then the delegate's stats file. Calling the component afterwards fails;
+        closing twice is harmless."""
+        self.runner = None
+        self.interpreter = None
+        self.delegate = None
+        gc.collect()
+        self._remove_stats()
+
     def delegate_stats(self) -> dict:
-        """The OpenCL delegate's memory report ({} for other backends); written once the
-        delegate has prepared, i.e. after the first call."""
+        """The OpenCL delegate's memory report ({} for other backends, and after close());
+        written once the delegate has prepared, i.e. after the first call."""
         try:
             return json.loads(self.stats_path.read_text())
         except (OSError, ValueError):
             return {}
 
     def __call__(self, **inputs) -> dict[str, np.ndarray]:
+        if self.closed:
+            raise RuntimeError(f"{self.path}: the component was closed")
         feeds = {}
         for name, value in inputs.items():
             detail = self.input_details[name]

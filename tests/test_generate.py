@@ -293,3 +293,186 @@ def test_scheduler_choice_follows_the_config(folders, tmp_path):
     assert legacy.config.steps_offset == 1 and legacy.config.clip_sample is False  # as diffusers' pipeline
     with pytest.raises(BadInput, match="not a diffusers scheduler"):
         make_scheduler("default", {**config, "_class_name": "NoSuchScheduler"})
+
+
+# ---------------------------------------------------------------------------------------------
+# --low-memory: one model resident at a time, the same picture
+
+
+LOW_MEMORY_ORDER = [("load", "text_encoder"), ("free", "text_encoder"), ("load", "unet"), ("free", "unet"),
+                    ("load", "vae_decoder"), ("free", "vae_decoder")]
+
+
+@pytest.fixture
+def tracked(monkeypatch):
+    """Every Component made during the test: the loads and frees in order, the most open at once,
+    and weak references to their interpreters (dead once the models are really freed)."""
+    import weakref
+    from types import SimpleNamespace
+
+    from compiler.runtime import Component
+
+    log = SimpleNamespace(events=[], peak=0, made=weakref.WeakSet(), interpreters=[])
+    init, close = Component.__init__, Component.close
+
+    def tracked_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        log.made.add(self)
+        log.interpreters.append(weakref.ref(self.interpreter))
+        log.events.append(("load", self.path.stem))
+        log.peak = max(log.peak, sum(not c.closed for c in log.made))
+
+    def tracked_close(self):
+        if not self.closed:
+            log.events.append(("free", self.path.stem))
+        close(self)
+
+    monkeypatch.setattr(Component, "__init__", tracked_init)
+    monkeypatch.setattr(Component, "close", tracked_close)
+    log.open = lambda: [c for c in log.made if not c.closed]
+    log.interpreters_alive = lambda: sum(ref() is not None for ref in log.interpreters)
+    return log
+
+
+def test_low_memory_holds_one_model_at_a_time(folders, tracked):
+    from compiler.generate import LitePipeline
+
+    pipe = LitePipeline(folders[1], low_memory=True)
+    result = pipe(PROMPT, steps=2, seed=1, scheduler="euler")
+    assert tracked.events == LOW_MEMORY_ORDER
+    assert tracked.peak == 1 and tracked.open() == [] and tracked.interpreters_alive() == 0
+    assert result.settings["low_memory"] is True and result.timings["load"] > 0
+
+    tracked.events.clear()
+    pipe("a red car", steps=2, seed=1, scheduler="euler", init_image=init_image(), strength=0.5)
+    assert tracked.events == [("load", "vae_encoder"), ("free", "vae_encoder"), *LOW_MEMORY_ORDER]
+    assert tracked.peak == 1 and tracked.open() == [] and tracked.interpreters_alive() == 0
+
+
+def test_default_keeps_the_models_until_close(folders, tracked):
+    """The counter can see more than one model: the default pipeline keeps all of them."""
+    from compiler.generate import LitePipeline
+
+    pipe = LitePipeline(folders[1])
+    pipe(PROMPT, steps=2, seed=1, scheduler="euler")
+    pipe(PROMPT, steps=2, seed=2, scheduler="euler")
+    assert sorted(tracked.events) == [("load", n) for n in ("text_encoder", "unet", "vae_decoder")]
+    assert tracked.peak == 3 and len(tracked.open()) == 3
+    pipe.close()
+    assert tracked.open() == [] and tracked.interpreters_alive() == 0
+    pipe.close()
+
+
+def test_low_memory_gives_the_same_latents(folders):
+    from compiler.generate import LitePipeline
+
+    kwargs = [{"scheduler": "dpm++"}, {"scheduler": "euler", "guidance": 1.0},
+              {"scheduler": "ddim", "init_image": init_image(), "strength": 0.5}]
+    with LitePipeline(folders[1]) as default, LitePipeline(folders[1], low_memory=True) as low:
+        for kw in kwargs:
+            want, got = default(PROMPT, steps=2, seed=4, **kw), low(PROMPT, steps=2, seed=4, **kw)
+            assert np.array_equal(want.latents, got.latents), kw
+            assert np.array_equal(want.image, got.image), kw
+            assert want.settings == {**got.settings, "low_memory": False}
+
+
+def test_cli_low_memory_writes_the_same_png(folders, tmp_path):
+    from click.testing import CliRunner
+
+    from cli import main
+
+    reports = {}
+    for flags in ([], ["--low-memory"]):
+        target = tmp_path / f"{len(flags)}.png"
+        run = CliRunner().invoke(main, ["generate", str(folders[1]), PROMPT, "-o", str(target), "--steps", "2",
+                                        "--seed", "9", "--scheduler", "euler", "--json", *flags])
+        assert run.exit_code == 0, run.output
+        reports[bool(flags)] = json.loads(run.output)
+    assert (tmp_path / "0.png").read_bytes() == (tmp_path / "1.png").read_bytes()
+    for low_memory, report in reports.items():
+        assert report["settings"]["low_memory"] is low_memory
+        assert report["timings"]["load"] > 0
+    assert reports[False]["timings"].keys() == reports[True]["timings"].keys()
+    help_text = CliRunner().invoke(main, ["generate", "--help"]).output
+    assert "--low-memory" in help_text and "peak memory" in help_text
+
+
+def test_closed_component(folders):
+    from compiler import manifest
+    from compiler.runtime import Component
+
+    entry = manifest.read_manifest(folders[1])["components"]["text_encoder"]
+    component = Component(folders[1] / entry["file"], entry)
+    ids = np.zeros((1, 77), np.int32)
+    assert component(input_ids=ids)["last_hidden_state"].shape[0] == 1
+    component.close()
+    component.close()
+    assert component.closed and component.delegate_stats() == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        component(input_ids=ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# The OpenCL delegate's stats file (stats_path) goes with its Component
+
+
+STATS_SCRIPT = """
+import gc, sys
+import numpy as np
+from compiler import manifest
+from compiler.runtime import Component
+
+folder = sys.argv[1]
+entry = manifest.read_manifest(folder)["components"]["text_encoder"]
+
+def run():
+    component = Component(f"{folder}/{entry['file']}", entry, backend="opencl")
+    component(input_ids=np.zeros((1, 77), np.int32))
+    assert component.delegate_stats().get("nodes_claimed"), "the delegate wrote no stats"
+    assert component.stats_path.is_file()
+    return component
+
+closed = run()
+closed.close()
+assert not closed.stats_path.exists(), "close() left the stats file"
+dropped = run()
+path = dropped.stats_path
+del dropped
+gc.collect()
+assert not path.exists(), "garbage collection left the stats file"
+kept = run()  # alive at exit
+print("ok")
+"""
+
+
+def opencl_env(tmp: Path) -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from oplib_helpers import build_oplib
+
+    return {**os.environ, "TMPDIR": str(tmp), "DIFFLITE_OPLIB": str(build_oplib()), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def stats_files(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.glob("difflite-stats-*"))
+
+
+def test_component_removes_its_stats_file(folders, tmp_path):
+    """The OpenCL backend writes the file: close(), garbage collection and the interpreter's exit
+    each remove it."""
+    env = opencl_env(tmp_path)
+    run = subprocess.run([sys.executable, "-c", STATS_SCRIPT, str(folders[2])], capture_output=True, text=True,
+                         cwd=ROOT, env=env, check=False)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+    assert stats_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags", [[], ["--low-memory"]], ids=["default", "low-memory"])
+def test_cli_leaves_no_stats_file(folders, tmp_path, flags):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    run = subprocess.run([*difflite_command(), "generate", str(folders[2]), PROMPT, "-o", str(tmp_path / "x.png"),
+                          "--steps", "1", "--backend", "opencl", "--json", *flags], capture_output=True, text=True,
+                         cwd=ROOT, env=opencl_env(tmp), check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["settings"]["low_memory"] is bool(flags)
+    assert stats_files(tmp) == []
