@@ -206,10 +206,11 @@ def benchmark_command(binary: str, graph: str, runs: int, warmup: int, threads: 
                       value_ranges: dict[str, tuple[int, int]] | None = None,
                       library_dir: str | None = None) -> str:
     """The device shell command that benchmarks one graph: exactly `warmup` warm-up and `runs`
-    timed runs (min_secs=0 so short models do not loop longer), stdout and stderr together."""
+    timed runs (min_secs=0 so short models do not loop longer), the process's peak memory
+    sampled by the tool's monitor thread, stdout and stderr together."""
     q = shlex.quote
     args = [q(binary), f"--graph={q(graph)}", f"--num_runs={runs}", f"--warmup_runs={warmup}",
-            "--min_secs=0", "--warmup_min_secs=0", "--max_secs=3600"]
+            "--min_secs=0", "--warmup_min_secs=0", "--max_secs=3600", "--report_peak_memory_footprint=true"]
     if threads:
         args.append(f"--num_threads={threads}")
     if delegate_path:
@@ -226,6 +227,7 @@ def benchmark_command(binary: str, graph: str, runs: int, warmup: int, threads: 
 
 
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+INITIALIZED = re.compile(rf"Initialized session in ({NUMBER})\s*ms")
 TIMINGS = re.compile(rf"Inference timings in us:\s*Init:\s*({NUMBER}),\s*First inference:\s*({NUMBER}),"
                      rf"\s*Warmup \(avg\):\s*({NUMBER}|nan|-?inf),\s*Inference \(avg\):\s*({NUMBER})")
 COUNT = re.compile(rf"\bcount=(\d+)((?:[ \t]+\w+={NUMBER})*)")
@@ -238,7 +240,11 @@ DELEGATION = re.compile(r"Replacing (\d+) out of (\d+) node\(s\) with delegate \
 
 @dataclass
 class BenchmarkModelResult:
-    """What one benchmark_model run printed, in milliseconds and MB."""
+    """What one benchmark_model run printed, in milliseconds and MB. init_ms and initialized_ms
+    are the same start-up time (interpreter, delegate, tensors), from the "Inference timings"
+    line in us and from "Initialized session in X ms" (None where missing). memory_init_mb and
+    memory_overall_mb grow the tool's max RSS from its start (after init, at the end);
+    memory_peak_mb is the peak RSS its monitor thread sampled (--report_peak_memory_footprint)."""
     init_ms: float
     first_ms: float
     warmup_avg_ms: float | None
@@ -251,6 +257,7 @@ class BenchmarkModelResult:
     memory_init_mb: float | None = None
     memory_overall_mb: float | None = None
     memory_peak_mb: float | None = None
+    initialized_ms: float | None = None
     delegations: list = field(default_factory=list)
 
 
@@ -280,6 +287,9 @@ def parse_benchmark_model(text: str) -> BenchmarkModelResult:
     peak = last_match(MEMORY_PEAK, text)
     if peak:
         result.memory_peak_mb = float(peak.group(1))
+    initialized = last_match(INITIALIZED, text)
+    if initialized:
+        result.initialized_ms = float(initialized.group(1))
     result.delegations = [{"delegate": d.group(3), "nodes": int(d.group(1)), "of": int(d.group(2)),
                            "partitions": int(d.group(4))} for d in DELEGATION.finditer(text)]
     return result

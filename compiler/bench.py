@@ -2,8 +2,13 @@
 
 On the host each component is loaded with ai-edge-litert (plus the op library when it has difflite
 custom ops or the backend is not cpu), warmed up, then timed on seeded random inputs of the
-manifest's shapes and dtypes. With --adb SERIAL the .tflite files and the Android arm64 op library
-are pushed to a phone and TFLite's benchmark_model times each component there.
+manifest's shapes and dtypes. Start-up and memory are measured, not estimated: load_ms covers the
+interpreter, the delegate and allocate_tensors (where the OpenCL backend uploads the weights);
+first_ms the first call; the resident set comes from /proc (VmHWM reset before each component,
+anonymous and file-backed pages sampled every 10 ms, compiler/procmem.py) and the device
+allocations from the op library's stats_path report. With --adb SERIAL the .tflite files and the
+Android arm64 op library are pushed to a phone and TFLite's benchmark_model times each component
+there (Init, first inference, its sampled peak memory).
 
 The pipeline estimate for one image of S steps: the text encoder once per prompt batch (twice with
 classifier-free guidance and a batch-1 text encoder: the prompt and the negative prompt), the UNet
@@ -27,7 +32,6 @@ from pathlib import Path
 import click
 
 from compiler.errors import BadInput
-from compiler.procstats import peak_rss_mb
 
 BACKENDS = ("cpu", "opencl")
 PRECISIONS = ("fp32", "fp16")
@@ -35,6 +39,7 @@ MATHS = ("auto", "fp32")
 PIPELINE = ("text_encoder", "unet", "vae_decoder")
 FALLBACK_VOCAB = 256
 LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
+MIB = 1 << 20
 
 
 @dataclass
@@ -175,15 +180,23 @@ def random_feeds(entry: dict, rng, vocab: int) -> dict:
 # Host
 
 
-def host_delegate(options: BenchOptions):
-    from ai_edge_litert.interpreter import load_delegate
-
+def host_library(options: BenchOptions) -> Path:
+    """--oplib, else the source tree's op library (built here when missing or stale)."""
     from compiler.runtime import find_oplib
 
     library = Path(options.oplib) if options.oplib else find_oplib()
     if not library.is_file():
         raise BadInput(f"--oplib {library}: no such file")
+    return library
+
+
+def host_delegate(options: BenchOptions, stats_path: Path | None = None):
+    from ai_edge_litert.interpreter import load_delegate
+
+    library = host_library(options)
     delegate_options = options.delegate_options()
+    if stats_path is not None:
+        delegate_options["stats_path"] = str(stats_path)
     try:
         return load_delegate(str(library), delegate_options)
     except ValueError as exc:
@@ -192,8 +205,9 @@ def host_delegate(options: BenchOptions):
                        f"{str(exc).splitlines()[0]}") from exc
 
 
-def load_runner(path: Path, entry: dict, options: BenchOptions):
-    """The model's signature runner (inputs and outputs in the stored layout)."""
+def load_runner(path: Path, entry: dict, options: BenchOptions, stats_path: Path | None = None):
+    """The model's signature runner (inputs and outputs in the stored layout), its tensors
+    allocated: the OpenCL backend prepares its partitions and uploads the weights then."""
     from ai_edge_litert.interpreter import Interpreter
 
     from compiler.tflite.builder import SIGNATURE_KEY
@@ -201,10 +215,11 @@ def load_runner(path: Path, entry: dict, options: BenchOptions):
     if not path.is_file():
         raise BadInput(f"{path}: no such model file (named by the manifest)")
     custom = entry.get("custom_ops", [])
-    delegates = [host_delegate(options)] if (custom or options.backend != "cpu") else []
+    delegates = [host_delegate(options, stats_path)] if (custom or options.backend != "cpu") else []
     try:
         interpreter = Interpreter(model_path=str(path), experimental_delegates=delegates,
                                   num_threads=options.threads or os.cpu_count())
+        interpreter.allocate_tensors()
         return interpreter.get_signature_runner(SIGNATURE_KEY)
     except (ValueError, RuntimeError) as exc:
         raise BadInput(f"{path}: cannot load ({str(exc).splitlines()[0]})") from exc
@@ -284,40 +299,94 @@ def run_pipeline(runners: dict, manifest: dict, plan: dict, guidance: float, rng
     return {"measured_ms": elapsed, "measured_calls": made}
 
 
-def bench_host(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
-    import numpy as np
+def device_memory(stats: dict | None) -> dict | None:
+    """The op library's stats_path report as MB: weights, intermediates (its arena), op scratch
+    and their total, with the whole report under "stats" (None where it wrote none)."""
+    if not stats:
+        return None
+    parts = {"weights_mb": stats.get("weights_bytes", 0) / MIB,
+             "intermediates_mb": stats.get("arena_bytes", 0) / MIB,
+             "scratch_mb": stats.get("scratch_bytes", 0) / MIB}
+    return {**parts, "total_mb": sum(parts.values()), "stats": stats}
 
-    vocab = vocab_size(out)
-    runners, results = {}, {}
-    for index, name in enumerate(names):
-        entry = manifest["components"][name]
-        log(f"loading {entry['file']}")
+
+def read_stats_file(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        stats = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return stats if isinstance(stats, dict) else None
+
+
+def bench_component(path: Path, entry: dict, feeds: dict, options: BenchOptions,
+                    stats_path: Path | None) -> tuple:
+    """Load (interpreter, delegate, allocated tensors), first call and timed runs of one
+    component, with this process's memory measured across them: (runner, result). With the
+    OpenCL backend, `device` holds what the op library allocated and, where nvidia-smi lists
+    this process, the GPU memory it holds (every component loaded so far)."""
+    from compiler import procmem
+
+    with procmem.MeasuredMemory() as memory:
         start = time.perf_counter()
-        runner = load_runner(out / entry["file"], entry, options)
+        runner = load_runner(path, entry, options, stats_path)
         load_ms = (time.perf_counter() - start) * 1e3
-        feeds = random_feeds(entry, np.random.default_rng(options.seed + index), vocab)
-        log(f"timing {name}: {options.warmup} warm-up + {options.runs} runs")
+        memory.mark("after_load")
         try:
             timing = time_runner(runner, feeds, options.runs, options.warmup)
         except (ValueError, RuntimeError) as exc:
             raise BadInput(f"{entry['file']}: running it failed ({str(exc).splitlines()[0]})") from exc
-        results[name] = {"file": entry["file"], "custom_ops": entry.get("custom_ops", []),
-                         "load_ms": load_ms, **timing}
-        runners[name] = runner
-    plan = pipeline_plan(manifest, options.steps, options.guided)
-    if any(n not in runners for n in PIPELINE):
-        plan["measured_ms"] = None
-    else:
-        log(f"running the pipeline once: {options.steps} steps")
-        try:
-            plan.update(run_pipeline(runners, manifest, plan, options.guidance,
-                                     np.random.default_rng(options.seed + 1000), vocab))
-        except (ValueError, RuntimeError) as exc:
-            raise BadInput(f"the pipeline run failed ({str(exc).splitlines()[0]})") from exc
+    device = device_memory(read_stats_file(stats_path))
+    if device is not None:
+        device["nvidia_smi_mb"] = procmem.nvidia_smi_mb()
+    return runner, {"load_ms": load_ms, **timing, **memory.report(), "device": device}
+
+
+def measure_pipeline(runners: dict, manifest: dict, plan: dict, options: BenchOptions, vocab: int) -> dict:
+    """The pipeline run with every component resident: its wall time, call counts and this
+    process's memory across it."""
+    import numpy as np
+
+    from compiler import procmem
+
+    try:
+        with procmem.MeasuredMemory() as memory:
+            measured = run_pipeline(runners, manifest, plan, options.guidance,
+                                    np.random.default_rng(options.seed + 1000), vocab)
+    except (ValueError, RuntimeError) as exc:
+        raise BadInput(f"the pipeline run failed ({str(exc).splitlines()[0]})") from exc
+    gpu = procmem.nvidia_smi_mb() if options.backend == "opencl" else None
+    return {**measured, "memory": {**memory.report(), "nvidia_smi_mb": gpu}}
+
+
+def bench_host(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
+    import numpy as np
+
+    vocab = vocab_size(out)
+    if options.backend != "cpu" or any(manifest["components"][n].get("custom_ops") for n in names):
+        options = replace(options, oplib=str(host_library(options)))  # any build happens before timing
+    runners, results = {}, {}
+    with tempfile.TemporaryDirectory(prefix="difflite-bench-") as private:
+        for index, name in enumerate(names):
+            entry = manifest["components"][name]
+            stats_path = Path(private) / f"stats_{name}.json" if options.backend == "opencl" else None
+            feeds = random_feeds(entry, np.random.default_rng(options.seed + index), vocab)
+            log(f"loading and timing {name} ({entry['file']}): {options.warmup} warm-up + {options.runs} runs")
+            runners[name], measured = bench_component(out / entry["file"], entry, feeds, options, stats_path)
+            results[name] = {"file": entry["file"], "custom_ops": entry.get("custom_ops", []), **measured}
+        plan = pipeline_plan(manifest, options.steps, options.guided)
+        if any(n not in runners for n in PIPELINE):
+            plan["measured_ms"] = None
+        else:
+            log(f"running the pipeline once: {options.steps} steps")
+            plan.update(measure_pipeline(runners, manifest, plan, options, vocab))
+        runners.clear()
+    peaks = [r["peak_rss_mb"] for r in results.values()] + [plan.get("memory", {}).get("peak_rss_mb")]
     return {"components": results, "pipeline": plan,
             "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                      "threads": options.threads or os.cpu_count()},
-            "peak_rss_mb": peak_rss_mb()}
+            "peak_rss_mb": max((p for p in peaks if p is not None), default=None)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,14 +412,27 @@ def read_device_stats(device, path: str) -> dict | None:
     return stats if isinstance(stats, dict) else None
 
 
-def stats_line(name: str, stats: dict) -> str:
+def stats_line(name: str, device: dict) -> str:
     """One line of what the op library reported: the GPU, storage and arithmetic, and memory."""
-    mb = 1 / 1e6
+    stats = device["stats"]
     return (f"{name}: {stats.get('device', '?')} ({stats.get('platform', '?')}), storage "
             f"{stats.get('storage', '?')}, arithmetic {stats.get('arithmetic', '?')}, "
             f"{stats.get('nodes_claimed', '?')}/{stats.get('nodes_total', '?')} nodes in "
-            f"{stats.get('partitions', '?')} partition(s); intermediates {stats.get('arena_bytes', 0) * mb:.1f} MB "
-            f"+ op scratch {stats.get('scratch_bytes', 0) * mb:.1f} MB, weights {stats.get('weights_bytes', 0) * mb:.1f} MB")
+            f"{stats.get('partitions', '?')} partition(s); intermediates {fmt(device['intermediates_mb'])} MB "
+            f"+ op scratch {fmt(device['scratch_mb'])} MB + weights {fmt(device['weights_mb'])} MB "
+            f"= device {fmt(device['total_mb'])} MB")
+
+
+def benchmark_model_fields(parsed, options: BenchOptions) -> dict:
+    """One component's result from benchmark_model's log: load_ms is its start-up (Init),
+    peak_mb the peak RSS its monitor sampled (None where it printed none)."""
+    median = parsed.median_ms if parsed.median_ms is not None else parsed.avg_ms
+    return {"runs": parsed.runs if parsed.runs is not None else options.runs, "warmup": options.warmup,
+            "median_ms": median, "median_from": "median" if parsed.median_ms is not None else "avg",
+            "min_ms": parsed.min_ms, "max_ms": parsed.max_ms, "mean_ms": parsed.avg_ms, "std_ms": parsed.std_ms,
+            "first_ms": parsed.first_ms, "warmup_avg_ms": parsed.warmup_avg_ms, "load_ms": parsed.init_ms,
+            "peak_mb": parsed.memory_peak_mb, "memory_init_mb": parsed.memory_init_mb,
+            "memory_overall_mb": parsed.memory_overall_mb, "delegations": parsed.delegations}
 
 
 def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
@@ -388,6 +470,9 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
         if stats_file:
             device.shell(f"rm -f {shlex.quote(stats_file)}", timeout=60)
             delegate_options["stats_path"] = stats_file
+            # Android has no user cache folder the op library could default to: compiled programs
+            # are kept beside the models, so the second start on the phone loads them.
+            delegate_options["cache_dir"] = f"{directory}/program_cache"
         command = adb.benchmark_command(
             options.benchmark_model, f"{directory}/{entry['file']}", options.runs, options.warmup,
             threads=options.threads,
@@ -404,22 +489,14 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
                            f"{adb.error_line(output)}") from None
         if status != 0:
             raise BadInput(f"benchmark_model exited {status} on {entry['file']}: {adb.error_line(output)}")
-        median = parsed.median_ms if parsed.median_ms is not None else parsed.avg_ms
-        results[name] = {
-            "file": entry["file"], "custom_ops": entry.get("custom_ops", []),
-            "runs": parsed.runs if parsed.runs is not None else options.runs, "warmup": options.warmup,
-            "median_ms": median, "median_from": "median" if parsed.median_ms is not None else "avg",
-            "min_ms": parsed.min_ms, "max_ms": parsed.max_ms, "mean_ms": parsed.avg_ms, "std_ms": parsed.std_ms,
-            "first_ms": parsed.first_ms, "warmup_avg_ms": parsed.warmup_avg_ms, "load_ms": parsed.init_ms,
-            "memory_init_mb": parsed.memory_init_mb, "memory_overall_mb": parsed.memory_overall_mb,
-            "memory_peak_mb": parsed.memory_peak_mb, "delegations": parsed.delegations,
-            "delegate_stats": read_device_stats(device, stats_file) if stats_file else None,
-            "command": command,
-        }
+        results[name] = {"file": entry["file"], "custom_ops": entry.get("custom_ops", []),
+                         **benchmark_model_fields(parsed, options),
+                         "device": device_memory(read_device_stats(device, stats_file) if stats_file else None),
+                         "command": command}
     plan = pipeline_plan(manifest, options.steps, options.guided)
     plan["measured_ms"] = None
     plan["notes"].append("no measured pipeline run on the phone: benchmark_model times one component at a time")
-    peaks = [r["memory_peak_mb"] or r["memory_overall_mb"] for r in results.values()]
+    peaks = [r["peak_mb"] for r in results.values()]
     return {"components": results, "pipeline": plan,
             "device": {"serial": options.serial, "model": device.getprop("ro.product.model"),
                        "soc": device.getprop("ro.soc.model") or device.getprop("ro.board.platform"),
@@ -530,6 +607,23 @@ def fmt(value, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
 
 
+def peak_cell(r: dict) -> str:
+    """Host: peak RSS (peak anonymous / file-backed); phone: benchmark_model's sampled peak."""
+    if "peak_rss_mb" not in r:
+        return fmt(r.get("peak_mb"))
+    return f"{fmt(r['peak_rss_mb'])} ({fmt(r['peak_anon_mb'])}/{fmt(r['peak_file_mb'])})"
+
+
+def memory_line(memory: dict) -> str:
+    line = (f"peak RSS {fmt(memory['peak_rss_mb'])} MB (anonymous {fmt(memory['peak_anon_mb'])}, "
+            f"file-backed {fmt(memory['peak_file_mb'])}) from {fmt(memory['baseline_rss_mb'])} MB before")
+    if not memory["peak_reset"]:
+        line += "; the peak could not be reset (/proc/self/clear_refs): it is the process's since start"
+    if memory.get("nvidia_smi_mb") is not None:
+        line += f"; nvidia-smi {fmt(memory['nvidia_smi_mb'])} MB"
+    return line
+
+
 def render(result: dict) -> None:
     import sys
 
@@ -537,24 +631,21 @@ def render(result: dict) -> None:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 160)
-    where = (f"{result['device']['serial']} ({result['device'].get('model') or 'adb'})" if result["mode"] == "adb"
+    adb_mode = result["mode"] == "adb"
+    where = (f"{result['device']['serial']} ({result['device'].get('model') or 'adb'})" if adb_mode
              else f"host {result['host']['machine']}, {result['host']['threads']} threads")
     table = Table(title=f"difflite bench {result['out']}: {where}, backend {result['backend']} "
                         f"{result['precision']}{'' if result['math'] == 'auto' else ' math ' + result['math']}, "
                         f"{result['warmup']} warm-up + {result['runs']} runs")
-    columns = ["component", "median ms", "min ms", "max ms", "mean ms", "first ms",
-               "init ms" if result["mode"] == "adb" else "load ms", "calls/image", "ms/image"]
-    if result["mode"] == "adb":
-        columns.append("peak MB")
+    columns = ["component", "median ms", "min ms", "max ms", "mean ms", "first ms", "load ms", "calls/image",
+               "ms/image", "peak MB" if adb_mode else "peak MB (anon/file)", "device MB"]
     for column in columns:
         table.add_column(column, justify="left" if column == "component" else "right")
     for name, r in result["components"].items():
-        row = [name, fmt(r["median_ms"]), fmt(r["min_ms"]), fmt(r["max_ms"]), fmt(r["mean_ms"]),
-               fmt(r["first_ms"]), fmt(r["load_ms"]), str(r["calls_per_image"]),
-               fmt(r["median_ms"] * r["calls_per_image"]) if r["calls_per_image"] else "-"]
-        if result["mode"] == "adb":
-            row.append(fmt(r["memory_peak_mb"] or r["memory_overall_mb"]))
-        table.add_row(*row)
+        table.add_row(name, fmt(r["median_ms"]), fmt(r["min_ms"]), fmt(r["max_ms"]), fmt(r["mean_ms"]),
+                      fmt(r["first_ms"]), fmt(r["load_ms"]), str(r["calls_per_image"]),
+                      fmt(r["median_ms"] * r["calls_per_image"]) if r["calls_per_image"] else "-",
+                      peak_cell(r), fmt(r["device"]["total_mb"]) if r.get("device") else "-")
     console.print(table)
     plan = result["pipeline"]
     guidance = "with guidance" if plan["guidance"] else "without guidance"
@@ -564,16 +655,18 @@ def render(result: dict) -> None:
     if plan.get("measured_ms") is not None:
         line += f", measured end to end {fmt(plan['measured_ms'])} ms"
     console.print(line)
+    if plan.get("memory"):
+        console.print(f"  the measured run, every component loaded: {memory_line(plan['memory'])}")
     for note in plan["notes"]:
         console.print(f"  {note}")
     if result.get("peak_rss_mb") is not None:
-        label = "peak RSS" if result["mode"] == "host" else "largest benchmark_model peak memory"
+        label = "largest benchmark_model peak memory" if adb_mode else "peak RSS"
         console.print(f"{label} {result['peak_rss_mb']:.0f} MB")
-    reported = {n: r["delegate_stats"] for n, r in result["components"].items() if r.get("delegate_stats")}
+    reported = {n: r["device"] for n, r in result["components"].items() if r.get("device")}
     if reported:
-        console.print("the op library on the phone (stats_path):")
-        for name, stats in reported.items():
-            console.print(f"  {stats_line(name, stats)}")
+        console.print(f"the op library{' on the phone' if adb_mode else ''} (stats_path):")
+        for name, device in reported.items():
+            console.print(f"  {stats_line(name, device)}")
 
 
 @click.command("bench")
@@ -615,9 +708,11 @@ def bench_command(out, backend, precision, math, runs, warmup, steps, guidance, 
                   as_json, save, plot, serial, device_dir, benchmark_model, tflite_gpu):
     """Time each component of OUT and estimate one image (host, or a phone with --adb SERIAL).
 
-    Per component: warm-up, then timed runs on seeded random inputs of the manifest's shapes;
-    median/min/max ms. Pipeline: text encoder, UNet x steps (x2 with guidance and a batch-1 UNet),
-    VAE decoder, as a sum of medians and (host) one measured run.
+    Per component: load ms (interpreter, delegate, tensor allocation), first-call ms, then
+    warm-up and timed runs on seeded random inputs of the manifest's shapes (median/min/max ms),
+    the measured peak resident memory (anonymous/file-backed) and, with --backend opencl, the
+    device memory the op library allocated. Pipeline: text encoder, UNet x steps (x2 with
+    guidance and a batch-1 UNet), VAE decoder, as a sum of medians and (host) one measured run.
     """
     options = BenchOptions(
         backend=backend, precision=precision, math=math, runs=runs, warmup=warmup, steps=steps, guidance=guidance,

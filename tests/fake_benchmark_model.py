@@ -3,8 +3,9 @@
 It checks its flags the way the real tool would fail on them (the graph and the external delegate
 must exist, delegate options are key:value pairs separated by ';', backend cpu|opencl), then
 prints benchmark_model's log for --warmup_runs and --num_runs with times derived from the model's
-size. $FAKE_BM_STYLE: "new" (default: "INFO: " prefixes, p5/median/p95, periodic peak memory) or
-"old" (no prefixes, CRLF line ends, exponent-form averages, no median). $FAKE_BM_FAIL set: the
+size. $FAKE_BM_STYLE: "new" (default: "INFO: " prefixes, p5/median/p95, the periodic peak memory
+with --report_peak_memory_footprint=true) or "old" (no prefixes, CRLF line ends, exponent-form
+averages, no median, no periodic peak). $FAKE_BM_FAIL set: the
 delegate fails to apply, as on a phone without OpenCL. With backend:opencl and stats_path:FILE
 it writes FILE as the op library does, for a GPU with cl_khr_fp16 (sizes derived from the
 model's)."""
@@ -84,9 +85,11 @@ def main(argv: list[str]) -> int:
         say("Created TensorFlow Lite delegate for GPU.")
         say(f"Replacing {nodes} out of {nodes} node(s) with delegate (TfLiteGpuDelegateV2) node, "
             f"yielding 1 partitions for subgraph 0.")
-    say(f"The input model file size (MB): {Path(graph).stat().st_size / 1e6:.6g}")
-    base = 1000 + Path(graph).stat().st_size // 100   # microseconds, distinct per model
-    say("Initialized session in 123.4ms.")
+    size = Path(graph).stat().st_size
+    say(f"The input model file size (MB): {size / 1e6:.6g}")
+    base = 1000 + size // 100   # microseconds, distinct per model
+    init_us = 100000 + size // 1000
+    say(f"Initialized session in {init_us / 1e3:g}ms.")
     say(f"Running benchmark for at least {warmup} iterations and at least 0 seconds but terminate if "
         f"exceeding 3600 seconds.")
     first = base * 2
@@ -105,15 +108,16 @@ def main(argv: list[str]) -> int:
     else:
         say(f"count={runs} first={base} curr={base} min={low} max={high} avg={avg:.6e} std=25")
     say()
-    say(f"Inference timings in us: Init: 123400, First inference: {first}, Warmup (avg): {base * 1.5:g}, "
+    say(f"Inference timings in us: Init: {init_us}, First inference: {first}, Warmup (avg): {base * 1.5:g}, "
         f"Inference (avg): {avg:.6e}" if style == "old" else
-        f"Inference timings in us: Init: 123400, First inference: {first}, Warmup (avg): {base * 1.5:g}, "
+        f"Inference timings in us: Init: {init_us}, First inference: {first}, Warmup (avg): {base * 1.5:g}, "
         f"Inference (avg): {avg}")
     say("Note: as the benchmark tool itself affects memory footprint, the following is only APPROXIMATE to "
         "the actual memory footprint of the model at runtime. Take the information at your discretion.")
     if style == "new":
         say("Memory footprint delta from the start of the tool (MB): init=6.42188 overall=38.5")
-        say("Overall peak memory footprint (MB) via periodic monitoring: 45.25")
+        if f.get("report_peak_memory_footprint") == "true":  # the monitor thread runs only then
+            say(f"Overall peak memory footprint (MB) via periodic monitoring: {40 + size / 2**20:g}")
         say("Memory status at the end of exeution:")
         say("- VmRSS              : 40 MB")
     else:

@@ -11,12 +11,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from compiler import adb as adb_module
-from compiler.bench import pipeline_plan
+from compiler import procmem
+from compiler.bench import BenchOptions, load_runner, pipeline_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -24,6 +26,7 @@ SIZE = ["--height", "32", "--width", "48"]  # small and non-square: quick to tim
 SERIAL = "FAKE0123"
 DEVICE_TMP = "/data/local/tmp"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MIB = 1 << 20
 # --plot needs matplotlib; without it the plot checks become a check of the clear error.
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -104,7 +107,11 @@ def test_host_bench_json_and_plot(outs, tmp_path):
     assert any("negative prompt" in note for note in pipeline["notes"])
     assert any("batch-1 UNet" in note for note in pipeline["notes"])
     assert {c["calls_per_image"] for c in data["components"].values()} == {2, 4, 1}
-    assert data["peak_rss_mb"] > 10
+    for name, r in data["components"].items():
+        check_measured_memory(r, name)
+        assert r["device"] is None, f"{name}: backend cpu allocates nothing on a device"
+    check_measured_memory(pipeline["memory"], "pipeline")
+    check_peak_over_everything(data)
     if not HAS_MATPLOTLIB:
         bad_input(difflite("bench", outs["fused"], "--plot", plot, check=False), "pip install matplotlib")
         return
@@ -115,10 +122,76 @@ def test_host_bench_json_and_plot(outs, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.png"], "no temporary file is left behind"
 
 
+def check_measured_memory(r: dict, name: str) -> None:
+    """What bench measured from /proc across one component (or the pipeline run) is consistent:
+    the peak covers the baseline and the resident set after loading, and the peaks of the
+    anonymous and file-backed parts fit in the peak resident set (they can peak at different
+    moments, and the kernel's counters are approximate: a little slack)."""
+    assert r["peak_reset"] is True, f"{name}: Linux lets a process reset its own VmHWM"
+    assert 0 < r["baseline_rss_mb"] <= r["peak_rss_mb"], (name, r)
+    assert r["peak_anon_mb"] > 0 and r["peak_file_mb"] > 0 and r["peak_shmem_mb"] >= 0, (name, r)
+    slack = max(8.0, 0.05 * r["peak_rss_mb"])
+    assert r["peak_anon_mb"] + r["peak_file_mb"] <= r["peak_rss_mb"] + slack, (name, r)
+    assert r["samples"] >= 2, (name, r)
+    if "load_ms" in r:
+        assert r["load_ms"] > 0 and r["first_ms"] > 0, (name, r)
+        assert r["after_load_rss_mb"] <= r["peak_rss_mb"] + slack, (name, r)
+        assert r["after_load_anon_mb"] <= r["peak_anon_mb"] and r["after_load_file_mb"] <= r["peak_file_mb"], (name, r)
+
+
+def check_peak_over_everything(data: dict) -> None:
+    peaks = [r["peak_rss_mb"] for r in data["components"].values()]
+    if data["pipeline"].get("memory"):
+        peaks.append(data["pipeline"]["memory"]["peak_rss_mb"])
+    assert data["peak_rss_mb"] == max(peaks) > 10
+
+
+def test_host_bench_opencl_reports_device_memory(outs, tmp_path):
+    saved = tmp_path / "opencl.json"
+    result = difflite("bench", outs["fused"], "--backend", "opencl", "--runs", 2, "--warmup", 1, "--steps", 1,
+                      "--json", "--save", saved)
+    data = json.loads(result.stdout)
+    assert json.loads(saved.read_text()) == data and data["backend"] == "opencl"
+    for name, r in data["components"].items():
+        check_measured_memory(r, name)
+        device, stats = r["device"], r["device"]["stats"]
+        assert device["weights_mb"] > 0 and device["intermediates_mb"] > 0, (name, device)
+        assert device["weights_mb"] * MIB == stats["weights_bytes"], (name, device)
+        assert device["intermediates_mb"] * MIB == stats["arena_bytes"], (name, device)
+        assert device["scratch_mb"] * MIB == stats["scratch_bytes"], (name, device)
+        assert device["total_mb"] == pytest.approx(device["weights_mb"] + device["intermediates_mb"]
+                                                   + device["scratch_mb"])
+        assert stats["nodes_claimed"] == stats["nodes_total"] > 0, (name, stats)
+        if shutil.which("nvidia-smi") is None:
+            assert device["nvidia_smi_mb"] is None
+    pipeline = data["pipeline"]
+    assert pipeline["measured_ms"] > 0 and pipeline["measured_calls"] == pipeline["calls"]
+    check_measured_memory(pipeline["memory"], "pipeline")
+    # every component stays loaded for the pipeline run: it starts from at least the last one's footprint
+    last = data["components"]["vae_decoder"]
+    assert pipeline["memory"]["baseline_rss_mb"] >= last["after_load_rss_mb"] - max(8.0, 0.05 * last["peak_rss_mb"])
+    check_peak_over_everything(data)
+
+
+def test_load_runner_allocates_tensors_while_loading(outs, tmp_path):
+    """The OpenCL backend writes stats_path once its partitions are prepared (weights uploaded),
+    which happens at allocate_tensors: so load_ms covers it, not the first call."""
+    manifest = json.loads((outs["fused"] / "manifest.json").read_text())
+    entry = manifest["components"]["vae_decoder"]
+    stats_path = tmp_path / "stats.json"
+    runner = load_runner(outs["fused"] / entry["file"], entry, BenchOptions(backend="opencl", precision="fp32"),
+                         stats_path)
+    assert runner is not None and stats_path.is_file(), "the delegate had not prepared by the end of the load"
+    assert json.loads(stats_path.read_text())["weights_bytes"] > 0
+
+
 def test_host_bench_no_fuse_table(outs):
     result = difflite("bench", outs["nofuse"], "--runs", 2, "--warmup", 1, "--steps", 1)
-    for text in ("unet", "median ms", "calls/image", "peak RSS", "text_encoder, vae_decoder not benchmarked"):
+    for text in ("unet", "median ms", "calls/image", "peak RSS", "text_encoder, vae_decoder not benchmarked",
+                 "load ms", "first ms", "peak MB (anon/file)", "device MB"):
         assert text in result.stdout, text
+    row = next(line for line in result.stdout.splitlines() if "unet" in line and "│" in line)
+    assert re.search(r"\b\d[\d.]* \([\d.]+/[\d.]+\)", row), row
     assert "measured end to end" not in result.stdout
 
 
@@ -201,6 +274,7 @@ def test_parse_benchmark_model_new_style():
     assert r.runs == 7  # the timed runs' line, not the warm-up's
     assert (r.min_ms, r.max_ms, r.median_ms, r.std_ms) == pytest.approx((13.396, 14.139, 13.510, 0.152))
     assert (r.memory_init_mb, r.memory_overall_mb, r.memory_peak_mb) == pytest.approx((6.42188, 8.67188, 12.3457))
+    assert r.initialized_ms == pytest.approx(43.1)
     assert r.delegations == [{"delegate": "TfLiteDelegate", "nodes": 468, "of": 470, "partitions": 2}]
 
 
@@ -208,6 +282,7 @@ def test_parse_benchmark_model_old_style():
     r = adb_module.parse_benchmark_model(OLD_STYLE)
     assert r.avg_ms == pytest.approx(2950.34) and r.warmup_avg_ms == pytest.approx(3512.39)
     assert r.runs == 50 and r.median_ms is None
+    assert r.initialized_ms == pytest.approx(17.187) and r.init_ms == pytest.approx(17.187)
     assert (r.min_ms, r.max_ms) == pytest.approx((2727.568, 3189.954))
     assert (r.memory_init_mb, r.memory_overall_mb, r.memory_peak_mb) == (pytest.approx(4.21094),
                                                                         pytest.approx(46.0859), None)
@@ -223,6 +298,7 @@ def test_benchmark_command_quotes_the_delegate_options():
     assert "--external_delegate_options='backend:opencl;precision:fp16'" in command
     assert "--num_runs=10" in command and "--warmup_runs=2" in command and "--num_threads=4" in command
     assert "--input_layer_value_range=input_ids,0,49407" in command
+    assert "--report_peak_memory_footprint=true" in command
     assert command.endswith("2>&1")
 
 
@@ -292,8 +368,10 @@ def test_adb_bench_fused_opencl(outs, device, tmp_path):
     for c in commands:
         assert f"--external_delegate_path={folder}/libdifflite_delegate.so" in c
         name = re.search(r"--graph=\S*/(\w+)\.tflite", c).group(1)
-        assert f"--external_delegate_options='backend:opencl;precision:fp16;stats_path:{folder}/stats_{name}.json'" in c
+        assert (f"--external_delegate_options='backend:opencl;precision:fp16;stats_path:{folder}/stats_{name}.json;"
+                f"cache_dir:{folder}/program_cache'") in c
         assert "--num_runs=7" in c and "--warmup_runs=3" in c and "--min_secs=0" in c
+        assert "--report_peak_memory_footprint=true" in c
     te_command = next(c for c in commands if "text_encoder.tflite" in c)
     vocab = len(json.loads((outs["fused"] / "tokenizer" / "vocab.json").read_text()))
     assert f"--input_layer_value_range=input_ids,0,{vocab - 1}" in te_command
@@ -303,13 +381,22 @@ def test_adb_bench_fused_opencl(outs, device, tmp_path):
         assert r["median_from"] == "median" and r["median_ms"] == pytest.approx(base_ms + 0.005)
         assert r["mean_ms"] == pytest.approx(base_ms + 0.010)
         assert (r["min_ms"], r["max_ms"]) == pytest.approx((base_ms - 0.040, base_ms + 0.090))
-        assert r["first_ms"] == pytest.approx(2 * base_ms) and r["load_ms"] == pytest.approx(123.4)
-        assert r["runs"] == 7 and r["memory_peak_mb"] == pytest.approx(45.25)
+        # what the fake prints, in benchmark_model's format: "Initialized session in X ms", the
+        # "Inference timings in us: Init: ..." line and the periodic peak memory
+        assert r["first_ms"] == pytest.approx(2 * base_ms)
+        assert r["load_ms"] == pytest.approx((100000 + size // 1000) / 1e3)
+        assert r["runs"] == 7 and r["peak_mb"] == pytest.approx(40 + size / MIB, abs=1e-4)
+        assert (r["memory_init_mb"], r["memory_overall_mb"]) == pytest.approx((6.42188, 38.5))
         assert r["delegations"][0]["delegate"] == "TfLiteDelegate"
         # what the op library reported on the phone (stats_path), read back with adb
-        stats = r["delegate_stats"]
+        memory, stats = r["device"], r["device"]["stats"]
         assert stats["storage"] == "float16" and stats["arithmetic"] == "float16", stats
         assert stats["arena_bytes"] == size // 8 and stats["device"] == "QUALCOMM Adreno(TM) 740", stats
+        assert memory["intermediates_mb"] == pytest.approx(size // 8 / MIB)
+        assert memory["weights_mb"] == pytest.approx(size / MIB)
+        assert memory["scratch_mb"] == pytest.approx(size // 16 / MIB)
+        assert memory["total_mb"] == pytest.approx((size // 8 + size + size // 16) / MIB)
+    assert data["peak_rss_mb"] == max(r["peak_mb"] for r in data["components"].values())
     pipeline = data["pipeline"]
     assert pipeline["calls"] == {"text_encoder": 2, "unet": 10, "vae_decoder": 1}
     assert pipeline["measured_ms"] is None
@@ -334,7 +421,9 @@ def test_adb_bench_builtins_only_old_benchmark_model(outs, device):
     assert data["device"]["pushed"] == {"/data/local/tmp/other/unet.tflite": "unchanged"}
     unet = data["components"]["unet"]
     assert unet["median_from"] == "avg" and unet["median_ms"] == unet["mean_ms"]
-    assert unet["memory_overall_mb"] == pytest.approx(138.809) and unet["memory_peak_mb"] is None
+    assert unet["memory_overall_mb"] == pytest.approx(138.809) and unet["peak_mb"] is None
+    assert unet["load_ms"] == pytest.approx((100000 + (outs["nofuse"] / "unet.tflite").stat().st_size // 1000) / 1e3)
+    assert unet["device"] is None and data["peak_rss_mb"] is None
 
 
 def test_adb_bench_precision_defaults_to_the_conversions(outs, device, tmp_path):
@@ -353,7 +442,7 @@ def test_adb_bench_precision_defaults_to_the_conversions(outs, device, tmp_path)
     data = json.loads(device.bench(out16, "--oplib", device.library, "--backend", "opencl",
                                    "--math", "fp32", "--runs", 2, "--json").stdout)
     assert data["precision"] == "fp16" and data["math"] == "fp32", data
-    assert data["components"]["unet"]["delegate_stats"]["arithmetic"] == "float32", data
+    assert data["components"]["unet"]["device"]["stats"]["arithmetic"] == "float32", data
     command = [c for c in device.shell_commands() if "--graph=" in c][-1]
     assert "--external_delegate_options='backend:opencl;precision:fp16;math:fp32;stats_path:" in command, command
     table = device.bench(out16, "--oplib", device.library, "--backend", "opencl", "--runs", 2).stdout
@@ -395,3 +484,96 @@ def test_adb_bench_errors(outs, device, tmp_path):
               "benchmark_model failed on text_encoder.tflite", "no OpenCL platform")
     device.benchmark_model.unlink()
     bad_input(device.bench(fused, *lib, check=False), "benchmark_model is missing", DEVICE_TMP + "/benchmark_model")
+
+
+# ---------------------------------------------------------------------------------------------
+# compiler/procmem.py: this process's memory from /proc
+
+
+def hold_the_gil(seconds: float) -> None:
+    """Busy-wait in Python with a switch interval longer than the wait: no other thread of this
+    process runs meanwhile, so only a sampler outside the process can see what happens."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            pass
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding path (the longest mount point above it in /proc/self/mounts)."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        mount, fs = fields[1], fields[2]
+        if (str(path) + "/").startswith(mount.rstrip("/") + "/") and len(mount) >= len(best):
+            best, kind = mount, fs
+    return kind
+
+
+def test_sampler_keeps_a_transient_anonymous_peak():
+    """200 MB allocated, touched and freed inside the block, while the GIL is held: the peak stays."""
+    import numpy as np
+
+    with procmem.MemorySampler() as sampler:
+        block = np.ones(200 * MIB // 8)
+        hold_the_gil(0.3)
+        del block
+        after_free = sampler.mark("after_free")
+    assert sampler.peaks["anon"] - sampler.start["anon"] >= 180, (sampler.start, sampler.peaks)
+    assert after_free["anon"] < sampler.peaks["anon"] - 150, "freeing it must lower the resident set"
+    assert sampler.samples >= 10
+
+
+def test_sampler_sees_file_backed_pages(tmp_path):
+    """A 100 MB file mapped and read inside the block counts as file-backed (shared memory where
+    the temporary folder is a tmpfs), not as anonymous memory."""
+    import mmap
+
+    import numpy as np
+
+    path = tmp_path / "blob.bin"
+    with open(path, "wb") as f:
+        for _ in range(100):
+            f.write(os.urandom(MIB))
+    kind = "shmem" if filesystem_type(tmp_path) == "tmpfs" else "file"
+    with procmem.MemorySampler() as sampler:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            pages = np.frombuffer(mapped, dtype=np.uint8)
+            assert int(pages[::4096].astype(np.int64).sum()) >= 0  # one read per page
+            hold_the_gil(0.2)
+            del pages
+    assert sampler.peaks[kind] - sampler.start[kind] >= 90, (kind, sampler.start, sampler.peaks)
+    assert sampler.peaks["anon"] - sampler.start["anon"] < 50, (sampler.start, sampler.peaks)
+
+
+def test_high_water_mark_reset_and_a_refused_reset(monkeypatch):
+    import numpy as np
+
+    block = np.ones(200 * MIB // 8)
+    del block
+    assert procmem.high_water_mark_mb() - procmem.resident_mb()["rss"] >= 180
+    assert procmem.reset_high_water_mark() is True
+    assert procmem.high_water_mark_mb() <= procmem.resident_mb()["rss"] + 8
+    monkeypatch.setattr(procmem, "CLEAR_REFS", "/proc/self/no_such_file")
+    with procmem.MeasuredMemory() as memory:
+        memory.mark("after_load")
+    report = memory.report()
+    assert report["peak_reset"] is False and report["peak_rss_mb"] >= report["baseline_rss_mb"] > 0
+    assert report["after_load_rss_mb"] > 0
+
+
+def test_nvidia_smi_memory_of_this_process(tmp_path, monkeypatch):
+    """nvidia-smi's compute-apps listing: this process's rows summed; absent from PATH: None."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = "{procmem.NVIDIA_SMI_QUERY[0]}" ] || exit 9\n'
+                    'echo "1, 999"\necho "$PPID, 321"\necho "$PPID, 79"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert procmem.nvidia_smi_mb() == 400
+    assert procmem.nvidia_smi_mb(pid=1) == 999 and procmem.nvidia_smi_mb(pid=2) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert procmem.nvidia_smi_mb() is None
