@@ -352,16 +352,7 @@ Registration KernelRegistration() {
 
 tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
   DelegateState* st = StateOf(delegate);
-  // ABI self-check: Context::GetTensor must agree with indexing `tensors`
-  // with our sizeof(Tensor); otherwise this header no longer describes the
-  // runtime and nothing may be touched.
-  if (ctx->GetTensor != nullptr && ctx->tensors_size > 1 &&
-      ctx->GetTensor(ctx, 1) != &ctx->tensors[1]) {
-    LogError(ctx,
-             "TFLite ABI mismatch: the runtime's TfLiteTensor is not the "
-             "layout of difflite/tflite_abi.h; refusing to delegate");
-    return tfl::kDelegateError;
-  }
+  if (!TensorAbiMatches(ctx)) return tfl::kDelegateError;
   IntArray* plan = nullptr;
   if (ctx->GetExecutionPlan(ctx, &plan) != tfl::kOk || plan == nullptr) {
     LogError(ctx, "cannot read the execution plan");

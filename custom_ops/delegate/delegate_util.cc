@@ -67,6 +67,17 @@ DType ToDType(tfl::Type t) {
   }
 }
 
+bool TensorAbiMatches(tfl::Context* ctx) {
+  if (ctx->GetTensor == nullptr || ctx->tensors_size <= 1 ||
+      ctx->GetTensor(ctx, 1) == &ctx->tensors[1]) {
+    return true;
+  }
+  LogError(ctx,
+           "TFLite ABI mismatch: the runtime's TfLiteTensor is not the "
+           "layout of difflite/tflite_abi.h; refusing to delegate");
+  return false;
+}
+
 bool IsConstantTensor(const tfl::Tensor* t) {
   return t->allocation_type == tfl::kMmapRo ||
          t->allocation_type == tfl::kPersistentRo;

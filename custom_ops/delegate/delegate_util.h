@@ -60,6 +60,10 @@ void Log(const std::string& line);
 void LogError(tfl::Context* ctx, const std::string& line);
 
 tfl::Tensor* TensorAt(tfl::Context* ctx, int index);
+// ABI self-check: Context::GetTensor must agree with indexing `tensors` with
+// our sizeof(Tensor); otherwise tflite_abi.h no longer describes the runtime
+// and nothing may be touched. false (and the reason reported) on a mismatch.
+bool TensorAbiMatches(tfl::Context* ctx);
 std::vector<int> ToVector(const tfl::IntArray* a);
 // malloc'ed, as Context::ResizeTensor frees it.
 tfl::IntArray* NewIntArray(const std::vector<int>& v);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "difflite/parallel.h"
@@ -358,6 +359,31 @@ int ClaimThreads(const Options& options) {
   return std::clamp(options.num_threads > 0 ? options.num_threads : hardware, 1, 16);
 }
 
+// The op and every tensor's shape: nodes of one kind ask for the same programs.
+std::string KindOf(Context* ctx, const Candidate& c) {
+  std::string kind = std::to_string(c.reg->builtin_code) + (c.reg->custom_name ? c.reg->custom_name : "");
+  for (const tfl::IntArray* list : {c.node->inputs, c.node->outputs}) {
+    for (int idx : ToVector(list)) {
+      kind += "|";
+      if (idx < 0 || static_cast<size_t>(idx) >= ctx->tensors_size) continue;
+      const Tensor* t = TensorAt(ctx, idx);
+      if (t->dims != nullptr) kind += ShapeToString(ToVector(t->dims));
+    }
+  }
+  return kind;
+}
+
+// The first node of each kind ahead of the rest (order kept within both groups): threads
+// taking nodes in order then start distinct programs' compiles together, instead of queueing
+// behind the first kind's.
+void FirstOfEachKindFirst(Context* ctx, std::vector<Candidate*>* nodes) {
+  std::set<std::string> seen;
+  std::vector<Candidate*> first, later;
+  for (Candidate* c : *nodes) (seen.insert(KindOf(ctx, *c)).second ? first : later).push_back(c);
+  first.insert(first.end(), later.begin(), later.end());
+  nodes->swap(first);
+}
+
 }  // namespace
 
 void BackendImpl::ClaimOne(Context* ctx, Candidate* c) {
@@ -381,6 +407,7 @@ void BackendImpl::ClaimAll(Context* ctx, std::vector<Candidate>* candidates) {
       rest.push_back(&c);
     }
   }
+  FirstOfEachKindFirst(ctx, &rest);
   const int threads = ClaimThreads(options);
   std::atomic<size_t> next{0};
   ParallelFor(threads, threads, 1e9, [&](int64_t begin, int64_t end) {
@@ -391,13 +418,7 @@ void BackendImpl::ClaimAll(Context* ctx, std::vector<Candidate>* candidates) {
 }
 
 tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* delegate) {
-  if (ctx->GetTensor != nullptr && ctx->tensors_size > 1 &&
-      ctx->GetTensor(ctx, 1) != &ctx->tensors[1]) {
-    LogError(ctx,
-             "TFLite ABI mismatch: the runtime's TfLiteTensor is not the "
-             "layout of difflite/tflite_abi.h; refusing to delegate");
-    return tfl::kDelegateError;
-  }
+  if (!TensorAbiMatches(ctx)) return tfl::kDelegateError;
   tfl::IntArray* plan = nullptr;
   if (ctx->GetExecutionPlan(ctx, &plan) != tfl::kOk || plan == nullptr) {
     LogError(ctx, "cannot read the execution plan");
