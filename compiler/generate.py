@@ -369,16 +369,16 @@ class LitePipeline:
     def __call__(self, prompt: str, negative_prompt: str = "", steps: int = 20, seed: int = 0,
                  guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float = 0.8,
                  progress: Callable[[int, int], None] | None = None) -> GenerateResult:
-        import torch
-
         img2img = init_image is not None
         self._check_call(steps, guidance, img2img, strength)
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds
         start = time.perf_counter()
+        import torch  # noqa: E402 (counted in setup: the noise and the schedulers need it)
+
         sched = make_scheduler(scheduler, self.scheduler_config)
-        timer.add("setup", start)  # the scheduler (and diffusers' imports, the first time)
+        timer.add("setup", start)  # torch, the scheduler (and diffusers' imports, the first time)
         cfg = guidance > 1.0
         if not self.low_memory:
             for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
