@@ -515,13 +515,18 @@ def filesystem_type(path: Path) -> str:
 
 
 def test_sampler_keeps_a_transient_anonymous_peak():
-    """200 MB allocated, touched and freed inside the block, while the GIL is held: the peak stays."""
+    """200 MB allocated, touched and freed inside the block, while the GIL is held: the peak stays.
+    The pages come from an anonymous mapping of their own (not the heap, where memory earlier tests
+    freed may already be resident) and go back with it."""
+    import mmap
+
     import numpy as np
 
     with procmem.MemorySampler() as sampler:
-        block = np.ones(200 * MIB // 8)
+        block = mmap.mmap(-1, 200 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        np.frombuffer(block, dtype=np.uint8)[::4096] = 1  # touch every page
         hold_the_gil(0.3)
-        del block
+        block.close()
         after_free = sampler.mark("after_free")
     assert sampler.peaks["anon"] - sampler.start["anon"] >= 180, (sampler.start, sampler.peaks)
     assert after_free["anon"] < sampler.peaks["anon"] - 150, "freeing it must lower the resident set"
