@@ -485,7 +485,7 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
     Log("opencl: claimed " + std::to_string(kept.size()) + " of " +
         std::to_string(plan_nodes.size()) + " nodes on " + std::to_string(ClaimThreads(options)) +
         " threads in " + std::to_string(claim_seconds) + " s; " +
-        std::to_string(rt->programs_built()) + " programs built so far");
+        std::to_string(rt->programs().built) + " programs built so far");
   }
   if (kept.empty()) {
     WriteStats();

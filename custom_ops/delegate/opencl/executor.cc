@@ -74,6 +74,7 @@ void BackendImpl::WriteStats() {
     }
     invokes = std::max(invokes, p->invokes());
   }
+  const Runtime::ProgramCounts programs = rt->programs();
   std::ostringstream os;
   os << "{\"arena_bytes\": " << arena << ", \"weights_bytes\": " << weights
      << ", \"scratch_bytes\": " << scratch + staging << ", \"nodes_claimed\": " << nodes_claimed
@@ -87,12 +88,12 @@ void BackendImpl::WriteStats() {
      << ", \"model_pages_released_bytes\": " << up.released_bytes
      << ", \"upload_staging_bytes\": " << up.staging_bytes
      << ", \"upload_seconds\": " << up.seconds << ", \"claim_seconds\": " << claim_seconds
-     << ", \"programs_built\": " << rt->programs_built()
-     << ", \"programs_compiled\": " << rt->programs_compiled()
-     << ", \"programs_from_cache\": " << rt->programs_from_disk()
-     << ", \"programs_rejected\": " << rt->programs_rejected()
+     << ", \"programs_built\": " << programs.built
+     << ", \"programs_compiled\": " << programs.compiled
+     << ", \"programs_from_cache\": " << programs.from_disk
+     << ", \"programs_rejected\": " << programs.rejected
      << ", \"program_cache\": " << JsonString(gctx->disk().dir())
-     << ", \"build_seconds\": " << rt->build_seconds();
+     << ", \"build_seconds\": " << programs.seconds;
   if (options.profile) {
     os << ", \"invokes\": " << invokes << ", \"profile_ms_per_invoke\": {";
     bool first = true;

@@ -287,7 +287,7 @@ cl_program Runtime::Program(const std::string& program, const std::string& optio
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lock.lock();
-  build_seconds_ += seconds;
+  counts_.seconds += seconds;
   building_.erase(key);
   if (prog != nullptr) {
     programs_[key] = prog;
@@ -322,7 +322,7 @@ cl_program Runtime::Build(const std::string& program, const std::string& options
     cl_program prog = BuildFromBinary(binary, options);
     if (prog != nullptr) {
       std::lock_guard<std::mutex> lock(cache_mutex_);
-      ++from_disk_;
+      ++counts_.from_disk;
       return prog;
     }
     why = "the driver refused the stored binary";
@@ -330,13 +330,13 @@ cl_program Runtime::Build(const std::string& program, const std::string& options
   if (!why.empty()) {
     Log("program cache: " + disk.PathOf(key) + " (" + program + "): " + why + "; rebuilding");
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    ++rejected_;
+    ++counts_.rejected;
   }
   cl_program prog = BuildFromSource(program, text, options, error);
   if (prog == nullptr) return nullptr;
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    ++compiled_;
+    ++counts_.compiled;
   }
   if (disk.enabled()) {
     const std::vector<unsigned char> built = BinaryOf(prog);
@@ -444,29 +444,11 @@ size_t Runtime::KernelWorkGroupSize(cl_kernel kernel) const {
   return std::min(wg, info_.max_work_group_size);
 }
 
-size_t Runtime::programs_built() const {
+Runtime::ProgramCounts Runtime::programs() const {
   std::lock_guard<std::mutex> lock(cache_mutex_);
-  return programs_.size();
-}
-
-size_t Runtime::programs_compiled() const {
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  return compiled_;
-}
-
-size_t Runtime::programs_from_disk() const {
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  return from_disk_;
-}
-
-size_t Runtime::programs_rejected() const {
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  return rejected_;
-}
-
-double Runtime::build_seconds() const {
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  return build_seconds_;
+  ProgramCounts counts = counts_;
+  counts.built = programs_.size();
+  return counts;
 }
 
 }  // namespace difflite::gpu

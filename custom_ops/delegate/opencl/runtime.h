@@ -80,13 +80,13 @@ class Runtime {
   std::mutex& exec_mutex() { return exec_mutex_; }
 
   // Programs in this process: all of them, compiled from source, loaded from
-  // the disk cache, and disk entries rejected (stale, corrupt, foreign).
-  size_t programs_built() const;
-  size_t programs_compiled() const;
-  size_t programs_from_disk() const;
-  size_t programs_rejected() const;
-  // Seconds spent compiling or loading programs (summed over threads).
-  double build_seconds() const;
+  // the disk cache, disk entries rejected (stale, corrupt, foreign), and the
+  // seconds spent compiling or loading them (summed over threads).
+  struct ProgramCounts {
+    size_t built = 0, compiled = 0, from_disk = 0, rejected = 0;
+    double seconds = 0.0;
+  };
+  ProgramCounts programs() const;
 
  private:
   Runtime() = default;
@@ -116,8 +116,7 @@ class Runtime {
   std::map<std::string, cl_program> programs_;
   std::map<std::string, std::string> failed_;  // key -> build error
   std::map<std::string, cl_kernel> kernels_;
-  double build_seconds_ = 0.0;
-  size_t compiled_ = 0, from_disk_ = 0, rejected_ = 0;
+  ProgramCounts counts_;  // built is programs_.size(), filled by programs()
   std::mutex exec_mutex_;
 };
 
