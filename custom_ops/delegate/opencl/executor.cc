@@ -93,7 +93,15 @@ void BackendImpl::WriteStats() {
      << ", \"programs_from_cache\": " << programs.from_disk
      << ", \"programs_rejected\": " << programs.rejected
      << ", \"program_cache\": " << JsonString(gctx->disk().dir())
-     << ", \"build_seconds\": " << programs.seconds;
+     << ", \"build_seconds\": " << programs.seconds << ", \"program_builds\": [";
+  for (size_t i = 0; i < programs.builds.size(); ++i) {
+    const Runtime::ProgramBuild& b = programs.builds[i];
+    os << (i ? ", " : "") << "{\"program\": " << JsonString(b.program)
+       << ", \"kernel\": " << JsonString(b.kernel)
+       << ", \"from\": " << JsonString(b.from_disk ? "cache" : "source")
+       << ", \"seconds\": " << b.seconds << "}";
+  }
+  os << "]";
   if (options.profile) {
     os << ", \"invokes\": " << invokes << ", \"profile_ms_per_invoke\": {";
     bool first = true;

@@ -8,6 +8,7 @@
 
 #include "cl_loader.h"
 #include "delegate_util.h"
+#include "kernel_source.h"
 
 namespace difflite::gpu {
 namespace {
@@ -268,9 +269,10 @@ std::string Runtime::BaseOptions(DType storage, bool half_math) const {
   return "-cl-std=CL1.2 -DDL_T=float -DDL_T4=float4";
 }
 
-cl_program Runtime::Program(const std::string& program, const std::string& options,
-                            const ProgramCache& disk, std::string* error) {
-  const std::string key = program + "\n" + options;
+cl_program Runtime::Program(const std::string& program, const std::string& kernel,
+                            const std::string& options, const ProgramCache& disk,
+                            std::string* error) {
+  const std::string key = program + "\n" + kernel + "\n" + options;
   std::unique_lock<std::mutex> lock(cache_mutex_);
   built_.wait(lock, [&] { return building_.count(key) == 0; });
   auto it = programs_.find(key);
@@ -283,11 +285,13 @@ cl_program Runtime::Program(const std::string& program, const std::string& optio
   building_.insert(key);
   lock.unlock();
   const auto t0 = std::chrono::steady_clock::now();
-  cl_program prog = Build(program, options, disk, error);
+  bool from_disk = false;
+  cl_program prog = Build(program, kernel, options, disk, &from_disk, error);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lock.lock();
   counts_.seconds += seconds;
+  if (prog != nullptr) counts_.builds.push_back({program, kernel, from_disk, seconds});
   building_.erase(key);
   if (prog != nullptr) {
     programs_[key] = prog;
@@ -305,8 +309,9 @@ std::string Runtime::CacheKey(const std::string& text, const std::string& option
          std::to_string(Fnv1a64(text.data(), text.size()));
 }
 
-cl_program Runtime::Build(const std::string& program, const std::string& options,
-                          const ProgramCache& disk, std::string* error) {
+cl_program Runtime::Build(const std::string& program, const std::string& kernel,
+                          const std::string& options, const ProgramCache& disk, bool* from_disk,
+                          std::string* error) {
   const EmbeddedProgram* src = FindEmbeddedProgram(program);
   if (src == nullptr) {
     *error = "no embedded OpenCL program '" + program + "'";
@@ -315,6 +320,7 @@ cl_program Runtime::Build(const std::string& program, const std::string& options
   std::string text = kPrelude;
   std::set<std::string> seen = {program};
   if (!ExpandIncludes(src->source, src->size, &seen, &text, error)) return nullptr;
+  text = KeepOneKernel(text, kernel);
   const std::string key = CacheKey(text, options);
   std::vector<unsigned char> binary;
   std::string why;
@@ -323,6 +329,7 @@ cl_program Runtime::Build(const std::string& program, const std::string& options
     if (prog != nullptr) {
       std::lock_guard<std::mutex> lock(cache_mutex_);
       ++counts_.from_disk;
+      *from_disk = true;
       return prog;
     }
     why = "the driver refused the stored binary";
@@ -418,7 +425,7 @@ cl_kernel Runtime::Kernel(const std::string& program,
     auto it = kernels_.find(key);
     if (it != kernels_.end()) return it->second;
   }
-  cl_program prog = Program(program, full, disk, error);
+  cl_program prog = Program(program, kernel_name, full, disk, error);
   if (prog == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(cache_mutex_);
   auto it = kernels_.find(key);

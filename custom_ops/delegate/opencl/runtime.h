@@ -58,12 +58,13 @@ class Runtime {
   int device_index() const { return device_index_; }
 
   // A kernel of the embedded program `program`, built with the backend's
-  // options for `storage` (and half arithmetic) plus `options`; cached per
-  // (program, options, storage, arithmetic, kernel) in memory, and the
-  // program's binary in `disk` (loaded from there when an intact entry for
-  // this device, driver, source and options exists). nullptr and *error on
-  // failure (build log included). Threads may ask at once: distinct programs
-  // build in parallel, the same program once.
+  // options for `storage` (and half arithmetic) plus `options`, from the
+  // program's text less its other kernels (KeepOneKernel: a program per
+  // kernel); cached per (program, options, storage, arithmetic, kernel) in
+  // memory, and the binary in `disk` (loaded from there when an intact entry
+  // for this device, driver, source and options exists). nullptr and *error
+  // on failure (build log included). Threads may ask at once: distinct
+  // programs build in parallel, the same program once.
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, DType storage, bool half_math,
                    const ProgramCache& disk, std::string* error);
@@ -82,19 +83,26 @@ class Runtime {
   // Programs in this process: all of them, compiled from source, loaded from
   // the disk cache, disk entries rejected (stale, corrupt, foreign), and the
   // seconds spent compiling or loading them (summed over threads).
+  struct ProgramBuild {
+    std::string program, kernel;
+    bool from_disk = false;
+    double seconds = 0.0;
+  };
   struct ProgramCounts {
     size_t built = 0, compiled = 0, from_disk = 0, rejected = 0;
     double seconds = 0.0;
+    std::vector<ProgramBuild> builds;  // each program built, in order
   };
   ProgramCounts programs() const;
 
  private:
   Runtime() = default;
   std::string Init(const ClApi* cl, const DeviceEntry& entry, bool profile);
-  cl_program Program(const std::string& program, const std::string& options,
-                     const ProgramCache& disk, std::string* error);
-  cl_program Build(const std::string& program, const std::string& options,
-                   const ProgramCache& disk, std::string* error);
+  cl_program Program(const std::string& program, const std::string& kernel,
+                     const std::string& options, const ProgramCache& disk, std::string* error);
+  cl_program Build(const std::string& program, const std::string& kernel,
+                   const std::string& options, const ProgramCache& disk, bool* from_disk,
+                   std::string* error);
   cl_program BuildFromSource(const std::string& program, const std::string& text,
                              const std::string& options, std::string* error);
   cl_program BuildFromBinary(const std::vector<unsigned char>& binary,
