@@ -133,7 +133,7 @@ def run_diffusers(out: Path, args, schedulers: list[str]) -> dict:
     from diffusers import StableDiffusionPipeline
 
     from compiler import manifest
-    from compiler.generate import make_scheduler
+    from compiler.schedulers import diffusers_scheduler
     from compiler.verify import load_source
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -154,7 +154,7 @@ def run_diffusers(out: Path, args, schedulers: list[str]) -> dict:
     for scheduler in schedulers:
         print(f"[generate_parity] diffusers {scheduler}", file=sys.stderr)
         pipe = StableDiffusionPipeline(vae=source.vae, text_encoder=source.text_encoder, tokenizer=source.tokenizer,
-                                       unet=source.unet, scheduler=make_scheduler(scheduler, source.scheduler_config),
+                                       unet=source.unet, scheduler=diffusers_scheduler(scheduler, source.scheduler_config),
                                        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
         pipe.set_progress_bar_config(disable=True)
         timer.reset()

@@ -153,12 +153,12 @@ def save_diffusers_folder(out: Path, folder: Path) -> None:
     from diffusers import StableDiffusionPipeline
 
     from compiler import manifest
-    from compiler.generate import make_scheduler
+    from compiler.schedulers import diffusers_scheduler
     from compiler.verify import load_source
 
     source = load_source(manifest.read_manifest(out), None, None)
     pipe = StableDiffusionPipeline(vae=source.vae, text_encoder=source.text_encoder, tokenizer=source.tokenizer,
-                                   unet=source.unet, scheduler=make_scheduler("default", source.scheduler_config),
+                                   unet=source.unet, scheduler=diffusers_scheduler("default", source.scheduler_config),
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     pipe.to(torch.float16).save_pretrained(str(folder))
 

@@ -3,24 +3,28 @@
 The loop mirrors diffusers' StableDiffusionPipeline / StableDiffusionImg2ImgPipeline step for
 step, so the same prompt, seed and weights give the same picture as PyTorch:
 
-- tokens: CLIPTokenizer from OUT/tokenizer, padding to max_length 77 with truncation;
-- initial latents: torch.Generator("cpu").manual_seed(seed), then diffusers' randn_tensor of
-  (1, C, h, w) times scheduler.init_noise_sigma (txt2img); img2img draws the VAE posterior sample
-  (mean + std * eps) first and the add_noise noise second, from the same generator;
-- the scheduler comes from OUT/scheduler/scheduler_config.json (diffusers' classes), the step
-  loop uses scale_model_input, step(...).prev_sample and passes eta/generator as diffusers does;
+- tokens: OUT/tokenizer's CLIP tokenizer, padding to max_length 77 with truncation
+  (compiler.prompt_tokens: the tokenizers library, without transformers);
+- initial latents: the numbers of torch.Generator("cpu").manual_seed(seed) and diffusers'
+  randn_tensor of (1, C, h, w) (compiler.noise, without torch) times the scheduler's
+  init_noise_sigma (txt2img); img2img draws the VAE posterior sample (mean + std * eps) first and
+  the add_noise noise second, from the same generator;
+- the scheduler is the class of OUT/scheduler/scheduler_config.json or --scheduler, as NumPy ports
+  of diffusers' schedulers (compiler.schedulers; diffusers itself only for a config no port
+  covers); the loop uses scale_model_input and step as diffusers does, stochastic steps draw from
+  the same generator;
 - classifier-free guidance (guidance > 1): one UNet call on [uncond, cond] when the UNet was
   converted with batch 2, two calls with batch 1;
 - the stages run (img2img: vae_encoder), text_encoder, unet, vae_decoder; only the VAE encoder's
   stage draws from the generator, so loading each model just for its stage (low_memory) gives
   the same picture.
 
-Only the file's command-line entry point and light modules are imported at module load, so
-`difflite --help` stays fast; torch and diffusers are imported when a picture is made."""
+Neither torch, diffusers nor transformers is imported to make a picture from a folder that
+`convert` wrote (only NumPy, the tokenizers library and LiteRT): a phone-sized process starts in
+well under a second."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import tempfile
@@ -34,73 +38,17 @@ import click
 import numpy as np
 
 from compiler.errors import BadInput
+from compiler.noise import TorchGenerator
+from compiler.prompt_tokens import PromptTokenizer
+from compiler.schedulers import SCHEDULER_CHOICES, SCHEDULERS, make_scheduler
 
-SCHEDULERS = {
-    # name: (diffusers class, extra config)
-    "euler": ("EulerDiscreteScheduler", {}),
-    "ddim": ("DDIMScheduler", {}),
-    "dpm++": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++"}),
-    "pndm": ("PNDMScheduler", {}),
-}
-SCHEDULER_CHOICES = (*SCHEDULERS, "default")
 REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 ENCODER_HINT = "convert with --components text_encoder,unet,vae_decoder,vae_encoder"
+TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 
 
 # ---------------------------------------------------------------------------------------------
 # Schedulers
-
-
-def scheduler_config_fixed(config: dict) -> dict:
-    """The config as diffusers' Stable Diffusion pipelines use it: their constructors rewrite
-    legacy configs (steps_offset != 1 -> 1, clip_sample True -> False)."""
-    config = dict(config)
-    if config.get("steps_offset", 1) != 1:
-        config["steps_offset"] = 1
-    if config.get("clip_sample", False) is True:
-        config["clip_sample"] = False
-    return config
-
-
-def make_scheduler(name: str, config: dict):
-    """A diffusers scheduler: `name` is one of SCHEDULER_CHOICES ("default" = the config's own
-    `_class_name`), built with from_config from the pipeline's scheduler_config.json."""
-    import diffusers
-    from diffusers.utils import logging as diffusers_logging
-
-    config = scheduler_config_fixed(config)
-    if name == "default":
-        class_name, extra = config.get("_class_name"), {}
-        if not class_name:
-            raise BadInput("scheduler_config.json has no _class_name: pass --scheduler "
-                           + "|".join(SCHEDULERS))
-    elif name in SCHEDULERS:
-        class_name, extra = SCHEDULERS[name]
-    else:
-        raise BadInput(f"--scheduler {name!r}: choose from {', '.join(SCHEDULER_CHOICES)}")
-    cls = getattr(diffusers, str(class_name), None)
-    if not (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
-        raise BadInput(f"scheduler_config.json: {class_name!r} is not a diffusers scheduler class "
-                       f"(pass --scheduler {'|'.join(SCHEDULERS)})")
-    verbosity = diffusers_logging.get_verbosity()
-    diffusers_logging.set_verbosity_error()  # "config attributes ... not expected" chatter
-    try:
-        return cls.from_config(config, **extra)
-    except (ValueError, TypeError, NotImplementedError) as exc:
-        raise BadInput(f"scheduler_config.json: cannot build {class_name} ({str(exc).splitlines()[0]})") from exc
-    finally:
-        diffusers_logging.set_verbosity(verbosity)
-
-
-def step_kwargs(scheduler, generator, eta: float = 0.0) -> dict:
-    """diffusers' prepare_extra_step_kwargs: eta and generator where step() takes them."""
-    params = set(inspect.signature(scheduler.step).parameters)
-    kwargs = {}
-    if "eta" in params:
-        kwargs["eta"] = eta
-    if "generator" in params:
-        kwargs["generator"] = generator
-    return kwargs
 
 
 def img2img_timesteps(scheduler, steps: int, strength: float):
@@ -275,7 +223,7 @@ class LitePipeline:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadInput(f"{config_path}: not valid JSON ({exc})") from exc
         self._components: dict = {}
-        self._tokenizer = None
+        self._tokenizer: PromptTokenizer | None = None
         self.load_seconds = 0.0
 
     # -- parts, loaded on first use ------------------------------------------------------------
@@ -330,22 +278,15 @@ class LitePipeline:
                 self.release(name)
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> PromptTokenizer:
         if self._tokenizer is None:
-            from transformers import CLIPTokenizer
-
             start = time.perf_counter()
-            try:
-                self._tokenizer = CLIPTokenizer.from_pretrained(str(self.tokenizer_dir))
-            except (OSError, ValueError) as exc:
-                raise BadInput(f"{self.tokenizer_dir}: cannot load the tokenizer ({str(exc).splitlines()[0]})") from exc
+            self._tokenizer = PromptTokenizer(self.tokenizer_dir, self.text_length)
             self.load_seconds += time.perf_counter() - start
         return self._tokenizer
 
     def encode_prompt(self, text: str) -> np.ndarray:
-        ids = self.tokenizer(text, padding="max_length", max_length=self.text_length, truncation=True,
-                             return_tensors="np").input_ids
-        out = self.component("text_encoder")(input_ids=ids.astype(np.int32))
+        out = self.component("text_encoder")(input_ids=self.tokenizer(text))
         return out["last_hidden_state"].astype(np.float32)
 
     def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None):
@@ -368,17 +309,16 @@ class LitePipeline:
 
     def __call__(self, prompt: str, negative_prompt: str = "", steps: int = 20, seed: int = 0,
                  guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float = 0.8,
+                 timestep_spacing: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerateResult:
         img2img = init_image is not None
-        self._check_call(steps, guidance, img2img, strength)
+        self._check_call(steps, guidance, img2img, strength, timestep_spacing)
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds
         start = time.perf_counter()
-        import torch  # noqa: E402 (counted in setup: the noise and the schedulers need it)
-
-        sched = make_scheduler(scheduler, self.scheduler_config)
-        timer.add("setup", start)  # torch, the scheduler (and diffusers' imports, the first time)
+        sched = make_scheduler(scheduler, self.scheduler_config, timestep_spacing)
+        timer.add("setup", start)
         cfg = guidance > 1.0
         if not self.low_memory:
             for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
@@ -386,8 +326,8 @@ class LitePipeline:
         self.tokenizer  # noqa: B018 (loaded here so that text_encoder times the model alone)
         image_in = load_init_image(init_image, self.height, self.width) if img2img else None
 
-        generator = torch.Generator("cpu").manual_seed(int(seed))
-        sched.set_timesteps(steps, device="cpu")
+        generator = TorchGenerator(seed)
+        sched.set_timesteps(steps)
         if img2img:
             timesteps = img2img_timesteps(sched, steps, strength)
             latents = self._image_latents(image_in, sched, timesteps, generator, timer)
@@ -395,8 +335,8 @@ class LitePipeline:
             timesteps = sched.timesteps
             latents = self._noise_latents(sched, generator)
         cond, uncond = self._encode_prompts(prompt, negative_prompt if cfg else None, timer)
-        latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance,
-                                            step_kwargs(sched, generator), timer, progress)
+        latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance, generator,
+                                            timer, progress)
         image = self._decode(latents, timer)
 
         total = len(timesteps)
@@ -407,16 +347,19 @@ class LitePipeline:
         timings["total"] = round(time.perf_counter() - started, 4)
         settings = {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "seed": int(seed),
-            "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": type(sched).__name__,
+            "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": sched.class_name,
             "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
             "backend": self.backend, "height": self.height, "width": self.width, "low_memory": self.low_memory,
             "img2img": img2img, **({"strength": strength} if img2img else {}),
+            **({"timestep_spacing": timestep_spacing} if timestep_spacing else {}),
         }
-        return GenerateResult(image=image, timings=timings, settings=settings, latents=latents.numpy())
+        return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
 
-    def _check_call(self, steps, guidance, img2img: bool, strength) -> None:
+    def _check_call(self, steps, guidance, img2img: bool, strength, timestep_spacing) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise BadInput(f"--steps {steps!r} must be a positive integer")
+        if timestep_spacing is not None and timestep_spacing not in TIMESTEP_SPACINGS:
+            raise BadInput(f"--timestep-spacing {timestep_spacing!r}: choose from {', '.join(TIMESTEP_SPACINGS)}")
         if not np.isfinite(guidance):
             raise BadInput(f"--guidance {guidance!r} must be a finite number")
         if not img2img:
@@ -428,32 +371,25 @@ class LitePipeline:
         if not self.has_vae_encoder:
             raise BadInput(f"{self.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
 
-    def _noise_latents(self, sched, generator):
+    def _noise_latents(self, sched, generator: TorchGenerator) -> np.ndarray:
         """txt2img: diffusers' prepare_latents."""
-        import torch
-        from diffusers.utils.torch_utils import randn_tensor
-
         shape = (1, self.channels, self.latent_height, self.latent_width)
-        latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
-        return latents * sched.init_noise_sigma
+        return generator.randn(shape) * np.float32(sched.init_noise_sigma)
 
-    def _image_latents(self, image_in: np.ndarray, sched, timesteps, generator, timer: _Timer):
+    def _image_latents(self, image_in: np.ndarray, sched, timesteps, generator: TorchGenerator,
+                       timer: _Timer) -> np.ndarray:
         """img2img: the VAE posterior sample of the picture, noised to the first kept timestep."""
-        import torch
-        from diffusers.utils.torch_utils import randn_tensor
-
         with self.stage("vae_encoder") as encoder:
             start = time.perf_counter()
             encoded = encoder(image=image_in)
             timer.add("vae_encoder", start)
-        mean = torch.from_numpy(np.ascontiguousarray(encoded["latent_mean"], dtype=np.float32))
-        std = torch.from_numpy(np.ascontiguousarray(encoded["latent_std"], dtype=np.float32))
+        mean = np.asarray(encoded["latent_mean"], dtype=np.float32)
+        std = np.asarray(encoded["latent_std"], dtype=np.float32)
         # retrieve_latents(sample_mode="sample"): the posterior sample draws first ...
-        eps = randn_tensor(mean.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
-        init_latents = mean + std * eps
+        init_latents = mean + std * generator.randn(mean.shape)
         # ... then the noise for add_noise at the first kept timestep.
-        noise = randn_tensor(init_latents.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
-        return sched.add_noise(init_latents, noise, timesteps[:1].repeat(1))
+        noise = generator.randn(init_latents.shape)
+        return sched.add_noise(init_latents, noise, timesteps[:1])
 
     def _encode_prompts(self, prompt: str, negative_prompt: str | None, timer: _Timer):
         """(cond, uncond); uncond is None without a negative prompt (no classifier-free guidance)."""
@@ -464,39 +400,35 @@ class LitePipeline:
             timer.add("text_encoder", start)
         return cond, uncond
 
-    def _denoise(self, latents, sched, timesteps, cond, uncond, guidance: float, extra: dict, timer: _Timer,
-                 progress: Callable[[int, int], None] | None):
+    def _denoise(self, latents: np.ndarray, sched, timesteps, cond, uncond, guidance: float,
+                 generator: TorchGenerator, timer: _Timer, progress: Callable[[int, int], None] | None):
         """The scheduler loop; returns the final latents and the number of UNet calls."""
-        import torch
-
         cfg = uncond is not None
         unet_seconds, unet_calls = 0.0, 0
         with self.stage("unet"):
             for i, t in enumerate(timesteps):
-                model_input = torch.cat([latents] * 2) if cfg else latents
-                sample = sched.scale_model_input(model_input, t).numpy()[0:1]
+                # scale_model_input is elementwise: scaling the latents once is scaling [latents] * 2
+                sample = np.asarray(sched.scale_model_input(latents, t), dtype=np.float32)
                 start = time.perf_counter()
                 noise = self.predict_noise(sample, float(t), cond, uncond)
                 unet_seconds += time.perf_counter() - start
                 unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
-                noise = [torch.from_numpy(np.ascontiguousarray(n, dtype=np.float32)) for n in noise]
-                noise_pred = noise[0] + guidance * (noise[1] - noise[0]) if cfg else noise[0]
-                latents = sched.step(noise_pred, t, latents, **extra, return_dict=False)[0]
+                noise = [np.asarray(n, dtype=np.float32) for n in noise]
+                noise_pred = noise[0] + np.float32(guidance) * (noise[1] - noise[0]) if cfg else noise[0]
+                latents = np.asarray(sched.step(noise_pred, t, latents, generator=generator), dtype=np.float32)
                 if progress is not None:
                     progress(i + 1, len(timesteps))
         timer.seconds["unet"] = unet_seconds
         return latents, unet_calls
 
-    def _decode(self, latents, timer: _Timer) -> np.ndarray:
+    def _decode(self, latents: np.ndarray, timer: _Timer) -> np.ndarray:
         """The VAE decoder's picture as float32 HWC in [0, 1]."""
-        import torch
-
         with self.stage("vae_decoder") as decoder:
             start = time.perf_counter()
-            decoded = decoder(latent=latents.numpy().astype(np.float32))["image"]
+            decoded = decoder(latent=latents)["image"]
             timer.add("vae_decoder", start)
-        image = (torch.from_numpy(np.ascontiguousarray(decoded, dtype=np.float32)) / 2 + 0.5).clamp(0, 1)
-        return image[0].permute(1, 2, 0).numpy()
+        image = np.clip(np.asarray(decoded, dtype=np.float32) / np.float32(2) + np.float32(0.5), 0.0, 1.0)
+        return np.ascontiguousarray(image[0].transpose(1, 2, 0))
 
 
 def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bool = False,
@@ -527,7 +459,10 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
               help="Classifier-free guidance scale; <= 1 disables guidance.")
 @click.option("--negative-prompt", default="", show_default=True, help="The unconditional prompt.")
 @click.option("--scheduler", "scheduler", type=click.Choice(SCHEDULER_CHOICES), default="default", show_default=True,
-              help="default = the class in OUT/scheduler/scheduler_config.json.")
+              help="default = the class in OUT/scheduler/scheduler_config.json; euler-a and lcm draw noise at "
+                   "every step from the seed's generator.")
+@click.option("--timestep-spacing", type=click.Choice(TIMESTEP_SPACINGS), default=None,
+              help="Override the config's timestep spacing (trailing for Turbo-style few-step models).")
 @click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
               help="Op library backend for the custom ops (opencl runs the whole graph on the GPU).")
 @click.option("--init-image", type=click.Path(), default=None,
@@ -540,8 +475,8 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "instead of all three, for phones that cannot hold them together. Every picture then pays "
                    "the loading (timings: load); the picture is the same.")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
-def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, backend,
-                     init_image, strength, low_memory, as_json):
+def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, timestep_spacing,
+                     backend, init_image, strength, low_memory, as_json):
     """Make a picture from PROMPT with the .tflite files in OUT (txt2img, or img2img with
     --init-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
     from rich.console import Console
@@ -566,7 +501,8 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
             bar.update(task, completed=done, total=total)
 
         result = pipe(prompt, negative_prompt=negative_prompt, steps=steps, seed=seed, guidance=guidance,
-                      scheduler=scheduler, init_image=init_image, strength=strength, progress=progress)
+                      scheduler=scheduler, init_image=init_image, strength=strength,
+                      timestep_spacing=timestep_spacing, progress=progress)
     path = result.save(output)
     if as_json:
         click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings},

@@ -179,13 +179,17 @@ class Pipeline:
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     def save_tokenizer(self, folder: Path) -> None:
-        """Write vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json."""
+        """Write vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json (what
+        transformers loads), and tokenizer.json (what `generate` loads without transformers)."""
+        from compiler.prompt_tokens import save_pipeline
+
         tok = self.tokenizer
         model = json.loads(tok.backend_tokenizer.to_str())["model"]
         merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
         special = {"bos_token": str(tok.bos_token), "eos_token": str(tok.eos_token),
                    "unk_token": str(tok.unk_token), "pad_token": str(tok.pad_token)}
         _write_tokenizer_files(Path(folder), model["vocab"], merges, special, tok.model_max_length)
+        save_pipeline(tok, folder)
 
     def save_scheduler(self, folder: Path) -> None:
         folder = Path(folder)

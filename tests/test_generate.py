@@ -82,21 +82,22 @@ class Reference:
         self.source = load_source(manifest.read_manifest(folder), None, None)
         self.cache: dict = {}
 
-    def pipeline(self, scheduler: str, img2img: bool):
+    def pipeline(self, scheduler: str, img2img: bool, spacing: str | None):
         from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionPipeline
 
-        from compiler.generate import make_scheduler
+        from compiler.schedulers import diffusers_scheduler
 
         cls = StableDiffusionImg2ImgPipeline if img2img else StableDiffusionPipeline
         s = self.source
         pipe = cls(vae=s.vae, text_encoder=s.text_encoder, tokenizer=s.tokenizer, unet=s.unet,
-                   scheduler=make_scheduler(scheduler, s.scheduler_config), safety_checker=None,
+                   scheduler=diffusers_scheduler(scheduler, s.scheduler_config, spacing), safety_checker=None,
                    feature_extractor=None, requires_safety_checker=False)
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
-    def __call__(self, scheduler, steps, seed, guidance, prompt=PROMPT, image=None, strength=None):
-        key = (scheduler, steps, seed, guidance, prompt, None if image is None else image.tobytes(), strength)
+    def __call__(self, scheduler, steps, seed, guidance, prompt=PROMPT, image=None, strength=None, spacing=None):
+        key = (scheduler, steps, seed, guidance, prompt, None if image is None else image.tobytes(), strength,
+               spacing)
         if key not in self.cache:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # far faster for these tiny modules on a shared machine
@@ -104,9 +105,10 @@ class Reference:
                 kwargs = {"num_inference_steps": steps, "guidance_scale": guidance, "output_type": "np",
                           "generator": torch.Generator("cpu").manual_seed(seed)}
                 if image is None:
-                    result = self.pipeline(scheduler, False)(prompt, height=HEIGHT, width=WIDTH, **kwargs)
+                    result = self.pipeline(scheduler, False, spacing)(prompt, height=HEIGHT, width=WIDTH, **kwargs)
                 else:
-                    result = self.pipeline(scheduler, True)(prompt, image=image, strength=strength, **kwargs)
+                    result = self.pipeline(scheduler, True, spacing)(prompt, image=image, strength=strength,
+                                                                     **kwargs)
             finally:
                 torch.set_num_threads(threads)
             self.cache[key] = result.images[0]
@@ -132,19 +134,24 @@ def init_image(size=(WIDTH, HEIGHT), seed=0) -> Image.Image:
 # Parity
 
 
-@pytest.mark.parametrize("scheduler,guidance,batch", [
-    ("euler", 7.5, 1), ("ddim", 7.5, 1), ("dpm++", 7.5, 1), ("pndm", 7.5, 1), ("default", 7.5, 1),
-    ("euler", 1.0, 1), ("dpm++", 1.0, 1),
-    ("euler", 7.5, 2), ("ddim", 7.5, 2), ("dpm++", 7.5, 2), ("ddim", 1.0, 2),
+@pytest.mark.parametrize("scheduler,guidance,batch,spacing", [
+    ("euler", 7.5, 1, None), ("ddim", 7.5, 1, None), ("dpm++", 7.5, 1, None), ("pndm", 7.5, 1, None),
+    ("default", 7.5, 1, None), ("euler", 1.0, 1, None), ("dpm++", 1.0, 1, None),
+    ("euler", 7.5, 2, None), ("ddim", 7.5, 2, None), ("dpm++", 7.5, 2, None), ("ddim", 1.0, 2, None),
+    # stochastic steps (the generator's stream after the initial noise), Karras sigmas, few-step
+    ("euler-a", 7.5, 1, None), ("dpm++-2m-karras", 7.5, 2, None), ("lcm", 1.0, 1, None),
+    ("euler", 7.5, 1, "trailing"), ("ddim", 1.0, 2, "trailing"),
 ])
-def test_txt2img_matches_diffusers(lite, reference, scheduler, guidance, batch):
-    result = lite[batch](PROMPT, steps=STEPS, seed=3, guidance=guidance, scheduler=scheduler)
-    expected = reference(scheduler, STEPS, 3, guidance)
+def test_txt2img_matches_diffusers(lite, reference, scheduler, guidance, batch, spacing):
+    result = lite[batch](PROMPT, steps=STEPS, seed=3, guidance=guidance, scheduler=scheduler,
+                         timestep_spacing=spacing)
+    expected = reference(scheduler, STEPS, 3, guidance, spacing=spacing)
     assert result.image.shape == expected.shape == (HEIGHT, WIDTH, 3)
     assert expected.std() > 0.02, "the reference picture is flat: the parity check would mean nothing"
     value = psnr(result.image, expected)
-    print(f"txt2img {scheduler} guidance {guidance} batch {batch}: PSNR {value:.1f} dB")
-    assert value >= max(MIN_PSNR_DB, TINY_PSNR_DB), f"{scheduler} guidance {guidance} batch {batch}: {value:.1f} dB"
+    label = f"{scheduler} guidance {guidance} batch {batch} spacing {spacing}"
+    print(f"txt2img {label}: PSNR {value:.1f} dB")
+    assert value >= max(MIN_PSNR_DB, TINY_PSNR_DB), f"{label}: {value:.1f} dB"
     assert result.settings["classifier_free_guidance"] == (guidance > 1)
     calls_per_step = 2 if (guidance > 1 and batch == 1) else 1
     assert result.settings["unet_calls"] == calls_per_step * result.settings["denoising_steps"]
@@ -283,16 +290,37 @@ def test_missing_component_and_bad_options(folders, lite, tmp_path):
 
 
 def test_scheduler_choice_follows_the_config(folders, tmp_path):
-    from compiler.generate import make_scheduler
+    from compiler.schedulers import diffusers_scheduler, make_scheduler
 
     config = json.loads((folders[1] / "scheduler" / "scheduler_config.json").read_text())
-    assert type(make_scheduler("default", config)).__name__ == config["_class_name"]
-    dpm = make_scheduler("dpm++", config)
+    assert make_scheduler("default", config).class_name == config["_class_name"]
+    assert make_scheduler("dpm++", config).class_name == "DPMSolverMultistepScheduler"
+    dpm = diffusers_scheduler("dpm++", config)
     assert dpm.config.algorithm_type == "dpmsolver++"
-    legacy = make_scheduler("ddim", {**config, "steps_offset": 0, "clip_sample": True})
+    legacy = diffusers_scheduler("ddim", {**config, "steps_offset": 0, "clip_sample": True})
     assert legacy.config.steps_offset == 1 and legacy.config.clip_sample is False  # as diffusers' pipeline
     with pytest.raises(BadInput, match="not a diffusers scheduler"):
         make_scheduler("default", {**config, "_class_name": "NoSuchScheduler"})
+
+
+def test_a_picture_needs_neither_torch_nor_diffusers(folders, lite):
+    """The whole txt2img and img2img loop in a fresh process imports none of torch, diffusers or
+    transformers, and makes the picture the in-process pipeline makes."""
+    script = (
+        "import sys, numpy as np\n"
+        "from compiler.generate import LitePipeline\n"
+        f"pipe = LitePipeline({str(folders[1])!r})\n"
+        f"a = pipe({PROMPT!r}, steps=2, seed=11, scheduler='euler-a').uint8\n"
+        "heavy = sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "np.save(sys.argv[1], a)\n"
+    )
+    target = folders[1].parent / "no_torch.npy"
+    run = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    expected = lite[1](PROMPT, steps=2, seed=11, scheduler="euler-a").uint8
+    np.testing.assert_array_equal(np.load(target), expected)
 
 
 # ---------------------------------------------------------------------------------------------

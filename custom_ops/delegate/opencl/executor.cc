@@ -97,7 +97,7 @@ void BackendImpl::WriteStats() {
   for (size_t i = 0; i < programs.builds.size(); ++i) {
     const Runtime::ProgramBuild& b = programs.builds[i];
     os << (i ? ", " : "") << "{\"program\": " << JsonString(b.program)
-       << ", \"kernel\": " << JsonString(b.kernel)
+       << ", \"kernel\": " << JsonString(b.kernel) << ", \"options\": " << JsonString(b.options)
        << ", \"from\": " << JsonString(b.from_disk ? "cache" : "source")
        << ", \"seconds\": " << b.seconds << "}";
   }

@@ -291,7 +291,7 @@ cl_program Runtime::Program(const std::string& program, const std::string& kerne
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lock.lock();
   counts_.seconds += seconds;
-  if (prog != nullptr) counts_.builds.push_back({program, kernel, from_disk, seconds});
+  if (prog != nullptr) counts_.builds.push_back({program, kernel, options, from_disk, seconds});
   building_.erase(key);
   if (prog != nullptr) {
     programs_[key] = prog;

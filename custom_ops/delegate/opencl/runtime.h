@@ -84,7 +84,7 @@ class Runtime {
   // the disk cache, disk entries rejected (stale, corrupt, foreign), and the
   // seconds spent compiling or loading them (summed over threads).
   struct ProgramBuild {
-    std::string program, kernel;
+    std::string program, kernel, options;
     bool from_disk = false;
     double seconds = 0.0;
   };
