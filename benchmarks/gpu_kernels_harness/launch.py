@@ -837,9 +837,6 @@ class Runner:
         batches = int(np.prod(bdims)) if bdims else 1
         tiles = ceil_div(m, tile.tm) * ceil_div(n, tile.tn) * batches
         splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
-        if splits > 1:
-            opts = tile.options(a_kmajor, b_kmajor, *quads) + f" -DKSPLIT={splits}"
-            kernel = self._cached_kernel(GEMM_CL, "gemm", opts)
         pad = 4 - len(bdims)  # right-aligned, innermost in .w; unused slots 1 / stride 0
         int4, i32 = cltypes.make_int4, np.int32
         out = self.scratch(4 * splits * batches * m * n, 2) if splits > 1 else c
@@ -884,7 +881,7 @@ class Runner:
                             t.unspilled_only and self.private_bytes(self._cached_kernel(CONV_CL, "conv2d", options(t)))))
         tiles = ceil_div(m, tile.tm) * ceil_div(cout, tile.tn)
         splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
-        opts = options(tile) + (f" -DKSPLIT={splits}" if splits > 1 else "")
+        opts = options(tile)
         kernel = self._cached_kernel(CONV_CL, "conv2d", opts)
         i32, int4 = np.int32, cltypes.make_int4
         out = self.scratch(4 * splits * m * cout, 2) if splits > 1 else y

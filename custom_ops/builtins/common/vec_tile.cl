@@ -14,11 +14,13 @@
 
 #define C4(v, c) ((c) == 0 ? (v).s0 : (c) == 1 ? (v).s1 : (c) == 2 ? (v).s2 : (v).s3)
 
-// Split-K (KSPLIT > 1): split `split` sums the TK-aligned K range
+// Split-K (splits > 1): split `split` of `splits` sums the TK-aligned K range
 // [kbeg, kend) (the last ranges may be short or empty); all of K otherwise.
-#define VT_SPLIT_RANGE(K, split, kbeg, kend)                                 \
-  const int kbeg = (split) * (((K) + KSPLIT * TK - 1) / (KSPLIT * TK) * TK); \
-  const int kend = min((K), kbeg + ((K) + KSPLIT * TK - 1) / (KSPLIT * TK) * TK)
+// `splits` is a run-time value (the NDRange's), so one program serves every
+// split count: a cold start compiles a GEMM or convolution tile once.
+#define VT_SPLIT_RANGE(K, split, splits, kbeg, kend)                               \
+  const int kbeg = (split) * (((K) + (splits) * TK - 1) / ((splits) * TK) * TK); \
+  const int kend = min((K), kbeg + ((K) + (splits) * TK - 1) / ((splits) * TK) * TK)
 
 #define VT_ZERO(acc)                                          \
   do {                                                        \

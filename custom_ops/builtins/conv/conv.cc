@@ -228,9 +228,9 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   }
   TileConfig tile;
   cl_kernel kernel = nullptr;
-  auto kernel_of = [&](const TileConfig& c, cl_kernel* out, const std::string& extra = "") {
+  auto kernel_of = [&](const TileConfig& c, cl_kernel* out) {
     if (c.threads() % c.tk != 0) return std::string("tile threads not a multiple of TK");
-    return GetKernel(ctx, "conv", "conv2d", c.Options() + extra, out);
+    return GetKernel(ctx, "conv", "conv2d", c.Options(), out);
   };
   e = PickTile(ctx, m, g.cout, static_cast<int64_t>(m) * g.cout * k, kernel_of, &tile, &kernel);
   if (!e.empty()) return Refuse(error, e);
@@ -238,8 +238,7 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   if (tile.vec) {
     const int64_t tiles = static_cast<int64_t>((m + tile.tm - 1) / tile.tm) *
                           ((g.cout + tile.tn - 1) / tile.tn);
-    e = split.Plan(ctx, tiles, k, static_cast<int64_t>(m) * g.cout,
-                   [&](const std::string& extra) { return kernel_of(tile, &kernel, extra); });
+    e = split.Plan(ctx, tiles, k, static_cast<int64_t>(m) * g.cout);
     if (!e.empty()) return Refuse(error, e);
   }
   auto op = std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, PackedWeight(), 0);

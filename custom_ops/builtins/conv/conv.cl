@@ -27,9 +27,6 @@
 #ifndef VEC
 #define VEC 0
 #endif
-#ifndef KSPLIT
-#define KSPLIT 1
-#endif
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
@@ -173,10 +170,11 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   const int tid = ty * TX + tx;
   const int n0 = get_group_id(0) * TN;
   const int m0 = get_group_id(1) * TM;
-  // Split-K (KSPLIT > 1, as in gemm.cl): work-group dimension 2 is the split;
-  // it sums K range [kbeg, kend) into partial plane `split` of y ([M][N] each).
+  // Split-K (as in gemm.cl): work-group dimension 2 is the split (1 when the
+  // NDRange has two dimensions); it sums K range [kbeg, kend) into partial
+  // plane `split` of y ([M][N] each).
   const int split = get_group_id(2);
-  VT_SPLIT_RANGE(K, split, kbeg, kend);
+  VT_SPLIT_RANGE(K, split, (int)get_num_groups(2), kbeg, kend);
 
   // The A rows this item loads: fixed over K (NT % TK == 0).
   const int a_kk = tid % TK;

@@ -182,11 +182,11 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
       return "";
     }
   }
-  auto kernel_of = [&](const TileConfig& c, cl_kernel* k, const std::string& extra = "") {
+  auto kernel_of = [&](const TileConfig& c, cl_kernel* k) {
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
                              (c.vec && a_quads ? " -DA_QUADS=1" : "") +
-                             (c.vec && b_quads ? " -DB_QUADS=1" : "") + extra;
+                             (c.vec && b_quads ? " -DB_QUADS=1" : "");
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
   const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;
@@ -194,8 +194,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   if (!e.empty() || !tile_.vec) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
                         ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;
-  return split_.Plan(ctx, tiles, s_.k, static_cast<int64_t>(batches_) * s_.m * s_.n,
-                     [&](const std::string& extra) { return kernel_of(tile_, &kernel_, extra); });
+  return split_.Plan(ctx, tiles, s_.k, static_cast<int64_t>(batches_) * s_.m * s_.n);
 }
 
 std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,

@@ -34,9 +34,6 @@
 #ifndef VEC
 #define VEC 0
 #endif
-#ifndef KSPLIT
-#define KSPLIT 1
-#endif
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
@@ -251,11 +248,13 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   const int tid = ty * TX + tx;
   const int n0 = get_group_id(0) * TN;
   const int m0 = get_group_id(1) * TM;
-  // Split-K (KSPLIT > 1): dimension 2 is batch * KSPLIT + split; split s sums
+  // Split-K (splits > 1): dimension 2 is batch * splits + split; split s sums
   // its K range [kbeg, kend) into partial plane s of C (splitk_sum adds them).
-  const int batch = get_group_id(2) / KSPLIT;
-  const int split = get_group_id(2) % KSPLIT;
-  VT_SPLIT_RANGE(K, split, kbeg, kend);
+  const int batches = bdims.x * bdims.y * bdims.z * bdims.w;
+  const int splits = get_num_groups(2) / batches;
+  const int batch = get_group_id(2) / splits;
+  const int split = get_group_id(2) % splits;
+  VT_SPLIT_RANGE(K, split, splits, kbeg, kend);
   __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
   __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
 
@@ -283,7 +282,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
     }
   }
 
-  __global DL_T* Cb = C + (split * (get_num_groups(2) / KSPLIT) + batch) * c_bs;
+  __global DL_T* Cb = C + (split * batches + batch) * c_bs;
   const bool vec_c = ((ldc | c_bs) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
   VT_STORE(acc, bias, has_bias, M, N, vec_c, Cb + m * ldc);
 }

@@ -79,15 +79,13 @@ int ChooseSplitK(GpuContext& ctx, int64_t work_groups, int k, int64_t out_elemen
 class SplitK {
  public:
   // Chooses the splits for `tiles` output tiles (all batches) of depth k and
-  // `out_elements` = batches * M * N outputs; with more than one, `rebuild`
-  // gets " -DKSPLIT=<splits>" to build the split kernel.
-  template <typename F>
-  std::string Plan(GpuContext& ctx, int64_t tiles, int k, int64_t out_elements, F rebuild) {
+  // `out_elements` = batches * M * N outputs. The tiled kernels read the split
+  // count from their NDRange, so the same kernel runs split or not.
+  std::string Plan(GpuContext& ctx, int64_t tiles, int k, int64_t out_elements) {
     splits_ = ChooseSplitK(ctx, tiles, k, out_elements);
     if (splits_ == 1) return "";
     partial_bytes_ = static_cast<size_t>(splits_) * out_elements * DTypeSize(ctx.storage());
-    std::string e = rebuild(" -DKSPLIT=" + std::to_string(splits_));
-    return e.empty() ? InitSum(ctx) : e;
+    return InitSum(ctx);
   }
   int splits() const { return splits_; }
   size_t bytes() const { return partial_bytes_; }
