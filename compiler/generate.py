@@ -40,11 +40,10 @@ import numpy as np
 from compiler.errors import BadInput
 from compiler.noise import TorchGenerator
 from compiler.prompt_tokens import PromptTokenizer
-from compiler.schedulers import SCHEDULER_CHOICES, SCHEDULERS, make_scheduler
+from compiler.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
 
 REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 ENCODER_HINT = "convert with --components text_encoder,unet,vae_decoder,vae_encoder"
-TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +311,7 @@ class LitePipeline:
                  timestep_spacing: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerateResult:
         img2img = init_image is not None
-        self._check_call(steps, guidance, img2img, strength, timestep_spacing)
+        self._check_call(steps, guidance, img2img, strength)
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds
@@ -355,11 +354,9 @@ class LitePipeline:
         }
         return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
 
-    def _check_call(self, steps, guidance, img2img: bool, strength, timestep_spacing) -> None:
+    def _check_call(self, steps, guidance, img2img: bool, strength) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise BadInput(f"--steps {steps!r} must be a positive integer")
-        if timestep_spacing is not None and timestep_spacing not in TIMESTEP_SPACINGS:
-            raise BadInput(f"--timestep-spacing {timestep_spacing!r}: choose from {', '.join(TIMESTEP_SPACINGS)}")
         if not np.isfinite(guidance):
             raise BadInput(f"--guidance {guidance!r} must be a finite number")
         if not img2img:
@@ -461,7 +458,7 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
 @click.option("--scheduler", "scheduler", type=click.Choice(SCHEDULER_CHOICES), default="default", show_default=True,
               help="default = the class in OUT/scheduler/scheduler_config.json; euler-a and lcm draw noise at "
                    "every step from the seed's generator.")
-@click.option("--timestep-spacing", type=click.Choice(TIMESTEP_SPACINGS), default=None,
+@click.option("--timestep-spacing", type=click.Choice(SPACINGS), default=None,
               help="Override the config's timestep spacing (trailing for Turbo-style few-step models).")
 @click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
               help="Op library backend for the custom ops (opencl runs the whole graph on the GPU).")
@@ -515,13 +512,10 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
 
 
 __all__ = [
-    "SCHEDULERS",
-    "SCHEDULER_CHOICES",
     "GenerateResult",
     "LitePipeline",
     "generate",
     "generate_command",
     "load_init_image",
-    "make_scheduler",
     "save_png",
 ]

@@ -184,12 +184,13 @@ class Pipeline:
         from compiler.prompt_tokens import save_pipeline
 
         tok = self.tokenizer
-        model = json.loads(tok.backend_tokenizer.to_str())["model"]
+        pipeline_json = tok.backend_tokenizer.to_str()
+        model = json.loads(pipeline_json)["model"]
         merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
         special = {"bos_token": str(tok.bos_token), "eos_token": str(tok.eos_token),
                    "unk_token": str(tok.unk_token), "pad_token": str(tok.pad_token)}
         _write_tokenizer_files(Path(folder), model["vocab"], merges, special, tok.model_max_length)
-        save_pipeline(tok, folder)
+        save_pipeline(pipeline_json, folder)
 
     def save_scheduler(self, folder: Path) -> None:
         folder = Path(folder)

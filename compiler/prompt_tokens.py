@@ -72,9 +72,10 @@ class PromptTokenizer:
                                       return_tensors="np").input_ids
 
 
-def save_pipeline(tokenizer, folder) -> None:
-    """Write a transformers tokenizer's tokenizers-library pipeline as OUT/tokenizer/tokenizer.json."""
-    (Path(folder) / PIPELINE_FILE).write_text(tokenizer.backend_tokenizer.to_str(), encoding="utf-8")
+def save_pipeline(pipeline_json: str, folder) -> None:
+    """Write a tokenizers-library pipeline (a transformers tokenizer's backend_tokenizer.to_str())
+    as OUT/tokenizer/tokenizer.json."""
+    (Path(folder) / PIPELINE_FILE).write_text(pipeline_json, encoding="utf-8")
 
 
 __all__ = ["PIPELINE_FILE", "PromptTokenizer", "save_pipeline"]

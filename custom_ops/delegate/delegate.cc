@@ -446,6 +446,22 @@ bool ParseInt(const std::string& val, long lo, long hi, long* out) {
   return true;
 }
 
+// `val` if it is one of `choices`, else false and "KEY must be A, B or C, got 'VAL'".
+bool ParseChoice(const std::string& key, const std::string& val,
+                 const std::vector<std::string>& choices, std::string* out,
+                 std::string* error) {
+  if (std::find(choices.begin(), choices.end(), val) != choices.end()) {
+    *out = val;
+    return true;
+  }
+  std::string listed;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    listed += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  }
+  *error = key + " must be " + listed + ", got '" + val + "'";
+  return false;
+}
+
 bool ParseOptions(char** keys, char** values, size_t n, Options* o,
                   std::string* error) {
   for (size_t i = 0; i < n; ++i) {
@@ -453,17 +469,9 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
     const std::string val = values && values[i] ? values[i] : "";
     long v = 0;
     if (key == "backend") {
-      if (val != "cpu" && val != "opencl") {
-        *error = "backend must be cpu or opencl, got '" + val + "'";
-        return false;
-      }
-      o->backend = val;
+      if (!ParseChoice(key, val, {"cpu", "opencl"}, &o->backend, error)) return false;
     } else if (key == "precision") {
-      if (val != "fp32" && val != "fp16") {
-        *error = "precision must be fp32 or fp16, got '" + val + "'";
-        return false;
-      }
-      o->precision = val;
+      if (!ParseChoice(key, val, {"fp32", "fp16"}, &o->precision, error)) return false;
     } else if (key == "verbose") {
       if (val != "0" && val != "1") {
         *error = "verbose must be 0 or 1, got '" + val + "'";
@@ -492,17 +500,9 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       }
       o->profile = val[0] - '0';
     } else if (key == "kernels") {
-      if (val != "auto" && val != "tiled" && val != "flat") {
-        *error = "kernels must be auto, tiled or flat, got '" + val + "'";
-        return false;
-      }
-      o->kernels = val;
+      if (!ParseChoice(key, val, {"auto", "tiled", "flat"}, &o->kernels, error)) return false;
     } else if (key == "math") {
-      if (val != "auto" && val != "fp32") {
-        *error = "math must be auto or fp32, got '" + val + "'";
-        return false;
-      }
-      o->math = val;
+      if (!ParseChoice(key, val, {"auto", "fp32"}, &o->math, error)) return false;
     } else if (key == "stats_path") {
       if (val.empty()) {
         *error = "stats_path must name a file";
@@ -516,11 +516,7 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       }
       o->cache_dir = val;
     } else if (key == "zero_copy") {
-      if (val != "auto" && val != "off") {
-        *error = "zero_copy must be auto or off, got '" + val + "'";
-        return false;
-      }
-      o->zero_copy = val;
+      if (!ParseChoice(key, val, {"auto", "off"}, &o->zero_copy, error)) return false;
     } else {
       *error = "unknown option '" + key +
                "' (known: backend, precision, verbose, num_threads, device, "
