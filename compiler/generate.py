@@ -14,7 +14,9 @@ step, so the same prompt, seed and weights give the same picture as PyTorch:
   covers); the loop uses scale_model_input and step as diffusers does, stochastic steps draw from
   the same generator;
 - classifier-free guidance (guidance > 1): one UNet call on [uncond, cond] when the UNet was
-  converted with batch 2, two calls with batch 1;
+  converted with batch 2, two calls with batch 1; without guidance (guidance <= 1, as few-step
+  models run) one batch-1 call a step, and a batch-2 UNet is refused (it would compute every
+  step twice);
 - the stages run (img2img: vae_encoder), text_encoder, unet, vae_decoder; only the VAE encoder's
   stage draws from the generator, so loading each model just for its stage (low_memory) gives
   the same picture.
@@ -290,16 +292,15 @@ class LitePipeline:
 
     def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None):
         """noise_pred for the [1,C,h,w] (already scaled) sample: [uncond, cond] when uncond is
-        given (classifier-free guidance), else cond alone; returns one array per branch."""
+        given (classifier-free guidance), else cond alone; returns one array per branch. A batch-2
+        UNet only runs with guidance (_check_call)."""
         unet = self.component("unet")
         branches = [cond] if uncond is None else [uncond, cond]
         if self.unet_batch == 2:
-            # [uncond, cond] in one call; without guidance both rows are cond and one is kept
             sample2 = np.concatenate([sample, sample])
-            context = np.concatenate([cond, cond] if uncond is None else [uncond, cond])
             timestep = np.full((2,), t, dtype=np.float32)
-            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=context)["noise_pred"]
-            return [noise[0:1]] if uncond is None else [noise[0:1], noise[1:2]]
+            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=np.concatenate(branches))
+            return [noise["noise_pred"][0:1], noise["noise_pred"][1:2]]
         timestep = np.full((1,), t, dtype=np.float32)
         single = sample[0:1]
         return [unet(sample=single, timestep=timestep, encoder_hidden_states=c)["noise_pred"] for c in branches]
@@ -359,6 +360,10 @@ class LitePipeline:
             raise BadInput(f"--steps {steps!r} must be a positive integer")
         if not np.isfinite(guidance):
             raise BadInput(f"--guidance {guidance!r} must be a finite number")
+        if guidance <= 1.0 and self.unet_batch == 2:
+            raise BadInput(f"{self.out / 'unet.tflite'}: batch 2 (converted for classifier-free guidance), but "
+                           f"--guidance {guidance} <= 1 runs without it: convert with --batch 1 for unguided "
+                           f"(few-step) generation, or pass --guidance > 1")
         if not img2img:
             return
         if not (0.0 < strength <= 1.0):

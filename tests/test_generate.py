@@ -137,10 +137,10 @@ def init_image(size=(WIDTH, HEIGHT), seed=0) -> Image.Image:
 @pytest.mark.parametrize("scheduler,guidance,batch,spacing", [
     ("euler", 7.5, 1, None), ("ddim", 7.5, 1, None), ("dpm++", 7.5, 1, None), ("pndm", 7.5, 1, None),
     ("default", 7.5, 1, None), ("euler", 1.0, 1, None), ("dpm++", 1.0, 1, None),
-    ("euler", 7.5, 2, None), ("ddim", 7.5, 2, None), ("dpm++", 7.5, 2, None), ("ddim", 1.0, 2, None),
+    ("euler", 7.5, 2, None), ("ddim", 7.5, 2, None), ("dpm++", 7.5, 2, None), ("ddim", 1.0, 1, None),
     # stochastic steps (the generator's stream after the initial noise), Karras sigmas, few-step
     ("euler-a", 7.5, 1, None), ("dpm++-2m-karras", 7.5, 2, None), ("lcm", 1.0, 1, None),
-    ("euler", 7.5, 1, "trailing"), ("ddim", 1.0, 2, "trailing"),
+    ("euler", 7.5, 1, "trailing"), ("ddim", 1.0, 1, "trailing"),
 ])
 def test_txt2img_matches_diffusers(lite, reference, scheduler, guidance, batch, spacing):
     result = lite[batch](PROMPT, steps=STEPS, seed=3, guidance=guidance, scheduler=scheduler,
@@ -257,6 +257,19 @@ def test_cli_missing_folder_and_unwritable_output(folders, tmp_path):
     blocker.write_text("not a folder")
     run = difflite("generate", folders[1], "x", "-o", blocker / "x.png", "--steps", "1")
     assert run.returncode == 2 and "file.txt" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_unguided_generation_refuses_a_batch_2_unet(folders, lite, tmp_path):
+    """guidance <= 1 (few-step models) runs a batch-1 UNet once a step; a UNet converted with
+    batch 2 for guidance would compute every step twice, so generate says what to convert instead,
+    before loading anything and without writing the picture."""
+    target = tmp_path / "x.png"
+    run = difflite("generate", folders[2], "x", "-o", target, "--steps", "1", "--guidance", "1")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "unet.tflite" in run.stderr and "--batch 1" in run.stderr and "Traceback" not in run.stderr
+    assert not target.exists()
+    result = lite[1](PROMPT, steps=1, guidance=1.0)
+    assert result.settings["unet_calls"] == 1 and not result.settings["classifier_free_guidance"]
 
 
 # ---------------------------------------------------------------------------------------------
