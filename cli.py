@@ -78,16 +78,44 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
     return kinds
 
 
+def parse_lora(spec: str):
+    """FILE[:SCALE] -> LoraSpec; a suffix that is not a number is part of the file name."""
+    import math
+
+    from compiler.models import LoraSpec
+    path, scale = spec, 1.0
+    head, sep, tail = spec.rpartition(":")
+    if sep and head:
+        try:
+            path, scale = head, float(tail)
+        except ValueError:
+            pass
+    if not math.isfinite(scale):
+        raise BadInput(f"--lora {spec}: scale {tail!r} must be a finite number")
+    return LoraSpec(path, scale)
+
+
 @main.command()
 @click.argument("model")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
               help="Output folder (created; existing difflite files in it are replaced).")
 @click.option("--config", type=click.Path(), default=None,
-              help="Diffusers folder with the configs, for a single .safetensors/.ckpt MODEL.")
+              help="Diffusers folder with the configs, for a single .safetensors/.ckpt MODEL [default: the "
+                   "architecture is inferred from the checkpoint's keys].")
+@click.option("--vae", type=click.Path(), default=None,
+              help="A separate VAE to use instead of MODEL's: a diffusers vae folder or a .safetensors/.ckpt "
+                   "file (original or diffusers keys).")
+@click.option("--prediction-type", type=click.Choice(["epsilon", "v_prediction"]), default=None,
+              help="What the UNet predicts, for the scheduler [default: the config's; for a single file, "
+                   "inferred (SD 2.x: v_prediction at 768 unless the file says otherwise)].")
+@click.option("--lora", "loras", multiple=True, metavar="FILE[:SCALE]",
+              help="Merge a LoRA (diffusers/PEFT or kohya/A1111 .safetensors) into the weights before export, "
+                   "scaled by SCALE (default 1.0); repeatable.")
 @click.option("--components", default="text_encoder,unet,vae_decoder", show_default=True,
               help="Comma-separated: text_encoder, unet, vae_decoder, vae_encoder.")
-@click.option("--height", default=512, show_default=True, type=int, help="Image height in pixels.")
-@click.option("--width", default=512, show_default=True, type=int, help="Image width in pixels.")
+@click.option("--height", default=None, type=int,
+              help="Image height in pixels [default: the model's own size: 512, 768 for SD 2.x 768 models].")
+@click.option("--width", default=None, type=int, help="Image width in pixels [default: the model's own size].")
 @click.option("--batch", default=1, show_default=True, type=int,
               help="UNet batch (2 = classifier-free guidance in one call).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
@@ -107,12 +135,13 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
 @click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def convert(model, out, config, components, height, width, batch, precision, fuse, no_fuse,
-            device_profile, winograd_budget_mb, keep_onnx, seed, as_json):
+def convert(model, out, config, vae, prediction_type, loras, components, height, width, batch, precision, fuse,
+            no_fuse, device_profile, winograd_budget_mb, keep_onnx, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
-    MODEL is a local diffusers folder, a .safetensors/.ckpt file (with --config FOLDER), or
-    preset:NAME (preset:tiny, preset:sd15, preset:sd21: real architectures, seeded random weights).
+    MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
+    2.x inferred from its keys, or --config FOLDER), or preset:NAME (preset:tiny, preset:sd15,
+    preset:sd21, preset:sd21-768: real architectures, seeded random weights).
     """
     from compiler.convert import ConvertOptions, convert as run_convert
 
@@ -127,7 +156,8 @@ def convert(model, out, config, components, height, width, batch, precision, fus
         if not quiet:
             click.echo(f"[difflite] {message}", err=True)
 
-    report = run_convert(model, out, options, config=config, log=log)
+    report = run_convert(model, out, options, config=config, log=log, vae=vae, prediction_type=prediction_type,
+                         loras=tuple(parse_lora(spec) for spec in loras))
     if as_json:
         print_json(report)
         return

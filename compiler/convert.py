@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -32,8 +32,8 @@ VERSION = "0.1.0"
 @dataclass
 class ConvertOptions:
     components: tuple[str, ...] = DEFAULT_COMPONENTS
-    height: int = 512
-    width: int = 512
+    height: int | None = None  # None: the model's own size (its UNet's sample_size, in pixels)
+    width: int | None = None
     batch: int = 1
     precision: str = "fp32"
     fuse: tuple[str, ...] = DEFAULT_FUSE
@@ -92,13 +92,20 @@ class StageLog:
 
 
 def convert(model: str, out, options: ConvertOptions, config: str | None = None,
-            log: Callable[[str], None] = lambda message: None) -> dict:
-    """Convert `model` into the output folder `out`; returns the report."""
+            log: Callable[[str], None] = lambda message: None, vae: str | None = None,
+            prediction_type: str | None = None, loras: tuple[models.LoraSpec, ...] = ()) -> dict:
+    """Convert `model` into the output folder `out`; returns the report. `vae`, `prediction_type`
+    and `loras` change the loaded pipeline before export (models.load_pipeline)."""
     options.validate()
     stages = StageLog()
     started = time.perf_counter()
     log(f"loading {model}")
-    pipe = stages.run("pipeline", "load", models.load_pipeline, model, config, options.seed)
+    pipe = stages.run("pipeline", "load", models.load_pipeline, model, config, options.seed, vae=vae,
+                      prediction_type=prediction_type, loras=tuple(loras))
+    for line in describe_source(pipe):
+        log(line)
+    options = replace(options, height=pipe.default_size if options.height is None else options.height,
+                      width=pipe.default_size if options.width is None else options.width)
     export.check_size(pipe, options.height, options.width)
     with manifest.StagedFolder(Path(out)) as staged:
         pipe.save_tokenizer(staged.path("tokenizer"))
@@ -111,7 +118,9 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
             del spec
         latent = latent_info(pipe, options)
         source = {"model": pipe.source, "sha256": pipe.source_hash,
-                  "config": str(Path(config).absolute()) if config else None}
+                  "config": str(Path(config).absolute()) if config else None,
+                  "vae": str(Path(vae).expanduser().absolute()) if vae else None,
+                  "prediction_type": prediction_type, **pipe.details}
         del pipe
         gc.collect()
         entries, reports = {}, {}
@@ -135,6 +144,18 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         staged.write_json(manifest.MANIFEST, man)
         staged.commit()
     return report
+
+
+def describe_source(pipe) -> list[str]:
+    """What the summary says of the source beyond its name: the inferred architecture and why,
+    the LoRAs merged."""
+    lines = []
+    arch = pipe.details.get("architecture")
+    if arch:
+        lines.append(f"architecture: {arch['summary']} ({'; '.join(arch['reasons'])})")
+    for lora in pipe.details.get("loras", []):
+        lines.append(f"merged LoRA {lora['file']} x{lora['scale']:g} ({lora['summary']})")
+    return lines
 
 
 def fuse_kind_of(census_kind: str) -> str:

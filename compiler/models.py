@@ -6,14 +6,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from compiler.errors import BadInput
 
-PRESETS = ("tiny", "sd15", "sd21")
+PRESETS = ("tiny", "sd15", "sd21", "sd21-768")
 
 _COMPONENTS = ("text_encoder", "unet", "vae")
 _MODEL_CLASSES = {"text_encoder": "CLIPTextModel", "unet": "UNet2DConditionModel", "vae": "AutoencoderKL"}
@@ -126,21 +126,24 @@ _SD15_CLIP = {
     "layer_norm_eps": 1e-5, "projection_dim": 768,
 }
 
+_SD21_UNET = {**_SD15_UNET, "attention_head_dim": [5, 10, 20, 20], "cross_attention_dim": 1024,
+              "use_linear_projection": True}
+# OpenCLIP ViT-H's text tower less its last layer (SD 2.x conditions on the penultimate one).
+_SD21_CLIP = {**_SD15_CLIP, "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 23,
+              "num_attention_heads": 16, "hidden_act": "gelu", "projection_dim": 512}
+
 _PRESET_CONFIGS = {
     "sd15": {"unet": _SD15_UNET, "vae": _SD_VAE, "text_encoder": _SD15_CLIP, "scheduler": _SD_SCHEDULER},
-    "sd21": {
-        "unet": {**_SD15_UNET, "attention_head_dim": [5, 10, 20, 20], "cross_attention_dim": 1024,
-                 "use_linear_projection": True},
-        "vae": _SD_VAE,
-        "text_encoder": {**_SD15_CLIP, "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 23,
-                         "num_attention_heads": 16, "hidden_act": "gelu", "projection_dim": 512},
-        "scheduler": {**_SD_SCHEDULER, "prediction_type": "epsilon"},
-    },
+    "sd21": {"unet": _SD21_UNET, "vae": _SD_VAE, "text_encoder": _SD21_CLIP,
+             "scheduler": {**_SD_SCHEDULER, "prediction_type": "epsilon"}},
+    # SD 2.x at 768x768: v-prediction, attention computed in float32 (upcast) as the 768 model needs.
+    "sd21-768": {"unet": {**_SD21_UNET, "sample_size": 96, "upcast_attention": True}, "vae": {**_SD_VAE, "sample_size": 768},
+                 "text_encoder": _SD21_CLIP, "scheduler": {**_SD_SCHEDULER, "prediction_type": "v_prediction"}},
     "tiny": {
         # Same block types as SD 1.5 at small widths; group counts other than 32 on purpose.
         "unet": {**_SD15_UNET, "attention_head_dim": [2, 4], "block_out_channels": [32, 64],
                  "cross_attention_dim": 32, "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
-                 "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "norm_num_groups": 8, "sample_size": 16},
+                 "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "norm_num_groups": 8, "sample_size": 64},
         # Four VAE levels as in SD, so the latent is 1/8 of the image like every real checkpoint
         # (and the 512x512 default stays small: a 64x64 latent).
         "vae": {**_SD_VAE, "block_out_channels": [16, 32, 32, 32], "down_block_types": ["DownEncoderBlock2D"] * 4,
@@ -173,10 +176,18 @@ class Pipeline:
     vae: object  # diffusers.AutoencoderKL
     tokenizer: object  # transformers.CLIPTokenizer
     scheduler_config: dict
+    # What the manifest's "source" records beyond model and hash: how a single file's
+    # architecture was inferred ("architecture"), the LoRAs merged ("loras"), and the like.
+    details: dict = field(default_factory=dict)
 
     @property
     def vae_scale_factor(self) -> int:
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    @property
+    def default_size(self) -> int:
+        """The image size the UNet was trained at (its config's sample_size, in pixels)."""
+        return int(self.unet.config.sample_size) * self.vae_scale_factor
 
     def save_tokenizer(self, folder: Path) -> None:
         """Write vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json (what
@@ -219,9 +230,38 @@ class Pipeline:
         _write_json(folder / "model_index.json", index)
 
 
-def load_pipeline(model: str, config: str | None = None, seed: int = 0) -> Pipeline:
-    """Load "preset:NAME", a diffusers folder, or a .safetensors/.ckpt file (+ config folder)."""
-    model = str(model)
+PREDICTION_TYPES = ("epsilon", "v_prediction")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One --lora FILE[:SCALE]."""
+    path: str
+    scale: float = 1.0
+
+
+def load_pipeline(model: str, config: str | None = None, seed: int = 0, *, vae: str | None = None,
+                  prediction_type: str | None = None, loras: tuple[LoraSpec, ...] = ()) -> Pipeline:
+    """Load "preset:NAME", a diffusers folder, or a .safetensors/.ckpt file (architecture inferred
+    from its keys unless `config` names a diffusers folder); then swap in a separate VAE, set the
+    prediction type and merge LoRAs, each recorded in `details` and folded into `source_hash`."""
+    if prediction_type is not None and prediction_type not in PREDICTION_TYPES:
+        raise BadInput(f"--prediction-type {prediction_type!r}: choose from {', '.join(PREDICTION_TYPES)}")
+    pipe = _load_base(str(model), config, seed, prediction_type)
+    if vae is not None:
+        from compiler.single_file import replace_vae
+
+        replace_vae(pipe, Path(vae).expanduser().absolute())
+    if prediction_type is not None:
+        _set_prediction_type(pipe, prediction_type)
+    if loras:
+        from compiler.lora import merge_loras
+
+        merge_loras(pipe, tuple(loras))
+    return pipe
+
+
+def _load_base(model: str, config: str | None, seed: int, prediction_type: str | None) -> Pipeline:
     if model.startswith("preset:"):
         return _build_preset(model.removeprefix("preset:"), seed)
     path = Path(model).expanduser().absolute()
@@ -231,9 +271,24 @@ def load_pipeline(model: str, config: str | None = None, seed: int = 0) -> Pipel
         return _load_folder(path)
     if path.suffix not in (".safetensors", ".ckpt"):
         raise BadInput(f"{path}: not a diffusers folder, .safetensors or .ckpt file")
-    if config is None:
-        raise BadInput(f"{path}: a single-file checkpoint needs --config (a diffusers folder with the configs)")
-    return _load_single_file(path, Path(config).expanduser().absolute())
+    from compiler.single_file import load_single_file
+
+    return load_single_file(path, Path(config).expanduser().absolute() if config else None, prediction_type)
+
+
+def _set_prediction_type(pipe: Pipeline, prediction_type: str) -> None:
+    if pipe.scheduler_config.get("prediction_type", "epsilon") == prediction_type:
+        return
+    pipe.scheduler_config = {**pipe.scheduler_config, "prediction_type": prediction_type}
+    fold_into_hash(pipe, f"prediction_type={prediction_type}")
+
+
+def fold_into_hash(pipe: Pipeline, *parts: str) -> None:
+    """Make the source hash depend on what was changed after loading (a VAE, LoRAs, options)."""
+    h = hashlib.sha256(pipe.source_hash.encode())
+    for part in parts:
+        h.update(b"\0" + part.encode())
+    pipe.source_hash = h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,115 +509,3 @@ def _assemble(source: str, source_hash: str, config_folder: Path, text_encoder, 
         tokenizer=tokenizer,
         scheduler_config=scheduler,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Single-file checkpoints
-
-_LDM_UNET_PREFIX = "model.diffusion_model."
-
-
-def save_single_file(pipe: Pipeline, path: Path) -> None:
-    """Write the three models to one .safetensors with component-prefixed diffusers keys."""
-    from safetensors.torch import save_file
-
-    tensors = {}
-    for name in _COMPONENTS:
-        for key, value in getattr(pipe, name).state_dict().items():
-            tensors[f"{name}.{key}"] = value.detach().contiguous()
-    save_file(tensors, str(path))
-
-
-def _read_checkpoint(path: Path) -> dict:
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
-        else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
-            while isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-                state = state["state_dict"]
-    except Exception as e:  # truncated/corrupt files raise assorted errors
-        raise BadInput(f"{path}: cannot read checkpoint ({_one_line(e)})") from e
-    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)} if isinstance(state, dict) else {}
-    if not tensors:
-        raise BadInput(f"{path}: not a checkpoint of named tensors")
-    return tensors
-
-
-def _load_single_file(path: Path, config: Path) -> Pipeline:
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-
-    if not config.exists():
-        raise BadInput(f"{config}: no such config folder")
-    _check_config_folder(config)
-    state = _read_checkpoint(path)
-    unet = _model_from_config(UNet2DConditionModel, config / "unet")
-    vae = _model_from_config(AutoencoderKL, config / "vae")
-    text_encoder = _model_from_config(None, config / "text_encoder")
-    models = {"unet": unet, "vae": vae, "text_encoder": text_encoder}
-    if any(k.startswith(_LDM_UNET_PREFIX) for k in state):
-        parts = _convert_ldm(path, state, models)
-        strict = False  # LDM files carry extra keys (EMA, open_clip's last layer, logit scale)
-    elif any(k.startswith("unet.") for k in state):
-        parts = {name: {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".")} for name in models}
-        strict = True
-    else:
-        raise BadInput(f"{path}: unknown key layout (expected 'unet.'/'vae.'/'text_encoder.' or LDM keys)")
-    for name, model in models.items():
-        _load_state(path, name, model, parts[name], strict)
-    files = [("checkpoint", path)] + _config_files(config)
-    return _assemble(str(path), _hash_files(files), config, text_encoder, unet, vae)
-
-
-def _model_from_config(cls, folder: Path):
-    """A randomly initialised model from folder/config.json (cls None: the CLIP text encoder)."""
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    try:
-        if cls is None:
-            model = CLIPTextModel(CLIPTextConfig.from_pretrained(str(folder), local_files_only=True))
-            model.set_attn_implementation("eager")
-            return model
-        return cls.from_config(cls.load_config(str(folder), local_files_only=True))
-    except Exception as e:  # malformed or incompatible configs raise assorted errors
-        raise BadInput(f"{folder / 'config.json'}: cannot build the model: {_one_line(e)}") from e
-
-
-def _load_state(path: Path, name: str, model: torch.nn.Module, state: dict, strict: bool) -> None:
-    if not state:
-        raise BadInput(f"{path}: no {name} weights in the checkpoint")
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    if missing or (strict and unexpected):
-        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
-        raise BadInput(f"{path}: {name} weights do not match the config: {what}")
-    for key, tensor in expected.items():
-        if tuple(state[key].shape) != tuple(tensor.shape):
-            raise BadInput(f"{path}: {name}.{key} has shape {tuple(state[key].shape)}, "
-                           f"the config needs {tuple(tensor.shape)}")
-    model.load_state_dict({k: state[k].float() for k in expected}, strict=True)
-
-
-def _convert_ldm(path: Path, state: dict, models: dict) -> dict:
-    """Original LDM/CompVis keys -> diffusers keys, with diffusers' own single-file converters."""
-    from diffusers.loaders import single_file_utils as sfu
-
-    try:
-        parts = {
-            "unet": sfu.convert_ldm_unet_checkpoint(state, dict(models["unet"].config)),
-            "vae": sfu.convert_ldm_vae_checkpoint(state, dict(models["vae"].config)),
-        }
-        if sfu.is_clip_model(state):
-            clip = sfu.convert_ldm_clip_checkpoint(state)
-        elif sfu.is_open_clip_model(state):
-            clip = sfu.convert_open_clip_checkpoint(models["text_encoder"], state, prefix="cond_stage_model.model.")
-        else:
-            clip = {}
-    except Exception as e:
-        raise BadInput(f"{path}: cannot convert the LDM checkpoint: {_one_line(e)}") from e
-    # transformers >= 5.6 flattened CLIPTextModel: its keys no longer start with "text_model."
-    parts["text_encoder"] = {k.removeprefix("text_model."): v for k, v in clip.items()}
-    return parts

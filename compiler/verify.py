@@ -48,8 +48,12 @@ def compare(reference: np.ndarray, actual: np.ndarray, precision: str) -> tuple[
 
 def load_source(man: dict, model: str | None, config: str | None):
     source = man["source"]
+    # --model replaces the base checkpoint only: the VAE, prediction type and LoRAs of the
+    # conversion apply to it as they did then.
+    loras = tuple(models.LoraSpec(entry["path"], float(entry["scale"])) for entry in source.get("loras", []))
     pipe = models.load_pipeline(model or source["model"], config or source.get("config"),
-                                man["options"].get("seed", 0))
+                                man["options"].get("seed", 0), vae=source.get("vae"),
+                                prediction_type=source.get("prediction_type"), loras=loras)
     if model is None and pipe.source_hash != source["sha256"]:
         raise BadInput(f"{source['model']}: weights changed since conversion (hash differs); "
                        f"pass --model to verify against another source")

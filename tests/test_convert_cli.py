@@ -192,7 +192,8 @@ def test_interrupted_conversion_leaves_no_partial_files(tmp_path):
 
 def test_local_folder_and_single_file_round_trip(tmp_path):
     """The usual user case: a save_pretrained folder, and one .safetensors plus --config."""
-    from compiler.models import load_pipeline, save_single_file
+    from compiler.models import load_pipeline
+    from compiler.single_file import save_single_file
 
     folder = tmp_path / "sd-folder"
     pipe = load_pipeline("preset:tiny", seed=3)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from compiler.errors import BadInput
-from compiler.models import Pipeline, load_pipeline, save_single_file
+from compiler.models import Pipeline, load_pipeline
+from compiler.single_file import save_single_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a photo of an astronaut riding a horse"
