@@ -31,6 +31,7 @@ from pathlib import Path
 
 import click
 
+from compiler.conditioning import TIMESTEP_COND, guidance_embedding, timestep_cond_dim
 from compiler.errors import BadInput
 
 BACKENDS = ("cpu", "opencl")
@@ -120,8 +121,12 @@ def batch_of(entry: dict, input_name: str | None = None) -> int:
 def pipeline_plan(manifest: dict, steps: int, guided: bool) -> dict:
     """Calls per image of each pipeline component, and why."""
     entries = manifest.get("components", {})
-    prompts = 2 if guided else 1
     calls, notes = {}, []
+    if guided and "unet" in entries and timestep_cond_dim(entries["unet"]):
+        guided = False
+        notes.append("guidance enters the UNet as its timestep_cond embedding (LCM-distilled): no classifier-free "
+                     "guidance")
+    prompts = 2 if guided else 1
     if "text_encoder" in entries:
         te_batch = batch_of(entries["text_encoder"], "input_ids")
         calls["text_encoder"] = math.ceil(prompts / te_batch)
@@ -260,6 +265,7 @@ def run_pipeline(runners: dict, manifest: dict, plan: dict, guidance: float, rng
             raise BadInput(f"unet: no input named {needed!r} in the manifest; cannot run the pipeline")
     unet_out, vae_in = unet["outputs"][0]["name"], vae["inputs"][0]["name"]
     te_batch, unet_batch = int(te_in["shape"][0]), int(unet_names["sample"]["shape"][0])
+    cond_dim = timestep_cond_dim(unet)
     prompts = 2 if plan["guidance"] else 1
     ids = rng.integers(0, vocab, size=(prompts, *te_in["shape"][1:])).astype(te_in["dtype"])
     sample_shape = (1, *unet_names["sample"]["shape"][1:])
@@ -285,6 +291,8 @@ def run_pipeline(runners: dict, manifest: dict, plan: dict, guidance: float, rng
             feeds = {"sample": np.repeat(latents, unet_batch, axis=0),
                      "timestep": np.full((unet_batch,), t, dtype=unet_names["timestep"]["dtype"]),
                      "encoder_hidden_states": batched(rows, unet_batch)}
+            if cond_dim:
+                feeds[TIMESTEP_COND] = np.repeat(guidance_embedding([guidance], cond_dim), unet_batch, axis=0)
             predictions.append(runners["unet"](**feeds)[unet_out][:len(rows)])
             made["unet"] += 1
         noise = np.concatenate(predictions)

@@ -55,6 +55,15 @@ class UNetModule(torch.nn.Module):
         return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
 
 
+class ConditionedUNetModule(UNetModule):
+    """A UNet with timestep conditioning (config time_cond_proj_dim: LCM-distilled models), whose
+    fourth input is the guidance-scale embedding (compiler.conditioning.guidance_embedding)."""
+
+    def forward(self, sample, timestep, encoder_hidden_states, timestep_cond):
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, timestep_cond=timestep_cond,
+                         return_dict=False)[0]
+
+
 class VaeDecoderModule(torch.nn.Module):
     def __init__(self, vae):
         super().__init__()
@@ -132,6 +141,17 @@ def _unet_spec(pipe, gen, batch, h, w) -> ComponentSpec:
     timestep = torch.randint(1, 1000, (batch,), generator=gen).to(torch.float32)
     length = pipe.text_encoder.config.max_position_embeddings
     context = torch.randn((batch, length, config.cross_attention_dim), generator=gen)
+    cond_dim = config.get("time_cond_proj_dim")
+    if cond_dim:
+        from compiler.conditioning import guidance_embedding
+
+        scales = torch.rand((batch,), generator=gen) * 10 + 1
+        timestep_cond = torch.from_numpy(guidance_embedding(scales.numpy(), cond_dim))
+        return ComponentSpec(
+            "unet", ConditionedUNetModule(pipe.unet).eval(),
+            ("sample", "timestep", "encoder_hidden_states", "timestep_cond"), ("noise_pred",),
+            (sample, timestep, context, timestep_cond),
+        )
     return ComponentSpec(
         "unet", UNetModule(pipe.unet).eval(), ("sample", "timestep", "encoder_hidden_states"), ("noise_pred",),
         (sample, timestep, context),

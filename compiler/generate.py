@@ -17,6 +17,9 @@ step, so the same prompt, seed and weights give the same picture as PyTorch:
   converted with batch 2, two calls with batch 1; without guidance (guidance <= 1, as few-step
   models run) one batch-1 call a step, and a batch-2 UNet is refused (it would compute every
   step twice);
+- a UNet with timestep conditioning (LCM-distilled, input timestep_cond) takes the guidance
+  scale as an embedding instead (compiler.conditioning), with no classifier-free guidance, as
+  diffusers' pipelines run such a UNet: one batch-1 call a step;
 - the stages run (img2img: vae_encoder), text_encoder, unet, vae_decoder; only the VAE encoder's
   stage draws from the generator, so loading each model just for its stage (low_memory) gives
   the same picture.
@@ -39,6 +42,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from compiler.conditioning import TIMESTEP_COND, guidance_embedding, timestep_cond_dim
 from compiler.errors import BadInput
 from compiler.noise import TorchGenerator
 from compiler.prompt_tokens import PromptTokenizer
@@ -213,6 +217,7 @@ class LitePipeline:
         self.unet_batch = int(unet_sample["shape"][0])
         if self.unet_batch not in (1, 2):
             raise BadInput(f"{self.out / 'unet.tflite'}: batch {self.unet_batch} (difflite runs batch 1 or 2)")
+        self.timestep_cond_dim = timestep_cond_dim(components["unet"])
         self.tokenizer_dir = self.out / "tokenizer"
         config_path = self.out / "scheduler" / "scheduler_config.json"
         if not self.tokenizer_dir.is_dir():
@@ -290,20 +295,23 @@ class LitePipeline:
         out = self.component("text_encoder")(input_ids=self.tokenizer(text))
         return out["last_hidden_state"].astype(np.float32)
 
-    def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None):
+    def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None,
+                      extra: dict | None = None):
         """noise_pred for the [1,C,h,w] (already scaled) sample: [uncond, cond] when uncond is
         given (classifier-free guidance), else cond alone; returns one array per branch. A batch-2
-        UNet only runs with guidance (_check_call)."""
+        UNet only runs with guidance (_check_call). `extra`: further UNet inputs (timestep_cond)."""
         unet = self.component("unet")
+        extra = extra or {}
         branches = [cond] if uncond is None else [uncond, cond]
         if self.unet_batch == 2:
             sample2 = np.concatenate([sample, sample])
             timestep = np.full((2,), t, dtype=np.float32)
-            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=np.concatenate(branches))
+            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=np.concatenate(branches), **extra)
             return [noise["noise_pred"][0:1], noise["noise_pred"][1:2]]
         timestep = np.full((1,), t, dtype=np.float32)
         single = sample[0:1]
-        return [unet(sample=single, timestep=timestep, encoder_hidden_states=c)["noise_pred"] for c in branches]
+        return [unet(sample=single, timestep=timestep, encoder_hidden_states=c, **extra)["noise_pred"]
+                for c in branches]
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -319,7 +327,7 @@ class LitePipeline:
         start = time.perf_counter()
         sched = make_scheduler(scheduler, self.scheduler_config, timestep_spacing)
         timer.add("setup", start)
-        cfg = guidance > 1.0
+        cfg = guidance > 1.0 and self.timestep_cond_dim is None
         if not self.low_memory:
             for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
                 self.component(name)
@@ -348,6 +356,7 @@ class LitePipeline:
         settings = {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "seed": int(seed),
             "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": sched.class_name,
+            "guidance_embedding": self.timestep_cond_dim is not None,
             "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
             "backend": self.backend, "height": self.height, "width": self.width, "low_memory": self.low_memory,
             "img2img": img2img, **({"strength": strength} if img2img else {}),
@@ -360,6 +369,10 @@ class LitePipeline:
             raise BadInput(f"--steps {steps!r} must be a positive integer")
         if not np.isfinite(guidance):
             raise BadInput(f"--guidance {guidance!r} must be a finite number")
+        if self.timestep_cond_dim is not None and self.unet_batch == 2:
+            raise BadInput(f"{self.out / 'unet.tflite'}: batch 2, but this UNet takes the guidance scale as an "
+                           f"embedding (timestep_cond, LCM-distilled) and runs without classifier-free guidance: "
+                           f"convert with --batch 1")
         if guidance <= 1.0 and self.unet_batch == 2:
             raise BadInput(f"{self.out / 'unet.tflite'}: batch 2 (converted for classifier-free guidance), but "
                            f"--guidance {guidance} <= 1 runs without it: convert with --batch 1 for unguided "
@@ -407,12 +420,15 @@ class LitePipeline:
         """The scheduler loop; returns the final latents and the number of UNet calls."""
         cfg = uncond is not None
         unet_seconds, unet_calls = 0.0, 0
+        extra = {}
+        if self.timestep_cond_dim is not None:
+            extra[TIMESTEP_COND] = guidance_embedding([guidance] * self.unet_batch, self.timestep_cond_dim)
         with self.stage("unet"):
             for i, t in enumerate(timesteps):
                 # scale_model_input is elementwise: scaling the latents once is scaling [latents] * 2
                 sample = np.asarray(sched.scale_model_input(latents, t), dtype=np.float32)
                 start = time.perf_counter()
-                noise = self.predict_noise(sample, float(t), cond, uncond)
+                noise = self.predict_noise(sample, float(t), cond, uncond, extra)
                 unet_seconds += time.perf_counter() - start
                 unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
                 noise = [np.asarray(n, dtype=np.float32) for n in noise]
@@ -458,7 +474,8 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of torch.Generator('cpu') for the initial noise, as diffusers draws it.")
 @click.option("--guidance", default=7.5, show_default=True, type=float,
-              help="Classifier-free guidance scale; <= 1 disables guidance.")
+              help="Classifier-free guidance scale; <= 1 disables guidance. An LCM-distilled UNet (input "
+                   "timestep_cond) takes it as an embedding instead, in one pass.")
 @click.option("--negative-prompt", default="", show_default=True, help="The unconditional prompt.")
 @click.option("--scheduler", "scheduler", type=click.Choice(SCHEDULER_CHOICES), default="default", show_default=True,
               help="default = the class in OUT/scheduler/scheduler_config.json; euler-a and lcm draw noise at "

@@ -1,0 +1,161 @@
+"""Few-step and v-prediction generation against diffusers' pipelines on the same weights: an
+LCM-distilled UNet (timestep_cond: the guidance scale as an embedding, no classifier-free
+guidance), a v-prediction model (as preset:sd21-768), each through the console script's convert and
+verify, then `generate` in process against diffusers at the parity bar of test_generate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from compiler.errors import BadInput
+from test_generate import HEIGHT, MIN_PSNR_DB, PROMPT, TINY_PSNR_DB, WIDTH, Reference, difflite, psnr
+
+COND_DIM = 24  # LCM-distilled SD 1.5 uses 256; any even width exercises the same path
+
+
+def lcm_distilled_folder(folder: Path) -> Path:
+    """preset:tiny with a UNet that has timestep conditioning (time_cond_proj_dim), saved as a
+    diffusers folder whose scheduler is LCMScheduler, as LCM-distilled checkpoints ship."""
+    from diffusers import UNet2DConditionModel
+
+    from compiler.models import _perturb, load_pipeline
+
+    pipe = load_pipeline("preset:tiny")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        config = {k: v for k, v in pipe.unet.config.items() if not k.startswith("_")}
+        unet = UNet2DConditionModel.from_config({**config, "time_cond_proj_dim": COND_DIM})
+    _perturb(unet, 5)
+    # the conditioning's projection is zero-initialised in LCM distillation's start; make it count
+    with torch.no_grad():
+        unet.time_embedding.cond_proj.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(6))
+    pipe.unet = unet.eval()
+    pipe.scheduler_config = {**pipe.scheduler_config, "_class_name": "LCMScheduler"}
+    pipe.save_pretrained(folder)
+    return folder
+
+
+def convert(source, out: Path, *flags) -> Path:
+    result = difflite("convert", source, "-o", out, "--height", HEIGHT, "--width", WIDTH, "--no-fuse",
+                      "--components", "text_encoder,unet,vae_decoder", *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def lcm_out(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("fewstep")
+    return convert(lcm_distilled_folder(base / "lcm-src"), base / "lcm")
+
+
+@pytest.fixture(scope="module")
+def vpred_out(tmp_path_factory) -> Path:
+    return convert("preset:tiny", tmp_path_factory.mktemp("vpred") / "out", "--prediction-type", "v_prediction")
+
+
+def test_lcm_unet_has_a_timestep_cond_input_and_verifies(lcm_out):
+    entry = json.loads((lcm_out / "manifest.json").read_text())["components"]["unet"]
+    assert [i["name"] for i in entry["inputs"]] == ["sample", "timestep", "encoder_hidden_states", "timestep_cond"]
+    assert entry["inputs"][3]["shape"] == [1, COND_DIM]
+    result = difflite("verify", lcm_out, "--components", "unet", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["passed"]
+
+
+@pytest.mark.parametrize("steps,guidance", [(4, 8.0), (2, 1.0), (1, 3.5)])
+def test_lcm_distilled_matches_diffusers(lcm_out, steps, guidance):
+    from compiler.generate import LitePipeline
+
+    with LitePipeline(lcm_out) as pipe:
+        result = pipe(PROMPT, steps=steps, seed=11, guidance=guidance)
+    expected = Reference(lcm_out)("default", steps, 11, guidance)
+    assert expected.std() > 0.02
+    value = psnr(result.image, expected)
+    print(f"LCM-distilled {steps} steps, guidance {guidance}: PSNR {value:.1f} dB")
+    assert value >= max(MIN_PSNR_DB, TINY_PSNR_DB)
+    assert result.settings["scheduler"] == "LCMScheduler"
+    assert result.settings["guidance_embedding"] and not result.settings["classifier_free_guidance"]
+    assert result.settings["unet_calls"] == steps
+
+
+def test_the_guidance_embedding_changes_the_picture(lcm_out):
+    """The embedding is an input, not a constant: another scale gives another picture."""
+    from compiler.generate import LitePipeline
+
+    with LitePipeline(lcm_out) as pipe:
+        a = pipe(PROMPT, steps=2, seed=11, guidance=8.0).image
+        b = pipe(PROMPT, steps=2, seed=11, guidance=2.0).image
+    assert psnr(a, b) < TINY_PSNR_DB - 10
+
+
+def test_lcm_unet_refuses_batch_2(lcm_out, tmp_path):
+    """A batch-2 conditioned UNet would compute every step twice: refused before any work."""
+    from compiler.generate import LitePipeline
+
+    copy = tmp_path / "b2"
+    shutil.copytree(lcm_out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for spec in manifest["components"]["unet"]["inputs"]:
+        spec["shape"][0] = 2
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BadInput, match="timestep_cond.*--batch 1"):
+        LitePipeline(copy)(PROMPT, steps=2, guidance=8.0)
+
+
+@pytest.mark.parametrize("scheduler,guidance,spacing", [
+    ("euler", 7.5, None), ("dpm++-2m-karras", 7.5, None), ("ddim", 1.0, "trailing"), ("euler-a", 5.0, None),
+])
+def test_v_prediction_matches_diffusers(vpred_out, scheduler, guidance, spacing):
+    from compiler.generate import LitePipeline
+
+    source = json.loads((vpred_out / "manifest.json").read_text())["source"]
+    assert source["prediction_type"] == "v_prediction"
+    config = json.loads((vpred_out / "scheduler" / "scheduler_config.json").read_text())
+    assert config["prediction_type"] == "v_prediction"
+    with LitePipeline(vpred_out) as pipe:
+        result = pipe(PROMPT, steps=3, seed=4, guidance=guidance, scheduler=scheduler, timestep_spacing=spacing)
+    reference = Reference(vpred_out)
+    assert reference.source.scheduler_config["prediction_type"] == "v_prediction"
+    expected = reference(scheduler, 3, 4, guidance, spacing=spacing)
+    value = psnr(result.image, expected)
+    print(f"v_prediction {scheduler} guidance {guidance} spacing {spacing}: PSNR {value:.1f} dB")
+    assert value >= max(MIN_PSNR_DB, TINY_PSNR_DB)
+
+
+def test_v_prediction_is_not_epsilon(vpred_out):
+    """The same weights read as epsilon give another picture: the prediction type reached the
+    scheduler (the v-prediction parity above could not pass by accident)."""
+    from compiler.generate import LitePipeline
+
+    with LitePipeline(vpred_out) as pipe:
+        v = pipe(PROMPT, steps=3, seed=4, guidance=7.5, scheduler="euler").image
+        pipe.scheduler_config = {**pipe.scheduler_config, "prediction_type": "epsilon"}
+        eps = pipe(PROMPT, steps=3, seed=4, guidance=7.5, scheduler="euler").image
+    assert psnr(v, eps) < TINY_PSNR_DB - 10
+
+
+def test_sd21_768_preset_is_v_prediction_at_768():
+    from compiler.models import load_pipeline, preset_configs
+
+    configs = preset_configs("sd21-768")
+    assert configs["scheduler"]["prediction_type"] == "v_prediction"
+    assert configs["unet"]["upcast_attention"] and configs["unet"]["use_linear_projection"]
+    assert configs["unet"]["sample_size"] * 8 == 768
+    assert np.all(np.array(configs["unet"]["attention_head_dim"]) * 64 == np.array(configs["unet"]["block_out_channels"]))
+    with pytest.raises(BadInput, match="unknown preset"):
+        load_pipeline("preset:sd21-512")
+
+
+def test_bench_runs_the_lcm_unet_once_a_step(lcm_out):
+    result = difflite("bench", lcm_out, "--steps", 2, "--guidance", 8, "--runs", 1, "--warmup", 0, "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    pipeline = json.loads(result.stdout)["pipeline"]
+    assert pipeline["guidance"] is False
+    assert pipeline["calls"] == pipeline["measured_calls"] == {"text_encoder": 1, "unet": 2, "vae_decoder": 1}
+    assert any("timestep_cond" in note for note in pipeline["notes"])
