@@ -159,3 +159,64 @@ def test_bench_runs_the_lcm_unet_once_a_step(lcm_out):
     assert pipeline["guidance"] is False
     assert pipeline["calls"] == pipeline["measured_calls"] == {"text_encoder": 1, "unet": 2, "vae_decoder": 1}
     assert any("timestep_cond" in note for note in pipeline["notes"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The few-step setting: an LCM-LoRA merged at conversion, 4 LCM steps without guidance
+
+# kohya layers with one alpha / rank for all (LCM-LoRA files use one alpha): diffusers' own loader,
+# the independent reference here, applies a single alpha correctly.
+LCM_LORA_LAYERS = [
+    ("unet", f"{block}.{proj}", 4, 2.0)
+    for block in ("down_blocks.0.attentions.0.transformer_blocks.0", "up_blocks.1.attentions.0.transformer_blocks.0")
+    for proj in ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "ff.net.2")
+] + [("unet", "down_blocks.0.resnets.0.conv1", 4, 2.0), ("unet", "up_blocks.1.resnets.1.conv2", 4, 2.0),
+     ("unet", "conv_in", 4, 2.0)]
+
+
+@pytest.fixture(scope="module")
+def lcm_lora(tmp_path_factory):
+    from compiler.models import load_pipeline
+    from test_lora import write_kohya
+
+    folder = tmp_path_factory.mktemp("lcm-lora")
+    path = folder / "lcm-lora.safetensors"
+    write_kohya(load_pipeline("preset:tiny"), path, seed=8, layers=LCM_LORA_LAYERS)
+    out = convert("preset:tiny", folder / "out", "--batch", "1", "--lora", f"{path}:0.9")
+    return path, out
+
+
+def diffusers_with_lora(lora_path: Path, scale: float):
+    """diffusers' StableDiffusionPipeline on the unmerged preset, the LoRA loaded and fused by
+    diffusers itself, with its LCMScheduler."""
+    from diffusers import LCMScheduler, StableDiffusionPipeline
+
+    from compiler.models import load_pipeline
+
+    s = load_pipeline("preset:tiny")
+    pipe = StableDiffusionPipeline(vae=s.vae, text_encoder=s.text_encoder, tokenizer=s.tokenizer, unet=s.unet,
+                                   scheduler=LCMScheduler.from_config(s.scheduler_config), safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
+    pipe.load_lora_weights(str(lora_path), adapter_name="lcm")
+    pipe.fuse_lora(lora_scale=scale)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_lcm_lora_four_steps_match_diffusers(lcm_lora):
+    from compiler.generate import LitePipeline
+
+    path, out = lcm_lora
+    with LitePipeline(out) as pipe:
+        result = pipe(PROMPT, steps=4, seed=9, guidance=1.0, scheduler="lcm")
+    reference = diffusers_with_lora(path, 0.9)
+    with torch.no_grad():
+        expected = reference(PROMPT, height=HEIGHT, width=WIDTH, num_inference_steps=4, guidance_scale=1.0,
+                             generator=torch.Generator("cpu").manual_seed(9), output_type="np").images[0]
+    value = psnr(result.image, expected)
+    print(f"LCM-LoRA 4 steps: PSNR {value:.1f} dB")
+    assert value >= max(MIN_PSNR_DB, TINY_PSNR_DB)
+    assert result.settings["unet_calls"] == 4 and not result.settings["classifier_free_guidance"]
+    # the LoRA matters: the same run on the preset without it lands far from this picture
+    without = Reference(convert("preset:tiny", out.parent / "plain", "--batch", "1"))("lcm", 4, 9, 1.0)
+    assert psnr(without, expected) < TINY_PSNR_DB - 10
