@@ -1,5 +1,6 @@
 """Load a Stable Diffusion pipeline: a preset (real architecture, seeded random weights), a local
-diffusers folder, or a single-file checkpoint with a diffusers config folder."""
+diffusers folder, or a single-file checkpoint (compiler/single_file.py: architecture inferred, or
+a diffusers config folder); then a separate VAE, the prediction type and LoRAs (compiler/lora.py)."""
 
 from __future__ import annotations
 

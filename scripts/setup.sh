@@ -27,5 +27,9 @@ fi
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 "$PYTHON" -m pip install -q -e ".${extras}"
+# A single-file checkpoint carries no tokenizer: its CLIP vocabulary comes from the BPE merges that
+# open_clip_torch ships as package data. --no-deps: only that file is read (open_clip is never
+# imported), and its requirements would pull torchvision and an unpinned torch.
+"$PYTHON" -m pip install -q --no-deps open_clip_torch==3.3.0
 "$PYTHON" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 if [ "${1:-}" = "--test" ]; then PYTHON="$PYTHON" scripts/fetch_fp16_opencl.sh >/dev/null; fi
