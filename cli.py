@@ -120,6 +120,15 @@ def parse_lora(spec: str):
               help="UNet batch (2 = classifier-free guidance in one call).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Weight storage: fp16 stores float16 weights + DEQUANTIZE.")
+@click.option("--weights", "weights", type=click.Choice(["float", "int8", "int4"]), default="float",
+              show_default=True,
+              help="Storage of the convolution and linear weights: float follows --precision; int8 (one scale per "
+                   "output channel) and int4 (a scale per --weights-block input values) store them quantized, "
+                   "with TFLite's DEQUANTIZE to float after them. Every other weight (norms, biases, embeddings, "
+                   "Winograd's transformed weights, the VAE decoder's first and last convolutions) and the "
+                   "activations follow --precision.")
+@click.option("--weights-block", default=32, show_default=True, type=int,
+              help="int4: how many consecutive input values share a scale (a float32 each).")
 @click.option("--fuse", default=None,
               help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, layernorm, attention, "
                    "winograd [default: all five; layernorm runs as GroupNorm(groups=1); winograd only where "
@@ -135,8 +144,8 @@ def parse_lora(spec: str):
 @click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def convert(model, out, config, vae, prediction_type, loras, components, height, width, batch, precision, fuse,
-            no_fuse, device_profile, winograd_budget_mb, keep_onnx, seed, as_json):
+def convert(model, out, config, vae, prediction_type, loras, components, height, width, batch, precision, weights,
+            weights_block, fuse, no_fuse, device_profile, winograd_budget_mb, keep_onnx, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
     MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
@@ -149,7 +158,7 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
         components=tuple(c.strip() for c in components.split(",") if c.strip()),
         height=height, width=width, batch=batch, precision=precision,
         fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=winograd_budget_mb,
-        keep_onnx=keep_onnx, seed=seed)
+        keep_onnx=keep_onnx, seed=seed, weights=weights, weights_block=weights_block)
     quiet = as_json
 
     def log(message):
@@ -194,6 +203,8 @@ def inspect(target, as_json):
                 for t in io[kind]:
                     out.print(f"  {kind[:-1]:6} {t['name']:24} {t['dtype']:8} {t['shape']}")
         out.print("  ops: " + ", ".join(f"{k} x{v}" for k, v in c["op_histogram"].items()))
+        out.print("  weights by stored type: " + ", ".join(
+            f"{k} {v['tensors']} tensors {v['mb']:.2f} MB" for k, v in c["weight_widths"].items()))
         for op in c["custom_ops"]:
             out.print(f"  custom {op['name']} {op['options']}")
 
@@ -221,10 +232,14 @@ def verify(out, model, config, backend, seeds, components, as_json):
         print_json({"passed": all(c.passed for c in checks), "checks": as_rows(checks), "gpu_memory": memory})
     else:
         console().print(table(f"difflite verify {out} (backend {backend})",
-                              ["component", "output", "seed", "max |err|", "max |ref|", "rel err", "PSNR dB", "ok"],
+                              ["component", "output", "seed", "max |err|", "max |ref|", "rel err", "PSNR dB",
+                               "SNR dB", "ok"],
                               [[c.component, c.output, c.seed, f"{c.max_abs_error:.3g}", f"{c.max_abs_reference:.3g}",
-                                f"{c.relative_error:.3g}", f"{c.psnr_db:.1f}", "yes" if c.passed else "NO"]
+                                f"{c.relative_error:.3g}", f"{c.psnr_db:.1f}", f"{c.snr_db:.1f}",
+                                "yes" if c.passed else "NO"]
                                for c in checks]))
+        if checks:
+            click.echo(f"tolerance: {checks[0].tolerance}")
         for name, stats in memory.items():
             click.echo(f"{name}: GPU arena {stats.get('arena_bytes', 0) / 2**20:.1f} MiB, weights "
                        f"{stats.get('weights_bytes', 0) / 2**20:.1f} MiB, scratch {stats.get('scratch_bytes', 0) / 2**20:.1f} MiB, "

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Callable
 
 from compiler import export, manifest, memory, models, profiles
-from compiler.procstats import peak_rss_mb, reset_peak_rss
 from compiler.custom_ops import FUSE_KINDS
 from compiler.errors import BadInput
+from compiler.procstats import peak_rss_mb, reset_peak_rss
+from compiler.tflite import quantize
 from compiler.tflite.reader import read_tflite
 from compiler.tflite.writer import load_onnx, write_tflite
 
@@ -27,6 +28,7 @@ DEFAULT_FUSE = FUSE_KINDS  # every kind
 DEFAULT_PROFILE = "generic"
 PRECISIONS = ("fp32", "fp16")
 VERSION = "0.1.0"
+VAE_DECODER_FLOAT = ("decoder.conv_in.", "decoder.conv_out.")
 
 
 @dataclass
@@ -41,6 +43,8 @@ class ConvertOptions:
     winograd_budget_mb: float | None = None  # None: the device profile's budget
     keep_onnx: bool = False
     seed: int = 0  # the preset's weights
+    weights: str = "float"  # convolution / linear weights: float (as --precision), int8 or int4
+    weights_block: int = quantize.DEFAULT_BLOCK  # int4: input values a scale covers
 
     def validate(self) -> None:
         unknown = [c for c in self.components if c not in export.COMPONENTS]
@@ -56,6 +60,17 @@ class ConvertOptions:
         profiles.load_profile(self.device_profile)
         if self.winograd_budget_mb is not None and not self.winograd_budget_mb >= 0:
             raise BadInput(f"--winograd-budget-mb {self.winograd_budget_mb} must be >= 0")
+        if self.weights not in quantize.WIDTHS:
+            raise BadInput(f"--weights {self.weights!r} must be one of {', '.join(quantize.WIDTHS)}")
+        if not (isinstance(self.weights_block, int) and 2 <= self.weights_block <= 4096
+                and self.weights_block % 2 == 0):
+            raise BadInput(f"--weights-block {self.weights_block!r} must be an even number from 2 to 4096")
+
+    def quantization(self, component: str) -> quantize.WeightQuantization:
+        """The writer's weight quantization for one component: the VAE decoder's first and last
+        convolutions (the latent in, the pixels out) stay float."""
+        keep = VAE_DECODER_FLOAT if component == "vae_decoder" else ()
+        return quantize.WeightQuantization(self.weights, self.weights_block, keep)
 
     def budget_mb(self) -> float:
         """The Winograd weight budget: the option when given, else the device profile's."""
@@ -146,6 +161,21 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     return report
 
 
+def weight_width_summary(widths: list[dict]) -> dict:
+    """Per storage width: layers and MB of the convolution / linear weights, the MB they would
+    take at the float precision, and every layer (name, shape, width, bytes)."""
+    by_width: dict[str, dict] = {}
+    for w in widths:
+        entry = by_width.setdefault(w["width"], {"layers": 0, "mb": 0.0, "float_mb": 0.0})
+        entry["layers"] += 1
+        entry["mb"] += w["bytes"] / 2**20
+        entry["float_mb"] += w["float_bytes"] / 2**20
+    saved = sum(w["float_bytes"] - w["bytes"] for w in widths) / 2**20
+    return {"by_width": {k: {**v, "mb": round(v["mb"], 3), "float_mb": round(v["float_mb"], 3)}
+                         for k, v in sorted(by_width.items())},
+            "saved_mb": round(saved, 3), "layers": widths}
+
+
 def describe_source(pipe) -> list[str]:
     """What the summary says of the source beyond its name: the inferred architecture and why,
     the LoRAs merged."""
@@ -189,7 +219,8 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     filename = f"{name}.tflite"
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
-                          description=f"difflite {VERSION} {name}", path=path)
+                          description=f"difflite {VERSION} {name}", path=path,
+                          quantization=options.quantization(name))
     del graph
     summary = read_tflite(path)
     plan = memory.plan(summary)
@@ -198,6 +229,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
              "inputs": result.inputs, "outputs": result.outputs, "custom_ops": result.custom_ops}
     winograd_mb = sum(d["extra_mb"] for d in decisions["winograd"])
     report = {"fusion": fusion, "op_histogram": result.op_histogram, "ops": sum(result.op_histogram.values()),
+              "weight_widths": weight_width_summary(result.weight_widths),
               "winograd": {"convs": decisions["winograd"], "extra_weights_mb": round(winograd_mb, 3)},
               "attention_variants": decisions["attention_variants"], **plan.as_dict()}
     return entry, report

@@ -23,8 +23,20 @@ def describe_model(path: Path) -> dict:
         "weight_layout": summary.weight_layout,
         "op_histogram": summary.op_histogram, "signatures": signatures,
         "custom_ops": [{"name": op.name, "options": op.custom_options} for op in summary.custom_ops],
+        "weight_widths": weight_widths(summary),
         **plan.as_dict(),
     }
+
+
+def weight_widths(summary) -> dict[str, dict]:
+    """Constant tensors by stored type: count and MB (int8 / int4: quantized weights)."""
+    widths: dict[str, dict] = {}
+    for t in summary.tensors:
+        if t.constant:
+            entry = widths.setdefault(t.dtype, {"tensors": 0, "mb": 0.0})
+            entry["tensors"] += 1
+            entry["mb"] += t.nbytes / MB
+    return {k: {"tensors": v["tensors"], "mb": round(v["mb"], 3)} for k, v in sorted(widths.items())}
 
 
 def inspect_target(target) -> dict:

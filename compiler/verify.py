@@ -1,6 +1,7 @@
 """`difflite verify`: each emitted component against the PyTorch module it came from, on the same
-seeded random inputs. Tolerances (DESIGN §7): fp32 max |err| <= 1e-3 x max |ref|; fp16 weights
-PSNR >= 40 dB."""
+seeded random inputs. Tolerances (DESIGN §7), by what the conversion stored: fp32 max |err| <=
+1e-3 x max |ref|; fp16 weights PSNR >= 40 dB; int8 weights SNR >= 35 dB; int4 weights SNR >= 28 dB.
+Each check says which it applied."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ from compiler.runtime import Component
 
 FP32_RELATIVE_TOLERANCE = 1e-3
 FP16_MIN_PSNR_DB = 40.0
+MIN_SNR_DB = {"int8": 35.0, "int4": 28.0}  # quantized weights: signal over error power
+
+
+def tolerance(options: dict) -> str:
+    """The bar a conversion is held to, as text: what `compare` applies and the table shows."""
+    weights = options.get("weights", "float")
+    if weights in MIN_SNR_DB:
+        return f"SNR >= {MIN_SNR_DB[weights]:g} dB ({weights} weights)"
+    if options.get("precision") == "fp16":
+        return f"PSNR >= {FP16_MIN_PSNR_DB:g} dB (fp16 weights)"
+    return f"max |err| <= {FP32_RELATIVE_TOLERANCE:g} x max |ref| (fp32)"
 
 
 @dataclass
@@ -28,10 +40,14 @@ class Check:
     max_abs_reference: float
     relative_error: float
     psnr_db: float
+    snr_db: float
     passed: bool
+    tolerance: str = ""
 
 
-def compare(reference: np.ndarray, actual: np.ndarray, precision: str) -> tuple[float, float, float, float, bool]:
+def compare(reference: np.ndarray, actual: np.ndarray, precision: str,
+            weights: str = "float") -> tuple[float, float, float, float, float, bool]:
+    """(max |err|, max |ref|, relative error, PSNR, SNR, passed) under the bar of `tolerance`."""
     reference = reference.astype(np.float64)
     actual = actual.astype(np.float64)
     if reference.shape != actual.shape:
@@ -41,9 +57,17 @@ def compare(reference: np.ndarray, actual: np.ndarray, precision: str) -> tuple[
     relative = error / peak if peak > 0 else error
     rmse = float(np.sqrt(np.mean((reference - actual) ** 2)))
     psnr = math.inf if rmse == 0 else 20 * math.log10(peak / rmse) if peak > 0 else -math.inf
+    noise = float(np.sum((reference - actual) ** 2))
+    signal = float(np.sum(reference ** 2))
+    snr = math.inf if noise == 0 else 10 * math.log10(signal / noise) if signal > 0 else -math.inf
     finite = bool(np.isfinite(actual).all())
-    passed = finite and (relative <= FP32_RELATIVE_TOLERANCE if precision == "fp32" else psnr >= FP16_MIN_PSNR_DB)
-    return error, peak, relative, psnr, passed
+    if weights in MIN_SNR_DB:
+        passed = snr >= MIN_SNR_DB[weights]
+    elif precision == "fp32":
+        passed = relative <= FP32_RELATIVE_TOLERANCE
+    else:
+        passed = psnr >= FP16_MIN_PSNR_DB
+    return error, peak, relative, psnr, snr, finite and passed
 
 
 def load_source(man: dict, model: str | None, config: str | None):
@@ -82,8 +106,9 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
                 reference = (reference,)
             actual = runner(**{n: t.numpy() for n, t in zip(spec.input_names, spec.example_inputs)})
             for output_name, ref in zip(spec.output_names, reference):
-                result = compare(ref.numpy(), actual[output_name], options["precision"])
-                checks.append(Check(name, output_name, seed, *result))
+                result = compare(ref.numpy(), actual[output_name], options["precision"],
+                                 options.get("weights", "float"))
+                checks.append(Check(name, output_name, seed, *result, tolerance=tolerance(options)))
         memory[name] = runner.delegate_stats()
     if memory_out is not None:
         memory_out.update({k: v for k, v in memory.items() if v})

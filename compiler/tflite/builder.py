@@ -31,6 +31,7 @@ TFLITE_TYPES = {
     np.dtype(np.uint8): schema.TensorType.UINT8,
 }
 NUMPY_TYPES = {v: k for k, v in TFLITE_TYPES.items()}
+QUANTIZED_TYPES = {"int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4}
 # Every weight starts on a 128-byte boundary of the file (inline or appended): the largest
 # base-address alignment OpenCL devices ask (1024 bits), so that on a device sharing memory with
 # the host a weight can back a buffer in place, straight from the mapped file (zero copy).
@@ -128,9 +129,22 @@ class ModelBuilder:
         self.tensors[index].buffer = self._buffer_for(array)
         return index
 
-    def _buffer_for(self, array: np.ndarray) -> int:
+    def quantized_constant(self, name: str, stored) -> int:
+        """An INT8 or INT4 constant (quantize.Quantized) with its per-axis scales, zero points 0."""
+        index = self.tensor(name, stored.shape, np.int8)
+        tensor = self.tensors[index]
+        tensor.type = QUANTIZED_TYPES[stored.width]
+        tensor.buffer = self._buffer_for(np.ascontiguousarray(stored.data), tag=stored.width)
+        params = schema.QuantizationParametersT()
+        params.scale = [float(s) for s in stored.scales]
+        params.zeroPoint = [0] * len(params.scale)
+        params.quantizedDimension = int(stored.axis)
+        tensor.quantization = params
+        return index
+
+    def _buffer_for(self, array: np.ndarray, tag: str | None = None) -> int:
         raw = array.tobytes()
-        key = (array.dtype.str, hashlib.sha256(raw).hexdigest())
+        key = (tag or array.dtype.str, hashlib.sha256(raw).hexdigest())
         if key not in self._buffer_index:
             self.buffers.append((self._spool.add(raw), len(raw)) if raw else None)
             self._constant_bytes += len(raw)

@@ -2,7 +2,8 @@
 
 It maps each ONNX value to a TFLite tensor plus the layout (`perm`) it is stored in, hands out
 inputs in the layout an op needs (emitting TRANSPOSE or RESHAPE only when needed), and turns
-compile-time constants into TFLite constant tensors (float16 + DEQUANTIZE at --precision fp16)."""
+compile-time constants into TFLite constant tensors (float16 + DEQUANTIZE at --precision fp16;
+convolution and linear weights int8 / int4 + DEQUANTIZE with --weights)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import numpy as np
 import onnx_ir as ir
 
 from compiler.errors import UnsupportedOp
-from compiler.tflite import layout
+from compiler.tflite import layout, quantize
 from compiler.tflite.builder import ModelBuilder
+from compiler.tflite.quantize import WeightQuantization
 
 ONNX_TO_NUMPY = {
     ir.DataType.FLOAT: np.float32,
@@ -40,6 +42,9 @@ class LoweringContext:
     builder: ModelBuilder
     precision: str = "fp32"
     fuse: frozenset = frozenset()
+    quantization: WeightQuantization = field(default_factory=WeightQuantization)
+    # Per weight of a convolution / linear layer: its name, shape, storage width and bytes.
+    weight_widths: list[dict] = field(default_factory=list)
     values: dict[str, Stored] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -216,6 +221,34 @@ class LoweringContext:
 
     def float_constant(self, values, name: str = "const/float") -> int:
         return self.constant(np.asarray(values, dtype=np.float32), name, None)
+
+    def weight(self, array: np.ndarray, name: str) -> int:
+        """The weight of a convolution (OHWI) or linear layer ([N, K]): axis 0 is the output
+        channel, the last axis the input. Quantized per --weights (int8 per output channel, int4
+        blockwise along the input; compiler/tflite/quantize.py) where it applies, then
+        DEQUANTIZE(d) to float32; else as constant() stores it."""
+        array = np.asarray(array, dtype=np.float32)
+        q = self.quantization
+        width = q.width if q.applies(name, array.size) else "float"
+        if width == "int4" and not quantize.int4_blocks_fit(array.shape, q.block):
+            width = "int8"  # an input dimension the blocks do not tile
+        float_bytes = array.size * (2 if self.precision == "fp16" and array.size >= FP16_MIN_ELEMENTS else 4)
+        if width == "float":
+            self.weight_widths.append({"name": name, "shape": list(array.shape), "width": self.precision,
+                                       "bytes": float_bytes, "float_bytes": float_bytes})
+            return self.constant(array, name)
+        stored = quantize.quantize_int8(array, 0) if width == "int8" else quantize.quantize_int4(array, q.block)
+        tensor_name = self.unique_name(name)
+        packed = self.builder.quantized_constant(tensor_name + f"/{width}", stored)
+        index = self.builder.tensor(tensor_name if width == "int8" else tensor_name + "/blocks", stored.shape,
+                                    np.float32)
+        self.builder.op("DEQUANTIZE", [packed], [index])
+        if width == "int4":
+            blocks, index = index, self.builder.tensor(tensor_name, array.shape, np.float32)
+            self.reshape_op(blocks, index, array.shape)
+        self.weight_widths.append({"name": name, "shape": list(array.shape), "width": width,
+                                   "bytes": stored.nbytes + 4 * stored.scales.size, "float_bytes": float_bytes})
+        return index
 
     def constant(self, array: np.ndarray, name: str, perm=None) -> int:
         """A constant tensor; float weights become float16 + DEQUANTIZE at precision fp16."""

@@ -98,11 +98,15 @@ def _summarize(path: Path, data) -> TFLiteSummary:
         t = sub.Tensors(i)
         shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
         dtype = np.dtype(NUMPY_TYPES.get(t.Type(), np.uint8))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        const = t.Buffer() > 0 and buffer_sizes[t.Buffer()] > 0
-        tensors.append(TensorInfo(_text(t.Name()), shape, dtype.name, nbytes, const))
+        count = int(np.prod(shape, dtype=np.int64))
+        if t.Type() == schema.TensorType.INT4:  # two values a byte
+            nbytes, dtype_name = (count + 1) // 2, "int4"
+        else:
+            nbytes, dtype_name = count * dtype.itemsize, dtype.name
         if t.Buffer() >= len(buffer_sizes):
             raise BadInput(f"{path}: tensor {i} points at a missing buffer")
+        const = t.Buffer() > 0 and buffer_sizes[t.Buffer()] > 0
+        tensors.append(TensorInfo(_text(t.Name()), shape, dtype_name, nbytes, const))
     codes = []
     for i in range(model.OperatorCodesLength()):
         c = model.OperatorCodes(i)

@@ -18,6 +18,7 @@ from compiler.tflite import layout
 from compiler.tflite.builder import ModelBuilder
 from compiler.tflite.context import LoweringContext
 from compiler.tflite.ops import LOWERINGS
+from compiler.tflite.quantize import WeightQuantization
 
 NEVER_FOLD = {("", "RandomNormal"), ("", "RandomUniform")}
 
@@ -31,6 +32,7 @@ class WriteResult:
     op_histogram: dict[str, int] = field(default_factory=dict)
     custom_ops: list[str] = field(default_factory=list)
     weight_bytes: int = 0
+    weight_widths: list[dict] = field(default_factory=list)  # per conv / linear weight (context.weight)
 
 
 def interface_layout(rank: int) -> tuple[int, ...]:
@@ -38,12 +40,15 @@ def interface_layout(rank: int) -> tuple[int, ...]:
 
 
 def write_tflite(model: ir.Model, precision: str = "fp32", fuse=frozenset(),
-                 description: str = "difflite", path=None, weights: str = "auto") -> WriteResult:
+                 description: str = "difflite", path=None, weights: str = "auto",
+                 quantization: WeightQuantization | None = None) -> WriteResult:
     """Lower `model`; write the .tflite to `path`, or return it in WriteResult.data.
     `weights`: "auto" (inline when the model fits the 2 GiB flatbuffer limit), "inline" or
-    "appended" (after the flatbuffer, located by Buffer.offset)."""
+    "appended" (after the flatbuffer, located by Buffer.offset). `quantization`: int8 / int4
+    convolution and linear weights (compiler/tflite/quantize.py); None keeps them float."""
     builder = ModelBuilder(description, spool_dir=Path(path).parent if path is not None else None)
-    ctx = LoweringContext(builder, precision=precision, fuse=frozenset(fuse))
+    ctx = LoweringContext(builder, precision=precision, fuse=frozenset(fuse),
+                          quantization=quantization or WeightQuantization())
     graph = model.graph
     inputs = [_add_graph_input(ctx, value) for value in graph.inputs]
     for node in graph:
@@ -66,7 +71,7 @@ def write_tflite(model: ir.Model, precision: str = "fp32", fuse=frozenset(),
         op_histogram=op_histogram(builder), custom_ops=sorted(
             c.customCode.decode() if isinstance(c.customCode, bytes) else c.customCode
             for c in builder.opcodes if c.customCode),
-        weight_bytes=builder.constant_bytes())
+        weight_bytes=builder.constant_bytes(), weight_widths=ctx.weight_widths)
 
 
 def op_histogram(builder: ModelBuilder) -> dict[str, int]:

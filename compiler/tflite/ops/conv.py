@@ -75,7 +75,7 @@ def lower_conv(ctx, node):
     common = dict(padding=0 if padding == "SAME" else 1, strideH=strides[0], strideW=strides[1],
                   dilationHFactor=dilations[0], dilationWFactor=dilations[1])
     if group == 1:
-        filt = ctx.constant(np.transpose(weights, (0, 2, 3, 1)), f"{w.name}/ohwi")
+        filt = ctx.weight(np.transpose(weights, (0, 2, 3, 1)), f"{w.name}/ohwi")
         ctx.builder.op("CONV_2D", [xi, filt, bias_index], [out], **common)
     elif group == in_ch and in_per_group == 1:
         filt = ctx.constant(np.transpose(weights, (1, 2, 3, 0)), f"{w.name}/1hwo")

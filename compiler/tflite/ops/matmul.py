@@ -18,7 +18,7 @@ def last_axis_last(perm) -> tuple[int, ...]:
 def fully_connected(ctx, x, weights_nk: np.ndarray, bias: np.ndarray | None, out_value, name: str):
     perm = last_axis_last(ctx.perm(x))
     xi = ctx.input(x, perm)
-    inputs = [xi, ctx.constant(weights_nk.astype(np.float32), name)]
+    inputs = [xi, ctx.weight(weights_nk, name)]
     if bias is not None:
         inputs.append(ctx.constant(np.asarray(bias, np.float32).reshape(-1), name + "/bias"))
     else:

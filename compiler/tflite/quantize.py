@@ -1,0 +1,112 @@
+"""Weight-only quantization of convolution and linear weights in TFLite's standard forms.
+
+- int8: symmetric, one scale per output channel (per-axis affine quantization, zero points 0,
+  on the stored tensor's output axis), then DEQUANTIZE to float32.
+- int4: symmetric and blockwise along the input dimension: the stored tensor's last axis is the
+  input one (OHWI filters, [N, K] fully-connected weights), so blocks of B consecutive values
+  are rows of the weight seen as [size / B, B]; that tensor is stored as INT4 (two values a
+  byte, the even element in the low nibble) with one scale per row (per-axis on axis 0), then
+  DEQUANTIZE and a RESHAPE back to the weight's shape. Every stock TFLite runtime reads these.
+
+Scales are float32 (TFLite's quantization parameters), so int4 at block 32 costs 4 + 1 bits a
+weight. Layers too small to matter, and those named to stay float, are left to --precision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WIDTHS = ("float", "int8", "int4")
+DEFAULT_BLOCK = 32
+MIN_ELEMENTS = 4096  # smaller weights stay float: the saving is noise, the scales are not
+INT8_MAX, INT4_MIN, INT4_MAX = 127, -8, 7
+
+
+@dataclass(frozen=True)
+class WeightQuantization:
+    """What --weights asks of the writer."""
+    width: str = "float"
+    block: int = DEFAULT_BLOCK
+    keep_float: tuple[str, ...] = ()  # weights whose name contains one of these stay float
+    min_elements: int = MIN_ELEMENTS
+
+    def applies(self, name: str, size: int) -> bool:
+        return (self.width != "float" and size >= self.min_elements
+                and not any(part in name for part in self.keep_float))
+
+
+@dataclass
+class Quantized:
+    """One quantized weight: the stored integers (int8 values; int4 packed) and its scales."""
+    width: str
+    shape: tuple[int, ...]  # the shape the stored tensor has (int4: [size / block, block])
+    data: np.ndarray  # int8 values, or uint8 bytes of packed int4
+    scales: np.ndarray  # float32, one per index of `axis`
+    axis: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+def _scales(magnitude: np.ndarray, top: int) -> np.ndarray:
+    """Symmetric scales from each group's largest magnitude; an all-zero group gets scale 1 (its
+    values quantize to 0 either way) so that no scale is 0 or denormal."""
+    scales = (magnitude / np.float64(top)).astype(np.float32)
+    return np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+
+
+def quantize_int8(weight: np.ndarray, axis: int = 0) -> Quantized:
+    """Per-channel symmetric int8 along `axis`."""
+    w = np.asarray(weight, dtype=np.float32)
+    moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    scales = _scales(np.abs(moved).max(axis=1).astype(np.float64), INT8_MAX)
+    q = np.clip(np.rint(moved / scales[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    q = np.moveaxis(q.reshape(np.moveaxis(w, axis, 0).shape), 0, axis)
+    return Quantized("int8", w.shape, np.ascontiguousarray(q), scales, axis)
+
+
+def int4_blocks_fit(shape: tuple[int, ...], block: int) -> bool:
+    return len(shape) >= 2 and block > 0 and shape[-1] % block == 0
+
+
+def quantize_int4(weight: np.ndarray, block: int = DEFAULT_BLOCK) -> Quantized:
+    """Blockwise symmetric int4 along the last axis, as [size / block, block] rows."""
+    w = np.asarray(weight, dtype=np.float32)
+    if not int4_blocks_fit(w.shape, block):
+        raise ValueError(f"int4 blocks of {block} do not tile the last axis of {w.shape}")
+    rows = w.reshape(-1, block)
+    scales = _scales(np.abs(rows).max(axis=1).astype(np.float64), INT4_MAX)
+    q = np.clip(np.rint(rows / scales[:, None]), INT4_MIN, INT4_MAX).astype(np.int8)
+    return Quantized("int4", rows.shape, pack_int4(q), scales, 0)
+
+
+def pack_int4(values: np.ndarray) -> np.ndarray:
+    """int8 values in [-8, 7] -> bytes, two a byte: even elements in the low nibble."""
+    flat = np.asarray(values, dtype=np.int8).reshape(-1)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int8)])
+    low = flat[0::2].astype(np.uint8) & 0x0F
+    high = (flat[1::2].astype(np.uint8) & 0x0F) << 4
+    return (low | high).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, count: int) -> np.ndarray:
+    """The inverse of pack_int4: `count` sign-extended int8 values."""
+    raw = np.asarray(packed, dtype=np.uint8)
+    low = (raw & 0x0F).astype(np.int8)
+    high = (raw >> 4).astype(np.int8)
+    values = np.empty(raw.size * 2, np.int8)
+    values[0::2] = np.where(low > 7, low - 16, low)
+    values[1::2] = np.where(high > 7, high - 16, high)
+    return values[:count]
+
+
+def dequantize(q: Quantized) -> np.ndarray:
+    """The float32 weight a runtime's DEQUANTIZE gives (int4: in the stored [rows, block] shape)."""
+    count = int(np.prod(q.shape))
+    values = unpack_int4(q.data, count).reshape(q.shape) if q.width == "int4" else q.data
+    shape = [1] * len(q.shape)
+    shape[q.axis] = -1
+    return values.astype(np.float32) * q.scales.reshape(shape)

@@ -1,0 +1,182 @@
+"""--weights int8|int4: the packing round-trips bit-exactly, the quantizers keep their error
+bounds, stock LiteRT's interpreter runs the written forms and gets the dequantized weights'
+numbers exactly, and a converted tiny pipeline verifies against PyTorch at the width's bar."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.tflite import quantize
+from compiler.tflite.reader import read_tflite
+from compiler.tflite.writer import write_tflite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_int4_packing_round_trips_every_value():
+    rng = np.random.default_rng(0)
+    for count in (1, 2, 7, 64, 1001):
+        values = rng.integers(-8, 8, size=count).astype(np.int8)
+        packed = quantize.pack_int4(values)
+        assert packed.dtype == np.uint8 and packed.size == (count + 1) // 2
+        assert np.array_equal(quantize.unpack_int4(packed, count), values)
+    # the nibble order stock LiteRT reads: element 0 in the low nibble
+    assert quantize.pack_int4(np.array([-1, 2], np.int8)).tolist() == [0x2F]
+
+
+@pytest.mark.parametrize("shape,axis", [((16, 40), 0), ((8, 3, 3, 5), 0), ((5, 7), 1)])
+def test_int8_per_channel(shape, axis):
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal(shape) * rng.uniform(0.01, 3, size=shape[axis]).reshape(
+        [-1 if i == axis else 1 for i in range(len(shape))])).astype(np.float32)
+    q = quantize.quantize_int8(w, axis)
+    assert q.data.dtype == np.int8 and q.scales.shape == (shape[axis],)
+    assert np.abs(q.data).max() <= 127
+    back = quantize.dequantize(q)
+    # each channel's error is at most half its own step
+    step = q.scales.reshape([-1 if i == axis else 1 for i in range(len(shape))])
+    assert np.all(np.abs(back - w) <= step / 2 + 1e-7)
+    # every channel uses its full range: the largest magnitude maps to +-127
+    per_channel = np.moveaxis(np.abs(q.data), axis, 0).reshape(shape[axis], -1).max(axis=1)
+    assert np.all(per_channel == 127)
+
+
+def test_int4_blockwise_and_zero_blocks():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((6, 64)).astype(np.float32)
+    w[2, :32] = 0.0  # an all-zero block keeps a usable scale
+    q = quantize.quantize_int4(w, 32)
+    assert q.shape == (12, 32) and q.scales.shape == (12,) and np.all(q.scales > 0)
+    back = quantize.dequantize(q).reshape(w.shape)
+    assert np.all(back[2, :32] == 0.0)
+    assert np.all(np.abs(back - w) <= np.repeat(q.scales, 32).reshape(w.shape) / 2 + 1e-7)
+    with pytest.raises(ValueError):
+        quantize.quantize_int4(rng.standard_normal((4, 48)).astype(np.float32), 32)
+
+
+def linear_and_conv_model(n=24, cin=32, cout=64) -> onnx.ModelProto:
+    """x [1, cin, 8, 8] -> 3x3 convolution -> NHWC -> MatMul over the channels [cout, n]."""
+    rng = np.random.default_rng(3)
+    conv_w = (rng.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32)
+    conv_b = rng.standard_normal(cout).astype(np.float32) * 0.1
+    mat_w = (rng.standard_normal((cout, n)) * 0.2).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_w", "conv_b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["t", "mat_w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, n])],
+        [numpy_helper.from_array(conv_w, "conv_w"), numpy_helper.from_array(conv_b, "conv_b"),
+         numpy_helper.from_array(mat_w, "mat_w")])
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+def run_litert(path: Path, x: np.ndarray) -> np.ndarray:
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(str(path))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    interpreter.invoke()
+    return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+
+
+def reference(model: onnx.ModelProto, x_nhwc: np.ndarray, weights: dict) -> np.ndarray:
+    """The graph in NumPy (float64) with the given (dequantized) weights, NHWC."""
+    conv_w, conv_b, mat_w = weights["conv_w"], model.graph.initializer[1], weights["mat_w"]
+    b = numpy_helper.to_array(conv_b).astype(np.float64)
+    x = np.pad(x_nhwc.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    out = np.zeros((1, 8, 8, conv_w.shape[0]))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nhwc,oc->nhwo", x[:, i:i + 8, j:j + 8, :], conv_w[:, :, i, j].astype(np.float64))
+    return (out + b) @ mat_w.astype(np.float64)
+
+
+@pytest.mark.parametrize("width", ["int8", "int4"])
+def test_litert_runs_the_quantized_forms_exactly(width, tmp_path):
+    model = linear_and_conv_model()
+    path = tmp_path / f"{width}.tflite"
+    quant = quantize.WeightQuantization(width, 32, min_elements=1)
+    result = write_tflite(ir.serde.deserialize_model(model), path=path, quantization=quant)
+    widths = {w["name"].split("/")[0]: w["width"] for w in result.weight_widths}
+    assert widths == {"conv_w": width, "mat_w": width}
+    summary = read_tflite(path)
+    assert summary.op_histogram.get("DEQUANTIZE") == 2
+    assert {t.dtype for t in summary.tensors if t.constant} >= {width}
+    # the weights as the file stores them, dequantized by us
+    init = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    ohwi = np.transpose(init["conv_w"], (0, 2, 3, 1))
+    nk = init["mat_w"].T
+    if width == "int8":
+        conv = quantize.dequantize(quantize.quantize_int8(ohwi, 0))
+        mat = quantize.dequantize(quantize.quantize_int8(nk, 0))
+    else:
+        conv = quantize.dequantize(quantize.quantize_int4(ohwi, 32)).reshape(ohwi.shape)
+        mat = quantize.dequantize(quantize.quantize_int4(nk, 32)).reshape(nk.shape)
+    weights = {"conv_w": np.transpose(conv, (0, 3, 1, 2)), "mat_w": mat.T}
+    x = np.random.default_rng(4).standard_normal((1, 8, 8, 32)).astype(np.float32)
+    got = run_litert(path, x).transpose(0, 3, 1, 2)  # a rank-4 output is stored NHWC: back to ONNX's order
+    want = reference(model, x, weights)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    # and not the float weights' numbers: the file really holds the quantized ones
+    exact = reference(model, x, init)
+    assert np.abs(got - exact).max() > 1e-3 * np.abs(exact).max()
+
+
+def test_small_and_kept_weights_stay_float(tmp_path):
+    model = linear_and_conv_model(cin=4, cout=8, n=4)  # 288 and 32 elements: under MIN_ELEMENTS
+    result = write_tflite(ir.serde.deserialize_model(model), path=tmp_path / "small.tflite",
+                          quantization=quantize.WeightQuantization("int8"))
+    assert {w["width"] for w in result.weight_widths} == {"fp32"}
+    kept = write_tflite(ir.serde.deserialize_model(linear_and_conv_model()), path=tmp_path / "kept.tflite",
+                        quantization=quantize.WeightQuantization("int8", keep_float=("conv_w",), min_elements=1))
+    assert {w["name"].split("/")[0]: w["width"] for w in kept.weight_widths} == {"conv_w": "fp32", "mat_w": "int8"}
+
+
+def test_convert_int8_tiny_verifies_against_pytorch(tmp_path):
+    out = tmp_path / "q8"
+    run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out),
+                          "--weights", "int8", "--height", "64", "--width", "64", "--json"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    unet = report["components"]["unet"]["weight_widths"]
+    assert unet["by_width"]["int8"]["layers"] > 20 and unet["saved_mb"] > 2.0
+    assert json.loads((out / "manifest.json").read_text())["options"]["weights"] == "int8"
+    vae = {w["name"]: w["width"] for w in report["components"]["vae_decoder"]["weight_widths"]["layers"]}
+    assert all(width == "fp32" for name, width in vae.items() if "conv_in" in name or "conv_out" in name)
+    check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(out), "--json"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
+    checks = json.loads(check.stdout)["checks"]
+    assert all(c["tolerance"].startswith("SNR >= 35") for c in checks)
+    quantized = [c for c in checks if c["component"] in ("unet", "vae_decoder")]
+    assert all(35 <= c["snr_db"] < 80 for c in quantized), [c["snr_db"] for c in quantized]
+
+
+def test_bad_weight_options_exit_2(tmp_path):
+    for flags, message in ((["--weights", "int3"], "int3"), (["--weights", "int4", "--weights-block", "33"],
+                                                              "--weights-block")):
+        run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o",
+                              str(tmp_path / "x"), *flags], capture_output=True, text=True, cwd=ROOT)
+        assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+        assert not (tmp_path / "x").exists()
+
+
+def test_int4_falls_back_to_int8_where_blocks_do_not_tile(tmp_path):
+    """mat_w's input dimension is 40: blocks of 32 do not tile it, so it is stored int8."""
+    result = write_tflite(ir.serde.deserialize_model(linear_and_conv_model(cout=40)), path=tmp_path / "m.tflite",
+                          quantization=quantize.WeightQuantization("int4", 32, min_elements=1))
+    assert {w["name"].split("/")[0]: w["width"] for w in result.weight_widths} == {"conv_w": "int4", "mat_w": "int8"}
