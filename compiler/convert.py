@@ -213,7 +213,8 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     decisions: dict = {}
     fusion = run_passes(graph, set(CANONICAL_KINDS) | set(options.fuse), profile=options.device_profile,
                         winograd_budget_mb=options.budget_mb(), precision=options.precision,
-                        details=decisions)
+                        details=decisions,
+                        weight_value_bytes=quantize.value_bytes(options.weights, options.weights_block))
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in options.fuse
     filename = f"{name}.tflite"

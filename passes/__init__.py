@@ -31,11 +31,13 @@ FUSION_ORDER = ("gelu", "groupnorm", "layernorm", "attention", "winograd")
 
 
 def run_passes(model: ir.Model, fuse: Iterable[str], profile=None, winograd_budget_mb: float = 0.0,
-               precision: str | None = None, details: dict | None = None) -> dict[str, dict[str, int]]:
+               precision: str | None = None, details: dict | None = None,
+               weight_value_bytes: float | None = None) -> dict[str, dict[str, int]]:
     """`profile` (a compiler.profiles name or Profile) sets each attention's variant hint and,
     with "winograd" in `fuse`, which 3x3 convolutions become Winograd within
     `winograd_budget_mb` of extra weights. `details`, when given, receives the per-node
-    decisions: {"winograd": [...], "attention_variants": [...]}."""
+    decisions: {"winograd": [...], "attention_variants": [...]}. `weight_value_bytes`: what a
+    convolution weight takes when stored quantized (--weights), for Winograd's cost."""
     fuse = set(fuse)
     unknown = fuse - set(custom_ops.FUSE_KINDS)
     if unknown:
@@ -52,7 +54,8 @@ def run_passes(model: ir.Model, fuse: Iterable[str], profile=None, winograd_budg
     if profile is not None:
         decisions["attention_variants"] = attention_variant.choose_attention_variants(model, profile, precision)
         if "winograd" in fuse:
-            decisions["winograd"] = winograd.apply_winograd(model, profile, winograd_budget_mb, precision)
+            decisions["winograd"] = winograd.apply_winograd(model, profile, winograd_budget_mb, precision,
+                                                            weight_value_bytes)
     if details is not None:
         details.update(decisions)
     matched = fused_counts(model)

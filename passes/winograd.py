@@ -92,10 +92,14 @@ class Candidate:
 
 
 def conv_cost(n: int, cin: int, cout: int, h: int, w: int, profile: Profile | str,
-              precision: str | None = None) -> ConvCost:
-    """Bytes moved, MACs and roofline time of a 3x3 stride-1 conv, direct vs Winograd F(4x4,3x3)."""
+              precision: str | None = None, weight_value_bytes: float | None = None) -> ConvCost:
+    """Bytes moved, MACs and roofline time of a 3x3 stride-1 conv, direct vs Winograd F(4x4,3x3).
+    `weight_value_bytes`: what a value of the direct conv's weights takes (int8: 1, int4 at block
+    32: 0.625); Winograd's transformed filters are float whatever the direct conv stores, so a
+    quantized layer pays more extra weight memory for Winograd (and reads more)."""
     profile = load_profile(profile)
     e = profile.element_bytes(precision)
+    qe = e if weight_value_bytes is None else weight_value_bytes
     bandwidth = profile.bandwidth_gbps * 1e9
     flops = profile.peak_gflops(precision) * 1e9
     launch = profile.launch_overhead_us * 1e-6
@@ -108,7 +112,7 @@ def conv_cost(n: int, cin: int, cout: int, h: int, w: int, profile: Profile | st
     p = wg.POSITIONS
     in_tf_macs, out_tf_macs = wg.transform_macs()
 
-    direct_elems = pixels * cin + 9 * cin * cout + pixels * cout + cout
+    direct_elems = pixels * cin + 9 * cin * cout * qe / e + pixels * cout + cout
     direct_macs = 9 * pixels * cin * cout
     stages = [
         (pixels * cin + p * tiles * cin, in_tf_macs * tiles * cin),  # input transform
@@ -119,12 +123,13 @@ def conv_cost(n: int, cin: int, cout: int, h: int, w: int, profile: Profile | st
         direct_bytes=direct_elems * e, direct_macs=direct_macs, direct_s=kernel(direct_elems, direct_macs),
         winograd_bytes=sum(el for el, _ in stages) * e, winograd_macs=sum(m for _, m in stages),
         winograd_s=sum(kernel(el, m) for el, m in stages),
-        extra_weight_bytes=(p - 9) * cin * cout * e,
+        extra_weight_bytes=p * cin * cout * e - 9 * cin * cout * qe,
         intermediate_bytes=p * tiles * (cin + cout) * e,
     )
 
 
-def find_candidates(model: ir.Model, profile: Profile | str, precision: str | None = None) -> list[Candidate]:
+def find_candidates(model: ir.Model, profile: Profile | str, precision: str | None = None,
+                    weight_value_bytes: float | None = None) -> list[Candidate]:
     """Every top-level Conv node, with whether it can become a WinogradConv3x3 and why not."""
     profile = load_profile(profile)
     out = []
@@ -137,7 +142,8 @@ def find_candidates(model: ir.Model, profile: Profile | str, precision: str | No
         if cand.structural:
             cand.reason = _thresholds(cand, profile)
             cand.eligible = not cand.reason
-            cand.cost = conv_cost(cand.n, cand.cin, cand.cout, cand.h, cand.w, profile, precision)
+            cand.cost = conv_cost(cand.n, cand.cin, cand.cout, cand.h, cand.w, profile, precision,
+                                  weight_value_bytes)
         out.append(cand)
     return out
 
@@ -159,10 +165,10 @@ def choose(candidates: list[Candidate], budget_mb: float) -> list[Candidate]:
 
 
 def apply_winograd(model: ir.Model, profile: Profile | str, budget_mb: float,
-                   precision: str | None = None) -> list[dict]:
+                   precision: str | None = None, weight_value_bytes: float | None = None) -> list[dict]:
     """Rewrite the chosen convs in place (see the module docstring); returns the decisions."""
     profile = load_profile(profile)
-    candidates = find_candidates(model, profile, precision)
+    candidates = find_candidates(model, profile, precision, weight_value_bytes)
     chosen = choose(candidates, budget_mb)
     if chosen:
         ir_utils.ensure_domain(model)

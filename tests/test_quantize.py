@@ -180,3 +180,18 @@ def test_int4_falls_back_to_int8_where_blocks_do_not_tile(tmp_path):
     result = write_tflite(ir.serde.deserialize_model(linear_and_conv_model(cout=40)), path=tmp_path / "m.tflite",
                           quantization=quantize.WeightQuantization("int4", 32, min_elements=1))
     assert {w["name"].split("/")[0]: w["width"] for w in result.weight_widths} == {"conv_w": "int4", "mat_w": "int8"}
+
+
+def test_winograd_counts_a_quantized_layers_float_filters():
+    """Winograd's transformed filters are float: against an int8 / int4 direct convolution its
+    extra weight memory is larger than against a float one, and the same budget buys fewer."""
+    from passes.winograd import conv_cost
+
+    fp16 = conv_cost(1, 320, 320, 64, 64, "adreno-740", "fp16")
+    int8 = conv_cost(1, 320, 320, 64, 64, "adreno-740", "fp16", quantize.value_bytes("int8"))
+    int4 = conv_cost(1, 320, 320, 64, 64, "adreno-740", "fp16", quantize.value_bytes("int4", 32))
+    assert fp16.extra_weight_bytes == 27 * 320 * 320 * 2
+    assert int8.extra_weight_bytes == 36 * 320 * 320 * 2 - 9 * 320 * 320 * 1
+    assert fp16.extra_weight_bytes < int8.extra_weight_bytes < int4.extra_weight_bytes
+    assert int8.direct_bytes < fp16.direct_bytes  # the direct convolution reads fewer weight bytes
+    assert quantize.value_bytes("float") is None and quantize.value_bytes("int4", 64) == 0.5625

@@ -36,6 +36,11 @@ class WeightQuantization:
                 and not any(part in name for part in self.keep_float))
 
 
+def value_bytes(width: str, block: int = DEFAULT_BLOCK) -> float | None:
+    """Bytes a weight value takes in storage at `width` (scales included); None for float."""
+    return {"int8": 1.0, "int4": 0.5 + 4.0 / block}.get(width)
+
+
 @dataclass
 class Quantized:
     """One quantized weight: the stored integers (int8 values; int4 packed) and its scales."""
