@@ -1,0 +1,167 @@
+"""Benchmark: 8-bit and 4-bit weights against fp16 and fp32 storage (issue 21).
+
+One model converted several ways (`--work` keeps them): the reference at fp32 weights, and at
+`--precision fp16` with `--weights float` (fp16 storage), `int8` and `int4` (extra `convert`
+flags for every conversion with `--convert-args`, e.g. a size). For each:
+
+- weight bytes per component and in total (report.json), and MB per storage width;
+- quality against the fp32 files: each component's output SNR on seeded random inputs, and the
+  picture's PSNR after `--steps` guided steps of the same scheduler, prompt and seed;
+- memory and speed, each component in a fresh process (`difflite bench --components C`, via
+  runtime_memory.py): load, steady call, peak RSS, device MB; `generate --low-memory` peak.
+
+    python benchmarks/quantization.py --model preset:sd15 --work /tmp/quant --backend opencl \\
+        --save benchmarks/results/quantization_h100.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+CLI = [sys.executable, str(ROOT / "cli.py")]
+COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+PROMPT = "a photo of an astronaut riding a horse on mars"
+SETTINGS = {"fp32": ("fp32", "float"), "fp16": ("fp16", "float"), "int8": ("fp16", "int8"), "int4": ("fp16", "int4")}
+
+
+def convert(model: str, out: Path, precision: str, weights: str, extra: list[str]) -> float:
+    if (out / "manifest.json").is_file():
+        return 0.0
+    command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
+               "--weights", weights, *extra]
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    return round(time.perf_counter() - start, 1)
+
+
+def weight_sizes(out: Path) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    sizes = {}
+    for name, component in report["components"].items():
+        widths = component.get("weight_widths", {})
+        sizes[name] = {"weights_mb": component["weights_mb"], "saved_mb": widths.get("saved_mb"),
+                       "by_width": widths.get("by_width")}
+    sizes["total_mb"] = round(sum(c["weights_mb"] for c in sizes.values()), 1)
+    return sizes
+
+
+def db(signal: np.ndarray, error: np.ndarray) -> float:
+    noise = float(np.sum(error.astype(np.float64) ** 2))
+    return math.inf if noise == 0 else 10 * math.log10(float(np.sum(signal.astype(np.float64) ** 2)) / noise)
+
+
+def component_snr(reference: Path, out: Path, backend: str, seeds: int) -> dict:
+    """Each component's output SNR against the reference folder's, on the same random inputs."""
+    from compiler import manifest
+    from compiler.bench import random_feeds, vocab_size
+    from compiler.runtime import Component
+
+    ref_man, man = manifest.read_manifest(reference), manifest.read_manifest(out)
+    result = {}
+    for name in COMPONENTS:
+        ref_entry, entry = ref_man["components"][name], man["components"][name]
+        ref = Component(reference / ref_entry["file"], ref_entry, backend=backend,
+                        precision=ref_man["options"]["precision"])
+        got = Component(out / entry["file"], entry, backend=backend, precision=man["options"]["precision"])
+        values = []
+        for seed in range(seeds):
+            stored = random_feeds(entry, np.random.default_rng(seed), vocab_size(out))  # NHWC where stored so
+            layouts = {e["name"]: e.get("layout") for e in entry["inputs"]}
+            feeds = {k: v.transpose(0, 3, 1, 2) if layouts[k] == "NHWC" else v for k, v in stored.items()}
+            a, b = ref(**feeds), got(**feeds)
+            values += [db(a[k], a[k] - b[k]) for k in a]
+        ref.close()
+        got.close()
+        result[name] = round(min(values), 2)
+    return result
+
+
+def picture(out: Path, backend: str, steps: int) -> np.ndarray:
+    from compiler.generate import LitePipeline
+
+    with LitePipeline(out, backend=backend) as pipe:
+        return pipe(PROMPT, steps=steps, seed=0, guidance=7.5, scheduler="euler").image
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="preset:sd15")
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--settings", default="fp16,int8,int4", help="Compared against fp32: fp16,int8,int4.")
+    parser.add_argument("--convert-args", default="", help="Extra convert flags for every conversion.")
+    parser.add_argument("--backend", default="opencl", choices=["cpu", "opencl"])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=5, help="Timed calls per component (fresh process each).")
+    parser.add_argument("--skip", default="", help="Comma-separated parts to skip: quality,picture,memory.")
+    parser.add_argument("--save", type=Path, default=None)
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    settings = ["fp32", *[s for s in args.settings.split(",") if s and s != "fp32"]]
+    folders = {s: args.work / s for s in settings}
+    convert_s = {s: convert(args.model, folders[s], *SETTINGS[s], args.convert_args.split()) for s in settings}
+    result = {"model": args.model, "backend": args.backend, "host": platform.node(), "date": time.strftime("%Y-%m-%d"),
+              "convert_args": args.convert_args, "convert_s": convert_s,
+              "weights": {s: weight_sizes(folders[s]) for s in settings}, "quality": {}, "runtime": {}}
+    if "quality" not in skip:
+        result["quality"] = {s: component_snr(folders["fp32"], folders[s], args.backend, args.seeds)
+                             for s in settings if s != "fp32"}
+    if "picture" not in skip:
+        reference = picture(folders["fp32"], args.backend, args.steps)
+        for s in settings[1:]:
+            result["quality"].setdefault(s, {})["picture_psnr_db"] = round(
+                psnr(picture(folders[s], args.backend, args.steps), reference), 2)
+    if "memory" not in skip and args.backend == "opencl":
+        from runtime_memory import bench_component, run_generate
+
+        caches = args.work / "caches"
+        for s in settings:
+            rows = {name: bench_component(folders[s], name, caches, args.runs) for name in COMPONENTS}
+            rows["generate_low_memory"] = run_generate(folders[s], caches, 2, PROMPT, low_memory=True)
+            result["runtime"][s] = rows
+    if args.save:
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        args.save.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print_table(result, settings)
+
+
+def print_table(result: dict, settings: list[str]) -> None:
+    print(f"| {result['model']} | " + " | ".join(settings) + " |")
+    print("|---" * (len(settings) + 1) + "|")
+    for name in (*COMPONENTS, "total"):
+        key = "total_mb" if name == "total" else name
+        cells = [result["weights"][s][key] if name == "total" else result["weights"][s][key]["weights_mb"]
+                 for s in settings]
+        print(f"| weights MB, {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    for name in (*COMPONENTS, "picture_psnr_db"):
+        cells = [result["quality"].get(s, {}).get(name, "-") for s in settings]
+        label = "picture PSNR dB" if name == "picture_psnr_db" else f"SNR dB, {name}"
+        print(f"| {label} | " + " | ".join(str(c) for c in cells) + " |")
+    for name in COMPONENTS:
+        cells = [result["runtime"].get(s, {}).get(name, {}) for s in settings]
+        print(f"| {name} median ms / peak RSS MB / device MB | " + " | ".join(
+            f"{c.get('median_ms', 0):.1f} / {c.get('peak_rss_mb') or 0:.0f} / "
+            f"{(c.get('device_mb') or {}).get('total_mb') or 0:.0f}" if c else "-" for c in cells) + " |")
+    cells = [result["runtime"].get(s, {}).get("generate_low_memory", {}) for s in settings]
+    print("| generate --low-memory peak RSS MB | " + " | ".join(
+        f"{c.get('peak_rss_mb') or 0:.0f}" if c else "-" for c in cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
