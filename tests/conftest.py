@@ -26,7 +26,8 @@ _warm_up_opencl_compiler()
 
 
 # Test modules whose tests run OpenCL (PoCL) in this process.
-OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_opencl_models.py"}
+OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_opencl_models.py",
+                  "test_quantized_weights_delegate.py"}
 
 
 def pytest_collection_modifyitems(config, items):

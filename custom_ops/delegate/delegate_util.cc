@@ -117,6 +117,14 @@ const char* TfLiteTypeName(tfl::Type t) {
     case tfl::kInt8: return "int8";
     case tfl::kFloat16: return "float16";
     case tfl::kFloat64: return "float64";
+    case tfl::kComplex128: return "complex128";
+    case tfl::kUInt64: return "uint64";
+    case tfl::kResource: return "resource";
+    case tfl::kVariant: return "variant";
+    case tfl::kUInt32: return "uint32";
+    case tfl::kUInt16: return "uint16";
+    case tfl::kInt4: return "int4";
+    case tfl::kBFloat16: return "bfloat16";
     default: return "other";
   }
 }

@@ -22,22 +22,48 @@
 
 namespace difflite::gpu {
 
+// How the integers of a quantized constant (int8, or int4 packed two a byte)
+// map to floats: element i is (q[i] - zero_point[c]) * scale[c] with
+// c = (i / inner) % channels, i.e. c is the index along the quantized
+// dimension and `inner` the number of elements after it in the shape (per
+// tensor: channels = 1, one scale). The arrays are the runtime's own
+// (Tensor::quantization), valid as long as the interpreter; claim.cc checked
+// them (counts, finite scales, zero points in range).
+struct QuantScales {
+  const float* scale = nullptr;
+  const int* zero_point = nullptr;
+  size_t channels = 1;
+  size_t inner = 1;
+};
+
 // A model constant: where its bytes are and how the ops see it. Nothing is
 // copied for a float32, float16 or int32 constant: `bytes` points into the
-// model; only bool / int64 constants (converted to int32) and small float16
-// ones (widened for the op factories) own a host copy, and only while claiming
-// and uploading.
+// model; only bool / int64 constants (converted to int32) and small float16 or
+// quantized ones (widened for the op factories) own a host copy, and only while
+// claiming and uploading. A quantized weight (the folded DEQUANTIZE of an int8
+// or int4 constant) is float32 to the ops: it is dequantized a chunk at a time
+// while it is uploaded (weights.cc), never as a whole on the host.
 struct HostConst {
   DType dtype = DType::kFloat32;         // as the ops see it: kFloat32 or kInt32
-  tfl::Type model_type = tfl::kFloat32;  // of `bytes`: kFloat32, kFloat16 or kInt32
+  // of `bytes`: kFloat32, kFloat16, kInt32, or kInt8 / kInt4 (with `quant`)
+  tfl::Type model_type = tfl::kFloat32;
   Shape shape;
   const void* bytes = nullptr;           // into the model, or into `converted`
   // float32 / int32 values for the op factories (TensorInfo::const_data);
-  // nullptr for a float16 weight of more than kWidenedElements.
+  // nullptr for a float16 or quantized weight of more than kWidenedElements.
   const void* values = nullptr;
   std::vector<uint8_t> converted;
+  QuantScales quant;                     // kInt8 / kInt4 only
   size_t elements() const { return static_cast<size_t>(NumElements(shape)); }
-  size_t model_bytes() const { return elements() * (model_type == tfl::kFloat16 ? 2 : 4); }
+  bool quantized() const { return model_type == tfl::kInt8 || model_type == tfl::kInt4; }
+  size_t model_bytes() const {
+    switch (model_type) {
+      case tfl::kInt4: return (elements() + 1) / 2;
+      case tfl::kInt8: return elements();
+      case tfl::kFloat16: return elements() * 2;
+      default: return elements() * 4;
+    }
+  }
 };
 
 // float16 constants up to this many elements are widened on the host for the
@@ -46,14 +72,17 @@ struct HostConst {
 constexpr size_t kWidenedElements = 256;
 
 // Writes `count` elements of `c` from element `first` as float32 (a folded
-// constant read back by TFLite).
+// constant read back by TFLite; small constants for the op factories): float16
+// widened, int8 / int4 dequantized.
 void WidenTo(const HostConst& c, size_t first, size_t count, float* out);
 
 // One node the backend claimed.
 struct ClaimedNode {
   int node_index = -1;
   std::string name;
-  bool folded = false;  // DEQUANTIZE of a constant: runs nothing
+  // DEQUANTIZE of a constant, or RESHAPE of a float constant (a folded one included):
+  // its output is a constant too (folded_value) and the node runs nothing
+  bool folded = false;
   std::unique_ptr<OpInstance> custom;  // outlives `op` (NodeView::custom)
   std::unique_ptr<GpuOp> op;
   std::vector<int> inputs;
@@ -102,6 +131,7 @@ struct BackendImpl : std::enable_shared_from_this<BackendImpl> {
   std::string ClaimInputs(tfl::Context* ctx, ClaimedNode* cn);
   std::string ClaimOutputs(tfl::Context* ctx, ClaimedNode* cn);
   std::string CreateOp(tfl::Node* node, tfl::Registration* reg, bool is_custom, ClaimedNode* cn);
+  std::string FoldDequantize(tfl::Context* ctx, ClaimedNode* cn);
   std::shared_ptr<HostConst> ConstantOf(tfl::Context* ctx, int idx, std::string* why);
   // executor.cc
   void WriteStats();

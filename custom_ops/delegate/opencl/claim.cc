@@ -8,13 +8,21 @@
 // weights are not widened (only small float16 constants are, for factories
 // that read values); bool and int64 constants become int32. DEQUANTIZE of a
 // constant is folded: its output becomes a constant too and the node runs
-// nothing (it is claimed only when a claimed node consumes the output).
+// nothing (it is claimed only when a claimed node consumes the output). That
+// constant is float16 / float32, or int8 / int4 with affine quantization (per
+// tensor or per axis; int4 blockwise weights are per-axis [N*K/B, B] tensors):
+// those become float32 constants, dequantized while they are uploaded. A
+// RESHAPE of a float constant (such a folded output included: int4 weights
+// reach their FULLY_CONNECTED / CONV_2D through one) is folded the same way,
+// the constant seen in the new shape, so the consumer still sees a constant
+// weight and nothing is copied per Invoke.
 // A refused node gets a one-line reason on stderr and stays with TFLite.
 // Factories run on several threads (ClaimAll): they compile programs.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -126,6 +134,94 @@ std::string ConvertToInt32(const Tensor* t, int idx, HostConst* h) {
   h->model_type = tfl::kInt32;
   h->bytes = h->values = h->converted.data();
   return "";
+}
+
+// The float32 view of the int8 / int4 constant `t` (the input of a DEQUANTIZE): its values are
+// dequantized when uploaded (weights.cc), never here, except small ones for the op factories.
+// "" or why not. Strict: anything but well-formed affine quantization is refused, and the node
+// stays with TFLite.
+std::string QuantizedConstant(const Tensor* t, std::shared_ptr<HostConst>* out) {
+  if (t->dims == nullptr) return "it has no shape";
+  const Shape shape = ToVector(t->dims);
+  for (int d : shape) {
+    if (d < 0) return "its shape " + ShapeToString(shape) + " is not static";
+  }
+  const int64_t n = NumElements(shape);
+  if (n <= 0 || n > INT32_MAX) return "it has " + std::to_string(n) + " elements";
+  const bool int4 = t->type == tfl::kInt4;
+  if (int4 && n % 2 != 0) {
+    return "an int4 constant of an odd element count (" + std::to_string(n) +
+           ") is not supported";
+  }
+  const size_t want_bytes = static_cast<size_t>(int4 ? n / 2 : n);
+  if (t->bytes != want_bytes) {
+    return "it holds " + std::to_string(t->bytes) + " bytes for " + std::to_string(n) +
+           " elements (expected " + std::to_string(want_bytes) +
+           (int4 ? ": two int4 values a byte)" : ")");
+  }
+  if (t->quantization.type != tfl::kAffineQuantization || t->quantization.params == nullptr) {
+    return "it has no affine quantization parameters";
+  }
+  const auto* aq = static_cast<const tfl::AffineQuantization*>(t->quantization.params);
+  if (aq->scale == nullptr || aq->scale->size < 1) return "it has no scales";
+  const int count = aq->scale->size;
+  if (aq->zero_point == nullptr || aq->zero_point->size != count) {
+    return "it has " + std::to_string(aq->zero_point ? aq->zero_point->size : 0) +
+           " zero points for " + std::to_string(count) + " scales";
+  }
+  QuantScales qs;
+  qs.scale = aq->scale->data;
+  qs.zero_point = aq->zero_point->data;
+  qs.channels = static_cast<size_t>(count);
+  const int lowest = int4 ? -8 : -128;
+  const int highest = int4 ? 7 : 127;
+  for (int c = 0; c < count; ++c) {
+    if (!std::isfinite(qs.scale[c])) return "scale " + std::to_string(c) + " is not finite";
+    if (qs.zero_point[c] < lowest || qs.zero_point[c] > highest) {
+      return "zero point " + std::to_string(c) + " (" + std::to_string(qs.zero_point[c]) +
+             ") is outside [" + std::to_string(lowest) + ", " + std::to_string(highest) + "]";
+    }
+  }
+  const int rank = static_cast<int>(shape.size());
+  if (count > 1) {  // per axis
+    const int axis = aq->quantized_dimension;
+    if (axis < 0 || axis >= rank) {
+      return "quantized dimension " + std::to_string(axis) + " is outside rank " +
+             std::to_string(rank);
+    }
+    if (shape[axis] != count) {
+      return std::to_string(count) + " scales for dimension " + std::to_string(axis) + " of " +
+             ShapeToString(shape);
+    }
+    for (int d = axis + 1; d < rank; ++d) qs.inner *= static_cast<size_t>(shape[d]);
+  } else if (t->params.scale != qs.scale[0] || t->params.zero_point != qs.zero_point[0]) {
+    // Per tensor, TFLite's own DEQUANTIZE reads the older pair (Tensor::params), which the
+    // runtime fills from the same numbers; a disagreement is a tensor it did not load.
+    return "its per-tensor scale and zero point disagree with Tensor::params";
+  }
+  auto h = std::make_shared<HostConst>();
+  h->dtype = DType::kFloat32;
+  h->model_type = t->type;
+  h->shape = shape;
+  h->bytes = t->data.data;
+  h->quant = qs;
+  if (h->elements() <= kWidenedElements) {
+    h->converted.resize(h->elements() * 4);
+    WidenTo(*h, 0, h->elements(), reinterpret_cast<float*>(h->converted.data()));
+    h->values = h->converted.data();
+  }
+  *out = std::move(h);
+  return "";
+}
+
+// The tensor a RESHAPE reads is a float constant (of the model, or a folded node's output).
+bool IsFloatConstant(Context* ctx, int idx, const std::map<int, std::shared_ptr<HostConst>>& folded) {
+  if (idx < 0 || static_cast<size_t>(idx) >= ctx->tensors_size) return false;
+  auto it = folded.find(idx);
+  if (it != folded.end()) return it->second->dtype == DType::kFloat32;
+  const Tensor* t = TensorAt(ctx, idx);
+  return IsConstantTensor(t) && t->data.data != nullptr &&
+         (t->type == tfl::kFloat32 || t->type == tfl::kFloat16);
 }
 
 }  // namespace
@@ -246,24 +342,65 @@ std::string BackendImpl::ClaimOutputs(Context* ctx, ClaimedNode* cn) {
   return "";
 }
 
-// A DEQUANTIZE of a float constant: its output is that constant ("" or why not).
-static std::string FoldDequantize(Context* ctx, ClaimedNode* cn) {
+// A DEQUANTIZE of a constant: its output is that constant, float16 / float32 as the model
+// stores it, int8 / int4 seen as float32 ("" or why not).
+std::string BackendImpl::FoldDequantize(Context* ctx, ClaimedNode* cn) {
+  const char* only = "only DEQUANTIZE of a constant is supported (folded at prepare)";
   if (cn->inputs.size() != 1 || cn->outputs.size() != 1 || cn->inputs[0] < 0 ||
-      cn->consts.count(cn->inputs[0]) == 0) {
-    return "only DEQUANTIZE of a constant is supported (folded at prepare)";
+      static_cast<size_t>(cn->inputs[0]) >= ctx->tensors_size) {
+    return only;
   }
-  const Tensor* src = TensorAt(ctx, cn->inputs[0]);
-  if (src->type != tfl::kFloat16 && src->type != tfl::kFloat32) {
+  const int idx = cn->inputs[0];
+  const Tensor* src = TensorAt(ctx, idx);
+  if (!IsConstantTensor(src) || src->data.data == nullptr) return only;
+  std::shared_ptr<HostConst> h;
+  if (src->type == tfl::kFloat16 || src->type == tfl::kFloat32) {
+    const std::string e = ClaimInputs(ctx, cn);
+    if (!e.empty()) return e;
+    h = cn->consts.at(idx);
+  } else if (src->type == tfl::kInt8 || src->type == tfl::kInt4) {
+    const std::string e = QuantizedConstant(src, &h);
+    if (!e.empty()) {
+      return std::string("DEQUANTIZE of ") + TfLiteTypeName(src->type) + " constant tensor " +
+             std::to_string(idx) + ": " + e;
+    }
+    TensorInfo info;  // for the verbose log: the integers are no tensor the ops see
+    info.shape = h->shape;
+    cn->in_info.push_back(info);
+  } else {
     return std::string("DEQUANTIZE of ") + TfLiteTypeName(src->type) +
-           " (quantized integers) is not supported";
+           " is not supported (float16, float32, int8 and int4 constants are)";
   }
-  const auto& h = cn->consts.at(cn->inputs[0]);
   if (cn->out_info[0].dtype != DType::kFloat32 || cn->out_info[0].shape != h->shape) {
     return "DEQUANTIZE output must be float32 of the input's shape";
   }
   cn->folded = true;
   cn->folded_value = h;
   return "";
+}
+
+// A RESHAPE of a float constant: its output is the same constant in the output's shape (the
+// same model bytes, nothing copied). false where the node is no such RESHAPE (it is then
+// claimed as an op, a view or one copy per Invoke).
+static bool FoldReshape(ClaimedNode* cn) {
+  if (cn->inputs.empty() || cn->inputs[0] < 0 || cn->outputs.size() != 1) return false;
+  auto it = cn->consts.find(cn->inputs[0]);
+  if (it == cn->consts.end()) return false;
+  const HostConst& h = *it->second;
+  const TensorInfo& out = cn->out_info[0];
+  if (h.dtype != DType::kFloat32 || out.dtype != DType::kFloat32 ||
+      static_cast<size_t>(NumElements(out.shape)) != h.elements()) {
+    return false;
+  }
+  auto v = std::make_shared<HostConst>(h);
+  v->shape = out.shape;
+  if (!h.converted.empty()) {  // the copy's pointers into its own `converted`
+    if (h.bytes == h.converted.data()) v->bytes = v->converted.data();
+    if (h.values == h.converted.data()) v->values = v->converted.data();
+  }
+  cn->folded = true;
+  cn->folded_value = std::move(v);
+  return true;
 }
 
 std::string BackendImpl::CreateOp(Node* node, Registration* reg, bool is_custom,
@@ -325,12 +462,19 @@ std::unique_ptr<ClaimedNode> BackendImpl::Claim(Context* ctx, int node_index, No
   cn->name = *name;
   cn->inputs = ToVector(node->inputs);
   cn->outputs = ToVector(node->outputs);
-  *why = ClaimInputs(ctx, cn.get());
-  if (why->empty()) *why = ClaimOutputs(ctx, cn.get());
+  const bool dequantize =
+      !is_custom && reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
+  if (dequantize) {  // its input may be integers: no tensor of the ops (FoldDequantize)
+    *why = ClaimOutputs(ctx, cn.get());
+    if (why->empty()) *why = FoldDequantize(ctx, cn.get());
+  } else {
+    *why = ClaimInputs(ctx, cn.get());
+    if (why->empty()) *why = ClaimOutputs(ctx, cn.get());
+  }
   if (!why->empty()) return nullptr;
-  if (!is_custom && reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kDequantize)) {
-    *why = FoldDequantize(ctx, cn.get());
-    if (!why->empty()) return nullptr;
+  if (dequantize ||
+      (!is_custom && reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kReshape) &&
+       FoldReshape(cn.get()))) {
     std::lock_guard<std::mutex> lock(host_consts_mutex);
     host_consts[cn->outputs[0]] = cn->folded_value;
     return cn;
@@ -349,6 +493,9 @@ struct Candidate {
   std::unique_ptr<ClaimedNode> claimed;
   bool is_dequantize() const {
     return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
+  }
+  bool is_reshape() const {
+    return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kReshape);
   }
 };
 
@@ -395,13 +542,19 @@ void BackendImpl::ClaimOne(Context* ctx, Candidate* c) {
   }
 }
 
-// DEQUANTIZE nodes first, in order (cheap: they fold): a consumer must see its weight as a
-// constant. Then every other node's op factory on a pool of threads, so that the distinct
-// OpenCL programs the factories ask for compile (or load from the disk cache) at once.
+// DEQUANTIZE nodes and RESHAPEs of float constants first, in order (cheap: they fold, and a
+// RESHAPE sees the DEQUANTIZE before it folded): a consumer must see its weight as a constant.
+// Then every other node's op factory on a pool of threads, so that the distinct OpenCL
+// programs the factories ask for compile (or load from the disk cache) at once.
 void BackendImpl::ClaimAll(Context* ctx, std::vector<Candidate>* candidates) {
   std::vector<Candidate*> rest;
   for (Candidate& c : *candidates) {
-    if (c.is_dequantize()) {
+    bool folds = c.is_dequantize();
+    if (!folds && c.is_reshape() && c.node->inputs != nullptr && c.node->inputs->size > 0) {
+      std::lock_guard<std::mutex> lock(host_consts_mutex);
+      folds = IsFloatConstant(ctx, c.node->inputs->data[0], host_consts);
+    }
+    if (folds) {
       ClaimOne(ctx, &c);
     } else {
       rest.push_back(&c);
@@ -449,8 +602,18 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
     if (options.verbose) {
       std::string in_s, out_s;
       for (size_t i = 0; i < cn.in_info.size(); ++i) {
-        in_s += (i ? ", " : "") + (cn.inputs[i] < 0 ? std::string("none")
-                                                   : InfoString(cn.in_info[i]));
+        std::string s;
+        if (cn.inputs[i] < 0) {
+          s = "none";
+        } else if (cn.in_info[i].dtype == DType::kOther && cn.folded_value != nullptr &&
+                   cn.folded_value->quantized()) {  // a folded DEQUANTIZE's integers
+          s = std::string(TfLiteTypeName(cn.folded_value->model_type)) +
+              ShapeToString(cn.in_info[i].shape) + " (" +
+              std::to_string(cn.folded_value->quant.channels) + " scales)";
+        } else {
+          s = InfoString(cn.in_info[i]);
+        }
+        in_s += (i ? ", " : "") + s;
       }
       for (size_t i = 0; i < cn.out_info.size(); ++i) {
         out_s += (i ? ", " : "") + InfoString(cn.out_info[i]);
@@ -466,15 +629,25 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
     claimed.push_back(c.node_index);
     pending[c.node_index] = std::move(c.claimed);
   }
-  // A folded DEQUANTIZE is only worth claiming for a claimed consumer.
-  std::vector<int> kept;
-  for (int node_index : claimed) {
-    ClaimedNode& cn = *pending[node_index];
-    if (cn.folded && consumers[cn.outputs[0]].empty()) {
-      pending.erase(node_index);
+  // A folded node is only worth claiming for a claimed consumer, a kept folded node included:
+  // walked backwards (the plan is in order), so a DEQUANTIZE feeding a folded RESHAPE goes or
+  // stays with it.
+  std::set<int> dropped;
+  for (auto it = claimed.rbegin(); it != claimed.rend(); ++it) {
+    const ClaimedNode& cn = *pending[*it];
+    if (!cn.folded) continue;
+    if (consumers[cn.outputs[0]].empty()) {
+      dropped.insert(*it);
+      pending.erase(*it);
       continue;
     }
-    kept.push_back(node_index);
+    for (int idx : cn.inputs) {
+      if (idx >= 0) consumers[idx].push_back(cn.node_index);
+    }
+  }
+  std::vector<int> kept;
+  for (int node_index : claimed) {
+    if (dropped.count(node_index) == 0) kept.push_back(node_index);
   }
   host_consts.clear();
   lock.unlock();

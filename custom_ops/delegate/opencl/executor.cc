@@ -61,6 +61,9 @@ void BackendImpl::WriteStats() {
   long invokes = 0;
   for (const Partition* p : partitions) {
     arena += p->arena_bytes;
+    // Device bytes, in the storage type: an int8 / int4 weight (a folded DEQUANTIZE) counts as
+    // many bytes as a float one, since it is held dequantized on the device for now (a later
+    // step keeps it quantized there and dequantizes in the kernels).
     weights += p->weights_bytes;
     scratch = std::max(scratch, p->scratch_bytes);
     staging += p->staging_bytes;

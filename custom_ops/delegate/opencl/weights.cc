@@ -8,6 +8,11 @@
 // - The model's bytes go to the device as they are where they are already in the
 //   storage type (float16 weights in half storage); otherwise they are converted
 //   through one bounded staging buffer (kStagingBytes), never a whole tensor.
+//   Quantized weights (int8, int4: a folded DEQUANTIZE) are always converted:
+//   dequantized a chunk at a time into the staging buffer, in the storage type.
+//   So on the device they take as much memory as float ones for now (the stats'
+//   weights_bytes count them in the storage type); keeping them quantized on the
+//   device, dequantized inside the kernels, is a later step.
 // - Zero copy: where the device shares memory with the host (phones, CPUs,
 //   integrated GPUs) and the model's bytes need no conversion, the buffer is made
 //   over the model file's own pages (CL_MEM_USE_HOST_PTR on the interpreter's
@@ -83,11 +88,55 @@ bool SameEncoding(tfl::Type model, DType storage) {
          (model == tfl::kInt32 && storage == DType::kInt32);
 }
 
+// Elements [first, first + count) of the int8 / int4 constant `c` as floats, each handed to
+// store(i, value) for i in [0, count): (q - zero_point[ch]) * scale[ch], in float as TFLite's
+// DEQUANTIZE computes it (the integer difference converted, then one rounded product).
+// The channel advances every `inner` elements and wraps after `channels`.
+template <typename Store>
+void Dequantize(const HostConst& c, size_t first, size_t count, Store store) {
+  const QuantScales& qs = c.quant;
+  const auto* q = static_cast<const uint8_t*>(c.bytes);
+  const bool int4 = c.model_type == tfl::kInt4;
+  size_t ch = (first / qs.inner) % qs.channels;
+  size_t left = qs.inner - first % qs.inner;  // elements before the channel changes
+  float scale = qs.scale[ch];
+  int zero = qs.zero_point[ch];
+  for (size_t i = 0; i < count; ++i, --left) {
+    if (left == 0) {
+      ch = ch + 1 == qs.channels ? 0 : ch + 1;
+      left = qs.inner;
+      scale = qs.scale[ch];
+      zero = qs.zero_point[ch];
+    }
+    const size_t e = first + i;
+    int v;
+    if (int4) {
+      // Even elements in the low nibble, odd ones in the high nibble; the nibble's top
+      // bit is the sign: (n ^ 8) - 8 maps 0..7 to 0..7 and 8..15 to -8..-1.
+      const int nibble = (e & 1) ? (q[e >> 1] >> 4) : (q[e >> 1] & 0xF);
+      v = (nibble ^ 8) - 8;
+    } else {
+      v = static_cast<int8_t>(q[e]);
+    }
+    store(i, static_cast<float>(v - zero) * scale);
+  }
+}
+
 // Elements [first, first + count) of `c` in `storage` at `out`.
 void ConvertElements(const HostConst& c, size_t first, size_t count, DType storage, void* out) {
   if (SameEncoding(c.model_type, storage)) {
     const size_t es = DTypeSize(storage);
     std::memcpy(out, static_cast<const uint8_t*>(c.bytes) + first * es, count * es);
+    return;
+  }
+  if (c.quantized()) {
+    if (storage == DType::kFloat16) {
+      auto* dst = static_cast<uint16_t*>(out);
+      Dequantize(c, first, count, [dst](size_t i, float v) { dst[i] = FloatToHalf(v); });
+    } else {
+      auto* dst = static_cast<float*>(out);
+      Dequantize(c, first, count, [dst](size_t i, float v) { dst[i] = v; });
+    }
     return;
   }
   if (storage == DType::kFloat16) {  // float32 model bytes
@@ -223,7 +272,9 @@ class WeightUploader {
 };
 
 void WidenTo(const HostConst& c, size_t first, size_t count, float* out) {
-  if (c.model_type == tfl::kFloat16) {
+  if (c.quantized()) {
+    Dequantize(c, first, count, [out](size_t i, float v) { out[i] = v; });
+  } else if (c.model_type == tfl::kFloat16) {
     const uint16_t* src = static_cast<const uint16_t*>(c.bytes) + first;
     for (size_t i = 0; i < count; ++i) out[i] = HalfToFloat(src[i]);
   } else {

@@ -57,6 +57,18 @@ enum Type : int {
   kInt8 = 9,
   kFloat16 = 10,
   kFloat64 = 11,
+  kComplex128 = 12,
+  kUInt64 = 13,
+  kResource = 14,
+  kVariant = 15,
+  kUInt32 = 16,
+  kUInt16 = 17,
+  // Signed 4-bit integers. A constant's bytes hold two values each: the element
+  // at an even index in the low nibble, the next one in the high nibble, each
+  // sign-extended from 4 bits. NB the runtime's number (18) is not the .tflite
+  // schema's TensorType number for int4 (17): the two enums diverge at int4.
+  kInt4 = 18,
+  kBFloat16 = 19,
 };
 
 // Where a tensor's bytes live (order matters: the values are implicit in C).
@@ -102,16 +114,47 @@ struct IntArray {
 #pragma GCC diagnostic pop
 #endif
 
-// Legacy per-tensor quantisation pair (kept for layout only).
+// A length-prefixed float list, laid out like IntArray (quantisation scales).
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#endif
+struct FloatArray {
+  int size;
+  float data[];
+};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+// The older single (per-tensor) quantisation pair, real = scale * (q - zero_point).
+// The runtime fills it for a tensor quantised per tensor (one scale), in addition
+// to the affine descriptor below; it is left zero for per-axis quantisation.
 struct QuantParams {
   float scale;
   int32_t zero_point;
 };
 
-// Newer quantisation descriptor (kept for layout only).
+// What Quantization::params points at (C enum, int-sized).
+enum QuantizationType : int {
+  kNoQuantization = 0,      // params is null
+  kAffineQuantization = 1,  // params is an AffineQuantization*
+};
+
+// Affine quantisation, per tensor (one scale) or per axis: along dimension
+// `quantized_dimension`, index c uses scale->data[c] and zero_point->data[c],
+// real = scale * (q - zero_point). The runtime checks when it loads a model that
+// the two lists are equally long and hold 1 or dims[quantized_dimension] entries.
+struct AffineQuantization {
+  FloatArray* scale;
+  IntArray* zero_point;
+  int32_t quantized_dimension;
+};
+
+// The current quantisation descriptor of a tensor.
 struct Quantization {
-  int type;
-  void* params;
+  QuantizationType type;
+  void* params;  // AffineQuantization* when type is kAffineQuantization
 };
 
 // The untyped data pointer of a tensor (a union of pointers in C).
@@ -443,9 +486,17 @@ struct GeluParams {
 // longer describes the runtime.
 static_assert(sizeof(Tensor) == 112, "Tensor layout");
 static_assert(offsetof(Tensor, dims) == 16, "Tensor::dims");
+static_assert(offsetof(Tensor, params) == 24, "Tensor::params");
 static_assert(offsetof(Tensor, allocation_type) == 32, "Tensor::allocation_type");
 static_assert(offsetof(Tensor, bytes) == 40, "Tensor::bytes");
 static_assert(offsetof(Tensor, name) == 56, "Tensor::name");
+static_assert(offsetof(Tensor, quantization) == 80, "Tensor::quantization");
+static_assert(offsetof(Tensor, dims_signature) == 104, "Tensor::dims_signature");
+static_assert(sizeof(Quantization) == 16, "Quantization layout");
+static_assert(offsetof(AffineQuantization, zero_point) == 8, "AffineQuantization::zero_point");
+static_assert(offsetof(AffineQuantization, quantized_dimension) == 16,
+              "AffineQuantization::quantized_dimension");
+static_assert(offsetof(FloatArray, data) == 4, "FloatArray::data");
 static_assert(offsetof(Node, custom_initial_data) == 48, "Node::custom data");
 static_assert(offsetof(Node, custom_initial_data_size) == 56, "Node::size");
 static_assert(offsetof(Context, ResizeTensor) == 32, "Context::ResizeTensor");

@@ -1,0 +1,534 @@
+"""backend=opencl on files whose weights are int8 / int4 + DEQUANTIZE (issue 21, first slice):
+the OpenCL backend folds DEQUANTIZE of a quantized constant as it folds float16 ones, so the
+whole graph stays in one partition.
+
+The weight forms are TFLite's standard ones (what `difflite convert --weights int8|int4` writes):
+* int8: TensorType INT8, affine quantization per axis (one scale per output channel,
+  quantized_dimension 0 of CONV_2D's OHWI filter and FULLY_CONNECTED's [N, K]) or per tensor;
+* int4: TensorType INT4, two values a byte (even index in the low nibble, odd in the high one,
+  each sign-extended from 4 bits), blockwise: [N, K] stored as [N*K/B, B] per axis 0 (one
+  scale per block of B inputs), DEQUANTIZE to float32 [N*K/B, B], RESHAPE to [N, K].
+
+Each model runs through ai_edge_litert with the delegate (backend=opencl, PoCL in CI) and
+without it (stock LiteRT: XNNPACK / reference kernels): float storage within 1e-5 of stock,
+relative to the output's max magnitude, half storage within HALF_TOL; the stats JSON shows
+every node claimed into one partition. Refusals (integer types or quantization the backend
+does not take) leave the DEQUANTIZE with TFLite, and the rest still computes right.
+One case also runs on tensorflow's tf.lite (the second runtime of the ABI checks): the
+quantization fields of the tensor struct are read at the same offsets there.
+
+OpenCL missing is a failure with the reason, never a skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS.parent))
+
+from ai_edge_litert import schema_py_generated as schema  # noqa: E402
+from opencl_helpers import OpModel, opencl_options, require_opencl, run_model, run_reference  # noqa: E402
+from oplib_helpers import build_oplib, load_runtime  # noqa: E402
+
+TOL = 1e-5
+HALF_TOL = 4e-3  # half storage rounds inputs, weights and outputs to 11 significant bits
+SAME, VALID = 0, 1  # schema Padding
+BLOCK = 32  # int4 block size (difflite convert's default)
+
+
+# --------------------------------------------------------------------------
+# Quantizing and writing weights
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def nonzero(r, shape, scale=1.0):
+    v = r.uniform(0.1, 1.0, size=shape) * r.choice([-1.0, 1.0], size=shape)
+    return (v * scale).astype(np.float32)
+
+
+def quantize(w: np.ndarray, axis: int | None, bits: int):
+    """Symmetric quantization of `w`: (q int8, scales float32) with one scale per index of `axis`
+    (None: one scale for the tensor)."""
+    top = 2 ** (bits - 1) - 1
+    if axis is None:
+        scale = np.array([np.abs(w).max() / top], np.float32)
+        return np.clip(np.round(w / scale[0]), -top - 1, top).astype(np.int8), scale
+    moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    scale = (np.abs(moved).max(axis=1) / top).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.round(w / scale.reshape(shape)), -top - 1, top).astype(np.int8)
+    return q, scale
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int | None) -> np.ndarray:
+    """float64 values of q (the float64 reference's weights)."""
+    q = q.astype(np.float64)
+    if axis is None or scale.size == 1:
+        return (q - float(zero[0])) * float(scale[0])
+    shape = [1] * q.ndim
+    shape[axis] = -1
+    return (q - zero.reshape(shape)) * scale.astype(np.float64).reshape(shape)
+
+
+def pack_int4(q: np.ndarray) -> bytes:
+    """Two values a byte: the even element in the low nibble, the odd one in the high nibble
+    (an odd count gets a zero high nibble in its last byte)."""
+    nib = (q.reshape(-1).astype(np.int16) & 0xF).astype(np.uint8)
+    if nib.size % 2:
+        nib = np.concatenate([nib, np.zeros(1, np.uint8)])
+    return (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+class QModel(OpModel):
+    """OpModel plus integer constants with TFLite's affine quantization."""
+
+    def quantized(self, name: str, data: bytes, shape, tensor_type: int, scale, zero_point,
+                  axis: int = 0) -> int:
+        b = schema.BufferT()
+        b.data = np.frombuffer(data, dtype=np.uint8)
+        self.buffers.append(b)
+        t = schema.TensorT()
+        t.name = name
+        t.shape = [int(d) for d in shape]
+        t.type = tensor_type
+        t.buffer = len(self.buffers) - 1
+        qp = schema.QuantizationParametersT()
+        qp.scale = [float(s) for s in np.asarray(scale).reshape(-1)]
+        qp.zeroPoint = [int(z) for z in np.asarray(zero_point).reshape(-1)]
+        qp.quantizedDimension = int(axis)
+        t.quantization = qp
+        self.tensors.append(t)
+        return len(self.tensors) - 1
+
+    def int8_weight(self, name, q, scale, axis=0, zero_point=None) -> int:
+        """DEQUANTIZE of an int8 constant: the float32 tensor it gives."""
+        zp = np.zeros(scale.size, np.int64) if zero_point is None else zero_point
+        qi = self.quantized(name, q.astype(np.int8).tobytes(), q.shape, schema.TensorType.INT8,
+                            scale, zp, axis)
+        out = self.activation(name + "_f32", q.shape)
+        self.builtin("DEQUANTIZE", [qi], [out])
+        return out
+
+    def int4_weight(self, name, w_shape, blocks, scale) -> int:
+        """Blockwise int4 [N*K/B, B] -> DEQUANTIZE -> RESHAPE to w_shape: the float32 weight."""
+        qi = self.quantized(name, pack_int4(blocks), blocks.shape, schema.TensorType.INT4, scale,
+                            np.zeros(scale.size, np.int64), 0)
+        flat = self.activation(name + "_blocks", blocks.shape)
+        self.builtin("DEQUANTIZE", [qi], [flat])
+        out = self.activation(name + "_f32", w_shape)
+        self.builtin("RESHAPE", [flat, self.constant(name + "_shape", np.array(w_shape, np.int32))],
+                     [out], newShape=list(w_shape))
+        return out
+
+
+def int4_blocks(w: np.ndarray, block: int = BLOCK):
+    """w (any shape, size a multiple of block) as int4 blocks: (q [n/B, B], scales [n/B])."""
+    blocks = w.reshape(-1, block)
+    q, scale = quantize(blocks, 0, 4)
+    return q, scale
+
+
+# --------------------------------------------------------------------------
+# References (float64)
+
+
+def conv_ref(x, w, b, padding):
+    """CONV_2D, stride 1, dilation 1: x NHWC, w OHWI; SAME pads total//2 before."""
+    n, h, wd, _ = x.shape
+    o, kh, kw, _ = w.shape
+    if padding == SAME:
+        ph, pw = (kh - 1) // 2, (kw - 1) // 2
+        oh, ow = h, wd
+        xp = np.zeros((n, h + kh - 1, wd + kw - 1, x.shape[3]))
+        xp[:, ph:ph + h, pw:pw + wd] = x
+    else:
+        oh, ow = h - kh + 1, wd - kw + 1
+        xp = x.astype(np.float64)
+    out = np.zeros((n, oh, ow, o))
+    for i in range(kh):
+        for j in range(kw):
+            out += np.einsum("nhwc,oc->nhwo", xp[:, i:i + oh, j:j + ow], w[:, i, j, :])
+    return out + (0 if b is None else b)
+
+
+def fc_ref(x, w, b):
+    return x.astype(np.float64) @ w.T + (0 if b is None else b)
+
+
+# --------------------------------------------------------------------------
+# Running
+
+
+@pytest.fixture(scope="module")
+def lib() -> Path:
+    path = build_oplib()
+    require_opencl(path)
+    return path
+
+
+def rel_err(got, want) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def n_nodes(path) -> int:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return len(Interpreter(model_path=str(path))._get_ops_details())
+
+
+def run_both(lib, path, x, precision="fp32", **opts):
+    """(delegate output, stats, stock output) of the model at `path` fed `x`."""
+    (got,), stats = run_model(path, lib, [x], opencl_options(precision=precision, **opts),
+                              stats=True)
+    (stock,) = run_reference(path, [x])
+    return got, stats, stock
+
+
+def check_whole(stats, path, precision):
+    nodes = n_nodes(path)
+    assert stats["nodes_claimed"] == nodes == stats["nodes_total"], stats
+    assert stats["partitions"] == 1, stats
+    assert stats["storage"] == ("float16" if precision == "fp16" else "float32"), stats
+    assert stats["weights_zero_copy_bytes"] == 0, stats  # dequantized: always converted
+
+
+def check_values(got, stock, want, precision):
+    tol = HALF_TOL if precision == "fp16" else TOL
+    assert rel_err(stock, want) <= TOL, "stock LiteRT disagrees with the float64 reference"
+    err = rel_err(got, stock)
+    assert err <= tol, f"relative error {err:.3g} > {tol} against stock LiteRT"
+
+
+PRECISIONS = ["fp32", "fp16"]
+
+
+# --------------------------------------------------------------------------
+# int8
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("axis", [0, 1, None], ids=["per_channel", "per_input", "per_tensor"])
+def test_int8_fully_connected(lib, tmp_path, precision, axis):
+    """int8 DEQUANTIZE -> FULLY_CONNECTED (+ bias): per output channel (axis 0, what convert
+    writes), per input channel (axis 1: the channel index wraps every element) and per tensor."""
+    r = rng(1)
+    n, k = 23, 37
+    x = nonzero(r, (3, k))
+    q, scale = quantize(nonzero(r, (n, k)), axis, 8)
+    b = nonzero(r, (n,))
+    want = fc_ref(x, dequantize(q, scale, np.zeros(scale.size), axis), b)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    y = m.activation("y", want.shape)
+    w = m.int8_weight("w", q, scale, axis=0 if axis is None else axis)
+    m.builtin("FULLY_CONNECTED", [xi, w, m.constant("b", b)], [y])
+    path = m.save(tmp_path / "fc_int8.tflite", [xi], [y])
+    got, stats, stock = run_both(lib, path, x, precision)
+    check_whole(stats, path, precision)
+    check_values(got, stock, want, precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_int8_conv_2d(lib, tmp_path, precision):
+    """int8 per-output-channel DEQUANTIZE -> CONV_2D 3x3 (OHWI filter, odd channel counts)."""
+    r = rng(2)
+    x = nonzero(r, (1, 9, 7, 5))
+    q, scale = quantize(nonzero(r, (7, 3, 3, 5)), 0, 8)
+    b = nonzero(r, (7,))
+    want = conv_ref(x, dequantize(q, scale, np.zeros(7), 0), b, SAME)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    y = m.activation("y", want.shape)
+    w = m.int8_weight("w", q, scale, axis=0)
+    m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1,
+              dilationHFactor=1, dilationWFactor=1)
+    path = m.save(tmp_path / "conv_int8.tflite", [xi], [y])
+    got, stats, stock = run_both(lib, path, x, precision)
+    check_whole(stats, path, precision)
+    check_values(got, stock, want, precision)
+
+
+def test_int8_counts_like_float_and_crosses_staging_chunks(lib, tmp_path):
+    """A weight of more than one staging chunk (4 MiB of float32 = 2^20 values; 1031 x 1027
+    is not a whole number of rows of it, so a chunk starts mid-channel), with non-zero zero
+    points: values right, model pages released after the upload, and weights_bytes the same
+    as the float32 file holding the dequantized values (device memory does not shrink yet)."""
+    r = rng(3)
+    n, k = 1031, 1027
+    x = nonzero(r, (2, k))
+    q, scale = quantize(nonzero(r, (n, k)), 0, 8)
+    q = np.clip(q.astype(np.int16) + 3, -128, 127).astype(np.int8)
+    zero = r.integers(-5, 6, n)
+    wf = dequantize(q, scale, zero, 0)
+    want = fc_ref(x, wf, None)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    y = m.activation("y", want.shape)
+    w = m.int8_weight("w", q, scale, axis=0, zero_point=zero)
+    m.builtin("FULLY_CONNECTED", [xi, w, -1], [y])
+    path = m.save(tmp_path / "fc_big.tflite", [xi], [y])
+    got, stats, stock = run_both(lib, path, x)
+    check_whole(stats, path, "fp32")
+    check_values(got, stock, want, "fp32")
+    assert stats["model_pages_released_bytes"] >= n * k - 2 * 4096, stats
+
+    f = QModel()
+    xi = f.activation("x", x.shape)
+    y = f.activation("y", want.shape)
+    f.builtin("FULLY_CONNECTED", [xi, f.constant("w", wf.astype(np.float32)), -1], [y])
+    float_path = f.save(tmp_path / "fc_big_f32.tflite", [xi], [y])
+    _, float_stats = run_model(float_path, lib, [x], opencl_options(), stats=True,
+                               repeats=1)
+    assert stats["weights_bytes"] == float_stats["weights_bytes"], (stats, float_stats)
+
+
+# --------------------------------------------------------------------------
+# int4 (blockwise, DEQUANTIZE -> RESHAPE)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_int4_fully_connected(lib, tmp_path, precision, capfd):
+    """int4 [N*K/32, 32] -> DEQUANTIZE -> RESHAPE [N, K] -> FULLY_CONNECTED: the RESHAPE of the
+    folded constant is folded too (no copy per Invoke), one partition."""
+    r = rng(4)
+    n, k = 13, 96
+    x = nonzero(r, (3, k))
+    q, scale = int4_blocks(nonzero(r, (n, k)))
+    b = nonzero(r, (n,))
+    want = fc_ref(x, dequantize(q, scale, np.zeros(scale.size), 0).reshape(n, k), b)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    y = m.activation("y", want.shape)
+    w = m.int4_weight("w", (n, k), q, scale)
+    m.builtin("FULLY_CONNECTED", [xi, w, m.constant("b", b)], [y])
+    path = m.save(tmp_path / "fc_int4.tflite", [xi], [y])
+    capfd.readouterr()
+    got, stats, stock = run_both(lib, path, x, precision, verbose=1)
+    check_whole(stats, path, precision)
+    check_values(got, stock, want, precision)
+    err = capfd.readouterr().err
+    assert "not delegating" not in err, err
+    assert re.search(r"claim node 0 DEQUANTIZE .* folded", err), err
+    assert re.search(r"claim node 1 RESHAPE .* folded", err), err
+    assert "opencl: 1 partition(s)" in err, err
+    # the weight (and the bias) once, in the storage type: nothing for the RESHAPE
+    per = 2 if precision == "fp16" else 4
+    assert stats["weights_bytes"] <= (n * k + n) * per + 4096, stats
+    assert stats["arena_bytes"] < n * k * per, stats  # no reshaped copy of the weight
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_int4_conv_2d(lib, tmp_path, precision):
+    """int4 blocks of the flattened OHWI filter (7 x 3 x 3 x 32 = 63 blocks) -> DEQUANTIZE ->
+    RESHAPE [7, 3, 3, 32] -> CONV_2D (VALID)."""
+    r = rng(5)
+    x = nonzero(r, (1, 8, 6, 32))
+    shape = (7, 3, 3, 32)
+    q, scale = int4_blocks(nonzero(r, shape))
+    b = nonzero(r, (7,))
+    want = conv_ref(x, dequantize(q, scale, np.zeros(scale.size), 0).reshape(shape), b, VALID)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    y = m.activation("y", want.shape)
+    w = m.int4_weight("w", shape, q, scale)
+    m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=VALID, strideH=1, strideW=1,
+              dilationHFactor=1, dilationWFactor=1)
+    path = m.save(tmp_path / "conv_int4.tflite", [xi], [y])
+    got, stats, stock = run_both(lib, path, x, precision)
+    check_whole(stats, path, precision)
+    check_values(got, stock, want, precision)
+
+
+def test_int4_with_tiled_kernels(lib, tmp_path):
+    """The same int4 FULLY_CONNECTED with the kernels GPUs get (kernels=tiled)."""
+    r = rng(6)
+    n, k = 19, 64
+    x = nonzero(r, (5, k))
+    q, scale = int4_blocks(nonzero(r, (n, k)))
+    want = fc_ref(x, dequantize(q, scale, np.zeros(scale.size), 0).reshape(n, k), None)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    y = m.activation("y", want.shape)
+    m.builtin("FULLY_CONNECTED", [xi, m.int4_weight("w", (n, k), q, scale), -1], [y])
+    path = m.save(tmp_path / "fc_int4_tiled.tflite", [xi], [y])
+    got, stats, stock = run_both(lib, path, x, kernels="tiled")
+    check_whole(stats, path, "fp32")
+    assert stats["kernels"] == "tiled", stats
+    check_values(got, stock, want, "fp32")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_dequantized_weights_read_back_exactly(lib, tmp_path, precision):
+    """A folded DEQUANTIZE (int8) and a folded RESHAPE of one (int4) whose outputs are also graph
+    outputs: TFLite reads them from the delegate bit for bit as TFLite's own DEQUANTIZE kernel
+    computes them, float32(q - zero_point) * scale (host-side, whatever the storage). That
+    kernel runs without XNNPACK here: XNNPACK takes the DEQUANTIZE as its FULLY_CONNECTED's
+    static weight and leaves such a graph output unwritten."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    r = rng(11)
+    n, k = 9, 64
+    x = nonzero(r, (2, k))
+    q8, s8 = quantize(nonzero(r, (n, k)), 0, 8)
+    q4, s4 = int4_blocks(nonzero(r, (n, k)))
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    w8 = m.int8_weight("w8", q8, s8)
+    w4 = m.int4_weight("w4", (n, k), q4, s4)
+    a = m.activation("a", (2, n))
+    c = m.activation("c", (2, n))
+    m.builtin("FULLY_CONNECTED", [xi, w8, -1], [a])
+    m.builtin("FULLY_CONNECTED", [xi, w4, -1], [c])
+    path = m.save(tmp_path / "read_back.tflite", [xi], [a, c, w8, w4])
+    got, stats = run_model(path, lib, [x], opencl_options(precision=precision), stats=True)
+    stock = run_reference(path, [x])
+    check_whole(stats, path, precision)
+    plain = Interpreter(model_path=str(path),
+                        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    plain.allocate_tensors()
+    plain.set_tensor(plain.get_input_details()[0]["index"], x)
+    plain.invoke()
+    kernel = [plain.get_tensor(d["index"]) for d in plain.get_output_details()]
+    assert np.array_equal(got[2], kernel[2]) and np.array_equal(got[3], kernel[3])
+    assert np.array_equal(got[2], q8.astype(np.float32) * s8[:, None])
+    assert np.array_equal(got[3], (q4.astype(np.float32) * s4[:, None]).reshape(n, k))
+    tol = HALF_TOL if precision == "fp16" else TOL
+    assert rel_err(got[0], stock[0]) <= tol and rel_err(got[1], stock[1]) <= tol
+
+
+# --------------------------------------------------------------------------
+# Refusals: the DEQUANTIZE stays with TFLite, the rest is claimed, the output is right
+
+
+def _refused_model(tmp_path, name, data, shape, tensor_type, scale, zero, axis, wf):
+    r = rng(7)
+    n, k = shape
+    x = nonzero(r, (3, k))
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    qi = m.quantized("w", data, shape, tensor_type, scale, zero, axis)
+    wt = m.activation("w_f32", shape)
+    y = m.activation("y", (3, n))
+    m.builtin("DEQUANTIZE", [qi], [wt])
+    m.builtin("FULLY_CONNECTED", [xi, wt, -1], [y])
+    return m.save(tmp_path / f"{name}.tflite", [xi], [y]), x, fc_ref(x, wf, None)
+
+
+def _refusal_cases():
+    r = rng(8)
+    q, scale = quantize(nonzero(r, (6, 20)), 0, 8)
+    u8 = r.integers(0, 256, (6, 20)).astype(np.uint8)
+    i16 = r.integers(-900, 900, (6, 20)).astype(np.int16)
+    q4 = r.integers(-8, 8, (5, 3)).astype(np.int8)
+    s0 = scale[:1]
+    return {
+        # name: (bytes, shape, type, scale, zero point, axis, float64 weight, reason)
+        "zero_point_out_of_range": (
+            q.tobytes(), q.shape, schema.TensorType.INT8, scale, np.full(6, 300), 0,
+            dequantize(q, scale, np.full(6, 300), 0), r"zero point 0 \(300\) is outside"),
+        "uint8": (u8.tobytes(), u8.shape, schema.TensorType.UINT8, s0, [128], 0,
+                  (u8.astype(np.float64) - 128) * s0[0], r"DEQUANTIZE of uint8 is not supported"),
+        "int16": (i16.tobytes(), i16.shape, schema.TensorType.INT16, s0, [0], 0,
+                  i16.astype(np.float64) * s0[0], r"DEQUANTIZE of int16 is not supported"),
+        "int4_odd_count": (pack_int4(q4), q4.shape, schema.TensorType.INT4, s0, [0], 0,
+                           q4.astype(np.float64) * s0[0], r"odd element count \(15\)"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_refusal_cases()))
+def test_refused_dequantize_stays_with_tflite(lib, tmp_path, capfd, case):
+    data, shape, ttype, scale, zero, axis, wf, reason = _refusal_cases()[case]
+    path, x, want = _refused_model(tmp_path, case, data, shape, ttype, scale, zero, axis, wf)
+    capfd.readouterr()
+    got, stats, stock = run_both(lib, path, x)
+    err = capfd.readouterr().err
+    assert re.search(r"not delegating node 0 \(DEQUANTIZE\): .*" + reason, err), err
+    assert stats["nodes_claimed"] == 1 and stats["nodes_total"] == 2, stats
+    assert stats["partitions"] == 1, stats
+    check_values(got, stock, want, "fp32")
+
+
+def test_scale_count_not_matching_the_dimension_does_not_load(tmp_path, lib):
+    """7 scales for a dimension of 6: the interpreter itself refuses the file when it loads it,
+    before any delegate sees a node, so no file brings such a tensor to the delegate here. The
+    backend checks the count anyway (claim.cc QuantizedConstant) for runtimes that would not."""
+    from ai_edge_litert.interpreter import Interpreter, load_delegate
+
+    r = rng(9)
+    q, scale = quantize(nonzero(r, (6, 20)), 0, 8)
+    bad = np.concatenate([scale, scale[:1]])
+    path, _, _ = _refused_model(tmp_path, "bad_scales", q.tobytes(), q.shape,
+                                schema.TensorType.INT8, bad, np.zeros(7, np.int64), 0,
+                                dequantize(q, scale, np.zeros(6), 0))
+    with pytest.raises(ValueError, match="num_scales"):
+        Interpreter(model_path=str(path),
+                    experimental_delegates=[load_delegate(str(lib), opencl_options())])
+
+
+# --------------------------------------------------------------------------
+# The second runtime
+
+
+def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, lib):
+    """tensorflow's tf.lite interpreter with the delegate: int8 per channel and int4 blockwise
+    weights, claimed whole and right (the AffineQuantization layout of tflite_abi.h).
+
+    The model runs on ai_edge_litert first, so that its programs are in the disk cache before
+    tensorflow is loaded: PoCL compiling a program in a process holding tensorflow crashes
+    (its libclang-cpp binds LLVM symbols to libtensorflow_framework's copy of LLVM); loading a
+    cached program does not compile."""
+    r = rng(10)
+    n, k = 11, 64
+    x = nonzero(r, (3, k))
+    q8, s8 = quantize(nonzero(r, (n, k)), 0, 8)
+    q4, s4 = int4_blocks(nonzero(r, (n, k)))
+    w8 = dequantize(q8, s8, np.zeros(n), 0)
+    w4 = dequantize(q4, s4, np.zeros(s4.size), 0).reshape(n, k)
+    want = fc_ref(x, w8, None) + fc_ref(x, w4, None)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    a = m.activation("a", (3, n))
+    c = m.activation("c", (3, n))
+    y = m.activation("y", (3, n))
+    m.builtin("FULLY_CONNECTED", [xi, m.int8_weight("w8", q8, s8), -1], [a])
+    m.builtin("FULLY_CONNECTED", [xi, m.int4_weight("w4", (n, k), q4, s4), -1], [c])
+    m.add(a, c, y)
+    path = m.save(tmp_path / "two_runtimes.tflite", [xi], [y])
+    (warm,), _ = run_model(path, lib, [x], opencl_options(), repeats=1)
+    assert rel_err(warm, want) <= TOL
+    interp_cls, load_delegate = load_runtime("tf")
+    fd, stats_file = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        delegate = load_delegate(str(lib), opencl_options(stats_path=stats_file))
+        interp = interp_cls(model_path=str(path), experimental_delegates=[delegate])
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        out = interp.get_output_details()[0]["index"]
+        interp.tensor(out)()[...] = np.nan
+        interp.invoke()
+        got = interp.get_tensor(out).copy()
+        with open(stats_file) as f:
+            stats = json.load(f)
+    finally:
+        os.unlink(stats_file)
+    assert stats["nodes_claimed"] == 6 == stats["nodes_total"], stats
+    assert stats["partitions"] == 1, stats
+    assert rel_err(got, want) <= TOL
