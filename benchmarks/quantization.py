@@ -35,14 +35,25 @@ PROMPT = "a photo of an astronaut riding a horse on mars"
 SETTINGS = {"fp32": ("fp32", "float"), "fp16": ("fp16", "float"), "int8": ("fp16", "int8"), "int4": ("fp16", "int4")}
 
 
-def convert(model: str, out: Path, precision: str, weights: str, extra: list[str]) -> float:
-    if (out / "manifest.json").is_file():
-        return 0.0
-    command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
-               "--weights", weights, *extra]
-    start = time.perf_counter()
-    subprocess.run(command, check=True)
-    return round(time.perf_counter() - start, 1)
+def convert_all(model: str, folders: dict, extra: list[str]) -> dict:
+    """Every missing conversion at once (separate processes: a lent GPU host has the cores);
+    seconds each took."""
+    started, children = time.perf_counter(), {}
+    for setting, out in folders.items():
+        if (out / "manifest.json").is_file():
+            continue
+        precision, weights = SETTINGS[setting]
+        command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
+                   "--weights", weights, *extra]
+        log = open(out.parent / f"convert_{setting}.log", "w")
+        children[setting] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)
+    seconds = {setting: 0.0 for setting in folders}
+    for setting, (child, log) in children.items():
+        if child.wait() != 0:
+            raise SystemExit(f"convert {setting} failed: see {log.name}")
+        log.close()
+        seconds[setting] = round(time.perf_counter() - started, 1)
+    return seconds
 
 
 def weight_sizes(out: Path) -> dict:
@@ -115,7 +126,8 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     settings = ["fp32", *[s for s in args.settings.split(",") if s and s != "fp32"]]
     folders = {s: args.work / s for s in settings}
-    convert_s = {s: convert(args.model, folders[s], *SETTINGS[s], args.convert_args.split()) for s in settings}
+    args.work.mkdir(parents=True, exist_ok=True)
+    convert_s = convert_all(args.model, folders, args.convert_args.split())
     result = {"model": args.model, "backend": args.backend, "host": platform.node(), "date": time.strftime("%Y-%m-%d"),
               "convert_args": args.convert_args, "convert_s": convert_s,
               "weights": {s: weight_sizes(folders[s]) for s in settings}, "quality": {}, "runtime": {}}
