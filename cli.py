@@ -124,11 +124,26 @@ def parse_lora(spec: str):
               show_default=True,
               help="Storage of the convolution and linear weights: float follows --precision; int8 (one scale per "
                    "output channel) and int4 (a scale per --weights-block input values) store them quantized, "
-                   "with TFLite's DEQUANTIZE to float after them. Every other weight (norms, biases, embeddings, "
-                   "Winograd's transformed weights, the VAE decoder's first and last convolutions) and the "
-                   "activations follow --precision.")
+                   "with TFLite's DEQUANTIZE to float after them. int4 is a mix: the layers most sensitive to it "
+                   "stay int8, as a recipe says (computed on the PyTorch model for --weights-target-db, or read "
+                   "from --weights-recipe; written to OUT/weights_recipe.json and the manifest). Every other "
+                   "weight (norms, biases, embeddings, Winograd's transformed weights, the VAE decoder's first and "
+                   "last convolutions) and the activations follow --precision.")
 @click.option("--weights-block", default=32, show_default=True, type=int,
               help="int4: how many consecutive input values share a scale (a float32 each).")
+@click.option("--weights-recipe", "weights_recipe", type=click.Path(), default=None,
+              help="int4: reuse the int8/int4 choice of an earlier conversion: its weights_recipe.json, its "
+                   "manifest.json or its output folder. Layers are matched by a digest of their values; a recipe "
+                   "matching none of this model's layers or made for another --weights-block is refused, a "
+                   "partial match warns (unmatched layers are int4). Components the file has no recipe for get "
+                   "one computed.")
+@click.option("--weights-target-db", default=28.0, show_default=True, type=float,
+              help="int4: the output SNR (vs PyTorch) a computed recipe is for: layers move to int8 until its "
+                   "probes measure this plus a 1 dB margin (or every layer is int8); verify's int4 bar is 28 dB. "
+                   "0: no recipe, every layer int4.")
+@click.option("--weights-probes", default=2, show_default=True, type=int,
+              help="int4: seeded random inputs the recipe measures each layer's sensitivity on (at latents of at "
+                   "most 16x16); more is slower and steadier.")
 @click.option("--fuse", default=None,
               help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, layernorm, attention, "
                    "winograd [default: all five; layernorm runs as GroupNorm(groups=1); winograd only where "
@@ -145,7 +160,8 @@ def parse_lora(spec: str):
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert(model, out, config, vae, prediction_type, loras, components, height, width, batch, precision, weights,
-            weights_block, fuse, no_fuse, device_profile, winograd_budget_mb, keep_onnx, seed, as_json):
+            weights_block, weights_recipe, weights_target_db, weights_probes, fuse, no_fuse, device_profile,
+            winograd_budget_mb, keep_onnx, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
     MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
@@ -158,7 +174,8 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
         components=tuple(c.strip() for c in components.split(",") if c.strip()),
         height=height, width=width, batch=batch, precision=precision,
         fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=winograd_budget_mb,
-        keep_onnx=keep_onnx, seed=seed, weights=weights, weights_block=weights_block)
+        keep_onnx=keep_onnx, seed=seed, weights=weights, weights_block=weights_block, weights_recipe=weights_recipe,
+        weights_target_db=weights_target_db, weights_probes=weights_probes)
     quiet = as_json
 
     def log(message):
@@ -178,6 +195,18 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
                      f"{stages['export']['seconds']:.1f}+{stages['write']['seconds']:.1f}"])
     console().print(table(f"difflite convert {model} -> {out}",
                           ["component", "ops", "custom ops", "weights MB", "intermediates MB", "export+write s"], rows))
+    for name, r in report["components"].items():
+        recipe, widths = r.get("weights_recipe"), r["weight_widths"]
+        if recipe and not recipe["layers_by_width"]:
+            click.echo(f"{name}: no convolution/linear weight to quantize (all follow --precision)")
+        elif recipe:
+            counts = ", ".join(f"{n} {w}" for w, n in recipe["layers_by_width"].items())
+            snr = " / ".join("-" if v is None else f"{v:.1f}" for v in (recipe["predicted_snr_db"],
+                                                                           recipe["measured_snr_db"]))
+            click.echo(f"{name}: int4 mix {widths['mb']:.2f} MB (all int8 {widths['all_int8_mb']:.2f}, float "
+                       f"{widths['float_mb']:.2f}) for convolution/linear weights; {counts}; "
+                       f"SNR predicted / measured {snr} dB (target {recipe['target_snr_db']:g}), recipe "
+                       f"{recipe['source']} in {recipe['seconds']:.1f} s")
     click.echo(f"total {report['total_seconds']:.1f} s, peak RSS {report['peak_rss_mb']:.0f} MB")
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from compiler import export, manifest, memory, models, profiles
+from compiler import export, manifest, memory, models, profiles, weight_recipe
 from compiler.custom_ops import FUSE_KINDS
 from compiler.errors import BadInput
 from compiler.procstats import peak_rss_mb, reset_peak_rss
@@ -45,6 +45,10 @@ class ConvertOptions:
     seed: int = 0  # the preset's weights
     weights: str = "float"  # convolution / linear weights: float (as --precision), int8 or int4
     weights_block: int = quantize.DEFAULT_BLOCK  # int4: input values a scale covers
+    # int4: the mix's recipe (compiler/weight_recipe.py), read from this file, else computed
+    weights_recipe: str | None = None
+    weights_target_db: float = 28.0  # int4: the SNR the computed recipe aims at; 0: no recipe, all int4
+    weights_probes: int = 2  # int4: probes the computed recipe measures on
 
     def validate(self) -> None:
         unknown = [c for c in self.components if c not in export.COMPONENTS]
@@ -65,12 +69,23 @@ class ConvertOptions:
         if not (isinstance(self.weights_block, int) and 2 <= self.weights_block <= 4096
                 and self.weights_block % 2 == 0):
             raise BadInput(f"--weights-block {self.weights_block!r} must be an even number from 2 to 4096")
+        if self.weights_recipe is not None and self.weights != "int4":
+            raise BadInput(f"--weights-recipe {self.weights_recipe}: a recipe is for --weights int4 "
+                           f"(not {self.weights})")
+        if not (isinstance(self.weights_target_db, (int, float)) and 0 <= self.weights_target_db <= 200):
+            raise BadInput(f"--weights-target-db {self.weights_target_db!r} must be a number of dB from 0 to 200")
+        if self.weights_recipe is not None and self.weights_target_db == 0:
+            raise BadInput("--weights-recipe and --weights-target-db 0 (no recipe) exclude each other")
+        if not (isinstance(self.weights_probes, int) and 1 <= self.weights_probes <= 64):
+            raise BadInput(f"--weights-probes {self.weights_probes!r} must be from 1 to 64")
 
-    def quantization(self, component: str) -> quantize.WeightQuantization:
+    def quantization(self, component: str, recipe: dict | None = None) -> quantize.WeightQuantization:
         """The writer's weight quantization for one component: the VAE decoder's first and last
-        convolutions (the latent in, the pixels out) stay float."""
+        convolutions (the latent in, the pixels out) stay float; `recipe` (int4) sets per-layer
+        widths by weight digest."""
         keep = VAE_DECODER_FLOAT if component == "vae_decoder" else ()
-        return quantize.WeightQuantization(self.weights, self.weights_block, keep)
+        widths = weight_recipe.overrides(recipe) if recipe else {}
+        return quantize.WeightQuantization(self.weights, self.weights_block, keep, overrides=widths)
 
     def budget_mb(self) -> float:
         """The Winograd weight budget: the option when given, else the device profile's."""
@@ -85,6 +100,8 @@ class ConvertOptions:
         d["components"] = list(self.components)
         d["fuse"] = sorted(self.fuse)
         d["winograd_budget_mb"] = self.budget_mb()
+        if self.weights_recipe is not None:
+            d["weights_recipe"] = str(Path(self.weights_recipe).expanduser().absolute())
         return d
 
 
@@ -112,6 +129,7 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     """Convert `model` into the output folder `out`; returns the report. `vae`, `prediction_type`
     and `loras` change the loaded pipeline before export (models.load_pipeline)."""
     options.validate()
+    given_recipes = weight_recipe.read(options.weights_recipe) if options.weights_recipe else {}
     stages = StageLog()
     started = time.perf_counter()
     log(f"loading {model}")
@@ -122,6 +140,13 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     options = replace(options, height=pipe.default_size if options.height is None else options.height,
                       width=pipe.default_size if options.width is None else options.width)
     export.check_size(pipe, options.height, options.width)
+    recipes = {}
+    if options.weights == "int4" and options.weights_target_db == 0:
+        log("--weights-target-db 0: no int4 mix recipe, every eligible layer int4")
+    elif options.weights == "int4":  # the mix's recipe needs the torch modules
+        for name in options.components:
+            recipes[name] = stages.run(name, "recipe", int4_recipe, pipe, name, options,
+                                       given_recipes.get(name), log)
     with manifest.StagedFolder(Path(out)) as staged:
         pipe.save_tokenizer(staged.path("tokenizer"))
         pipe.save_scheduler(staged.path("scheduler"))
@@ -142,7 +167,8 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         for name in options.components:
             log(f"rewriting and writing {name}.tflite")
             entries[name], reports[name] = stages.run(
-                name, "write", write_component, name, onnx_dir / f"{name}.onnx", staged, options)
+                name, "write", write_component, name, onnx_dir / f"{name}.onnx", staged, options,
+                recipes.get(name))
         if not options.keep_onnx:
             shutil.rmtree(onnx_dir)
         for name in options.components:
@@ -152,6 +178,9 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
             "difflite_version": VERSION, "source": source, "options": options.manifest_dict(),
             "latent": latent, "components": entries,
         }
+        if recipes:
+            man["weights_recipe"] = recipes
+            staged.write_json(weight_recipe.FILE, weight_recipe.file_document(recipes))
         report = {"components": reports, "pipeline": stages.entries.get("pipeline", {}),
                   "total_seconds": round(time.perf_counter() - started, 3),
                   "peak_rss_mb": stages.peak_rss_mb()}
@@ -163,7 +192,9 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
 
 def weight_width_summary(widths: list[dict]) -> dict:
     """Per storage width: layers and MB of the convolution / linear weights, the MB they would
-    take at the float precision, and every layer (name, shape, width, bytes)."""
+    take at the float precision, and every layer (name, shape, width, bytes). Totals: MB as
+    written, with every quantized layer at int8 instead ("all_int8_mb"), and at the float
+    precision ("float_mb")."""
     by_width: dict[str, dict] = {}
     for w in widths:
         entry = by_width.setdefault(w["width"], {"layers": 0, "mb": 0.0, "float_mb": 0.0})
@@ -171,9 +202,34 @@ def weight_width_summary(widths: list[dict]) -> dict:
         entry["mb"] += w["bytes"] / 2**20
         entry["float_mb"] += w["float_bytes"] / 2**20
     saved = sum(w["float_bytes"] - w["bytes"] for w in widths) / 2**20
+    all_int8 = sum(weight_recipe.stored_bytes(w["shape"], "int8", 1) if w["width"] in ("int8", "int4")
+                   else w["bytes"] for w in widths) / 2**20
     return {"by_width": {k: {**v, "mb": round(v["mb"], 3), "float_mb": round(v["float_mb"], 3)}
                          for k, v in sorted(by_width.items())},
+            "mb": round(sum(w["bytes"] for w in widths) / 2**20, 3), "all_int8_mb": round(all_int8, 3),
+            "float_mb": round(sum(w["float_bytes"] for w in widths) / 2**20, 3),
             "saved_mb": round(saved, 3), "layers": widths}
+
+
+def int4_recipe(pipe, name: str, options: ConvertOptions, given: dict | None,
+                log: Callable[[str], None]) -> dict:
+    """One component's int4 mix recipe: `given` (from --weights-recipe) matched to this model,
+    else computed on the torch component (compiler/weight_recipe.py)."""
+    quant = options.quantization(name)
+    where = f"--weights-recipe {options.weights_recipe}"
+    if given is not None:
+        recipe = weight_recipe.apply(pipe, name, given, quant, options.height, options.width,
+                                     options.weights_probes, where=where, log=log)
+        log(f"{name}: int4 mix from {options.weights_recipe}: {weight_recipe.describe(recipe)}")
+        return recipe
+    if options.weights_recipe:
+        log(f"{name}: {where} has no {name} recipe: computing one")
+    log(f"{name}: computing the int4 mix recipe (target SNR {options.weights_target_db:g} dB, "
+        f"{options.weights_probes} probes)")
+    recipe = weight_recipe.compute(pipe, name, quant, options.height, options.width, options.weights_target_db,
+                                   options.weights_probes, log=log)
+    log(f"{name}: int4 mix: {weight_recipe.describe(recipe)}")
+    return recipe
 
 
 def describe_source(pipe) -> list[str]:
@@ -204,7 +260,7 @@ def latent_info(pipe, options: ConvertOptions) -> dict:
 
 
 def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
-                    options: ConvertOptions) -> tuple[dict, dict]:
+                    options: ConvertOptions, recipe: dict | None = None) -> tuple[dict, dict]:
     from passes import run_passes
 
     graph = load_onnx(onnx_path)
@@ -221,7 +277,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
                           description=f"difflite {VERSION} {name}", path=path,
-                          quantization=options.quantization(name))
+                          quantization=options.quantization(name, recipe))
     del graph
     summary = read_tflite(path)
     plan = memory.plan(summary)
@@ -233,4 +289,10 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
               "weight_widths": weight_width_summary(result.weight_widths),
               "winograd": {"convs": decisions["winograd"], "extra_weights_mb": round(winograd_mb, 3)},
               "attention_variants": decisions["attention_variants"], **plan.as_dict()}
+    if recipe is not None:
+        report["weights_recipe"] = {
+            **weight_recipe.summary(recipe),
+            # the recipe's layers the writer met (Winograd's convolutions, for one, stay float)
+            "written_layers": sum(1 for w in result.weight_widths if w.get("digest") in
+                                  {layer["digest"] for layer in recipe["layers"]})}
     return entry, report

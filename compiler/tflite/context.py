@@ -225,17 +225,19 @@ class LoweringContext:
     def weight(self, array: np.ndarray, name: str) -> int:
         """The weight of a convolution (OHWI) or linear layer ([N, K]): axis 0 is the output
         channel, the last axis the input. Quantized per --weights (int8 per output channel, int4
-        blockwise along the input; compiler/tflite/quantize.py) where it applies, then
+        blockwise along the input, or the width the quantization's per-layer overrides give its
+        digest; compiler/tflite/quantize.py) where it applies, then
         DEQUANTIZE(d) to float32; else as constant() stores it."""
         array = np.asarray(array, dtype=np.float32)
         q = self.quantization
-        width = q.width if q.applies(name, array.size) else "float"
-        if width == "int4" and not quantize.int4_blocks_fit(array.shape, q.block):
-            width = "int8"  # an input dimension the blocks do not tile
+        # with per-layer widths (the int4 mix), each weight is known by its digest
+        digest = quantize.weight_digest(array) if q.overrides and q.applies(name, array.size) else None
+        width = q.width_for(name, array, digest)  # int4 falls back to int8 where blocks do not tile
         float_bytes = array.size * (2 if self.precision == "fp16" and array.size >= FP16_MIN_ELEMENTS else 4)
+        extra = {"digest": digest} if digest else {}
         if width == "float":
             self.weight_widths.append({"name": name, "shape": list(array.shape), "width": self.precision,
-                                       "bytes": float_bytes, "float_bytes": float_bytes})
+                                       "bytes": float_bytes, "float_bytes": float_bytes, **extra})
             return self.constant(array, name)
         stored = quantize.quantize_int8(array, 0) if width == "int8" else quantize.quantize_int4(array, q.block)
         tensor_name = self.unique_name(name)
@@ -247,7 +249,8 @@ class LoweringContext:
             blocks, index = index, self.builder.tensor(tensor_name, array.shape, np.float32)
             self.reshape_op(blocks, index, array.shape)
         self.weight_widths.append({"name": name, "shape": list(array.shape), "width": width,
-                                   "bytes": stored.nbytes + 4 * stored.scales.size, "float_bytes": float_bytes})
+                                   "bytes": stored.nbytes + 4 * stored.scales.size, "float_bytes": float_bytes,
+                                   **extra})
         return index
 
     def constant(self, array: np.ndarray, name: str, perm=None) -> int:

@@ -9,11 +9,17 @@
   DEQUANTIZE and a RESHAPE back to the weight's shape. Every stock TFLite runtime reads these.
 
 Scales are float32 (TFLite's quantization parameters), so int4 at block 32 costs 4 + 1 bits a
-weight. Layers too small to matter, and those named to stay float, are left to --precision."""
+weight. Layers too small to matter, and those named to stay float, are left to --precision.
+
+Per-layer widths (the int4 mix's recipe, compiler/weight_recipe.py) are keyed by weight_digest:
+a digest of the weight's float32 values in the writer's layout, so that a layer is found whatever
+name the exporter gave its tensor."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,10 +36,34 @@ class WeightQuantization:
     block: int = DEFAULT_BLOCK
     keep_float: tuple[str, ...] = ()  # weights whose name contains one of these stay float
     min_elements: int = MIN_ELEMENTS
+    # weight_digest -> "float" / "int8" / "int4" for the weights `applies` to (the int4 mix)
+    overrides: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def applies(self, name: str, size: int) -> bool:
         return (self.width != "float" and size >= self.min_elements
                 and not any(part in name for part in self.keep_float))
+
+    def width_for(self, name: str, array: np.ndarray, digest: str | None = None) -> str:
+        """The storage width of one weight in the writer's layout (OHWI / [N, K]): "float" where
+        quantization does not apply, else its override or `width`; int4 falls back to int8 where
+        the blocks do not tile the input axis. `digest`: weight_digest(array), if known."""
+        if not self.applies(name, array.size):
+            return "float"
+        width = self.width
+        if self.overrides:
+            width = self.overrides.get(digest or weight_digest(array), width)
+        if width == "int4" and not int4_blocks_fit(tuple(array.shape), self.block):
+            width = "int8"
+        return width
+
+
+def weight_digest(array: np.ndarray) -> str:
+    """A layer's identity: SHA-256 (first 24 hex digits) of its shape and float32 values in C
+    order, in the writer's layout (OHWI filters, [N, K] linear weights)."""
+    values = np.asarray(array, dtype=np.float32)
+    digest = hashlib.sha256(("x".join(map(str, values.shape)) + ":").encode())
+    digest.update(np.ascontiguousarray(values).data)
+    return digest.hexdigest()[:24]
 
 
 def value_bytes(width: str, block: int = DEFAULT_BLOCK) -> float | None:

@@ -1,0 +1,450 @@
+"""The int4 mix's recipe (--weights int4, issue 21): which convolution / linear weights stay 8-bit.
+
+With every eligible weight at int4 a component's output drifts too far from PyTorch's; a few
+layers cause most of it. The recipe is computed on the torch component, before export:
+
+1. Layers: the nn.Linear / nn.Conv2d (groups 1) weights the component's forward uses and the
+   writer would quantize (WeightQuantization.applies; int4 only where its blocks tile the input
+   axis, else the writer stores int8 anyway: "fixed"). Each is known by quantize.weight_digest
+   of its values in the writer's layout (torch Linear [out, in] is the writer's [N, K]; Conv2d
+   [O, I, kh, kw] is stored OHWI = permute(0, 2, 3, 1)), so the writer finds it whatever name
+   the exporter gave its tensor; the torch name is kept beside it for people.
+2. Sensitivity: per layer and width (int4, int8), the weight alone is replaced by exactly what
+   the file will hold (quantize, then dequantize, in the writer's layout) and the component is
+   run on P seeded probes (export.component_spec's inputs: random latents, timesteps in
+   [1, 999], text embeddings; random ids for the text encoder) at a reduced latent size; the
+   error power against the float output is that layer's cost at that width.
+3. Choice: errors are assumed to add. Starting from all int4, layers move to int8 by error saved
+   per extra byte until the predicted SNR (the worst probe and output) reaches the target plus a
+   margin; promotions that the goal no longer needs are then undone, costliest first. The real mix
+   is then measured; if it falls short, more layers move (the goal raised by the shortfall) and
+   it is measured again.
+
+The recipe is a JSON object (FORMAT): {"format", "component", "width", "block", "target_snr_db",
+"predicted_snr_db", "measured_snr_db", "probes", "layers": [{"name", "digest", "shape", "width",
+"int4_error_db", "int8_error_db", "bytes"}], "seconds"}; error_db is the layer's error power
+over the output's power, alone, in dB. convert writes every component's recipe into the manifest
+("weights_recipe") and into OUT/weights_recipe.json; `--weights-recipe` reads either back."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compiler import export
+from compiler.errors import BadInput
+from compiler.tflite import quantize
+
+FORMAT = 1
+FILE = "weights_recipe.json"
+DEFAULT_TARGET_DB = 28.0  # issue 21's bar for the int4 mix (verify's int4 SNR)
+DEFAULT_MARGIN_DB = 1.0  # the probes are not verify's inputs
+DEFAULT_PROBES = 2
+PROBE_LATENT = 16  # probes' latent height and width at most (the conversion's size if smaller)
+PROBE_SEED = 1000  # probe i uses component_spec(seed=PROBE_SEED + i): not verify's seeds
+MAX_ROUNDS = 8  # measurements of the mix after the first
+
+
+def db(value: float) -> float | None:
+    """dB for JSON: rounded; None where infinite (no error at all, or no layer to quantize)."""
+    return round(value, 2) if math.isfinite(value) else None
+
+
+# -- layouts and digests ---------------------------------------------------------------------
+def writer_layout(weight: torch.Tensor) -> np.ndarray:
+    """A torch Linear [out, in] or Conv2d [O, I, kh, kw] weight as the writer stores it ([N, K],
+    OHWI), float32, C order."""
+    array = weight.detach().to(torch.float32).cpu()
+    if array.dim() == 4:
+        array = array.permute(0, 2, 3, 1)
+    return np.ascontiguousarray(array.numpy())
+
+
+def torch_layout(array: np.ndarray) -> torch.Tensor:
+    """The inverse of writer_layout."""
+    array = np.asarray(array, dtype=np.float32)
+    if array.ndim == 4:
+        array = array.transpose(0, 3, 1, 2)
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def stored(array: np.ndarray, width: str, block: int) -> np.ndarray:
+    """What DEQUANTIZE gives back for a writer-layout weight stored at `width`."""
+    if width == "int8":
+        return quantize.dequantize(quantize.quantize_int8(array, 0))
+    if width == "int4":
+        return quantize.dequantize(quantize.quantize_int4(array, block)).reshape(array.shape)
+    return array
+
+
+def stored_bytes(shape, width: str, block: int) -> int:
+    """The writer's bytes for a weight at `width` (values + float32 scales), float32 for float."""
+    size = int(np.prod(shape))
+    if width == "int8":
+        return size + 4 * int(shape[0])
+    if width == "int4":
+        return (size + 1) // 2 + 4 * (size // block)
+    return 4 * size
+
+
+# -- the layers ------------------------------------------------------------------------------
+class Layer:
+    """One weight the writer would quantize."""
+
+    def __init__(self, name: str, module: torch.nn.Module, quant: quantize.WeightQuantization):
+        self.name = name  # the weight's name in the component module (torch FQN)
+        self.module = module
+        array = writer_layout(module.weight)
+        self.shape = tuple(array.shape)
+        self.digest = quantize.weight_digest(array)
+        # the writer stores int8 where int4 blocks do not tile the input axis
+        self.fixed = None if quantize.int4_blocks_fit(self.shape, quant.block) else "int8"
+        self.bytes = {w: stored_bytes(self.shape, w, quant.block) for w in ("int4", "int8")}
+
+    def weight_at(self, width: str, block: int) -> torch.Tensor:
+        return torch_layout(stored(writer_layout(self.module.weight), width, block)).to(self.module.weight.dtype)
+
+
+def used_layers(module: torch.nn.Module, inputs: tuple) -> list[tuple[str, torch.nn.Module]]:
+    """The nn.Linear / nn.Conv2d (groups 1) submodules one forward on `inputs` calls, in module
+    order (the VAE decoder's wrapper holds the encoder too)."""
+    candidates = {id(m): (n, m) for n, m in module.named_modules()
+                  if isinstance(m, torch.nn.Linear) or (isinstance(m, torch.nn.Conv2d) and m.groups == 1)}
+    called: set[int] = set()
+    hooks = [m.register_forward_hook(lambda mod, args, out: called.add(id(mod))) for _, m in candidates.values()]
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [(n, m) for key, (n, m) in candidates.items() if key in called]
+
+
+def eligible_layers(module: torch.nn.Module, inputs: tuple, quant: quantize.WeightQuantization) -> list[Layer]:
+    """The used layers whose weight the writer quantizes at --weights int4 (`quant`)."""
+    layers = []
+    for name, m in used_layers(module, inputs):
+        weight_name = f"{name}.weight"
+        if quant.applies(weight_name, m.weight.numel()):
+            layers.append(Layer(weight_name, m, quant))
+    return layers
+
+
+# -- probes and errors -----------------------------------------------------------------------
+def probe_size(pipe, height: int, width: int) -> tuple[int, int]:
+    """Probe image size in pixels: latents of at most PROBE_LATENT a side (the conversion's own
+    if smaller), a multiple of what the VAE and UNet need."""
+    multiple = export.size_multiple(pipe)
+    scale = pipe.vae_scale_factor
+
+    def side(pixels: int) -> int:
+        want = min(pixels, PROBE_LATENT * scale)
+        return max(multiple, -(-want // multiple) * multiple)
+    return side(height), side(width)
+
+
+def outputs_of(result) -> list[torch.Tensor]:
+    return [result] if isinstance(result, torch.Tensor) else list(result)
+
+
+class Probes:
+    """A component's seeded inputs and its float outputs on them; errors per (probe, output).
+    The probes run as one batch (each sample's output is its own: no component mixes them)."""
+
+    def __init__(self, pipe, component: str, height: int, width: int, count: int, seed: int = PROBE_SEED):
+        self.height, self.width = probe_size(pipe, height, width)
+        self.latent = export.latent_size(pipe, self.height, self.width)
+        specs = [export.component_spec(pipe, component, self.height, self.width, 1, seed=seed + i)
+                 for i in range(count)]
+        self.module = specs[0].module.eval()
+        self.inputs = tuple(torch.cat(parts) for parts in zip(*(spec.example_inputs for spec in specs)))
+        self.count, self.seed = count, seed
+        self.runs = 0
+        with torch.no_grad():
+            self.reference = [o.detach().to(torch.float64) for o in outputs_of(self.module(*self.inputs))]
+        self.signal = self._powers(self.reference)
+
+    def _powers(self, outputs: list[torch.Tensor]) -> np.ndarray:
+        """Power per (probe, output), probe-major."""
+        per_output = [(o ** 2).reshape(self.count, -1).sum(dim=1) for o in outputs]
+        return torch.stack(per_output, dim=1).reshape(-1).numpy()
+
+    def error(self, weights: dict[str, torch.Tensor]) -> np.ndarray:
+        """Error power per (probe, output) with `weights` (name -> tensor) in place of the module's."""
+        with torch.no_grad():
+            got = outputs_of(torch.func.functional_call(self.module, weights, self.inputs, strict=False))
+        self.runs += 1
+        return self._powers([g.to(torch.float64) - r for g, r in zip(got, self.reference)])
+
+    def snr_db(self, error: np.ndarray) -> float:
+        """The worst (probe, output) SNR, as verify checks each one."""
+        ratios = [math.inf if e <= 0 else s / e for s, e in zip(self.signal, error)]
+        return min(10 * math.log10(r) if r > 0 else -math.inf for r in ratios)
+
+    def relative_db(self, error: np.ndarray) -> float:
+        """Error power over signal power, all probes and outputs together, in dB."""
+        total = float(np.sum(error))
+        return -math.inf if total <= 0 else 10 * math.log10(total / float(np.sum(self.signal)))
+
+    def describe(self) -> dict:
+        return {"count": self.count, "seeds": [self.seed + i for i in range(self.count)],
+                "image_size": [self.height, self.width], "latent_size": list(self.latent),
+                "note": f"export.component_spec's seeded inputs at latents of at most {PROBE_LATENT} a side "
+                        "(the conversion's own if smaller), one batch"}
+
+
+# -- the choice --------------------------------------------------------------------------------
+def choose(errors: dict[str, dict[str, np.ndarray]], costs: dict[str, int], base: np.ndarray,
+           signal: np.ndarray, goal_db: float, chosen: set[str] | None = None, prune: bool = True) -> set[str]:
+    """The layers to keep at int8 so that the predicted SNR (errors add; the worst entry) reaches
+    `goal_db`: `chosen` plus more, by error saved per extra byte; then (prune) promotions the
+    goal does not need are undone, the costliest first. `errors[name]`: {"int4", "int8"} error
+    vectors; `costs[name]`: int8 bytes - int4 bytes; `base`: the error of the layers that have
+    no choice."""
+    chosen = set(chosen or ())
+
+    def predicted(selection) -> float:
+        total = base + sum((errors[n]["int8" if n in selection else "int4"] for n in errors), np.zeros_like(base))
+        return min(10 * math.log10(s / e) if e > 0 else math.inf for s, e in zip(signal, total))
+
+    order = by_saving(errors, costs, signal, exclude=chosen)
+    for name in order:
+        if predicted(chosen) >= goal_db:
+            break
+        if saving(errors[name], costs[name], signal) > 0:
+            chosen.add(name)
+    if prune:
+        for name in sorted(chosen, key=lambda n: costs[n], reverse=True):
+            if predicted(chosen - {name}) >= goal_db:
+                chosen.discard(name)
+    return chosen
+
+
+def saving(error: dict[str, np.ndarray], cost: int, signal: np.ndarray) -> float:
+    """Error saved per extra byte by int8 over int4, each (probe, output) relative to its signal."""
+    return float(np.sum((error["int4"] - error["int8"]) / np.maximum(signal, 1e-300))) / max(cost, 1)
+
+
+def by_saving(errors: dict, costs: dict, signal: np.ndarray, exclude=()) -> list[str]:
+    return sorted((n for n in errors if n not in exclude), key=lambda n: saving(errors[n], costs[n], signal),
+                  reverse=True)
+
+
+def predict_db(probes: Probes, layers: list[Layer], errors: dict, widths: dict[str, str]) -> float:
+    total = np.zeros_like(probes.signal)
+    for layer in layers:
+        total = total + errors[layer.name][widths[layer.name]]
+    return probes.snr_db(total)
+
+
+def mix_weights(layers: list[Layer], widths: dict[str, str], block: int) -> dict[str, torch.Tensor]:
+    return {layer.name: layer.weight_at(widths[layer.name], block) for layer in layers}
+
+
+def compute(pipe, component: str, quant: quantize.WeightQuantization, height: int, width: int,
+            target_db: float = DEFAULT_TARGET_DB, probes: int = DEFAULT_PROBES,
+            margin_db: float = DEFAULT_MARGIN_DB, log: Callable[[str], None] = lambda message: None) -> dict:
+    """The recipe of one component of `pipe` converted at `height` x `width` pixels with `quant`
+    (--weights int4 and the component's keep-float list)."""
+    started = time.perf_counter()
+    probe = Probes(pipe, component, height, width, probes)
+    layers = eligible_layers(probe.module, probe.inputs, quant)
+    free = [layer for layer in layers if layer.fixed is None]
+    block = quant.block
+    errors: dict[str, dict[str, np.ndarray]] = {}
+    base = np.zeros_like(probe.signal)
+    for layer in layers:
+        widths = ("int8",) if layer.fixed else ("int4", "int8")
+        errors[layer.name] = {w: probe.error({layer.name: layer.weight_at(w, block)}) for w in widths}
+        if layer.fixed:
+            base = base + errors[layer.name]["int8"]
+    costs = {layer.name: layer.bytes["int8"] - layer.bytes["int4"] for layer in free}
+    free_errors = {layer.name: errors[layer.name] for layer in free}
+    goal = target_db + margin_db
+    chosen = choose(free_errors, costs, base, probe.signal, goal)
+    rounds = []
+    while True:
+        widths = {layer.name: layer.fixed or ("int8" if layer.name in chosen else "int4") for layer in layers}
+        predicted = predict_db(probe, layers, errors, widths)
+        measured = probe.snr_db(probe.error(mix_weights(layers, widths, block))) if layers else math.inf
+        rounds.append({"int8_layers": sum(w == "int8" for w in widths.values()),
+                       "predicted_snr_db": db(predicted), "measured_snr_db": db(measured)})
+        if measured >= goal or len(chosen) == len(free) or len(rounds) > MAX_ROUNDS:
+            break
+        # the errors did not add up to what was measured: ask the prediction for the shortfall more
+        shortfall = goal - measured
+        grown = choose(free_errors, costs, base, probe.signal, predicted + shortfall, chosen, prune=False)
+        if grown == chosen:  # the prediction is already there: promote the next ones regardless
+            rest = by_saving(free_errors, costs, probe.signal, exclude=chosen)
+            grown = chosen | set(rest[:max(1, len(rest) // 8)])
+        chosen = grown
+    seconds = time.perf_counter() - started
+    if measured < target_db:
+        why = "even with every layer int8" if len(chosen) == len(free) else f"after {len(rounds)} measurements"
+        log(f"warning: {component}: the int4 mix's SNR on the probes, {measured:.1f} dB, is under the "
+            f"{target_db:g} dB target {why}")
+    recipe = {
+        "format": FORMAT, "component": component, "width": "int4", "block": block,
+        "target_snr_db": target_db, "margin_db": margin_db,
+        "predicted_snr_db": db(predicted), "measured_snr_db": db(measured),
+        "all_int4_predicted_snr_db": db(probe.snr_db(base + sum(
+            (errors[layer.name]["int4"] for layer in free), np.zeros_like(base)))),
+        "probes": probe.describe(), "rounds": rounds, "forward_runs": probe.runs,
+        "layers": [{"name": layer.name, "digest": layer.digest, "shape": list(layer.shape),
+                    "width": widths[layer.name],
+                    "int4_error_db": None if layer.fixed else db(probe.relative_db(errors[layer.name]["int4"])),
+                    "int8_error_db": db(probe.relative_db(errors[layer.name]["int8"])),
+                    "bytes": layer.bytes[widths[layer.name]],
+                    **({"fixed": "int4 blocks do not tile the input axis"} if layer.fixed else {})}
+                   for layer in layers],
+        "seconds": round(seconds, 2),
+    }
+    return recipe
+
+
+# -- reuse -------------------------------------------------------------------------------------
+def overrides(recipe: dict) -> dict[str, str]:
+    """digest -> width for the writer (WeightQuantization.overrides); where two layers share a
+    digest (identical weights), the wider width wins."""
+    rank = {"int4": 0, "int8": 1, "float": 2}
+    widths: dict[str, str] = {}
+    for layer in recipe["layers"]:
+        digest, width = layer["digest"], layer["width"]
+        if digest not in widths or rank[width] > rank[widths[digest]]:
+            widths[digest] = width
+    return widths
+
+
+def read(path) -> dict[str, dict]:
+    """Recipes per component from FILE: a weights_recipe.json convert wrote, a manifest.json with a
+    "weights_recipe" key, one recipe, or an output folder holding either."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        for name in (FILE, "manifest.json"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise BadInput(f"{path}: no {FILE} or manifest.json in this folder")
+    if not path.is_file():
+        raise BadInput(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise BadInput(f"{path}: not a weights recipe (not readable JSON: {exc})") from exc
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: not a weights recipe")
+    if isinstance(data.get("weights_recipe"), dict):  # a manifest: {component: recipe}
+        recipes = data["weights_recipe"]
+    elif "component" in data and "layers" in data:  # a single recipe
+        recipes = {data["component"]: data}
+    elif isinstance(data.get("recipes"), dict):
+        if data.get("format") != FORMAT:
+            raise BadInput(f"{path}: weights recipe format {data.get('format')!r} is unknown (this difflite "
+                           f"reads {FORMAT})")
+        recipes = data["recipes"]
+    elif data.get("format") == "difflite-output":
+        raise BadInput(f"{path}: this conversion has no weights recipe (it was not --weights int4)")
+    else:
+        raise BadInput(f"{path}: not a weights recipe (no \"recipes\", \"weights_recipe\" or \"layers\")")
+    for component, recipe in recipes.items():
+        check(recipe, f"{path} ({component})")
+    return recipes
+
+
+def check(recipe: dict, where: str) -> None:
+    if not isinstance(recipe, dict) or recipe.get("format") != FORMAT:
+        got = recipe.get("format") if isinstance(recipe, dict) else None
+        raise BadInput(f"{where}: weights recipe format {got!r} is unknown (this difflite reads {FORMAT})")
+    if not isinstance(recipe.get("block", quantize.DEFAULT_BLOCK), int):
+        raise BadInput(f"{where}: weights recipe block {recipe.get('block')!r} is not an integer")
+    layers = recipe.get("layers")
+    if not isinstance(layers, list) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("digest"), str)
+            and entry.get("width") in quantize.WIDTHS for entry in layers):
+        raise BadInput(f"{where}: weights recipe layers must each have a digest and a width "
+                       f"({', '.join(quantize.WIDTHS)})")
+
+
+def file_document(recipes: dict[str, dict]) -> dict:
+    """What convert writes to OUT/weights_recipe.json."""
+    return {"format": FORMAT, "recipes": recipes}
+
+
+def apply(pipe, component: str, recipe: dict, quant: quantize.WeightQuantization, height: int, width: int,
+          probes: int = DEFAULT_PROBES, where: str = "--weights-recipe",
+          log: Callable[[str], None] = lambda message: None) -> dict:
+    """Reuse `recipe` for `component` of `pipe`: match its digests to this model's layers (none:
+    BadInput; some: a warning with the counts) and measure the mix it gives on the probes.
+    Returns the recipe as it applies here (its matched layers' widths, the measured SNR)."""
+    started = time.perf_counter()
+    if recipe.get("block", quant.block) != quant.block:
+        raise BadInput(f"{where}: the {component} recipe is for int4 blocks of {recipe.get('block')}, "
+                       f"not --weights-block {quant.block}")
+    probe = Probes(pipe, component, height, width, probes)
+    layers = eligible_layers(probe.module, probe.inputs, quant)
+    wanted = overrides(recipe)
+    matched = [layer for layer in layers if layer.digest in wanted]
+    if not matched and (layers or wanted):
+        raise BadInput(f"{where}: the {component} recipe's {len(wanted)} layer digests match none of this "
+                       f"model's {len(layers)} quantizable layers (a recipe of another model?)")
+    if len(matched) < len(layers) or len({layer.digest for layer in matched}) < len(wanted):  # partial
+        log(f"warning: {where}: the {component} recipe matches {len(matched)} of this model's {len(layers)} "
+            f"quantizable layers ({len(wanted) - len({layer.digest for layer in matched})} of its "
+            f"{len(wanted)} digests unused); the other layers are int4")
+    widths = {}
+    for layer in layers:
+        width = wanted.get(layer.digest, "int4")
+        widths[layer.name] = "int8" if layer.fixed and width == "int4" else width
+    measured = probe.snr_db(probe.error(
+        {layer.name: layer.weight_at(widths[layer.name], quant.block) for layer in layers})) if layers else math.inf
+    by_digest = {entry["digest"]: entry for entry in recipe["layers"]}
+    applied = dict(recipe)
+    complete = len(matched) == len(layers) and len({layer.digest for layer in matched}) == len(wanted)
+    applied.update({
+        # the recipe's prediction holds for this model only where it matches every layer
+        "predicted_snr_db": recipe.get("predicted_snr_db") if complete else None,
+        "measured_snr_db": db(measured), "probes": probe.describe(), "forward_runs": probe.runs,
+        "reused": {"from": where, "matched_layers": len(matched), "model_layers": len(layers),
+                   "recipe_layers": len(recipe["layers"]),
+                   "recipe_measured_snr_db": recipe.get("measured_snr_db")},
+        "layers": [{**by_digest.get(layer.digest, {"int4_error_db": None, "int8_error_db": None}),
+                    "name": layer.name, "digest": layer.digest, "shape": list(layer.shape),
+                    "width": widths[layer.name], "bytes": layer.bytes.get(widths[layer.name],
+                                                                         stored_bytes(layer.shape, "float", 1))}
+                   for layer in layers],
+        "seconds": round(time.perf_counter() - started, 2),
+    })
+    return applied
+
+
+def summary(recipe: dict) -> dict:
+    """The report's view of a recipe: its SNRs, counts per width and cost."""
+    counts: dict[str, int] = {}
+    for layer in recipe["layers"]:
+        counts[layer["width"]] = counts.get(layer["width"], 0) + 1
+    return {"source": "file" if recipe.get("reused") else "computed",
+            **({"reused": recipe["reused"]} if recipe.get("reused") else {}),
+            "target_snr_db": recipe.get("target_snr_db"), "predicted_snr_db": recipe.get("predicted_snr_db"),
+            "measured_snr_db": recipe.get("measured_snr_db"), "layers_by_width": dict(sorted(counts.items())),
+            "probes": recipe.get("probes"), "seconds": recipe.get("seconds")}
+
+
+def describe(recipe: dict) -> str:
+    """One line for the log: the widths chosen and the SNRs."""
+    s = summary(recipe)
+    counts = ", ".join(f"{n} {w}" for w, n in s["layers_by_width"].items()) or "no layer to quantize"
+
+    def show(value) -> str:
+        return "-" if value is None else f"{value:.1f} dB"
+    probes = recipe.get("probes") or {}
+    return (f"{counts}; SNR predicted {show(s['predicted_snr_db'])}, measured {show(s['measured_snr_db'])} "
+            f"(target {s['target_snr_db']:g} dB; {probes.get('count')} probes at "
+            f"{'x'.join(map(str, probes.get('image_size', [])))} px; {s['seconds']:.1f} s)")

@@ -1,0 +1,215 @@
+"""The int4 mix's recipe (compiler/weight_recipe.py): layers are found by digest whatever their
+layout, the tiny preset's UNet and VAE decoder reach the 28 dB bar with a mix of int4 and int8,
+verify agrees on the converted files, a recipe is reusable (byte-identical files), and a recipe
+of another model or of an unknown format is refused (exit 2).
+
+The subprocesses run with one intra-op thread: on a shared two-core machine a second thread only
+waits for the other jobs (the recipe's many small forwards ran 5x slower with two)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler import weight_recipe
+from compiler.tflite import quantize
+from compiler.tflite.writer import write_tflite
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZE = ["--height", "64", "--width", "64"]
+COMPONENTS = ["--components", "unet,vae_decoder"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("recipe") / "int4"
+    run = cli("convert", "preset:tiny", "-o", out, "--weights", "int4", *SIZE, *COMPONENTS, "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+# -- layers by digest ------------------------------------------------------------------------
+def test_digest_maps_torch_layouts_to_the_writers():
+    """A torch Linear [out, in] is the writer's [N, K] and a Conv2d [O, I, kh, kw] its OHWI: the
+    digests the recipe computes from torch are the ones the writer computes from the ONNX graph
+    (a MatMul by the transposed weight, a Conv), and the overrides reach the right layers."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96)
+    conv = torch.nn.Conv2d(64, 32, 3, padding=1)
+    conv_w = conv.weight.detach().numpy()  # [32, 64, 3, 3]
+    mat_w = linear.weight.detach().numpy().T  # ONNX MatMul's [K, N]
+    # the layout helpers: writer = OHWI / [N, K], and back
+    ohwi = weight_recipe.writer_layout(conv.weight)
+    assert ohwi.shape == (32, 3, 3, 64) and np.array_equal(ohwi, np.transpose(conv_w, (0, 2, 3, 1)))
+    assert np.array_equal(weight_recipe.writer_layout(linear.weight), mat_w.T)
+    assert torch.equal(weight_recipe.torch_layout(ohwi), conv.weight.detach())
+    # what the recipe swaps in is the writer's dequantized weight, mapped back to torch's layout
+    swapped = weight_recipe.Layer("conv.weight", conv, quantize.WeightQuantization("int4")).weight_at("int4", 32)
+    want = quantize.dequantize(quantize.quantize_int4(ohwi, 32)).reshape(ohwi.shape)
+    assert torch.equal(swapped, torch.from_numpy(np.transpose(want, (0, 3, 1, 2)).copy()))
+
+    quant = quantize.WeightQuantization("int4", min_elements=1)
+    conv_layer = weight_recipe.Layer("conv.weight", conv, quant)
+    linear_layer = weight_recipe.Layer("linear.weight", linear, quant)
+    nodes = [helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["t", "val_27"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "digests", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 96])],
+        [numpy_helper.from_array(conv_w, "conv_w"), numpy_helper.from_array(np.ascontiguousarray(mat_w), "val_27")])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    # the conv to int8, the linear to float; the default would be int4 for both
+    overrides = {conv_layer.digest: "int8", linear_layer.digest: "float"}
+    result = write_tflite(ir.serde.deserialize_model(model), quantization=quantize.WeightQuantization(
+        "int4", min_elements=1, overrides=overrides))
+    written = {w["name"]: (w["width"], w["digest"]) for w in result.weight_widths}
+    assert written == {"conv_w/ohwi": ("int8", conv_layer.digest), "val_27/nk": ("fp32", linear_layer.digest)}
+    plain = write_tflite(ir.serde.deserialize_model(model), quantization=quant)
+    assert {w["name"]: w["width"] for w in plain.weight_widths} == {"conv_w/ohwi": "int4", "val_27/nk": "int4"}
+    assert all("digest" not in w for w in plain.weight_widths)  # no recipe: nothing hashed
+
+
+def test_choice_is_by_error_saved_per_byte_and_drops_what_the_goal_does_not_need():
+    signal = np.array([1.0, 1.0])
+    errors = {"big": {"int4": np.array([4e-3, 4e-3]), "int8": np.array([0.0, 0.0])},  # saves most, costs 10x
+              "a": {"int4": np.array([1e-3, 1e-3]), "int8": np.array([0.0, 0.0])},
+              "b": {"int4": np.array([1e-3, 3e-3]), "int8": np.array([0.0, 0.0])},  # the worse probe counts
+              "noise": {"int4": np.array([1e-5, 1e-5]), "int8": np.array([1e-5, 1e-5])}}
+    costs = {"big": 1000, "a": 100, "b": 100, "noise": 100}
+    base = np.zeros(2)
+    # all int4: total 6e-3 / 8e-3 -> 21 dB at the worse probe; "big" at int8 alone -> 26 dB
+    assert weight_recipe.choose(errors, costs, base, signal, 20.0) == set()
+    assert weight_recipe.choose(errors, costs, base, signal, 23.0) == {"b"}  # 5.01e-3 at both: 23.0 dB
+    # 26 dB (<= 2.5e-3) needs "big": "b", "a", then "big" are promoted, then "a" is dropped again
+    # ("b" stays: the second probe's 3e-3 alone is too much)
+    assert weight_recipe.choose(errors, costs, base, signal, 26.0) == {"big", "b"}
+    assert weight_recipe.choose(errors, costs, base, signal, 49.0) == {"big", "a", "b"}  # "noise" saves nothing
+    with pytest.raises(Exception, match="--weights int4"):
+        from compiler.convert import ConvertOptions
+        ConvertOptions(weights="int8", weights_recipe="x.json").validate()
+
+
+# -- the recipe on the tiny preset -----------------------------------------------------------
+def test_recipe_reaches_the_bar_on_tiny_unet_and_vae_decoder(mixed):
+    recipes = json.loads((mixed / weight_recipe.FILE).read_text())
+    assert recipes["format"] == weight_recipe.FORMAT
+    assert json.loads((mixed / "manifest.json").read_text())["weights_recipe"] == recipes["recipes"]
+    for name in ("unet", "vae_decoder"):
+        recipe = recipes["recipes"][name]
+        assert recipe["component"] == name and recipe["width"] == "int4" and recipe["block"] == 32
+        assert recipe["target_snr_db"] == 28.0 and recipe["measured_snr_db"] >= 28.0, recipe
+        # errors add: the prediction is within 1.5 dB of the measured mix
+        assert abs(recipe["predicted_snr_db"] - recipe["measured_snr_db"]) < 1.5, recipe
+        assert recipe["all_int4_predicted_snr_db"] < 20  # all int4 would miss the bar by far
+        assert recipe["probes"]["count"] == 2 and recipe["probes"]["latent_size"] == [8, 8]
+        assert recipe["seconds"] > 0
+        layers = recipe["layers"]
+        assert len({layer["digest"] for layer in layers}) == len(layers)
+        for layer in layers:
+            assert set(layer) >= {"name", "digest", "shape", "width", "int4_error_db", "int8_error_db", "bytes"}
+            assert layer["name"].startswith(("unet.", "vae.decoder.")) and layer["name"].endswith(".weight")
+            if layer["int4_error_db"] is not None:
+                assert layer["int8_error_db"] < layer["int4_error_db"] - 15  # int8 is much closer
+        assert not any("conv_in" in layer["name"] or "conv_out" in layer["name"]
+                       for layer in layers if name == "vae_decoder")  # those stay float
+    unet = {layer["width"] for layer in recipes["recipes"]["unet"]["layers"]}
+    assert unet == {"int4", "int8"}
+
+
+def test_report_shows_the_mix_and_verify_passes_at_the_int4_bar(mixed):
+    report = json.loads((mixed / "report.json").read_text())
+    unet = report["components"]["unet"]
+    widths = unet["weight_widths"]
+    assert widths["by_width"]["int4"]["layers"] > 10 and widths["by_width"]["int8"]["layers"] > 10
+    assert widths["mb"] < widths["all_int8_mb"] < widths["float_mb"]
+    summary = unet["weights_recipe"]
+    assert summary["source"] == "computed" and summary["measured_snr_db"] >= 28.0
+    recipe_layers = sum(summary["layers_by_width"].values())
+    assert summary["written_layers"] == recipe_layers  # every recipe layer found in the graph by digest
+    assert set(unet["stages"]) == {"recipe", "export", "write"}
+    check = cli("verify", mixed, "--json")
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
+    checks = json.loads(check.stdout)["checks"]
+    assert {c["component"] for c in checks} == {"unet", "vae_decoder"}
+    assert all(c["tolerance"].startswith("SNR >= 28") and c["snr_db"] >= 28.0 for c in checks), checks
+
+
+def test_a_recipe_is_reused_byte_identically(mixed, tmp_path):
+    again = tmp_path / "again"
+    run = cli("convert", "preset:tiny", "-o", again, "--weights", "int4", *SIZE, *COMPONENTS,
+              "--weights-recipe", mixed / weight_recipe.FILE, "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in ("unet", "vae_decoder"):
+        assert (again / f"{name}.tflite").read_bytes() == (mixed / f"{name}.tflite").read_bytes(), name
+    report = json.loads(run.stdout)["components"]["unet"]["weights_recipe"]
+    assert report["source"] == "file" and report["reused"]["matched_layers"] == report["reused"]["model_layers"]
+    assert "warning" not in run.stderr
+
+
+def test_recipe_files_are_read_from_manifest_folder_or_single(mixed, tmp_path):
+    from_file = weight_recipe.read(mixed / weight_recipe.FILE)
+    assert weight_recipe.read(mixed / "manifest.json") == from_file
+    assert weight_recipe.read(mixed) == from_file
+    single = tmp_path / "unet.json"
+    single.write_text(json.dumps(from_file["unet"]))
+    assert weight_recipe.read(single) == {"unet": from_file["unet"]}
+
+
+def test_partial_recipe_warns_and_leaves_the_rest_int4(mixed):
+    from compiler.convert import ConvertOptions
+    from compiler.models import load_pipeline
+
+    recipe = json.loads((mixed / weight_recipe.FILE).read_text())["recipes"]["unet"]
+    partial = {**recipe, "layers": [layer for layer in recipe["layers"] if layer["width"] == "int8"][:5]}
+    pipe = load_pipeline("preset:tiny")
+    messages = []
+    applied = weight_recipe.apply(pipe, "unet", partial, ConvertOptions(weights="int4").quantization("unet"), 64, 64,
+                                  log=messages.append)
+    assert any("warning" in m and f"matches 5 of this model's {len(recipe['layers'])}" in m for m in messages), messages
+    widths = [layer["width"] for layer in applied["layers"]]
+    assert widths.count("int8") == 5 + sum(1 for layer in recipe["layers"] if layer.get("fixed"))
+    assert applied["measured_snr_db"] < recipe["measured_snr_db"]  # fewer int8 layers: worse
+    assert applied["predicted_snr_db"] is None  # the recipe's prediction was for all its layers
+
+
+def test_recipe_of_another_model_or_format_is_exit_2(mixed, tmp_path):
+    from compiler.models import load_pipeline
+
+    recipe = json.loads((mixed / weight_recipe.FILE).read_text())["recipes"]["unet"]
+    other = load_pipeline("preset:tiny", seed=1)  # the same architecture, other weights
+    probes = weight_recipe.Probes(other, "unet", 64, 64, 1)
+    layers = weight_recipe.eligible_layers(probes.module, probes.inputs, quantize.WeightQuantization("int4"))
+    foreign = {**recipe, "layers": [{**entry, "digest": layer.digest}
+                                    for entry, layer in zip(recipe["layers"], layers)]}
+    cases = {"foreign.json": (weight_recipe.file_document({"unet": foreign}), "match none"),
+             "future.json": ({"format": 99, "recipes": {"unet": recipe}}, "format 99")}
+    for filename, (document, message) in cases.items():
+        path = tmp_path / filename
+        path.write_text(json.dumps(document))
+        out = tmp_path / f"out-{filename}"
+        run = cli("convert", "preset:tiny", "-o", out, "--weights", "int4", *SIZE, "--components", "unet",
+                  "--weights-recipe", path)
+        assert run.returncode == 2, (filename, run.stderr[-2000:])
+        errors = [line for line in run.stderr.splitlines() if line.startswith("difflite: error:")]
+        assert len(errors) == 1 and message in errors[0] and "Traceback" not in run.stderr, run.stderr[-2000:]
+        assert not out.exists()
+    run = cli("convert", "preset:tiny", "-o", tmp_path / "x", "--weights", "int8", "--weights-recipe",
+              mixed / weight_recipe.FILE)
+    assert run.returncode == 2 and "--weights int4" in run.stderr
