@@ -32,7 +32,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 CLI = [sys.executable, str(ROOT / "cli.py")]
 COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 PROMPT = "a photo of an astronaut riding a horse on mars"
-SETTINGS = {"fp32": ("fp32", "float"), "fp16": ("fp16", "float"), "int8": ("fp16", "int8"), "int4": ("fp16", "int4")}
+# (precision, --weights, further convert flags); "-w0": no Winograd (its filters are float)
+SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []), "int8": ("fp16", "int8", []),
+            "int4": ("fp16", "int4", []), "int8-w0": ("fp16", "int8", ["--winograd-budget-mb", "0"]),
+            "int4-w0": ("fp16", "int4", ["--winograd-budget-mb", "0"])}
 
 
 def convert_all(model: str, folders: dict, extra: list[str]) -> dict:
@@ -42,9 +45,9 @@ def convert_all(model: str, folders: dict, extra: list[str]) -> dict:
     for setting, out in folders.items():
         if (out / "manifest.json").is_file():
             continue
-        precision, weights = SETTINGS[setting]
+        precision, weights, flags = SETTINGS[setting]
         command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
-                   "--weights", weights, *extra]
+                   "--weights", weights, *flags, *extra]
         log = open(out.parent / f"convert_{setting}.log", "w")
         children[setting] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)
     seconds = {setting: 0.0 for setting in folders}
@@ -114,7 +117,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="preset:sd15")
     parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--settings", default="fp16,int8,int4", help="Compared against fp32: fp16,int8,int4.")
+    parser.add_argument("--settings", default="fp16,int8,int4",
+                        help=f"Compared against fp32, from {', '.join(SETTINGS)}.")
     parser.add_argument("--convert-args", default="", help="Extra convert flags for every conversion.")
     parser.add_argument("--backend", default="opencl", choices=["cpu", "opencl"])
     parser.add_argument("--steps", type=int, default=20)
