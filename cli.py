@@ -124,25 +124,27 @@ def parse_lora(spec: str):
               show_default=True,
               help="Storage of the convolution and linear weights: float follows --precision; int8 (one scale per "
                    "output channel) and int4 (a scale per --weights-block input values) store them quantized, "
-                   "with TFLite's DEQUANTIZE to float after them. int4 is a mix: the layers most sensitive to it "
-                   "stay int8, as a recipe says (computed on the PyTorch model for --weights-target-db, or read "
-                   "from --weights-recipe; written to OUT/weights_recipe.json and the manifest). Every other "
+                   "with TFLite's DEQUANTIZE to float after them. Both are mixes: the layers most sensitive to "
+                   "int4 stay int8, those most sensitive to int8 stay float (as --precision stores them), as a "
+                   "recipe says (computed on the PyTorch model for --weights-target-db, or read from "
+                   "--weights-recipe; written to OUT/weights_recipe.json and the manifest). Every other "
                    "weight (norms, biases, embeddings, Winograd's transformed weights, the VAE decoder's first and "
                    "last convolutions) and the activations follow --precision.")
 @click.option("--weights-block", default=32, show_default=True, type=int,
               help="int4: how many consecutive input values share a scale (a float32 each).")
 @click.option("--weights-recipe", "weights_recipe", type=click.Path(), default=None,
-              help="int4: reuse the int8/int4 choice of an earlier conversion: its weights_recipe.json, its "
-                   "manifest.json or its output folder. Layers are matched by a digest of their values; a recipe "
-                   "matching none of this model's layers or made for another --weights-block is refused, a "
-                   "partial match warns (unmatched layers are int4). Components the file has no recipe for get "
-                   "one computed.")
-@click.option("--weights-target-db", default=28.0, show_default=True, type=float,
-              help="int4: the output SNR (vs PyTorch) a computed recipe is for: layers move to int8 until its "
-                   "probes measure this plus a 1 dB margin (or every layer is int8); verify's int4 bar is 28 dB. "
-                   "0: no recipe, every layer int4.")
+              help="int4 / int8: reuse the per-layer choice of an earlier conversion at the same --weights: its "
+                   "weights_recipe.json, its manifest.json or its output folder. Layers are matched by a digest of "
+                   "their values; a recipe of the other width, matching none of this model's layers or made for "
+                   "another --weights-block is refused, a partial match warns (unmatched layers are int4 / int8). "
+                   "Components the file has no recipe for get one computed.")
+@click.option("--weights-target-db", default=None, type=float,
+              help="int4 / int8: the output SNR (vs PyTorch) a computed recipe is for: layers move from "
+                   "int4 to int8 (from int8 to float) until its probes measure this plus a 1 dB margin (or every layer has "
+                   "moved) [default: verify's bar, 28 for int4, 35 for int8]. 0: no recipe, every layer int4 / "
+                   "int8.")
 @click.option("--weights-probes", default=2, show_default=True, type=int,
-              help="int4: seeded random inputs the recipe measures each layer's sensitivity on (at latents of at "
+              help="int4 / int8: seeded random inputs the recipe measures each layer's sensitivity on (at latents of at "
                    "most 16x16); more is slower and steadier.")
 @click.option("--fuse", default=None,
               help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, layernorm, attention, "
@@ -203,7 +205,7 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
             counts = ", ".join(f"{n} {w}" for w, n in recipe["layers_by_width"].items())
             snr = " / ".join("-" if v is None else f"{v:.1f}" for v in (recipe["predicted_snr_db"],
                                                                            recipe["measured_snr_db"]))
-            click.echo(f"{name}: int4 mix {widths['mb']:.2f} MB (all int8 {widths['all_int8_mb']:.2f}, float "
+            click.echo(f"{name}: {weights} mix {widths['mb']:.2f} MB (all int8 {widths['all_int8_mb']:.2f}, float "
                        f"{widths['float_mb']:.2f}) for convolution/linear weights; {counts}; "
                        f"SNR predicted / measured {snr} dB (target {recipe['target_snr_db']:g}), recipe "
                        f"{recipe['source']} in {recipe['seconds']:.1f} s")

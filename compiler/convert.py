@@ -45,10 +45,12 @@ class ConvertOptions:
     seed: int = 0  # the preset's weights
     weights: str = "float"  # convolution / linear weights: float (as --precision), int8 or int4
     weights_block: int = quantize.DEFAULT_BLOCK  # int4: input values a scale covers
-    # int4: the mix's recipe (compiler/weight_recipe.py), read from this file, else computed
+    # int4 / int8: the mix's recipe (compiler/weight_recipe.py), read from this file, else computed
     weights_recipe: str | None = None
-    weights_target_db: float = 28.0  # int4: the SNR the computed recipe aims at; 0: no recipe, all int4
-    weights_probes: int = 2  # int4: probes the computed recipe measures on
+    # int4 / int8: the SNR the computed recipe aims at (None: 28 dB for int4, 35 for int8, as
+    # weight_recipe.TARGETS_DB; convert records the value used); 0: no recipe, all int4 / int8
+    weights_target_db: float | None = None
+    weights_probes: int = 2  # int4 / int8: probes the computed recipe measures on
 
     def validate(self) -> None:
         unknown = [c for c in self.components if c not in export.COMPONENTS]
@@ -69,10 +71,11 @@ class ConvertOptions:
         if not (isinstance(self.weights_block, int) and 2 <= self.weights_block <= 4096
                 and self.weights_block % 2 == 0):
             raise BadInput(f"--weights-block {self.weights_block!r} must be an even number from 2 to 4096")
-        if self.weights_recipe is not None and self.weights != "int4":
-            raise BadInput(f"--weights-recipe {self.weights_recipe}: a recipe is for --weights int4 "
+        if self.weights_recipe is not None and self.weights not in weight_recipe.HIGH:
+            raise BadInput(f"--weights-recipe {self.weights_recipe}: a recipe is for --weights int4 or int8 "
                            f"(not {self.weights})")
-        if not (isinstance(self.weights_target_db, (int, float)) and 0 <= self.weights_target_db <= 200):
+        if self.weights_target_db is not None and not (
+                isinstance(self.weights_target_db, (int, float)) and 0 <= self.weights_target_db <= 200):
             raise BadInput(f"--weights-target-db {self.weights_target_db!r} must be a number of dB from 0 to 200")
         if self.weights_recipe is not None and self.weights_target_db == 0:
             raise BadInput("--weights-recipe and --weights-target-db 0 (no recipe) exclude each other")
@@ -81,11 +84,18 @@ class ConvertOptions:
 
     def quantization(self, component: str, recipe: dict | None = None) -> quantize.WeightQuantization:
         """The writer's weight quantization for one component: the VAE decoder's first and last
-        convolutions (the latent in, the pixels out) stay float; `recipe` (int4) sets per-layer
-        widths by weight digest."""
+        convolutions (the latent in, the pixels out) stay float; `recipe` (int4 / int8) sets
+        per-layer widths by weight digest."""
         keep = VAE_DECODER_FLOAT if component == "vae_decoder" else ()
         widths = weight_recipe.overrides(recipe) if recipe else {}
         return quantize.WeightQuantization(self.weights, self.weights_block, keep, overrides=widths)
+
+    def target_db(self) -> float | None:
+        """The SNR a computed recipe aims at: the option, else the --weights mix's default (None
+        for float weights)."""
+        if self.weights_target_db is not None:
+            return self.weights_target_db
+        return weight_recipe.TARGETS_DB.get(self.weights)
 
     def budget_mb(self) -> float:
         """The Winograd weight budget: the option when given, else the device profile's."""
@@ -129,7 +139,10 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     """Convert `model` into the output folder `out`; returns the report. `vae`, `prediction_type`
     and `loras` change the loaded pipeline before export (models.load_pipeline)."""
     options.validate()
+    options = replace(options, weights_target_db=options.target_db())
     given_recipes = weight_recipe.read(options.weights_recipe) if options.weights_recipe else {}
+    for name, recipe in given_recipes.items():  # an int4 recipe is no int8 one, nor the reverse
+        weight_recipe.check_width(recipe, options.weights, f"--weights-recipe {options.weights_recipe} ({name})")
     stages = StageLog()
     started = time.perf_counter()
     log(f"loading {model}")
@@ -141,11 +154,11 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
                       width=pipe.default_size if options.width is None else options.width)
     export.check_size(pipe, options.height, options.width)
     recipes = {}
-    if options.weights == "int4" and options.weights_target_db == 0:
-        log("--weights-target-db 0: no int4 mix recipe, every eligible layer int4")
-    elif options.weights == "int4":  # the mix's recipe needs the torch modules
+    if options.weights in weight_recipe.HIGH and options.weights_target_db == 0:
+        log(f"--weights-target-db 0: no {options.weights} mix recipe, every eligible layer {options.weights}")
+    elif options.weights in weight_recipe.HIGH:  # the mix's recipe needs the torch modules
         for name in options.components:
-            recipes[name] = stages.run(name, "recipe", int4_recipe, pipe, name, options,
+            recipes[name] = stages.run(name, "recipe", mix_recipe, pipe, name, options,
                                        given_recipes.get(name), log)
     with manifest.StagedFolder(Path(out)) as staged:
         pipe.save_tokenizer(staged.path("tokenizer"))
@@ -211,24 +224,25 @@ def weight_width_summary(widths: list[dict]) -> dict:
             "saved_mb": round(saved, 3), "layers": widths}
 
 
-def int4_recipe(pipe, name: str, options: ConvertOptions, given: dict | None,
-                log: Callable[[str], None]) -> dict:
-    """One component's int4 mix recipe: `given` (from --weights-recipe) matched to this model,
-    else computed on the torch component (compiler/weight_recipe.py)."""
+def mix_recipe(pipe, name: str, options: ConvertOptions, given: dict | None,
+               log: Callable[[str], None]) -> dict:
+    """One component's int4 / int8 mix recipe: `given` (from --weights-recipe) matched to this
+    model, else computed on the torch component (compiler/weight_recipe.py)."""
     quant = options.quantization(name)
     where = f"--weights-recipe {options.weights_recipe}"
+    mix = options.weights
     if given is not None:
         recipe = weight_recipe.apply(pipe, name, given, quant, options.height, options.width,
-                                     options.weights_probes, where=where, log=log)
-        log(f"{name}: int4 mix from {options.weights_recipe}: {weight_recipe.describe(recipe)}")
+                                     options.weights_probes, where=where, log=log, precision=options.precision)
+        log(f"{name}: {mix} mix from {options.weights_recipe}: {weight_recipe.describe(recipe)}")
         return recipe
     if options.weights_recipe:
         log(f"{name}: {where} has no {name} recipe: computing one")
-    log(f"{name}: computing the int4 mix recipe (target SNR {options.weights_target_db:g} dB, "
+    log(f"{name}: computing the {mix} mix recipe (target SNR {options.target_db():g} dB, "
         f"{options.weights_probes} probes)")
-    recipe = weight_recipe.compute(pipe, name, quant, options.height, options.width, options.weights_target_db,
-                                   options.weights_probes, log=log)
-    log(f"{name}: int4 mix: {weight_recipe.describe(recipe)}")
+    recipe = weight_recipe.compute(pipe, name, quant, options.height, options.width, options.target_db(),
+                                   options.weights_probes, log=log, precision=options.precision)
+    log(f"{name}: {mix} mix: {weight_recipe.describe(recipe)}")
     return recipe
 
 

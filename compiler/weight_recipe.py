@@ -1,4 +1,8 @@
-"""The int4 mix's recipe (--weights int4, issue 21): which convolution / linear weights stay 8-bit.
+"""The mixes' recipes (--weights int4 / int8, issue 21): which convolution / linear weights stay wider.
+
+A recipe has a low width, the one --weights asks for, and a high one a layer may stay at instead:
+int4 mixes keep layers int8, int8 mixes keep them float (as --precision stores them: float32, or
+float16 at fp16). Below, "int4" / "int8" are the int4 mix's; the int8 mix's are "int8" / "float".
 
 With every eligible weight at int4 a component's output drifts too far from PyTorch's; a few
 layers cause most of it. The recipe is computed on the torch component, before export:
@@ -22,7 +26,9 @@ layers cause most of it. The recipe is computed on the torch component, before e
 
 The recipe is a JSON object (FORMAT): {"format", "component", "width", "block", "target_snr_db",
 "predicted_snr_db", "measured_snr_db", "probes", "layers": [{"name", "digest", "shape", "width",
-"int4_error_db", "int8_error_db", "bytes"}], "seconds"}; error_db is the layer's error power
+"int4_error_db", "int8_error_db", "bytes"}], "seconds"}; int8 recipes have "width" "int8", no
+"block", a "precision" (float's bytes and, at fp16, its error), "int8_error_db" and "float_error_db"
+(None at fp32: no error), layers' widths "int8" or "float". error_db is the layer's error power
 over the output's power, alone, in dB. convert writes every component's recipe into the manifest
 ("weights_recipe") and into OUT/weights_recipe.json; `--weights-recipe` reads either back."""
 
@@ -44,6 +50,8 @@ from compiler.tflite import quantize
 FORMAT = 1
 FILE = "weights_recipe.json"
 DEFAULT_TARGET_DB = 28.0  # issue 21's bar for the int4 mix (verify's int4 SNR)
+TARGETS_DB = {"int4": DEFAULT_TARGET_DB, "int8": 35.0}  # per mix: verify's bars (verify.MIN_SNR_DB)
+HIGH = {"int4": "int8", "int8": "float"}  # the width a mix's layers may stay at instead
 DEFAULT_MARGIN_DB = 1.0  # the probes are not verify's inputs
 DEFAULT_PROBES = 2
 PROBE_LATENT = 16  # probes' latent height and width at most (the conversion's size if smaller)
@@ -74,41 +82,48 @@ def torch_layout(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def stored(array: np.ndarray, width: str, block: int) -> np.ndarray:
-    """What DEQUANTIZE gives back for a writer-layout weight stored at `width`."""
+def stored(array: np.ndarray, width: str, block: int, precision: str = "fp32") -> np.ndarray:
+    """What DEQUANTIZE gives back for a writer-layout weight stored at `width` (float: as
+    `precision` stores it)."""
     if width == "int8":
         return quantize.dequantize(quantize.quantize_int8(array, 0))
     if width == "int4":
         return quantize.dequantize(quantize.quantize_int4(array, block)).reshape(array.shape)
+    if precision == "fp16":  # the writer's float16 + DEQUANTIZE (every weight a recipe sees is large)
+        return array.astype(np.float16).astype(np.float32)
     return array
 
 
-def stored_bytes(shape, width: str, block: int) -> int:
-    """The writer's bytes for a weight at `width` (values + float32 scales), float32 for float."""
+def stored_bytes(shape, width: str, block: int, precision: str = "fp32") -> int:
+    """The writer's bytes for a weight at `width` (values + float32 scales); float as `precision`."""
     size = int(np.prod(shape))
     if width == "int8":
         return size + 4 * int(shape[0])
     if width == "int4":
         return (size + 1) // 2 + 4 * (size // block)
-    return 4 * size
+    return (2 if precision == "fp16" else 4) * size
 
 
 # -- the layers ------------------------------------------------------------------------------
 class Layer:
     """One weight the writer would quantize."""
 
-    def __init__(self, name: str, module: torch.nn.Module, quant: quantize.WeightQuantization):
+    def __init__(self, name: str, module: torch.nn.Module, quant: quantize.WeightQuantization,
+                 precision: str = "fp32"):
         self.name = name  # the weight's name in the component module (torch FQN)
         self.module = module
+        self.precision = precision  # how a float weight is stored
         array = writer_layout(module.weight)
         self.shape = tuple(array.shape)
         self.digest = quantize.weight_digest(array)
         # the writer stores int8 where int4 blocks do not tile the input axis
-        self.fixed = None if quantize.int4_blocks_fit(self.shape, quant.block) else "int8"
-        self.bytes = {w: stored_bytes(self.shape, w, quant.block) for w in ("int4", "int8")}
+        fits = quant.width != "int4" or quantize.int4_blocks_fit(self.shape, quant.block)
+        self.fixed = None if fits else "int8"
+        self.bytes = {w: stored_bytes(self.shape, w, quant.block, precision) for w in ("int4", "int8", "float")}
 
     def weight_at(self, width: str, block: int) -> torch.Tensor:
-        return torch_layout(stored(writer_layout(self.module.weight), width, block)).to(self.module.weight.dtype)
+        array = stored(writer_layout(self.module.weight), width, block, self.precision)
+        return torch_layout(array).to(self.module.weight.dtype)
 
 
 def used_layers(module: torch.nn.Module, inputs: tuple) -> list[tuple[str, torch.nn.Module]]:
@@ -127,13 +142,14 @@ def used_layers(module: torch.nn.Module, inputs: tuple) -> list[tuple[str, torch
     return [(n, m) for key, (n, m) in candidates.items() if key in called]
 
 
-def eligible_layers(module: torch.nn.Module, inputs: tuple, quant: quantize.WeightQuantization) -> list[Layer]:
-    """The used layers whose weight the writer quantizes at --weights int4 (`quant`)."""
+def eligible_layers(module: torch.nn.Module, inputs: tuple, quant: quantize.WeightQuantization,
+                    precision: str = "fp32") -> list[Layer]:
+    """The used layers whose weight the writer quantizes at --weights int4 / int8 (`quant`)."""
     layers = []
     for name, m in used_layers(module, inputs):
         weight_name = f"{name}.weight"
         if quant.applies(weight_name, m.weight.numel()):
-            layers.append(Layer(weight_name, m, quant))
+            layers.append(Layer(weight_name, m, quant, precision))
     return layers
 
 
@@ -202,39 +218,42 @@ class Probes:
 
 # -- the choice --------------------------------------------------------------------------------
 def choose(errors: dict[str, dict[str, np.ndarray]], costs: dict[str, int], base: np.ndarray,
-           signal: np.ndarray, goal_db: float, chosen: set[str] | None = None, prune: bool = True) -> set[str]:
-    """The layers to keep at int8 so that the predicted SNR (errors add; the worst entry) reaches
-    `goal_db`: `chosen` plus more, by error saved per extra byte; then (prune) promotions the
-    goal does not need are undone, the costliest first. `errors[name]`: {"int4", "int8"} error
-    vectors; `costs[name]`: int8 bytes - int4 bytes; `base`: the error of the layers that have
+           signal: np.ndarray, goal_db: float, chosen: set[str] | None = None, prune: bool = True,
+           low: str = "int4", high: str = "int8") -> set[str]:
+    """The layers to keep at `high` (int8) rather than `low` (int4) so that the predicted SNR
+    (errors add; the worst entry) reaches `goal_db`: `chosen` plus more, by error saved per extra
+    byte; then (prune) promotions the goal does not need are undone, the costliest first. `errors[name]`: {low, high} error
+    vectors; `costs[name]`: high bytes - low bytes; `base`: the error of the layers that have
     no choice."""
     chosen = set(chosen or ())
 
     def predicted(selection) -> float:
-        total = base + sum((errors[n]["int8" if n in selection else "int4"] for n in errors), np.zeros_like(base))
+        total = base + sum((errors[n][high if n in selection else low] for n in errors), np.zeros_like(base))
         return min(10 * math.log10(s / e) if e > 0 else math.inf for s, e in zip(signal, total))
 
-    order = by_saving(errors, costs, signal, exclude=chosen)
+    order = by_saving(errors, costs, signal, exclude=chosen, low=low, high=high)
     for name in order:
         if predicted(chosen) >= goal_db:
             break
-        if saving(errors[name], costs[name], signal) > 0:
+        if saving(errors[name], costs[name], signal, low, high) > 0:
             chosen.add(name)
     if prune:
-        for name in sorted(chosen, key=lambda n: costs[n], reverse=True):
+        for name in sorted(chosen, key=lambda n: (-costs[n], n)):  # a set: order by name too
             if predicted(chosen - {name}) >= goal_db:
                 chosen.discard(name)
     return chosen
 
 
-def saving(error: dict[str, np.ndarray], cost: int, signal: np.ndarray) -> float:
-    """Error saved per extra byte by int8 over int4, each (probe, output) relative to its signal."""
-    return float(np.sum((error["int4"] - error["int8"]) / np.maximum(signal, 1e-300))) / max(cost, 1)
+def saving(error: dict[str, np.ndarray], cost: int, signal: np.ndarray, low: str = "int4",
+           high: str = "int8") -> float:
+    """Error saved per extra byte by `high` over `low`, each (probe, output) relative to its signal."""
+    return float(np.sum((error[low] - error[high]) / np.maximum(signal, 1e-300))) / max(cost, 1)
 
 
-def by_saving(errors: dict, costs: dict, signal: np.ndarray, exclude=()) -> list[str]:
-    return sorted((n for n in errors if n not in exclude), key=lambda n: saving(errors[n], costs[n], signal),
-                  reverse=True)
+def by_saving(errors: dict, costs: dict, signal: np.ndarray, exclude=(), low: str = "int4",
+              high: str = "int8") -> list[str]:
+    return sorted((n for n in errors if n not in exclude),
+                  key=lambda n: saving(errors[n], costs[n], signal, low, high), reverse=True)
 
 
 def predict_db(probes: Probes, layers: list[Layer], errors: dict, widths: dict[str, str]) -> float:
@@ -249,58 +268,68 @@ def mix_weights(layers: list[Layer], widths: dict[str, str], block: int) -> dict
 
 
 def compute(pipe, component: str, quant: quantize.WeightQuantization, height: int, width: int,
-            target_db: float = DEFAULT_TARGET_DB, probes: int = DEFAULT_PROBES,
-            margin_db: float = DEFAULT_MARGIN_DB, log: Callable[[str], None] = lambda message: None) -> dict:
+            target_db: float | None = None, probes: int = DEFAULT_PROBES,
+            margin_db: float = DEFAULT_MARGIN_DB, log: Callable[[str], None] = lambda message: None,
+            precision: str = "fp32") -> dict:
     """The recipe of one component of `pipe` converted at `height` x `width` pixels with `quant`
-    (--weights int4 and the component's keep-float list)."""
+    (--weights int4 or int8, the mix's low width, and the component's keep-float list) and
+    `precision` (how float weights are stored). `target_db` None: the width's TARGETS_DB."""
     started = time.perf_counter()
+    low = quant.width
+    if low not in HIGH:
+        raise ValueError(f"a recipe is for --weights int4 or int8, not {low}")
+    high = HIGH[low]
+    target_db = TARGETS_DB[low] if target_db is None else target_db
     probe = Probes(pipe, component, height, width, probes)
-    layers = eligible_layers(probe.module, probe.inputs, quant)
+    layers = eligible_layers(probe.module, probe.inputs, quant, precision)
     free = [layer for layer in layers if layer.fixed is None]
     block = quant.block
     errors: dict[str, dict[str, np.ndarray]] = {}
     base = np.zeros_like(probe.signal)
     for layer in layers:
-        widths = ("int8",) if layer.fixed else ("int4", "int8")
-        errors[layer.name] = {w: probe.error({layer.name: layer.weight_at(w, block)}) for w in widths}
+        widths = ("int8",) if layer.fixed else (low, high)
+        errors[layer.name] = {w: np.zeros_like(probe.signal) if w == "float" and precision == "fp32"  # exact
+                              else probe.error({layer.name: layer.weight_at(w, block)}) for w in widths}
         if layer.fixed:
             base = base + errors[layer.name]["int8"]
-    costs = {layer.name: layer.bytes["int8"] - layer.bytes["int4"] for layer in free}
+    costs = {layer.name: layer.bytes[high] - layer.bytes[low] for layer in free}
     free_errors = {layer.name: errors[layer.name] for layer in free}
     goal = target_db + margin_db
-    chosen = choose(free_errors, costs, base, probe.signal, goal)
+    chosen = choose(free_errors, costs, base, probe.signal, goal, low=low, high=high)
     rounds = []
     while True:
-        widths = {layer.name: layer.fixed or ("int8" if layer.name in chosen else "int4") for layer in layers}
+        widths = {layer.name: layer.fixed or (high if layer.name in chosen else low) for layer in layers}
         predicted = predict_db(probe, layers, errors, widths)
         measured = probe.snr_db(probe.error(mix_weights(layers, widths, block))) if layers else math.inf
-        rounds.append({"int8_layers": sum(w == "int8" for w in widths.values()),
+        rounds.append({f"{high}_layers": sum(w == high for w in widths.values()),
                        "predicted_snr_db": db(predicted), "measured_snr_db": db(measured)})
         if measured >= goal or len(chosen) == len(free) or len(rounds) > MAX_ROUNDS:
             break
         # the errors did not add up to what was measured: ask the prediction for the shortfall more
         shortfall = goal - measured
-        grown = choose(free_errors, costs, base, probe.signal, predicted + shortfall, chosen, prune=False)
+        grown = choose(free_errors, costs, base, probe.signal, predicted + shortfall, chosen, prune=False,
+                       low=low, high=high)
         if grown == chosen:  # the prediction is already there: promote the next ones regardless
-            rest = by_saving(free_errors, costs, probe.signal, exclude=chosen)
+            rest = by_saving(free_errors, costs, probe.signal, exclude=chosen, low=low, high=high)
             grown = chosen | set(rest[:max(1, len(rest) // 8)])
         chosen = grown
     seconds = time.perf_counter() - started
     if measured < target_db:
-        why = "even with every layer int8" if len(chosen) == len(free) else f"after {len(rounds)} measurements"
-        log(f"warning: {component}: the int4 mix's SNR on the probes, {measured:.1f} dB, is under the "
+        why = f"even with every layer {high}" if len(chosen) == len(free) else f"after {len(rounds)} measurements"
+        log(f"warning: {component}: the {low} mix's SNR on the probes, {measured:.1f} dB, is under the "
             f"{target_db:g} dB target {why}")
     recipe = {
-        "format": FORMAT, "component": component, "width": "int4", "block": block,
+        "format": FORMAT, "component": component, "width": low,
+        **({"block": block} if low == "int4" else {"precision": precision}),
         "target_snr_db": target_db, "margin_db": margin_db,
         "predicted_snr_db": db(predicted), "measured_snr_db": db(measured),
-        "all_int4_predicted_snr_db": db(probe.snr_db(base + sum(
-            (errors[layer.name]["int4"] for layer in free), np.zeros_like(base)))),
+        f"all_{low}_predicted_snr_db": db(probe.snr_db(base + sum(
+            (errors[layer.name][low] for layer in free), np.zeros_like(base)))),
         "probes": probe.describe(), "rounds": rounds, "forward_runs": probe.runs,
         "layers": [{"name": layer.name, "digest": layer.digest, "shape": list(layer.shape),
                     "width": widths[layer.name],
-                    "int4_error_db": None if layer.fixed else db(probe.relative_db(errors[layer.name]["int4"])),
-                    "int8_error_db": db(probe.relative_db(errors[layer.name]["int8"])),
+                    f"{low}_error_db": None if layer.fixed else db(probe.relative_db(errors[layer.name][low])),
+                    f"{high}_error_db": db(probe.relative_db(errors[layer.name][high])),
                     "bytes": layer.bytes[widths[layer.name]],
                     **({"fixed": "int4 blocks do not tile the input axis"} if layer.fixed else {})}
                    for layer in layers],
@@ -351,12 +380,19 @@ def read(path) -> dict[str, dict]:
                            f"reads {FORMAT})")
         recipes = data["recipes"]
     elif data.get("format") == "difflite-output":
-        raise BadInput(f"{path}: this conversion has no weights recipe (it was not --weights int4)")
+        raise BadInput(f"{path}: this conversion has no weights recipe (it was not --weights int4 or int8)")
     else:
         raise BadInput(f"{path}: not a weights recipe (no \"recipes\", \"weights_recipe\" or \"layers\")")
     for component, recipe in recipes.items():
         check(recipe, f"{path} ({component})")
     return recipes
+
+
+def check_width(recipe: dict, width: str, where: str) -> None:
+    """A recipe is for the --weights it was computed at (int4 recipes before int8 ones had none)."""
+    got = recipe.get("width", "int4")
+    if got != width:
+        raise BadInput(f"{where}: an {got} recipe (--weights {got}), not for --weights {width}")
 
 
 def check(recipe: dict, where: str) -> None:
@@ -380,16 +416,18 @@ def file_document(recipes: dict[str, dict]) -> dict:
 
 def apply(pipe, component: str, recipe: dict, quant: quantize.WeightQuantization, height: int, width: int,
           probes: int = DEFAULT_PROBES, where: str = "--weights-recipe",
-          log: Callable[[str], None] = lambda message: None) -> dict:
+          log: Callable[[str], None] = lambda message: None, precision: str = "fp32") -> dict:
     """Reuse `recipe` for `component` of `pipe`: match its digests to this model's layers (none:
     BadInput; some: a warning with the counts) and measure the mix it gives on the probes.
     Returns the recipe as it applies here (its matched layers' widths, the measured SNR)."""
     started = time.perf_counter()
-    if recipe.get("block", quant.block) != quant.block:
+    low = quant.width
+    check_width(recipe, low, f"{where} ({component})")
+    if low == "int4" and recipe.get("block", quant.block) != quant.block:
         raise BadInput(f"{where}: the {component} recipe is for int4 blocks of {recipe.get('block')}, "
                        f"not --weights-block {quant.block}")
     probe = Probes(pipe, component, height, width, probes)
-    layers = eligible_layers(probe.module, probe.inputs, quant)
+    layers = eligible_layers(probe.module, probe.inputs, quant, precision)
     wanted = overrides(recipe)
     matched = [layer for layer in layers if layer.digest in wanted]
     if not matched and (layers or wanted):
@@ -398,10 +436,10 @@ def apply(pipe, component: str, recipe: dict, quant: quantize.WeightQuantization
     if len(matched) < len(layers) or len({layer.digest for layer in matched}) < len(wanted):  # partial
         log(f"warning: {where}: the {component} recipe matches {len(matched)} of this model's {len(layers)} "
             f"quantizable layers ({len(wanted) - len({layer.digest for layer in matched})} of its "
-            f"{len(wanted)} digests unused); the other layers are int4")
+            f"{len(wanted)} digests unused); the other layers are {low}")
     widths = {}
     for layer in layers:
-        width = wanted.get(layer.digest, "int4")
+        width = wanted.get(layer.digest, low)
         widths[layer.name] = "int8" if layer.fixed and width == "int4" else width
     measured = probe.snr_db(probe.error(
         {layer.name: layer.weight_at(widths[layer.name], quant.block) for layer in layers})) if layers else math.inf
@@ -415,10 +453,9 @@ def apply(pipe, component: str, recipe: dict, quant: quantize.WeightQuantization
         "reused": {"from": where, "matched_layers": len(matched), "model_layers": len(layers),
                    "recipe_layers": len(recipe["layers"]),
                    "recipe_measured_snr_db": recipe.get("measured_snr_db")},
-        "layers": [{**by_digest.get(layer.digest, {"int4_error_db": None, "int8_error_db": None}),
+        "layers": [{**by_digest.get(layer.digest, {f"{low}_error_db": None, f"{HIGH[low]}_error_db": None}),
                     "name": layer.name, "digest": layer.digest, "shape": list(layer.shape),
-                    "width": widths[layer.name], "bytes": layer.bytes.get(widths[layer.name],
-                                                                         stored_bytes(layer.shape, "float", 1))}
+                    "width": widths[layer.name], "bytes": layer.bytes[widths[layer.name]]}
                    for layer in layers],
         "seconds": round(time.perf_counter() - started, 2),
     })

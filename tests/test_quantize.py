@@ -154,7 +154,11 @@ def test_convert_int8_tiny_verifies_against_pytorch(tmp_path):
     report = json.loads(run.stdout)
     unet = report["components"]["unet"]["weight_widths"]
     assert unet["by_width"]["int8"]["layers"] > 20 and unet["saved_mb"] > 2.0
-    assert json.loads((out / "manifest.json").read_text())["options"]["weights"] == "int8"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["weights"] == "int8" and manifest["options"]["weights_target_db"] == 35.0
+    # the int8 mix's recipe, at verify's int8 bar by default (layers int8 or float)
+    assert {r["width"] for r in manifest["weights_recipe"].values()} == {"int8"}
+    assert all(r["target_snr_db"] == 35.0 for r in manifest["weights_recipe"].values())
     vae = {w["name"]: w["width"] for w in report["components"]["vae_decoder"]["weight_widths"]["layers"]}
     assert all(width == "fp32" for name, width in vae.items() if "conv_in" in name or "conv_out" in name)
     check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(out), "--json"],

@@ -1,7 +1,8 @@
 """The int4 mix's recipe (compiler/weight_recipe.py): layers are found by digest whatever their
 layout, the tiny preset's UNet and VAE decoder reach the 28 dB bar with a mix of int4 and int8,
 verify agrees on the converted files, a recipe is reusable (byte-identical files), and a recipe
-of another model or of an unknown format is refused (exit 2).
+of another model or of an unknown format is refused (exit 2). The int8 mix (--weights int8) keeps
+its most sensitive layers float by the same machinery.
 
 The subprocesses run with one intra-op thread: on a shared two-core machine a second thread only
 waits for the other jobs (the recipe's many small forwards ran 5x slower with two)."""
@@ -101,9 +102,9 @@ def test_choice_is_by_error_saved_per_byte_and_drops_what_the_goal_does_not_need
     # ("b" stays: the second probe's 3e-3 alone is too much)
     assert weight_recipe.choose(errors, costs, base, signal, 26.0) == {"big", "b"}
     assert weight_recipe.choose(errors, costs, base, signal, 49.0) == {"big", "a", "b"}  # "noise" saves nothing
-    with pytest.raises(Exception, match="--weights int4"):
+    with pytest.raises(Exception, match="--weights int4 or int8"):
         from compiler.convert import ConvertOptions
-        ConvertOptions(weights="int8", weights_recipe="x.json").validate()
+        ConvertOptions(weights="float", weights_recipe="x.json").validate()
 
 
 # -- the recipe on the tiny preset -----------------------------------------------------------
@@ -213,3 +214,87 @@ def test_recipe_of_another_model_or_format_is_exit_2(mixed, tmp_path):
     run = cli("convert", "preset:tiny", "-o", tmp_path / "x", "--weights", "int8", "--weights-recipe",
               mixed / weight_recipe.FILE)
     assert run.returncode == 2 and "--weights int4" in run.stderr
+
+
+# -- the int8 mix: int8 or float ---------------------------------------------------------------
+TARGET_8 = 45.0  # all int8 reaches about 40 dB on the tiny UNet's probes: some layers must stay float
+
+
+@pytest.fixture(scope="module")
+def mixed8(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("recipe8") / "int8"
+    run = cli("convert", "preset:tiny", "-o", out, "--weights", "int8", "--weights-target-db", TARGET_8, *SIZE,
+              "--components", "unet", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+def test_int8_mix_choice_and_float_costs():
+    """The int8 mix's alternatives are int8 and float: float costs 4 bytes a value at fp32 (2 at
+    fp16, where it is the float16 rounding), int8 1 plus a float32 scale a channel; the default
+    targets are verify's bars."""
+    from compiler.convert import ConvertOptions
+    from compiler.verify import MIN_SNR_DB
+
+    assert weight_recipe.TARGETS_DB == MIN_SNR_DB
+    assert ConvertOptions(weights="int8").target_db() == 35.0 and ConvertOptions(weights="int4").target_db() == 28.0
+    assert ConvertOptions(weights="int8", weights_target_db=0).target_db() == 0
+    shape = (64, 3, 3, 32)
+    assert weight_recipe.stored_bytes(shape, "float", 32) == 4 * 18432
+    assert weight_recipe.stored_bytes(shape, "float", 32, "fp16") == 2 * 18432
+    assert weight_recipe.stored_bytes(shape, "int8", 32) == 18432 + 4 * 64
+    array = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert weight_recipe.stored(array, "float", 32) is array
+    assert np.array_equal(weight_recipe.stored(array, "float", 32, "fp16"), array.astype(np.float16).astype(np.float32))
+    signal = np.array([1.0])
+    errors = {"a": {"int8": np.array([1e-4]), "float": np.array([0.0])},
+              "b": {"int8": np.array([1e-4]), "float": np.array([0.0])}}
+    costs = {"a": 1000, "b": 3000}  # "a" saves as much for a third of the bytes
+    # all int8: 2e-4, 37 dB; "a" float: 40 dB; both float: no error
+    assert weight_recipe.choose(errors, costs, np.zeros(1), signal, 36.0, low="int8", high="float") == set()
+    assert weight_recipe.choose(errors, costs, np.zeros(1), signal, 38.0, low="int8", high="float") == {"a"}
+    assert weight_recipe.choose(errors, costs, np.zeros(1), signal, 45.0, low="int8", high="float") == {"a", "b"}
+
+
+def test_int8_recipe_keeps_some_layers_float_and_verify_passes(mixed8):
+    recipes = json.loads((mixed8 / weight_recipe.FILE).read_text())["recipes"]
+    assert set(recipes) == {"unet"}
+    recipe = recipes["unet"]
+    assert recipe["width"] == "int8" and recipe["precision"] == "fp32" and "block" not in recipe
+    assert recipe["target_snr_db"] == TARGET_8
+    assert recipe["all_int8_predicted_snr_db"] < TARGET_8 <= recipe["measured_snr_db"], recipe
+    assert "float_layers" in recipe["rounds"][0]
+    layers = recipe["layers"]
+    widths = [layer["width"] for layer in layers]
+    assert 0 < widths.count("float") < widths.count("int8"), widths  # the most sensitive few stay float
+    for layer in layers:
+        assert set(layer) >= {"name", "digest", "shape", "width", "int8_error_db", "float_error_db", "bytes"}
+        assert layer["float_error_db"] is None  # fp32: float is the weight itself
+        size = int(np.prod(layer["shape"]))
+        assert layer["bytes"] == (4 * size if layer["width"] == "float" else size + 4 * layer["shape"][0])
+    report = json.loads((mixed8 / "report.json").read_text())["components"]["unet"]
+    summary = report["weights_recipe"]
+    assert summary["layers_by_width"] == {"float": widths.count("float"), "int8": widths.count("int8")}
+    assert summary["written_layers"] == len(layers)
+    written = {w["digest"]: w["width"] for w in report["weight_widths"]["layers"] if "digest" in w}
+    assert written == {layer["digest"]: "fp32" if layer["width"] == "float" else "int8" for layer in layers}
+    check = cli("verify", mixed8, "--json")
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
+    checks = json.loads(check.stdout)["checks"]
+    assert {c["component"] for c in checks} == {"unet"}
+    assert all(c["tolerance"].startswith("SNR >= 35") and c["snr_db"] >= 35.0 for c in checks), checks
+
+
+def test_int8_recipe_is_reused_and_the_other_width_refused(mixed, mixed8, tmp_path):
+    again = tmp_path / "again8"
+    run = cli("convert", "preset:tiny", "-o", again, "--weights", "int8", *SIZE, "--components", "unet",
+              "--weights-recipe", mixed8, "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (again / "unet.tflite").read_bytes() == (mixed8 / "unet.tflite").read_bytes()
+    assert json.loads(run.stdout)["components"]["unet"]["weights_recipe"]["source"] == "file"
+    for weights, recipe, message in (("int4", mixed8, "an int8 recipe"), ("int8", mixed, "an int4 recipe")):
+        out = tmp_path / f"refused-{weights}"
+        run = cli("convert", "preset:tiny", "-o", out, "--weights", weights, *SIZE, "--components", "unet",
+                  "--weights-recipe", recipe)
+        assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
+        assert not out.exists()
