@@ -284,35 +284,42 @@ def compute(pipe, component: str, quant: quantize.WeightQuantization, height: in
     layers = eligible_layers(probe.module, probe.inputs, quant, precision)
     free = [layer for layer in layers if layer.fixed is None]
     block = quant.block
-    errors: dict[str, dict[str, np.ndarray]] = {}
-    base = np.zeros_like(probe.signal)
-    for layer in layers:
-        widths = ("int8",) if layer.fixed else (low, high)
-        errors[layer.name] = {w: np.zeros_like(probe.signal) if w == "float" and precision == "fp32"  # exact
-                              else probe.error({layer.name: layer.weight_at(w, block)}) for w in widths}
-        if layer.fixed:
-            base = base + errors[layer.name]["int8"]
-    costs = {layer.name: layer.bytes[high] - layer.bytes[low] for layer in free}
-    free_errors = {layer.name: errors[layer.name] for layer in free}
     goal = target_db + margin_db
-    chosen = choose(free_errors, costs, base, probe.signal, goal, low=low, high=high)
-    rounds = []
-    while True:
-        widths = {layer.name: layer.fixed or (high if layer.name in chosen else low) for layer in layers}
-        predicted = predict_db(probe, layers, errors, widths)
-        measured = probe.snr_db(probe.error(mix_weights(layers, widths, block))) if layers else math.inf
-        rounds.append({f"{high}_layers": sum(w == high for w in widths.values()),
-                       "predicted_snr_db": db(predicted), "measured_snr_db": db(measured)})
-        if measured >= goal or len(chosen) == len(free) or len(rounds) > MAX_ROUNDS:
-            break
-        # the errors did not add up to what was measured: ask the prediction for the shortfall more
-        shortfall = goal - measured
-        grown = choose(free_errors, costs, base, probe.signal, predicted + shortfall, chosen, prune=False,
-                       low=low, high=high)
-        if grown == chosen:  # the prediction is already there: promote the next ones regardless
-            rest = by_saving(free_errors, costs, probe.signal, exclude=chosen, low=low, high=high)
-            grown = chosen | set(rest[:max(1, len(rest) // 8)])
-        chosen = grown
+    errors: dict[str, dict[str, np.ndarray]] = {}
+    # Every layer at the low width first (one forward run): where that already meets the goal
+    # (SD 1.5's UNet at int8), the per-layer sweep (two runs a layer) would only confirm it.
+    widths = {layer.name: layer.fixed or low for layer in layers}
+    measured = probe.snr_db(probe.error(mix_weights(layers, widths, block))) if layers else math.inf
+    predicted = measured
+    rounds = [{f"{high}_layers": 0, "predicted_snr_db": None, "measured_snr_db": db(measured)}]
+    chosen: set = set()
+    if measured < goal:
+        base = np.zeros_like(probe.signal)
+        for layer in layers:
+            choices = ("int8",) if layer.fixed else (low, high)
+            errors[layer.name] = {w: np.zeros_like(probe.signal) if w == "float" and precision == "fp32"  # exact
+                                  else probe.error({layer.name: layer.weight_at(w, block)}) for w in choices}
+            if layer.fixed:
+                base = base + errors[layer.name]["int8"]
+        costs = {layer.name: layer.bytes[high] - layer.bytes[low] for layer in free}
+        free_errors = {layer.name: errors[layer.name] for layer in free}
+        chosen = choose(free_errors, costs, base, probe.signal, goal, low=low, high=high)
+        while True:
+            widths = {layer.name: layer.fixed or (high if layer.name in chosen else low) for layer in layers}
+            predicted = predict_db(probe, layers, errors, widths)
+            measured = probe.snr_db(probe.error(mix_weights(layers, widths, block))) if layers else math.inf
+            rounds.append({f"{high}_layers": sum(w == high for w in widths.values()),
+                           "predicted_snr_db": db(predicted), "measured_snr_db": db(measured)})
+            if measured >= goal or len(chosen) == len(free) or len(rounds) > MAX_ROUNDS:
+                break
+            # the errors did not add up to what was measured: ask the prediction for the shortfall more
+            shortfall = goal - measured
+            grown = choose(free_errors, costs, base, probe.signal, predicted + shortfall, chosen, prune=False,
+                           low=low, high=high)
+            if grown == chosen:  # the prediction is already there: promote the next ones regardless
+                rest = by_saving(free_errors, costs, probe.signal, exclude=chosen, low=low, high=high)
+                grown = chosen | set(rest[:max(1, len(rest) // 8)])
+            chosen = grown
     seconds = time.perf_counter() - started
     if measured < target_db:
         why = f"even with every layer {high}" if len(chosen) == len(free) else f"after {len(rounds)} measurements"
@@ -323,13 +330,14 @@ def compute(pipe, component: str, quant: quantize.WeightQuantization, height: in
         **({"block": block} if low == "int4" else {"precision": precision}),
         "target_snr_db": target_db, "margin_db": margin_db,
         "predicted_snr_db": db(predicted), "measured_snr_db": db(measured),
-        f"all_{low}_predicted_snr_db": db(probe.snr_db(base + sum(
-            (errors[layer.name][low] for layer in free), np.zeros_like(base)))),
+        f"all_{low}_measured_snr_db": rounds[0]["measured_snr_db"],
         "probes": probe.describe(), "rounds": rounds, "forward_runs": probe.runs,
         "layers": [{"name": layer.name, "digest": layer.digest, "shape": list(layer.shape),
                     "width": widths[layer.name],
-                    f"{low}_error_db": None if layer.fixed else db(probe.relative_db(errors[layer.name][low])),
-                    f"{high}_error_db": db(probe.relative_db(errors[layer.name][high])),
+                    f"{low}_error_db": None if layer.fixed or layer.name not in errors
+                    else db(probe.relative_db(errors[layer.name][low])),
+                    f"{high}_error_db": db(probe.relative_db(errors[layer.name][high]))
+                    if layer.name in errors else None,
                     "bytes": layer.bytes[widths[layer.name]],
                     **({"fixed": "int4 blocks do not tile the input axis"} if layer.fixed else {})}
                    for layer in layers],
