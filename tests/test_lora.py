@@ -347,3 +347,18 @@ def test_cli_bad_lora_exits_2_without_output(case, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("difflite: error: ") and str(path) in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_cli_convert_and_verify_with_a_diffusers_lora(base, tmp_path):
+    """The diffusers/PEFT layout end to end, at a negative scale: converted, recorded, verified."""
+    path = tmp_path / "peft.safetensors"
+    write_diffusers(base, path)
+    out = tmp_path / "out"
+    result = difflite("convert", "preset:tiny", "-o", out, "--components", "unet,text_encoder",
+                      "--height", "64", "--width", "64", "--lora", f"{path}:-0.5")
+    _ok(result)
+    [record] = json.loads((out / "manifest.json").read_text())["source"]["loras"]
+    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert record["scale"] == -0.5 and record["format"] == "diffusers"
+    assert record["layers"]["unet"] > 0 and record["layers"]["text_encoder"] > 0
+    _ok(difflite("verify", out))
