@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from compiler.errors import BadInput
+from compiler.models import _one_line
 
 _KOHYA_PREFIXES = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_")
 _KOHYA_SUFFIXES = (".lora_down.weight", ".lora_up.weight", ".alpha")
@@ -281,14 +282,6 @@ def _warn_partial(lora: _Lora) -> None:
     counts = ", ".join(f"{name} {len(lora.layers.get(name, ()))}/{n}" for name, n in lora.totals.items() if n)
     print(f"difflite: warning: {lora.path}: {total - matched} of its {total} LoRA layers match no layer of the "
           f"model and are skipped (matched: {counts})", file=sys.stderr, flush=True)
-
-
-def _one_line(error: BaseException) -> str:
-    text = [t.strip() for t in str(error).strip().splitlines() if t.strip()]
-    line = text[0] if text else type(error).__name__
-    if line.endswith(":") and len(text) > 1:  # "Error(s) in loading state_dict for X:" + the first error
-        line = f"{line} {text[1]}"
-    return line if len(line) <= 300 else line[:297] + "..."
 
 
 # ---------------------------------------------------------------------------------------------

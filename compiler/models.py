@@ -363,8 +363,12 @@ def _perturb(module: torch.nn.Module, seed: int) -> None:
 
 
 def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
+    """The error's first line; a heading that ends in ":" ("Error(s) in loading state_dict for X:")
+    gets the line after it, which names what went wrong."""
+    text = [t.strip() for t in str(error).strip().splitlines() if t.strip()]
     line = text[0] if text else type(error).__name__
+    if line.endswith(":") and len(text) > 1:
+        line = f"{line} {text[1]}"
     return line if len(line) <= 300 else line[:297] + "..."
 
 
