@@ -265,11 +265,11 @@ def test_int8_conv_2d(lib, tmp_path, precision):
     check_values(got, stock, want, precision)
 
 
-def test_int8_counts_like_float_and_crosses_staging_chunks(lib, tmp_path):
+def test_int8_with_zero_points_is_dequantized_across_staging_chunks(lib, tmp_path):
     """A weight of more than one staging chunk (4 MiB of float32 = 2^20 values; 1031 x 1027
     is not a whole number of rows of it, so a chunk starts mid-channel), with non-zero zero
-    points: values right, model pages released after the upload, and weights_bytes the same
-    as the float32 file holding the dequantized values (device memory does not shrink yet)."""
+    points, which the kernels do not read: values right, model pages released after the upload,
+    and weights_bytes the same as the float32 file holding the dequantized values."""
     r = rng(3)
     n, k = 1031, 1027
     x = nonzero(r, (2, k))
@@ -297,6 +297,7 @@ def test_int8_counts_like_float_and_crosses_staging_chunks(lib, tmp_path):
     _, float_stats = run_model(float_path, lib, [x], opencl_options(), stats=True,
                                repeats=1)
     assert stats["weights_bytes"] == float_stats["weights_bytes"], (stats, float_stats)
+    assert stats["weights_dequantized_bytes"] == stats["weights_bytes"], stats
 
 
 # --------------------------------------------------------------------------
@@ -372,6 +373,91 @@ def test_int4_with_tiled_kernels(lib, tmp_path):
     check_whole(stats, path, "fp32")
     assert stats["kernels"] == "tiled", stats
     check_values(got, stock, want, "fp32")
+
+
+# --------------------------------------------------------------------------
+# Kernels reading the weights quantized (dl_qweights.cl): the integers and their scales are
+# what the device holds, dequantized in registers by the GEMM and convolution kernels
+
+
+def _quantized_weight(m, r, name, shape, bits):
+    """A random weight of `shape` ([N, K] or OHWI) as convert writes it: int8 per output channel
+    or int4 blocks of 32 along the input. (tensor index, float64 dequantized weight)."""
+    wf = nonzero(r, shape)
+    if bits == 8:
+        q, scale = quantize(wf, 0, 8)
+        return m.int8_weight(name, q, scale), dequantize(q, scale, np.zeros(scale.size), 0)
+    q, scale = int4_blocks(wf)
+    return (m.int4_weight(name, shape, q, scale),
+            dequantize(q, scale, np.zeros(scale.size), 0).reshape(shape))
+
+
+def _quantized_case(tmp_path, case, bits, seed):
+    """(path, x, float64 reference, weight elements, output channels) of one randomized case:
+    fc_skinny (M <= 8: gemm_skinny), fc (the tiled GEMM), conv3x3 (the implicit-GEMM
+    convolution, SAME, any channel count) or conv1x1 (a GEMM over the pixels)."""
+    r = rng(seed)
+    m = QModel()
+    cin = int(r.choice([32, 64, 96]))
+    cout = int(r.integers(5, 70))
+    if case.startswith("fc"):
+        rows = int(r.integers(2, 9)) if case == "fc_skinny" else int(r.integers(20, 90))
+        x = nonzero(r, (rows, cin))
+        w, wd = _quantized_weight(m, r, "w", (cout, cin), bits)
+        b = nonzero(r, (cout,))
+        want = fc_ref(x, wd, b)
+        xi, y = m.activation("x", x.shape), m.activation("y", want.shape)
+        m.builtin("FULLY_CONNECTED", [xi, w, m.constant("b", b)], [y])
+    else:
+        kh = 3 if case == "conv3x3" else 1
+        x = nonzero(r, (1, int(r.integers(5, 12)), int(r.integers(5, 12)), cin))
+        w, wd = _quantized_weight(m, r, "w", (cout, kh, kh, cin), bits)
+        b = nonzero(r, (cout,))
+        want = conv_ref(x, wd, b, SAME)
+        xi, y = m.activation("x", x.shape), m.activation("y", want.shape)
+        m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1,
+                  strideW=1, dilationHFactor=1, dilationWFactor=1)
+    path = m.save(tmp_path / f"{case}_int{bits}.tflite", [xi], [y])
+    return path, x, want, wd.size, cout
+
+
+QUANTIZED_CASES = ["fc_skinny", "fc", "conv3x3", "conv1x1"]
+
+
+@pytest.mark.parametrize("kernels", ["flat", "tiled"])
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("case", QUANTIZED_CASES)
+def test_kernels_read_quantized_weights(lib, tmp_path, case, bits, kernels):
+    """Randomized shapes (seeded by the case): the output agrees with stock LiteRT (which
+    dequantizes) and the float64 reference, and the device holds the integers and their scales
+    only: weights_bytes is the weight's int8 / int4 bytes, its scales and the bias (the flat
+    kernels' packed copy: output channels padded to 16, int4 widened to a byte)."""
+    seed = 100 + QUANTIZED_CASES.index(case) * 10 + bits + (kernels == "tiled")
+    path, x, want, size, cout = _quantized_case(tmp_path, case, bits, seed)
+    got, stats, stock = run_both(lib, path, x, kernels=kernels)
+    check_whole(stats, path, "fp32")
+    check_values(got, stock, want, "fp32")
+    k = size // cout
+    scales = cout if bits == 8 else size // BLOCK
+    if kernels == "tiled":
+        weight = (size if bits == 8 else size // 2) + 4 * scales
+    else:
+        np16 = -(-cout // 16) * 16
+        weight = np16 * k + 4 * np16 * (1 if bits == 8 else k // BLOCK)
+    assert stats["weights_quantized_bytes"] == weight, stats
+    assert stats["weights_dequantized_bytes"] == 0, stats
+    assert stats["weights_bytes"] == weight + 4 * cout, stats
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("kernels", ["flat", "tiled"])
+def test_kernels_read_quantized_weights_in_half_storage(lib, tmp_path, bits, kernels):
+    """The same kernels with half storage (dequantized values rounded to half where staged)."""
+    path, x, want, _, _ = _quantized_case(tmp_path, "conv3x3", bits, 200 + bits)
+    got, stats, stock = run_both(lib, path, x, "fp16", kernels=kernels)
+    check_whole(stats, path, "fp16")
+    check_values(got, stock, want, "fp16")
+    assert stats["weights_quantized_bytes"] > 0 and stats["weights_dequantized_bytes"] == 0
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -34,6 +34,8 @@ const char* DTypeName(DType t) {
     case DType::kFloat32: return "float32";
     case DType::kFloat16: return "float16";
     case DType::kInt32: return "int32";
+    case DType::kInt8: return "int8";
+    case DType::kInt4: return "int4";
     default: return "unsupported-type";
   }
 }
@@ -43,6 +45,7 @@ size_t DTypeSize(DType t) {
     case DType::kFloat32: return 4;
     case DType::kFloat16: return 2;
     case DType::kInt32: return 4;
+    case DType::kInt8: return 1;
     default: return 0;
   }
 }

@@ -1,7 +1,8 @@
 // CONV_2D and DEPTHWISE_CONV_2D on the GPU (conv.cl): strides, dilations,
 // SAME/VALID padding, optional bias, no fused activation. A 1x1, stride-1,
 // unpadded CONV_2D is a plain GEMM (gemm.cl); every other CONV_2D runs as an
-// implicit GEMM over the filter taps.
+// implicit GEMM over the filter taps. A CONV_2D reads an int8 / int4 filter
+// quantized (dl_qweights.cl) where its kernel can.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -93,16 +94,18 @@ class Conv2dOp final : public GpuOp {
  public:
   // `wt`: the filter packed [K][N] for the flat kernel (conv2d_rows); not
   // planned for the tiled one, which reads the OHWI filter in place.
+  // `wq`: how the kernel reads a quantized filter (off: float).
   Conv2dOp(cl_kernel k, TileConfig t, ConvGeometry g, bool has_bias, PackedWeight wt,
-           size_t flat_local)
+           size_t flat_local, WeightQuant wq)
       : k_(k), tile_(t), g_(g), has_bias_(has_bias), wt_(std::move(wt)),
-        flat_local_(flat_local) {}
+        flat_local_(flat_local), wq_(wq) {}
   // Split-K (gemm.h); `k` must be the kernel the plan built.
   void SetSplitK(const SplitK& split) { split_ = split; }
   bool UsesInput(size_t input) const override { return !(input == 1 && wt_.planned()); }
   bool PacksInput(size_t input) const override { return input == 1 && wt_.planned(); }
+  bool ReadsQuantized(size_t input) const override { return input == 1 && wq_.on(); }
   std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
-    return wt_.Pack(ctx, in[1].mem);
+    return wt_.Pack(ctx, in[1].mem, in[1].scales);
   }
   size_t WeightBytes() const override { return wt_.bytes(); }
   size_t ScratchBytes() const override { return split_.bytes(); }
@@ -114,19 +117,11 @@ class Conv2dOp final : public GpuOp {
     std::string e;
     cl_mem y = split_.Target(ctx, out[0].mem, &e);
     if (y == nullptr) return e;
-    e = Args()
-            .Mem(in[0].mem)
-            .Mem(wt_.planned() ? wt_.mem() : in[1].mem)
-            .Mem(bias)
-            .Mem(y)
-            .Int(m)
-            .Int(g_.cout)
-            .Int(kk)
-            .Int4(g_.G0())
-            .Int4(g_.G1())
-            .Int4(g_.G2())
-            .Int(has_bias_ && split_.splits() == 1 ? 1 : 0)
-            .Set(ctx.cl(), k_);
+    Args args;
+    args.Mem(in[0].mem).Mem(wt_.planned() ? wt_.mem() : in[1].mem).Mem(bias).Mem(y).Int(m)
+        .Int(g_.cout).Int(kk).Int4(g_.G0()).Int4(g_.G1()).Int4(g_.G2())
+        .Int(has_bias_ && split_.splits() == 1 ? 1 : 0);
+    e = wq_.AppendArgs(args, wt_.planned() ? wt_.scales() : in[1].scales).Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (wt_.planned()) {
       const size_t local[2] = {flat_local_, 1};
@@ -152,30 +147,8 @@ class Conv2dOp final : public GpuOp {
   bool has_bias_;
   PackedWeight wt_;
   size_t flat_local_;
+  WeightQuant wq_;
   SplitK split_;
-};
-
-class Conv1x1Op final : public GpuOp {
- public:
-  Conv1x1Op(Gemm g, bool has_bias, PackedWeight wt)
-      : gemm_(std::move(g)), has_bias_(has_bias), wt_(std::move(wt)) {}
-  bool UsesInput(size_t input) const override { return !(input == 1 && wt_.planned()); }
-  bool PacksInput(size_t input) const override { return input == 1 && wt_.planned(); }
-  std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
-    return wt_.Pack(ctx, in[1].mem);
-  }
-  size_t WeightBytes() const override { return wt_.bytes(); }
-  size_t ScratchBytes() const override { return gemm_.ScratchBytes(); }
-  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
-                  const std::vector<GpuTensor>& out) override {
-    return gemm_.Run(ctx, in[0].mem, wt_.planned() ? wt_.mem() : in[1].mem,
-                     has_bias_ ? in[2].mem : nullptr, out[0].mem, "conv2d_1x1");
-  }
-
- private:
-  Gemm gemm_;
-  bool has_bias_;
-  PackedWeight wt_;
 };
 
 std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::string* error) {
@@ -189,15 +162,9 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   if (!e.empty()) return Refuse(error, e);
   const int m = g.n * g.oh * g.ow;
   const int k = g.kh * g.kw * g.cin;
-  // CPU-like devices: the filter packed [K][N] for the flat kernels.
-  PackedWeight wt;
-  // 1x1 filters feed gemm_rows (ldb = N); others conv2d_rows (rows padded to 16).
-  const bool one_by_one =
-      g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0;
-  wt.Plan(ctx, node.inputs[1], g.cout, k, one_by_one ? 1 : 16);
-  const bool flat = wt.planned();
+  const TensorInfo& w = node.inputs[1];
   if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0) {
-    GemmShape s;
+    GemmShape s;  // a plain GEMM: B is the [N][K] filter, k-major
     s.m = m;
     s.n = g.cout;
     s.k = k;
@@ -207,32 +174,39 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
     s.b_sn = k;
     s.ldc = g.cout;
     s.has_bias = has_bias;
-    if (flat) {
-      s.b_sk = g.cout;
-      s.b_sn = 1;
-    }
-    Gemm gemm;
-    e = gemm.Init(ctx, s);
-    if (!e.empty()) return Refuse(error, e);
-    return std::make_unique<Conv1x1Op>(std::move(gemm), has_bias, std::move(wt));
+    s.wq = WeightQuant::Of(w, g.cout, k, true);
+    return MakeWeightGemm(ctx, w, s, has_bias ? 2 : -1, "conv2d_1x1", error);
   }
-  if (flat) {
+  WeightQuant wq = WeightQuant::Of(w, g.cout, k, false);
+  // CPU-like devices: the filter packed [K][NP] (NP = N rounded up to 16) for conv2d_rows,
+  // an int8 copy where it is quantized.
+  PackedWeight wt;
+  wt.Plan(ctx, w, g.cout, k, 16, wq);
+  if (wt.planned()) {
+    if (wq.on()) wq.bits = 8;  // the packed copy is int8, int4 widened
     cl_kernel k_rows = nullptr;
-    e = GetKernel(ctx, "conv", "conv2d_rows", "-DRM=" + std::to_string(kFlatRows), &k_rows);
+    e = GetKernel(ctx, "conv", "conv2d_rows", "-DRM=" + std::to_string(kFlatRows) + wq.Options(),
+                  &k_rows);
     if (!e.empty()) return Refuse(error, e);
+    if (wq.on()) wq.kg = wt.np();  // the packed scales' row length (dl_qweights.cl)
     const size_t items = static_cast<size_t>((g.cout + 15) / 16);
     size_t l = 1;
     while (l < items && l < 16) l *= 2;
     l = std::min(l, std::max<size_t>(ctx.KernelWorkGroupSize(k_rows), 1));
-    return std::make_unique<Conv2dOp>(k_rows, TileConfig(), g, has_bias, std::move(wt), l);
+    return std::make_unique<Conv2dOp>(k_rows, TileConfig(), g, has_bias, std::move(wt), l, wq);
   }
   TileConfig tile;
   cl_kernel kernel = nullptr;
   auto kernel_of = [&](const TileConfig& c, cl_kernel* out) {
     if (c.threads() % c.tk != 0) return std::string("tile threads not a multiple of TK");
-    return GetKernel(ctx, "conv", "conv2d", c.Options(), out);
+    return GetKernel(ctx, "conv", "conv2d", c.Options() + wq.Options(), out);
   };
-  e = PickTile(ctx, m, g.cout, static_cast<int64_t>(m) * g.cout * k, kernel_of, &tile, &kernel);
+  const int64_t macs = static_cast<int64_t>(m) * g.cout * k;
+  e = PickTile(ctx, m, g.cout, macs, kernel_of, &tile, &kernel, wq.on());
+  if (!e.empty() && wq.on()) {  // no vectorised tile fits: the filter dequantized at upload
+    wq = WeightQuant();
+    e = PickTile(ctx, m, g.cout, macs, kernel_of, &tile, &kernel);
+  }
   if (!e.empty()) return Refuse(error, e);
   SplitK split;
   if (tile.vec) {
@@ -241,7 +215,7 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
     e = split.Plan(ctx, tiles, k, static_cast<int64_t>(m) * g.cout);
     if (!e.empty()) return Refuse(error, e);
   }
-  auto op = std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, PackedWeight(), 0);
+  auto op = std::make_unique<Conv2dOp>(kernel, tile, g, has_bias, PackedWeight(), 0, wq);
   op->SetSplitK(split);
   return op;
 }

@@ -8,7 +8,19 @@
 // gemm.cl: a TM x TN tile per work-group, TK-deep K slices in local memory,
 // WM x WN outputs per item. Each item loads the A tile at a fixed k column
 // (NT is a multiple of TK), so its rows' pixel coordinates are computed once.
+// With -DDL_WQ=8|4 (dl_qweights.cl) the filter is quantized and dequantized where it is
+// staged (the tiled conv2d), or read from its packed int8 copy (conv2d_rows); the scales
+// follow as the last arguments.
 #include "dl_storage.cl"
+#include "dl_qweights.cl"
+#if DL_WQ
+#define DL_W_PTR DL_WQ_PTR
+#define DL_ROWS_W_PTR __global const char*
+#else
+#define DL_W_PTR __global const DL_T*
+#define DL_ROWS_W_PTR __global const DL_T*
+#define DL_WQ_PARAMS
+#endif
 #ifndef TM
 #define TM 64
 #endif
@@ -155,9 +167,15 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 #define LB ((TN * TK + NT - 1) / NT)  // filter elements staged per item
 #include "vec_tile.cl"
 
+#if DL_WQ
+#define W_RAW DL_WQ_RAW
+#else
+#define W_RAW DL_RAW
+#endif
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
-            __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
+void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
+            __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2,
+            int has_bias DL_WQ_PARAMS) {
   __local DL_C4 As[2][TK][LDA / 4];
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
@@ -186,7 +204,11 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 
   // As in gemm.cl: iteration k0 fetches slice k0, computes slice k0 - TK
   // from buffer buf ^ 1 and stages slice k0 into buffer buf.
-  DL_RAW ra[RA], rb[LB];  // raw (as stored) until staged: see dl_storage.cl's DL_RAW
+  DL_RAW ra[RA];  // raw (as stored) until staged: see dl_storage.cl's DL_RAW
+  W_RAW rb[LB];
+#if DL_WQ
+  float rbs[LB];  // the scale of each staged filter element
+#endif
   int buf = 0;
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
     if (k0 < kend) {
@@ -208,7 +230,13 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
         const int e = tid + l * NT;
         const int kk = e % TK, nn = e / TK;
         const int n = n0 + nn, kb = k0 + kk;
+#if DL_WQ
+        const bool in = n < N && kb < kend && nn < TN;
+        rb[l] = in ? DL_WQ_LOAD_RAW(w, n * K + kb) : (DL_WQ_RAW)0;
+        rbs[l] = in ? DL_WQ_SCALE(n, kb) : 0.0f;
+#else
         rb[l] = (n < N && kb < kend && nn < TN) ? DL_LOAD_RAW(w, n * K + kb) : (DL_RAW)0;
+#endif
       }
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
@@ -222,7 +250,12 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
         const int kk = e % TK, nn = e / TK;
+#if DL_WQ
+        const int wi = (n0 + nn) * K + k0 + kk;  // its element index: the int4 nibble
+        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_TO_C(DL_WQ_FROM_RAW(rb[l], wi) * rbs[l]);
+#else
         if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_TO_C(DL_FROM_RAW(rb[l]));
+#endif
       }
       barrier(CLK_LOCAL_MEM_FENCE);
       buf ^= 1;
@@ -275,9 +308,9 @@ __kernel void depthwise_conv2d(__global const DL_T* x, __global const DL_T* w,
 #ifndef RM
 #define RM 8
 #endif
-__kernel void conv2d_rows(__global const DL_T* x, __global const DL_T* wt,
+__kernel void conv2d_rows(__global const DL_T* x, DL_ROWS_W_PTR wt,
                           __global const DL_T* bias, __global DL_T* y, int M, int N, int K,
-                          int4 g0, int4 g1, int4 g2, int has_bias) {
+                          int4 g0, int4 g1, int4 g2, int has_bias DL_WQ_PARAMS) {
   const int n0 = get_global_id(0) * 16;
   const int m0 = get_global_id(1) * RM;
   if (n0 >= N) return;
@@ -304,9 +337,14 @@ __kernel void conv2d_rows(__global const DL_T* x, __global const DL_T* wt,
     y0[r] = oy * sh - pt;
     x0[r] = ox * sw - pl;
   }
+#if DL_WQ
+  int block = -1;
+  float16 wscale = (float16)(0.0f);
+#endif
   for (int ky = 0; ky < kh; ++ky) {
     for (int kx = 0; kx < kw; ++kx) {
-      __global const DL_T* wk = wt + (size_t)((ky * kw + kx) * cin) * np + n0;
+      const int k0 = (ky * kw + kx) * cin;
+      DL_ROWS_W_PTR wk = wt + (size_t)k0 * np + n0;
       // Rows outside the image read a valid pixel and multiply it by 0.
       int off[RM];
       float keep[RM];
@@ -318,7 +356,15 @@ __kernel void conv2d_rows(__global const DL_T* x, __global const DL_T* wt,
         keep[r] = in ? 1.0f : 0.0f;
       }
       for (int ci = 0; ci < cin; ++ci) {
+#if DL_WQ
+        if (((k0 + ci) >> wq_shift) != block) {
+          block = (k0 + ci) >> wq_shift;
+          wscale = vload16(0, wq_scale + (size_t)block * wq_kg + n0);
+        }
+        const float16 w = convert_float16(vload16(0, wk + (size_t)ci * np)) * wscale;
+#else
         const float16 w = DL_LOAD16(wk, (size_t)ci * np);
+#endif
 #pragma unroll
         for (int r = 0; r < RM; ++r) {
           acc[r] = fma((float16)(DL_LOAD(x, off[r] + ci) * keep[r]), w, acc[r]);

@@ -85,24 +85,73 @@ std::string SplitK::Sum(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c,
   return ctx.Enqueue(sum_, 3, global, local, label);
 }
 
-void PackedWeight::Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to) {
+WeightQuant WeightQuant::Of(const TensorInfo& w, int n, int k, bool quads) {
+  WeightQuant q;
+  if (w.quant_bits == 0 || n <= 0 || k <= 0 || (quads && k % 4 != 0)) return q;
+  const int64_t group = w.quant_group;
+  if (group == static_cast<int64_t>(n) * k) {
+    q.kg = 0;  // one scale
+  } else if (group == k) {
+    q.kg = 1;
+  } else if (group < k && k % group == 0 && (group & (group - 1)) == 0 && group >= 4) {
+    q.kg = static_cast<int>(k / group);
+    q.shift = 0;
+    while ((int64_t{1} << q.shift) < group) ++q.shift;
+    q.blocks = q.kg;
+  } else {
+    return q;
+  }
+  q.bits = w.quant_bits;
+  return q;
+}
+
+std::string WeightQuant::Options() const {
+  return on() ? " -DDL_WQ=" + std::to_string(bits) : "";
+}
+
+void PackedWeight::Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
+                        const WeightQuant& wq) {
   if (!PreferFlatKernels(ctx) || !w.is_constant || w.dtype != DType::kFloat32) return;
   n_ = n;
   k_ = k;
+  wq_ = wq;
+  if (wq.on()) pad_to = (std::max(pad_to, 16) + 15) / 16 * 16;  // whole vload16 rows
   np_ = (n + pad_to - 1) / pad_to * pad_to;
-  element_bytes_ = DTypeSize(ctx.storage());
+  element_bytes_ = wq.on() ? 1 : DTypeSize(ctx.storage());
 }
 
 size_t PackedWeight::bytes() const {
-  return static_cast<size_t>(np_) * static_cast<size_t>(k_) * element_bytes_;
+  const size_t scales = wq_.on() ? static_cast<size_t>(wq_.blocks) * np_ * sizeof(float) : 0;
+  return static_cast<size_t>(np_) * static_cast<size_t>(k_) * element_bytes_ + scales;
 }
 
-std::string PackedWeight::Pack(GpuContext& ctx, cl_mem w) {
-  if (w == nullptr) return "packing a weight that was not uploaded";
-  std::string e = buffer_.Allocate(ctx, bytes());
+std::string PackedWeight::PackScales(GpuContext& ctx, cl_mem scales) {
+  if (scales == nullptr) return "packing a quantized weight without its scales";
+  std::string e = scales_.Allocate(ctx, static_cast<size_t>(wq_.blocks) * np_ * sizeof(float));
   if (!e.empty()) return e;
   cl_kernel kernel = nullptr;
-  e = GetKernel(ctx, "weight_pack", "pack_transposed", "", &kernel);
+  e = GetKernel(ctx, "weight_pack", "pack_scales", wq_.Options(), &kernel);
+  if (!e.empty()) return e;
+  e = Args().Mem(scales).Mem(scales_.mem()).Int(n_).Int(wq_.kg).Int(np_).Int(wq_.blocks)
+          .Set(ctx.cl(), kernel);
+  if (!e.empty()) return e;
+  const size_t local[2] = {16, 1};
+  const size_t global[2] = {RoundUp(static_cast<size_t>(np_), local[0]),
+                            static_cast<size_t>(wq_.blocks)};
+  return ctx.Enqueue(kernel, 2, global, local, "pack_scales");
+}
+
+std::string PackedWeight::Pack(GpuContext& ctx, cl_mem w, cl_mem scales) {
+  if (w == nullptr) return "packing a weight that was not uploaded";
+  std::string e = buffer_.Allocate(ctx, static_cast<size_t>(np_) * k_ * element_bytes_);
+  if (!e.empty()) return e;
+  if (wq_.on()) {
+    e = PackScales(ctx, scales);
+    if (!e.empty()) return e;
+  }
+  cl_kernel kernel = nullptr;
+  e = GetKernel(ctx, "weight_pack", wq_.on() ? "pack_transposed_q" : "pack_transposed",
+                wq_.Options(), &kernel);
   if (!e.empty()) return e;
   cl_mem out = buffer_.mem();
   e = Args().Mem(w).Mem(out).Int(n_).Int(k_).Int(np_).Set(ctx.cl(), kernel);
@@ -121,6 +170,10 @@ static bool StagesInQuads(int extent, int other, const std::vector<int>& batch) 
   return std::all_of(batch.begin(), batch.end(), [](int b) { return b % 4 == 0; });
 }
 
+Args& WeightQuant::AppendArgs(Args& args, cl_mem scales) const {
+  return on() ? args.Mem(scales).Int(kg).Int(shift) : args;
+}
+
 std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   s_ = s;
   if (s_.bdims.size() > 4) return "more than 4 batch dims after collapsing";
@@ -132,8 +185,15 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   }
   batches_ = 1;
   for (int d : s_.bdims) batches_ *= d;
+  if (batches_ != 1) s_.wq = WeightQuant();
   if (PreferFlatKernels(ctx)) {
     flat_ = true;
+    if (s_.wq.on() && s_.b_sn == 1) {  // the packed int8 copy [K][NP]
+      s_.wq.bits = 8;
+      s_.wq.kg = s_.b_sk;
+    } else {
+      s_.wq = WeightQuant();
+    }
     if (s_.b_sn != 1 && s_.n > 1) {
       // Copy B n-major, one dense [K][N] block per batch of the output.
       IndexSpace space;
@@ -153,8 +213,8 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
       s_.b_sk = s_.n;
       s_.b_sn = 1;
     }
-    std::string e = GetKernel(ctx, "gemm", "gemm_rows", "-DRM=" + std::to_string(kFlatRows),
-                              &kernel_);
+    std::string e = GetKernel(ctx, "gemm", "gemm_rows",
+                              "-DRM=" + std::to_string(kFlatRows) + s_.wq.Options(), &kernel_);
     if (!e.empty()) return e;
     const size_t items = static_cast<size_t>((s_.n + 15) / 16);
     size_t l = 1;
@@ -164,6 +224,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   }
   const bool a_kmajor = s_.a_sk == 1;
   const bool b_kmajor = s_.b_sk == 1 && s_.b_sn != 1;
+  if (!b_kmajor || s_.b_sn != s_.k) s_.wq = WeightQuant();
   // Half storage with B n-major (the Winograd GEMMs' U): quads made the H100 slower (VAE
   // 128x128x512: 0.608 ms with both operands in quads, 0.537 with none; float 0.464 with both;
   // benchmarks/NOTES.md §20), where with B k-major (FULLY_CONNECTED) both in quads is fastest.
@@ -176,7 +237,8 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
                                  : s_.b_sn == 1 && StagesInQuads(s_.n, s_.b_sk, s_.b_bs));
   if (s_.m <= kSkinnyMaxRows && batches_ == 1 && b_kmajor && s_.a_sk == 1 &&
       s_.k % 4 == 0 && s_.a_sm % 4 == 0 && s_.b_sn % 4 == 0) {
-    std::string e = GetKernel(ctx, "gemm", "gemm_skinny", "-DSK_M=" + std::to_string(s_.m), &kernel_);
+    std::string e = GetKernel(ctx, "gemm", "gemm_skinny",
+                              "-DSK_M=" + std::to_string(s_.m) + s_.wq.Options(), &kernel_);
     if (e.empty() && ctx.KernelWorkGroupSize(kernel_) >= kSkinnyGroup) {
       skinny_ = true;
       return "";
@@ -186,11 +248,15 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
                              (c.vec && a_quads ? " -DA_QUADS=1" : "") +
-                             (c.vec && b_quads ? " -DB_QUADS=1" : "");
+                             (c.vec && b_quads ? " -DB_QUADS=1" : "") + s_.wq.Options();
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
   const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;
-  std::string e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_);
+  std::string e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, s_.wq.on());
+  if (!e.empty() && s_.wq.on()) {  // no vectorised tile fits: B dequantized at upload
+    s_.wq = WeightQuant();
+    e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_);
+  }
   if (!e.empty() || !tile_.vec) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
                         ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;
@@ -198,7 +264,8 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
 }
 
 std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
-                      const char* label) const {
+                      const char* label, cl_mem b_scales) const {
+  if (s_.wq.on() && b_scales == nullptr) return "a quantized weight without its scales";
   if (transpose_b_) {
     std::string err;
     cl_mem t = ctx.Scratch(b_scratch_bytes_, 0, &err);
@@ -209,18 +276,10 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
   }
   const bool has_bias = s_.has_bias && bias != nullptr;
   if (skinny_) {
-    std::string e = Args()
-                        .Mem(a)
-                        .Mem(b)
-                        .Mem(bias)
-                        .Mem(c)
-                        .Int(s_.n)
-                        .Int(s_.k)
-                        .Int(s_.a_sm)
-                        .Int(s_.b_sn)
-                        .Int(s_.ldc)
-                        .Int(has_bias ? 1 : 0)
-                        .Set(ctx.cl(), kernel_);
+    Args args;
+    args.Mem(a).Mem(b).Mem(bias).Mem(c).Int(s_.n).Int(s_.k).Int(s_.a_sm).Int(s_.b_sn)
+        .Int(s_.ldc).Int(has_bias ? 1 : 0);
+    std::string e = s_.wq.AppendArgs(args, b_scales).Set(ctx.cl(), kernel_);
     if (!e.empty()) return e;
     const size_t local[1] = {kSkinnyGroup};
     const size_t global[1] = {static_cast<size_t>((s_.n + kSkinnyColumns - 1) / kSkinnyColumns) *
@@ -231,25 +290,12 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
   std::string e;
   cl_mem out = split_.Target(ctx, c, &e);
   if (out == nullptr) return e;
-  e = Args()
-            .Mem(a)
-            .Mem(b)
-            .Mem(bias)
-            .Mem(out)
-            .Int(s_.m)
-            .Int(s_.n)
-            .Int(s_.k)
-            .Int(s_.a_sm)
-            .Int(s_.a_sk)
-            .Int(s_.b_sk)
-            .Int(s_.b_sn)
-            .Int(split ? s_.n : s_.ldc)
-            .Int4(s_.bdims, 1)
-            .Int4(s_.a_bs)
-            .Int4(s_.b_bs)
-            .Int(split ? s_.m * s_.n : s_.c_bs)
-            .Int(has_bias && !split ? 1 : 0)
-            .Set(ctx.cl(), kernel_);
+  Args args;
+  args.Mem(a).Mem(b).Mem(bias).Mem(out).Int(s_.m).Int(s_.n).Int(s_.k).Int(s_.a_sm)
+      .Int(s_.a_sk).Int(s_.b_sk).Int(s_.b_sn).Int(split ? s_.n : s_.ldc).Int4(s_.bdims, 1)
+      .Int4(s_.a_bs).Int4(s_.b_bs).Int(split ? s_.m * s_.n : s_.c_bs)
+      .Int(has_bias && !split ? 1 : 0);
+  e = s_.wq.AppendArgs(args, b_scales).Set(ctx.cl(), kernel_);
   if (!e.empty()) return e;
   if (flat_) {
     const size_t local[3] = {flat_local_, 1, 1};

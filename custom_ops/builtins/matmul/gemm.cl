@@ -9,7 +9,17 @@
 // so that neighbouring items load neighbouring addresses.
 // Batches: up to 4 collapsed dims (bdims, innermost in .w), with per-operand
 // strides (0 broadcasts).
+// With -DDL_WQ=8|4 (dl_qweights.cl) B is a quantized weight [N][K] read k-major in
+// quads (one batch, K % 4 == 0; gemm_rows: its packed [K][NP] copy) and dequantized where
+// it is staged; the scales follow as the last arguments.
 #include "dl_storage.cl"
+#include "dl_qweights.cl"
+#if DL_WQ
+#define DL_B_PTR DL_WQ_PTR
+#else
+#define DL_B_PTR __global const DL_T*
+#define DL_WQ_PARAMS
+#endif
 #ifndef TM
 #define TM 64
 #endif
@@ -224,7 +234,27 @@ inline void stage_quad(__local DL_C* t, int ld, int buf, int kk, int rc, float4 
 #define FETCH_A FETCH_ELEMS(ra, A_SLICE_INDEX, TM, m0, M, Ab, a_sm, a_sk)
 #define STAGE_A STAGE_ELEMS(ra, A_SLICE_INDEX, TM, as, LDA)
 #endif
-#if B_QUADS
+#if DL_WQ
+// The quantized weight, in quads along k: raw integers and their scale until staged.
+#define B_REGS DL_WQ_RAW4 rb[SLICE_REGS(TN * TK / 4)]; float rbs[SLICE_REGS(TN * TK / 4)]
+#define FETCH_B                                                                     \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(TN * TK / 4); ++l_) {         \
+    const int e_ = tid + l_ * NT;                                                   \
+    B_QUAD_INDEX(e_, kk_, rr_);                                                     \
+    const int n_ = n0 + rr_, k_ = k0 + kk_;                                         \
+    const bool in_ = n_ < N && k_ < kend && e_ < TN * TK / 4;                       \
+    rb[l_] = in_ ? DL_WQ_LOAD4_RAW(B, n_ * K + k_) : (DL_WQ_RAW4)(0);               \
+    rbs[l_] = in_ ? DL_WQ_SCALE(n_, k_) : 0.0f;                                     \
+  }
+#define STAGE_B                                                                     \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(TN * TK / 4); ++l_) {         \
+    const int e_ = tid + l_ * NT;                                                   \
+    B_QUAD_INDEX(e_, kk_, rr_);                                                     \
+    if (e_ < TN * TK / 4) {                                                         \
+      stage_quad(bs, LDB, buf, kk_, rr_, DL_WQ_FROM_RAW4(rb[l_]) * rbs[l_], B_KMAJOR); \
+    }                                                                               \
+  }
+#elif B_QUADS
 #define B_REGS DL_RAW4 rb[SLICE_REGS(TN * TK / 4)]
 #define FETCH_B FETCH_QUADS(rb, B_QUAD_INDEX, TN, n0, N, Bb, b_sn, b_sk)
 #define STAGE_B STAGE_QUADS(rb, B_QUAD_INDEX, TN, bs, LDB, B_KMAJOR)
@@ -236,9 +266,9 @@ inline void stage_quad(__local DL_C* t, int ld, int buf, int kk, int rc, float4 
 #include "vec_tile.cl"
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
+void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
-          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
+          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias DL_WQ_PARAMS) {
   __local DL_C4 As[2][TK][LDA / 4];
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
@@ -256,7 +286,9 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   const int split = get_group_id(2) % splits;
   VT_SPLIT_RANGE(K, split, splits, kbeg, kend);
   __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
+#if !DL_WQ
   __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
+#endif
 
   float4 acc[WM][WN / 4];
   VT_ZERO(acc);
@@ -312,16 +344,28 @@ __kernel void splitk_sum(__global const DL_T* P, __global const DL_T* bias, __gl
 #ifndef RM
 #define RM 8
 #endif
-__kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
+// With DL_WQ, B is the int8 copy packed [K][NP] (int4 widened; NP = wq_kg, a multiple of 16)
+// and its scales [KB][NP]: one batch, each row one vload16.
+#if DL_WQ
+#define DL_ROWS_B_PTR __global const char*
+#else
+#define DL_ROWS_B_PTR __global const DL_T*
+#endif
+__kernel void gemm_rows(__global const DL_T* A, DL_ROWS_B_PTR B,
                         __global const DL_T* bias, __global DL_T* C, int M, int N, int K,
                         int a_sm, int a_sk, int b_sk, int b_sn, int ldc, int4 bdims,
-                        int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
+                        int4 a_bs, int4 b_bs, int c_bs, int has_bias DL_WQ_PARAMS) {
   const int n0 = get_global_id(0) * 16;
   const int m0 = get_global_id(1) * RM;
   const int batch = get_global_id(2);
   if (n0 >= N) return;
   __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
+#if DL_WQ
+  int block = -1;
+  float16 bscale = (float16)(0.0f);
+#else
   __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
+#endif
   const int lanes = min(16, N - n0);
   const bool vec_b = b_sn == 1 && lanes == 16;
   float16 b0 = (float16)(0.0f);
@@ -338,6 +382,13 @@ __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
   }
   for (int k = 0; k < K; ++k) {
     float16 b;
+#if DL_WQ
+    if ((k >> wq_shift) != block) {
+      block = k >> wq_shift;
+      bscale = vload16(0, wq_scale + (size_t)block * wq_kg + n0);
+    }
+    b = convert_float16(vload16(0, B + (size_t)k * wq_kg + n0)) * bscale;
+#else
     __global const DL_T* bp = Bb + k * b_sk + n0 * b_sn;
     if (vec_b) {
       b = DL_LOAD16(bp, 0);
@@ -346,6 +397,7 @@ __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
       for (int j = 0; j < 16; ++j) bv[j] = j < lanes ? DL_LOAD(bp, j * b_sn) : 0.0f;
       b = vload16(0, bv);
     }
+#endif
     const int ko = k * a_sk;
     for (int i = 0; i < RM; ++i) acc[i] = fma((float16)(DL_LOAD(Ab, rows[i] + ko)), b, acc[i]);
   }
@@ -377,8 +429,9 @@ __kernel void gemm_rows(__global const DL_T* A, __global const DL_T* B,
 #define SK_NC 4
 #define SK_WG 64
 __kernel __attribute__((reqd_work_group_size(SK_WG, 1, 1)))
-void gemm_skinny(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
-                 __global DL_T* C, int N, int K, int a_sm, int b_sn, int ldc, int has_bias) {
+void gemm_skinny(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
+                 __global DL_T* C, int N, int K, int a_sm, int b_sn, int ldc,
+                 int has_bias DL_WQ_PARAMS) {
   __local float red[SK_WG][SK_M * SK_NC + 1];
   const int t = get_local_id(0);
   const int n0 = get_group_id(0) * SK_NC;
@@ -395,7 +448,12 @@ void gemm_skinny(__global const DL_T* A, __global const DL_T* B, __global const 
 #pragma unroll
     for (int c = 0; c < SK_NC; ++c) {
       if (n0 + c < N) {
+#if DL_WQ
+        const float4 b = DL_WQ_FROM_RAW4(DL_WQ_LOAD4_RAW(B, (n0 + c) * K + k)) *
+                         DL_WQ_SCALE(n0 + c, k);
+#else
         const float4 b = DL_LOAD4A(B, (n0 + c) * b_sn + k);
+#endif
 #pragma unroll
         for (int m = 0; m < SK_M; ++m) acc[m][c] += dot(a[m], b);
       }

@@ -4,6 +4,7 @@
 #define DIFFLITE_BUILTINS_MATMUL_GEMM_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,12 +38,14 @@ std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs);
 
 // The first candidate tile that `kernel_of(config)` can run on this device.
 // kernel_of returns "" and the kernel, or a reason.
+// `vec_only`: the vectorised tiles only (those that read quantized weights).
 template <typename F>
 std::string PickTile(GpuContext& ctx, int m, int n, int64_t macs, F kernel_of, TileConfig* out,
-                     cl_kernel* kernel) {
+                     cl_kernel* kernel, bool vec_only = false) {
   std::string last;
   for (const TileConfig& c : TileCandidates(m, n, macs)) {
     if (static_cast<size_t>(c.threads()) > ctx.device().max_work_group_size) continue;
+    if (vec_only && !c.vec) continue;
     cl_kernel k = nullptr;
     last = kernel_of(c, &k);
     if (!last.empty()) return last;  // a build error is not a size problem
@@ -107,6 +110,23 @@ constexpr int kSkinnyMaxRows = 8;
 constexpr size_t kSkinnyGroup = 64;  // its SK_WG
 constexpr int kSkinnyColumns = 4;    // its SK_NC
 
+// How the GEMM-style kernels read a quantized weight W[N][K] (dl_qweights.cl): the element
+// (n, k) is q(n*K + k) * scale[n*kg + (k >> shift)]. Off (bits 0) where the weight is float or
+// its scales follow a pattern the kernels do not read: it is then dequantized at upload.
+struct WeightQuant {
+  int bits = 0;      // 8 or 4; 0: read as float
+  int kg = 0;        // scales per row: 0 per tensor, 1 per output channel, K >> shift blocks
+  int shift = 31;
+  int blocks = 1;    // distinct k >> shift values: rows of the packed scales
+  // For the constant `w` read as [n][k]; `quads`: the kernel reads k in aligned runs of 4.
+  static WeightQuant Of(const TensorInfo& w, int n, int k, bool quads);
+  bool on() const { return bits != 0; }
+  // Build options: -DDL_WQ=<bits>, or "" when off.
+  std::string Options() const;
+  // The kernels' last arguments (dl_qweights.cl's DL_WQ_PARAMS) where on.
+  Args& AppendArgs(Args& args, cl_mem scales) const;
+};
+
 struct GemmShape {
   int m = 0, n = 0, k = 0;
   int a_sm = 0, a_sk = 0, b_sk = 0, b_sn = 0, ldc = 0;
@@ -114,6 +134,9 @@ struct GemmShape {
   std::vector<int> bdims, a_bs, b_bs;
   int c_bs = 0;
   bool has_bias = false;
+  // B is this quantized weight [N][K] (k-major, one batch), or its packed [K][NP] int8 copy
+  // on CPU-like devices (then kg is NP); off: B is float.
+  WeightQuant wq;
 };
 
 // Tiled local-memory kernel on GPUs; on CPU-like devices (PreferFlatKernels)
@@ -122,8 +145,11 @@ struct GemmShape {
 class Gemm {
  public:
   std::string Init(GpuContext& ctx, const GemmShape& s);
+  // `b_scales`: the scales of a quantized B (reads_quantized()).
   std::string Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
-                  const char* label) const;
+                  const char* label, cl_mem b_scales = nullptr) const;
+  // Whether B is read quantized: Init turns the shape's wq off where no kernel reads it so.
+  bool reads_quantized() const { return s_.wq.on(); }
   size_t ScratchBytes() const { return b_scratch_bytes_ + split_.bytes(); }
   size_t TransposedBBytes() const { return b_scratch_bytes_; }  // its scratch slot 0
 
@@ -143,6 +169,12 @@ class Gemm {
   size_t b_scratch_bytes_ = 0;
 };
 
+// The op of a GEMM whose B is the constant weight `w` [N][K] of shape `s` (B k-major, bias
+// input `bias_input` or -1): read in place, quantized where s.wq is on and a kernel reads it
+// so, or packed for the flat kernels (matmul.cc; FULLY_CONNECTED and 1x1 CONV_2D).
+std::unique_ptr<GpuOp> MakeWeightGemm(GpuContext& ctx, const TensorInfo& w, GemmShape s,
+                                      int bias_input, const char* label, std::string* error);
+
 // Rows of C per item of the flat kernels (-DRM).
 constexpr int kFlatRows = 8;
 
@@ -154,17 +186,26 @@ class PackedWeight {
  public:
   // Plans the packed copy where the device prefers flat kernels and `w` is a
   // float constant; planned() tells.
-  void Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to);
+  // A quantized `w` (wq on) is packed as int8 (int4 widened) with NP a multiple of 16, and
+  // its scales as [wq.blocks][NP] floats.
+  void Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
+            const WeightQuant& wq = WeightQuant());
   bool planned() const { return np_ > 0; }
-  // Makes the copy from `w` (the uploaded [N][K] weight). "" or a reason.
-  std::string Pack(GpuContext& ctx, cl_mem w);
+  // Makes the copy from `w` (the uploaded [N][K] weight; `scales` where quantized). "" or a
+  // reason.
+  std::string Pack(GpuContext& ctx, cl_mem w, cl_mem scales = nullptr);
   cl_mem mem() const { return buffer_.mem(); }
+  cl_mem scales() const { return scales_.mem(); }
+  int np() const { return np_; }
   size_t bytes() const;
 
  private:
+  std::string PackScales(GpuContext& ctx, cl_mem scales);
   int n_ = 0, k_ = 0, np_ = 0;
   size_t element_bytes_ = 4;
+  WeightQuant wq_;
   OwnedBuffer buffer_;
+  OwnedBuffer scales_;
 };
 
 }  // namespace difflite::gpu::builtin

@@ -25,8 +25,11 @@ class GemmOp final : public GpuOp {
       : gemm_(std::move(g)), bias_input_(bias_input), label_(label), own_b_(std::move(b)) {}
   bool UsesInput(size_t input) const override { return !(input == 1 && own_b_.planned()); }
   bool PacksInput(size_t input) const override { return input == 1 && own_b_.planned(); }
+  bool ReadsQuantized(size_t input) const override {
+    return input == 1 && gemm_.reads_quantized();
+  }
   std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
-    return own_b_.Pack(ctx, in[1].mem);
+    return own_b_.Pack(ctx, in[1].mem, in[1].scales);
   }
   size_t WeightBytes() const override { return own_b_.bytes(); }
   size_t ScratchBytes() const override { return gemm_.ScratchBytes(); }
@@ -34,7 +37,8 @@ class GemmOp final : public GpuOp {
                   const std::vector<GpuTensor>& out) override {
     cl_mem bias = bias_input_ >= 0 ? in[bias_input_].mem : nullptr;
     cl_mem b = own_b_.planned() ? own_b_.mem() : in[1].mem;
-    return gemm_.Run(ctx, in[0].mem, b, bias, out[0].mem, label_);
+    cl_mem scales = own_b_.planned() ? own_b_.scales() : in[1].scales;
+    return gemm_.Run(ctx, in[0].mem, b, bias, out[0].mem, label_, scales);
   }
 
  private:
@@ -86,17 +90,8 @@ std::unique_ptr<GpuOp> CreateFullyConnected(const NodeView& node, GpuContext& ct
   s.b_sn = k;
   s.ldc = n;
   s.has_bias = has_bias;
-  PackedWeight wt;
-  wt.Plan(ctx, w, n, k, 1);
-  if (wt.planned()) {
-    s.b_sk = n;
-    s.b_sn = 1;
-  }
-  Gemm g;
-  e = g.Init(ctx, s);
-  if (!e.empty()) return Refuse(error, e);
-  return std::make_unique<GemmOp>(std::move(g), has_bias ? 2 : -1, "fully_connected",
-                                  std::move(wt));
+  s.wq = WeightQuant::Of(w, n, k, true);
+  return MakeWeightGemm(ctx, w, s, has_bias ? 2 : -1, "fully_connected", error);
 }
 
 std::unique_ptr<GpuOp> CreateBatchMatMul(const NodeView& node, GpuContext& ctx,
@@ -186,6 +181,27 @@ const GpuOpDef kFullyConnected = {"FULLY_CONNECTED", &CreateFullyConnected};
 const GpuOpDef kBatchMatMul = {"BATCH_MATMUL", &CreateBatchMatMul};
 
 }  // namespace
+
+std::unique_ptr<GpuOp> MakeWeightGemm(GpuContext& ctx, const TensorInfo& w, GemmShape s,
+                                      int bias_input, const char* label, std::string* error) {
+  PackedWeight wt;
+  wt.Plan(ctx, w, s.n, s.k, 1, s.wq);
+  if (wt.planned()) {
+    s.b_sk = wt.np();
+    s.b_sn = 1;
+  }
+  Gemm g;
+  std::string e = g.Init(ctx, s);
+  if (!e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  if (s.wq.on() && !g.reads_quantized()) {  // the kernel reads floats: so must the packing
+    s.wq = WeightQuant();
+    return MakeWeightGemm(ctx, w, s, bias_input, label, error);
+  }
+  return std::make_unique<GemmOp>(std::move(g), bias_input, label, std::move(wt));
+}
 
 DIFFLITE_REGISTER_GPU_OP(kFullyConnected);
 DIFFLITE_REGISTER_GPU_OP(kBatchMatMul);

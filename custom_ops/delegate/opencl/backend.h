@@ -56,6 +56,10 @@ struct HostConst {
   QuantScales quant;                     // kInt8 / kInt4 only
   size_t elements() const { return static_cast<size_t>(NumElements(shape)); }
   bool quantized() const { return model_type == tfl::kInt8 || model_type == tfl::kInt4; }
+  // Elements per scale where the kernels can read it quantized (zero points all 0, each scale
+  // covering that many consecutive elements: per tensor, or per axis with the axis outermost
+  // once reshaped); 0 otherwise.
+  size_t ScaleGroup() const;
   size_t model_bytes() const {
     switch (model_type) {
       case tfl::kInt4: return (elements() + 1) / 2;

@@ -302,6 +302,11 @@ std::string BackendImpl::ClaimInputs(Context* ctx, ClaimedNode* cn) {
       info.shape = h->shape;
       info.const_data = h->values;
       info.is_constant = true;
+      const size_t group = h->ScaleGroup();
+      if (group > 0 && group <= INT32_MAX) {
+        info.quant_bits = h->model_type == tfl::kInt4 ? 4 : 8;
+        info.quant_group = static_cast<int>(group);
+      }
       cn->consts[idx] = h;
     } else {
       info.dtype = ToDType(t->type);

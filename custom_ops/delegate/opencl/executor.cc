@@ -61,13 +61,14 @@ void BackendImpl::WriteStats() {
   long invokes = 0;
   for (const Partition* p : partitions) {
     arena += p->arena_bytes;
-    // Device bytes, in the storage type: an int8 / int4 weight (a folded DEQUANTIZE) counts as
-    // many bytes as a float one, since it is held dequantized on the device for now (a later
-    // step keeps it quantized there and dequantizes in the kernels).
+    // Device bytes as held: int8 / int4 weights read quantized count their integers and
+    // scales, those dequantized at upload count in the storage type.
     weights += p->weights_bytes;
     scratch = std::max(scratch, p->scratch_bytes);
     staging += p->staging_bytes;
     up.zero_copy_bytes += p->upload.zero_copy_bytes;
+    up.quantized_bytes += p->upload.quantized_bytes;
+    up.dequantized_bytes += p->upload.dequantized_bytes;
     up.released_bytes += p->upload.released_bytes;
     up.staging_bytes = std::max(up.staging_bytes, p->upload.staging_bytes);
     up.seconds += p->upload.seconds;
@@ -88,6 +89,8 @@ void BackendImpl::WriteStats() {
      << ", \"arithmetic\": " << JsonString(half_math ? "float16" : "float32")
      << ", \"kernels\": " << JsonString(gctx->PreferFlatKernels() ? "flat" : "tiled")
      << ", \"weights_zero_copy_bytes\": " << up.zero_copy_bytes
+     << ", \"weights_quantized_bytes\": " << up.quantized_bytes
+     << ", \"weights_dequantized_bytes\": " << up.dequantized_bytes
      << ", \"model_pages_released_bytes\": " << up.released_bytes
      << ", \"upload_staging_bytes\": " << up.staging_bytes
      << ", \"upload_seconds\": " << up.seconds << ", \"claim_seconds\": " << claim_seconds

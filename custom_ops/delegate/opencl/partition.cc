@@ -33,6 +33,7 @@ Partition::~Partition() {
     Slot& s = kv.second;
     if (s.owns_mem && s.mem != nullptr) cl.ReleaseMemObject(s.mem);
     if (s.staging != nullptr) cl.ReleaseMemObject(s.staging);
+    if (s.scales != nullptr) cl.ReleaseMemObject(s.scales);
   }
   for (cl_mem object : objects_) cl.ReleaseMemObject(object);
   auto& ps = be_->partitions;

@@ -41,11 +41,22 @@ struct Slot {
   bool owns_mem = false;
   bool zero_copy = false;           // mem is a buffer over the model file's pages
   cl_mem staging = nullptr;         // float32 twin for half storage
+  // Constants read quantized (every reader ReadsQuantized it): storage kInt8 / kInt4, the
+  // model's integers, and their float32 scales in `scales`.
+  int readers = 0;
+  bool host_quantized = false;      // the model stores it int8 / int4
+  bool quantized = false;           // held so on the device
+  cl_mem scales = nullptr;
+  size_t scale_bytes = 0;
 };
 
 // What the weight upload did (stats and the verbose log).
 struct UploadReport {
   size_t held_bytes = 0;       // constants kept on the device
+  // int8 / int4 weights on the device (uploads and the ops' packed copies): held quantized
+  // with their scales, or dequantized in the storage type
+  size_t quantized_bytes = 0;
+  size_t dequantized_bytes = 0;
   size_t zero_copy_bytes = 0;  // of those, buffers over the model file's pages
   size_t released_bytes = 0;   // model pages dropped from this process after upload
   size_t staging_bytes = 0;    // the largest host staging buffer used for conversions
@@ -73,6 +84,7 @@ class Partition {
  private:
   // partition_plan.cc
   std::string ClassifyTensors();
+  std::string AddConstReader(const ClaimedNode& n, size_t i, Slot* s);
   void JoinAliases();
   std::string AllocateIntermediates();
   std::string AllocateStaging();

@@ -32,6 +32,7 @@ std::string Partition::ClassifyTensors() {
     const int out = n->outputs[0];
     Slot s = MakeSlot(out, Slot::kConst, DType::kFloat32, storage, n->folded_value->shape);
     s.host = n->folded_value;
+    s.host_quantized = s.host->quantized();
     slots_[out] = s;
   }
   const int steps = static_cast<int>(exec_.size());
@@ -46,6 +47,7 @@ std::string Partition::ClassifyTensors() {
         if (c != n.consts.end()) {
           Slot s = MakeSlot(idx, Slot::kConst, c->second->dtype, storage, c->second->shape);
           s.host = c->second;
+          s.host_quantized = s.host->quantized();
           it = slots_.emplace(idx, s).first;
         } else {
           const TensorInfo& info = n.in_info[i];
@@ -56,8 +58,8 @@ std::string Partition::ClassifyTensors() {
       }
       Slot& s = it->second;
       if (s.kind == Slot::kConst) {
-        s.used = s.used || n.op->UsesInput(i);
-        s.packed = s.packed || n.op->PacksInput(i);
+        const std::string e = AddConstReader(n, i, &s);
+        if (!e.empty()) return e;
       } else {
         s.used = true;
         s.last = std::max(s.last, step);
@@ -75,6 +77,14 @@ std::string Partition::ClassifyTensors() {
       slots_.emplace(idx, s);
     }
   }
+  for (auto& kv : slots_) {
+    Slot& s = kv.second;
+    if (s.kind != Slot::kConst || !s.quantized) continue;
+    const size_t elements = s.host->elements();
+    s.bytes = s.host->model_type == tfl::kInt4 ? (elements + 1) / 2 : elements;
+    s.storage = s.host->model_type == tfl::kInt4 ? DType::kInt4 : DType::kInt8;
+    s.scale_bytes = elements / s.host->ScaleGroup() * sizeof(float);
+  }
   for (int idx : outputs_) {
     auto it = slots_.find(idx);
     if (it == slots_.end()) {
@@ -83,6 +93,26 @@ std::string Partition::ClassifyTensors() {
     it->second.is_output = true;
     if (it->second.kind != Slot::kConst) it->second.last = steps;
   }
+  return "";
+}
+
+// Node `n` reads constant `s` as its input `i` (at Run, or once to pack its own copy). The
+// constant stays quantized on the device (its storage and bytes set by ClassifyTensors) when
+// every reader reads it so; readers that disagree are refused, since the
+// ops chose their kernels for one form at creation.
+std::string Partition::AddConstReader(const ClaimedNode& n, size_t i, Slot* s) {
+  const bool uses = n.op->UsesInput(i), packs = n.op->PacksInput(i);
+  s->used = s->used || uses;
+  s->packed = s->packed || packs;
+  if (!uses && !packs) return "";
+  const bool quantized = n.in_info[i].quant_bits != 0 && n.op->ReadsQuantized(i);
+  if (s->readers > 0 && quantized != s->quantized) {
+    return "constant tensor " + std::to_string(n.inputs[i]) +
+           " is read quantized by one node and dequantized by another (node " +
+           std::to_string(n.node_index) + ", " + n.name + ")";
+  }
+  s->quantized = quantized;
+  ++s->readers;
   return "";
 }
 
@@ -194,6 +224,7 @@ void Partition::BindRunTensors() {
         t.mem = s.mem;
         t.dtype = s.storage;
         t.shape = s.shape;
+        t.scales = s.scales;
       } else {
         t.dtype = DType::kOther;
       }

@@ -8,11 +8,10 @@
 // - The model's bytes go to the device as they are where they are already in the
 //   storage type (float16 weights in half storage); otherwise they are converted
 //   through one bounded staging buffer (kStagingBytes), never a whole tensor.
-//   Quantized weights (int8, int4: a folded DEQUANTIZE) are always converted:
-//   dequantized a chunk at a time into the staging buffer, in the storage type.
-//   So on the device they take as much memory as float ones for now (the stats'
-//   weights_bytes count them in the storage type); keeping them quantized on the
-//   device, dequantized inside the kernels, is a later step.
+//   Quantized weights (int8, int4: a folded DEQUANTIZE) go to the device as the
+//   model's integers, with a small buffer of float32 scales, where every op that
+//   reads them dequantizes in its kernels (GpuOp::ReadsQuantized); otherwise they
+//   are dequantized a chunk at a time into the staging buffer, in the storage type.
 // - Zero copy: where the device shares memory with the host (phones, CPUs,
 //   integrated GPUs) and the model's bytes need no conversion, the buffer is made
 //   over the model file's own pages (CL_MEM_USE_HOST_PTR on the interpreter's
@@ -85,7 +84,15 @@ size_t PageSize() {
 bool SameEncoding(tfl::Type model, DType storage) {
   return (model == tfl::kFloat32 && storage == DType::kFloat32) ||
          (model == tfl::kFloat16 && storage == DType::kFloat16) ||
-         (model == tfl::kInt32 && storage == DType::kInt32);
+         (model == tfl::kInt32 && storage == DType::kInt32) ||
+         (model == tfl::kInt8 && storage == DType::kInt8) ||
+         (model == tfl::kInt4 && storage == DType::kInt4);
+}
+
+// Device bytes of `c` held in `storage`.
+size_t StorageBytes(const HostConst& c, DType storage) {
+  if (SameEncoding(c.model_type, storage)) return c.model_bytes();
+  return c.elements() * DTypeSize(storage);
 }
 
 // Elements [first, first + count) of the int8 / int4 constant `c` as floats, each handed to
@@ -164,7 +171,7 @@ class WeightUploader {
   std::string Upload(const HostConst& c, DType storage, cl_mem* out, bool* zero_copy) {
     *zero_copy = Wrap(c, storage, out);
     if (*zero_copy) return "";
-    const size_t bytes = c.elements() * DTypeSize(storage);
+    const size_t bytes = StorageBytes(c, storage);
     cl_int err = CL_SUCCESS;
     *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY, std::max<size_t>(bytes, 4),
                                  nullptr, &err);
@@ -182,7 +189,7 @@ class WeightUploader {
   // device memory per weight (and wraps no model pages: they are released after the copy).
   // ReserveTransient first.
   std::string UploadTransient(const HostConst& c, DType storage, cl_mem* out) {
-    if (c.elements() * DTypeSize(storage) > transient_bytes_) return "transient buffer too small";
+    if (StorageBytes(c, storage) > transient_bytes_) return "transient buffer too small";
     const std::string e = Write(c, storage, transient_);
     if (e.empty()) ReleaseModelPages(c);
     *out = transient_;
@@ -199,6 +206,20 @@ class WeightUploader {
     }
     transient_bytes_ = bytes;
     report_->staging_bytes = std::max(report_->staging_bytes, bytes);
+    return "";
+  }
+
+  // A new read-only buffer of the float32 scales of the quantized constant `c` (one per
+  // ScaleGroup() elements: the runtime's own array, already in that order).
+  std::string UploadScales(const HostConst& c, cl_mem* out) {
+    const size_t count = c.elements() / c.ScaleGroup();
+    cl_int err = CL_SUCCESS;
+    *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                 count * sizeof(float), const_cast<float*>(c.quant.scale), &err);
+    if (*out == nullptr || err != CL_SUCCESS) {
+      *out = nullptr;
+      return "cannot allocate " + std::to_string(count) + " scales: " + ClErrorName(err);
+    }
     return "";
   }
 
@@ -220,7 +241,7 @@ class WeightUploader {
   // A read-only buffer over the model's own pages, where the device shares memory with the host
   // and the bytes need no conversion; false (nothing made) otherwise or where the driver refuses.
   bool Wrap(const HostConst& c, DType storage, cl_mem* out) {
-    const size_t bytes = c.elements() * DTypeSize(storage);
+    const size_t bytes = StorageBytes(c, storage);
     const size_t align = std::max<size_t>(rt_.info().base_align_bytes, 64);
     if (!zero_copy_ || !SameEncoding(c.model_type, storage) || bytes < 4 || bytes % 4 != 0 ||
         reinterpret_cast<uintptr_t>(c.bytes) % align != 0 || !files_.Contains(c.bytes, bytes)) {
@@ -241,11 +262,12 @@ class WeightUploader {
     const size_t n = c.elements();
     const size_t es = DTypeSize(storage);
     cl_command_queue q = rt_.queue();
-    if (SameEncoding(c.model_type, storage) && n * es >= 4) {
-      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, 0, n * es, c.bytes, 0,
-                                                     nullptr, nullptr);
+    if (SameEncoding(c.model_type, storage) && (c.model_bytes() >= 4 || c.quantized())) {
+      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, 0, c.model_bytes(),
+                                                     c.bytes, 0, nullptr, nullptr);
       return err == CL_SUCCESS ? "" : "clEnqueueWriteBuffer: " + ClErrorName(err);
     }
+    if (es == 0) return "a quantized weight of fewer than 4 bytes";
     // Converted (or padded to 4 bytes) through the staging buffer, a chunk at a time.
     const size_t chunk = std::max<size_t>(kStagingBytes / es, 1);
     staging_.resize(std::max<size_t>(std::min(n, chunk) * es, 4));
@@ -270,6 +292,15 @@ class WeightUploader {
   cl_mem transient_ = nullptr;
   size_t transient_bytes_ = 0;
 };
+
+size_t HostConst::ScaleGroup() const {
+  if (!quantized() || quant.scale == nullptr) return 0;
+  for (size_t c = 0; c < quant.channels; ++c) {
+    if (quant.zero_point[c] != 0) return 0;
+  }
+  const size_t group = quant.channels == 1 ? elements() : quant.inner;
+  return group * quant.channels == elements() ? group : 0;
+}
 
 void WidenTo(const HostConst& c, size_t first, size_t count, float* out) {
   if (c.quantized()) {
@@ -308,10 +339,11 @@ std::string Partition::UploadConstants() {
         const bool transient = !s.used && packers_left.count(idx) && packers_left[idx] == 1;
         e = transient ? uploader.UploadTransient(*s.host, s.storage, &s.mem)
                       : uploader.Upload(*s.host, s.storage, &s.mem, &s.zero_copy);
+        if (e.empty() && s.quantized) e = uploader.UploadScales(*s.host, &s.scales);
         if (!e.empty()) return "uploading constant tensor " + std::to_string(idx) + ": " + e;
         s.owns_mem = !transient;
       }
-      in[i] = {s.mem, s.storage, s.shape};
+      in[i] = {s.mem, s.storage, s.shape, s.scales};
       packs = packs || n.op->PacksInput(i);
     }
     if (!packs) continue;
@@ -325,12 +357,27 @@ std::string Partition::UploadConstants() {
   }
   weights_bytes = 0;
   for (const auto& kv : slots_) {
-    if (kv.second.kind == Slot::kConst && kv.second.mem != nullptr) {
-      weights_bytes += std::max<size_t>(kv.second.bytes, 4);
-    }
+    const Slot& s = kv.second;
+    if (s.kind != Slot::kConst || s.mem == nullptr) continue;
+    const size_t held = std::max<size_t>(s.bytes, 4) + (s.scales != nullptr ? s.scale_bytes : 0);
+    weights_bytes += held;
+    if (s.quantized) upload.quantized_bytes += held;
+    if (!s.quantized && s.host_quantized) upload.dequantized_bytes += held;
   }
   upload.held_bytes = weights_bytes;
-  for (size_t step : exec_) weights_bytes += nodes_[step]->op->WeightBytes();
+  for (size_t step : exec_) {
+    const ClaimedNode& n = *nodes_[step];
+    const size_t own = n.op->WeightBytes();
+    weights_bytes += own;
+    for (size_t i = 0; i < n.inputs.size() && own > 0; ++i) {  // packed copies of int8 / int4
+      const int idx = n.inputs[i];
+      if (idx < 0 || !n.op->PacksInput(i)) continue;
+      const Slot& s = slots_.at(idx);
+      if (s.quantized) upload.quantized_bytes += own;
+      if (!s.quantized && s.host_quantized) upload.dequantized_bytes += own;
+      break;
+    }
+  }
   DropHostConstants();
   upload.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -354,8 +401,10 @@ void Partition::DropPackedOnly(int idx, WeightUploader* uploader) {
   Slot& s = slots_.at(idx);
   if (s.used || s.mem == nullptr) return;
   if (s.owns_mem) be_->rt->cl().ReleaseMemObject(s.mem);
+  if (s.scales != nullptr) be_->rt->cl().ReleaseMemObject(s.scales);
   if (s.zero_copy) uploader->ReleaseModelPages(*s.host);  // copies released theirs already
   s.mem = nullptr;
+  s.scales = nullptr;
   s.owns_mem = false;
   s.zero_copy = false;
 }

@@ -32,7 +32,8 @@
 // CreateProgramWithBinary, GetProgramInfo;
 // DeviceInfo fields after has_fp16; GpuContext::device_id(),
 // KernelWorkGroupSize() and PreferFlatKernels(); GpuOp::AliasInput(), UsesInput(), WeightBytes(),
-// PacksInput(), PackWeights(); TensorInfo::is_constant;
+// PacksInput(), PackWeights(), ReadsQuantized(); TensorInfo::is_constant, quant_bits,
+// quant_group; GpuTensor::scales; DType kInt8 / kInt4;
 // the meaning of an omitted optional input in NodeView/Run; RegisterGpuOp and
 // DIFFLITE_REGISTER_GPU_OP.
 #ifndef DIFFLITE_GPU_API_H_
@@ -114,10 +115,13 @@ struct DeviceInfo {
 // kFloat16); int32 tensors as kInt32 (bool constants arrive as int32 0/1).
 // An omitted optional input (TFLite index -1, e.g. FULLY_CONNECTED without a
 // bias) arrives with mem == nullptr, dtype kOther and an empty shape.
+// A quantized weight (an op that ReadsQuantized it) arrives as dtype kInt8 or kInt4 with its
+// float32 scales in `scales`, one per TensorInfo::quant_group consecutive elements.
 struct GpuTensor {
   cl_mem mem = nullptr;
-  DType dtype = DType::kFloat32;  // storage type: kFloat32 or kFloat16
+  DType dtype = DType::kFloat32;  // storage type: kFloat32 or kFloat16 (kInt8 / kInt4 weights)
   Shape shape;
+  cl_mem scales = nullptr;        // quantized weights only
 };
 
 // What an op's GPU side sees of the backend while it enqueues work.
@@ -200,6 +204,10 @@ class GpuOp {
   // and releases the upload at once where no op UsesInput it: no weight is
   // re-laid-out on the host, and at most one weight is held twice at a time.
   virtual bool PacksInput(size_t /*input*/) const { return false; }
+  // True when the op reads constant input `input` in its quantized form (TensorInfo::quant_bits
+  // was set at creation): it then arrives, at Run and at PackWeights, as the model's integers
+  // (GpuTensor dtype kInt8 / kInt4) and their scales, and the op dequantizes in its kernels.
+  virtual bool ReadsQuantized(size_t /*input*/) const { return false; }
   virtual std::string PackWeights(GpuContext& /*ctx*/, const std::vector<GpuTensor>& /*inputs*/) {
     return "";
   }

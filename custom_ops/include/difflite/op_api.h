@@ -17,10 +17,12 @@
 
 namespace difflite {
 
-enum class DType { kFloat32, kFloat16, kInt32, kOther };
+// kInt8 / kInt4 (two a byte, low nibble first) only name quantized weights held on the
+// OpenCL device (GpuTensor); ops never see them as TensorInfo::dtype.
+enum class DType { kFloat32, kFloat16, kInt32, kOther, kInt8, kInt4 };
 
 const char* DTypeName(DType t);
-size_t DTypeSize(DType t);  // 0 for kOther
+size_t DTypeSize(DType t);  // 0 for kOther and kInt4 (half a byte)
 
 using Shape = std::vector<int>;
 
@@ -37,6 +39,12 @@ struct TensorInfo {
   // Added by the OpenCL backend: true for a model constant even where
   // const_data is not set (a float16 weight the backend does not widen on the host).
   bool is_constant = false;
+  // Added by the OpenCL backend: a float32 constant the model stores quantized (the folded
+  // DEQUANTIZE of an int8 / int4 tensor, zero points 0) whose every scale covers
+  // `quant_group` consecutive elements in row-major order: quant_bits 8 or 4, else 0. An op
+  // that reads it quantized says so (GpuOp::ReadsQuantized); otherwise it is dequantized.
+  int quant_bits = 0;
+  int quant_group = 0;
 };
 
 // What Run sees of one tensor (shape already checked by Infer).
