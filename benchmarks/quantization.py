@@ -128,7 +128,9 @@ def main() -> None:
     parser.add_argument("--save", type=Path, default=None)
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    settings = ["fp32", *[s for s in args.settings.split(",") if s and s != "fp32"]]
+    compared = [s for s in args.settings.split(",") if s and s != "fp32"]
+    # the fp32 files are the quality reference: converted only where quality is measured
+    settings = compared if {"quality", "picture"} <= skip else ["fp32", *compared]
     folders = {s: args.work / s for s in settings}
     args.work.mkdir(parents=True, exist_ok=True)
     convert_s = convert_all(args.model, folders, args.convert_args.split())
@@ -140,7 +142,7 @@ def main() -> None:
                              for s in settings if s != "fp32"}
     if "picture" not in skip:
         reference = picture(folders["fp32"], args.backend, args.steps)
-        for s in settings[1:]:
+        for s in compared:
             result["quality"].setdefault(s, {})["picture_psnr_db"] = round(
                 psnr(picture(folders[s], args.backend, args.steps), reference), 2)
     if "memory" not in skip and args.backend == "opencl":
