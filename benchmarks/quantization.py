@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -35,6 +36,7 @@ PROMPT = "a photo of an astronaut riding a horse on mars"
 # (precision, --weights, further convert flags); "-w0": no Winograd (its filters are float)
 SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []), "int8": ("fp16", "int8", []),
             "int4": ("fp16", "int4", []), "int8-w0": ("fp16", "int8", ["--winograd-budget-mb", "0"]),
+            "int8-w50": ("fp16", "int8", ["--winograd-budget-mb", "50"]),
             "int4-w0": ("fp16", "int4", ["--winograd-budget-mb", "0"])}
 
 
@@ -42,14 +44,17 @@ def convert_all(model: str, folders: dict, extra: list[str]) -> dict:
     """Every missing conversion at once (separate processes: a lent GPU host has the cores);
     seconds each took."""
     started, children = time.perf_counter(), {}
-    for setting, out in folders.items():
-        if (out / "manifest.json").is_file():
-            continue
+    missing = [setting for setting, out in folders.items() if not (out / "manifest.json").is_file()]
+    # the host's cores shared out: torch's default (every core each) oversubscribes them, and the
+    # recipes' many small forward runs then crawl (SD 1.5's text encoder recipe: 263 s, not 25)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(missing))))}
+    for setting in missing:
+        out = folders[setting]
         precision, weights, flags = SETTINGS[setting]
         command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
                    "--weights", weights, *flags, *extra]
         log = open(out.parent / f"convert_{setting}.log", "w")
-        children[setting] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)
+        children[setting] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log)
     seconds = {setting: 0.0 for setting in folders}
     for setting, (child, log) in children.items():
         if child.wait() != 0:
@@ -137,14 +142,22 @@ def main() -> None:
     result = {"model": args.model, "backend": args.backend, "host": platform.node(), "date": time.strftime("%Y-%m-%d"),
               "convert_args": args.convert_args, "convert_s": convert_s,
               "weights": {s: weight_sizes(folders[s]) for s in settings}, "quality": {}, "runtime": {}}
+    def save() -> None:  # after every part: a run cut short keeps what it measured
+        if args.save:
+            args.save.parent.mkdir(parents=True, exist_ok=True)
+            args.save.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+    save()
     if "quality" not in skip:
         result["quality"] = {s: component_snr(folders["fp32"], folders[s], args.backend, args.seeds)
                              for s in settings if s != "fp32"}
+        save()
     if "picture" not in skip:
         reference = picture(folders["fp32"], args.backend, args.steps)
         for s in compared:
             result["quality"].setdefault(s, {})["picture_psnr_db"] = round(
                 psnr(picture(folders[s], args.backend, args.steps), reference), 2)
+        save()
     if "memory" not in skip and args.backend == "opencl":
         from runtime_memory import bench_component, run_generate
 
@@ -153,9 +166,7 @@ def main() -> None:
             rows = {name: bench_component(folders[s], name, caches, args.runs) for name in COMPONENTS}
             rows["generate_low_memory"] = run_generate(folders[s], caches, 2, PROMPT, low_memory=True)
             result["runtime"][s] = rows
-    if args.save:
-        args.save.parent.mkdir(parents=True, exist_ok=True)
-        args.save.write_text(json.dumps(result, indent=2, default=str) + "\n")
+            save()
     print_table(result, settings)
 
 
