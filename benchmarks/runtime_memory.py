@@ -108,6 +108,8 @@ def bench_component(out: Path, name: str, caches: Path, runs: int, oplib: Path |
             "programs": {k: stats.get(k) for k in ("programs_built", "programs_compiled", "programs_from_cache",
                                                    "build_seconds", "claim_seconds", "upload_seconds")},
             "zero_copy_mb": stats.get("weights_zero_copy_bytes", 0) / MIB,
+            "quantized_mb": stats.get("weights_quantized_bytes", 0) / MIB,
+            "dequantized_mb": stats.get("weights_dequantized_bytes", 0) / MIB,
             "model_pages_released_mb": stats.get("model_pages_released_bytes", 0) / MIB,
             "device_name": stats.get("device"), "gpu_peak_mb": done["gpu_peak_mb"], "wall_s": done["wall_s"]}
 

@@ -1,0 +1,49 @@
+"""The OpenCL delegate's view of one converted component: its stats JSON (weights held quantized
+and dequantized, nodes claimed, partitions) and every "not delegating" line of its verbose log,
+with host memory after load. For checking how a quantized file lands on a device.
+
+    python benchmarks/quant_stats.py OUT unet
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def rss_mb() -> dict:
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            fields[key] = round(int(value.split()[0]) / 1024, 1)
+    return fields
+
+
+def main() -> None:
+    from ai_edge_litert.interpreter import Interpreter, load_delegate
+
+    from compiler import manifest
+    from compiler.runtime import find_oplib
+
+    out, name = Path(sys.argv[1]), sys.argv[2]
+    entry = manifest.read_manifest(out)["components"][name]
+    precision = manifest.read_manifest(out)["options"]["precision"]
+    stats = Path(tempfile.mkdtemp()) / "stats.json"
+    delegate = load_delegate(str(find_oplib()), {"backend": "opencl", "precision": precision, "verbose": "1",
+                                                  "stats_path": str(stats)})
+    interpreter = Interpreter(model_path=str(out / entry["file"]), experimental_delegates=[delegate])
+    interpreter.allocate_tensors()
+    print(json.dumps({"rss_after_load_mb": rss_mb()}))
+    interpreter.invoke()
+    print(json.dumps({"rss_after_invoke_mb": rss_mb()}))
+    del interpreter
+    print(stats.read_text())
+
+
+if __name__ == "__main__":
+    main()
