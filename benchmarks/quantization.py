@@ -41,26 +41,32 @@ SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []), "int8"
 
 
 def convert_all(model: str, folders: dict, extra: list[str]) -> dict:
-    """Every missing conversion at once (separate processes: a lent GPU host has the cores);
-    seconds each took."""
-    started, children = time.perf_counter(), {}
+    """Every missing conversion (separate processes: a lent GPU host has the cores), at once,
+    except that a "-w0" / "-w50" int4 setting waits for plain int4 where that is converted too and
+    reuses its recipe (the recipe does not depend on Winograd, and the int4 sweep is the slow
+    part); seconds each took."""
+    started = time.perf_counter()
     missing = [setting for setting, out in folders.items() if not (out / "manifest.json").is_file()]
-    # the host's cores shared out: torch's default (every core each) oversubscribes them, and the
-    # recipes' many small forward runs then crawl (SD 1.5's text encoder recipe: 263 s, not 25)
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(missing))))}
-    for setting in missing:
-        out = folders[setting]
-        precision, weights, flags = SETTINGS[setting]
-        command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
-                   "--weights", weights, *flags, *extra]
-        log = open(out.parent / f"convert_{setting}.log", "w")
-        children[setting] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+    later = [s for s in missing if s.startswith("int4-") and "int4" in folders]
     seconds = {setting: 0.0 for setting in folders}
-    for setting, (child, log) in children.items():
-        if child.wait() != 0:
-            raise SystemExit(f"convert {setting} failed: see {log.name}")
-        log.close()
-        seconds[setting] = round(time.perf_counter() - started, 1)
+    for batch in ([s for s in missing if s not in later], later):
+        # the host's cores shared out: torch's default (every core each) oversubscribes them, and
+        # the recipes' many small forward runs then crawl (SD 1.5's text encoder recipe: 263 s, not 25)
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(batch))))}
+        children = {}
+        for setting in batch:
+            out = folders[setting]
+            precision, weights, flags = SETTINGS[setting]
+            reuse = ["--weights-recipe", str(folders["int4"])] if setting in later else []
+            command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
+                       "--weights", weights, *flags, *reuse, *extra]
+            log = open(out.parent / f"convert_{setting}.log", "w")
+            children[setting] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+        for setting, (child, log) in children.items():
+            if child.wait() != 0:
+                raise SystemExit(f"convert {setting} failed: see {log.name}")
+            log.close()
+            seconds[setting] = round(time.perf_counter() - started, 1)
     return seconds
 
 
