@@ -53,6 +53,30 @@ def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None 
 
 
 _STATS_IDS = itertools.count()
+STATS_PREFIX = "difflite-stats-"  # then PID-N.json (the delegate writes PID-N.json.tmp first)
+_swept = False
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_stats(folder: Path) -> list[Path]:
+    """Removes the stats files that difflite processes no longer running left in `folder` (a
+    killed process cannot remove its own); returns them."""
+    removed = []
+    for path in folder.glob(f"{STATS_PREFIX}*-*.json*"):
+        pid = path.name[len(STATS_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            _remove_file(path)
+            removed.append(path)
+    return removed
 
 
 def _remove_file(path: Path) -> None:
@@ -76,8 +100,13 @@ class Component:
             raise BadInput(f"{self.path}: no such model file")
         entry = entry or {}
         custom = entry.get("custom_ops", [])
-        # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file.
-        self.stats_path = Path(tempfile.gettempdir()) / f"difflite-stats-{os.getpid()}-{next(_STATS_IDS)}.json"
+        # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file;
+        # the first component of a process also removes those that killed processes left.
+        global _swept
+        if not _swept:
+            _swept = True
+            sweep_stale_stats(Path(tempfile.gettempdir()))
+        self.stats_path = Path(tempfile.gettempdir()) / f"{STATS_PREFIX}{os.getpid()}-{next(_STATS_IDS)}.json"
         self._remove_stats = weakref.finalize(self, _remove_file, self.stats_path)
         self.delegate = None
         if custom or backend != "cpu":

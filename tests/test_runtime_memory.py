@@ -248,3 +248,38 @@ def test_default_cache_dir_is_under_the_users_cache(lib, models, tmp_path):
     stats = json.loads(done.stdout.splitlines()[-1])["stats"]
     assert stats["program_cache"] == str(env_cache / "difflite" / "opencl")
     assert entries(env_cache / "difflite" / "opencl")
+
+
+LOAD_CHILD = """
+import os, signal, sys
+from compiler.runtime import Component
+component = Component(sys.argv[1], backend="opencl")  # the delegate writes its stats at load
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+component.close()
+"""
+
+
+def test_stats_files_of_killed_processes_are_swept(lib, models, tmp_path):
+    """A process killed with a component loaded cannot remove its delegate's stats file; the next
+    difflite process that loads one removes it, and keeps those of processes still running."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "DIFFLITE_OPLIB": str(lib)}
+    root = Path(__file__).resolve().parent.parent
+
+    def child(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", LOAD_CHILD, str(models["warm"]), mode], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    killed = child("kill")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    left = sorted(p.name for p in tmp.glob("difflite-stats-*"))
+    assert len(left) == 1 and left[0].endswith(".json"), left
+    alive = tmp / f"difflite-stats-{os.getpid()}-7.json"  # this test's process is running
+    alive.write_text("{}")
+    other = tmp / "difflite-notes.json"
+    other.write_text("{}")
+    done = child("close")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("difflite")) == sorted([alive.name, other.name])
