@@ -283,3 +283,18 @@ def test_stats_files_of_killed_processes_are_swept(lib, models, tmp_path):
     done = child("close")
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("difflite")) == sorted([alive.name, other.name])
+
+
+def test_loading_and_freeing_a_model_many_times_does_not_grow(lib, models, tmp_path):
+    """benchmarks/load_cycles.py in a fresh process: 40 loads, calls and frees of a model on the
+    OpenCL backend; RSS after the last within 10% of after the tenth, and no stats file left."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "DIFFLITE_OPLIB": str(lib)}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "load_cycles.py"), str(models["warm"]),
+                           "--cycles", "40", "--json"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["cycles"] == 40 and len(result["rows"]) == 40
+    assert result["growth"] <= 0.10, (result["after_10th_mb"], result["after_last_mb"])
+    assert result["stats_files_left"] == [] and not list(tmp_path.glob("difflite-stats-*"))
