@@ -200,3 +200,25 @@ def test_winograd_counts_a_quantized_layers_float_filters():
     assert fp16.extra_weight_bytes < int8.extra_weight_bytes < int4.extra_weight_bytes
     assert int8.direct_bytes < fp16.direct_bytes  # the direct convolution reads fewer weight bytes
     assert quantize.value_bytes("float") is None and quantize.value_bytes("int4", 64) == 0.5625
+
+
+def test_weight_bytes_count_the_quantization_parameters_the_file_holds(tmp_path):
+    """A per-axis scale is a float32 and its zero point an int64 in the file: for int4 blocks of 32
+    that is 12 bytes a block beside its 16 bytes of values. The reader's weight bytes count them
+    (the scales also go to the device), so reports do not undercount quantized files."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    path = tmp_path / "q4.tflite"
+    write_tflite(ir.serde.deserialize_model(linear_and_conv_model()), path=path,
+                 quantization=quantize.WeightQuantization("int4", 32, min_elements=1))
+    model = schema.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
+    buffers = sum(len(b.data) for b in model.buffers if b.data is not None)
+    scales = zero_points = 0
+    for t in model.subgraphs[0].tensors:
+        if t.quantization is not None and t.quantization.scale is not None:
+            scales += len(t.quantization.scale)
+            zero_points += len(t.quantization.zeroPoint)
+    summary = read_tflite(path)
+    assert scales > 0 and zero_points == scales
+    assert summary.quantization_bytes == 4 * scales + 8 * zero_points
+    assert summary.weight_bytes == buffers + summary.quantization_bytes <= summary.file_bytes

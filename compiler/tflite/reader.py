@@ -43,8 +43,11 @@ class TFLiteSummary:
     inputs: list[int]
     outputs: list[int]
     signatures: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    # the constants' buffers plus their quantization parameters as the file stores them (a float32
+    # scale and an int64 zero point each: for int4 blocks of 32, 3 of a weight's 7 bits)
     weight_bytes: int = 0
     weight_layout: str = "inline"  # "appended": weights after the flatbuffer (Buffer.offset)
+    quantization_bytes: int = 0  # of weight_bytes: the quantization parameters
 
     @property
     def op_histogram(self) -> dict[str, int]:
@@ -94,6 +97,7 @@ def _summarize(path: Path, data) -> TFLiteSummary:
         buffer_sizes.append(buf.DataLength() if buf.Offset() <= 1 else buf.Size())
     sub = model.Subgraphs(0)
     tensors = []
+    quantization_bytes = 0
     for i in range(sub.TensorsLength()):
         t = sub.Tensors(i)
         shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
@@ -106,6 +110,9 @@ def _summarize(path: Path, data) -> TFLiteSummary:
         if t.Buffer() >= len(buffer_sizes):
             raise BadInput(f"{path}: tensor {i} points at a missing buffer")
         const = t.Buffer() > 0 and buffer_sizes[t.Buffer()] > 0
+        quant = t.Quantization() if const else None
+        if quant is not None:
+            quantization_bytes += 4 * quant.ScaleLength() + 8 * quant.ZeroPointLength()
         tensors.append(TensorInfo(_text(t.Name()), shape, dtype_name, nbytes, const))
     codes = []
     for i in range(model.OperatorCodesLength()):
@@ -135,4 +142,5 @@ def _summarize(path: Path, data) -> TFLiteSummary:
         str(path), len(data), tensors, ops,
         [int(x) for x in sub.InputsAsNumpy()] if sub.InputsLength() else [],
         [int(x) for x in sub.OutputsAsNumpy()] if sub.OutputsLength() else [],
-        signatures, sum(buffer_sizes), "appended" if appended else "inline")
+        signatures, sum(buffer_sizes) + quantization_bytes, "appended" if appended else "inline",
+        quantization_bytes)
