@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -189,12 +190,20 @@ class LitePipeline:
     one interpreter alive at a time, for the price of loading them again for every picture.
     """
 
-    def __init__(self, out, backend: str = "cpu", threads: int | None = None, low_memory: bool = False):
+    def __init__(self, out, backend: str = "cpu", threads: int | None = None, low_memory: bool = False,
+                 fallback: str = "none"):
         from compiler import manifest
+        from compiler.runtime import FALLBACKS
 
+        if fallback not in FALLBACKS:
+            raise BadInput(f"--fallback {fallback!r} is not one of {', '.join(FALLBACKS)}")
         self.out = Path(out)
         self.manifest = manifest.read_manifest(self.out)
         self.backend = backend
+        # "cpu": a model the OpenCL backend cannot load runs on the CPU backend, and so does every
+        # later one (fallback_reason says why, once, on stderr and in the settings)
+        self.fallback = fallback
+        self.fallback_reason: str | None = None
         self.threads = threads
         self.low_memory = low_memory
         components = self.manifest.get("components", {})
@@ -249,9 +258,13 @@ class LitePipeline:
                 hint = f"img2img needs it: {ENCODER_HINT}" if name == "vae_encoder" else "convert again"
                 raise BadInput(f"{missing}: missing ({hint})")
             start = time.perf_counter()
-            self._components[name] = Component(self.out / entry["file"], entry, backend=self.backend,
-                                               threads=self.threads,
-                                               precision=self.manifest["options"]["precision"])
+            component = Component(self.out / entry["file"], entry, backend=self.backend, threads=self.threads,
+                                  precision=self.manifest["options"]["precision"], fallback=self.fallback)
+            if component.fallback_reason is not None and self.fallback_reason is None:
+                self.backend, self.fallback_reason = "cpu", component.fallback_reason
+                print(f"difflite: warning: the OpenCL backend cannot run this model, so the CPU backend runs it "
+                      f"(--fallback cpu): {component.fallback_reason}", file=sys.stderr)
+            self._components[name] = component
             self.load_seconds += time.perf_counter() - start
         return self._components[name]
 
@@ -358,7 +371,8 @@ class LitePipeline:
             "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": sched.class_name,
             "guidance_embedding": self.timestep_cond_dim is not None,
             "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
-            "backend": self.backend, "height": self.height, "width": self.width, "low_memory": self.low_memory,
+            "backend": self.backend, "fallback_reason": self.fallback_reason,
+            "height": self.height, "width": self.width, "low_memory": self.low_memory,
             "img2img": img2img, **({"strength": strength} if img2img else {}),
             **({"timestep_spacing": timestep_spacing} if timestep_spacing else {}),
         }
@@ -484,6 +498,10 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
               help="Override the config's timestep spacing (trailing for Turbo-style few-step models).")
 @click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
               help="Op library backend for the custom ops (opencl runs the whole graph on the GPU).")
+@click.option("--fallback", type=click.Choice(["none", "cpu"]), default="none", show_default=True,
+              help="--backend opencl where OpenCL cannot run a model (no OpenCL, no device, a kernel that does "
+                   "not build, memory the device refuses): none fails with exit 2 and the reason; cpu warns "
+                   "with the reason and runs on the CPU backend.")
 @click.option("--init-image", type=click.Path(), default=None,
               help="img2img: start from this picture (needs OUT/vae_encoder.tflite).")
 @click.option("--strength", default=0.8, show_default=True, type=float,
@@ -495,7 +513,7 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "the loading (timings: load); the picture is the same.")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
 def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, timestep_spacing,
-                     backend, init_image, strength, low_memory, as_json):
+                     backend, fallback, init_image, strength, low_memory, as_json):
     """Make a picture from PROMPT with the .tflite files in OUT (txt2img, or img2img with
     --init-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
     from rich.console import Console
@@ -508,7 +526,7 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     )
 
     output = check_writable(output)
-    pipe = LitePipeline(out, backend=backend, low_memory=low_memory)
+    pipe = LitePipeline(out, backend=backend, low_memory=low_memory, fallback=fallback)
     if init_image is not None and not pipe.has_vae_encoder:
         raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
     console = Console(stderr=True)

@@ -49,10 +49,15 @@ def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None 
     try:
         return load_delegate(str(find_oplib()), options)
     except ValueError as exc:
-        raise BadInput(f"the op library refused backend={backend}: {exc}") from exc
+        # LiteRT's "Failed to load delegate from PATH", then what the library said: its own line
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        said = [line.split(": ", 1)[1] for line in lines if line.startswith("difflite: ") and ": " in line]
+        reason = said[-1] if said else (lines[-1] if lines else "no reason given")
+        raise BadInput(f"the op library refused backend={backend}: {reason}") from exc
 
 
 _STATS_IDS = itertools.count()
+FALLBACKS = ("none", "cpu")  # what --backend opencl does where OpenCL cannot run a model
 STATS_PREFIX = "difflite-stats-"  # then PID-N.json (the delegate writes PID-N.json.tmp first)
 _swept = False
 
@@ -90,11 +95,14 @@ class Component:
     """One emitted model, callable with NCHW numpy arrays by input name."""
 
     def __init__(self, path, entry: dict | None = None, backend: str = "cpu", threads: int | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", fallback: str = "none"):
         """`precision`: the delegate's (fp16: half storage on the OpenCL backend; the CPU
-        backend computes in float32 either way)."""
-        from ai_edge_litert.interpreter import Interpreter
-
+        backend computes in float32 either way). `fallback` "cpu": where the OpenCL backend cannot
+        load this model (no OpenCL, no device, a kernel that does not build, memory the device
+        refuses), load it on the CPU backend instead; `backend` then says "cpu" and
+        `fallback_reason` why. "none": that is a BadInput."""
+        if fallback not in FALLBACKS:
+            raise BadInput(f"--fallback {fallback!r} is not one of {', '.join(FALLBACKS)}")
         self.path = Path(path)
         if not self.path.is_file():
             raise BadInput(f"{self.path}: no such model file")
@@ -108,7 +116,24 @@ class Component:
             sweep_stale_stats(Path(tempfile.gettempdir()))
         self.stats_path = Path(tempfile.gettempdir()) / f"{STATS_PREFIX}{os.getpid()}-{next(_STATS_IDS)}.json"
         self._remove_stats = weakref.finalize(self, _remove_file, self.stats_path)
-        self.delegate = None
+        self.backend, self.fallback_reason = backend, None
+        try:
+            self._load(backend, bool(custom), precision, threads)
+        except BadInput as exc:
+            if backend == "cpu" or fallback != "cpu":
+                raise
+            self.backend, self.fallback_reason = "cpu", str(exc)
+            self._load("cpu", bool(custom), precision, threads)
+        self.layouts = {e["name"]: e.get("layout", "as_onnx")
+                        for e in entry.get("inputs", []) + entry.get("outputs", [])}
+        self.input_details = self.runner.get_input_details()
+
+    def _load(self, backend: str, custom: bool, precision: str, threads: int | None) -> None:
+        """The delegate (where the model has custom ops or the backend is not the CPU's) and the
+        interpreter, planned and ready to run; BadInput where either cannot be made."""
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.delegate = self.interpreter = self.runner = None
         if custom or backend != "cpu":
             self.delegate = delegate_for(backend, precision, stats_path=self.stats_path)
         try:
@@ -119,10 +144,8 @@ class Component:
             self.interpreter.allocate_tensors()
             self.runner = self.interpreter.get_signature_runner(SIGNATURE_KEY)
         except (ValueError, RuntimeError) as exc:
+            self.delegate = self.interpreter = None
             raise BadInput(f"{self.path}: cannot load ({exc})") from exc
-        self.layouts = {e["name"]: e.get("layout", "as_onnx")
-                        for e in entry.get("inputs", []) + entry.get("outputs", [])}
-        self.input_details = self.runner.get_input_details()
 
     @property
     def closed(self) -> bool:

@@ -517,3 +517,30 @@ def test_cli_leaves_no_stats_file(folders, tmp_path, flags):
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout)["settings"]["low_memory"] is bool(flags)
     assert stats_files(tmp) == []
+
+
+def test_opencl_fallback_none_fails_cleanly_and_cpu_warns_and_runs(folders, lite, tmp_path):
+    """No OpenCL platform (an empty ICD folder): --backend opencl fails with exit 2 and the reason
+    on one line, writing nothing; with --fallback cpu it says why once and makes the CPU backend's
+    picture."""
+    icd = tmp_path / "no-icd"
+    icd.mkdir()
+    env = {**os.environ, "OCL_ICD_VENDORS": str(icd)}
+    target = tmp_path / "out.png"
+    base = [*difflite_command(), "generate", str(folders[1]), PROMPT, "-o", str(target), "--steps", "2",
+            "--seed", "3", "--backend", "opencl"]
+    failed = subprocess.run(base, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert failed.returncode == 2, failed.stderr
+    lines = [line for line in failed.stderr.splitlines() if line.startswith("difflite: error:")]
+    assert len(lines) == 1 and "no OpenCL platform" in lines[0], failed.stderr
+    assert "Traceback" not in failed.stderr and not target.exists()
+    ran = subprocess.run([*base, "--fallback", "cpu", "--json"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    warnings = [line for line in ran.stderr.splitlines() if line.startswith("difflite: warning:")]
+    assert len(warnings) == 1 and "--fallback cpu" in warnings[0] and "no OpenCL platform" in warnings[0], ran.stderr
+    settings = json.loads(ran.stdout)["settings"]
+    assert settings["backend"] == "cpu" and "no OpenCL platform" in settings["fallback_reason"]
+    with Image.open(target) as png:
+        pixels = np.asarray(png)
+    expected = lite[1](PROMPT, steps=2, seed=3).uint8
+    assert np.array_equal(pixels, expected)
