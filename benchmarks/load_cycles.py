@@ -23,17 +23,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-MIB = 1024 * 1024
+
+from compiler.procmem import resident_mb  # noqa: E402
 TARGET_GROWTH = 0.10
-
-
-def memory_mb() -> dict:
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile"):
-            fields[key] = int(value.split()[0]) * 1024 / MIB
-    return fields
 
 
 def one_cycle(model: Path, backend: str, precision: str) -> None:
@@ -50,15 +42,15 @@ def run(model: Path, backend: str, precision: str, cycles: int) -> dict:
     started = time.perf_counter()
     for cycle in range(1, cycles + 1):
         one_cycle(model, backend, precision)
-        rows.append({"cycle": cycle, **{k: round(v, 2) for k, v in memory_mb().items()}})
+        rows.append({"cycle": cycle, **{k: round(v, 2) for k, v in resident_mb().items() if v is not None}})
     tenth, last = rows[min(9, len(rows) - 1)], rows[-1]
-    growth = (last["VmRSS"] - tenth["VmRSS"]) / tenth["VmRSS"]
+    growth = (last["rss"] - tenth["rss"]) / tenth["rss"]
     leftovers = sorted(p.name for p in Path(tempfile.gettempdir()).glob("difflite-stats-*")
                        if p.name.split("-")[2] == str(os.getpid()))
     return {"model": str(model), "backend": backend, "precision": precision, "cycles": cycles,
             "host": platform.node(), "date": time.strftime("%Y-%m-%d"),
-            "seconds": round(time.perf_counter() - started, 2), "after_10th_mb": tenth["VmRSS"],
-            "after_last_mb": last["VmRSS"], "growth": round(growth, 4), "target_growth": TARGET_GROWTH,
+            "seconds": round(time.perf_counter() - started, 2), "after_10th_mb": tenth["rss"],
+            "after_last_mb": last["rss"], "growth": round(growth, 4), "target_growth": TARGET_GROWTH,
             "met": growth <= TARGET_GROWTH, "stats_files_left": leftovers, "rows": rows}
 
 

@@ -15,20 +15,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def rss_mb() -> dict:
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-            fields[key] = round(int(value.split()[0]) / 1024, 1)
-    return fields
-
-
 def main() -> None:
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
     from compiler import manifest
+    from compiler.procmem import high_water_mark_mb, resident_mb
     from compiler.runtime import find_oplib
+
+    def rss_mb() -> dict:
+        return {**resident_mb(), "peak": high_water_mark_mb()}
 
     out, name = Path(sys.argv[1]), sys.argv[2]
     entry = manifest.read_manifest(out)["components"][name]

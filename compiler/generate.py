@@ -193,10 +193,9 @@ class LitePipeline:
     def __init__(self, out, backend: str = "cpu", threads: int | None = None, low_memory: bool = False,
                  fallback: str = "none"):
         from compiler import manifest
-        from compiler.runtime import FALLBACKS
+        from compiler.runtime import check_fallback
 
-        if fallback not in FALLBACKS:
-            raise BadInput(f"--fallback {fallback!r} is not one of {', '.join(FALLBACKS)}")
+        check_fallback(fallback)
         self.out = Path(out)
         self.manifest = manifest.read_manifest(self.out)
         self.backend = backend

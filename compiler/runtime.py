@@ -58,6 +58,11 @@ def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None 
 
 _STATS_IDS = itertools.count()
 FALLBACKS = ("none", "cpu")  # what --backend opencl does where OpenCL cannot run a model
+
+
+def check_fallback(fallback: str) -> None:
+    if fallback not in FALLBACKS:
+        raise BadInput(f"--fallback {fallback!r} is not one of {', '.join(FALLBACKS)}")
 STATS_PREFIX = "difflite-stats-"  # then PID-N.json (the delegate writes PID-N.json.tmp first)
 _swept = False
 
@@ -101,8 +106,7 @@ class Component:
         load this model (no OpenCL, no device, a kernel that does not build, memory the device
         refuses), load it on the CPU backend instead; `backend` then says "cpu" and
         `fallback_reason` why. "none": that is a BadInput."""
-        if fallback not in FALLBACKS:
-            raise BadInput(f"--fallback {fallback!r} is not one of {', '.join(FALLBACKS)}")
+        check_fallback(fallback)
         self.path = Path(path)
         if not self.path.is_file():
             raise BadInput(f"{self.path}: no such model file")

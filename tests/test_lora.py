@@ -308,17 +308,23 @@ def _ok(result):
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
 
 
+def convert_with_lora(path: Path, scale: float, out: Path):
+    """`convert` of the tiny UNet and text encoder with one LoRA: (the run, the manifest's record
+    of the LoRA, whose sha256 is checked here)."""
+    result = difflite("convert", "preset:tiny", "-o", out, "--components", "unet,text_encoder",
+                      "--height", "64", "--width", "64", "--lora", f"{path}:{scale}")
+    _ok(result)
+    [record] = json.loads((out / "manifest.json").read_text())["source"]["loras"]
+    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    return result, record
+
+
 def test_cli_convert_and_verify_with_a_kohya_lora(base, tmp_path):
     path = tmp_path / "kohya.safetensors"
     write_kohya(base, path)
     out = tmp_path / "out"
-    result = difflite("convert", "preset:tiny", "-o", out, "--components", "unet,text_encoder",
-                      "--height", "64", "--width", "64", "--lora", f"{path}:0.8")
-    _ok(result)
+    result, record = convert_with_lora(path, 0.8, out)
     assert "merged LoRA kohya.safetensors x0.8 (kohya, 8 UNet + 5 text encoder layers)" in result.stderr
-    source = json.loads((out / "manifest.json").read_text())["source"]
-    [record] = source["loras"]
-    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert record["scale"] == 0.8 and record["path"] == str(path) and record["format"] == "kohya"
     _ok(difflite("verify", out))
 
@@ -354,11 +360,7 @@ def test_cli_convert_and_verify_with_a_diffusers_lora(base, tmp_path):
     path = tmp_path / "peft.safetensors"
     write_diffusers(base, path)
     out = tmp_path / "out"
-    result = difflite("convert", "preset:tiny", "-o", out, "--components", "unet,text_encoder",
-                      "--height", "64", "--width", "64", "--lora", f"{path}:-0.5")
-    _ok(result)
-    [record] = json.loads((out / "manifest.json").read_text())["source"]["loras"]
-    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    _, record = convert_with_lora(path, -0.5, out)
     assert record["scale"] == -0.5 and record["format"] == "diffusers"
     assert record["layers"]["unet"] > 0 and record["layers"]["text_encoder"] > 0
     _ok(difflite("verify", out))

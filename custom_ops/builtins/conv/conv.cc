@@ -183,12 +183,11 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   PackedWeight wt;
   wt.Plan(ctx, w, g.cout, k, 16, wq);
   if (wt.planned()) {
-    if (wq.on()) wq.bits = 8;  // the packed copy is int8, int4 widened
+    wq = wq.PackedCopy(wt.np());
     cl_kernel k_rows = nullptr;
     e = GetKernel(ctx, "conv", "conv2d_rows", "-DRM=" + std::to_string(kFlatRows) + wq.Options(),
                   &k_rows);
     if (!e.empty()) return Refuse(error, e);
-    if (wq.on()) wq.kg = wt.np();  // the packed scales' row length (dl_qweights.cl)
     const size_t items = static_cast<size_t>((g.cout + 15) / 16);
     size_t l = 1;
     while (l < items && l < 16) l *= 2;

@@ -105,6 +105,15 @@ WeightQuant WeightQuant::Of(const TensorInfo& w, int n, int k, bool quads) {
   return q;
 }
 
+WeightQuant WeightQuant::PackedCopy(int np) const {
+  WeightQuant q = *this;
+  if (on()) {
+    q.bits = 8;
+    q.kg = np;
+  }
+  return q;
+}
+
 std::string WeightQuant::Options() const {
   return on() ? " -DDL_WQ=" + std::to_string(bits) : "";
 }
@@ -188,12 +197,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   if (batches_ != 1) s_.wq = WeightQuant();
   if (PreferFlatKernels(ctx)) {
     flat_ = true;
-    if (s_.wq.on() && s_.b_sn == 1) {  // the packed int8 copy [K][NP]
-      s_.wq.bits = 8;
-      s_.wq.kg = s_.b_sk;
-    } else {
-      s_.wq = WeightQuant();
-    }
+    s_.wq = s_.b_sn == 1 ? s_.wq.PackedCopy(s_.b_sk) : WeightQuant();  // B: the packed [K][NP]
     if (s_.b_sn != 1 && s_.n > 1) {
       // Copy B n-major, one dense [K][N] block per batch of the output.
       IndexSpace space;

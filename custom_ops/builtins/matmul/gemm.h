@@ -121,6 +121,9 @@ struct WeightQuant {
   // For the constant `w` read as [n][k]; `quads`: the kernel reads k in aligned runs of 4.
   static WeightQuant Of(const TensorInfo& w, int n, int k, bool quads);
   bool on() const { return bits != 0; }
+  // How the flat kernels read the int8 copy PackedWeight makes of it (int4 widened; the packed
+  // scales' row length `np` in kg); off stays off.
+  WeightQuant PackedCopy(int np) const;
   // Build options: -DDL_WQ=<bits>, or "" when off.
   std::string Options() const;
   // The kernels' last arguments (dl_qweights.cl's DL_WQ_PARAMS) where on.

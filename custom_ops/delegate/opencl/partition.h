@@ -44,7 +44,6 @@ struct Slot {
   // Constants read quantized (every reader ReadsQuantized it): storage kInt8 / kInt4, the
   // model's integers, and their float32 scales in `scales`.
   int readers = 0;
-  bool host_quantized = false;      // the model stores it int8 / int4
   bool quantized = false;           // held so on the device
   cl_mem scales = nullptr;
   size_t scale_bytes = 0;

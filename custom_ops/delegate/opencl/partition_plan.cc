@@ -32,7 +32,6 @@ std::string Partition::ClassifyTensors() {
     const int out = n->outputs[0];
     Slot s = MakeSlot(out, Slot::kConst, DType::kFloat32, storage, n->folded_value->shape);
     s.host = n->folded_value;
-    s.host_quantized = s.host->quantized();
     slots_[out] = s;
   }
   const int steps = static_cast<int>(exec_.size());
@@ -47,7 +46,6 @@ std::string Partition::ClassifyTensors() {
         if (c != n.consts.end()) {
           Slot s = MakeSlot(idx, Slot::kConst, c->second->dtype, storage, c->second->shape);
           s.host = c->second;
-          s.host_quantized = s.host->quantized();
           it = slots_.emplace(idx, s).first;
         } else {
           const TensorInfo& info = n.in_info[i];

@@ -362,7 +362,7 @@ std::string Partition::UploadConstants() {
     const size_t held = std::max<size_t>(s.bytes, 4) + (s.scales != nullptr ? s.scale_bytes : 0);
     weights_bytes += held;
     if (s.quantized) upload.quantized_bytes += held;
-    if (!s.quantized && s.host_quantized) upload.dequantized_bytes += held;
+    if (!s.quantized && s.host != nullptr && s.host->quantized()) upload.dequantized_bytes += held;
   }
   upload.held_bytes = weights_bytes;
   for (size_t step : exec_) {
@@ -374,7 +374,7 @@ std::string Partition::UploadConstants() {
       if (idx < 0 || !n.op->PacksInput(i)) continue;
       const Slot& s = slots_.at(idx);
       if (s.quantized) upload.quantized_bytes += own;
-      if (!s.quantized && s.host_quantized) upload.dequantized_bytes += own;
+      if (!s.quantized && s.host != nullptr && s.host->quantized()) upload.dequantized_bytes += own;
       break;
     }
   }
