@@ -123,15 +123,17 @@ def parse_lora(spec: str):
 @click.option("--weights", "weights", type=click.Choice(["float", "int8", "int4"]), default="float",
               show_default=True,
               help="Storage of the convolution and linear weights: float follows --precision; int8 (one scale per "
-                   "output channel) and int4 (a scale per --weights-block input values) store them quantized, "
-                   "with TFLite's DEQUANTIZE to float after them. Both are mixes: the layers most sensitive to "
+                   "output channel) and int4 (a scale per --weights-block input values, stored as --precision "
+                   "stores weights) store them quantized, with TFLite's DEQUANTIZE to float after them (int4: "
+                   "times its block scales, MUL). Both are mixes: the layers most sensitive to "
                    "int4 stay int8, those most sensitive to int8 stay float (as --precision stores them), as a "
                    "recipe says (computed on the PyTorch model for --weights-target-db, or read from "
                    "--weights-recipe; written to OUT/weights_recipe.json and the manifest). Every other "
                    "weight (norms, biases, embeddings, Winograd's transformed weights, the VAE decoder's first and "
                    "last convolutions) and the activations follow --precision.")
 @click.option("--weights-block", default=32, show_default=True, type=int,
-              help="int4: how many consecutive input values share a scale (a float32 each).")
+              help="int4: how many consecutive input values share a scale (a float16 each at --precision fp16, "
+                   "else a float32).")
 @click.option("--weights-recipe", "weights_recipe", type=click.Path(), default=None,
               help="int4 / int8: reuse the per-layer choice of an earlier conversion at the same --weights: its "
                    "weights_recipe.json, its manifest.json or its output folder. Layers are matched by a digest of "
@@ -153,9 +155,10 @@ def parse_lora(spec: str):
 @click.option("--device-profile", default="generic", show_default=True,
               help="Target GPU profile (compiler/device_profiles.json): generic, adreno-740, mali-g715, ...; "
                    "it picks Winograd convolutions and attention variants.")
-@click.option("--winograd-budget-mb", default=None, type=float,
-              help="Extra weight memory Winograd may add (its weights are 4x a 3x3 conv's) "
-                   "[default: the device profile's budget: 200 MB, 4000 on nvidia-h100].")
+@click.option("--winograd-budget-mb", default=None,
+              help="Extra weight memory Winograd may add per component (its weights are 4x a 3x3 conv's): "
+                   "N MB for each, or per component, e.g. 150,vae_decoder=0 (the UNet and text encoder 150, "
+                   "the VAE decoder none) [default: the device profile's budget: 200 MB, 4000 on nvidia-h100].")
 @click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only (recognised patterns are decomposed "
                                                 "into NHWC-friendly builtins).")
 @click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")
@@ -170,12 +173,15 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
     2.x inferred from its keys, or --config FOLDER), or preset:NAME (preset:tiny, preset:sd15,
     preset:sd21, preset:sd21-768: real architectures, seeded random weights).
     """
-    from compiler.convert import ConvertOptions, convert as run_convert
+    from compiler.convert import ConvertOptions, convert as run_convert, parse_winograd_budget
+
+    budget, budgets = parse_winograd_budget(winograd_budget_mb)
 
     options = ConvertOptions(
         components=tuple(c.strip() for c in components.split(",") if c.strip()),
         height=height, width=width, batch=batch, precision=precision,
-        fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=winograd_budget_mb,
+        fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=budget,
+        winograd_budgets_mb=budgets,
         keep_onnx=keep_onnx, seed=seed, weights=weights, weights_block=weights_block, weights_recipe=weights_recipe,
         weights_target_db=weights_target_db, weights_probes=weights_probes)
     quiet = as_json

@@ -31,6 +31,28 @@ VERSION = "0.1.0"
 VAE_DECODER_FLOAT = ("decoder.conv_in.", "decoder.conv_out.")
 
 
+def parse_winograd_budget(text: str | None) -> tuple[float | None, dict[str, float]]:
+    """--winograd-budget-mb: "N" (MB for every component), "COMPONENT=N,..." or both
+    ("150,vae_decoder=0"): (the budget for components not named or None, {component: MB})."""
+    if text is None:
+        return None, {}
+    default, per_component = None, {}
+    for part in (p.strip() for p in str(text).split(",")):
+        name, _, value = part.rpartition("=")
+        try:
+            budget = float(value)
+        except ValueError:
+            raise BadInput(f"--winograd-budget-mb {text!r}: {value!r} is not a number of MB "
+                           "(N, or COMPONENT=N, comma-separated)") from None
+        if not name and default is not None or name in per_component:
+            raise BadInput(f"--winograd-budget-mb {text!r}: {name or 'the default'} is given twice")
+        if name:
+            per_component[name.strip()] = budget
+        else:
+            default = budget
+    return default, per_component
+
+
 @dataclass
 class ConvertOptions:
     components: tuple[str, ...] = DEFAULT_COMPONENTS
@@ -41,6 +63,8 @@ class ConvertOptions:
     fuse: tuple[str, ...] = DEFAULT_FUSE
     device_profile: str = DEFAULT_PROFILE
     winograd_budget_mb: float | None = None  # None: the device profile's budget
+    # per component, overriding the one above (e.g. {"vae_decoder": 0.0}): parse_winograd_budget
+    winograd_budgets_mb: dict[str, float] = field(default_factory=dict)
     keep_onnx: bool = False
     seed: int = 0  # the preset's weights
     weights: str = "float"  # convolution / linear weights: float (as --precision), int8 or int4
@@ -64,8 +88,12 @@ class ConvertOptions:
         if self.batch not in (1, 2):
             raise BadInput(f"batch {self.batch} must be 1 or 2")
         profiles.load_profile(self.device_profile)
-        if self.winograd_budget_mb is not None and not self.winograd_budget_mb >= 0:
-            raise BadInput(f"--winograd-budget-mb {self.winograd_budget_mb} must be >= 0")
+        for where, budget in [(None, self.winograd_budget_mb), *self.winograd_budgets_mb.items()]:
+            if where is not None and where not in export.COMPONENTS:
+                raise BadInput(f"--winograd-budget-mb: unknown component {where!r} "
+                               f"(choose from {', '.join(export.COMPONENTS)})")
+            if budget is not None and not budget >= 0:
+                raise BadInput(f"--winograd-budget-mb {budget} must be >= 0")
         if self.weights not in quantize.WIDTHS:
             raise BadInput(f"--weights {self.weights!r} must be one of {', '.join(quantize.WIDTHS)}")
         if not (isinstance(self.weights_block, int) and 2 <= self.weights_block <= 4096
@@ -97,8 +125,11 @@ class ConvertOptions:
             return self.weights_target_db
         return weight_recipe.TARGETS_DB.get(self.weights)
 
-    def budget_mb(self) -> float:
-        """The Winograd weight budget: the option when given, else the device profile's."""
+    def budget_mb(self, component: str | None = None) -> float:
+        """The Winograd weight budget of `component`: its own when given, else the option's, else
+        the device profile's."""
+        if component in self.winograd_budgets_mb:
+            return self.winograd_budgets_mb[component]
         if self.winograd_budget_mb is not None:
             return self.winograd_budget_mb
         return profiles.load_profile(self.device_profile).winograd_budget_mb
@@ -110,6 +141,7 @@ class ConvertOptions:
         d["components"] = list(self.components)
         d["fuse"] = sorted(self.fuse)
         d["winograd_budget_mb"] = self.budget_mb()
+        d["winograd_budgets_mb"] = {c: self.budget_mb(c) for c in self.components}
         if self.weights_recipe is not None:
             d["weights_recipe"] = str(Path(self.weights_recipe).expanduser().absolute())
         return d
@@ -282,9 +314,10 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     # for NHWC); only the kinds in options.fuse become custom ops.
     decisions: dict = {}
     fusion = run_passes(graph, set(CANONICAL_KINDS) | set(options.fuse), profile=options.device_profile,
-                        winograd_budget_mb=options.budget_mb(), precision=options.precision,
+                        winograd_budget_mb=options.budget_mb(name), precision=options.precision,
                         details=decisions,
-                        weight_value_bytes=quantize.value_bytes(options.weights, options.weights_block))
+                        weight_value_bytes=quantize.value_bytes(options.weights, options.weights_block,
+                                                                quantize.scale_bytes(options.precision)))
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in options.fuse
     filename = f"{name}.tflite"

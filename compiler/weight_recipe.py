@@ -90,19 +90,21 @@ def stored(array: np.ndarray, width: str, block: int, precision: str = "fp32") -
     if width == "int8":
         return quantize.dequantize(quantize.quantize_int8(array, 0))
     if width == "int4":
-        return quantize.dequantize(quantize.quantize_int4(array, block)).reshape(array.shape)
+        stored4 = quantize.quantize_int4(array, block, quantize.scale_dtype(precision))
+        return quantize.dequantize(stored4).reshape(array.shape)
     if precision == "fp16":  # the writer's float16 + DEQUANTIZE (every weight a recipe sees is large)
         return array.astype(np.float16).astype(np.float32)
     return array
 
 
 def stored_bytes(shape, width: str, block: int, precision: str = "fp32") -> int:
-    """The writer's bytes for a weight at `width` (values + float32 scales); float as `precision`."""
+    """The writer's bytes for a weight at `width` (values + scales: int8's float32, int4's as
+    `precision` stores weights); float as `precision`."""
     size = int(np.prod(shape))
     if width == "int8":
         return size + 4 * int(shape[0])
     if width == "int4":
-        return (size + 1) // 2 + 4 * (size // block)
+        return (size + 1) // 2 + quantize.scale_bytes(precision) * (size // block)
     return (2 if precision == "fp16" else 4) * size
 
 

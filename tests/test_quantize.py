@@ -202,15 +202,35 @@ def test_winograd_counts_a_quantized_layers_float_filters():
     assert quantize.value_bytes("float") is None and quantize.value_bytes("int4", 64) == 0.5625
 
 
+def test_int4_compact_form_costs_four_and_a_half_bits_a_weight_at_fp16(tmp_path):
+    """int4 at fp16: the values (half a byte each) and a float16 scale per block of 32 in a
+    tensor of their own, with one per-tensor scale and zero point (12 bytes) in the metadata:
+    4.5 bits a weight, not the 7 that per-axis scales and int64 zero points would cost."""
+    path = tmp_path / "q4.tflite"
+    result = write_tflite(ir.serde.deserialize_model(linear_and_conv_model()), precision="fp16", path=path,
+                          quantization=quantize.WeightQuantization("int4", 32, min_elements=1))
+    summary = read_tflite(path)
+    sizes = [int(np.prod(w["shape"])) for w in result.weight_widths]
+    assert [w["width"] for w in result.weight_widths] == ["int4", "int4"]
+    int4 = [t for t in summary.tensors if t.constant and t.dtype == "int4"]
+    assert sorted(t.nbytes for t in int4) == sorted(size // 2 for size in sizes)
+    scales = [t for t in summary.tensors if t.constant and t.dtype == "float16" and t.shape[-1:] == (1,)]
+    assert sorted(t.nbytes for t in scales) == sorted(2 * size // 32 for size in sizes)
+    assert summary.quantization_bytes == 12 * len(int4)
+    assert [w["bytes"] for w in result.weight_widths] == [s // 2 + 2 * s // 32 for s in sizes]
+    # DEQUANTIZE: two int4 values, two block scales, the convolution bias (64 values: float16)
+    assert summary.op_histogram.get("MUL") == 2 and summary.op_histogram.get("DEQUANTIZE") == 5
+
+
 def test_weight_bytes_count_the_quantization_parameters_the_file_holds(tmp_path):
-    """A per-axis scale is a float32 and its zero point an int64 in the file: for int4 blocks of 32
-    that is 12 bytes a block beside its 16 bytes of values. The reader's weight bytes count them
-    (the scales also go to the device), so reports do not undercount quantized files."""
+    """A per-axis scale is a float32 and its zero point an int64 in the file (int8: one per output
+    channel; int4's compact form: one per tensor). The reader's weight bytes count them (the
+    scales also go to the device), so reports do not undercount quantized files."""
     from ai_edge_litert import schema_py_generated as schema
 
     path = tmp_path / "q4.tflite"
     write_tflite(ir.serde.deserialize_model(linear_and_conv_model()), path=path,
-                 quantization=quantize.WeightQuantization("int4", 32, min_elements=1))
+                 quantization=quantize.WeightQuantization("int8", 32, min_elements=1))
     model = schema.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
     buffers = sum(len(b.data) for b in model.buffers if b.data is not None)
     scales = zero_points = 0

@@ -6,8 +6,11 @@ The weight forms are TFLite's standard ones (what `difflite convert --weights in
 * int8: TensorType INT8, affine quantization per axis (one scale per output channel,
   quantized_dimension 0 of CONV_2D's OHWI filter and FULLY_CONNECTED's [N, K]) or per tensor;
 * int4: TensorType INT4, two values a byte (even index in the low nibble, odd in the high one,
-  each sign-extended from 4 bits), blockwise: [N, K] stored as [N*K/B, B] per axis 0 (one
-  scale per block of B inputs), DEQUANTIZE to float32 [N*K/B, B], RESHAPE to [N, K].
+  each sign-extended from 4 bits), blockwise: [N, K] stored as [N*K/B, B], one scale per block
+  of B inputs, back to [N, K] in one of two forms:
+  - compact (what convert writes): per-tensor scale 1 and DEQUANTIZE to float32 [N*K/B, B],
+    MUL by a float16 [N*K/B, 1] constant of block scales (DEQUANTIZEd), RESHAPE to [N, K];
+  - per axis: scales on axis 0 of the INT4 tensor, DEQUANTIZE, RESHAPE.
 
 Each model runs through ai_edge_litert with the delegate (backend=opencl, PoCL in CI) and
 without it (stock LiteRT: XNNPACK / reference kernels): float storage within 1e-5 of stock,
@@ -122,12 +125,25 @@ class QModel(OpModel):
         self.builtin("DEQUANTIZE", [qi], [out])
         return out
 
-    def int4_weight(self, name, w_shape, blocks, scale) -> int:
-        """Blockwise int4 [N*K/B, B] -> DEQUANTIZE -> RESHAPE to w_shape: the float32 weight."""
-        qi = self.quantized(name, pack_int4(blocks), blocks.shape, schema.TensorType.INT4, scale,
-                            np.zeros(scale.size, np.int64), 0)
-        flat = self.activation(name + "_blocks", blocks.shape)
-        self.builtin("DEQUANTIZE", [qi], [flat])
+    def int4_weight(self, name, w_shape, blocks, scale, form="compact", unit=1.0, **mul) -> int:
+        """Blockwise int4 [N*K/B, B] -> the float32 weight of w_shape, in `form` (the module's
+        docstring). `unit` (the compact form's per-tensor scale) and `mul` (MUL's options) make
+        variants that are no compact form."""
+        if form == "compact":
+            qi = self.quantized(name, pack_int4(blocks), blocks.shape, schema.TensorType.INT4,
+                                [unit], [0], 0)
+            values = self.activation(name + "_values", blocks.shape)
+            self.builtin("DEQUANTIZE", [qi], [values])
+            half = self.constant(name + "_scales16", (scale / unit).astype(np.float16).reshape(-1, 1))
+            scales = self.activation(name + "_scales", (scale.size, 1))
+            self.builtin("DEQUANTIZE", [half], [scales])
+            flat = self.activation(name + "_blocks", blocks.shape)
+            self.builtin("MUL", [values, scales], [flat], **mul)
+        else:
+            qi = self.quantized(name, pack_int4(blocks), blocks.shape, schema.TensorType.INT4, scale,
+                                np.zeros(scale.size, np.int64), 0)
+            flat = self.activation(name + "_blocks", blocks.shape)
+            self.builtin("DEQUANTIZE", [qi], [flat])
         out = self.activation(name + "_f32", w_shape)
         self.builtin("RESHAPE", [flat, self.constant(name + "_shape", np.array(w_shape, np.int32))],
                      [out], newShape=list(w_shape))
@@ -135,9 +151,12 @@ class QModel(OpModel):
 
 
 def int4_blocks(w: np.ndarray, block: int = BLOCK):
-    """w (any shape, size a multiple of block) as int4 blocks: (q [n/B, B], scales [n/B])."""
+    """w (any shape, size a multiple of block) as int4 blocks: (q [n/B, B], scales [n/B]), the
+    scales rounded to float16 first (the compact form stores them so)."""
     blocks = w.reshape(-1, block)
-    q, scale = quantize(blocks, 0, 4)
+    top = 7
+    scale = (np.abs(blocks).max(axis=1) / top).astype(np.float16).astype(np.float32)
+    q = np.clip(np.round(blocks / scale[:, None]), -top - 1, top).astype(np.int8)
     return q, scale
 
 
@@ -301,13 +320,15 @@ def test_int8_with_zero_points_is_dequantized_across_staging_chunks(lib, tmp_pat
 
 
 # --------------------------------------------------------------------------
-# int4 (blockwise, DEQUANTIZE -> RESHAPE)
+# int4 (blockwise: compact, DEQUANTIZE -> MUL -> RESHAPE; or per axis, DEQUANTIZE -> RESHAPE)
 
 
+@pytest.mark.parametrize("form", ["compact", "per_axis"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_int4_fully_connected(lib, tmp_path, precision, capfd):
-    """int4 [N*K/32, 32] -> DEQUANTIZE -> RESHAPE [N, K] -> FULLY_CONNECTED: the RESHAPE of the
-    folded constant is folded too (no copy per Invoke), one partition."""
+def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
+    """int4 [N*K/32, 32] -> DEQUANTIZE (-> MUL by block scales) -> RESHAPE [N, K] ->
+    FULLY_CONNECTED: the chain of folded constants is folded whole (no copy per Invoke), one
+    partition, the weight held as its integers and scales."""
     r = rng(4)
     n, k = 13, 96
     x = nonzero(r, (3, k))
@@ -317,7 +338,7 @@ def test_int4_fully_connected(lib, tmp_path, precision, capfd):
     m = QModel()
     xi = m.activation("x", x.shape)
     y = m.activation("y", want.shape)
-    w = m.int4_weight("w", (n, k), q, scale)
+    w = m.int4_weight("w", (n, k), q, scale, form)
     m.builtin("FULLY_CONNECTED", [xi, w, m.constant("b", b)], [y])
     path = m.save(tmp_path / "fc_int4.tflite", [xi], [y])
     capfd.readouterr()
@@ -326,8 +347,10 @@ def test_int4_fully_connected(lib, tmp_path, precision, capfd):
     check_values(got, stock, want, precision)
     err = capfd.readouterr().err
     assert "not delegating" not in err, err
-    assert re.search(r"claim node 0 DEQUANTIZE .* folded", err), err
-    assert re.search(r"claim node 1 RESHAPE .* folded", err), err
+    folds = ["DEQUANTIZE", "DEQUANTIZE", "MUL", "RESHAPE"] if form == "compact" else ["DEQUANTIZE", "RESHAPE"]
+    for node, op in enumerate(folds):
+        assert re.search(rf"claim node {node} {op} .* folded", err), err
+    assert stats["weights_quantized_bytes"] > 0 and stats["weights_dequantized_bytes"] == 0, stats
     assert "opencl: 1 partition(s)" in err, err
     # the weight (and the bias) once, in the storage type: nothing for the RESHAPE
     per = 2 if precision == "fp16" else 4
@@ -373,6 +396,33 @@ def test_int4_with_tiled_kernels(lib, tmp_path):
     check_whole(stats, path, "fp32")
     assert stats["kernels"] == "tiled", stats
     check_values(got, stock, want, "fp32")
+
+
+@pytest.mark.parametrize("variant", ["unit_half", "relu"])
+def test_int4_lookalikes_of_the_compact_form_compute_as_written(lib, tmp_path, variant, capfd):
+    """Chains that look like the compact form but are not (a per-tensor scale of 0.5; a MUL
+    with a fused RELU) are not folded into block scales: the MUL runs as written (an OpenCL
+    op, or TFLite's where the backend has none for it) and the result still agrees with stock
+    LiteRT."""
+    r = rng(7)
+    n, k = 11, 64
+    x = nonzero(r, (4, k))
+    q, scale = int4_blocks(nonzero(r, (n, k)))
+    wd = dequantize(q, scale, np.zeros(scale.size), 0).reshape(n, k)
+    opts = {"unit": 0.5} if variant == "unit_half" else {"fusedActivationFunction": 1}  # RELU
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    want = fc_ref(x, np.maximum(wd, 0) if variant == "relu" else wd, None)
+    y = m.activation("y", want.shape)
+    m.builtin("FULLY_CONNECTED", [xi, m.int4_weight("w", (n, k), q, scale, **opts), -1], [y])
+    path = m.save(tmp_path / f"fc_int4_{variant}.tflite", [xi], [y])
+    capfd.readouterr()
+    got, stats, stock = run_both(lib, path, x, verbose=1)
+    check_values(got, stock, want, "fp32")
+    err = capfd.readouterr().err
+    assert "node 2 (MUL)" in err or re.search(r"claim node 2 MUL ", err), err
+    assert not re.search(r"claim node 2 MUL .* folded", err), err
+    assert stats["weights_quantized_bytes"] == 0, stats
 
 
 # --------------------------------------------------------------------------
@@ -574,7 +624,8 @@ def test_scale_count_not_matching_the_dimension_does_not_load(tmp_path, lib):
 
 def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, lib):
     """tensorflow's tf.lite interpreter with the delegate: int8 per channel and int4 blockwise
-    weights, claimed whole and right (the AffineQuantization layout of tflite_abi.h).
+    (compact form) weights, claimed whole and right (the AffineQuantization layout of
+    tflite_abi.h), held quantized.
 
     The model runs on ai_edge_litert first, so that its programs are in the disk cache before
     tensorflow is loaded: PoCL compiling a program in a process holding tensorflow crashes
@@ -615,6 +666,6 @@ def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, lib):
             stats = json.load(f)
     finally:
         os.unlink(stats_file)
-    assert stats["nodes_claimed"] == 6 == stats["nodes_total"], stats
-    assert stats["partitions"] == 1, stats
+    assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] == 8, stats
+    assert stats["partitions"] == 1 and stats["weights_dequantized_bytes"] == 0, stats
     assert rel_err(got, want) <= TOL

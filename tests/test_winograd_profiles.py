@@ -446,3 +446,23 @@ def test_attention_variants():
     assert any("local memory" in d["reason"] for d in decisions)
     # No attention nodes: nothing to do.
     assert choose_attention_variants(ir.from_proto(_small_net()), "adreno-740") == []
+
+
+def test_winograd_budget_per_component():
+    """--winograd-budget-mb 150,vae_decoder=0: the VAE decoder none, the others 150; a component
+    named alone overrides the profile's budget for it only. Bad specs are exit-2 errors."""
+    from compiler.convert import ConvertOptions, parse_winograd_budget
+
+    default, per = parse_winograd_budget("150, vae_decoder=0")
+    options = ConvertOptions(device_profile="nvidia-h100", winograd_budget_mb=default, winograd_budgets_mb=per)
+    options.validate()
+    assert [options.budget_mb(c) for c in ("text_encoder", "unet", "vae_decoder")] == [150.0, 150.0, 0.0]
+    budgets = options.manifest_dict()["winograd_budgets_mb"]
+    assert budgets["vae_decoder"] == 0.0 and budgets["unet"] == 150.0 and set(budgets) == set(options.components)
+    only = ConvertOptions(device_profile="nvidia-h100", winograd_budgets_mb=parse_winograd_budget("unet=50")[1])
+    assert only.budget_mb("unet") == 50.0 and only.budget_mb("vae_decoder") == 4000.0
+    for spec, message in (("x", "not a number"), ("1,2", "twice"), ("unet=1,unet=2", "twice"),
+                          ("decoder=3", "unknown component"), ("nan", ">= 0"), ("unet=-1", ">= 0")):
+        with pytest.raises(BadInput, match=message):
+            d, p = parse_winograd_budget(spec)
+            ConvertOptions(winograd_budget_mb=d, winograd_budgets_mb=p).validate()

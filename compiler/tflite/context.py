@@ -226,8 +226,9 @@ class LoweringContext:
         """The weight of a convolution (OHWI) or linear layer ([N, K]): axis 0 is the output
         channel, the last axis the input. Quantized per --weights (int8 per output channel, int4
         blockwise along the input, or the width the quantization's per-layer overrides give its
-        digest; compiler/tflite/quantize.py) where it applies, then
-        DEQUANTIZE(d) to float32; else as constant() stores it."""
+        digest; compiler/tflite/quantize.py) where it applies, in TFLite's standard ops back to
+        float32 (int8: DEQUANTIZE; int4: DEQUANTIZE, MUL by block scales, RESHAPE); else as
+        constant() stores it."""
         array = np.asarray(array, dtype=np.float32)
         q = self.quantization
         # with per-layer widths (the int4 mix), each weight is known by its digest
@@ -239,18 +240,36 @@ class LoweringContext:
             self.weight_widths.append({"name": name, "shape": list(array.shape), "width": self.precision,
                                        "bytes": float_bytes, "float_bytes": float_bytes, **extra})
             return self.constant(array, name)
-        stored = quantize.quantize_int8(array, 0) if width == "int8" else quantize.quantize_int4(array, q.block)
         tensor_name = self.unique_name(name)
-        packed = self.builder.quantized_constant(tensor_name + f"/{width}", stored)
-        index = self.builder.tensor(tensor_name if width == "int8" else tensor_name + "/blocks", stored.shape,
-                                    np.float32)
-        self.builder.op("DEQUANTIZE", [packed], [index])
-        if width == "int4":
-            blocks, index = index, self.builder.tensor(tensor_name, array.shape, np.float32)
-            self.reshape_op(blocks, index, array.shape)
+        if width == "int8":
+            stored = quantize.quantize_int8(array, 0)
+            index = self._dequantized(tensor_name, stored, tensor_name)
+        else:
+            stored = quantize.quantize_int4(array, q.block, quantize.scale_dtype(self.precision))
+            index = self._int4_weight(tensor_name, stored, array.shape)
         self.weight_widths.append({"name": name, "shape": list(array.shape), "width": width,
-                                   "bytes": stored.nbytes + 4 * stored.scales.size, "float_bytes": float_bytes,
-                                   **extra})
+                                   "bytes": stored.total_bytes, "float_bytes": float_bytes, **extra})
+        return index
+
+    def _dequantized(self, tensor_name: str, stored: quantize.Quantized, out_name: str) -> int:
+        """DEQUANTIZE(the stored integers) to float32 in the stored shape."""
+        packed = self.builder.quantized_constant(tensor_name + f"/{stored.width}", stored)
+        index = self.builder.tensor(out_name, stored.shape, np.float32)
+        self.builder.op("DEQUANTIZE", [packed], [index])
+        return index
+
+    def _int4_weight(self, tensor_name: str, stored: quantize.Quantized, shape) -> int:
+        """int4's compact form (quantize.py): the integers as floats (per-tensor scale 1) times
+        the [rows, 1] block scales, reshaped to the weight's shape."""
+        unit = quantize.Quantized("int4", stored.shape, stored.data, np.ones(1, np.float32), 0)
+        values = self._dequantized(tensor_name, unit, tensor_name + "/values")
+        column = stored.scales.reshape(-1, 1)
+        scales = (self._half_constant(tensor_name + "/scales", column) if stored.scale_bytes == 2
+                  else self.builder.constant(tensor_name + "/scales", column))
+        blocks = self.builder.tensor(tensor_name + "/blocks", stored.shape, np.float32)
+        self.builder.op("MUL", [values, scales], [blocks])
+        index = self.builder.tensor(tensor_name, shape, np.float32)
+        self.reshape_op(blocks, index, shape)
         return index
 
     def constant(self, array: np.ndarray, name: str, perm=None) -> int:
@@ -267,10 +286,15 @@ class LoweringContext:
             return self._const_tensors[key]
         tensor_name = self.unique_name(name)
         if self.precision == "fp16" and array.dtype == np.float32 and array.size >= FP16_MIN_ELEMENTS:
-            half = self.builder.constant(tensor_name + "/fp16", array.astype(np.float16))
-            index = self.builder.tensor(tensor_name, array.shape, np.float32)
-            self.builder.op("DEQUANTIZE", [half], [index])
+            index = self._half_constant(tensor_name, array)
         else:
             index = self.builder.constant(tensor_name, array)
         self._const_tensors[key] = index
+        return index
+
+    def _half_constant(self, tensor_name: str, array: np.ndarray) -> int:
+        """float16 in the file, DEQUANTIZE to float32."""
+        half = self.builder.constant(tensor_name + "/fp16", array.astype(np.float16))
+        index = self.builder.tensor(tensor_name, array.shape, np.float32)
+        self.builder.op("DEQUANTIZE", [half], [index])
         return index

@@ -4,12 +4,19 @@
   on the stored tensor's output axis), then DEQUANTIZE to float32.
 - int4: symmetric and blockwise along the input dimension: the stored tensor's last axis is the
   input one (OHWI filters, [N, K] fully-connected weights), so blocks of B consecutive values
-  are rows of the weight seen as [size / B, B]; that tensor is stored as INT4 (two values a
-  byte, the even element in the low nibble) with one scale per row (per-axis on axis 0), then
-  DEQUANTIZE and a RESHAPE back to the weight's shape. Every stock TFLite runtime reads these.
+  are rows of the weight seen as [size / B, B]. That tensor is stored as INT4 (two values a
+  byte, the even element in the low nibble) with one per-tensor scale of 1, DEQUANTIZEd to its
+  integers as floats, multiplied (MUL, broadcast) by a [size / B, 1] constant of block scales
+  stored as --precision stores weights (float16 + DEQUANTIZE at fp16), then RESHAPEd back to
+  the weight's shape. Every stock TFLite runtime runs these as plain ops; the op library folds
+  the chain back into one quantized weight (custom_ops/delegate/opencl/claim.cc).
 
-Scales are float32 (TFLite's quantization parameters), so int4 at block 32 costs 4 + 1 bits a
-weight. Layers too small to matter, and those named to stay float, are left to --precision.
+Why not per-axis scales on the [size / B, B] tensor (the plain TFLite form): TFLite stores a
+float32 scale and an int64 zero point per quantized index, 12 bytes a block, so int4 at block 32
+would cost 4 + 3 bits a weight on disk, and every runtime copies them into its own host memory
+at load. Block scales as a float16 tensor cost 4 + 0.5 bits. TFLite's BlockwiseQuantization
+details exist in the schema, but LiteRT 2.3's DEQUANTIZE ignores them (probed: zeros out).
+Layers too small to matter, and those named to stay float, are left to --precision.
 
 Per-layer widths (the int4 mix's recipe, compiler/weight_recipe.py) are keyed by weight_digest:
 a digest of the weight's float32 values in the writer's layout, so that a layer is found whatever
@@ -66,9 +73,19 @@ def weight_digest(array: np.ndarray) -> str:
     return digest.hexdigest()[:24]
 
 
-def value_bytes(width: str, block: int = DEFAULT_BLOCK) -> float | None:
-    """Bytes a weight value takes in storage at `width` (scales included); None for float."""
-    return {"int8": 1.0, "int4": 0.5 + 4.0 / block}.get(width)
+def value_bytes(width: str, block: int = DEFAULT_BLOCK, scale_bytes: int = 4) -> float | None:
+    """Bytes a weight value takes in storage at `width` (scales of `scale_bytes` included); None
+    for float."""
+    return {"int8": 1.0, "int4": 0.5 + scale_bytes / block}.get(width)
+
+
+def scale_dtype(precision: str) -> type:
+    """The storage type of int4's block scales: that of the weights at --precision."""
+    return np.float16 if precision == "fp16" else np.float32
+
+
+def scale_bytes(precision: str) -> int:
+    return np.dtype(scale_dtype(precision)).itemsize
 
 
 @dataclass
@@ -77,12 +94,19 @@ class Quantized:
     width: str
     shape: tuple[int, ...]  # the shape the stored tensor has (int4: [size / block, block])
     data: np.ndarray  # int8 values, or uint8 bytes of packed int4
-    scales: np.ndarray  # float32, one per index of `axis`
+    scales: np.ndarray  # float32 (int4: values of its scale dtype), one per index of `axis`
     axis: int
+    scale_bytes: int = 4  # per scale as stored: int8's float32 quantization parameters; int4's
+    # block scales as float16 or float32
 
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
+
+    @property
+    def total_bytes(self) -> int:
+        """Values and scales as the file stores them."""
+        return self.nbytes + self.scale_bytes * int(self.scales.size)
 
 
 def _scales(magnitude: np.ndarray, top: int) -> np.ndarray:
@@ -90,6 +114,15 @@ def _scales(magnitude: np.ndarray, top: int) -> np.ndarray:
     values quantize to 0 either way) so that no scale is 0 or denormal."""
     scales = (magnitude / np.float64(top)).astype(np.float32)
     return np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+
+
+def _half_scales(magnitude: np.ndarray, top: int) -> np.ndarray:
+    """Symmetric scales that float16 holds exactly (as float32 values): rounded to float16, and
+    at least its smallest normal (a tinier block's values then round to a few steps of it;
+    an all-zero block quantizes to 0 either way)."""
+    scales = (magnitude / np.float64(top)).astype(np.float16)
+    tiny = np.finfo(np.float16).tiny
+    return np.where(np.isfinite(scales) & (scales >= tiny), scales, np.float16(tiny)).astype(np.float32)
 
 
 def quantize_int8(weight: np.ndarray, axis: int = 0) -> Quantized:
@@ -106,15 +139,18 @@ def int4_blocks_fit(shape: tuple[int, ...], block: int) -> bool:
     return len(shape) >= 2 and block > 0 and shape[-1] % block == 0
 
 
-def quantize_int4(weight: np.ndarray, block: int = DEFAULT_BLOCK) -> Quantized:
-    """Blockwise symmetric int4 along the last axis, as [size / block, block] rows."""
+def quantize_int4(weight: np.ndarray, block: int = DEFAULT_BLOCK, scales_as=np.float32) -> Quantized:
+    """Blockwise symmetric int4 along the last axis, as [size / block, block] rows, with one
+    scale a row that `scales_as` (float32 or float16, scale_dtype) holds exactly."""
     w = np.asarray(weight, dtype=np.float32)
     if not int4_blocks_fit(w.shape, block):
         raise ValueError(f"int4 blocks of {block} do not tile the last axis of {w.shape}")
     rows = w.reshape(-1, block)
-    scales = _scales(np.abs(rows).max(axis=1).astype(np.float64), INT4_MAX)
+    magnitude = np.abs(rows).max(axis=1).astype(np.float64)
+    half = np.dtype(scales_as) == np.float16
+    scales = _half_scales(magnitude, INT4_MAX) if half else _scales(magnitude, INT4_MAX)
     q = np.clip(np.rint(rows / scales[:, None]), INT4_MIN, INT4_MAX).astype(np.int8)
-    return Quantized("int4", rows.shape, pack_int4(q), scales, 0)
+    return Quantized("int4", rows.shape, pack_int4(q), scales, 0, 2 if half else 4)
 
 
 def pack_int4(values: np.ndarray) -> np.ndarray:

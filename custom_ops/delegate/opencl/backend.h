@@ -18,6 +18,7 @@
 #include "difflite/gpu_api.h"
 #include "difflite/tflite_abi.h"
 #include "opencl/gpu_context.h"
+#include "opencl/half.h"
 #include "opencl/runtime.h"
 
 namespace difflite::gpu {
@@ -29,11 +30,27 @@ namespace difflite::gpu {
 // tensor: channels = 1, one scale). The arrays are the runtime's own
 // (Tensor::quantization), valid as long as the interpreter; claim.cc checked
 // them (counts, finite scales, zero points in range).
+// Block scales folded from int4's compact form (a per-tensor DEQUANTIZE of scale 1 times a
+// [channels, 1] float constant: claim.cc) are that constant's elements instead, float16 or
+// float32 in the model (`block_scales`, `scale` null), with zero points all 0 (`zero_point`
+// null).
 struct QuantScales {
   const float* scale = nullptr;
   const int* zero_point = nullptr;
   size_t channels = 1;
   size_t inner = 1;
+  const void* block_scales = nullptr;
+  tfl::Type block_scales_type = tfl::kFloat32;
+  bool has_scales() const { return scale != nullptr || block_scales != nullptr; }
+  float Scale(size_t c) const {
+    if (scale != nullptr) return scale[c];
+    if (block_scales_type == tfl::kFloat16) return HalfToFloat(static_cast<const uint16_t*>(block_scales)[c]);
+    return static_cast<const float*>(block_scales)[c];
+  }
+  int Zero(size_t c) const { return zero_point != nullptr ? zero_point[c] : 0; }
+  size_t block_scale_bytes() const {
+    return block_scales == nullptr ? 0 : channels * (block_scales_type == tfl::kFloat16 ? 2 : 4);
+  }
 };
 
 // A model constant: where its bytes are and how the ops see it. Nothing is

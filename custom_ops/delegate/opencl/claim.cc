@@ -15,7 +15,10 @@
 // RESHAPE of a float constant (such a folded output included: int4 weights
 // reach their FULLY_CONNECTED / CONV_2D through one) is folded the same way,
 // the constant seen in the new shape, so the consumer still sees a constant
-// weight and nothing is copied per Invoke.
+// weight and nothing is copied per Invoke. int4's compact form (the writer's:
+// a folded DEQUANTIZE of per-tensor scale 1 and zero point 0, times a
+// [rows, 1] float constant of block scales) folds its MUL into one quantized
+// constant with those block scales.
 // A refused node gets a one-line reason on stderr and stays with TFLite.
 // Factories run on several threads (ClaimAll): they compile programs.
 #include <algorithm>
@@ -384,6 +387,53 @@ std::string BackendImpl::FoldDequantize(Context* ctx, ClaimedNode* cn) {
   return "";
 }
 
+// A MUL of int4's compact form: `values` a folded DEQUANTIZE [rows, B] of per-tensor scale 1
+// and zero point 0, `scales` a float32 / float16 constant [rows, 1], no fused activation. Its
+// output is `values` with scale r = scales[r], exactly what TFLite computes (the integer as a
+// float, times 1, times scales[r], rounded once). false where the node is no such MUL (it is then
+// claimed as an op).
+static bool FoldBlockScales(ClaimedNode* cn, const void* builtin_data) {
+  if (cn->inputs.size() != 2 || cn->outputs.size() != 1 || cn->consts.size() != 2) return false;
+  if (builtin_data != nullptr &&
+      static_cast<const tfl::MulDivParams*>(builtin_data)->activation != tfl::kActNone) {
+    return false;
+  }
+  for (int order = 0; order < 2; ++order) {
+    auto v = cn->consts.find(cn->inputs[order]);
+    auto sc = cn->consts.find(cn->inputs[1 - order]);
+    if (v == cn->consts.end() || sc == cn->consts.end()) return false;
+    const HostConst& values = *v->second;
+    const HostConst& scales = *sc->second;
+    if (!values.quantized() || values.quant.channels != 1 || values.quant.scale == nullptr ||
+        values.quant.scale[0] != 1.0f || values.quant.Zero(0) != 0 || values.shape.size() != 2) {
+      continue;
+    }
+    const Shape want = {values.shape[0], 1};
+    if (scales.quantized() || scales.dtype != DType::kFloat32 || scales.shape != want ||
+        (scales.model_type != tfl::kFloat32 && scales.model_type != tfl::kFloat16) ||
+        cn->out_info[0].dtype != DType::kFloat32 || cn->out_info[0].shape != values.shape) {
+      return false;
+    }
+    auto folded = std::make_shared<HostConst>(values);
+    folded->quant = QuantScales();
+    folded->quant.channels = static_cast<size_t>(values.shape[0]);
+    folded->quant.inner = static_cast<size_t>(values.shape[1]);
+    folded->quant.block_scales = scales.bytes;
+    folded->quant.block_scales_type = scales.model_type;
+    folded->converted.clear();
+    folded->values = nullptr;
+    if (folded->elements() <= kWidenedElements) {  // small: widened for the op factories
+      folded->converted.resize(folded->elements() * 4);
+      WidenTo(*folded, 0, folded->elements(), reinterpret_cast<float*>(folded->converted.data()));
+      folded->values = folded->converted.data();
+    }
+    cn->folded = true;
+    cn->folded_value = std::move(folded);
+    return true;
+  }
+  return false;
+}
+
 // A RESHAPE of a float constant: its output is the same constant in the output's shape (the
 // same model bytes, nothing copied). false where the node is no such RESHAPE (it is then
 // claimed as an op, a view or one copy per Invoke).
@@ -477,9 +527,11 @@ std::unique_ptr<ClaimedNode> BackendImpl::Claim(Context* ctx, int node_index, No
     if (why->empty()) *why = ClaimOutputs(ctx, cn.get());
   }
   if (!why->empty()) return nullptr;
-  if (dequantize ||
-      (!is_custom && reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kReshape) &&
-       FoldReshape(cn.get()))) {
+  const auto builtin = [&](tfl::BuiltinOp op) {
+    return !is_custom && reg->builtin_code == static_cast<int32_t>(op);
+  };
+  if (dequantize || (builtin(tfl::BuiltinOp::kReshape) && FoldReshape(cn.get())) ||
+      (builtin(tfl::BuiltinOp::kMul) && FoldBlockScales(cn.get(), node->builtin_data))) {
     std::lock_guard<std::mutex> lock(host_consts_mutex);
     host_consts[cn->outputs[0]] = cn->folded_value;
     return cn;
@@ -499,6 +551,7 @@ struct Candidate {
   bool is_dequantize() const {
     return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
   }
+  bool is_mul() const { return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kMul); }
   bool is_reshape() const {
     return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kReshape);
   }
@@ -547,17 +600,20 @@ void BackendImpl::ClaimOne(Context* ctx, Candidate* c) {
   }
 }
 
-// DEQUANTIZE nodes and RESHAPEs of float constants first, in order (cheap: they fold, and a
-// RESHAPE sees the DEQUANTIZE before it folded): a consumer must see its weight as a constant.
+// DEQUANTIZE nodes, and RESHAPEs and MULs of float constants, first, in order (cheap: they
+// fold, and each sees the folds before it): a consumer must see its weight as a constant.
 // Then every other node's op factory on a pool of threads, so that the distinct OpenCL
 // programs the factories ask for compile (or load from the disk cache) at once.
 void BackendImpl::ClaimAll(Context* ctx, std::vector<Candidate>* candidates) {
   std::vector<Candidate*> rest;
   for (Candidate& c : *candidates) {
     bool folds = c.is_dequantize();
-    if (!folds && c.is_reshape() && c.node->inputs != nullptr && c.node->inputs->size > 0) {
+    if (!folds && (c.is_reshape() || c.is_mul()) && c.node->inputs != nullptr &&
+        c.node->inputs->size > 0) {
       std::lock_guard<std::mutex> lock(host_consts_mutex);
-      folds = IsFloatConstant(ctx, c.node->inputs->data[0], host_consts);
+      const int reads = c.is_mul() ? c.node->inputs->size : 1;
+      folds = true;
+      for (int i = 0; i < reads; ++i) folds = folds && IsFloatConstant(ctx, c.node->inputs->data[i], host_consts);
     }
     if (folds) {
       ClaimOne(ctx, &c);

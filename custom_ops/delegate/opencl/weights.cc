@@ -106,14 +106,14 @@ void Dequantize(const HostConst& c, size_t first, size_t count, Store store) {
   const bool int4 = c.model_type == tfl::kInt4;
   size_t ch = (first / qs.inner) % qs.channels;
   size_t left = qs.inner - first % qs.inner;  // elements before the channel changes
-  float scale = qs.scale[ch];
-  int zero = qs.zero_point[ch];
+  float scale = qs.Scale(ch);
+  int zero = qs.Zero(ch);
   for (size_t i = 0; i < count; ++i, --left) {
     if (left == 0) {
       ch = ch + 1 == qs.channels ? 0 : ch + 1;
       left = qs.inner;
-      scale = qs.scale[ch];
-      zero = qs.zero_point[ch];
+      scale = qs.Scale(ch);
+      zero = qs.Zero(ch);
     }
     const size_t e = first + i;
     int v;
@@ -210,25 +210,38 @@ class WeightUploader {
   }
 
   // A new read-only buffer of the float32 scales of the quantized constant `c` (one per
-  // ScaleGroup() elements: the runtime's own array, already in that order).
+  // ScaleGroup() elements, in that order: the runtime's own array, or block scales widened).
   std::string UploadScales(const HostConst& c, cl_mem* out) {
+    const QuantScales& qs = c.quant;
     const size_t count = c.elements() / c.ScaleGroup();
+    std::vector<float> widened;
+    const float* host = qs.scale;
+    if (host == nullptr) {
+      widened.resize(count);
+      for (size_t i = 0; i < count; ++i) widened[i] = qs.Scale(i);
+      host = widened.data();
+    }
     cl_int err = CL_SUCCESS;
     *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                 count * sizeof(float), const_cast<float*>(c.quant.scale), &err);
+                                 count * sizeof(float), const_cast<float*>(host), &err);
     if (*out == nullptr || err != CL_SUCCESS) {
       *out = nullptr;
       return "cannot allocate " + std::to_string(count) + " scales: " + ClErrorName(err);
     }
+    ReleasePages(qs.block_scales, qs.block_scale_bytes());
     return "";
   }
 
   // The whole pages of the model's copy of `c`, dropped from this process.
-  void ReleaseModelPages(const HostConst& c) {
-    const size_t size = c.model_bytes();
-    if (!files_.Contains(c.bytes, size)) return;
+  void ReleaseModelPages(const HostConst& c) { ReleasePages(c.bytes, c.model_bytes()); }
+
+ private:
+  // The whole pages of [bytes, bytes + size) where they are the model file's, dropped from this
+  // process.
+  void ReleasePages(const void* bytes, size_t size) {
+    if (bytes == nullptr || !files_.Contains(bytes, size)) return;
     const size_t page = PageSize();
-    const auto begin = reinterpret_cast<uintptr_t>(c.bytes);
+    const auto begin = reinterpret_cast<uintptr_t>(bytes);
     const uintptr_t first = (begin + page - 1) / page * page;
     const uintptr_t last = (begin + size) / page * page;
     if (last <= first) return;
@@ -237,7 +250,6 @@ class WeightUploader {
     }
   }
 
- private:
   // A read-only buffer over the model's own pages, where the device shares memory with the host
   // and the bytes need no conversion; false (nothing made) otherwise or where the driver refuses.
   bool Wrap(const HostConst& c, DType storage, cl_mem* out) {
@@ -294,8 +306,8 @@ class WeightUploader {
 };
 
 size_t HostConst::ScaleGroup() const {
-  if (!quantized() || quant.scale == nullptr) return 0;
-  for (size_t c = 0; c < quant.channels; ++c) {
+  if (!quantized() || !quant.has_scales()) return 0;
+  for (size_t c = 0; c < quant.channels && quant.zero_point != nullptr; ++c) {
     if (quant.zero_point[c] != 0) return 0;
   }
   const size_t group = quant.channels == 1 ? elements() : quant.inner;
