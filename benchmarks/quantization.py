@@ -33,21 +33,26 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 CLI = [sys.executable, str(ROOT / "cli.py")]
 COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 PROMPT = "a photo of an astronaut riding a horse on mars"
-# (precision, --weights, further convert flags); "-w0": no Winograd (its filters are float)
+# (precision, --weights, further convert flags); "-w0": no Winograd (its filters are float);
+# "-vae0": none in the VAE decoder only (decoded once a picture), the UNet at the default budget
 SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []), "int8": ("fp16", "int8", []),
             "int4": ("fp16", "int4", []), "int8-w0": ("fp16", "int8", ["--winograd-budget-mb", "0"]),
             "int8-w50": ("fp16", "int8", ["--winograd-budget-mb", "50"]),
-            "int4-w0": ("fp16", "int4", ["--winograd-budget-mb", "0"])}
+            "int4-w0": ("fp16", "int4", ["--winograd-budget-mb", "0"]),
+            "int8-vae0": ("fp16", "int8", ["--winograd-budget-mb", "vae_decoder=0"]),
+            "int4-vae0": ("fp16", "int4", ["--winograd-budget-mb", "vae_decoder=0"])}
 
 
-def convert_all(model: str, folders: dict, extra: list[str]) -> dict:
+def convert_all(model: str, folders: dict, extra: list[str], recipes: dict | None = None) -> dict:
     """Every missing conversion (separate processes: a lent GPU host has the cores), at once,
     except that a "-w0" / "-w50" int4 setting waits for plain int4 where that is converted too and
     reuses its recipe (the recipe does not depend on Winograd, and the int4 sweep is the slow
-    part); seconds each took."""
+    part); `recipes` ({width: weights_recipe.json}) given, every setting of that width reuses it
+    instead. Seconds each took."""
+    recipes = recipes or {}
     started = time.perf_counter()
     missing = [setting for setting, out in folders.items() if not (out / "manifest.json").is_file()]
-    later = [s for s in missing if s.startswith("int4-") and "int4" in folders]
+    later = [s for s in missing if s.startswith("int4-") and "int4" in folders and "int4" not in recipes]
     seconds = {setting: 0.0 for setting in folders}
     for batch in ([s for s in missing if s not in later], later):
         # the host's cores shared out: torch's default (every core each) oversubscribes them, and
@@ -58,6 +63,8 @@ def convert_all(model: str, folders: dict, extra: list[str]) -> dict:
             out = folders[setting]
             precision, weights, flags = SETTINGS[setting]
             reuse = ["--weights-recipe", str(folders["int4"])] if setting in later else []
+            if weights in recipes:
+                reuse = ["--weights-recipe", str(recipes[weights])]
             command = [*CLI, "convert", model, "-o", str(out), "--batch", "2", "--precision", precision,
                        "--weights", weights, *flags, *reuse, *extra]
             log = open(out.parent / f"convert_{setting}.log", "w")
@@ -131,6 +138,8 @@ def main() -> None:
     parser.add_argument("--settings", default="fp16,int8,int4",
                         help=f"Compared against fp32, from {', '.join(SETTINGS)}.")
     parser.add_argument("--convert-args", default="", help="Extra convert flags for every conversion.")
+    parser.add_argument("--recipe", action="append", default=[], metavar="WIDTH=FILE",
+                        help="Reuse a recipe for every setting of that width (int8=..., int4=...): no sweep.")
     parser.add_argument("--backend", default="opencl", choices=["cpu", "opencl"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=2)
@@ -144,9 +153,10 @@ def main() -> None:
     settings = compared if {"quality", "picture"} <= skip else ["fp32", *compared]
     folders = {s: args.work / s for s in settings}
     args.work.mkdir(parents=True, exist_ok=True)
-    convert_s = convert_all(args.model, folders, args.convert_args.split())
+    recipes = dict(spec.split("=", 1) for spec in args.recipe)
+    convert_s = convert_all(args.model, folders, args.convert_args.split(), recipes)
     result = {"model": args.model, "backend": args.backend, "host": platform.node(), "date": time.strftime("%Y-%m-%d"),
-              "convert_args": args.convert_args, "convert_s": convert_s,
+              "convert_args": args.convert_args, "recipes": recipes, "convert_s": convert_s,
               "weights": {s: weight_sizes(folders[s]) for s in settings}, "quality": {}, "runtime": {}}
     def save() -> None:  # after every part: a run cut short keeps what it measured
         if args.save:
