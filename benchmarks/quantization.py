@@ -145,12 +145,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5, help="Timed calls per component (fresh process each).")
     parser.add_argument("--skip", default="", help="Comma-separated parts to skip: quality,picture,memory.")
+    parser.add_argument("--only-convert", action="store_true",
+                        help="Convert every setting (fp32 too) and record the weights, nothing else: for a "
+                             "machine whose calls are time-limited, the parts then run in later calls on --work.")
     parser.add_argument("--save", type=Path, default=None)
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     compared = [s for s in args.settings.split(",") if s and s != "fp32"]
     # the fp32 files are the quality reference: converted only where quality is measured
-    settings = compared if {"quality", "picture"} <= skip else ["fp32", *compared]
+    settings = compared if {"quality", "picture"} <= skip and not args.only_convert else ["fp32", *compared]
     folders = {s: args.work / s for s in settings}
     args.work.mkdir(parents=True, exist_ok=True)
     recipes = dict(spec.split("=", 1) for spec in args.recipe)
@@ -164,6 +167,8 @@ def main() -> None:
             args.save.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
     save()
+    if args.only_convert:
+        return
     if "quality" not in skip:
         result["quality"] = {s: component_snr(folders["fp32"], folders[s], args.backend, args.seeds)
                              for s in settings if s != "fp32"}
