@@ -258,14 +258,19 @@ class LitePipeline:
                 raise BadInput(f"{missing}: missing ({hint})")
             start = time.perf_counter()
             component = Component(self.out / entry["file"], entry, backend=self.backend, threads=self.threads,
-                                  precision=self.manifest["options"]["precision"], fallback=self.fallback)
-            if component.fallback_reason is not None and self.fallback_reason is None:
-                self.backend, self.fallback_reason = "cpu", component.fallback_reason
-                print(f"difflite: warning: the OpenCL backend cannot run this model, so the CPU backend runs it "
-                      f"(--fallback cpu): {component.fallback_reason}", file=sys.stderr)
+                                  precision=self.manifest["options"]["precision"], fallback=self.fallback,
+                                  on_fallback=self._fell_back)
             self._components[name] = component
             self.load_seconds += time.perf_counter() - start
         return self._components[name]
+
+    def _fell_back(self, reason: str) -> None:
+        """A component moved to the CPU backend (at load or while running): so do the later ones;
+        said once."""
+        if self.fallback_reason is None:
+            self.backend, self.fallback_reason = "cpu", reason
+            print(f"difflite: warning: the OpenCL backend cannot run this model, so the CPU backend runs it "
+                  f"(--fallback cpu): {reason}", file=sys.stderr)
 
     def release(self, name: str) -> None:
         """Free a loaded component (the time it takes counts as load time)."""

@@ -9,6 +9,7 @@ import gc
 import itertools
 import json
 import os
+import re
 import tempfile
 import weakref
 from pathlib import Path
@@ -60,6 +61,15 @@ _STATS_IDS = itertools.count()
 FALLBACKS = ("none", "cpu")  # what --backend opencl does where OpenCL cannot run a model
 
 
+# TFLite appends its own messages to a delegate's with no separator between them
+_TFLITE_TAILS = re.compile(r"(?<=[^\s;(])(?=(Node number|Encountered unresolved|Restored original|Failed to apply))")
+
+
+def runtime_error_text(exc: BaseException) -> str:
+    """One line of what the interpreter (and the delegate, before it) said."""
+    return " ".join(_TFLITE_TAILS.sub("; ", str(exc)).split())
+
+
 def check_fallback(fallback: str) -> None:
     if fallback not in FALLBACKS:
         raise BadInput(f"--fallback {fallback!r} is not one of {', '.join(FALLBACKS)}")
@@ -100,12 +110,14 @@ class Component:
     """One emitted model, callable with NCHW numpy arrays by input name."""
 
     def __init__(self, path, entry: dict | None = None, backend: str = "cpu", threads: int | None = None,
-                 precision: str = "fp32", fallback: str = "none"):
+                 precision: str = "fp32", fallback: str = "none", on_fallback=None):
         """`precision`: the delegate's (fp16: half storage on the OpenCL backend; the CPU
         backend computes in float32 either way). `fallback` "cpu": where the OpenCL backend cannot
         load this model (no OpenCL, no device, a kernel that does not build, memory the device
         refuses), load it on the CPU backend instead; `backend` then says "cpu" and
-        `fallback_reason` why. "none": that is a BadInput."""
+        `fallback_reason` why. "none": that is a BadInput. The same holds for a model that fails
+        while it runs (a kernel the device will not launch): run again on the CPU backend, or a
+        BadInput. `on_fallback(reason)` is told when the CPU backend takes over."""
         check_fallback(fallback)
         self.path = Path(path)
         if not self.path.is_file():
@@ -120,17 +132,24 @@ class Component:
             sweep_stale_stats(Path(tempfile.gettempdir()))
         self.stats_path = Path(tempfile.gettempdir()) / f"{STATS_PREFIX}{os.getpid()}-{next(_STATS_IDS)}.json"
         self._remove_stats = weakref.finalize(self, _remove_file, self.stats_path)
-        self.backend, self.fallback_reason = backend, None
+        self.backend, self.fallback, self.fallback_reason = backend, fallback, None
+        self._on_fallback = on_fallback
+        self._settings = (bool(custom), precision, threads)
         try:
-            self._load(backend, bool(custom), precision, threads)
+            self._load(backend, *self._settings)
         except BadInput as exc:
             if backend == "cpu" or fallback != "cpu":
                 raise
-            self.backend, self.fallback_reason = "cpu", str(exc)
-            self._load("cpu", bool(custom), precision, threads)
+            self._fall_back(str(exc))
         self.layouts = {e["name"]: e.get("layout", "as_onnx")
                         for e in entry.get("inputs", []) + entry.get("outputs", [])}
         self.input_details = self.runner.get_input_details()
+
+    def _fall_back(self, reason: str) -> None:
+        self.backend, self.fallback_reason = "cpu", reason
+        self._load("cpu", *self._settings)
+        if self._on_fallback is not None:
+            self._on_fallback(reason)
 
     def _load(self, backend: str, custom: bool, precision: str, threads: int | None) -> None:
         """The delegate (where the model has custom ops or the backend is not the CPU's) and the
@@ -149,7 +168,7 @@ class Component:
             self.runner = self.interpreter.get_signature_runner(SIGNATURE_KEY)
         except (ValueError, RuntimeError) as exc:
             self.delegate = self.interpreter = None
-            raise BadInput(f"{self.path}: cannot load ({exc})") from exc
+            raise BadInput(f"{self.path}: cannot load ({runtime_error_text(exc)})") from exc
 
     @property
     def closed(self) -> bool:
@@ -183,6 +202,13 @@ class Component:
             if self.layouts.get(name) == "NHWC":
                 value = value.transpose(0, 2, 3, 1)
             feeds[name] = np.ascontiguousarray(value.astype(detail["dtype"]))
-        outputs = self.runner(**feeds)
+        try:
+            outputs = self.runner(**feeds)
+        except RuntimeError as exc:
+            reason = f"{self.path}: failed while running on the {self.backend} backend ({runtime_error_text(exc)})"
+            if self.backend == "cpu" or self.fallback != "cpu":
+                raise BadInput(reason) from exc
+            self._fall_back(reason)
+            outputs = self.runner(**feeds)
         return {name: value.transpose(0, 3, 1, 2) if self.layouts.get(name) == "NHWC" else value
                 for name, value in outputs.items()}

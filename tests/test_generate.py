@@ -544,3 +544,56 @@ def test_opencl_fallback_none_fails_cleanly_and_cpu_warns_and_runs(folders, lite
         pixels = np.asarray(png)
     expected = lite[1](PROMPT, steps=2, seed=3).uint8
     assert np.array_equal(pixels, expected)
+
+
+# DIFFLITE_CL_FAULT (custom_ops/delegate/opencl/cl_loader.cc) makes PoCL fail as a broken device
+# would: a program that does not build, a buffer the device refuses, a kernel launch that fails
+# while the model runs (binary_rows: elementwise ops, launched only at Invoke).
+DEVICE_FAULTS = {"build": ("cannot load", "CL_BUILD_PROGRAM_FAILURE"),
+                 "alloc:2": ("cannot load", "CL_MEM_OBJECT_ALLOCATION_FAILURE"),
+                 "enqueue:binary_rows": ("failed while running", "CL_OUT_OF_RESOURCES")}
+
+
+@pytest.mark.parametrize("fault", DEVICE_FAULTS)
+def test_opencl_device_faults_fail_cleanly(folders, tmp_path, fault):
+    """Each fault: exit 2 with one line naming the model, what failed and the driver's code; no
+    traceback, no picture."""
+    when, code = DEVICE_FAULTS[fault]
+    target = tmp_path / "out.png"
+    run = subprocess.run([*difflite_command(), "generate", str(folders[1]), PROMPT, "-o", str(target), "--steps", "2",
+                          "--seed", "3", "--backend", "opencl"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "DIFFLITE_CL_FAULT": fault})
+    errors = [line for line in run.stderr.splitlines() if line.startswith("difflite: error:")]
+    assert run.returncode == 2 and len(errors) == 1, run.stderr[-3000:]
+    assert ".tflite" in errors[0] and when in errors[0] and code in errors[0], errors
+    assert "Traceback" not in run.stderr and not target.exists()
+
+
+def test_opencl_fault_mid_run_falls_back_to_the_cpu_picture(folders, lite, tmp_path):
+    """A kernel launch failing while the text encoder runs, with --fallback cpu: one warning naming
+    the reason, the call and every later model on the CPU backend, and the CPU backend's picture."""
+    target = tmp_path / "out.png"
+    run = subprocess.run([*difflite_command(), "generate", str(folders[1]), PROMPT, "-o", str(target), "--steps", "2",
+                          "--seed", "3", "--backend", "opencl", "--fallback", "cpu", "--json"], capture_output=True,
+                         text=True, cwd=ROOT, env={**os.environ, "DIFFLITE_CL_FAULT": "enqueue:binary_rows"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("difflite: warning:")]
+    assert len(warnings) == 1 and "failed while running" in warnings[0] and "CL_OUT_OF_RESOURCES" in warnings[0]
+    settings = json.loads(run.stdout)["settings"]
+    assert settings["backend"] == "cpu" and "CL_OUT_OF_RESOURCES" in settings["fallback_reason"]
+    with Image.open(target) as png:
+        assert np.array_equal(np.asarray(png), lite[1](PROMPT, steps=2, seed=3).uint8)
+
+
+def test_four_generate_processes_at_once_share_one_folder_and_one_program_cache(folders):
+    """benchmarks/concurrent_generate.py: 4 `generate --backend opencl` processes start together on
+    one output folder with one fresh program cache, then one more alone: all succeed with the same
+    picture, the lone run finds every program stored (it adds no entry), nothing temporary is left
+    in the cache, no stats file in the temporary directory."""
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "concurrent_generate.py"), str(folders[1]),
+                          "--processes", "4", "--steps", "2"], capture_output=True, text=True, cwd=ROOT)
+    result = json.loads(run.stdout)
+    assert run.returncode == 0 and result["ok"], (run.stdout[-3000:], run.stderr[-2000:])
+    assert [row["returncode"] for row in result["together"]] == [0, 0, 0, 0] and result["pictures_identical"]
+    assert result["cache_after_together"]["entries"] > 5
+    assert result["cache_after_alone"] == result["cache_after_together"] and not result["stats_files_left"]

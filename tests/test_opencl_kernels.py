@@ -1173,11 +1173,13 @@ def test_delegate_attention_plan(tmp_path, oplib, runner, launch, monkeypatch, e
 
 
 def test_delegate_attention_bad_kernel_env(tmp_path, oplib, monkeypatch):
-    """An unknown DIFFLITE_ATTN_KERNEL refuses the node (TFLite cannot run it: the run fails)."""
+    """An unknown DIFFLITE_ATTN_KERNEL refuses the node; TFLite cannot run it, so loading fails
+    with the node's reason."""
     monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "fastest")
     q = nonzero(np.random.default_rng(0), (1, 5, 8))
-    with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention"):
+    with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention") as failure:
         _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False)
+    assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
 
 
 SPLIT_LABELS = {"attention.flash_split", "attention.merge"}
@@ -1241,8 +1243,9 @@ def test_delegate_attention_bad_splits_env(tmp_path, oplib, monkeypatch, value):
     monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", value)
     monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
     q = nonzero(np.random.default_rng(0), (1, 5, 8))
-    with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention"):
+    with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention") as failure:
         _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False, "partial_softmax")
+    assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
 
 
 def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels):

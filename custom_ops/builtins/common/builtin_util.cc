@@ -308,8 +308,7 @@ std::string OwnedBuffer::Allocate(GpuContext& ctx, size_t bytes) {
   cl_int err = CL_SUCCESS;
   cl_mem m = ctx.cl().CreateBuffer(ctx.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
   if (m == nullptr || err != CL_SUCCESS) {
-    return "cannot allocate a " + std::to_string(bytes) + "-byte buffer: error " +
-           std::to_string(err);
+    return "cannot allocate a " + std::to_string(bytes) + "-byte buffer: " + ClErrorName(err);
   }
   mem_ = m;
   bytes_ = bytes;

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -68,6 +70,65 @@ void InstallTrace(ClApi* api, void* handle) {
   api->CreateBuffer = &TraceCreateBuffer;
   api->CreateSubBuffer = &TraceCreateSubBuffer;
   api->ReleaseMemObject = &TraceRelease;
+}
+
+// DIFFLITE_CL_FAULT=KIND[:N]: from the Nth call of that kind on (default the first), the call
+// fails as a failing driver's would: build (clBuildProgram: CL_BUILD_PROGRAM_FAILURE), alloc
+// (clCreateBuffer: CL_MEM_OBJECT_ALLOCATION_FAILURE) or enqueue (clEnqueueNDRangeKernel:
+// CL_OUT_OF_RESOURCES); enqueue:NAME fails every launch of the kernel function NAME (one that
+// only runs at Invoke: a fault mid-run). How the tests and a user check what such a device gives.
+ClApi g_next;
+std::atomic<long> g_fault_calls{0};
+long g_fault_from = 0;
+std::string g_fault_kernel;
+
+bool Faulted() { return ++g_fault_calls >= g_fault_from; }
+
+bool KernelFaulted(cl_kernel k) {
+  if (g_fault_kernel.empty()) return Faulted();
+  char name[256] = {0};
+  return g_next.GetKernelInfo(k, CL_KERNEL_FUNCTION_NAME, sizeof(name) - 1, name, nullptr) == CL_SUCCESS &&
+         g_fault_kernel == name;
+}
+
+cl_int FaultBuild(cl_program p, cl_uint n, const cl_device_id* d, const char* o,
+                  void(CL_CALLBACK* notify)(cl_program, void*), void* data) {
+  return Faulted() ? CL_BUILD_PROGRAM_FAILURE : g_next.BuildProgram(p, n, d, o, notify, data);
+}
+
+cl_mem FaultCreateBuffer(cl_context c, cl_mem_flags f, size_t n, void* host, cl_int* err) {
+  if (!Faulted()) return g_next.CreateBuffer(c, f, n, host, err);
+  if (err != nullptr) *err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+  return nullptr;
+}
+
+cl_int FaultEnqueue(cl_command_queue q, cl_kernel k, cl_uint dims, const size_t* offset,
+                    const size_t* global, const size_t* local, cl_uint waits, const cl_event* wait,
+                    cl_event* event) {
+  return KernelFaulted(k) ? CL_OUT_OF_RESOURCES
+                         : g_next.EnqueueNDRangeKernel(q, k, dims, offset, global, local, waits, wait, event);
+}
+
+void InstallFault(ClApi* api) {
+  const char* env = std::getenv("DIFFLITE_CL_FAULT");
+  if (env == nullptr || *env == '\0') return;
+  const std::string spec(env);
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const bool numeric = !arg.empty() && arg.find_first_not_of("0123456789") == std::string::npos;
+  g_fault_from = numeric ? std::max(1L, std::atol(arg.c_str())) : 1;
+  if (!numeric) g_fault_kernel = arg;
+  g_next = *api;
+  if (kind == "build") {
+    api->BuildProgram = &FaultBuild;
+  } else if (kind == "alloc") {
+    api->CreateBuffer = &FaultCreateBuffer;
+  } else if (kind == "enqueue") {
+    api->EnqueueNDRangeKernel = &FaultEnqueue;
+  } else {
+    std::fprintf(stderr, "difflite: DIFFLITE_CL_FAULT=%s: unknown kind (build, alloc, enqueue)\n", env);
+  }
 }
 
 void LoadOnce(Loaded* out) {
@@ -144,6 +205,7 @@ void LoadOnce(Loaded* out) {
     return;
   }
   InstallTrace(&out->api, out->handle);
+  InstallFault(&out->api);
   // The handle stays open for the process: kernels and contexts created
   // through it are never unloaded under a running interpreter.
   out->ok = true;

@@ -15,9 +15,6 @@ namespace difflite::gpu {
 // libOpenCL.so.1, libOpenCL.so, and on Android the vendor/system paths.
 const ClApi* LoadOpenCl(std::string* error);
 
-// "CL_OUT_OF_RESOURCES (-5)" etc.
-std::string ClErrorName(cl_int code);
-
 }  // namespace difflite::gpu
 
 #endif  // DIFFLITE_OPENCL_CL_LOADER_H_

@@ -19,7 +19,8 @@
 // a folded DEQUANTIZE of per-tensor scale 1 and zero point 0, times a
 // [rows, 1] float constant of block scales) folds its MUL into one quantized
 // constant with those block scales.
-// A refused node gets a one-line reason on stderr and stays with TFLite.
+// A refused node gets a one-line reason on stderr and stays with TFLite, unless it is a difflite
+// op (no TFLite kernel) or its program did not build (a device fault): then the delegate fails.
 // Factories run on several threads (ClaimAll): they compile programs.
 #include <algorithm>
 #include <atomic>
@@ -551,6 +552,10 @@ struct Candidate {
   bool is_dequantize() const {
     return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
   }
+  bool is_difflite_op() const {
+    return reg->builtin_code == tfl::kBuiltinCustom && reg->custom_name != nullptr &&
+           std::strncmp(reg->custom_name, kOpPrefix, std::strlen(kOpPrefix)) == 0;
+  }
   bool is_mul() const { return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kMul); }
   bool is_reshape() const {
     return reg->builtin_code == static_cast<int32_t>(tfl::BuiltinOp::kReshape);
@@ -657,6 +662,13 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
   for (Candidate& c : candidates) {
     if (c.claimed == nullptr) {
       Log("not delegating node " + std::to_string(c.node_index) + " (" + c.name + "): " + c.why);
+      // A difflite op has no TFLite kernel (loading would fail without the reason), and a program
+      // that does not build is a device fault, not an op to leave to the CPU without a word.
+      if (c.is_difflite_op() || c.why.find(kBuildFailed) != std::string::npos) {
+        LogError(ctx, "node " + std::to_string(c.node_index) + " (" + c.name +
+                          ") cannot run on the OpenCL backend: " + c.why);
+        return tfl::kDelegateError;
+      }
       continue;
     }
     const ClaimedNode& cn = *c.claimed;

@@ -375,7 +375,7 @@ cl_program Runtime::BuildFromSource(const std::string& program, const std::strin
     while (!log.empty() && log.back() == '\0') log.pop_back();
   }
   cl_->ReleaseProgram(prog);
-  *error = "building OpenCL program '" + program + "' (" + options + ") failed: " +
+  *error = kBuildFailed + program + "' (" + options + ") failed: " +
            ClErrorName(err) + (log.empty() ? "" : ": " + OneLine(log, 1500));
   return nullptr;
 }

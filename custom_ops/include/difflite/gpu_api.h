@@ -52,6 +52,9 @@
 
 namespace difflite::gpu {
 
+// "CL_OUT_OF_RESOURCES (-5)" etc., for messages.
+std::string ClErrorName(cl_int code);
+
 // The OpenCL entry points the backend and the ops use (filled by dlsym).
 struct ClApi {
   decltype(&::clGetPlatformIDs) GetPlatformIDs = nullptr;
