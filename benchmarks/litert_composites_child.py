@@ -93,7 +93,7 @@ def run_on_gpu(model: str, inputs: dict[str, np.ndarray], runs: int, fp16: bool)
     in_buffers = compiled.create_input_buffers(0)
     out_buffers = compiled.create_output_buffers(0)
     for buffer, name in zip(in_buffers, compiled.get_input_tensor_details(SIGNATURE_KEY)):
-        buffer.write(np.ascontiguousarray(inputs[name], np.float32).reshape(-1))
+        buffer.write(np.ascontiguousarray(inputs[name]).reshape(-1))  # its own dtype: token ids are int32
     out_info = next(iter(compiled.get_output_tensor_details(SIGNATURE_KEY).values()))
     size = int(np.prod(out_info["shape"]))
     report(stage="first run")
