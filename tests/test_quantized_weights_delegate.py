@@ -8,8 +8,9 @@ The weight forms are TFLite's standard ones (what `difflite convert --weights in
 * int4: TensorType INT4, two values a byte (even index in the low nibble, odd in the high one,
   each sign-extended from 4 bits), blockwise: [N, K] stored as [N*K/B, B], one scale per block
   of B inputs, back to [N, K] in one of two forms:
-  - compact (what convert writes): per-tensor scale 1 and DEQUANTIZE to float32 [N*K/B, B],
-    MUL by a float16 [N*K/B, 1] constant of block scales (DEQUANTIZEd), RESHAPE to [N, K];
+  - compact4d (what convert writes): per-tensor scale 1 and DEQUANTIZE to float32
+    [N*K/B, 1, 1, B], MUL by a float16 [N*K/B, 1, 1, 1] constant of block scales (DEQUANTIZEd),
+    RESHAPE to [N, K]; compact: the same in 2-D ([N*K/B, B] by [N*K/B, 1]);
   - per axis: scales on axis 0 of the INT4 tensor, DEQUANTIZE, RESHAPE.
 
 Each model runs through ai_edge_litert with the delegate (backend=opencl, PoCL in CI) and
@@ -125,19 +126,20 @@ class QModel(OpModel):
         self.builtin("DEQUANTIZE", [qi], [out])
         return out
 
-    def int4_weight(self, name, w_shape, blocks, scale, form="compact", unit=1.0, **mul) -> int:
+    def int4_weight(self, name, w_shape, blocks, scale, form="compact4d", unit=1.0, **mul) -> int:
         """Blockwise int4 [N*K/B, B] -> the float32 weight of w_shape, in `form` (the module's
         docstring). `unit` (the compact form's per-tensor scale) and `mul` (MUL's options) make
         variants that are no compact form."""
-        if form == "compact":
-            qi = self.quantized(name, pack_int4(blocks), blocks.shape, schema.TensorType.INT4,
-                                [unit], [0], 0)
-            values = self.activation(name + "_values", blocks.shape)
+        if form.startswith("compact"):
+            rows = (blocks.shape[0], 1, 1, blocks.shape[1]) if form == "compact4d" else blocks.shape
+            column = (-1, 1, 1, 1) if form == "compact4d" else (-1, 1)
+            qi = self.quantized(name, pack_int4(blocks), rows, schema.TensorType.INT4, [unit], [0], 0)
+            values = self.activation(name + "_values", rows)
             self.builtin("DEQUANTIZE", [qi], [values])
-            half = self.constant(name + "_scales16", (scale / unit).astype(np.float16).reshape(-1, 1))
-            scales = self.activation(name + "_scales", (scale.size, 1))
+            half = self.constant(name + "_scales16", (scale / unit).astype(np.float16).reshape(column))
+            scales = self.activation(name + "_scales", tuple(self.tensors[half].shape))
             self.builtin("DEQUANTIZE", [half], [scales])
-            flat = self.activation(name + "_blocks", blocks.shape)
+            flat = self.activation(name + "_blocks", rows)
             self.builtin("MUL", [values, scales], [flat], **mul)
         else:
             qi = self.quantized(name, pack_int4(blocks), blocks.shape, schema.TensorType.INT4, scale,
@@ -323,7 +325,7 @@ def test_int8_with_zero_points_is_dequantized_across_staging_chunks(lib, tmp_pat
 # int4 (blockwise: compact, DEQUANTIZE -> MUL -> RESHAPE; or per axis, DEQUANTIZE -> RESHAPE)
 
 
-@pytest.mark.parametrize("form", ["compact", "per_axis"])
+@pytest.mark.parametrize("form", ["compact4d", "compact", "per_axis"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
     """int4 [N*K/32, 32] -> DEQUANTIZE (-> MUL by block scales) -> RESHAPE [N, K] ->
@@ -347,7 +349,7 @@ def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
     check_values(got, stock, want, precision)
     err = capfd.readouterr().err
     assert "not delegating" not in err, err
-    folds = ["DEQUANTIZE", "DEQUANTIZE", "MUL", "RESHAPE"] if form == "compact" else ["DEQUANTIZE", "RESHAPE"]
+    folds = ["DEQUANTIZE", "RESHAPE"] if form == "per_axis" else ["DEQUANTIZE", "DEQUANTIZE", "MUL", "RESHAPE"]
     for node, op in enumerate(folds):
         assert re.search(rf"claim node {node} {op} .* folded", err), err
     assert stats["weights_quantized_bytes"] > 0 and stats["weights_dequantized_bytes"] == 0, stats

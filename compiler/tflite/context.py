@@ -260,13 +260,15 @@ class LoweringContext:
 
     def _int4_weight(self, tensor_name: str, stored: quantize.Quantized, shape) -> int:
         """int4's compact form (quantize.py): the integers as floats (per-tensor scale 1) times
-        the [rows, 1] block scales, reshaped to the weight's shape."""
-        unit = quantize.Quantized("int4", stored.shape, stored.data, np.ones(1, np.float32), 0)
+        the block scales, reshaped to the weight's shape. Blocks [rows, 1, 1, B] and scales
+        [rows, 1, 1, 1]: stock LiteRT's GPU takes a 4-D runtime weight, not a 2-D one (NOTES §31)."""
+        rows = (stored.shape[0], 1, 1, stored.shape[1])
+        unit = quantize.Quantized("int4", rows, stored.data, np.ones(1, np.float32), 0)
         values = self._dequantized(tensor_name, unit, tensor_name + "/values")
-        column = stored.scales.reshape(-1, 1)
+        column = stored.scales.reshape(-1, 1, 1, 1)
         scales = (self._half_constant(tensor_name + "/scales", column) if stored.scale_bytes == 2
                   else self.builder.constant(tensor_name + "/scales", column))
-        blocks = self.builder.tensor(tensor_name + "/blocks", stored.shape, np.float32)
+        blocks = self.builder.tensor(tensor_name + "/blocks", rows, np.float32)
         self.builder.op("MUL", [values, scales], [blocks])
         index = self.builder.tensor(tensor_name, shape, np.float32)
         self.reshape_op(blocks, index, shape)

@@ -4,9 +4,10 @@
   on the stored tensor's output axis), then DEQUANTIZE to float32.
 - int4: symmetric and blockwise along the input dimension: the stored tensor's last axis is the
   input one (OHWI filters, [N, K] fully-connected weights), so blocks of B consecutive values
-  are rows of the weight seen as [size / B, B]. That tensor is stored as INT4 (two values a
-  byte, the even element in the low nibble) with one per-tensor scale of 1, DEQUANTIZEd to its
-  integers as floats, multiplied (MUL, broadcast) by a [size / B, 1] constant of block scales
+  are rows of the weight seen as [size / B, B] (written [size / B, 1, 1, B]: stock LiteRT's GPU
+  takes 4-D runtime weights only). That tensor is stored as INT4 (two values a byte, the even
+  element in the low nibble) with one per-tensor scale of 1, DEQUANTIZEd to its integers as
+  floats, multiplied (MUL, broadcast) by a [size / B, 1, 1, 1] constant of block scales
   stored as --precision stores weights (float16 + DEQUANTIZE at fp16), then RESHAPEd back to
   the weight's shape. Every stock TFLite runtime runs these as plain ops; the op library folds
   the chain back into one quantized weight (custom_ops/delegate/opencl/claim.cc).

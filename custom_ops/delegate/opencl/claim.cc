@@ -17,8 +17,8 @@
 // the constant seen in the new shape, so the consumer still sees a constant
 // weight and nothing is copied per Invoke. int4's compact form (the writer's:
 // a folded DEQUANTIZE of per-tensor scale 1 and zero point 0, times a
-// [rows, 1] float constant of block scales) folds its MUL into one quantized
-// constant with those block scales.
+// [rows, 1, 1, 1] float constant of block scales) folds its MUL into one
+// quantized constant with those block scales.
 // A refused node gets a one-line reason on stderr and stays with TFLite, unless it is a difflite
 // op (no TFLite kernel) or its program did not build (a device fault): then the delegate fails.
 // Factories run on several threads (ClaimAll): they compile programs.
@@ -388,8 +388,9 @@ std::string BackendImpl::FoldDequantize(Context* ctx, ClaimedNode* cn) {
   return "";
 }
 
-// A MUL of int4's compact form: `values` a folded DEQUANTIZE [rows, B] of per-tensor scale 1
-// and zero point 0, `scales` a float32 / float16 constant [rows, 1], no fused activation. Its
+// A MUL of int4's compact form: `values` a folded DEQUANTIZE [rows, B] (or [rows, 1, .., 1, B])
+// of per-tensor scale 1 and zero point 0, `scales` a float32 / float16 constant of that rank,
+// [rows, 1, .., 1], no fused activation. Its
 // output is `values` with scale r = scales[r], exactly what TFLite computes (the integer as a
 // float, times 1, times scales[r], rounded once). false where the node is no such MUL (it is then
 // claimed as an op).
@@ -405,11 +406,14 @@ static bool FoldBlockScales(ClaimedNode* cn, const void* builtin_data) {
     if (v == cn->consts.end() || sc == cn->consts.end()) return false;
     const HostConst& values = *v->second;
     const HostConst& scales = *sc->second;
+    const size_t rank = values.shape.size();
     if (!values.quantized() || values.quant.channels != 1 || values.quant.scale == nullptr ||
-        values.quant.scale[0] != 1.0f || values.quant.Zero(0) != 0 || values.shape.size() != 2) {
+        values.quant.scale[0] != 1.0f || values.quant.Zero(0) != 0 || rank < 2 ||
+        NumElements(values.shape) != static_cast<int64_t>(values.shape[0]) * values.shape[rank - 1]) {
       continue;
     }
-    const Shape want = {values.shape[0], 1};
+    Shape want(rank, 1);
+    want[0] = values.shape[0];
     if (scales.quantized() || scales.dtype != DType::kFloat32 || scales.shape != want ||
         (scales.model_type != tfl::kFloat32 && scales.model_type != tfl::kFloat16) ||
         cn->out_info[0].dtype != DType::kFloat32 || cn->out_info[0].shape != values.shape) {
@@ -418,7 +422,7 @@ static bool FoldBlockScales(ClaimedNode* cn, const void* builtin_data) {
     auto folded = std::make_shared<HostConst>(values);
     folded->quant = QuantScales();
     folded->quant.channels = static_cast<size_t>(values.shape[0]);
-    folded->quant.inner = static_cast<size_t>(values.shape[1]);
+    folded->quant.inner = static_cast<size_t>(values.shape[rank - 1]);
     folded->quant.block_scales = scales.bytes;
     folded->quant.block_scales_type = scales.model_type;
     folded->converted.clear();
