@@ -521,7 +521,7 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
 
 
 def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
-    from compiler.manifest import read_manifest
+    from compiler.manifest import check_component_files, read_manifest
 
     options.validate()
     out = Path(out)
@@ -531,6 +531,7 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
     names = select_components(manifest, options.components)
     if not names:
         raise BadInput(f"{out}: the manifest lists no components")
+    check_component_files(out, manifest, names)
     run = bench_adb if options.serial else bench_host
     result = run(out, manifest, names, options, log)
     plan = result["pipeline"]

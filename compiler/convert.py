@@ -139,6 +139,7 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     """Convert `model` into the output folder `out`; returns the report. `vae`, `prediction_type`
     and `loras` change the loaded pipeline before export (models.load_pipeline)."""
     options.validate()
+    manifest.check_writable_folder(out)  # before minutes of loading and exporting
     options = replace(options, weights_target_db=options.target_db())
     given_recipes = weight_recipe.read(options.weights_recipe) if options.weights_recipe else {}
     for name, recipe in given_recipes.items():  # an int4 recipe is no int8 one, nor the reverse

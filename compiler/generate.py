@@ -210,9 +210,7 @@ class LitePipeline:
             if name not in components:
                 raise BadInput(f"{self.out / (name + '.tflite')}: not in this output folder "
                                f"(convert with --components {','.join(REQUIRED_COMPONENTS)})")
-            path = self.out / components[name]["file"]
-            if not path.is_file():
-                raise BadInput(f"{path}: missing (the output folder is incomplete: convert again)")
+        manifest.check_component_files(self.out, self.manifest)
         latent = self.manifest.get("latent") or {}
         try:
             self.channels = int(latent["channels"])

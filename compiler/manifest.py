@@ -5,6 +5,7 @@ renamed into place, so an interrupted run leaves no partial model."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -18,6 +19,8 @@ FORMAT = "difflite-output"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REPORT = "report.json"
+# What the place being written says, not the program: a full or read-only filesystem, a quota
+WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM)
 
 
 def sha256_file(path: Path) -> str:
@@ -30,6 +33,19 @@ def sha256_file(path: Path) -> str:
 
 def json_text(data) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def check_writable_folder(folder) -> None:
+    """Fail before any work when `folder` could not be created or written into: a file on the
+    way, or a read-only place (os.access says so for a read-only filesystem even to root)."""
+    folder = Path(folder)
+    for place in (folder, *folder.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise BadInput(f"{folder}: cannot write the output folder ({place} is not a folder)")
+            if not os.access(place, os.W_OK | os.X_OK):
+                raise BadInput(f"{folder}: cannot write the output folder ({place} is not writable)")
+            return
 
 
 class StagedFolder:
@@ -91,26 +107,83 @@ class StagedFolder:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             self.abort()
+            if isinstance(exc, OSError) and exc.errno in WRITE_ERRORS:
+                on = f": {exc.filename}" if exc.filename else ""
+                raise BadInput(f"{self.folder}: cannot write the output folder ({exc.strerror}{on})") from exc
         return False
 
 
 def read_manifest(folder) -> dict:
     folder = Path(folder)
     path = folder / MANIFEST
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(f"{folder}: not a folder (give the output folder that `difflite convert` wrote)")
     if not folder.is_dir():
         raise BadInput(f"{folder}: no such folder")
-    if not path.is_file():
-        raise BadInput(f"{folder}: not a difflite output folder (no {MANIFEST})")
     try:
         manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"{folder}: not a difflite output folder (no {MANIFEST})") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: not valid JSON ({exc})") from exc
-    if manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BadInput(f"{path}: not a difflite manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise BadInput(f"{path}: format version {manifest.get('format_version')} is not supported "
                        f"(this difflite reads {FORMAT_VERSION})")
+    check_structure(path, manifest)
     return manifest
+
+
+def check_structure(path: Path, manifest: dict) -> None:
+    """The fields every command relies on, so that a damaged manifest is a BadInput naming the
+    field rather than a KeyError."""
+    for key in ("source", "options", "components"):
+        if not isinstance(manifest.get(key), dict):
+            raise BadInput(f"{path}: '{key}' is missing or not an object")
+    if manifest["options"].get("precision") not in ("fp32", "fp16"):
+        raise BadInput(f"{path}: options.precision {manifest['options'].get('precision')!r} is not fp32 or fp16")
+    for name, entry in manifest["components"].items():
+        if not isinstance(entry, dict):
+            raise BadInput(f"{path}: component '{name}' is not an object")
+        file = entry.get("file")
+        # a bare name: the manifest may only point inside its own folder
+        if not isinstance(file, str) or not file or Path(file).name != file:
+            raise BadInput(f"{path}: component '{name}' has no valid 'file' (got {file!r})")
+        if not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("bytes"), int):
+            raise BadInput(f"{path}: component '{name}' has no 'sha256' and 'bytes' of its file")
+        for kind in ("inputs", "outputs"):
+            tensors = entry.get(kind)
+            if not isinstance(tensors, list) or not all(
+                    isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("shape"), list)
+                    for t in tensors):
+                raise BadInput(f"{path}: component '{name}' has no valid '{kind}' (name and shape of each tensor)")
+
+
+def check_component_files(folder, manifest: dict, names=None) -> None:
+    """Every component file (or those in `names`) is present and is the file the manifest
+    describes: its size, then its sha256. A file changed since the conversion is refused before
+    anything loads it."""
+    folder = Path(folder)
+    for name, entry in manifest["components"].items():
+        if names is not None and name not in names:
+            continue
+        path = folder / entry["file"]
+        if not path.is_file():
+            raise BadInput(f"{path}: missing (the output folder is incomplete: convert again)")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise BadInput(f"{path}: {size} bytes, but the manifest says {entry['bytes']}: the file changed "
+                           f"since the conversion (convert again)")
+        try:
+            digest = sha256_file(path)
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        if digest != entry["sha256"]:
+            raise BadInput(f"{path}: sha256 differs from the manifest's: the file changed since the "
+                           f"conversion (convert again)")
 
 
 def read_report(folder) -> dict:
