@@ -20,12 +20,21 @@ def fail_bad_input(message: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def usage_line(exc: click.UsageError) -> str:
+    """click's usage error as one line (click prints the usage, a hint and the error on four)."""
+    where = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+    return f"{exc.format_message()}{where}"
+
+
 class Group(click.Group):
-    """Turns BadInput into exit 2 and VerificationFailed into exit 1, without a traceback."""
+    """Turns BadInput and click's usage errors into exit 2 and VerificationFailed into exit 1,
+    each with one line and without a traceback."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            fail_bad_input(usage_line(exc))
         except BadInput as exc:
             fail_bad_input(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except VerificationFailed as exc:
