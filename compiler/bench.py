@@ -187,12 +187,9 @@ def random_feeds(entry: dict, rng, vocab: int) -> dict:
 
 def host_library(options: BenchOptions) -> Path:
     """--oplib, else the source tree's op library (built here when missing or stale)."""
-    from compiler.runtime import find_oplib
+    from compiler.runtime import check_host_library, find_oplib
 
-    library = Path(options.oplib) if options.oplib else find_oplib()
-    if not library.is_file():
-        raise BadInput(f"--oplib {library}: no such file")
-    return library
+    return check_host_library(Path(options.oplib), "--oplib") if options.oplib else find_oplib()
 
 
 def host_delegate(options: BenchOptions, stats_path: Path | None = None):
