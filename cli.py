@@ -301,19 +301,20 @@ def oplib():
               help="Copy the library into this folder (default: leave it in custom_ops/build).")
 def oplib_build(target, out):
     """Configure and build the op library with CMake; print the library's path."""
-    import shutil as _shutil
     from pathlib import Path
 
-    from compiler.oplib import BuildFailed, build
+    from compiler.manifest import check_writable_folder
+    from compiler.oplib import BuildFailed, build, copy_library
 
+    if out:
+        check_writable_folder(out)  # before a build of minutes
     try:
         library = build(target)
     except BuildFailed as exc:
         click.echo(f"difflite: {exc}", err=True)
         sys.exit(EXIT_FAILED)
     if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        library = Path(_shutil.copy2(library, Path(out) / library.name))
+        library = copy_library(library, Path(out))
     click.echo(str(library))
 
 

@@ -591,8 +591,12 @@ def write_plot(result: dict, path: Path) -> Path:
 
 
 def write_atomic(path: Path, data) -> Path:
-    """Write bytes (or call data(handle)) to a temporary file next to path, then rename it."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write bytes (or call data(handle)) to a temporary file next to path, then rename it; a
+    failed write (a full disk) removes the temporary file and is a BadInput naming path."""
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
     try:
         with os.fdopen(fd, "wb") as handle:
             if callable(data):
@@ -601,8 +605,10 @@ def write_atomic(path: Path, data) -> Path:
                 handle.write(data)
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
         raise
     return path
 
@@ -728,6 +734,8 @@ def bench_command(out, backend, precision, math, runs, warmup, steps, guidance, 
     plot_path = check_plot_target(plot) if plot else None
     if save and not Path(save).parent.is_dir():
         raise BadInput(f"--save {save}: folder {Path(save).parent} does not exist")
+    if save and not os.access(Path(save).parent, os.W_OK | os.X_OK):
+        raise BadInput(f"--save {save}: folder {Path(save).parent} is not writable")
 
     def log(message):
         if not as_json:
