@@ -249,6 +249,21 @@ def inspect(target, as_json):
             out.print(f"  custom {op['name']} {op['options']}")
 
 
+def parse_seeds(seeds: str) -> tuple[int, ...]:
+    """--seeds, checked before verify imports torch."""
+    from compiler.noise import check_seed
+
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {seeds!r} is not a comma-separated list of integers") from exc
+    if not seed_list:
+        raise BadInput("--seeds: no seed given")
+    for seed in seed_list:
+        check_seed(seed, "--seeds:")
+    return seed_list
+
+
 @main.command()
 @click.argument("out", type=click.Path())
 @click.option("--model", default=None, help="Verify against this source instead of the one in the manifest.")
@@ -259,12 +274,9 @@ def inspect(target, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def verify(out, model, config, backend, seeds, components, as_json):
     """Run each component in OUT against PyTorch; exit 1 if any error is over tolerance."""
+    seed_list = parse_seeds(seeds)
     from compiler.verify import as_rows, verify as run_verify
 
-    try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError as exc:
-        raise BadInput(f"--seeds: {seeds!r} is not a comma-separated list of integers") from exc
     memory: dict = {}
     checks = run_verify(out, model=model, config=config, backend=backend, seeds=seed_list,
                         components=components.split(",") if components else None, memory_out=memory)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from compiler.conditioning import TIMESTEP_COND, guidance_embedding, timestep_cond_dim
+from compiler.conditioning import TIMESTEP_COND, check_guidance, guidance_embedding, timestep_cond_dim
 from compiler.errors import BadInput
 
 BACKENDS = ("cpu", "opencl")
@@ -41,6 +41,8 @@ PIPELINE = ("text_encoder", "unet", "vae_decoder")
 FALLBACK_VOCAB = 256
 LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
 MIB = 1 << 20
+MAX_STEPS = 1000
+MAX_THREADS = 256  # LiteRT hangs creating a pool of 100000
 
 
 @dataclass
@@ -75,10 +77,13 @@ class BenchOptions:
             raise BadInput(f"--runs {self.runs}: must be at least 1")
         if self.warmup < 0:
             raise BadInput(f"--warmup {self.warmup}: must be 0 or more")
-        if self.steps < 1:
-            raise BadInput(f"--steps {self.steps}: must be at least 1")
-        if self.threads is not None and self.threads < 1:
-            raise BadInput(f"--threads {self.threads}: must be at least 1")
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise BadInput(f"--steps {self.steps}: must be from 1 to {MAX_STEPS} (the timesteps SD is trained on)")
+        check_guidance(self.guidance)
+        if not 0 <= self.seed < 2**64:
+            raise BadInput(f"--seed {self.seed}: must be from 0 to 2^64-1")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise BadInput(f"--threads {self.threads}: must be from 1 to {MAX_THREADS}")
         if self.tflite_gpu and not self.serial:
             raise BadInput("--tflite-gpu runs TFLite's GPU delegate in benchmark_model on a phone: "
                            "it needs --adb SERIAL")

@@ -6,6 +6,7 @@ rewritten and written, so the peak memory is that of the largest single stage.""
 from __future__ import annotations
 
 import gc
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -64,8 +65,8 @@ class ConvertOptions:
         if self.batch not in (1, 2):
             raise BadInput(f"batch {self.batch} must be 1 or 2")
         profiles.load_profile(self.device_profile)
-        if self.winograd_budget_mb is not None and not self.winograd_budget_mb >= 0:
-            raise BadInput(f"--winograd-budget-mb {self.winograd_budget_mb} must be >= 0")
+        if self.winograd_budget_mb is not None and not 0 <= self.winograd_budget_mb < math.inf:
+            raise BadInput(f"--winograd-budget-mb {self.winograd_budget_mb} must be a finite number >= 0")
         if self.weights not in quantize.WIDTHS:
             raise BadInput(f"--weights {self.weights!r} must be one of {', '.join(quantize.WIDTHS)}")
         if not (isinstance(self.weights_block, int) and 2 <= self.weights_block <= 4096
