@@ -154,7 +154,7 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         log(line)
     options = replace(options, height=pipe.default_size if options.height is None else options.height,
                       width=pipe.default_size if options.width is None else options.width)
-    export.check_size(pipe, options.height, options.width)
+    export.check_size(pipe, options.height, options.width, options.batch)
     recipes = {}
     if options.weights in weight_recipe.HIGH and options.weights_target_db == 0:
         log(f"--weights-target-db 0: no {options.weights} mix recipe, every eligible layer {options.weights}")

@@ -21,6 +21,7 @@ from compiler.errors import BadInput
 COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MIN_OPSET = 18  # the dynamo exporter writes invalid Split nodes at opset 17 (FACTS)
+MAX_TENSOR_ELEMENTS = 2**31 - 1  # TFLite's kernels and the op library's (kMaxIndex) index with int32
 
 
 class ExportError(RuntimeError):
@@ -93,11 +94,35 @@ def size_multiple(pipe) -> int:
     return pipe.vae_scale_factor * 2**unet_downsamplings
 
 
-def check_size(pipe, height, width) -> None:
+def check_size(pipe, height, width, batch=1) -> None:
     multiple = size_multiple(pipe)
     for label, value in (("height", height), ("width", width)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0 or value % multiple:
             raise BadInput(f"{pipe.source}: {label} {value!r} must be a positive multiple of {multiple}")
+    what, elements = largest_feature_map(pipe, height, width, batch)
+    if elements > MAX_TENSOR_ELEMENTS:
+        raise BadInput(f"{pipe.source}: --height {height} --width {width} needs {what} of {elements:,} values, more "
+                       f"than a tensor may hold ({MAX_TENSOR_ELEMENTS:,}: kernels index with int32)")
+
+
+def largest_feature_map(pipe, height, width, batch=1) -> tuple[str, int]:
+    """(what, values) of the largest activation at this size, from the configs alone, so that a
+    size no tensor can hold is refused before anything is allocated."""
+    vae = list(pipe.vae.config.block_out_channels)
+    unet = list(pipe.unet.config.block_out_channels)
+    h, w = latent_size(pipe, height, width)
+    maps = []
+    for level in range(len(vae)):
+        # the decoder upsamples a deeper level's output to this level's size before narrowing it
+        channels = max(vae[level:level + 2])
+        maps.append((f"the VAE's {channels}x{height >> level}x{width >> level} feature map",
+                     channels * (height >> level) * (width >> level)))
+    for level in range(len(unet)):
+        # an up block concatenates a skip connection: up to twice the widest channels
+        channels = 2 * max(unet[level:level + 2])
+        maps.append((f"the UNet's {batch}x{channels}x{h >> level}x{w >> level} feature map",
+                     batch * channels * (h >> level) * (w >> level)))
+    return max(maps, key=lambda m: m[1])
 
 
 def latent_size(pipe, height, width) -> tuple[int, int]:

@@ -433,10 +433,10 @@ def _config_files(folder: Path) -> list[tuple[str, Path]]:
 
 
 def _load_folder(folder: Path) -> Pipeline:
+    _check_config_folder(folder)  # before seconds of importing diffusers and transformers
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel
 
-    _check_config_folder(folder)
     files = _config_files(folder)
     for name in _COMPONENTS:
         weights = _weight_files(folder / name)
