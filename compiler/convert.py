@@ -145,6 +145,9 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     given_recipes = weight_recipe.read(options.weights_recipe) if options.weights_recipe else {}
     for name, recipe in given_recipes.items():  # an int4 recipe is no int8 one, nor the reverse
         weight_recipe.check_width(recipe, options.weights, f"--weights-recipe {options.weights_recipe} ({name})")
+    configs = None if vae else models.peek_configs(model)
+    if configs and options.height is not None and options.width is not None:
+        export.check_size_of(model, *configs, options.height, options.width, options.batch)  # before loading
     stages = StageLog()
     started = time.perf_counter()
     log(f"loading {model}")
