@@ -20,12 +20,21 @@ def fail_bad_input(message: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def usage_line(exc: click.UsageError) -> str:
+    """click's usage error as one line (click prints the usage, a hint and the error on four)."""
+    where = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+    return f"{exc.format_message()}{where}"
+
+
 class Group(click.Group):
-    """Turns BadInput into exit 2 and VerificationFailed into exit 1, without a traceback."""
+    """Turns BadInput and click's usage errors into exit 2 and VerificationFailed into exit 1,
+    each with one line and without a traceback."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            fail_bad_input(usage_line(exc))
         except BadInput as exc:
             fail_bad_input(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except VerificationFailed as exc:
@@ -246,6 +255,21 @@ def inspect(target, as_json):
             out.print(f"  custom {op['name']} {op['options']}")
 
 
+def parse_seeds(seeds: str) -> tuple[int, ...]:
+    """--seeds, checked before verify imports torch."""
+    from compiler.noise import check_seed
+
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError as exc:
+        raise BadInput(f"--seeds: {seeds!r} is not a comma-separated list of integers") from exc
+    if not seed_list:
+        raise BadInput("--seeds: no seed given")
+    for seed in seed_list:
+        check_seed(seed, "--seeds:")
+    return seed_list
+
+
 @main.command()
 @click.argument("out", type=click.Path())
 @click.option("--model", default=None, help="Verify against this source instead of the one in the manifest.")
@@ -256,12 +280,9 @@ def inspect(target, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def verify(out, model, config, backend, seeds, components, as_json):
     """Run each component in OUT against PyTorch; exit 1 if any error is over tolerance."""
+    seed_list = parse_seeds(seeds)
     from compiler.verify import as_rows, verify as run_verify
 
-    try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError as exc:
-        raise BadInput(f"--seeds: {seeds!r} is not a comma-separated list of integers") from exc
     memory: dict = {}
     checks = run_verify(out, model=model, config=config, backend=backend, seeds=seed_list,
                         components=components.split(",") if components else None, memory_out=memory)
@@ -298,19 +319,20 @@ def oplib():
               help="Copy the library into this folder (default: leave it in custom_ops/build).")
 def oplib_build(target, out):
     """Configure and build the op library with CMake; print the library's path."""
-    import shutil as _shutil
     from pathlib import Path
 
-    from compiler.oplib import BuildFailed, build
+    from compiler.manifest import check_writable_folder
+    from compiler.oplib import BuildFailed, build, copy_library
 
+    if out:
+        check_writable_folder(out)  # before a build of minutes
     try:
         library = build(target)
     except BuildFailed as exc:
         click.echo(f"difflite: {exc}", err=True)
         sys.exit(EXIT_FAILED)
     if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        library = Path(_shutil.copy2(library, Path(out) / library.name))
+        library = copy_library(library, Path(out))
     click.echo(str(library))
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from compiler.conditioning import TIMESTEP_COND, guidance_embedding, timestep_cond_dim
+from compiler.conditioning import TIMESTEP_COND, check_guidance, guidance_embedding, timestep_cond_dim
 from compiler.errors import BadInput
 
 BACKENDS = ("cpu", "opencl")
@@ -41,6 +41,8 @@ PIPELINE = ("text_encoder", "unet", "vae_decoder")
 FALLBACK_VOCAB = 256
 LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
 MIB = 1 << 20
+MAX_STEPS = 1000
+MAX_THREADS = 256  # LiteRT hangs creating a pool of 100000
 
 
 @dataclass
@@ -75,10 +77,13 @@ class BenchOptions:
             raise BadInput(f"--runs {self.runs}: must be at least 1")
         if self.warmup < 0:
             raise BadInput(f"--warmup {self.warmup}: must be 0 or more")
-        if self.steps < 1:
-            raise BadInput(f"--steps {self.steps}: must be at least 1")
-        if self.threads is not None and self.threads < 1:
-            raise BadInput(f"--threads {self.threads}: must be at least 1")
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise BadInput(f"--steps {self.steps}: must be from 1 to {MAX_STEPS} (the timesteps SD is trained on)")
+        check_guidance(self.guidance)
+        if not 0 <= self.seed < 2**64:
+            raise BadInput(f"--seed {self.seed}: must be from 0 to 2^64-1")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise BadInput(f"--threads {self.threads}: must be from 1 to {MAX_THREADS}")
         if self.tflite_gpu and not self.serial:
             raise BadInput("--tflite-gpu runs TFLite's GPU delegate in benchmark_model on a phone: "
                            "it needs --adb SERIAL")
@@ -187,12 +192,9 @@ def random_feeds(entry: dict, rng, vocab: int) -> dict:
 
 def host_library(options: BenchOptions) -> Path:
     """--oplib, else the source tree's op library (built here when missing or stale)."""
-    from compiler.runtime import find_oplib
+    from compiler.runtime import check_host_library, find_oplib
 
-    library = Path(options.oplib) if options.oplib else find_oplib()
-    if not library.is_file():
-        raise BadInput(f"--oplib {library}: no such file")
-    return library
+    return check_host_library(Path(options.oplib), "--oplib") if options.oplib else find_oplib()
 
 
 def host_delegate(options: BenchOptions, stats_path: Path | None = None):
@@ -521,7 +523,7 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
 
 
 def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
-    from compiler.manifest import read_manifest
+    from compiler.manifest import check_component_files, read_manifest
 
     options.validate()
     out = Path(out)
@@ -531,6 +533,7 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
     names = select_components(manifest, options.components)
     if not names:
         raise BadInput(f"{out}: the manifest lists no components")
+    check_component_files(out, manifest, names)
     run = bench_adb if options.serial else bench_host
     result = run(out, manifest, names, options, log)
     plan = result["pipeline"]
@@ -593,8 +596,12 @@ def write_plot(result: dict, path: Path) -> Path:
 
 
 def write_atomic(path: Path, data) -> Path:
-    """Write bytes (or call data(handle)) to a temporary file next to path, then rename it."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write bytes (or call data(handle)) to a temporary file next to path, then rename it; a
+    failed write (a full disk) removes the temporary file and is a BadInput naming path."""
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
     try:
         with os.fdopen(fd, "wb") as handle:
             if callable(data):
@@ -603,8 +610,10 @@ def write_atomic(path: Path, data) -> Path:
                 handle.write(data)
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
         raise
     return path
 
@@ -730,6 +739,8 @@ def bench_command(out, backend, precision, math, runs, warmup, steps, guidance, 
     plot_path = check_plot_target(plot) if plot else None
     if save and not Path(save).parent.is_dir():
         raise BadInput(f"--save {save}: folder {Path(save).parent} does not exist")
+    if save and not os.access(Path(save).parent, os.W_OK | os.X_OK):
+        raise BadInput(f"--save {save}: folder {Path(save).parent} is not writable")
 
     def log(message):
         if not as_json:

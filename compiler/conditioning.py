@@ -4,7 +4,20 @@ as diffusers' LatentConsistencyModelPipeline.get_guidance_scale_embedding comput
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from compiler.errors import BadInput
+
+# Far above any useful scale (diffusers' pipelines use 1 to about 20); much larger ones overflow
+# the float32 latents into a picture of NaNs.
+MAX_GUIDANCE = 100.0
+
+
+def check_guidance(guidance: float, option: str = "--guidance") -> None:
+    if not (math.isfinite(guidance) and 0.0 <= guidance <= MAX_GUIDANCE):
+        raise BadInput(f"{option} {guidance!r} must be a number from 0 to {MAX_GUIDANCE:g}")
 
 
 def guidance_embedding(guidance_scales, dim: int) -> np.ndarray:

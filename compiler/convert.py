@@ -6,6 +6,7 @@ rewritten and written, so the peak memory is that of the largest single stage.""
 from __future__ import annotations
 
 import gc
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -92,8 +93,8 @@ class ConvertOptions:
             if where is not None and where not in export.COMPONENTS:
                 raise BadInput(f"--winograd-budget-mb: unknown component {where!r} "
                                f"(choose from {', '.join(export.COMPONENTS)})")
-            if budget is not None and not budget >= 0:
-                raise BadInput(f"--winograd-budget-mb {budget} must be >= 0")
+            if budget is not None and not 0 <= budget < math.inf:
+                raise BadInput(f"--winograd-budget-mb {budget} must be a finite number >= 0")
         if self.weights not in quantize.WIDTHS:
             raise BadInput(f"--weights {self.weights!r} must be one of {', '.join(quantize.WIDTHS)}")
         if not (isinstance(self.weights_block, int) and 2 <= self.weights_block <= 4096
@@ -171,10 +172,14 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     """Convert `model` into the output folder `out`; returns the report. `vae`, `prediction_type`
     and `loras` change the loaded pipeline before export (models.load_pipeline)."""
     options.validate()
+    manifest.check_writable_folder(out)  # before minutes of loading and exporting
     options = replace(options, weights_target_db=options.target_db())
     given_recipes = weight_recipe.read(options.weights_recipe) if options.weights_recipe else {}
     for name, recipe in given_recipes.items():  # an int4 recipe is no int8 one, nor the reverse
         weight_recipe.check_width(recipe, options.weights, f"--weights-recipe {options.weights_recipe} ({name})")
+    configs = None if vae else models.peek_configs(model)
+    if configs and options.height is not None and options.width is not None:
+        export.check_size_of(model, *configs, options.height, options.width, options.batch)  # before loading
     stages = StageLog()
     started = time.perf_counter()
     log(f"loading {model}")
@@ -184,7 +189,7 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         log(line)
     options = replace(options, height=pipe.default_size if options.height is None else options.height,
                       width=pipe.default_size if options.width is None else options.width)
-    export.check_size(pipe, options.height, options.width)
+    export.check_size(pipe, options.height, options.width, options.batch)
     recipes = {}
     if options.weights in weight_recipe.HIGH and options.weights_target_db == 0:
         log(f"--weights-target-db 0: no {options.weights} mix recipe, every eligible layer {options.weights}")

@@ -21,6 +21,7 @@ from compiler.errors import BadInput
 COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MIN_OPSET = 18  # the dynamo exporter writes invalid Split nodes at opset 17 (FACTS)
+MAX_TENSOR_ELEMENTS = 2**31 - 1  # TFLite's kernels and the op library's (kMaxIndex) index with int32
 
 
 class ExportError(RuntimeError):
@@ -89,15 +90,48 @@ class VaeEncoderModule(torch.nn.Module):
 
 def size_multiple(pipe) -> int:
     """Pixel sizes must be multiples of this: the VAE and every UNet downsampling halve them."""
-    unet_downsamplings = len(pipe.unet.config.down_block_types) - 1
-    return pipe.vae_scale_factor * 2**unet_downsamplings
+    return _size_multiple(dict(pipe.unet.config), dict(pipe.vae.config))
 
 
-def check_size(pipe, height, width) -> None:
-    multiple = size_multiple(pipe)
+def _size_multiple(unet: dict, vae: dict) -> int:
+    return 2 ** (len(vae["block_out_channels"]) - 1) * 2 ** (len(unet["down_block_types"]) - 1)
+
+
+def check_size(pipe, height, width, batch=1) -> None:
+    check_size_of(pipe.source, dict(pipe.unet.config), dict(pipe.vae.config), height, width, batch)
+
+
+def check_size_of(source: str, unet: dict, vae: dict, height, width, batch=1) -> None:
+    """The size checks from the UNet's and the VAE's configs alone (models.peek_configs gives them
+    before anything is built): multiples the models can take, and tensors that can be held."""
+    multiple = _size_multiple(unet, vae)
     for label, value in (("height", height), ("width", width)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0 or value % multiple:
-            raise BadInput(f"{pipe.source}: {label} {value!r} must be a positive multiple of {multiple}")
+            raise BadInput(f"{source}: {label} {value!r} must be a positive multiple of {multiple}")
+    what, elements = largest_feature_map(unet, vae, height, width, batch)
+    if elements > MAX_TENSOR_ELEMENTS:
+        raise BadInput(f"{source}: --height {height} --width {width} needs {what} of {elements:,} values, more "
+                       f"than a tensor may hold ({MAX_TENSOR_ELEMENTS:,}: kernels index with int32)")
+
+
+def largest_feature_map(unet: dict, vae: dict, height, width, batch=1) -> tuple[str, int]:
+    """(what, values) of the largest activation at this size, from the configs alone, so that a
+    size no tensor can hold is refused before anything is allocated."""
+    vae_channels = list(vae["block_out_channels"])
+    unet_channels = list(unet["block_out_channels"])
+    h, w = height >> (len(vae_channels) - 1), width >> (len(vae_channels) - 1)
+    maps = []
+    for level in range(len(vae_channels)):
+        # the decoder upsamples a deeper level's output to this level's size before narrowing it
+        channels = max(vae_channels[level:level + 2])
+        maps.append((f"the VAE's {channels}x{height >> level}x{width >> level} feature map",
+                     channels * (height >> level) * (width >> level)))
+    for level in range(len(unet_channels)):
+        # an up block concatenates a skip connection: up to twice the widest channels
+        channels = 2 * max(unet_channels[level:level + 2])
+        maps.append((f"the UNet's {batch}x{channels}x{h >> level}x{w >> level} feature map",
+                     batch * channels * (h >> level) * (w >> level)))
+    return max(maps, key=lambda m: m[1])
 
 
 def latent_size(pipe, height, width) -> tuple[int, int]:

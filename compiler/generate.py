@@ -43,9 +43,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from compiler.conditioning import TIMESTEP_COND, guidance_embedding, timestep_cond_dim
+from compiler.conditioning import TIMESTEP_COND, check_guidance, guidance_embedding, timestep_cond_dim
 from compiler.errors import BadInput
-from compiler.noise import TorchGenerator
+from compiler.noise import TorchGenerator, check_seed
 from compiler.prompt_tokens import PromptTokenizer
 from compiler.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
 
@@ -210,9 +210,7 @@ class LitePipeline:
             if name not in components:
                 raise BadInput(f"{self.out / (name + '.tflite')}: not in this output folder "
                                f"(convert with --components {','.join(REQUIRED_COMPONENTS)})")
-            path = self.out / components[name]["file"]
-            if not path.is_file():
-                raise BadInput(f"{path}: missing (the output folder is incomplete: convert again)")
+        manifest.check_component_files(self.out, self.manifest)
         latent = self.manifest.get("latent") or {}
         try:
             self.channels = int(latent["channels"])
@@ -337,7 +335,7 @@ class LitePipeline:
                  timestep_spacing: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerateResult:
         img2img = init_image is not None
-        self._check_call(steps, guidance, img2img, strength)
+        self._check_call(steps, guidance, img2img, strength, seed)
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds
@@ -382,11 +380,17 @@ class LitePipeline:
         }
         return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
 
-    def _check_call(self, steps, guidance, img2img: bool, strength) -> None:
+    def _check_call(self, steps, guidance, img2img: bool, strength, seed) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise BadInput(f"--steps {steps!r} must be a positive integer")
-        if not np.isfinite(guidance):
-            raise BadInput(f"--guidance {guidance!r} must be a finite number")
+        # as diffusers' schedulers: no more steps than the timesteps the model was trained on
+        trained = self.scheduler_config.get("num_train_timesteps", 1000)
+        if steps > trained:
+            raise BadInput(f"--steps {steps} must be at most {trained} (the scheduler's num_train_timesteps)")
+        check_guidance(guidance)
+        check_seed(seed)
+        if not (0.0 < strength <= 1.0):
+            raise BadInput(f"--strength {strength!r} must be in (0, 1]")
         if self.timestep_cond_dim is not None and self.unet_batch == 2:
             raise BadInput(f"{self.out / 'unet.tflite'}: batch 2, but this UNet takes the guidance scale as an "
                            f"embedding (timestep_cond, LCM-distilled) and runs without classifier-free guidance: "
@@ -397,8 +401,6 @@ class LitePipeline:
                            f"(few-step) generation, or pass --guidance > 1")
         if not img2img:
             return
-        if not (0.0 < strength <= 1.0):
-            raise BadInput(f"--strength {strength!r} must be in (0, 1]")
         if min(int(steps * strength), steps) < 1:
             raise BadInput(f"--strength {strength} x --steps {steps} leaves no denoising step")
         if not self.has_vae_encoder:

@@ -43,6 +43,7 @@ def inspect_target(target) -> dict:
     target = Path(target)
     if target.is_dir():
         man = manifest.read_manifest(target)
+        manifest.check_component_files(target, man)
         models = {name: describe_model(target / entry["file"]) for name, entry in man["components"].items()}
         return {"folder": str(target), "source": man["source"], "options": man["options"], "models": models}
     if target.is_file():

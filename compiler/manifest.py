@@ -5,11 +5,13 @@ renamed into place, so an interrupted run leaves no partial model."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from compiler.errors import BadInput
@@ -18,6 +20,8 @@ FORMAT = "difflite-output"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 REPORT = "report.json"
+# What the place being written says, not the program: a full or read-only filesystem, a quota
+WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM)
 
 
 def sha256_file(path: Path) -> str:
@@ -28,8 +32,54 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+# A file changed this recently may change again within the same timestamp tick (coarse kernel
+# clocks), which its stamps would not show: its digest is not remembered yet.
+RACY_SECONDS = 2.0
+
+
+def _digest_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "difflite" / "digests"
+
+
+def checked_sha256(path: Path) -> str:
+    """sha256_file, remembered per file by its identity and change stamps (device, inode, size,
+    mtime and ctime in ns: any write to the file changes ctime), so that a model checked once is
+    not read whole again at every start (1.6 s for SD 1.5 at fp16). The record is best-effort:
+    where the cache folder cannot be written, the file is hashed every time."""
+    st = path.stat()
+    stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
+    record = _digest_cache_dir() / f"{key}.json"
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(record.read_text())
+        if cached.get("stamp") == stamp and isinstance(cached.get("sha256"), str):
+            return cached["sha256"]
+    digest = sha256_file(path)
+    if time.time_ns() - st.st_ctime_ns < RACY_SECONDS * 1e9:
+        return digest
+    with contextlib.suppress(OSError):
+        record.parent.mkdir(parents=True, exist_ok=True)
+        temp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps({"path": str(path.resolve()), "stamp": stamp, "sha256": digest}))
+        os.replace(temp, record)
+    return digest
+
+
 def json_text(data) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def check_writable_folder(folder) -> None:
+    """Fail before any work when `folder` could not be created or written into: a file on the
+    way, or a read-only place (os.access says so for a read-only filesystem even to root)."""
+    folder = Path(folder)
+    for place in (folder, *folder.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise BadInput(f"{folder}: cannot write the output folder ({place} is not a folder)")
+            if not os.access(place, os.W_OK | os.X_OK):
+                raise BadInput(f"{folder}: cannot write the output folder ({place} is not writable)")
+            return
 
 
 class StagedFolder:
@@ -91,26 +141,83 @@ class StagedFolder:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             self.abort()
+            if isinstance(exc, OSError) and exc.errno in WRITE_ERRORS:
+                on = f": {exc.filename}" if exc.filename else ""
+                raise BadInput(f"{self.folder}: cannot write the output folder ({exc.strerror}{on})") from exc
         return False
 
 
 def read_manifest(folder) -> dict:
     folder = Path(folder)
     path = folder / MANIFEST
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(f"{folder}: not a folder (give the output folder that `difflite convert` wrote)")
     if not folder.is_dir():
         raise BadInput(f"{folder}: no such folder")
-    if not path.is_file():
-        raise BadInput(f"{folder}: not a difflite output folder (no {MANIFEST})")
     try:
         manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"{folder}: not a difflite output folder (no {MANIFEST})") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: not valid JSON ({exc})") from exc
-    if manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BadInput(f"{path}: not a difflite manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise BadInput(f"{path}: format version {manifest.get('format_version')} is not supported "
                        f"(this difflite reads {FORMAT_VERSION})")
+    check_structure(path, manifest)
     return manifest
+
+
+def check_structure(path: Path, manifest: dict) -> None:
+    """The fields every command relies on, so that a damaged manifest is a BadInput naming the
+    field rather than a KeyError."""
+    for key in ("source", "options", "components"):
+        if not isinstance(manifest.get(key), dict):
+            raise BadInput(f"{path}: '{key}' is missing or not an object")
+    if manifest["options"].get("precision") not in ("fp32", "fp16"):
+        raise BadInput(f"{path}: options.precision {manifest['options'].get('precision')!r} is not fp32 or fp16")
+    for name, entry in manifest["components"].items():
+        if not isinstance(entry, dict):
+            raise BadInput(f"{path}: component '{name}' is not an object")
+        file = entry.get("file")
+        # a bare name: the manifest may only point inside its own folder
+        if not isinstance(file, str) or not file or Path(file).name != file:
+            raise BadInput(f"{path}: component '{name}' has no valid 'file' (got {file!r})")
+        if not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("bytes"), int):
+            raise BadInput(f"{path}: component '{name}' has no 'sha256' and 'bytes' of its file")
+        for kind in ("inputs", "outputs"):
+            tensors = entry.get(kind)
+            if not isinstance(tensors, list) or not all(
+                    isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("shape"), list)
+                    for t in tensors):
+                raise BadInput(f"{path}: component '{name}' has no valid '{kind}' (name and shape of each tensor)")
+
+
+def check_component_files(folder, manifest: dict, names=None) -> None:
+    """Every component file (or those in `names`) is present and is the file the manifest
+    describes: its size, then its sha256 (checked_sha256: hashed once per change of the file). A
+    file changed since the conversion is refused before anything loads it."""
+    folder = Path(folder)
+    for name, entry in manifest["components"].items():
+        if names is not None and name not in names:
+            continue
+        path = folder / entry["file"]
+        if not path.is_file():
+            raise BadInput(f"{path}: missing (the output folder is incomplete: convert again)")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise BadInput(f"{path}: {size} bytes, but the manifest says {entry['bytes']}: the file changed "
+                           f"since the conversion (convert again)")
+        try:
+            digest = checked_sha256(path)
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        if digest != entry["sha256"]:
+            raise BadInput(f"{path}: sha256 differs from the manifest's: the file changed since the "
+                           f"conversion (convert again)")
 
 
 def read_report(folder) -> dict:

@@ -164,6 +164,29 @@ def preset_configs(name: str) -> dict:
     return json.loads(json.dumps(_PRESET_CONFIGS[name]))
 
 
+def peek_configs(model: str) -> tuple[dict, dict] | None:
+    """The UNet's and the VAE's configs of a preset or a diffusers folder, read without building
+    or importing anything; None for a single file (its architecture comes from its tensors) or
+    configs that loading will have to judge."""
+    if model.startswith("preset:"):
+        configs = preset_configs(model.removeprefix("preset:"))
+        return configs["unet"], configs["vae"]
+    folder = Path(model).expanduser()
+    try:
+        unet, vae = (json.loads((folder / name / "config.json").read_text()) for name in ("unet", "vae"))
+    except (OSError, ValueError):
+        return None
+
+    def listed(config, key: str, kind=object) -> bool:
+        values = config.get(key) if isinstance(config, dict) else None
+        return isinstance(values, list) and bool(values) and all(isinstance(v, kind) for v in values)
+
+    if listed(unet, "block_out_channels", int) and listed(unet, "down_block_types") and \
+            listed(vae, "block_out_channels", int):
+        return unet, vae
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The pipeline
 
@@ -433,10 +456,10 @@ def _config_files(folder: Path) -> list[tuple[str, Path]]:
 
 
 def _load_folder(folder: Path) -> Pipeline:
+    _check_config_folder(folder)  # before seconds of importing diffusers and transformers
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel
 
-    _check_config_folder(folder)
     files = _config_files(folder)
     for name in _COMPONENTS:
         weights = _weight_files(folder / name)

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler.errors import BadInput
+
 _MIN_VALUES = 16  # below this torch takes a scalar double-precision path no caller here needs
+SEEDS = range(-2**63, 2**64)  # what torch.Generator.manual_seed accepts
+
+
+def check_seed(seed: int, option: str = "--seed") -> None:
+    if seed not in SEEDS:
+        raise BadInput(f"{option} {seed} is outside torch.Generator's seeds, -2^63 to 2^64-1")
 
 
 class TorchGenerator:

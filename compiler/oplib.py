@@ -10,6 +10,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from compiler.errors import BadInput
@@ -159,3 +160,25 @@ def run(command: list[str]) -> None:
     if process.returncode != 0:
         raise BuildFailed(f"{' '.join(command)} failed ({process.returncode}):\n"
                           f"{process.stdout[-4000:]}\n{process.stderr[-4000:]}")
+
+
+def copy_library(library: Path, folder: Path) -> Path:
+    """Copy the built library into `folder` through a temporary name: a full disk leaves no
+    partial library, nor the folder when this made it. BadInput names what could not be written."""
+    created = not folder.exists()
+    temporary = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{library.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        shutil.copy2(library, temporary)
+        target = folder / library.name
+        os.replace(temporary, target)
+        return target
+    except OSError as exc:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise BadInput(f"{folder}: cannot write the op library there ({exc.strerror or exc})") from exc

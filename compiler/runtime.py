@@ -30,15 +30,47 @@ def find_oplib() -> Path:
 
     env = os.environ.get(LIBRARY_ENV)
     if env:
-        if not Path(env).is_file():
-            raise BadInput(f"{env}: {LIBRARY_ENV} names no file")
-        return Path(env)
+        return check_host_library(Path(env), LIBRARY_ENV)
     if not oplib.SOURCE.is_dir():
         raise BadInput(f"the op library {oplib.LIBRARY_NAME} is not available: set {LIBRARY_ENV} to its path")
     try:
         return oplib.build("host")
     except oplib.BuildFailed as exc:
         raise BadInput(f"building the op library failed: {str(exc).splitlines()[0]}") from exc
+
+
+HOST_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}  # platform.machine() -> ELF e_machine
+
+
+def check_host_library(path: Path, named_by: str) -> Path:
+    """The op library at `path` (named by `named_by`), opened once here: LiteRT's load_delegate
+    turns a file that is no shared library for this machine into a bare OSError, and its
+    half-made Delegate prints a second traceback when it is collected."""
+    import ctypes
+    import platform
+
+    from compiler.adb import ELF_MACHINES, elf_machine
+
+    where = f"{path} ({named_by})"
+    if not path.is_file():
+        raise BadInput(f"{where}: no such file")
+    try:
+        machine = elf_machine(path)
+    except OSError as exc:
+        raise BadInput(f"{where}: cannot read ({exc.strerror or exc})") from exc
+    if machine is None:
+        raise BadInput(f"{where}: not a shared library (no ELF header)")
+    host = HOST_MACHINES.get(platform.machine().lower())
+    if host is not None and machine != host:
+        raise BadInput(f"{where}: built for {ELF_MACHINES.get(machine, f'ELF machine {machine}')}, "
+                       f"not for this {platform.machine()} machine")
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise BadInput(f"{where}: cannot be loaded ({str(exc).removeprefix(f'{path}: ')})") from exc
+    if not hasattr(library, "tflite_plugin_create_delegate"):
+        raise BadInput(f"{where}: not a TFLite delegate (no tflite_plugin_create_delegate)")
+    return path
 
 
 def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None = None):

@@ -72,6 +72,10 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict]:
     """(named tensors, the other top-level entries of a .ckpt, such as global_step)."""
     meta: dict = {}
     try:
+        path.open("rb").close()  # safetensors says "No such file" for a file it may not read
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read checkpoint ({e.strerror or e})") from e
+    try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
@@ -86,6 +90,11 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict]:
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)} if isinstance(state, dict) else {}
     if not tensors:
         raise BadInput(f"{path}: not a checkpoint of named tensors")
+    for key, value in tensors.items():
+        # load_state_dict would cast integers into the float parameters without a word
+        if key.endswith((".weight", ".bias")) and not value.is_floating_point():
+            raise BadInput(f"{path}: {key} is stored as {str(value.dtype).removeprefix('torch.')}, "
+                           f"not as floating-point weights")
     if isinstance(state, dict):
         meta.update({k: v for k, v in state.items() if not isinstance(v, torch.Tensor) and not isinstance(v, dict)})
     return tensors, meta

@@ -10,11 +10,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from compiler import export, manifest, models
+from compiler import manifest
 from compiler.errors import BadInput
-from compiler.runtime import Component
+from compiler.runtime import find_oplib
 
 FP32_RELATIVE_TOLERANCE = 1e-3
 FP16_MIN_PSNR_DB = 40.0
@@ -71,6 +70,8 @@ def compare(reference: np.ndarray, actual: np.ndarray, precision: str,
 
 
 def load_source(man: dict, model: str | None, config: str | None):
+    from compiler import models
+
     source = man["source"]
     # --model replaces the base checkpoint only: the VAE, prediction type and LoRAs of the
     # conversion apply to it as they did then.
@@ -86,9 +87,20 @@ def load_source(man: dict, model: str | None, config: str | None):
 
 def verify(out, model: str | None = None, config: str | None = None, backend: str = "cpu",
            seeds=(0, 1), components=None, memory_out: dict | None = None) -> list[Check]:
-    """`memory_out`, when given, receives the OpenCL delegate's memory report per component."""
+    """`memory_out`, when given, receives the OpenCL delegate's memory report per component.
+    The folder, its files and the op library are checked before torch is imported and the
+    source is loaded (seconds to minutes)."""
     out = Path(out)
     man = manifest.read_manifest(out)
+    manifest.check_component_files(out, man, components)
+    selected = [e for name, e in man["components"].items() if not components or name in components]
+    if backend != "cpu" or any(e.get("custom_ops") for e in selected):
+        find_oplib()
+    import torch
+
+    from compiler import export
+    from compiler.runtime import Component
+
     options = man["options"]
     pipe = load_source(man, model, config)
     checks = []

@@ -462,7 +462,7 @@ def test_winograd_budget_per_component():
     only = ConvertOptions(device_profile="nvidia-h100", winograd_budgets_mb=parse_winograd_budget("unet=50")[1])
     assert only.budget_mb("unet") == 50.0 and only.budget_mb("vae_decoder") == 4000.0
     for spec, message in (("x", "not a number"), ("1,2", "twice"), ("unet=1,unet=2", "twice"),
-                          ("decoder=3", "unknown component"), ("nan", ">= 0"), ("unet=-1", ">= 0")):
+                          ("decoder=3", "unknown component"), ("nan", ">= 0"), ("unet=-1", ">= 0"), ("unet=inf", "finite")):
         with pytest.raises(BadInput, match=message):
             d, p = parse_winograd_budget(spec)
             ConvertOptions(winograd_budget_mb=d, winograd_budgets_mb=p).validate()

@@ -15,6 +15,7 @@ from compiler.errors import BadInput
 from compiler.tflite.builder import NUMPY_TYPES
 
 BUILTIN_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+TENSOR_TYPES = {v for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
 
 
 @dataclass
@@ -101,6 +102,8 @@ def _summarize(path: Path, data) -> TFLiteSummary:
     for i in range(sub.TensorsLength()):
         t = sub.Tensors(i)
         shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+        if t.Type() not in TENSOR_TYPES:
+            raise BadInput(f"{path}: tensor {i} ('{_text(t.Name())}') has type {t.Type()}, which is no TFLite type")
         dtype = np.dtype(NUMPY_TYPES.get(t.Type(), np.uint8))
         count = int(np.prod(shape, dtype=np.int64))
         if t.Type() == schema.TensorType.INT4:  # two values a byte
