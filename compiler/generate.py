@@ -104,14 +104,9 @@ def check_writable(path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise BadInput(f"{path}: is a folder, give an image file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    for ancestor in (parent, *parent.parents):
-        if ancestor.exists():
-            if not ancestor.is_dir():
-                raise BadInput(f"{path}: cannot write ({ancestor} is not a folder)")
-            if not os.access(ancestor, os.W_OK | os.X_OK):
-                raise BadInput(f"{path}: cannot write ({ancestor} is not writable)")
-            break
+    from compiler.manifest import check_can_write
+
+    check_can_write(path, path.parent if str(path.parent) else Path("."), "cannot write")
     return path
 
 

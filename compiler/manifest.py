@@ -70,15 +70,20 @@ def json_text(data) -> str:
 
 
 def check_writable_folder(folder) -> None:
-    """Fail before any work when `folder` could not be created or written into: a file on the
-    way, or a read-only place (os.access says so for a read-only filesystem even to root)."""
-    folder = Path(folder)
+    """Fail before any work when `folder` could not be created or written into."""
+    check_can_write(Path(folder), Path(folder), "cannot write the output folder")
+
+
+def check_can_write(target: Path, folder: Path, failure: str) -> None:
+    """Fail when `folder` (which is to hold `target`) could not be created or written into: its
+    first existing ancestor is a file, or read-only (os.access says so for a read-only filesystem
+    even to root). The message: "TARGET: FAILURE (why)"."""
     for place in (folder, *folder.parents):
         if place.exists():
             if not place.is_dir():
-                raise BadInput(f"{folder}: cannot write the output folder ({place} is not a folder)")
+                raise BadInput(f"{target}: {failure} ({place} is not a folder)")
             if not os.access(place, os.W_OK | os.X_OK):
-                raise BadInput(f"{folder}: cannot write the output folder ({place} is not writable)")
+                raise BadInput(f"{target}: {failure} ({place} is not writable)")
             return
 
 
