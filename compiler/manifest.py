@@ -87,6 +87,23 @@ def check_can_write(target: Path, folder: Path, failure: str) -> None:
             return
 
 
+STAGING_PREFIX = ".difflite-staging-"  # then the writing process's pid
+
+
+def sweep_stale_staging(folder: Path) -> list[Path]:
+    """Staging folders in `folder` that a killed convert left (their pid no longer runs): removed.
+    Those of running processes, and names without a pid, are left alone."""
+    from compiler.procmem import process_running
+
+    removed = []
+    for staging in folder.glob(STAGING_PREFIX + "*"):
+        pid = staging.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if staging.is_dir() and pid.isdigit() and not process_running(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+    return removed
+
+
 class StagedFolder:
     """Collects the files of an output folder in a hidden staging directory inside it and moves
     them into place on commit(); abort() (or an exception in the with-block) removes the
@@ -104,7 +121,8 @@ class StagedFolder:
             if not self.folder.exists():
                 self.folder.mkdir(parents=True)
                 self.created = True
-            self.staging = Path(tempfile.mkdtemp(prefix=".difflite-staging-", dir=self.folder))
+            sweep_stale_staging(self.folder)
+            self.staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.folder))
         except OSError as exc:
             raise BadInput(f"{self.folder}: cannot write the output folder ({exc.strerror})") from exc
         return self

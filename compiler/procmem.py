@@ -21,6 +21,16 @@ HIGH_WATER_MARK = "VmHWM"
 SAMPLE_INTERVAL_S = 0.01
 
 
+def process_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
 def read_status(path: str = STATUS) -> dict[str, float]:
     """Every "Name:  N kB" line of a /proc status file, in MB ({} where it cannot be read)."""
     values = {}

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from compiler.errors import BadInput
+from compiler.procmem import process_running
 from compiler.tflite.builder import SIGNATURE_KEY
 
 BACKENDS = ("cpu", "opencl")
@@ -109,23 +110,13 @@ STATS_PREFIX = "difflite-stats-"  # then PID-N.json (the delegate writes PID-N.j
 _swept = False
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process
-        return True
-    return True
-
-
 def sweep_stale_stats(folder: Path) -> list[Path]:
     """Removes the stats files that difflite processes no longer running left in `folder` (a
     killed process cannot remove its own); returns them."""
     removed = []
     for path in folder.glob(f"{STATS_PREFIX}*-*.json*"):
         pid = path.name[len(STATS_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
             _remove_file(path)
             removed.append(path)
     return removed

@@ -190,6 +190,35 @@ def test_interrupted_conversion_leaves_no_partial_files(tmp_path):
     assert not out.exists()
 
 
+def folder_state(folder: Path) -> dict[str, str]:
+    """Every file under `folder` but staging folders: relative path -> sha256."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*")
+            if p.is_file() and not p.relative_to(folder).parts[0].startswith(".difflite-staging-")}
+
+
+def test_killed_conversion_leaves_an_existing_folder_as_it_was(tmp_path):
+    """SIGKILL while a conversion into an existing OUT is exporting: OUT's files are exactly as
+    before (only the killed run's staging folder is new); the next run succeeds and removes what
+    the killed one staged."""
+    out = tmp_path / "o"
+    command = [sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out), *SIZE,
+               "--components", "vae_decoder"]
+    assert subprocess.run(command, capture_output=True, cwd=ROOT).returncode == 0
+    before = folder_state(out)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob(".difflite-staging-*/onnx/*.onnx")):
+        time.sleep(0.05)
+    assert list(out.glob(".difflite-staging-*/onnx/*.onnx")), "conversion never started exporting"
+    process.kill()
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    assert folder_state(out) == before and len(list(out.glob(".difflite-staging-*"))) == 1
+    assert subprocess.run(command, capture_output=True, cwd=ROOT).returncode == 0
+    assert not list(out.glob(".difflite-staging-*")) and folder_state(out).keys() == before.keys()
+
+
 def test_local_folder_and_single_file_round_trip(tmp_path):
     """The usual user case: a save_pretrained folder, and one .safetensors plus --config."""
     from compiler.models import load_pipeline
