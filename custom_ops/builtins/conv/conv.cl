@@ -172,6 +172,14 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 #else
 #define W_RAW DL_RAW
 #endif
+// -DWQ_QUADS=1 (K % 4 == 0, a scale covering 4 aligned k at least): the quantized filter is
+// fetched as aligned runs of 4 k, one load and one scale each, as gemm.cl stages its quantized
+// B; element by element, the scale loads and int4 unpacking made the convolutions slower than
+// float16 (benchmarks/NOTES.md, section 32).
+#ifndef WQ_QUADS
+#define WQ_QUADS 0
+#endif
+#define LB4 ((TN * TK / 4 + NT - 1) / NT)  // filter quads staged per item (WQ_QUADS)
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2,
@@ -205,9 +213,14 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   // As in gemm.cl: iteration k0 fetches slice k0, computes slice k0 - TK
   // from buffer buf ^ 1 and stages slice k0 into buffer buf.
   DL_RAW ra[RA];  // raw (as stored) until staged: see dl_storage.cl's DL_RAW
+#if DL_WQ && WQ_QUADS
+  DL_WQ_RAW4 rb[LB4];
+  float rbs[LB4];  // the scale of each staged quad
+#else
   W_RAW rb[LB];
 #if DL_WQ
   float rbs[LB];  // the scale of each staged filter element
+#endif
 #endif
   int buf = 0;
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
@@ -225,6 +238,17 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
                     ? DL_LOAD_RAW(x, a_base[r] + (iy * iw + ix) * cin + ci)
                     : (DL_RAW)0;
       }
+#if DL_WQ && WQ_QUADS
+#pragma unroll
+      for (int l = 0; l < LB4; ++l) {
+        const int e = tid + l * NT;
+        const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);
+        const int n = n0 + nn, kb = k0 + kk;
+        const bool in = n < N && kb < kend && e < TN * TK / 4;
+        rb[l] = in ? DL_WQ_LOAD4_RAW(w, n * K + kb) : (DL_WQ_RAW4)(0);
+        rbs[l] = in ? DL_WQ_SCALE(n, kb) : 0.0f;
+      }
+#else
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
@@ -238,6 +262,7 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
         rb[l] = (n < N && kb < kend && nn < TN) ? DL_LOAD_RAW(w, n * K + kb) : (DL_RAW)0;
 #endif
       }
+#endif
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
     if (k0 < kend) {
@@ -246,6 +271,21 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
         const int mm = tid / TK + r * (NT / TK);
         if (mm < TM) as[(buf * TK + a_kk) * LDA + mm] = DL_TO_C(DL_FROM_RAW(ra[r]));
       }
+#if DL_WQ && WQ_QUADS
+#pragma unroll
+      for (int l = 0; l < LB4; ++l) {  // a quad goes down 4 k rows of the k-major tile
+        const int e = tid + l * NT;
+        const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);
+        if (e < TN * TK / 4) {
+          const float4 q = DL_WQ_FROM_RAW4(rb[l]) * rbs[l];
+          __local DL_C* p = bs + (buf * TK + kk) * LDB + nn;
+          p[0] = DL_TO_C(q.x);
+          p[LDB] = DL_TO_C(q.y);
+          p[2 * LDB] = DL_TO_C(q.z);
+          p[3 * LDB] = DL_TO_C(q.w);
+        }
+      }
+#else
 #pragma unroll
       for (int l = 0; l < LB; ++l) {
         const int e = tid + l * NT;
@@ -257,6 +297,7 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
         if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_TO_C(DL_FROM_RAW(rb[l]));
 #endif
       }
+#endif
       barrier(CLK_LOCAL_MEM_FENCE);
       buf ^= 1;
     }
