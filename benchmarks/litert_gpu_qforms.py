@@ -40,11 +40,12 @@ N, K, B = 64, 128, 32
 def weight(builder: ModelBuilder, w: np.ndarray, form: str) -> tuple[int, np.ndarray]:
     """The float32 weight tensor of `form` and the weight the file really holds (dequantized)."""
     if form in ("int8-axis", "int8-tensor"):
-        axis_values = quantize.quantize_int8(w, 0)
         if form == "int8-tensor":
             scale = np.float32(np.abs(w).max() / 127)
             q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
             axis_values = quantize.Quantized("int8", w.shape, q, np.array([scale], np.float32), 0)
+        else:
+            axis_values = quantize.quantize_int8(w, 0)
         packed = builder.quantized_constant("w/int8", axis_values)
         out = builder.tensor("w", w.shape, np.float32)
         builder.op("DEQUANTIZE", [packed], [out])

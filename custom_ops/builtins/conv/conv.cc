@@ -198,8 +198,8 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   cl_kernel kernel = nullptr;
   auto kernel_of = [&](const TileConfig& c, cl_kernel* out) {
     if (c.threads() % c.tk != 0) return std::string("tile threads not a multiple of TK");
-    // quantized filters in aligned quads of k where K allows (WeightQuant::Of's quads rule)
-    const bool quads = wq.on() && WeightQuant::Of(w, g.cout, k, true).on();
+    // quantized filters in aligned quads of k where K allows (a scale already covers >= 4 k)
+    const bool quads = wq.on() && k % 4 == 0;
     return GetKernel(ctx, "conv", "conv2d", c.Options() + wq.Options() + (quads ? " -DWQ_QUADS=1" : ""), out);
   };
   const int64_t macs = static_cast<int64_t>(m) * g.cout * k;
