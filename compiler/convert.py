@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from compiler import export, manifest, memory, models, profiles, weight_recipe
+from compiler import export, export_cache, manifest, memory, models, profiles, weight_recipe
 from compiler.custom_ops import FUSE_KINDS
 from compiler.errors import BadInput
 from compiler.procstats import peak_rss_mb, reset_peak_rss
@@ -168,11 +168,16 @@ class StageLog:
 
 def convert(model: str, out, options: ConvertOptions, config: str | None = None,
             log: Callable[[str], None] = lambda message: None, vae: str | None = None,
-            prediction_type: str | None = None, loras: tuple[models.LoraSpec, ...] = ()) -> dict:
+            prediction_type: str | None = None, loras: tuple[models.LoraSpec, ...] = (),
+            export_cache_dir: str | None = None) -> dict:
     """Convert `model` into the output folder `out`; returns the report. `vae`, `prediction_type`
-    and `loras` change the loaded pipeline before export (models.load_pipeline)."""
+    and `loras` change the loaded pipeline before export (models.load_pipeline); exports are
+    reused from and kept in `export_cache_dir` when given (compiler/export_cache.py)."""
     options.validate()
     manifest.check_writable_folder(out)  # before minutes of loading and exporting
+    if export_cache_dir is not None and Path(export_cache_dir).expanduser().exists() \
+            and not Path(export_cache_dir).expanduser().is_dir():
+        raise BadInput(f"--export-cache {export_cache_dir}: not a folder")
     options = replace(options, weights_target_db=options.target_db())
     given_recipes = weight_recipe.read(options.weights_recipe) if options.weights_recipe else {}
     for name, recipe in given_recipes.items():  # an int4 recipe is no int8 one, nor the reverse
@@ -202,9 +207,8 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         pipe.save_scheduler(staged.path("scheduler"))
         onnx_dir = staged.path("onnx")
         for name in options.components:
-            log(f"exporting {name} to ONNX")
             spec = export.component_spec(pipe, name, options.height, options.width, options.batch)
-            stages.run(name, "export", export.export_onnx, spec, onnx_dir / f"{name}.onnx")
+            export_component(spec, onnx_dir / f"{name}.onnx", stages, export_cache_dir, log)
             del spec
         latent = latent_info(pipe, options)
         source = {"model": pipe.source, "sha256": pipe.source_hash,
@@ -238,6 +242,21 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         staged.write_json(manifest.MANIFEST, man)
         staged.commit()
     return report
+
+
+def export_component(spec: export.ComponentSpec, path: Path, stages: StageLog, cache: str | None,
+                     log: Callable[[str], None]) -> None:
+    """The export stage of one component: from the export cache where it holds this export; the
+    report's stage says which ("cached")."""
+    if cache is None:
+        log(f"exporting {spec.name} to ONNX")
+        stages.run(spec.name, "export", export.export_onnx, spec, path)
+        return
+    log(f"exporting {spec.name} to ONNX (or reusing it from {cache})")
+    hit = stages.run(spec.name, "export", export_cache.export_cached, spec, path, Path(cache), warn=log)
+    stages.entries[spec.name]["export"]["cached"] = hit
+    if hit:
+        log(f"{spec.name}: the export cache held this export")
 
 
 def weight_width_summary(widths: list[dict]) -> dict:

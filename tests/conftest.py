@@ -1,5 +1,25 @@
 """Session-wide test setup."""
 
+import atexit
+import os
+import shutil
+import tempfile
+
+
+def _share_exports_between_conversions() -> None:
+    """Every `difflite convert` the tests start (subprocesses inherit the environment) shares one
+    export cache for the session (`convert --export-cache`): the tests convert the tiny preset at
+    a few sizes dozens of times, and exporting is most of each conversion. The first conversion of
+    each component, model and size still exports; tests of the exporter itself call
+    compiler.export directly, and tests/test_export_cache.py tests the cache."""
+    if "DIFFLITE_EXPORT_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="difflite-test-exports-")
+        os.environ["DIFFLITE_EXPORT_CACHE"] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
+_share_exports_between_conversions()
+
 
 def _warm_up_opencl_compiler() -> None:
     """Build one OpenCL program before any test module imports tensorflow.

@@ -340,6 +340,8 @@ CONVERT = [
     # options
     case("convert-winograd-budget-infinite", ["convert", "preset:tiny", "-o", "{t}/OUT", "--winograd-budget-mb",
                                               "inf"], "--winograd-budget-mb inf"),
+    case("convert-export-cache-is-a-file", "convert preset:tiny -o {t}/OUT --export-cache {t}/cache",
+         "{t}/cache", "is a file", prepare=_(lambda f: write(f / "cache", "a file"))),
     # the output
     case("convert-out-is-a-file", "convert preset:tiny -o {t}/OUT", "{t}/OUT", "is a file",
          prepare=_(lambda f: write(f / "OUT", "a file"))),
