@@ -35,9 +35,11 @@ COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 PROMPT = "a photo of an astronaut riding a horse on mars"
 # (precision, --weights, further convert flags); "-w0": no Winograd (its filters are float);
 # "-vae0": none in the VAE decoder only (decoded once a picture), the UNet at the default budget
-SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []), "int8": ("fp16", "int8", []),
+SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []),
+            "fp16-w0": ("fp16", "float", ["--winograd-budget-mb", "0"]), "int8": ("fp16", "int8", []),
             "int4": ("fp16", "int4", []), "int8-w0": ("fp16", "int8", ["--winograd-budget-mb", "0"]),
             "int8-w50": ("fp16", "int8", ["--winograd-budget-mb", "50"]),
+            "int8-w25": ("fp16", "int8", ["--winograd-budget-mb", "25"]),
             "int4-w0": ("fp16", "int4", ["--winograd-budget-mb", "0"]),
             "int8-vae0": ("fp16", "int8", ["--winograd-budget-mb", "vae_decoder=0"]),
             "int4-vae0": ("fp16", "int4", ["--winograd-budget-mb", "vae_decoder=0"])}

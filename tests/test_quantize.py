@@ -135,6 +135,45 @@ def test_litert_runs_the_quantized_forms_exactly(width, tmp_path):
     assert np.abs(got - exact).max() > 1e-3 * np.abs(exact).max()
 
 
+def embedding_model(vocab=300, dim=48) -> tuple[onnx.ModelProto, np.ndarray]:
+    """ids [2, 7] (int64) -> Gather of a [vocab, dim] table: the text encoder's token lookup."""
+    table = (np.random.default_rng(5).standard_normal((vocab, dim)) * 0.02).astype(np.float32)
+    table[3] = 0.0  # an all-zero row keeps a usable scale
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 7])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [2, 7, dim])],
+        [numpy_helper.from_array(table, "table")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), table
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_int4_mix_stores_a_lookup_table_as_int8_rows(precision, tmp_path):
+    """Under --weights int4 a table that GATHER reads rows of is int8 with a scale a row: the
+    runtime gathers the int8 rows and their scales, never the whole table as floats."""
+    model, table = embedding_model()
+    ids = np.array([[0, 3, 299, 17, 17, 150, 1], [5, 4, 3, 2, 1, 0, 298]], np.int32)
+    results = {}
+    for width in ("int8", "int4"):
+        path = tmp_path / f"{width}.tflite"
+        result = write_tflite(ir.serde.deserialize_model(model), path=path, precision=precision,
+                              quantization=quantize.WeightQuantization(width))
+        results[width] = (result, read_tflite(path), run_litert(path, ids))
+    _, summary8, rows8 = results["int8"]
+    assert "int8" not in {t.dtype for t in summary8.tensors if t.constant}  # int8 mix: the table stays float
+    assert np.abs(rows8 - table[ids]).max() <= (1e-3 if precision == "fp16" else 0) * np.abs(table).max()
+    result, summary, rows = results["int4"]
+    (entry,) = [w for w in result.weight_widths if w.get("lookup")]
+    assert entry["width"] == "int8" and entry["shape"] == [300, 48]
+    stored = [t for t in summary.tensors if t.constant and t.dtype == "int8"]
+    assert [tuple(t.shape) for t in stored] == [(300, 48)]
+    assert not any(t.constant and t.dtype in ("float32", "float16") and np.prod(t.shape) >= table.size
+                   for t in summary.tensors)
+    q = quantize.quantize_int8(table, 0, quantize.scale_dtype(precision))
+    np.testing.assert_array_equal(rows, quantize.dequantize(q)[ids])
+    assert np.all(rows[0, 1] == 0.0) and np.abs(rows - table[ids]).max() > 0  # quantized, not float
+
+
 def test_small_and_kept_weights_stay_float(tmp_path):
     model = linear_and_conv_model(cin=4, cout=8, n=4)  # 288 and 32 elements: under MIN_ELEMENTS
     result = write_tflite(ir.serde.deserialize_model(model), path=tmp_path / "small.tflite",

@@ -251,6 +251,33 @@ class LoweringContext:
                                    "bytes": stored.total_bytes, "float_bytes": float_bytes, **extra})
         return index
 
+    def lookup(self, table: np.ndarray, name: str, indices: int, out: int) -> bool:
+        """out = GATHER(table, indices) on axis 0 of a constant [V, D] float table, with the table
+        stored as its quantization's lookup_width says: int8 rows (scale 1) gathered, DEQUANTIZEd
+        and multiplied by their gathered per-row scales (stored as constant() stores floats), so
+        that no runtime holds the table as floats. False (nothing written) where it stays float."""
+        if self.quantization.lookup_width(name, table.size) == "float":
+            return False
+        table = np.asarray(table, dtype=np.float32)
+        stored = quantize.quantize_int8(table, 0, quantize.scale_dtype(self.precision))
+        tensor_name = self.unique_name(name)
+        unit = quantize.Quantized("int8", stored.shape, stored.data, np.ones(1, np.float32), 0)
+        packed = self.builder.quantized_constant(tensor_name + "/int8", unit)
+        rows_shape = (*self.builder.shape_of(indices), table.shape[1])
+        rows = self.builder.tensor(tensor_name + "/rows", rows_shape, np.int8)
+        self.builder.tensors[rows].quantization = self.builder.tensors[packed].quantization
+        self.builder.op("GATHER", [packed, indices], [rows], axis=0)
+        values = self.builder.tensor(tensor_name + "/values", rows_shape, np.float32)
+        self.builder.op("DEQUANTIZE", [rows], [values])
+        scales = self.constant(stored.scales.reshape(-1, 1), tensor_name + "/scales")
+        row_scales = self.builder.tensor(tensor_name + "/row_scales", (*rows_shape[:-1], 1), np.float32)
+        self.builder.op("GATHER", [scales, indices], [row_scales], axis=0)
+        self.builder.op("MUL", [values, row_scales], [out])
+        float_bytes = table.size * (2 if self.precision == "fp16" else 4)
+        self.weight_widths.append({"name": name, "shape": list(table.shape), "width": "int8",
+                                   "bytes": stored.total_bytes, "float_bytes": float_bytes, "lookup": True})
+        return True
+
     def _dequantized(self, tensor_name: str, stored: quantize.Quantized, out_name: str) -> int:
         """DEQUANTIZE(the stored integers) to float32 in the stored shape."""
         packed = self.builder.quantized_constant(tensor_name + f"/{stored.width}", stored)

@@ -65,6 +65,14 @@ class WeightQuantization:
         return width
 
 
+    def lookup_width(self, name: str, size: int) -> str:
+        """The storage of a table that GATHER reads rows of (the text encoder's token embedding):
+        int8 rows under the int4 mix; float otherwise. At int8 the table's own error (47 dB at SD
+        1.5's text encoder output) would take the int8 text encoder, at 36 dB, too near its 35 dB
+        bar for 36 MiB (NOTES §33)."""
+        return "int8" if self.width == "int4" and self.applies(name, size) else "float"
+
+
 def weight_digest(array: np.ndarray) -> str:
     """A layer's identity: SHA-256 (first 24 hex digits) of its shape and float32 values in C
     order, in the writer's layout (OHWI filters, [N, K] linear weights)."""
@@ -126,14 +134,16 @@ def _half_scales(magnitude: np.ndarray, top: int) -> np.ndarray:
     return np.where(np.isfinite(scales) & (scales >= tiny), scales, np.float16(tiny)).astype(np.float32)
 
 
-def quantize_int8(weight: np.ndarray, axis: int = 0) -> Quantized:
-    """Per-channel symmetric int8 along `axis`."""
+def quantize_int8(weight: np.ndarray, axis: int = 0, scales_as=np.float32) -> Quantized:
+    """Per-channel symmetric int8 along `axis`, with scales that `scales_as` holds exactly."""
     w = np.asarray(weight, dtype=np.float32)
     moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
-    scales = _scales(np.abs(moved).max(axis=1).astype(np.float64), INT8_MAX)
+    magnitude = np.abs(moved).max(axis=1).astype(np.float64)
+    half = np.dtype(scales_as) == np.float16
+    scales = _half_scales(magnitude, INT8_MAX) if half else _scales(magnitude, INT8_MAX)
     q = np.clip(np.rint(moved / scales[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
     q = np.moveaxis(q.reshape(np.moveaxis(w, axis, 0).shape), 0, axis)
-    return Quantized("int8", w.shape, np.ascontiguousarray(q), scales, axis)
+    return Quantized("int8", w.shape, np.ascontiguousarray(q), scales, axis, 2 if half else 4)
 
 
 def int4_blocks_fit(shape: tuple[int, ...], block: int) -> bool:

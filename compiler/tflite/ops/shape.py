@@ -145,6 +145,10 @@ def lower_gather(ctx, node):
     else:
         idx = ctx.input(indices, layout.identity(index_rank))
     out = ctx.output(node.outputs[0], layout.identity(rank_out))
+    table = ctx.const(data)
+    if (index_const is None and axis == 0 and table is not None and table.ndim == 2
+            and np.issubdtype(table.dtype, np.floating) and ctx.lookup(table, data.name, idx, out)):
+        return  # rows of an embedding table, stored quantized
     ctx.builder.op("GATHER", [ctx.input(data, layout.identity(len(shape))), idx], [out], axis=axis)
 
 
