@@ -137,7 +137,8 @@ def parse_lora(spec: str):
                    "times its block scales, MUL). Both are mixes: the layers most sensitive to "
                    "int4 stay int8, those most sensitive to int8 stay float (as --precision stores them), as a "
                    "recipe says (computed on the PyTorch model for --weights-target-db, or read from "
-                   "--weights-recipe; written to OUT/weights_recipe.json and the manifest). Every other "
+                   "--weights-recipe; written to OUT/weights_recipe.json and the manifest). int4 also stores "
+                   "the text encoder's token table as int8 rows (a scale a row). Every other "
                    "weight (norms, biases, embeddings, Winograd's transformed weights, the VAE decoder's first and "
                    "last convolutions) and the activations follow --precision.")
 @click.option("--weights-block", default=32, show_default=True, type=int,

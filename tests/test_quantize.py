@@ -149,8 +149,9 @@ def embedding_model(vocab=300, dim=48) -> tuple[onnx.ModelProto, np.ndarray]:
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_int4_mix_stores_a_lookup_table_as_int8_rows(precision, tmp_path):
-    """Under --weights int4 a table that GATHER reads rows of is int8 with a scale a row: the
-    runtime gathers the int8 rows and their scales, never the whole table as floats."""
+    """Under --weights int4 a table that GATHER reads rows of is stored as int8 with a scale a
+    row (the rows gathered from its DEQUANTIZE, times their gathered scales), and computes
+    exactly the dequantized table's rows."""
     model, table = embedding_model()
     ids = np.array([[0, 3, 299, 17, 17, 150, 1], [5, 4, 3, 2, 1, 0, 298]], np.int32)
     results = {}

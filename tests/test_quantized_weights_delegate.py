@@ -361,6 +361,42 @@ def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
+    """The int4 mix's token table as the writer stores it (compiler/tflite/context.py lookup):
+    DEQUANTIZE of int8 rows, GATHER, times the gathered row scales. The GATHER reads the int8
+    constant as it is (gather_q8): the device never holds the table as floats, and the rows
+    are TFLite's exactly at fp32."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler.tflite import quantize as writer_quantize
+    from compiler.tflite.writer import write_tflite
+
+    vocab, dim = 1000, 64
+    r = rng(11)
+    table = (r.standard_normal((vocab, dim)) * 0.02).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 77])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, 77, dim])],
+        [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    path = tmp_path / "lookup.tflite"
+    write_tflite(ir.serde.deserialize_model(model), path=path, precision=precision,
+                 quantization=writer_quantize.WeightQuantization("int4"))
+    ids = r.integers(0, vocab, (1, 77)).astype(np.int32)
+    ids[0, :3] = (0, vocab - 1, 0)
+    got, stats, stock = run_both(lib, path, ids, precision)
+    assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] and stats["partitions"] == 1, stats
+    assert stats["weights_quantized_bytes"] >= vocab * dim and stats["weights_dequantized_bytes"] == 0, stats
+    assert np.abs(stock).max() > 0
+    if precision == "fp32":
+        np.testing.assert_array_equal(got, stock)
+    else:
+        assert rel_err(got, stock) <= HALF_TOL
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_int4_conv_2d(lib, tmp_path, precision):
     """int4 blocks of the flattened OHWI filter (7 x 3 x 3 x 32 = 63 blocks) -> DEQUANTIZE ->
     RESHAPE [7, 3, 3, 32] -> CONV_2D (VALID)."""

@@ -253,26 +253,27 @@ class LoweringContext:
 
     def lookup(self, table: np.ndarray, name: str, indices: int, out: int) -> bool:
         """out = GATHER(table, indices) on axis 0 of a constant [V, D] float table, with the table
-        stored as its quantization's lookup_width says: int8 rows (scale 1) gathered, DEQUANTIZEd
-        and multiplied by their gathered per-row scales (stored as constant() stores floats), so
-        that no runtime holds the table as floats. False (nothing written) where it stays float."""
+        stored as its quantization's lookup_width says: int8 rows of per-tensor scale 1,
+        DEQUANTIZEd, gathered, times their gathered per-row scales (MUL; the scales stored as
+        constant() stores floats). The DEQUANTIZE comes first, on the constant, so that every
+        runtime sees a constant it folds: a GATHER of the int8 rows would leave those two nodes
+        to TFLite in the OpenCL backend, and TFLite's partitioning then puts every weight's
+        folded DEQUANTIZE in a partition of its own, dequantized at every call (NOTES §33).
+        False (nothing written) where the table stays float."""
         if self.quantization.lookup_width(name, table.size) == "float":
             return False
         table = np.asarray(table, dtype=np.float32)
         stored = quantize.quantize_int8(table, 0, quantize.scale_dtype(self.precision))
         tensor_name = self.unique_name(name)
         unit = quantize.Quantized("int8", stored.shape, stored.data, np.ones(1, np.float32), 0)
-        packed = self.builder.quantized_constant(tensor_name + "/int8", unit)
+        values = self._dequantized(tensor_name, unit, tensor_name + "/values")
         rows_shape = (*self.builder.shape_of(indices), table.shape[1])
-        rows = self.builder.tensor(tensor_name + "/rows", rows_shape, np.int8)
-        self.builder.tensors[rows].quantization = self.builder.tensors[packed].quantization
-        self.builder.op("GATHER", [packed, indices], [rows], axis=0)
-        values = self.builder.tensor(tensor_name + "/values", rows_shape, np.float32)
-        self.builder.op("DEQUANTIZE", [rows], [values])
+        rows = self.builder.tensor(tensor_name + "/rows", rows_shape, np.float32)
+        self.builder.op("GATHER", [values, indices], [rows], axis=0)
         scales = self.constant(stored.scales.reshape(-1, 1), tensor_name + "/scales")
         row_scales = self.builder.tensor(tensor_name + "/row_scales", (*rows_shape[:-1], 1), np.float32)
         self.builder.op("GATHER", [scales, indices], [row_scales], axis=0)
-        self.builder.op("MUL", [values, row_scales], [out])
+        self.builder.op("MUL", [rows, row_scales], [out])
         float_bytes = table.size * (2 if self.precision == "fp16" else 4)
         self.weight_widths.append({"name": name, "shape": list(table.shape), "width": "int8",
                                    "bytes": stored.total_bytes, "float_bytes": float_bytes, "lookup": True})

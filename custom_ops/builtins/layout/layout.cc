@@ -427,21 +427,22 @@ std::unique_ptr<GpuOp> CreateBroadcastTo(const NodeView& node, GpuContext& ctx,
   return op;
 }
 
+// `q8_group` > 0: the params are read as the int8 constant they are (gather_q8), a scale per
+// q8_group elements; the device never holds the table as floats.
 class GatherOp final : public GpuOp {
  public:
-  GatherOp(cl_kernel k, size_t local, int n, int n_idx, int axis_dim, int inner)
-      : k_(k), local_(local), n_(n), n_idx_(n_idx), axis_dim_(axis_dim), inner_(inner) {}
+  GatherOp(cl_kernel k, size_t local, int n, int n_idx, int axis_dim, int inner, int q8_group)
+      : k_(k), local_(local), n_(n), n_idx_(n_idx), axis_dim_(axis_dim), inner_(inner),
+        q8_group_(q8_group) {}
+  bool ReadsQuantized(size_t input) const override { return input == 0 && q8_group_ > 0; }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = Args()
-                        .Mem(in[0].mem)
-                        .Mem(in[1].mem)
-                        .Mem(out[0].mem)
-                        .Int(n_)
-                        .Int(n_idx_)
-                        .Int(axis_dim_)
-                        .Int(inner_)
-                        .Set(ctx.cl(), k_);
+    Args args;
+    args.Mem(in[0].mem);
+    if (q8_group_ > 0) args.Mem(in[0].scales).Int(q8_group_);
+    std::string e =
+        args.Mem(in[1].mem).Mem(out[0].mem).Int(n_).Int(n_idx_).Int(axis_dim_).Int(inner_).Set(
+            ctx.cl(), k_);
     if (!e.empty()) return e;
     return Launch1D(ctx, k_, static_cast<size_t>(n_), local_, "gather");
   }
@@ -449,7 +450,7 @@ class GatherOp final : public GpuOp {
  private:
   cl_kernel k_;
   size_t local_;
-  int n_, n_idx_, axis_dim_, inner_;
+  int n_, n_idx_, axis_dim_, inner_, q8_group_;
 };
 
 std::unique_ptr<GpuOp> CreateGather(const NodeView& node, GpuContext& ctx, std::string* error) {
@@ -474,13 +475,16 @@ std::unique_ptr<GpuOp> CreateGather(const NodeView& node, GpuContext& ctx, std::
   if (!e.empty()) return Refuse(error, e);
   int inner = 1;
   for (int d = axis + 1; d < rank; ++d) inner *= x.shape[d];
+  // An int8 table (embedding rows) is read as it is stored; int4 is dequantized at upload.
+  const int q8_group = x.is_constant && x.quant_bits == 8 ? x.quant_group : 0;
   cl_kernel k = nullptr;
-  e = GetKernel(ctx, "gather", "gather",
-                std::string("-DCOPY_T=") + CopyType(StorageOf(ctx, x.dtype)), &k);
+  e = q8_group > 0 ? GetKernel(ctx, "gather", "gather_q8", "", &k)
+                   : GetKernel(ctx, "gather", "gather",
+                               std::string("-DCOPY_T=") + CopyType(StorageOf(ctx, x.dtype)), &k);
   if (!e.empty()) return Refuse(error, e);
   return std::make_unique<GatherOp>(k, Local1D(ctx, k), static_cast<int>(NumElements(out_shape)),
                                     static_cast<int>(std::max<int64_t>(NumElements(idx.shape), 1)),
-                                    x.shape[axis], inner);
+                                    x.shape[axis], inner, q8_group);
 }
 
 const GpuOpDef kReshape = {"RESHAPE", &CreateReshape};
