@@ -281,7 +281,10 @@ def parse_seeds(seeds: str) -> tuple[int, ...]:
 @click.argument("out", type=click.Path())
 @click.option("--model", default=None, help="Verify against this source instead of the one in the manifest.")
 @click.option("--config", default=None, help="Config folder for a single-file --model.")
-@click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True)
+@click.option("--backend", type=click.Choice(["cpu", "opencl", "litert-gpu"]), default="cpu", show_default=True,
+              help="cpu / opencl: LiteRT's interpreter with the op library's CPU or OpenCL backend; litert-gpu: "
+                   "stock LiteRT's GPU accelerator (--no-fuse files; each component in a child process; says "
+                   "whether it ran fully accelerated; exit 2 where there is none).")
 @click.option("--seeds", default="0,1", show_default=True, help="Comma-separated input seeds.")
 @click.option("--components", default=None, help="Comma-separated subset of the components.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -306,6 +309,11 @@ def verify(out, model, config, backend, seeds, components, as_json):
         if checks:
             click.echo(f"tolerance: {checks[0].tolerance}")
         for name, stats in memory.items():
+            if "litert_gpu" in stats:
+                gpu = stats["litert_gpu"]
+                accelerated = {True: "yes", False: "NO (some ops on the CPU)", None: "unknown"}[gpu["fully_accelerated"]]
+                click.echo(f"{name}: LiteRT GPU accelerator ({gpu['accelerator']}), fully accelerated: {accelerated}")
+                continue
             click.echo(f"{name}: GPU arena {stats.get('arena_bytes', 0) / 2**20:.1f} MiB, weights "
                        f"{stats.get('weights_bytes', 0) / 2**20:.1f} MiB, scratch {stats.get('scratch_bytes', 0) / 2**20:.1f} MiB, "
                        f"{stats.get('nodes_claimed')}/{stats.get('nodes_total')} nodes in {stats.get('partitions')} partition(s), "

@@ -24,6 +24,27 @@ BACKENDS = ("cpu", "opencl")
 LIBRARY_ENV = "DIFFLITE_OPLIB"
 
 
+def to_file_layout(entry: dict, inputs: dict) -> dict[str, np.ndarray]:
+    """Inputs in ONNX / PyTorch layout -> as the file takes them (the manifest's layout and
+    dtype of each): NCHW -> NHWC where the file's input is NHWC."""
+    specs = {e["name"]: e for e in entry.get("inputs", [])}
+    feeds = {}
+    for name, value in inputs.items():
+        value = np.asarray(value)
+        if specs.get(name, {}).get("layout") == "NHWC":
+            value = value.transpose(0, 2, 3, 1)
+        dtype = specs[name]["dtype"] if name in specs else value.dtype
+        feeds[name] = np.ascontiguousarray(value.astype(dtype))
+    return feeds
+
+
+def from_file_layout(entry: dict, outputs: dict) -> dict[str, np.ndarray]:
+    """The file's outputs -> ONNX / PyTorch layout (NHWC -> NCHW where the manifest says NHWC)."""
+    layouts = {e["name"]: e.get("layout", "as_onnx") for e in entry.get("outputs", [])}
+    return {name: value.transpose(0, 3, 1, 2) if layouts.get(name) == "NHWC" else value
+            for name, value in outputs.items()}
+
+
 def find_oplib() -> Path:
     """The op library: $DIFFLITE_OPLIB, else the source tree's build (built or rebuilt here
     when missing or older than its sources)."""

@@ -87,44 +87,63 @@ def load_source(man: dict, model: str | None, config: str | None):
 
 def verify(out, model: str | None = None, config: str | None = None, backend: str = "cpu",
            seeds=(0, 1), components=None, memory_out: dict | None = None) -> list[Check]:
-    """`memory_out`, when given, receives the OpenCL delegate's memory report per component.
+    """`memory_out`, when given, receives per component the OpenCL delegate's memory report, or
+    (backend litert-gpu) whether stock LiteRT's GPU accelerator ran it fully accelerated.
     The folder, its files and the op library are checked before torch is imported and the
     source is loaded (seconds to minutes)."""
     out = Path(out)
     man = manifest.read_manifest(out)
     manifest.check_component_files(out, man, components)
-    selected = [e for name, e in man["components"].items() if not components or name in components]
-    if backend != "cpu" or any(e.get("custom_ops") for e in selected):
+    selected = {name: e for name, e in man["components"].items() if not components or name in components}
+    if backend == "litert-gpu":
+        from compiler import litert_gpu
+
+        for name, entry in selected.items():
+            litert_gpu.check_runnable(out / entry["file"], entry)
+    elif backend != "cpu" or any(e.get("custom_ops") for e in selected.values()):
         find_oplib()
     import torch
 
     from compiler import export
-    from compiler.runtime import Component
 
     options = man["options"]
     pipe = load_source(man, model, config)
     checks = []
     memory: dict[str, dict] = {}
-    for name, entry in man["components"].items():
-        if components and name not in components:
-            continue
-        runner = Component(out / entry["file"], entry, backend=backend, precision=options["precision"])
-        for seed in seeds:
-            spec = export.component_spec(pipe, name, options["height"], options["width"],
-                                         options["batch"] if name == "unet" else 1, seed=seed)
+    for name, entry in selected.items():
+        specs = [export.component_spec(pipe, name, options["height"], options["width"],
+                                       options["batch"] if name == "unet" else 1, seed=seed) for seed in seeds]
+        feeds = [{n: t.numpy() for n, t in zip(spec.input_names, spec.example_inputs)} for spec in specs]
+        actuals, memory[name] = run_component(out / entry["file"], entry, backend, options["precision"], feeds)
+        for seed, spec, actual in zip(seeds, specs, actuals):
             with torch.no_grad():
                 reference = spec.module(*spec.example_inputs)
             if isinstance(reference, torch.Tensor):
                 reference = (reference,)
-            actual = runner(**{n: t.numpy() for n, t in zip(spec.input_names, spec.example_inputs)})
             for output_name, ref in zip(spec.output_names, reference):
                 result = compare(ref.numpy(), actual[output_name], options["precision"],
                                  options.get("weights", "float"))
                 checks.append(Check(name, output_name, seed, *result, tolerance=tolerance(options)))
-        memory[name] = runner.delegate_stats()
     if memory_out is not None:
         memory_out.update({k: v for k, v in memory.items() if v})
     return checks
+
+
+def run_component(path: Path, entry: dict, backend: str, precision: str,
+                  feeds: list[dict]) -> tuple[list[dict], dict]:
+    """The component's outputs for each feed set, and what its runtime reports: the OpenCL
+    delegate's memory, or whether LiteRT's GPU accelerator ran it fully accelerated."""
+    if backend == "litert-gpu":
+        from compiler import litert_gpu
+        from compiler.runtime import from_file_layout, to_file_layout
+
+        run = litert_gpu.run(path, [to_file_layout(entry, f) for f in feeds], litert_gpu.accelerator_for(precision))
+        return [from_file_layout(entry, o) for o in run.outputs], {
+            "litert_gpu": {"fully_accelerated": run.fully_accelerated, "accelerator": run.accelerator}}
+    from compiler.runtime import Component
+
+    runner = Component(path, entry, backend=backend, precision=precision)
+    return [runner(**f) for f in feeds], runner.delegate_stats()
 
 
 def as_rows(checks: list[Check]) -> list[dict]:

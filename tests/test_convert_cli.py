@@ -255,3 +255,39 @@ def test_fused_conversion_verifies_against_pytorch(tmp_path):
     inspected = json.loads(difflite("inspect", out / "unet.tflite", "--json").stdout)
     options = [op["options"] for op in inspected["models"]["unet"]["custom_ops"] if op["name"] == "difflite.GroupNorm"]
     assert options and all(set(o) == {"groups", "epsilon", "activation"} for o in options)
+
+
+def test_verify_on_litert_gpu_says_when_there_is_no_gpu(tiny_out):
+    """`verify --backend litert-gpu` on a machine whose Vulkan finds no driver: exit 2 and one
+    line saying so (the accelerator probed with a one-op file), not a crash."""
+    env = {**os.environ, "VK_DRIVER_FILES": "/nonexistent.json", "VK_ICD_FILENAMES": "/nonexistent.json"}
+    result = difflite("verify", tiny_out, "--backend", "litert-gpu", "--components", "vae_decoder",
+                      "--seeds", "0", check=False, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no LiteRT GPU accelerator on this machine" in lines[0], result.stderr
+    assert "vae_decoder.tflite" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_litert_child_runs_every_feed_set_as_the_interpreter_does(tiny_out):
+    """The child process verify --backend litert-gpu uses, on LiteRT's CPU accelerator: every
+    feed set's every output comes back, as the interpreter computes them."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compiler import litert_gpu
+    from compiler.errors import BadInput
+
+    path = tiny_out / "vae_encoder.tflite"
+    runner = Interpreter(model_path=str(path)).get_signature_runner("serving_default")
+    rng = np.random.default_rng(3)
+    feeds = [{"image": rng.uniform(-1, 1, (1, 64, 96, 3)).astype(np.float32)} for _ in range(2)]  # the file's NHWC
+    got = litert_gpu.run(path, feeds, "cpu")
+    assert got.fully_accelerated is None and len(got.outputs) == 2
+    for feed, outputs in zip(feeds, got.outputs):
+        want = runner(**feed)
+        assert set(outputs) == set(want) == {"latent_mean", "latent_std"}
+        for name in want:
+            np.testing.assert_allclose(outputs[name], want[name], rtol=1e-5, atol=1e-6 * np.abs(want[name]).max())
+    assert not np.allclose(got.outputs[0]["latent_mean"], got.outputs[1]["latent_mean"])
+    with pytest.raises(BadInput, match="--no-fuse"):
+        litert_gpu.check_runnable(path, {"custom_ops": ["difflite.GroupNorm"]})

@@ -1,0 +1,113 @@
+"""`verify --backend litert-gpu`: components on stock LiteRT's GPU accelerator (ML Drift), the
+runtime app developers ship `--no-fuse` files with.
+
+Each component runs in a child process (compiler/litert_gpu_child.py) that imports only numpy and
+the runtime, so that a runtime that crashes on a file (FACTS: several forms do) costs a clear
+error, not the verify process. fp32 files run with enforce_f32, fp16-storage files in the
+accelerator's half precision. A file that the accelerator refuses to load is told apart from a
+machine without a GPU accelerator by loading a one-op file the same way."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compiler.errors import BadInput
+from compiler.litert_gpu_child import PREFIX
+
+TIMEOUT_S = 900  # SD 1.5's UNet compiles its GPU programs in well under a minute on the H100
+GLOG_HEADER = re.compile(r"^[EWIF]\d{4} [\d:.]+ +\d+ \S+\] ")
+REASON_MARKERS = ("Failed", "ERROR", "Error", "error", "Couldn't", "No adapters")
+
+
+@dataclass
+class GpuRun:
+    outputs: list[dict[str, np.ndarray]]  # one per feed set, by output name
+    fully_accelerated: bool | None
+    accelerator: str
+
+
+def accelerator_for(precision: str) -> str:
+    return "gpu-fp16" if precision == "fp16" else "gpu-fp32"
+
+
+def check_runnable(path: Path, entry: dict) -> None:
+    """Stock LiteRT has no kernels for difflite's custom ops."""
+    if entry.get("custom_ops"):
+        raise BadInput(f"{path}: has difflite custom ops ({', '.join(entry['custom_ops'])}), which stock "
+                       "LiteRT cannot run: convert with --no-fuse for it")
+
+
+def run(path: Path, feeds: list[dict[str, np.ndarray]], accelerator: str) -> GpuRun:
+    """The model at `path` on `accelerator` (gpu-fp32, gpu-fp16; cpu for tests), once per feed
+    set. BadInput (one line) where it crashes, cannot load or fails, or where there is no GPU."""
+    result, reason = _child(Path(path), feeds, accelerator)
+    if result is not None:
+        return result
+    if accelerator != "cpu" and not _accelerator_present(accelerator):
+        raise BadInput(f"{path}: no LiteRT GPU accelerator on this machine ({reason})")
+    raise BadInput(f"{path}: LiteRT's GPU accelerator cannot run it: {reason}")
+
+
+def _child(path: Path, feeds: list[dict[str, np.ndarray]], accelerator: str) -> tuple[GpuRun | None, str]:
+    with tempfile.TemporaryDirectory(prefix="difflite-litert-gpu-") as tmp:
+        in_path, out_path = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
+        np.savez(in_path, **{f"{i}/{name}": value for i, f in enumerate(feeds) for name, value in f.items()})
+        try:
+            child = subprocess.run(
+                [sys.executable, "-m", "compiler.litert_gpu_child", str(path), str(in_path), str(out_path),
+                 accelerator], capture_output=True, text=True, timeout=TIMEOUT_S,
+                cwd=Path(__file__).resolve().parent.parent)
+        except subprocess.TimeoutExpired:
+            return None, f"no result after {TIMEOUT_S} s"
+        lines = [json.loads(line[len(PREFIX):]) for line in child.stdout.splitlines() if line.startswith(PREFIX)]
+        done = lines[-1] if lines and "status" in lines[-1] else None
+        if child.returncode < 0 or done is None:
+            stage = next((line["stage"] for line in reversed(lines) if "stage" in line), "starting")
+            how = (f"killed by {signal.Signals(-child.returncode).name}" if child.returncode < 0
+                   else f"exited {child.returncode}")
+            said = _stderr_reason(child.stderr)
+            return None, f"the runtime {how} at {stage}" + (f": {said}" if said else "")
+        if done["status"] != "run":
+            return None, _stderr_reason(child.stderr) or done.get("error", "failed")
+        with np.load(out_path) as data:
+            outputs = [{} for _ in feeds]
+            for key in data.files:
+                index, name = key.split("/", 1)
+                outputs[int(index)][name] = data[key]
+        return GpuRun(outputs, done.get("fully_accelerated"), accelerator), ""
+
+
+def _stderr_reason(stderr: str) -> str:
+    """The runtime's own last word on stderr (it logs its reasons there; its exceptions carry
+    source locations), without glog's "E0000 00:00:... file.cc:736]" header."""
+    lines = [GLOG_HEADER.sub("", " ".join(line.split())) for line in stderr.splitlines()]
+    said = [line for line in lines if any(m in line for m in REASON_MARKERS)
+            and "Source Location" not in line and not line.startswith(("ERROR: [", "└"))]
+    return said[-1][:300] if said else ""
+
+
+def _accelerator_present(accelerator: str) -> bool:
+    """Whether a one-op model (x + 1) loads and runs on the accelerator."""
+    from compiler.tflite.builder import ModelBuilder
+
+    with tempfile.TemporaryDirectory(prefix="difflite-litert-probe-") as tmp:
+        builder = ModelBuilder("difflite accelerator probe", spool_dir=tmp)
+        x = builder.tensor("x", (1, 4), np.float32)
+        one = builder.constant("one", np.ones((1, 4), np.float32))
+        y = builder.tensor("y", (1, 4), np.float32)
+        builder.op("ADD", [x, one], [y])
+        builder.inputs.append(("x", x))
+        builder.outputs.append(("y", y))
+        probe = Path(tmp) / "probe.tflite"
+        with open(probe, "wb") as f:
+            builder.write(f)
+        result, _ = _child(probe, [{"x": np.zeros((1, 4), np.float32)}], accelerator)
+    return result is not None
