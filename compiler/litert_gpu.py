@@ -89,9 +89,14 @@ def _stderr_reason(stderr: str) -> str:
     """The runtime's own last word on stderr (it logs its reasons there; its exceptions carry
     source locations), without glog's "E0000 00:00:... file.cc:736]" header."""
     lines = [GLOG_HEADER.sub("", " ".join(line.split())) for line in stderr.splitlines()]
-    said = [line for line in lines if any(m in line for m in REASON_MARKERS)
+    said = [i for i, line in enumerate(lines) if any(m in line for m in REASON_MARKERS)
             and "Source Location" not in line and not line.startswith(("ERROR: [", "└"))]
-    return said[-1][:300] if said else ""
+    if not said:
+        return ""
+    reason, following = lines[said[-1]], lines[said[-1] + 1:said[-1] + 4]
+    if reason.endswith(":"):  # "Following operations are not supported by GPU delegate:" + a line each
+        reason += " " + "; ".join(line for line in following if line)
+    return reason[:400]
 
 
 def _accelerator_present(accelerator: str) -> bool:
