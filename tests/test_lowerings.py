@@ -554,6 +554,29 @@ def test_variadic_max_is_a_clean_error(n_inputs):
         write(case)
 
 
+def test_optional_graph_input_is_refused():
+    """An optional-typed graph input has no .tflite form: refused, naming the node reading it."""
+    import onnx
+    from onnx import helper
+    tensor = helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, [5])
+    graph = helper.make_graph([helper.make_node("Identity", ["opt"], ["y"], name="reads_optional")], "g",
+                              [helper.make_value_info("opt", helper.make_optional_type_proto(tensor))],
+                              [helper.make_value_info("y", helper.make_optional_type_proto(tensor))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(UnsupportedOp, match="reads_optional.*graph input 'opt' is of type") as info:
+        write_tflite(to_ir(model))
+    assert info.value.op_type == "Identity"
+
+
+def test_unnamed_node_is_named_by_its_output():
+    """Exporters leave nodes unnamed: a refusal then names the node's first output."""
+    case = Case("unnamed", [node("Hardmax", ["x"], ["hard_out"])], {"x": (2, 3)}, ["hard_out"])
+    with pytest.raises(UnsupportedOp) as info:
+        write(case)
+    assert "an unnamed node (output 'hard_out')" in str(info.value)
+    assert info.value.output == "hard_out" and info.value.detail == "no TFLite lowering"
+
+
 # -- determinism and constant deduplication ---------------------------------------------------------
 
 
