@@ -458,6 +458,49 @@ CASES += [
          check=lambda r: (r.inputs[0]["dtype"] == "int32") or pytest.fail(f"{r.inputs}")),
 ]
 
+# -- 8-bit integers, mixed types, negative indices (issue 20: ONNX's node tests) --------------------
+I8 = np.array([[100, 127, -128, 5, -7, 60], [-100, 3, 64, -64, 0, 1]], np.int8)
+I8B = np.array([[100, 1, -1, -9, 2, 70], [-29, -4, 2, 3, 5, -1]], np.int8)
+U8 = np.array([[200, 255, 0, 5, 7, 128], [1, 3, 64, 130, 0, 17]], np.uint8)
+U8B = np.array([[100, 1, 1, 9, 2, 127], [29, 4, 2, 131, 5, 1]], np.uint8)
+for op in ("Add", "Sub", "Mul", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+    # through int32 and back: results past the type's range wrap around as in onnxruntime
+    CASES.append(Case(f"{op}-int8-wraps", [node(op, ["a", "b"], ["y"])], {"a": I8, "b": I8B}, ["y"]))
+    CASES.append(Case(f"{op}-uint8-wraps", [node(op, ["a", "b"], ["y"])], {"a": U8, "b": U8B}, ["y"]))
+CASES += [
+    Case("Div-int8-truncates", [node("Div", ["a", "b"], ["y"])],
+         {"a": np.array([[-7, 7, -127, 100, 5, 0]], np.int8), "b": np.array([[2, -2, 3, 7, -5, 9]], np.int8)}, ["y"]),
+    Case("Div-uint8", [node("Div", ["a", "b"], ["y"])], {"a": U8, "b": U8B}, ["y"]),
+    Case("Add-int8-constant-broadcast", [node("Add", ["a", "k"], ["y"])], {"a": I8}, ["y"],
+         {"k": np.array([120, -120, 1, 2, 3, 4], np.int8)}),
+    Case("Mul-uint8-constant-first", [node("Mul", ["k", "a"], ["y"])], {"a": U8}, ["y"],
+         {"k": np.array([[3], [200]], np.uint8)}),
+    Case("Abs-int8", [node("Abs", ["a"], ["y"])], {"a": np.array([[-5, 7, -127, 0]], np.int8)}, ["y"]),
+    Case("Sign-uint8", [node("Sign", ["a"], ["y"])], {"a": np.array([[0, 7, 255, 1]], np.uint8)}, ["y"]),
+    Case("Pow-float-base-int64-exponent", [node("Pow", ["x", "e"], ["y"])],
+         {"x": Rand((2, 3), positive=True), "e": np.array([[1, 2, 3], [0, -1, 2]], np.int64)}, ["y"]),
+    Case("Pow-float-base-int32-constant-exponent", [node("Pow", ["x", "e"], ["y"])],
+         {"x": Rand((2, 3))}, ["y"], {"e": np.array([3, 2, 1], np.int32)}),
+    Case("Pow-int32-base-float-exponent", [node("Pow", ["x", "e"], ["y"])],
+         {"x": np.array([[2, 3, 5], [7, 0, 1]], np.int32),
+          "e": np.array([[2.5, 1.5, 0.5], [2.0, 3.0, 1.2]], np.float32)}, ["y"]),
+    Case("Pow-int64-base-whole-float-constant", [node("Pow", ["x", "e"], ["y"])],
+         {"x": np.array([[2, -3, 5], [7, 0, 11]], np.int64)}, ["y"], {"e": np.array([3.0], np.float32)},
+         check=has("POW", absent=("CAST",))),
+    Case("Gather-runtime-negative-indices", [node("Gather", ["data", "ids"], ["y"], axis=0)],
+         {"data": (5, 4), "ids": np.array([[-1, 0, -5], [2, -3, 4]], np.int64)}, ["y"],
+         check=has("GATHER", "SELECT_V2")),
+    Case("Gather-runtime-negative-indices-axis1", [node("Gather", ["data", "ids"], ["y"], axis=1)],
+         {"data": (2, 6, 3), "ids": np.array([-6, 5, -1], np.int32)}, ["y"]),
+    Case("Clip-computed-bounds", [node("Clip", ["x", "lo", "hi"], ["y"])],
+         {"x": (2, 3, 4), "lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)}, ["y"]),
+    Case("Clip-int32-constant-bounds", [node("Clip", ["x", "lo", "hi"], ["y"])],
+         {"x": np.array([[-9, -2, 0, 3, 40]], np.int32)}, ["y"],
+         {"lo": np.array(-3, np.int32), "hi": np.array(5, np.int32)}),
+    Case("Clip-int8-computed-max", [node("Clip", ["x", "", "hi"], ["y"])],
+         {"x": I8, "hi": np.array(6, np.int8)}, ["y"]),
+]
+
 CASE_IDS = [c.id for c in CASES]
 assert len(set(CASE_IDS)) == len(CASE_IDS), "duplicate case ids"
 

@@ -118,6 +118,20 @@ def lower_slice(ctx, node):
                                      ctx.int_constant(strides)], [out], endMask=end_mask)
 
 
+def wrapped_indices(ctx, idx: int, size: int) -> int:
+    """Runtime indices with ONNX's negative form (-1 = the last along an axis of `size`) made
+    non-negative, as GATHER wants them: where(idx < 0, idx + size, idx). ONNX indices are int32
+    or int64, both int32 in the .tflite."""
+    shape = ctx.builder.shape_of(idx)
+    ones = (1,) * len(shape)
+    negative, shifted, out = (ctx.temp("negative", shape, np.bool_), ctx.temp("shifted", shape, np.int32),
+                              ctx.temp("indices", shape, np.int32))
+    ctx.builder.op("LESS", [idx, ctx.int_constant(np.zeros(ones, np.int32))], [negative])
+    ctx.builder.op("ADD", [idx, ctx.int_constant(np.full(ones, size, np.int32))], [shifted])
+    ctx.builder.op("SELECT_V2", [negative, shifted, idx], [out])
+    return out
+
+
 @lowers("Gather")
 def lower_gather(ctx, node):
     data, indices = node.inputs
@@ -143,7 +157,7 @@ def lower_gather(ctx, node):
     if index_const is not None:
         idx = ctx.constant(index_const.astype(np.int32), indices.name)
     else:
-        idx = ctx.input(indices, layout.identity(index_rank))
+        idx = wrapped_indices(ctx, ctx.input(indices, layout.identity(index_rank)), shape[axis])
     out = ctx.output(node.outputs[0], layout.identity(rank_out))
     table = ctx.const(data)
     if (index_const is None and axis == 0 and table is not None and table.ndim == 2
