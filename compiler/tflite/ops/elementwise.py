@@ -78,27 +78,25 @@ def lower_binary(ctx, node):
 @lowers("Pow")
 def lower_pow(ctx, node):
     """ONNX Pow takes a base (T) and an exponent (T1) of different types, the result being of the
-    base's type; TFLite's POW wants one type. A float base takes the exponent cast to its type;
-    an integer base with an integer exponent (or a constant one holding whole numbers >= 0)
-    computes in int32; an integer base with a float exponent computes in float32 and truncates
-    the result towards zero, as onnxruntime does (exact while |result| < 2^24)."""
+    base's type; TFLite's POW wants one type, float32 or int32. A float base computes in float32
+    (the exponent cast; float16 cast there and back); an integer base with an integer (or a
+    constant holding whole numbers >= 0) exponent in int32; an integer base with a float exponent
+    in float32, the result truncated towards zero as onnxruntime does (exact while |result| <
+    2^24)."""
     base, exponent = node.inputs
     out_value = node.outputs[0]
-    base_type, exp_type = ctx.dtype(base), ctx.dtype(exponent)
-    base_float = np.issubdtype(base_type, np.floating)
+    base_float = np.issubdtype(ctx.dtype(base), np.floating)
     e = ctx.const(exponent)
     scalar = float(e.reshape(-1)[0]) if e is not None and e.size == 1 else None
     if scalar == 2.0:
         elementwise(ctx, "MUL", [base, base], out_value)
     elif scalar == 0.5 and base_float:
         elementwise(ctx, "SQRT", [base], out_value)
-    elif base_type == exp_type:
-        elementwise(ctx, "POW", [base, exponent], out_value)
     elif base_float:
-        power(ctx, base, exponent, out_value, base_type)
+        power(ctx, base, exponent, out_value, np.dtype(np.float32))
     elif e is not None and np.all(e >= 0) and np.all(np.floor(e) == e):
         power(ctx, base, exponent, out_value, np.dtype(np.int32))
-    elif not np.issubdtype(exp_type, np.floating):
+    elif not np.issubdtype(ctx.dtype(exponent), np.floating):
         power(ctx, base, exponent, out_value, np.dtype(np.int32))
     else:
         power(ctx, base, exponent, out_value, np.dtype(np.float32))
