@@ -475,6 +475,8 @@ CASES += [
          {"k": np.array([120, -120, 1, 2, 3, 4], np.int8)}),
     Case("Mul-uint8-constant-first", [node("Mul", ["k", "a"], ["y"])], {"a": U8}, ["y"],
          {"k": np.array([[3], [200]], np.uint8)}),
+    Case("Relu-int8", [node("Relu", ["a"], ["y"])], {"a": I8}, ["y"], check=has("MAXIMUM", absent=("RELU",))),
+    Case("Relu-int32", [node("Relu", ["a"], ["y"])], {"a": I8.astype(np.int32) * 1000}, ["y"]),
     Case("Abs-int8", [node("Abs", ["a"], ["y"])], {"a": np.array([[-5, 7, -127, 0]], np.int8)}, ["y"]),
     Case("Sign-uint8", [node("Sign", ["a"], ["y"])], {"a": np.array([[0, 7, 255, 1]], np.uint8)}, ["y"]),
     Case("Pow-float-base-int64-exponent", [node("Pow", ["x", "e"], ["y"])],

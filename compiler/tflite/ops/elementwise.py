@@ -132,7 +132,15 @@ def operand_as(ctx, value, perm, rank: int, dtype) -> int:
 
 @lowers(*UNARY)
 def lower_unary(ctx, node):
-    elementwise(ctx, UNARY[node.op_type], [node.inputs[0]], node.outputs[0])
+    x = node.inputs[0]
+    if node.op_type == "Relu" and not np.issubdtype(ctx.dtype(x), np.floating):
+        # RELU takes integers only quantized (int8 gave zeros, int32 fails at invoke): max(x, 0)
+        perm = ctx.perm(x)
+        zero = ctx.constant(np.zeros((1,) * ctx.rank(x), ctx.dtype(x)), "const/zero", perm)
+        out = ctx.output(node.outputs[0], perm)
+        ctx.builder.op("MAXIMUM", [ctx.input(x), zero], [out])
+        return
+    elementwise(ctx, UNARY[node.op_type], [x], node.outputs[0])
 
 
 @lowers("Reciprocal")
