@@ -16,7 +16,7 @@ interpreter and compared with the expected outputs. Each case ends as one of:
            that fails to load or to invoke, wrong numbers or types, or a process killed by a signal
 
 Crash isolation: `run_all` starts worker processes (`python -m onnx_conformance worker`), each
-importing a share of the node test modules (collection itself costs ~11 s of one core), running
+importing a share of the node test modules (collection itself costs ~13 s of one core), running
 its cases in turn and printing one JSON line before and after each. A worker killed by a signal
 leaves a started case without an ending: that case is run once more alone in a fresh process (to
 name it the crasher, or clear it), and a new worker takes the rest of the share.
