@@ -9,11 +9,16 @@ class BadInput(Exception):
 class UnsupportedOp(BadInput):
     """An ONNX node the TFLite writer has no lowering for."""
 
-    def __init__(self, op_type: str, node_name: str, detail: str = ""):
+    def __init__(self, op_type: str, node_name: str, detail: str = "", output: str | None = None):
         self.op_type = op_type
         self.node_name = node_name
+        self.output = output  # the node's first output: what names a node exporters left unnamed
+        self.detail = detail
+        where = f"node '{node_name}'" if node_name else "an unnamed node"
+        if output:
+            where += f" (output '{output}')"
         extra = f": {detail}" if detail else ""
-        super().__init__(f"unsupported ONNX op {op_type} at node '{node_name}'{extra}")
+        super().__init__(f"unsupported ONNX op {op_type} at {where}{extra}")
 
 
 class VerificationFailed(Exception):

@@ -24,6 +24,9 @@ NP_TO_ONNX = {
     np.dtype(np.int64): onnx.TensorProto.INT64,
     np.dtype(np.int32): onnx.TensorProto.INT32,
     np.dtype(np.bool_): onnx.TensorProto.BOOL,
+    np.dtype(np.int8): onnx.TensorProto.INT8,
+    np.dtype(np.uint8): onnx.TensorProto.UINT8,
+    np.dtype(np.float16): onnx.TensorProto.FLOAT16,
 }
 NHWC = (0, 2, 3, 1)
 NCHW = (0, 3, 1, 2)

@@ -458,6 +458,95 @@ CASES += [
          check=lambda r: (r.inputs[0]["dtype"] == "int32") or pytest.fail(f"{r.inputs}")),
 ]
 
+# -- 8-bit integers, mixed types, negative indices (issue 20: ONNX's node tests) --------------------
+I8 = np.array([[100, 127, -128, 5, -7, 60], [-100, 3, 64, -64, 0, 1]], np.int8)
+I8B = np.array([[100, 1, -1, -9, 2, 70], [-29, -4, 2, 3, 5, -1]], np.int8)
+U8 = np.array([[200, 255, 0, 5, 7, 128], [1, 3, 64, 130, 0, 17]], np.uint8)
+U8B = np.array([[100, 1, 1, 9, 2, 127], [29, 4, 2, 131, 5, 1]], np.uint8)
+for op in ("Add", "Sub", "Mul", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+    # through int32 and back: results past the type's range wrap around as in onnxruntime
+    CASES.append(Case(f"{op}-int8-wraps", [node(op, ["a", "b"], ["y"])], {"a": I8, "b": I8B}, ["y"]))
+    CASES.append(Case(f"{op}-uint8-wraps", [node(op, ["a", "b"], ["y"])], {"a": U8, "b": U8B}, ["y"]))
+CASES += [
+    Case("Div-int8-truncates", [node("Div", ["a", "b"], ["y"])],
+         {"a": np.array([[-7, 7, -127, 100, 5, 0]], np.int8), "b": np.array([[2, -2, 3, 7, -5, 9]], np.int8)}, ["y"]),
+    Case("Div-uint8", [node("Div", ["a", "b"], ["y"])], {"a": U8, "b": U8B}, ["y"]),
+    Case("Add-int8-constant-broadcast", [node("Add", ["a", "k"], ["y"])], {"a": I8}, ["y"],
+         {"k": np.array([120, -120, 1, 2, 3, 4], np.int8)}),
+    Case("Mul-uint8-constant-first", [node("Mul", ["k", "a"], ["y"])], {"a": U8}, ["y"],
+         {"k": np.array([[3], [200]], np.uint8)}),
+    Case("Relu-int8", [node("Relu", ["a"], ["y"])], {"a": I8}, ["y"], check=has("MAXIMUM", absent=("RELU",))),
+    Case("Relu-int32", [node("Relu", ["a"], ["y"])], {"a": I8.astype(np.int32) * 1000}, ["y"]),
+    Case("Abs-int8", [node("Abs", ["a"], ["y"])], {"a": np.array([[-5, 7, -127, 0]], np.int8)}, ["y"]),
+    Case("Sign-uint8", [node("Sign", ["a"], ["y"])], {"a": np.array([[0, 7, 255, 1]], np.uint8)}, ["y"]),
+    Case("Pow-float-base-int64-exponent", [node("Pow", ["x", "e"], ["y"])],
+         {"x": Rand((2, 3), positive=True), "e": np.array([[1, 2, 3], [0, -1, 2]], np.int64)}, ["y"]),
+    Case("Pow-float-base-int32-constant-exponent", [node("Pow", ["x", "e"], ["y"])],
+         {"x": Rand((2, 3))}, ["y"], {"e": np.array([3, 2, 1], np.int32)}),
+    Case("Pow-int32-base-float-exponent", [node("Pow", ["x", "e"], ["y"])],
+         {"x": np.array([[2, 3, 5], [7, 0, 1]], np.int32),
+          "e": np.array([[2.5, 1.5, 0.5], [2.0, 3.0, 1.2]], np.float32)}, ["y"]),
+    Case("Pow-int64-base-whole-float-constant", [node("Pow", ["x", "e"], ["y"])],
+         {"x": np.array([[2, -3, 5], [7, 0, 11]], np.int64)}, ["y"], {"e": np.array([3.0], np.float32)},
+         check=has("POW", absent=("CAST",))),
+    Case("Pow-float16-base-float-exponent", [node("Pow", ["x", "e"], ["y"])],
+         {"x": np.array([[1.5, 2.0, 3.0], [0.25, 7.0, 1.0]], np.float16),
+          "e": np.array([[2.5, 0.5, 3.0], [1.5, 2.0, -1.0]], np.float32)}, ["y"]),
+    Case("Pow-float16-same-type", [node("Pow", ["x", "e"], ["y"])],
+         {"x": np.array([[1.5, 2.0, 3.0]], np.float16), "e": np.array([[2.5, 0.5, 3.0]], np.float16)}, ["y"]),
+    Case("Gather-runtime-negative-indices", [node("Gather", ["data", "ids"], ["y"], axis=0)],
+         {"data": (5, 4), "ids": np.array([[-1, 0, -5], [2, -3, 4]], np.int64)}, ["y"],
+         check=has("GATHER", "MAXIMUM", absent=("LESS", "SELECT_V2"))),
+    Case("Gather-runtime-negative-indices-axis1", [node("Gather", ["data", "ids"], ["y"], axis=1)],
+         {"data": (2, 6, 3), "ids": np.array([-6, 5, -1], np.int32)}, ["y"]),
+    Case("Clip-computed-bounds", [node("Clip", ["x", "lo", "hi"], ["y"])],
+         {"x": (2, 3, 4), "lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)}, ["y"]),
+    Case("Clip-int32-constant-bounds", [node("Clip", ["x", "lo", "hi"], ["y"])],
+         {"x": np.array([[-9, -2, 0, 3, 40]], np.int32)}, ["y"],
+         {"lo": np.array(-3, np.int32), "hi": np.array(5, np.int32)}),
+    Case("Clip-int8-computed-max", [node("Clip", ["x", "", "hi"], ["y"])],
+         {"x": I8, "hi": np.array(6, np.int8)}, ["y"]),
+]
+
+# -- Resize forms the builtins sample differently: GATHER rows / FULLY_CONNECTED matrices --------
+CASES += [
+    Case("Resize-linear-downsample-scale-0.6", [node("Resize", ["x", "", "sc"], ["y"], mode="linear")],
+         {"x": (1, 2, 4, 5)}, ["y"], {"sc": np.array([1, 1, 0.6, 0.6], np.float32)},
+         check=has("FULLY_CONNECTED", absent=("RESIZE_BILINEAR",))),
+    after_conv("Resize-linear-downsample-nhwc", [node("Resize", ["c", "", "sc"], ["y"], mode="linear")],
+               ["y"], {"sc": np.array([1, 1, 0.6, 0.7], np.float32)}, x=(1, 3, 6, 7)),
+    Case("Resize-linear-antialias-sizes", [node("Resize", ["x", "", "", "sz"], ["y"], mode="linear", antialias=1)],
+         {"x": (1, 2, 8, 7)}, ["y"], {"sz": i64(1, 2, 3, 4)}),
+    Case("Resize-linear-pytorch-half-pixel-to-1", [node("Resize", ["x", "", "", "sz"], ["y"], mode="linear",
+                                                        coordinate_transformation_mode="pytorch_half_pixel")],
+         {"x": (1, 2, 4, 5)}, ["y"], {"sz": i64(1, 2, 1, 3)}),
+    Case("Resize-linear-pytorch-half-pixel-x2-builtin", [node("Resize", ["x", "", "sc"], ["y"], mode="linear",
+                                                              coordinate_transformation_mode="pytorch_half_pixel")],
+         {"x": (1, 2, 4, 5)}, ["y"], {"sc": np.array([1, 1, 2, 2], np.float32)}, check=has("RESIZE_BILINEAR")),
+    Case("Resize-cubic-upsample", [node("Resize", ["x", "", "sc"], ["y"], mode="cubic")],
+         {"x": (1, 2, 3, 4)}, ["y"], {"sc": np.array([1, 1, 2, 1.5], np.float32)}, check=has("FULLY_CONNECTED")),
+    Case("Resize-cubic-rows-only", [node("Resize", ["x", "", "sc"], ["y"], mode="cubic",
+                                         cubic_coeff_a=-0.5, exclude_outside=1)],
+         {"x": (2, 3, 5, 4)}, ["y"], {"sc": np.array([1, 1, 1.6, 1], np.float32)}),
+    Case("Resize-nearest-half-pixel-downsample", [node("Resize", ["x", "", "", "sz"], ["y"], mode="nearest")],
+         {"x": (1, 3, 6, 4)}, ["y"], {"sz": i64(1, 3, 3, 3)}, check=has("GATHER")),
+    after_conv("Resize-nearest-round-prefer-ceil-x3-nhwc",
+               [node("Resize", ["c", "", "sc"], ["y"], mode="nearest", nearest_mode="round_prefer_ceil")],
+               ["y"], {"sc": np.array([1, 1, 3, 3], np.float32)}),
+    Case("Resize-nearest-axes-not-larger", [node("Resize", ["x", "", "", "sz"], ["y"], mode="nearest",
+                                                 axes=[3, 2], keep_aspect_ratio_policy="not_larger")],
+         {"x": (1, 2, 4, 4)}, ["y"], {"sz": i64(6, 7)}),
+]
+
+# ONNX defines align_corners with the unrounded output length (input x scale); onnxruntime uses the
+# rounded one. These are checked against ONNX's reference implementation instead.
+REFERENCE_CASES = [
+    after_conv("Resize-linear-align-corners-fractional-length",
+               [node("Resize", ["c", "", "sc"], ["y"], mode="linear", coordinate_transformation_mode="align_corners")],
+               ["y"], {"sc": np.array([1, 1, 0.6, 0.7], np.float32)}, x=(1, 3, 6, 7),
+               check=has("FULLY_CONNECTED", absent=("RESIZE_BILINEAR",))),
+]
+
 CASE_IDS = [c.id for c in CASES]
 assert len(set(CASE_IDS)) == len(CASE_IDS), "duplicate case ids"
 
@@ -472,6 +561,19 @@ def test_lowering_tf_lite(case):
     """Cross-runtime check: the same file in tensorflow's tf.lite.Interpreter."""
     pytest.importorskip("tensorflow")
     check_case(case, "tf")
+
+
+@pytest.mark.parametrize("case", REFERENCE_CASES, ids=[c.id for c in REFERENCE_CASES])
+def test_lowering_against_onnx_reference(case):
+    from onnx.reference import ReferenceEvaluator
+
+    from lowering_helpers import compare, run_tflite
+    model = make_model(case)
+    result = write_tflite(to_ir(model))
+    feeds = case.feeds()
+    want = ReferenceEvaluator(model).run(None, feeds)
+    compare(run_tflite(result, feeds), want, case.outputs, 1e-5)
+    case.check(result)
 
 
 def test_lowering_second_seed():
@@ -552,6 +654,93 @@ def test_variadic_max_is_a_clean_error(n_inputs):
     case = Case("max-variadic", [node("Max", names, ["y"], name="max_node")], {n: (2, 3) for n in names}, ["y"])
     with pytest.raises(UnsupportedOp, match="Max.*max_node"):
         write(case)
+
+
+def test_gather_negative_indices_int32_form(monkeypatch):
+    """Axes too long for float32's exact integers wrap negative indices in int32 (LESS, ADD,
+    SELECT_V2); the bound lowered here so a small table takes that form."""
+    from compiler.tflite.ops import shape
+    monkeypatch.setattr(shape, "FLOAT_EXACT_INDEX", 4)
+    case = next(c for c in CASES if c.id == "Gather-runtime-negative-indices")
+    result = check_case(Case(case.id + "-int32", case.nodes, case.inputs, case.outputs))
+    assert has("GATHER", "LESS", "SELECT_V2", absent=("MAXIMUM",))(result) is None
+
+
+def resize_model(x_shape, out_shape, scales=None, sizes=None, computed=(), **attributes):
+    """A Resize model; inputs named in `computed` ("scales", "sizes") are graph inputs."""
+    import onnx
+    from onnx import helper, numpy_helper
+    operands = {"scales": scales, "sizes": sizes}
+    names = ["x", "", "scales" if scales is not None else "", "sizes" if sizes is not None else ""]
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)]
+    inits = []
+    for name in ("scales", "sizes"):
+        if operands[name] is None:
+            continue
+        array = np.asarray(operands[name], np.float32 if name == "scales" else np.int64)
+        if name in computed:
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype),
+                                                        array.shape))
+        else:
+            inits.append(numpy_helper.from_array(array, name))
+    graph = helper.make_graph([helper.make_node("Resize", names, ["y"], name="resize_node", **attributes)], "g",
+                              inputs, [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, out_shape)],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("model,reason", [
+    (resize_model([1, 2, 4, 5], [1, 2, 2, 3], scales=[1, 1, 0.6, 0.6], computed=("scales",), mode="linear"),
+     "scales must be constant"),
+    (resize_model([1, 2, 4, 5], [1, 2, 6, 7], sizes=[1, 2, 6, 7], computed=("sizes",), mode="nearest",
+                  keep_aspect_ratio_policy="not_larger"), "computed sizes and keep_aspect_ratio_policy"),
+    (resize_model([1, 2, 3, 4], [1, 2, 5, 6], sizes=[6, 5], axes=[3, 2], mode="nearest",
+                  keep_aspect_ratio_policy="not_larger"), "rounds the output length|is not floor"),
+    (resize_model([1, 2, 4, 5], [1, 2, 3, 3], sizes=[1, 2, 3, 3], mode="linear",
+                  coordinate_transformation_mode="tf_crop_and_resize"), "tf_crop_and_resize"),
+])
+def test_resize_refusals_name_the_node(model, reason):
+    """Forms whose sampling grid is not known at conversion (computed scales), or that are not an
+    interpolation, are refused with the reason, naming the node."""
+    with pytest.raises(UnsupportedOp, match=reason) as info:
+        write_tflite(to_ir(model))
+    assert info.value.op_type == "Resize" and "resize_node" in str(info.value)
+
+
+def test_resize_computed_sizes_take_the_output_shape():
+    """Computed sizes under the stretch policy can only equal the static output shape: written,
+    and the file samples as onnxruntime does with those sizes."""
+    from lowering_helpers import compare, run_onnxruntime, run_tflite
+    model = resize_model([1, 2, 4, 5], [1, 2, 3, 7], sizes=[1, 2, 3, 7], computed=("sizes",), mode="linear")
+    result = write_tflite(to_ir(model))
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 2, 4, 5)).astype(np.float32),
+             "sizes": np.array([1, 2, 3, 7], np.int64)}
+    compare(run_tflite(result, feeds), run_onnxruntime(model, feeds), ["y"], 1e-5)
+
+
+def test_optional_graph_input_is_refused():
+    """An optional-typed graph input has no .tflite form: refused, naming the node reading it."""
+    import onnx
+    from onnx import helper
+    tensor = helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, [5])
+    graph = helper.make_graph([helper.make_node("Identity", ["opt"], ["y"], name="reads_optional")], "g",
+                              [helper.make_value_info("opt", helper.make_optional_type_proto(tensor))],
+                              [helper.make_value_info("y", helper.make_optional_type_proto(tensor))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(UnsupportedOp, match="reads_optional.*graph input 'opt' is of type") as info:
+        write_tflite(to_ir(model))
+    assert info.value.op_type == "Identity"
+
+
+def test_unnamed_node_is_named_by_its_output():
+    """Exporters leave nodes unnamed: a refusal then names the node's first output."""
+    case = Case("unnamed", [node("Hardmax", ["x"], ["hard_out"])], {"x": (2, 3)}, ["hard_out"])
+    with pytest.raises(UnsupportedOp) as info:
+        write(case)
+    assert "an unnamed node (output 'hard_out')" in str(info.value)
+    assert info.value.output == "hard_out" and info.value.detail == "no TFLite lowering"
 
 
 # -- determinism and constant deduplication ---------------------------------------------------------

@@ -31,6 +31,15 @@ FP16_MIN_ELEMENTS = 64  # smaller constants stay float32: no size to win, and ex
 CACHED_CONSTANT_BYTES = 1 << 20  # larger ONNX weights are re-read from the file, not kept
 
 
+def unsupported_at(node: ir.Node | None, detail: str) -> UnsupportedOp:
+    """The refusal of `node` (exit 2): its op type, its name and its first output name it."""
+    if node is None:
+        return UnsupportedOp("?", "?", detail)
+    op_type = node.op_type if not node.domain else f"{node.domain}.{node.op_type}"
+    output = node.outputs[0].name if node.outputs and node.outputs[0] is not None else None
+    return UnsupportedOp(op_type, node.name or "", detail, output=output)
+
+
 @dataclass
 class Stored:
     index: int
@@ -130,8 +139,7 @@ class LoweringContext:
         return self.values[value.name].perm
 
     def unsupported(self, detail: str) -> UnsupportedOp:
-        node = self.node
-        return UnsupportedOp(node.op_type if node else "?", node.name if node else "?", detail)
+        return unsupported_at(self.node, detail)
 
     # -- TFLite tensors ----------------------------------------------------------------------
     def unique_name(self, base: str) -> str:

@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from compiler.errors import UnsupportedOp
 from compiler.tflite import layout
 from compiler.tflite.builder import ModelBuilder
-from compiler.tflite.context import LoweringContext
+from compiler.tflite.context import LoweringContext, unsupported_at
 from compiler.tflite.ops import LOWERINGS
 from compiler.tflite.quantize import WeightQuantization
 
@@ -50,13 +50,24 @@ def write_tflite(model: ir.Model, precision: str = "fp32", fuse=frozenset(),
     ctx = LoweringContext(builder, precision=precision, fuse=frozenset(fuse),
                           quantization=quantization or WeightQuantization())
     graph = model.graph
-    inputs = [_add_graph_input(ctx, value) for value in graph.inputs]
+    inputs, unusable = [], None
+    for value in graph.inputs:
+        try:
+            inputs.append(_add_graph_input(ctx, value))
+        except UnsupportedOp as exc:
+            if next(iter(value.uses()), None) is not None:
+                raise
+            # No node reads it: a refusal of a node that names an op comes first, if any.
+            unusable = unusable or exc
+    ctx.node = None
     for node in graph:
         ctx.node = node
         if node not in ctx.absorbed:
             _lower_node(ctx, node)
         ctx.lowered(node)
     ctx.node = None
+    if unusable is not None:
+        raise unusable
     outputs = [_add_graph_output(ctx, value) for value in graph.outputs]
     ctx.constants.clear()
     layout_used = builder.weight_layout(weights)
@@ -92,6 +103,11 @@ def _signature_entry(ctx: LoweringContext, name: str, index: int, perm) -> dict:
 
 
 def _add_graph_input(ctx: LoweringContext, value: ir.Value) -> dict:
+    # A refusal here names the first node reading the input (the op that cannot take it).
+    ctx.node = next((use.node for use in value.uses()), None)
+    if value.type is not None and not isinstance(value.type, ir.TensorType):
+        raise ctx.unsupported(f"graph input '{value.name}' is of type {value.type}: the .tflite "
+                              "interface takes plain tensors only")
     perm = interface_layout(ctx.rank(value))
     index = ctx.output(value, perm)
     ctx.builder.inputs.append((value.name, index))
@@ -101,7 +117,7 @@ def _add_graph_input(ctx: LoweringContext, value: ir.Value) -> dict:
 def _add_graph_output(ctx: LoweringContext, value: ir.Value) -> dict:
     perm = interface_layout(ctx.rank(value))
     if ctx.is_const(value):
-        raise UnsupportedOp("Constant", value.name, "graph output is a constant")
+        raise UnsupportedOp("Constant", "", f"graph output '{value.name}' is a constant", output=value.name)
     index = ctx.input(value, perm)
     if index in [i for _, i in ctx.builder.inputs] or index in [i for _, i in ctx.builder.outputs]:
         copy = ctx.builder.tensor(value.name, ctx.builder.shape_of(index), ctx.builder.dtype_of(index))
@@ -120,8 +136,7 @@ def _lower_node(ctx: LoweringContext, node: ir.Node) -> None:
         return
     lowering = LOWERINGS.get(key)
     if lowering is None:
-        raise UnsupportedOp(node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
-                            node.name, "no TFLite lowering")
+        raise unsupported_at(node, "no TFLite lowering")
     lowering(ctx, node)
 
 
@@ -140,7 +155,7 @@ def _fold(ctx: LoweringContext, node: ir.Node) -> None:
     try:
         results = ReferenceEvaluator(proto).run(None, feeds)
     except Exception as exc:  # the reference evaluator raises many types
-        raise UnsupportedOp(node.op_type, node.name, f"constant folding failed: {exc}") from exc
+        raise unsupported_at(node, f"constant folding failed: {exc}") from exc
     for value, result in zip(node.outputs, results):
         ctx.constants[value.name] = np.asarray(result)
 

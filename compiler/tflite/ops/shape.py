@@ -118,6 +118,42 @@ def lower_slice(ctx, node):
                                      ctx.int_constant(strides)], [out], endMask=end_mask)
 
 
+FLOAT_EXACT_INDEX = 1 << 24  # float32 holds every integer below this exactly
+
+
+def wrapped_indices(ctx, idx: int, size: int) -> int:
+    """Runtime indices with ONNX's negative form (-1 = the last along an axis of `size`) made
+    non-negative, as GATHER wants them: idx + size where idx < 0 (out-of-range ones stay out of
+    range, for GATHER to reject). ONNX indices are int32 or int64, both int32 in the .tflite.
+
+    Computed in float32 (exact below 2^24): the OpenCL backend runs elementwise ops in float only,
+    and so claims these six with the GATHER, keeping a text encoder's graph whole. Larger axes
+    compute in int32 (LESS, ADD, SELECT_V2)."""
+    shape = ctx.builder.shape_of(idx)
+    ones = (1,) * len(shape)
+    if size >= FLOAT_EXACT_INDEX:
+        negative, shifted, out = (ctx.temp("negative", shape, np.bool_), ctx.temp("shifted", shape, np.int32),
+                                  ctx.temp("indices", shape, np.int32))
+        ctx.builder.op("LESS", [idx, ctx.int_constant(np.zeros(ones, np.int32))], [negative])
+        ctx.builder.op("ADD", [idx, ctx.int_constant(np.full(ones, size, np.int32))], [shifted])
+        ctx.builder.op("SELECT_V2", [negative, shifted, idx], [out])
+        return out
+
+    def step(op, inputs, suffix, dtype=np.float32):
+        out = ctx.temp(suffix, shape, dtype)
+        ctx.builder.op(op, inputs, [out])
+        return out
+
+    def scalar(value):
+        return ctx.float_constant(np.full(ones, value, np.float32), f"const/index{value:g}")
+
+    position = step("CAST", [idx], "indices_float")
+    below_zero = step("MINIMUM", [position, scalar(0.0)], "below_zero")
+    flag = step("MAXIMUM", [below_zero, scalar(-1.0)], "negative")  # -1 where idx < 0, else 0
+    shift = step("MUL", [flag, scalar(-float(size))], "shift")
+    return step("CAST", [step("ADD", [position, shift], "wrapped")], "indices", np.int32)
+
+
 @lowers("Gather")
 def lower_gather(ctx, node):
     data, indices = node.inputs
@@ -143,7 +179,7 @@ def lower_gather(ctx, node):
     if index_const is not None:
         idx = ctx.constant(index_const.astype(np.int32), indices.name)
     else:
-        idx = ctx.input(indices, layout.identity(index_rank))
+        idx = wrapped_indices(ctx, ctx.input(indices, layout.identity(index_rank)), shape[axis])
     out = ctx.output(node.outputs[0], layout.identity(rank_out))
     table = ctx.const(data)
     if (index_const is None and axis == 0 and table is not None and table.ndim == 2
