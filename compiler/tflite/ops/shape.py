@@ -176,16 +176,28 @@ def lower_gather(ctx, node):
         return
     index_rank = ctx.rank(indices)
     rank_out = len(shape) - 1 + index_rank
+    out = ctx.output(node.outputs[0], layout.identity(rank_out))
+    gathered = out
     if index_const is not None:
         idx = ctx.constant(index_const.astype(np.int32), indices.name)
     else:
-        idx = wrapped_indices(ctx, ctx.input(indices, layout.identity(index_rank)), shape[axis])
-    out = ctx.output(node.outputs[0], layout.identity(rank_out))
+        idx = ctx.input(indices, layout.identity(index_rank))
+        if index_rank > 1:
+            # Runtime indices of rank > 1 (token ids [batch, length]) go flat, the rows reshaped
+            # after: LiteRT's GPU accelerator refuses GATHER with 2-D indices (FACTS).
+            count = int(np.prod(ctx.builder.shape_of(idx)))
+            flat = ctx.temp("flat_indices", (count,), np.int32)
+            ctx.reshape_op(idx, flat, (count,))
+            idx = flat
+            gathered = ctx.temp("rows", (*shape[:axis], count, *shape[axis + 1:]), ctx.builder.dtype_of(out))
+        idx = wrapped_indices(ctx, idx, shape[axis])
     table = ctx.const(data)
-    if (index_const is None and axis == 0 and table is not None and table.ndim == 2
-            and np.issubdtype(table.dtype, np.floating) and ctx.lookup(table, data.name, idx, out)):
-        return  # rows of an embedding table, stored quantized
-    ctx.builder.op("GATHER", [ctx.input(data, layout.identity(len(shape))), idx], [out], axis=axis)
+    if not (index_const is None and axis == 0 and table is not None and table.ndim == 2
+            and np.issubdtype(table.dtype, np.floating) and ctx.lookup(table, data.name, idx, gathered)):
+        # (ctx.lookup wrote the rows of an embedding table stored quantized)
+        ctx.builder.op("GATHER", [ctx.input(data, layout.identity(len(shape))), idx], [gathered], axis=axis)
+    if gathered != out:
+        ctx.reshape_op(gathered, out, ctx.builder.shape_of(out))
 
 
 @lowers("Expand")
