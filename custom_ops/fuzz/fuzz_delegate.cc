@@ -28,15 +28,7 @@
 #include "difflite/attrs.h"
 #include "difflite/op_api.h"
 #include "difflite/tflite_abi.h"
-
-// As delegate/attrs.cc includes it (one definition of the header's inline functions).
-#ifndef FLATBUFFERS_ASSERT
-#define FLATBUFFERS_ASSERT(x) ((void)0)
-#endif
-#ifndef FLATBUFFERS_LOCALE_INDEPENDENT
-#define FLATBUFFERS_LOCALE_INDEPENDENT 0
-#endif
-#include <flatbuffers/flexbuffers.h>
+#include "flexbuffers_config.h"
 
 extern "C" difflite::tfl::Delegate* tflite_plugin_create_delegate(char** keys, char** values, size_t n,
                                                                   void (*report)(const char*));
