@@ -6,13 +6,13 @@ from pathlib import Path
 
 from compiler import manifest, memory
 from compiler.errors import BadInput
-from compiler.tflite.reader import read_tflite
+from compiler.tflite.validate import read_checked
 
 MB = 1024 * 1024
 
 
 def describe_model(path: Path) -> dict:
-    summary = read_tflite(path)
+    summary = read_checked(path)
     plan = memory.plan(summary)
     signatures = {
         key: {kind: [{"name": name, "shape": list(summary.tensors[i].shape), "dtype": summary.tensors[i].dtype}
@@ -43,7 +43,7 @@ def inspect_target(target) -> dict:
     target = Path(target)
     if target.is_dir():
         man = manifest.read_manifest(target)
-        manifest.check_component_files(target, man)
+        manifest.check_component_files(target, man, check_models=False)  # describe_model checks them
         models = {name: describe_model(target / entry["file"]) for name, entry in man["components"].items()}
         return {"folder": str(target), "source": man["source"], "options": man["options"], "models": models}
     if target.is_file():

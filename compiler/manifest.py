@@ -46,23 +46,44 @@ def checked_sha256(path: Path) -> str:
     mtime and ctime in ns: any write to the file changes ctime), so that a model checked once is
     not read whole again at every start (1.6 s for SD 1.5 at fp16). The record is best-effort:
     where the cache folder cannot be written, the file is hashed every time."""
+    return _remembered(path, "sha256", sha256_file, lambda value: isinstance(value, str))
+
+
+def _remembered(path: Path, field: str, compute, valid):
+    """compute(path), or what it gave before for this file as it is now (same stamps) where
+    valid(that value): the record of the file under the digest cache, one JSON object per file,
+    `field` among its keys."""
     st = path.stat()
     stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
     record = _digest_cache_dir() / f"{key}.json"
+    cached = {}
     with contextlib.suppress(OSError, ValueError):
         cached = json.loads(record.read_text())
-        if cached.get("stamp") == stamp and isinstance(cached.get("sha256"), str):
-            return cached["sha256"]
-    digest = sha256_file(path)
+        cached = cached if isinstance(cached, dict) and cached.get("stamp") == stamp else {}
+    if field in cached and valid(cached[field]):
+        return cached[field]
+    value = compute(path)
     if time.time_ns() - st.st_ctime_ns < RACY_SECONDS * 1e9:
-        return digest
+        return value
     with contextlib.suppress(OSError):
         record.parent.mkdir(parents=True, exist_ok=True)
         temp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"path": str(path.resolve()), "stamp": stamp, "sha256": digest}))
+        temp.write_text(json.dumps({**cached, "path": str(path.resolve()), "stamp": stamp, field: value}))
         os.replace(temp, record)
-    return digest
+    return value
+
+
+def check_model_file(path: Path) -> None:
+    """compiler.tflite.validate's checks of a component file (structure, graph, difflite ops),
+    remembered like its digest: a file that passed them is not read again until it changes."""
+    from compiler.tflite import validate
+
+    def run_checks(p: Path) -> int:
+        validate.read_checked(p)
+        return validate.CHECKS_VERSION
+
+    _remembered(path, "model_checks", run_checks, lambda value: value == validate.CHECKS_VERSION)
 
 
 def json_text(data) -> str:
@@ -219,10 +240,13 @@ def check_structure(path: Path, manifest: dict) -> None:
                 raise BadInput(f"{path}: component '{name}' has no valid '{kind}' (name and shape of each tensor)")
 
 
-def check_component_files(folder, manifest: dict, names=None) -> None:
+def check_component_files(folder, manifest: dict, names=None, check_models: bool = True) -> None:
     """Every component file (or those in `names`) is present and is the file the manifest
     describes: its size, then its sha256 (checked_sha256: hashed once per change of the file). A
-    file changed since the conversion is refused before anything loads it."""
+    file changed since the conversion is refused before anything loads it. `check_models`: each
+    file's structure, graph and difflite ops are checked too (compiler.tflite.validate), since a
+    manifest vouches for whatever file it was written for: a hostile file never reaches an
+    interpreter."""
     folder = Path(folder)
     for name, entry in manifest["components"].items():
         if names is not None and name not in names:
@@ -241,6 +265,8 @@ def check_component_files(folder, manifest: dict, names=None) -> None:
         if digest != entry["sha256"]:
             raise BadInput(f"{path}: sha256 differs from the manifest's: the file changed since the "
                            f"conversion (convert again)")
+        if check_models:
+            check_model_file(path)
 
 
 def read_report(folder) -> dict:

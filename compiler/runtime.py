@@ -166,6 +166,12 @@ class Component:
         self.path = Path(path)
         if not self.path.is_file():
             raise BadInput(f"{self.path}: no such model file")
+        # Structure, graph and difflite ops (remembered per file): TFLite's own loader takes some
+        # files that point outside themselves (its bounds checks wrap around), so a hostile file
+        # must never reach an interpreter.
+        from compiler.manifest import check_model_file
+
+        check_model_file(self.path)
         entry = entry or {}
         custom = entry.get("custom_ops", [])
         # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file;

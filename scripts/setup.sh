@@ -7,8 +7,10 @@ cd "$(dirname "$0")/.."
 # OpenCL device with cl_khr_fp16, for half arithmetic (tests/test_fp16_device.py).
 
 APT_PACKAGES=(cmake g++ make opencl-headers ocl-icd-opencl-dev pocl-opencl-icd libflatbuffers-dev clinfo)
-# tests also cross-compile the op library for aarch64 and load it under qemu-user
-[ "${1:-}" = "--test" ] && APT_PACKAGES+=(g++-aarch64-linux-gnu qemu-user)
+# tests also cross-compile the op library for aarch64 and load it under qemu-user, and build it
+# with ASan/UBSan plus its libFuzzer target (tests/test_sanitizers.py: clang and its runtimes,
+# which Debian 12's clang-15 brings in libclang-common-15-dev)
+[ "${1:-}" = "--test" ] && APT_PACKAGES+=(g++-aarch64-linux-gnu qemu-user clang-15)
 PYTHON=${PYTHON:-python3}
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

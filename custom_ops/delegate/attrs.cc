@@ -5,17 +5,7 @@
 #include <cstring>
 #include <vector>
 
-// Never abort inside the header on odd data: the buffer is verified before
-// any value is read, and every failure is reported as a string.
-#ifndef FLATBUFFERS_ASSERT
-#define FLATBUFFERS_ASSERT(x) ((void)0)
-#endif
-// Header-only use: the locale-independent number parsing would need
-// libflatbuffers' ClassicLocale; we never parse numbers from strings.
-#ifndef FLATBUFFERS_LOCALE_INDEPENDENT
-#define FLATBUFFERS_LOCALE_INDEPENDENT 0
-#endif
-#include <flatbuffers/flexbuffers.h>
+#include "flexbuffers_config.h"
 
 namespace difflite {
 namespace {

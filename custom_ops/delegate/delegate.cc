@@ -97,7 +97,17 @@ std::unique_ptr<OpInstance> BuildNode(Context* ctx, const Node* node,
     ins->push_back(it != known.end() ? it->second
                                      : InfoOf(TensorAt(ctx, idx)));
   }
+  for (size_t i = 0; i < ins->size(); ++i) {
+    e = CheckElementCount((*ins)[i], "input " + std::to_string(i));
+    if (!e.empty()) {
+      *why = e;
+      return nullptr;
+    }
+  }
   e = op->Infer(*ins, outs);
+  for (size_t i = 0; e.empty() && i < outs->size(); ++i) {
+    e = CheckElementCount((*outs)[i], "output " + std::to_string(i));
+  }
   if (!e.empty()) {
     *why = e;
     return nullptr;
@@ -134,6 +144,9 @@ struct PartitionNode {
   std::unique_ptr<OpInstance> op;
   std::vector<int> inputs;
   std::vector<int> outputs;
+  // What Infer checked at the last Prepare: Invoke runs the op on exactly these shapes.
+  std::vector<TensorInfo> in_info;
+  std::vector<TensorInfo> out_info;
 };
 
 struct OwnedTensor {
@@ -217,17 +230,29 @@ tfl::Status KernelPrepareImpl(Context* ctx, Node* node) {
   p->produced.clear();
   for (PartitionNode& pn : p->nodes) {
     std::vector<TensorInfo> ins, outs;
-    for (int idx : pn.inputs) {
+    std::string e;
+    for (size_t i = 0; e.empty() && i < pn.inputs.size(); ++i) {
+      const int idx = pn.inputs[i];
+      if (idx < 0 || static_cast<size_t>(idx) >= ctx->tensors_size) {
+        e = "input tensor index " + std::to_string(idx) + " is out of range";
+        break;
+      }
       auto it = p->produced.find(idx);
       ins.push_back(it != p->produced.end() ? it->second
                                             : InfoOf(TensorAt(ctx, idx)));
+      e = CheckElementCount(ins.back(), "input " + std::to_string(i));
     }
-    const std::string e = pn.op->Infer(ins, &outs);
+    if (e.empty()) e = pn.op->Infer(ins, &outs);
+    for (size_t i = 0; e.empty() && i < outs.size(); ++i) {
+      e = CheckElementCount(outs[i], "output " + std::to_string(i));
+    }
     if (!e.empty() || outs.size() != pn.outputs.size()) {
       LogError(ctx, "node " + std::to_string(pn.node_index) + " (" + pn.name +
                         "): " + (e.empty() ? "output count changed" : e));
       return tfl::kError;
     }
+    pn.in_info = ins;
+    pn.out_info = outs;
     for (size_t i = 0; i < outs.size(); ++i) {
       const int idx = pn.outputs[i];
       p->produced[idx] = outs[i];
@@ -267,42 +292,65 @@ tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
   for (PartitionNode& pn : p->nodes) {
     std::vector<InTensor> ins;
     std::vector<OutTensor> outs;
-    for (int idx : pn.inputs) {
+    if (pn.in_info.size() != pn.inputs.size() || pn.out_info.size() != pn.outputs.size()) {
+      LogError(ctx, "node " + std::to_string(pn.node_index) + " invoked before Prepare");
+      return tfl::kError;
+    }
+    // Each buffer must hold the shape Infer checked: a tensor the interpreter resized since,
+    // or a buffer smaller than that shape, is an error, never a read or write past its end.
+    for (size_t i = 0; i < pn.inputs.size(); ++i) {
+      const int idx = pn.inputs[i];
+      const TensorInfo& info = pn.in_info[i];
+      const size_t need = static_cast<size_t>(NumElements(info.shape)) * DTypeSize(info.dtype);
+      const void* data = nullptr;
+      size_t have = 0;
+      bool same_shape = true;
       auto own = p->owned.find(idx);
       if (own != p->owned.end()) {
-        ins.push_back({own->second.info.dtype, own->second.info.shape,
-                       own->second.storage.data()});
-        continue;
+        data = own->second.storage.data();
+        have = own->second.bytes;
+        same_shape = own->second.info.shape == info.shape && own->second.info.dtype == info.dtype;
+      } else {
+        const Tensor* t = TensorAt(ctx, idx);
+        data = t->data.data;
+        have = t->bytes;
+        same_shape = ToDType(t->type) == info.dtype && t->dims != nullptr &&
+                     ToVector(t->dims) == info.shape;
       }
-      const Tensor* t = TensorAt(ctx, idx);
-      TensorInfo info = InfoOf(t);
-      if (t->data.data == nullptr) {
-        LogError(ctx, "node " + std::to_string(pn.node_index) +
-                          ": input tensor " + std::to_string(idx) +
-                          " has no data");
+      if (data == nullptr || have < need || !same_shape) {
+        LogError(ctx, "node " + std::to_string(pn.node_index) + ": input tensor " +
+                          std::to_string(idx) +
+                          (data == nullptr ? std::string(" has no data")
+                           : !same_shape  ? " is not the " + InfoString(info) + " it was prepared for"
+                                          : " holds " + std::to_string(have) + " bytes, need " +
+                                                std::to_string(need)));
         return tfl::kError;
       }
-      ins.push_back({info.dtype, info.shape, t->data.data});
+      ins.push_back({info.dtype, info.shape, data});
     }
-    for (int idx : pn.outputs) {
+    for (size_t i = 0; i < pn.outputs.size(); ++i) {
+      const int idx = pn.outputs[i];
+      const TensorInfo& info = pn.out_info[i];
+      const size_t need = static_cast<size_t>(NumElements(info.shape)) * DTypeSize(info.dtype);
+      void* data = nullptr;
+      size_t have = 0;
       auto own = p->owned.find(idx);
       if (own != p->owned.end()) {
-        outs.push_back({own->second.info.dtype, own->second.info.shape,
-                        own->second.storage.data()});
-        continue;
+        data = own->second.storage.data();
+        have = own->second.bytes;
+      } else {
+        Tensor* t = TensorAt(ctx, idx);
+        data = t->data.data;
+        have = t->bytes;
       }
-      Tensor* t = TensorAt(ctx, idx);
-      const TensorInfo& info = p->produced[idx];
-      const size_t need = static_cast<size_t>(NumElements(info.shape)) *
-                          DTypeSize(info.dtype);
-      if (t->data.data == nullptr || t->bytes < need) {
+      if (data == nullptr || have < need) {
         LogError(ctx, "node " + std::to_string(pn.node_index) +
                           ": output tensor " + std::to_string(idx) +
-                          " is not allocated (" + std::to_string(t->bytes) +
+                          " is not allocated (" + std::to_string(have) +
                           " bytes, need " + std::to_string(need) + ")");
         return tfl::kError;
       }
-      outs.push_back({info.dtype, info.shape, t->data.data});
+      outs.push_back({info.dtype, info.shape, data});
     }
     const std::string e = pn.op->Run(ins, outs, exec);
     if (!e.empty()) {
@@ -359,6 +407,7 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
     return tfl::kDelegateError;
   }
   const std::vector<int> plan_nodes = ToVector(plan);  // copy: may change
+  const PlanOrder order(ctx, plan_nodes);
   std::vector<int> claimed;
   std::map<int, TensorInfo> known;
   const size_t prefix_len = std::strlen(kOpPrefix);
@@ -376,9 +425,9 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
       continue;
     }
     std::vector<TensorInfo> ins, outs;
-    std::string why;
+    std::string why = order.Check(ctx, node_index, node);
     std::unique_ptr<OpInstance> op =
-        BuildNode(ctx, node, reg->custom_name, known, &ins, &outs, &why);
+        why.empty() ? BuildNode(ctx, node, reg->custom_name, known, &ins, &outs, &why) : nullptr;
     if (op == nullptr) {
       LogError(ctx, "not delegating node " + std::to_string(node_index) +
                         " (" + reg->custom_name + "): " + why);

@@ -1,6 +1,7 @@
 #include "delegate_util.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -149,6 +150,74 @@ std::unique_ptr<OpInstance> ParseCustomNode(const tfl::Node* node,
   std::unique_ptr<OpInstance> op = def->create(attrs, &e);
   if (op == nullptr) *why = e.empty() ? "invalid attributes" : e;
   return op;
+}
+
+PlanOrder::PlanOrder(tfl::Context* ctx, const std::vector<int>& plan) {
+  writers_.resize(ctx->tensors_size);
+  int highest = -1;
+  for (int node_index : plan) highest = std::max(highest, node_index);
+  position_.assign(static_cast<size_t>(highest + 1), -1);
+  for (size_t pos = 0; pos < plan.size(); ++pos) {
+    const int node_index = plan[pos];
+    if (node_index < 0) continue;
+    position_[node_index] = static_cast<int>(pos);
+    tfl::Node* node = nullptr;
+    tfl::Registration* reg = nullptr;
+    if (ctx->GetNodeAndRegistration(ctx, node_index, &node, &reg) != tfl::kOk || node == nullptr) {
+      continue;
+    }
+    for (int idx : ToVector(node->outputs)) {
+      if (idx >= 0 && static_cast<size_t>(idx) < writers_.size()) writers_[idx].push_back(node_index);
+    }
+  }
+}
+
+std::string PlanOrder::Check(tfl::Context* ctx, int node_index, const tfl::Node* node) const {
+  if (node_index < 0 || static_cast<size_t>(node_index) >= position_.size() ||
+      position_[node_index] < 0) {
+    return "node " + std::to_string(node_index) + " is not in the execution plan";
+  }
+  const int here = position_[node_index];
+  for (int idx : ToVector(node->inputs)) {
+    if (idx < 0) continue;  // an omitted optional input: the op decides
+    if (static_cast<size_t>(idx) >= writers_.size()) {
+      return "input tensor index " + std::to_string(idx) + " is out of range";
+    }
+    for (int writer : writers_[idx]) {
+      if (position_[writer] >= here) {
+        return "input tensor " + std::to_string(idx) + " is written by " +
+               (writer == node_index ? std::string("this node itself")
+                                     : "node " + std::to_string(writer) + ", which runs after it") +
+               " (a cycle)";
+      }
+    }
+  }
+  for (int idx : ToVector(node->outputs)) {
+    if (idx < 0 || static_cast<size_t>(idx) >= writers_.size()) {
+      return "output tensor index " + std::to_string(idx) + " is out of range";
+    }
+    if (writers_[idx].size() > 1) {
+      return "output tensor " + std::to_string(idx) + " is written " +
+             std::to_string(writers_[idx].size()) + " times (nodes " + ListString(writers_[idx]) + ")";
+    }
+    const tfl::Tensor* t = TensorAt(ctx, idx);
+    if (IsConstantTensor(t)) {
+      return "output tensor " + std::to_string(idx) + " is a constant of the model";
+    }
+  }
+  return "";
+}
+
+std::string CheckElementCount(const TensorInfo& info, const std::string& what) {
+  const int64_t n = NumElements(info.shape);
+  if (n < 0) {
+    return what + " has a negative dimension or more elements than int64 counts: " +
+           ShapeToString(info.shape);
+  }
+  if (n > INT32_MAX) {
+    return what + " has more than 2^31 - 1 elements: " + ShapeToString(info.shape);
+  }
+  return "";
 }
 
 std::string ExceptionText() {

@@ -81,6 +81,25 @@ std::unique_ptr<OpInstance> ParseCustomNode(const tfl::Node* node,
                                             const char* custom_name,
                                             std::string* why);
 
+// Where each tensor is written in the execution plan. A model may wire any graph; a node the
+// delegate claims must not read a tensor that it or a later node writes (a cycle: the value
+// would be stale, of another shape than its check saw), nor write a tensor that another node
+// writes too or that is a constant of the model. Both backends refuse such nodes.
+class PlanOrder {
+ public:
+  PlanOrder(tfl::Context* ctx, const std::vector<int>& plan);
+  // "" or why `node` (node_index of the plan) cannot be delegated for its wiring.
+  std::string Check(tfl::Context* ctx, int node_index, const tfl::Node* node) const;
+
+ private:
+  std::vector<int> position_;              // node index -> plan position (-1: not in the plan)
+  std::vector<std::vector<int>> writers_;  // tensor index -> the nodes that write it
+};
+
+// "" if `info`'s shape has no negative dimension and at most 2^31 - 1 elements (the most any
+// kernel of the library indexes), else a reason naming `what` (e.g. "input 2").
+std::string CheckElementCount(const TensorInfo& info, const std::string& what);
+
 // The text of the exception being handled (inside a catch block).
 std::string ExceptionText();
 

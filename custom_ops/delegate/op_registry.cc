@@ -1,4 +1,5 @@
 // The list of ops the library knows, and shared helpers of op_api.h.
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 
@@ -60,7 +61,12 @@ std::string ShapeToString(const Shape& s) {
 
 int64_t NumElements(const Shape& s) {
   int64_t n = 1;
-  for (int d : s) n *= d;
+  for (int d : s) {
+    // A hostile model may declare any dims: a negative one, or a product past int64
+    // (65536^4 wraps to 0), is -1 rather than a wrapped count.
+    if (d < 0 || (d > 0 && n > INT64_MAX / d)) return -1;
+    n *= d;
+  }
   return n;
 }
 

@@ -4,6 +4,8 @@
 // copy_nd program) and GATHER (gather.cl). Element values are never looked
 // at, so float (any storage) and int32 tensors go through the same kernels.
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -104,6 +106,34 @@ std::unique_ptr<GpuOp> CreateReshape(const NodeView& node, GpuContext& ctx, std:
   if (e.empty()) e = SameType(x, y);
   if (e.empty() && NumElements(x.shape) != NumElements(y.shape)) {
     e = "reshape of " + ShapeToString(x.shape) + " into " + ShapeToString(y.shape);
+  }
+  std::vector<int> wanted;
+  if (e.empty() && std::strcmp(node.op_name, "RESHAPE") == 0 && node.inputs.size() == 2 &&
+      ConstInts(node.inputs[1], &wanted)) {
+    // The shape TFLite computes from the shape tensor (one -1 inferred) must be the declared
+    // output's: a model whose two disagree is one TFLite refuses, not one to run.
+    int64_t known = 1;
+    int unknown = 0;
+    bool sane = true;
+    for (int d : wanted) {
+      if (d == -1) {
+        ++unknown;
+      } else if (d < 0 || (d > 0 && known > INT32_MAX / d)) {
+        sane = false;
+      } else {
+        known *= d;
+      }
+    }
+    Shape resolved = wanted;
+    for (int& d : resolved) {
+      if (d == -1 && sane && unknown == 1 && known > 0) {
+        d = static_cast<int>(NumElements(x.shape) / known);
+      }
+    }
+    if (!sane || resolved != y.shape) {
+      e = "the shape tensor " + ShapeToString(wanted) + " does not give the declared output " +
+          ShapeToString(y.shape);
+    }
   }
   if (!e.empty()) return Refuse(error, e);
   auto op = std::make_unique<CopyOp>(node.op_name, node.inputs.size());

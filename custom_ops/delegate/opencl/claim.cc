@@ -320,9 +320,8 @@ std::string BackendImpl::ClaimInputs(Context* ctx, ClaimedNode* cn) {
                " (the OpenCL backend exchanges float32 and int32 tensors)";
       }
     }
-    if (NumElements(info.shape) > INT32_MAX) {
-      return "input " + std::to_string(i) + " has more than 2^31 elements";
-    }
+    const std::string count = CheckElementCount(info, "input " + std::to_string(i));
+    if (!count.empty()) return count;
     cn->in_info.push_back(info);
   }
   return "";
@@ -342,10 +341,9 @@ std::string BackendImpl::ClaimOutputs(Context* ctx, ClaimedNode* cn) {
     if (info.dtype != DType::kFloat32 && info.dtype != DType::kInt32) {
       return "output " + std::to_string(o) + " is " + TfLiteTypeName(t->type);
     }
-    if (NumElements(info.shape) > INT32_MAX || NumElements(info.shape) <= 0) {
-      return "output " + std::to_string(o) + " has " + std::to_string(NumElements(info.shape)) +
-             " elements";
-    }
+    const std::string count = CheckElementCount(info, "output " + std::to_string(o));
+    if (!count.empty()) return count;
+    if (NumElements(info.shape) == 0) return "output " + std::to_string(o) + " has no elements";
     cn->out_info.push_back(info);
   }
   return "";
@@ -469,6 +467,11 @@ std::string BackendImpl::CreateOp(Node* node, Registration* reg, bool is_custom,
   if (is_custom) {
     cn->custom = ParseCustomNode(node, reg->custom_name, &why);
     if (cn->custom == nullptr) return why;
+    for (size_t i = 0; i < cn->inputs.size(); ++i) {
+      if (cn->inputs[i] < 0) {
+        return "input " + std::to_string(i) + " is omitted (difflite ops have no optional inputs)";
+      }
+    }
     std::vector<TensorInfo> inferred;
     const std::string e = cn->custom->Infer(cn->in_info, &inferred);
     if (!e.empty()) return e;
@@ -616,6 +619,7 @@ void BackendImpl::ClaimOne(Context* ctx, Candidate* c) {
 void BackendImpl::ClaimAll(Context* ctx, std::vector<Candidate>* candidates) {
   std::vector<Candidate*> rest;
   for (Candidate& c : *candidates) {
+    if (!c.why.empty()) continue;  // refused for its wiring (PrepareDelegate)
     bool folds = c.is_dequantize();
     if (!folds && (c.is_reshape() || c.is_mul()) && c.node->inputs != nullptr &&
         c.node->inputs->size > 0) {
@@ -658,6 +662,17 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
         c.node != nullptr && c.reg != nullptr) {
       candidates.push_back(std::move(c));
     }
+  }
+  // Wiring no backend can run (a cycle, two writers, a constant written): refused before any
+  // factory sees the node.
+  const PlanOrder order(ctx, plan_nodes);
+  for (Candidate& c : candidates) {
+    c.why = order.Check(ctx, c.node_index, c.node);
+    if (c.why.empty()) continue;
+    const bool custom = c.reg->builtin_code == tfl::kBuiltinCustom;
+    const char* builtin = custom ? nullptr : BuiltinName(c.reg->builtin_code);
+    c.name = custom ? (c.reg->custom_name ? c.reg->custom_name : "custom")
+                    : builtin ? builtin : "builtin " + std::to_string(c.reg->builtin_code);
   }
   std::unique_lock<std::mutex> lock(rt->exec_mutex());
   ClaimAll(ctx, &candidates);
