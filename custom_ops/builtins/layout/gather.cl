@@ -8,16 +8,22 @@
 #define COPY_T uint
 #endif
 
-__kernel void gather(__global const COPY_T* params, __global const int* idx,
-                     __global COPY_T* out, int n, int n_idx, int axis_dim, int inner) {
-  const int i = get_global_id(0);
-  if (i >= n) return;
+// The params element that output element i copies, or -1 where its index is out of range.
+inline int gather_source(int i, __global const int* idx, int n_idx, int axis_dim, int inner) {
   const int t = i / inner;
   const int k = i - t * inner;
   const int o = t / n_idx;
   const int j = t - o * n_idx;
   const int ix = idx[j];
-  out[i] = (ix >= 0 && ix < axis_dim) ? params[(o * axis_dim + ix) * inner + k] : (COPY_T)0;
+  return (ix >= 0 && ix < axis_dim) ? (o * axis_dim + ix) * inner + k : -1;
+}
+
+__kernel void gather(__global const COPY_T* params, __global const int* idx,
+                     __global COPY_T* out, int n, int n_idx, int axis_dim, int inner) {
+  const int i = get_global_id(0);
+  if (i >= n) return;
+  const int e = gather_source(i, idx, n_idx, axis_dim, inner);
+  out[i] = e >= 0 ? params[e] : (COPY_T)0;
 }
 
 __kernel void gather_q8(__global const char* params, __global const float* scale, int group,
@@ -25,15 +31,6 @@ __kernel void gather_q8(__global const char* params, __global const float* scale
                         int axis_dim, int inner) {
   const int i = get_global_id(0);
   if (i >= n) return;
-  const int t = i / inner;
-  const int k = i - t * inner;
-  const int o = t / n_idx;
-  const int j = t - o * n_idx;
-  const int ix = idx[j];
-  float v = 0.0f;
-  if (ix >= 0 && ix < axis_dim) {
-    const int e = (o * axis_dim + ix) * inner + k;
-    v = (float)params[e] * scale[e / group];
-  }
-  DL_STORE(out, i, v);
+  const int e = gather_source(i, idx, n_idx, axis_dim, inner);
+  DL_STORE(out, i, e >= 0 ? (float)params[e] * scale[e / group] : 0.0f);
 }
