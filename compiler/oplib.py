@@ -25,6 +25,9 @@ class BuildFailed(RuntimeError):
     pass
 
 
+BUILD_LOG = "build-output.log"  # in the build folder: the failed step's whole output
+
+
 def newest_source_mtime(source: Path, build_dir: Path) -> float:
     newest = 0.0
     for path in source.rglob("*"):
@@ -146,20 +149,33 @@ def build(target: str = "host", build_dir: Path | None = None, jobs: int | None 
         extra = cmake_arguments(target, build_dir)
         if library.exists() and library.stat().st_mtime >= newest_source_mtime(SOURCE, build_dir):
             return library
+        log = build_dir / BUILD_LOG
         if not (build_dir / "CMakeCache.txt").exists():
-            run(["cmake", "-S", str(SOURCE), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *extra])
-        run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)])
+            run("configuring", ["cmake", "-S", str(SOURCE), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                                *extra], log)
+        run("building", ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)], log)
         if not library.exists():
             raise BuildFailed(f"the build finished but {library} is missing")
         library.touch()  # an unchanged relink keeps the old mtime
     return library
 
 
-def run(command: list[str]) -> None:
+def run(step: str, command: list[str], log: Path) -> None:
+    """Run one build step; where it fails, BuildFailed says in one line which step and the
+    compiler's first error, and `log` holds the whole output."""
     process = subprocess.run(command, capture_output=True, text=True)
-    if process.returncode != 0:
-        raise BuildFailed(f"{' '.join(command)} failed ({process.returncode}):\n"
-                          f"{process.stdout[-4000:]}\n{process.stderr[-4000:]}")
+    if process.returncode == 0:
+        return
+    output = f"$ {' '.join(command)}\n{process.stdout}\n{process.stderr}"
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    first = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else "no output")
+    where = f" (whole output: {log})"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(output)
+    except OSError:
+        where = ""
+    raise BuildFailed(f"{step} the op library failed (exit {process.returncode}): {first[:300]}{where}")
 
 
 def copy_library(library: Path, folder: Path) -> Path:

@@ -588,3 +588,17 @@ def test_component_digests_are_remembered_until_the_file_changes(tmp_path, monke
     data[100] ^= 0x01
     model.write_bytes(bytes(data))
     assert manifest.checked_sha256(model) != first and hashed == [model]
+
+
+def test_a_failed_op_library_build_is_one_line_and_a_log(tmp_path):
+    """`oplib build` (and every command that builds the library on demand) reports a failed
+    CMake step in one line, the first error, and keeps the whole output in the build folder."""
+    from compiler import oplib
+
+    log = tmp_path / "build" / oplib.BUILD_LOG
+    with pytest.raises(oplib.BuildFailed) as failed:
+        oplib.run("configuring", ["cmake", "-S", str(tmp_path / "no-sources"), "-B", str(tmp_path / "build")], log)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith("configuring the op library failed (exit 1): CMake Error")
+    assert "no-sources" in message and str(log) in message
+    assert "no-sources" in log.read_text() and log.read_text().startswith("$ cmake -S")
