@@ -24,8 +24,10 @@ MIN_OPSET = 18  # the dynamo exporter writes invalid Split nodes at opset 17 (FA
 MAX_TENSOR_ELEMENTS = 2**31 - 1  # TFLite's kernels and the op library's (kMaxIndex) index with int32
 
 
-class ExportError(RuntimeError):
-    """torch.onnx.export (or the ONNX check after it) failed for one component."""
+class ExportError(BadInput):
+    """torch.onnx.export (or the ONNX check after it) failed for one component: the model cannot
+    be converted as it is (exit 2, one line: the root cause and the exporter's last word;
+    DIFFLITE_DEBUG=1 shows all of its output)."""
 
 
 @dataclass

@@ -172,6 +172,8 @@ class _Broken(torch.nn.Module):
 
 def test_export_failure_names_component_and_leaves_nothing(tmp_path):
     spec = ComponentSpec("unet", _Broken(), ("x",), ("y",), (torch.ones(2),))
-    with pytest.raises(ExportError, match="unet"):
+    with pytest.raises(ExportError, match="unet") as failed:
         export_onnx(spec, tmp_path / "unet.onnx")
     assert list(tmp_path.iterdir()) == []
+    assert isinstance(failed.value, BadInput)  # the CLI's exit 2, one line
+    assert "\n" not in str(failed.value) and "ValueError: boom" in str(failed.value)
