@@ -40,6 +40,9 @@ SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []),
             "int4": ("fp16", "int4", []), "int8-w0": ("fp16", "int8", ["--winograd-budget-mb", "0"]),
             "int8-w50": ("fp16", "int8", ["--winograd-budget-mb", "50"]),
             "int8-w25": ("fp16", "int8", ["--winograd-budget-mb", "25"]),
+            # the UNet alone gets a small budget (the VAE decoder runs once a picture)
+            "int8-u50v0": ("fp16", "int8", ["--winograd-budget-mb", "unet=50,vae_decoder=0"]),
+            "int4-u25v0": ("fp16", "int4", ["--winograd-budget-mb", "unet=25,vae_decoder=0"]),
             "int4-w0": ("fp16", "int4", ["--winograd-budget-mb", "0"]),
             "int8-vae0": ("fp16", "int8", ["--winograd-budget-mb", "vae_decoder=0"]),
             "int4-vae0": ("fp16", "int4", ["--winograd-budget-mb", "vae_decoder=0"])}
