@@ -8,9 +8,10 @@ several widths, or a person trying recipes, exports each component once.
 An entry is keyed by everything the exporter reads: the wrapper module's structure and every
 config and attention processor in it, the bytes of every parameter and buffer, the example
 inputs, the opset, and the versions of torch, onnx, onnxscript, diffusers and transformers and
-the text of compiler/export.py. Its files are checked against their recorded sha256 before reuse;
-an entry that changed or is incomplete is removed and exported again. Entries are written in a
-staging folder and renamed into place, so concurrent conversions never see half of one. Nothing
+the text of compiler/export.py. Its files are checked against their recorded sha256 before reuse
+(remembered per file stamp, as for component files: an entry is read whole once, not at every
+reuse); an entry that changed or is incomplete is removed and exported again. Entries are written
+in a staging folder and renamed into place, so concurrent conversions never see half of one. Nothing
 is pruned: the folder holds one ONNX graph per component, model, size and batch (SD 1.5's UNet
 at fp32: 3.4 GB), and can be deleted at any time."""
 
@@ -28,7 +29,7 @@ from typing import Callable
 import torch
 
 from compiler import export
-from compiler.manifest import sha256_file
+from compiler.manifest import checked_sha256, sha256_file
 
 ENTRY = "entry.json"
 KEY_VERSION = 1
@@ -81,7 +82,7 @@ def _reuse(entry: Path, path: Path) -> bool:
         files = json.loads((entry / ENTRY).read_text())["files"]
         intact = sorted(files) == sorted(names) and all(
             (entry / name).stat().st_size == files[name]["bytes"]
-            and sha256_file(entry / name) == files[name]["sha256"] for name in names)
+            and checked_sha256(entry / name) == files[name]["sha256"] for name in names)
     except (OSError, ValueError, KeyError, TypeError):
         intact = False
     if not intact:

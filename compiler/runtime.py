@@ -24,16 +24,16 @@ BACKENDS = ("cpu", "opencl")
 LIBRARY_ENV = "DIFFLITE_OPLIB"
 
 
-def to_file_layout(entry: dict, inputs: dict) -> dict[str, np.ndarray]:
-    """Inputs in ONNX / PyTorch layout -> as the file takes them (the manifest's layout and
-    dtype of each): NCHW -> NHWC where the file's input is NHWC."""
+def to_file_layout(entry: dict, inputs: dict, dtypes: dict | None = None) -> dict[str, np.ndarray]:
+    """Inputs in ONNX / PyTorch layout -> as the file takes them: NCHW -> NHWC where the
+    manifest entry says the file's input is NHWC, in `dtypes[name]` (else the entry's dtype)."""
     specs = {e["name"]: e for e in entry.get("inputs", [])}
     feeds = {}
     for name, value in inputs.items():
         value = np.asarray(value)
         if specs.get(name, {}).get("layout") == "NHWC":
             value = value.transpose(0, 2, 3, 1)
-        dtype = specs[name]["dtype"] if name in specs else value.dtype
+        dtype = (dtypes or {}).get(name) or specs.get(name, {}).get("dtype") or value.dtype
         feeds[name] = np.ascontiguousarray(value.astype(dtype))
     return feeds
 
@@ -191,8 +191,7 @@ class Component:
             if backend == "cpu" or fallback != "cpu":
                 raise
             self._fall_back(str(exc))
-        self.layouts = {e["name"]: e.get("layout", "as_onnx")
-                        for e in entry.get("inputs", []) + entry.get("outputs", [])}
+        self.entry = entry
         self.input_details = self.runner.get_input_details()
 
     def _fall_back(self, reason: str) -> None:
@@ -245,13 +244,7 @@ class Component:
     def __call__(self, **inputs) -> dict[str, np.ndarray]:
         if self.closed:
             raise RuntimeError(f"{self.path}: the component was closed")
-        feeds = {}
-        for name, value in inputs.items():
-            detail = self.input_details[name]
-            value = np.asarray(value)
-            if self.layouts.get(name) == "NHWC":
-                value = value.transpose(0, 2, 3, 1)
-            feeds[name] = np.ascontiguousarray(value.astype(detail["dtype"]))
+        feeds = to_file_layout(self.entry, inputs, {name: self.input_details[name]["dtype"] for name in inputs})
         try:
             outputs = self.runner(**feeds)
         except RuntimeError as exc:
@@ -260,5 +253,4 @@ class Component:
                 raise BadInput(reason) from exc
             self._fall_back(reason)
             outputs = self.runner(**feeds)
-        return {name: value.transpose(0, 3, 1, 2) if self.layouts.get(name) == "NHWC" else value
-                for name, value in outputs.items()}
+        return from_file_layout(self.entry, outputs)
