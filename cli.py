@@ -138,7 +138,7 @@ def parse_lora(spec: str):
                    "int4 stay int8, those most sensitive to int8 stay float (as --precision stores them), as a "
                    "recipe says (computed on the PyTorch model for --weights-target-db, or read from "
                    "--weights-recipe; written to OUT/weights_recipe.json and the manifest). int4 also stores "
-                   "the text encoder's token table as int8 rows (a scale a row). Every other "
+                   "the text encoder's token table as int8 rows (a scale a row; not in --no-fuse files). Every other "
                    "weight (norms, biases, embeddings, Winograd's transformed weights, the VAE decoder's first and "
                    "last convolutions) and the activations follow --precision.")
 @click.option("--weights-block", default=32, show_default=True, type=int,
@@ -170,7 +170,9 @@ def parse_lora(spec: str):
                    "N MB for each, or per component, e.g. 150,vae_decoder=0 (the UNet and text encoder 150, "
                    "the VAE decoder none) [default: the device profile's budget: 200 MB, 4000 on nvidia-h100].")
 @click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only (recognised patterns are decomposed "
-                                                "into NHWC-friendly builtins).")
+                                                "into NHWC-friendly builtins), in the forms stock LiteRT's GPU "
+                                                "accelerator compiles: with --weights, linear layers as 1x1 "
+                                                "convolutions.")
 @click.option("--keep-onnx", is_flag=True, help="Keep the exported ONNX graphs in OUT/onnx/.")
 @click.option("--export-cache", "export_cache_dir", type=click.Path(file_okay=False), default=None,
               envvar="DIFFLITE_EXPORT_CACHE", show_envvar=True,

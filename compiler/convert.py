@@ -348,7 +348,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
                           description=f"difflite {VERSION} {name}", path=path,
-                          quantization=options.quantization(name, recipe))
+                          quantization=options.quantization(name, recipe), stock_gpu_forms=not options.fuse)
     del graph
     summary = read_tflite(path)
     plan = memory.plan(summary)

@@ -609,7 +609,10 @@ FP16_CASES = [
 @pytest.mark.parametrize("case", FP16_CASES, ids=[c.id for c in FP16_CASES])
 def test_lowering_fp16(case):
     result = check_case_fp16(case)
-    assert result.op_histogram.get("DEQUANTIZE", 0) > 0, result.op_histogram
+    # float16 weights reach float32 through DEQUANTIZE; a table GATHER reads rows of is gathered as
+    # float16 and its rows CAST (stock LiteRT's GPU refuses DEQUANTIZE feeding GATHER)
+    widened = "CAST" if case.id == "fp16-embedding" else "DEQUANTIZE"
+    assert result.op_histogram.get(widened, 0) > 0, result.op_histogram
     from ai_edge_litert import schema_py_generated as schema
     types = [t for _, _, t, _ in tensors_and_buffers(result.data)]
     assert schema.TensorType.FLOAT16 in types

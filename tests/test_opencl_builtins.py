@@ -507,6 +507,45 @@ def test_select_v2_and_cast(lib, tmp_path, style):
     assert f2i.dtype == np.int32 and np.array_equal(f2i, want_f2i)
 
 
+def test_float16_tensors_inside_and_at_the_boundary(lib, tmp_path, style):
+    """float16 runtime tensors are floats to the ops (held in the storage type; CAST between the
+    float types a copy) and are converted where they cross the partition: a float16 graph input,
+    a float16 tensor between two claimed nodes (fp16 files' token lookup: GATHER of the float16
+    table, CAST of the rows), a float16 graph output."""
+    r = rng(21)
+    h = nonzero(r, (3, 5, 7)).astype(np.float16)
+    a = nonzero(r, (3, 5, 7))
+    table = nonzero(r, (50, 9)).astype(np.float16)
+    ids = r.integers(0, 50, size=(6,)).astype(np.int32)
+    want_sum = stored(style, h.astype(np.float32)) + stored(style, a)
+    want_rows = table[ids].astype(np.float32)
+    want_square = (stored(style, a) * stored(style, a)).astype(np.float16)
+
+    def build(m):
+        hi = m.activation("h", h.shape, np.float16)
+        ai = m.activation("a", a.shape)
+        ii = m.activation("ids", ids.shape, np.int32)
+        wide = m.activation("h32", h.shape)
+        total = m.activation("sum", a.shape)
+        half_rows = m.activation("rows16", want_rows.shape, np.float16)
+        rows = m.activation("rows", want_rows.shape)
+        square = m.activation("square", a.shape)
+        narrow = m.activation("square16", a.shape, np.float16)
+        m.builtin("CAST", [hi], [wide], inDataType=1, outDataType=0)
+        m.builtin("ADD", [wide, ai], [total])
+        m.builtin("GATHER", [m.constant("table", table), ii], [half_rows], axis=0)
+        m.builtin("CAST", [half_rows], [rows], inDataType=1, outDataType=0)
+        m.builtin("MUL", [ai, ai], [square])
+        m.builtin("CAST", [square], [narrow], inDataType=0, outDataType=1)
+        return [hi, ai, ii], [total, rows, narrow]
+
+    (total, rows, narrow), _, _ = run_op(tmp_path, lib, build, [h, a, ids], style, nodes=6)
+    check(total, want_sum)
+    assert rows.dtype == np.float32 and np.array_equal(rows, want_rows)  # float16 values, copied
+    assert narrow.dtype == np.float16
+    check(narrow.astype(np.float32), want_square.astype(np.float32), tol=1e-3)
+
+
 # --------------------------------------------------------------------------
 # Softmax, reductions
 

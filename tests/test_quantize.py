@@ -175,6 +175,47 @@ def test_int4_mix_stores_a_lookup_table_as_int8_rows(precision, tmp_path):
     assert np.all(rows[0, 1] == 0.0) and np.abs(rows - table[ids]).max() > 0  # quantized, not float
 
 
+def test_fp16_table_is_gathered_as_float16_rows_and_cast(tmp_path):
+    """At --precision fp16 a float table is GATHERed as float16 and its rows CAST to float32: no
+    DEQUANTIZE feeds a GATHER (stock LiteRT's GPU accelerator refuses that form, NOTES §36), and
+    the rows are the float16 table's exactly."""
+    model, table = embedding_model()
+    ids = np.array([[0, 3, 299, 17, 17, 150, 1], [5, 4, 3, 2, 1, 0, 298]], np.int32)
+    path = tmp_path / "fp16.tflite"
+    write_tflite(ir.serde.deserialize_model(model), path=path, precision="fp16")
+    summary = read_tflite(path)
+    (gather,) = [op for op in summary.ops if op.name == "GATHER" and summary.tensors[op.inputs[0]].constant]
+    assert summary.tensors[gather.inputs[0]].dtype == "float16"
+    assert summary.tensors[gather.outputs[0]].dtype == "float16"
+    (cast,) = [op for op in summary.ops if op.name == "CAST" and op.inputs == gather.outputs]
+    assert summary.tensors[cast.outputs[0]].dtype == "float32"
+    assert not [op for op in summary.ops if op.name == "DEQUANTIZE"]
+    np.testing.assert_array_equal(run_litert(path, ids), table.astype(np.float16).astype(np.float32)[ids])
+
+
+@pytest.mark.parametrize("width", ["int8", "int4"])
+def test_stock_gpu_forms_write_quantized_linears_as_1x1_convolutions(width, tmp_path):
+    """`convert --no-fuse` (stock_gpu_forms) writes a quantized linear layer as RESHAPE to
+    [1, 1, M, K], CONV_2D with the filter [N, 1, 1, K], RESHAPE back: stock LiteRT's GPU compiles
+    a quantized weight only as a convolution's 4-D filter (NOTES §31). Same layer widths, bytes
+    and digests as the FULLY_CONNECTED form, and the same outputs on LiteRT's interpreter."""
+    x = np.random.default_rng(0).standard_normal((1, 8, 8, 32)).astype(np.float32)
+    results, outputs, summaries = {}, {}, {}
+    for stock in (False, True):
+        path = tmp_path / f"{width}-{stock}.tflite"
+        results[stock] = write_tflite(ir.serde.deserialize_model(linear_and_conv_model()), path=path,
+                                      quantization=quantize.WeightQuantization(width, min_elements=1),
+                                      stock_gpu_forms=stock)
+        summaries[stock], outputs[stock] = read_tflite(path), run_litert(path, x)
+    assert results[True].weight_widths == results[False].weight_widths
+    assert "FULLY_CONNECTED" in {op.name for op in summaries[False].ops}
+    summary = summaries[True]
+    assert "FULLY_CONNECTED" not in {op.name for op in summary.ops}
+    filters = [tuple(summary.tensors[op.inputs[1]].shape) for op in summary.ops if op.name == "CONV_2D"]
+    assert (24, 1, 1, 64) in filters  # mat_w [64, 24] as an [N, 1, 1, K] filter
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=0, atol=1e-5 * np.abs(outputs[False]).max())
+
+
 def test_small_and_kept_weights_stay_float(tmp_path):
     model = linear_and_conv_model(cin=4, cout=8, n=4)  # 288 and 32 elements: under MIN_ELEMENTS
     result = write_tflite(ir.serde.deserialize_model(model), path=tmp_path / "small.tflite",

@@ -396,6 +396,39 @@ def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
         assert rel_err(got, stock) <= HALF_TOL
 
 
+@pytest.mark.parametrize("width", ["int8", "int4"])
+def test_linear_as_1x1_convolution_stays_quantized(lib, tmp_path, width):
+    """A `--no-fuse` file's quantized linear layer (RESHAPE to [1, 1, M, K], CONV_2D with the
+    [N, 1, 1, K] filter, RESHAPE back: compiler/tflite/ops/matmul.py) is claimed whole, its
+    weight held quantized on the device, and computes what stock LiteRT computes."""
+    import onnx
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler.tflite import quantize as writer_quantize
+    from compiler.tflite.writer import write_tflite
+
+    m_rows, k, n = 77, 96, 40
+    r = rng(12)
+    weight = (r.standard_normal((k, n)) * 0.1).astype(np.float32)
+    bias = (r.standard_normal(n) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, m_rows, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m_rows, n])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    path = tmp_path / f"linear_{width}.tflite"
+    write_tflite(ir.serde.deserialize_model(model), path=path, stock_gpu_forms=True,
+                 quantization=writer_quantize.WeightQuantization(width, min_elements=1))
+    x = nonzero(r, (1, m_rows, k))
+    got, stats, stock = run_both(lib, path, x)
+    assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] and stats["partitions"] == 1, stats
+    assert stats["weights_quantized_bytes"] >= n * k // (2 if width == "int4" else 1), stats
+    assert stats["weights_dequantized_bytes"] == 0, stats
+    assert rel_err(got, stock) <= TOL
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_int4_conv_2d(lib, tmp_path, precision):
     """int4 blocks of the flattened OHWI filter (7 x 3 x 3 x 32 = 63 blocks) -> DEQUANTIZE ->

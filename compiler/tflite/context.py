@@ -51,6 +51,9 @@ class LoweringContext:
     builder: ModelBuilder
     precision: str = "fp32"
     fuse: frozenset = frozenset()
+    # forms for stock LiteRT's GPU accelerator where they differ (`--no-fuse` files): quantized
+    # linear layers as 1x1 convolutions (ops/matmul.py)
+    stock_gpu_forms: bool = False
     quantization: WeightQuantization = field(default_factory=WeightQuantization)
     # Per weight of a convolution / linear layer: its name, shape, storage width and bytes.
     weight_widths: list[dict] = field(default_factory=list)
@@ -230,22 +233,31 @@ class LoweringContext:
     def float_constant(self, values, name: str = "const/float") -> int:
         return self.constant(np.asarray(values, dtype=np.float32), name, None)
 
-    def weight(self, array: np.ndarray, name: str) -> int:
+    def weight_width(self, array: np.ndarray, name: str) -> tuple[str, str | None]:
+        """(width, digest) of a convolution or linear weight in the writer's layout: "float" or
+        the width --weights and the recipe give it (int4 falls back to int8 where blocks do not
+        tile); the digest where per-layer widths need it (the int4 mix), else None."""
+        q = self.quantization
+        digest = quantize.weight_digest(array) if q.overrides and q.applies(name, array.size) else None
+        return q.width_for(name, array, digest), digest
+
+    def weight(self, array: np.ndarray, name: str, shape=None) -> int:
         """The weight of a convolution (OHWI) or linear layer ([N, K]): axis 0 is the output
         channel, the last axis the input. Quantized per --weights (int8 per output channel, int4
         blockwise along the input, or the width the quantization's per-layer overrides give its
         digest; compiler/tflite/quantize.py) where it applies, in TFLite's standard ops back to
         float32 (int8: DEQUANTIZE; int4: DEQUANTIZE, MUL by block scales, RESHAPE); else as
-        constant() stores it."""
+        constant() stores it. `shape`: written in that shape instead (a linear weight as a 1x1
+        filter [N, 1, 1, K]), its width and digest still those of `array`."""
         array = np.asarray(array, dtype=np.float32)
-        q = self.quantization
-        # with per-layer widths (the int4 mix), each weight is known by its digest
-        digest = quantize.weight_digest(array) if q.overrides and q.applies(name, array.size) else None
-        width = q.width_for(name, array, digest)  # int4 falls back to int8 where blocks do not tile
+        width, digest = self.weight_width(array, name)
+        layer_shape = list(array.shape)
+        if shape is not None:
+            array = array.reshape(shape)
         float_bytes = array.size * (2 if self.precision == "fp16" and array.size >= FP16_MIN_ELEMENTS else 4)
         extra = {"digest": digest} if digest else {}
         if width == "float":
-            self.weight_widths.append({"name": name, "shape": list(array.shape), "width": self.precision,
+            self.weight_widths.append({"name": name, "shape": layer_shape, "width": self.precision,
                                        "bytes": float_bytes, "float_bytes": float_bytes, **extra})
             return self.constant(array, name)
         tensor_name = self.unique_name(name)
@@ -253,9 +265,9 @@ class LoweringContext:
             stored = quantize.quantize_int8(array, 0)
             index = self._dequantized(tensor_name, stored, tensor_name)
         else:
-            stored = quantize.quantize_int4(array, q.block, quantize.scale_dtype(self.precision))
+            stored = quantize.quantize_int4(array, self.quantization.block, quantize.scale_dtype(self.precision))
             index = self._int4_weight(tensor_name, stored, array.shape)
-        self.weight_widths.append({"name": name, "shape": list(array.shape), "width": width,
+        self.weight_widths.append({"name": name, "shape": layer_shape, "width": width,
                                    "bytes": stored.total_bytes, "float_bytes": float_bytes, **extra})
         return index
 
@@ -267,9 +279,12 @@ class LoweringContext:
         runtime sees a constant it folds: a GATHER of the int8 rows would leave those two nodes
         to TFLite in the OpenCL backend, and TFLite's partitioning then puts every weight's
         folded DEQUANTIZE in a partition of its own, dequantized at every call (NOTES §33).
-        False (nothing written) where the table stays float."""
-        if self.quantization.lookup_width(name, table.size) == "float":
-            return False
+        A float table at precision fp16 is gathered as float16 rows and CAST to float32: stock
+        LiteRT's GPU accelerator refuses a DEQUANTIZE feeding a GATHER (NOTES §36).
+        False (nothing written) where the table stays float32."""
+        if self.stock_gpu_forms or self.quantization.lookup_width(name, table.size) == "float":
+            # (stock LiteRT's GPU takes no integer GATHER: `--no-fuse` files keep the table float)
+            return self._half_lookup(table, name, indices, out)
         table = np.asarray(table, dtype=np.float32)
         stored = quantize.quantize_int8(table, 0, quantize.scale_dtype(self.precision))
         tensor_name = self.unique_name(name)
@@ -285,6 +300,18 @@ class LoweringContext:
         float_bytes = table.size * (2 if self.precision == "fp16" else 4)
         self.weight_widths.append({"name": name, "shape": list(table.shape), "width": "int8",
                                    "bytes": stored.total_bytes, "float_bytes": float_bytes, "lookup": True})
+        return True
+
+    def _half_lookup(self, table: np.ndarray, name: str, indices: int, out: int) -> bool:
+        """GATHER of a float16 table, CAST of the rows to float32, where precision fp16 stores
+        the table as float16 (else False: the caller gathers the float32 table)."""
+        if self.precision != "fp16" or table.size < FP16_MIN_ELEMENTS:
+            return False
+        tensor_name = self.unique_name(name)
+        half = self.builder.constant(tensor_name + "/fp16", np.asarray(table, np.float32).astype(np.float16))
+        rows = self.builder.tensor(tensor_name + "/rows", self.builder.shape_of(out), np.float16)
+        self.builder.op("GATHER", [half, indices], [rows], axis=0)
+        self.builder.op("CAST", [rows], [out])
         return True
 
     def _dequantized(self, tensor_name: str, stored: quantize.Quantized, out_name: str) -> int:

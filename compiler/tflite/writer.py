@@ -41,14 +41,16 @@ def interface_layout(rank: int) -> tuple[int, ...]:
 
 def write_tflite(model: ir.Model, precision: str = "fp32", fuse=frozenset(),
                  description: str = "difflite", path=None, weights: str = "auto",
-                 quantization: WeightQuantization | None = None) -> WriteResult:
+                 quantization: WeightQuantization | None = None, stock_gpu_forms: bool = False) -> WriteResult:
     """Lower `model`; write the .tflite to `path`, or return it in WriteResult.data.
     `weights`: "auto" (inline when the model fits the 2 GiB flatbuffer limit), "inline" or
     "appended" (after the flatbuffer, located by Buffer.offset). `quantization`: int8 / int4
-    convolution and linear weights (compiler/tflite/quantize.py); None keeps them float."""
+    convolution and linear weights (compiler/tflite/quantize.py); None keeps them float.
+    `stock_gpu_forms`: where forms differ, those stock LiteRT's GPU accelerator compiles
+    (`convert --no-fuse`: quantized linear layers as 1x1 convolutions)."""
     builder = ModelBuilder(description, spool_dir=Path(path).parent if path is not None else None)
     ctx = LoweringContext(builder, precision=precision, fuse=frozenset(fuse),
-                          quantization=quantization or WeightQuantization())
+                          quantization=quantization or WeightQuantization(), stock_gpu_forms=stock_gpu_forms)
     graph = model.graph
     inputs, unusable = [], None
     for value in graph.inputs:

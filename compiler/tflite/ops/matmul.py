@@ -18,6 +18,9 @@ def last_axis_last(perm) -> tuple[int, ...]:
 def fully_connected(ctx, x, weights_nk: np.ndarray, bias: np.ndarray | None, out_value, name: str):
     perm = last_axis_last(ctx.perm(x))
     xi = ctx.input(x, perm)
+    if ctx.stock_gpu_forms and ctx.weight_width(np.asarray(weights_nk, np.float32), name)[0] != "float":
+        linear_as_1x1_convolution(ctx, xi, weights_nk, bias, ctx.output(out_value, perm), name)
+        return
     inputs = [xi, ctx.weight(weights_nk, name)]
     if bias is not None:
         inputs.append(ctx.constant(np.asarray(bias, np.float32).reshape(-1), name + "/bias"))
@@ -25,6 +28,23 @@ def fully_connected(ctx, x, weights_nk: np.ndarray, bias: np.ndarray | None, out
         inputs.append(-1)
     out = ctx.output(out_value, perm)
     ctx.builder.op("FULLY_CONNECTED", inputs, [out], keepNumDims=True)
+
+
+def linear_as_1x1_convolution(ctx, xi: int, weights_nk: np.ndarray, bias: np.ndarray | None, out: int, name: str):
+    """out = xi W^T + bias as a 1x1 CONV_2D over xi's rows viewed [1, 1, M, K], the filter
+    [N, 1, 1, K]. `--no-fuse` files (the ones stock LiteRT runs) write quantized linear layers so:
+    stock LiteRT's GPU accelerator compiles an int8 / int4 weight only as a convolution's 4-D
+    filter, and fails on a quantized FULLY_CONNECTED (NOTES §31)."""
+    n, k = weights_nk.shape
+    rows = int(np.prod(ctx.builder.shape_of(xi)[:-1]))
+    image = ctx.temp("rows", (1, 1, rows, k))
+    ctx.reshape_op(xi, image, (1, 1, rows, k))
+    filt = ctx.weight(weights_nk, name, shape=(n, 1, 1, k))
+    b = np.zeros(n, np.float32) if bias is None else np.asarray(bias, np.float32).reshape(-1)
+    conv = ctx.temp("conv", (1, 1, rows, n))
+    ctx.builder.op("CONV_2D", [image, filt, ctx.constant(b, name + "/bias")], [conv], padding=1, strideH=1,
+                   strideW=1, dilationHFactor=1, dilationWFactor=1)
+    ctx.reshape_op(conv, out, ctx.builder.shape_of(out))
 
 
 def matmul_operand(ctx, value, rank: int) -> tuple[int, bool]:

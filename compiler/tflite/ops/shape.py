@@ -194,7 +194,7 @@ def lower_gather(ctx, node):
     table = ctx.const(data)
     if not (index_const is None and axis == 0 and table is not None and table.ndim == 2
             and np.issubdtype(table.dtype, np.floating) and ctx.lookup(table, data.name, idx, gathered)):
-        # (ctx.lookup wrote the rows of an embedding table stored quantized)
+        # (ctx.lookup wrote the rows of a table stored quantized or as float16)
         ctx.builder.op("GATHER", [ctx.input(data, layout.identity(len(shape))), idx], [gathered], axis=axis)
     if gathered != out:
         ctx.reshape_op(gathered, out, ctx.builder.shape_of(out))

@@ -245,6 +245,17 @@ std::string DetailLabel(const ClaimedNode& n) {
   return label;
 }
 
+namespace {
+
+// What an op sees of a runtime tensor's type: float16 and float32 tensors are both floats, held
+// in the storage type (the partition converts at its boundary, Slot::model); a CAST between them
+// is a copy.
+DType RuntimeDType(tfl::Type t) {
+  return t == tfl::kFloat16 ? DType::kFloat32 : ToDType(t);
+}
+
+}  // namespace
+
 std::shared_ptr<HostConst> BackendImpl::ConstantOf(Context* ctx, int idx, std::string* why) {
   std::lock_guard<std::mutex> lock(host_consts_mutex);
   auto it = host_consts.find(idx);
@@ -313,11 +324,11 @@ std::string BackendImpl::ClaimInputs(Context* ctx, ClaimedNode* cn) {
       }
       cn->consts[idx] = h;
     } else {
-      info.dtype = ToDType(t->type);
+      info.dtype = RuntimeDType(t->type);
       info.shape = t->dims ? ToVector(t->dims) : Shape{};
       if (info.dtype != DType::kFloat32 && info.dtype != DType::kInt32) {
         return "input " + std::to_string(i) + " is " + TfLiteTypeName(t->type) +
-               " (the OpenCL backend exchanges float32 and int32 tensors)";
+               " (the OpenCL backend exchanges float32, float16 and int32 tensors)";
       }
     }
     const std::string count = CheckElementCount(info, "input " + std::to_string(i));
@@ -335,7 +346,7 @@ std::string BackendImpl::ClaimOutputs(Context* ctx, ClaimedNode* cn) {
     }
     const Tensor* t = TensorAt(ctx, idx);
     TensorInfo info;
-    info.dtype = ToDType(t->type);
+    info.dtype = RuntimeDType(t->type);
     info.shape = t->dims ? ToVector(t->dims) : Shape{};
     if (HasDynamicDims(t)) return "output " + std::to_string(o) + " has a dynamic shape";
     if (info.dtype != DType::kFloat32 && info.dtype != DType::kInt32) {

@@ -71,7 +71,7 @@ std::string Partition::Convert(const char* kernel_name, cl_mem src, cl_mem dst, 
 }
 
 std::string Partition::PlanAndUpload(tfl::Context* ctx) {
-  std::string e = ClassifyTensors();
+  std::string e = ClassifyTensors(ctx);
   if (!e.empty()) return e;
   JoinAliases();
   e = AllocateIntermediates();
@@ -149,7 +149,7 @@ std::string Partition::WriteInputs(tfl::Context* ctx) {
     cl_int err = cl.EnqueueWriteBuffer(q, s.staging != nullptr ? s.staging : s.mem, CL_FALSE, 0,
                                        host_bytes, t->data.data, 0, nullptr, nullptr);
     if (err == CL_SUCCESS && s.staging != nullptr) {
-      e = Convert("f32_to_storage", s.staging, s.mem, NumElements(s.shape));
+      e = Convert(ToStorageKernel(s), s.staging, s.mem, NumElements(s.shape));
     }
     if (err != CL_SUCCESS || !e.empty()) {
       return "writing input tensor " + std::to_string(kv.first) + ": " +
@@ -184,11 +184,12 @@ std::string Partition::ReadOutputs(tfl::Context* ctx) {
              std::to_string(t->bytes) + " bytes, need " + std::to_string(host_bytes) + ")";
     }
     if (s.kind == Slot::kConst) {
+      if (s.model != DType::kFloat32) return "output tensor " + std::to_string(idx) + " is a folded constant of another type";
       WidenTo(*s.host, 0, n, static_cast<float*>(t->data.data));
       continue;
     }
     std::string e;
-    if (s.staging != nullptr) e = Convert("storage_to_f32", s.mem, s.staging, n);
+    if (s.staging != nullptr) e = Convert(FromStorageKernel(s), s.mem, s.staging, n);
     const cl_int err =
         e.empty() ? cl.EnqueueReadBuffer(q, s.staging != nullptr ? s.staging : s.mem, CL_FALSE,
                                          0, host_bytes, t->data.data, 0, nullptr, nullptr)

@@ -40,7 +40,7 @@ struct Slot {
   cl_mem mem = nullptr;
   bool owns_mem = false;
   bool zero_copy = false;           // mem is a buffer over the model file's pages
-  cl_mem staging = nullptr;         // float32 twin for half storage
+  cl_mem staging = nullptr;         // twin in the model's type where storage differs
   // Constants read quantized (every reader ReadsQuantized it): storage kInt8 / kInt4, the
   // model's integers, and their float32 scales in `scales`.
   int readers = 0;
@@ -48,6 +48,12 @@ struct Slot {
   cl_mem scales = nullptr;
   size_t scale_bytes = 0;
 };
+
+// Boundary conversions: a float slot whose interpreter type (model) is not its storage type goes
+// through its staging twin and these convert.cl kernels.
+bool NeedsStaging(const Slot& s);
+const char* ToStorageKernel(const Slot& s);
+const char* FromStorageKernel(const Slot& s);
 
 // What the weight upload did (stats and the verbose log).
 struct UploadReport {
@@ -82,7 +88,7 @@ class Partition {
 
  private:
   // partition_plan.cc
-  std::string ClassifyTensors();
+  std::string ClassifyTensors(tfl::Context* ctx);
   std::string AddConstReader(const ClaimedNode& n, size_t i, Slot* s);
   void JoinAliases();
   std::string AllocateIntermediates();

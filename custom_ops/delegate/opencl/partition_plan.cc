@@ -1,6 +1,7 @@
 // The memory plan of a partition (see partition.h).
 #include <algorithm>
 #include <climits>
+#include <set>
 
 #include "opencl/cl_loader.h"
 #include "opencl/memory_plan.h"
@@ -21,11 +22,17 @@ Slot MakeSlot(int idx, Slot::Kind kind, DType model, DType storage, const Shape&
   return s;
 }
 
+// The interpreter's type of a runtime tensor the ops see as `seen`: a float16 tensor is a float
+// to the ops (claim.cc's RuntimeDType) and converted where it crosses the partition's boundary.
+DType ModelType(tfl::Context* ctx, int idx, DType seen) {
+  return seen == DType::kFloat32 && TensorAt(ctx, idx)->type == tfl::kFloat16 ? DType::kFloat16 : seen;
+}
+
 }  // namespace
 
 // Constants, partition inputs and produced tensors, with lifetimes in steps
 // (positions in exec_).
-std::string Partition::ClassifyTensors() {
+std::string Partition::ClassifyTensors(tfl::Context* ctx) {
   const DType storage = be_->storage;
   for (const auto& n : nodes_) {
     if (!n->folded) continue;
@@ -49,7 +56,7 @@ std::string Partition::ClassifyTensors() {
           it = slots_.emplace(idx, s).first;
         } else {
           const TensorInfo& info = n.in_info[i];
-          Slot s = MakeSlot(idx, Slot::kInput, info.dtype, storage, info.shape);
+          Slot s = MakeSlot(idx, Slot::kInput, ModelType(ctx, idx, info.dtype), storage, info.shape);
           s.first = 0;
           it = slots_.emplace(idx, s).first;
         }
@@ -68,7 +75,8 @@ std::string Partition::ClassifyTensors() {
       if (slots_.count(idx)) {
         return "tensor " + std::to_string(idx) + " is written by two nodes";
       }
-      Slot s = MakeSlot(idx, Slot::kInternal, n.out_info[o].dtype, storage, n.out_info[o].shape);
+      Slot s = MakeSlot(idx, Slot::kInternal, ModelType(ctx, idx, n.out_info[o].dtype), storage,
+                        n.out_info[o].shape);
       s.first = step;
       s.last = step;
       s.used = true;
@@ -182,30 +190,44 @@ std::string Partition::AllocateIntermediates() {
   return "";
 }
 
-// Float32 twins for float tensors crossing the boundary in half storage.
+// Twins in the interpreter's type for float tensors crossing the boundary in another storage type
+// (float32 tensors in half storage, float16 ones in float storage).
 std::string Partition::AllocateStaging() {
   staging_bytes = 0;
-  if (be_->storage != DType::kFloat16) return "";
   const ClApi& cl = be_->rt->cl();
+  std::set<std::string> kernels;
   for (auto& kv : slots_) {
     Slot& s = kv.second;
     const bool boundary = s.kind == Slot::kInput || (s.kind == Slot::kInternal && s.is_output);
-    if (!boundary || s.model != DType::kFloat32) continue;
-    const size_t bytes = std::max<size_t>(static_cast<size_t>(NumElements(s.shape)) * 4, 4);
+    if (!boundary || !NeedsStaging(s)) continue;
+    const size_t bytes = std::max<size_t>(static_cast<size_t>(NumElements(s.shape)) * DTypeSize(s.model), 4);
     cl_int err = CL_SUCCESS;
     s.staging = cl.CreateBuffer(be_->rt->context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
     if (s.staging == nullptr || err != CL_SUCCESS) {
       return "cannot allocate a staging buffer: " + ClErrorName(err);
     }
     staging_bytes += bytes;
+    kernels.insert(ToStorageKernel(s));
+    kernels.insert(FromStorageKernel(s));
   }
-  if (staging_bytes == 0) return "";
   // Built now, not at the first Invoke: every program a partition runs is ready after Prepare.
   std::string e;
-  for (const char* kernel : {"f32_to_storage", "storage_to_f32"}) {
+  for (const std::string& kernel : kernels) {
     if (be_->gctx->Kernel("convert", kernel, "", &e) == nullptr) return e;
   }
   return "";
+}
+
+bool NeedsStaging(const Slot& s) {
+  return (s.model == DType::kFloat32 || s.model == DType::kFloat16) && s.model != s.storage;
+}
+
+const char* ToStorageKernel(const Slot& s) {
+  return s.model == DType::kFloat16 ? "f16_to_storage" : "f32_to_storage";
+}
+
+const char* FromStorageKernel(const Slot& s) {
+  return s.model == DType::kFloat16 ? "storage_to_f16" : "storage_to_f32";
 }
 
 // The tensors each op sees at Run.
