@@ -7,7 +7,8 @@ error against PyTorch and the bar `verify` applied. One conversion exports each 
 others reuse the export (`--export-cache`, a temporary folder unless DIFFLITE_EXPORT_CACHE is set).
 
     python benchmarks/litert_gpu_verify.py [--model preset:tiny --height 64 --width 96]
-        [--settings fp32,fp16,int8,int4] [--components text_encoder,unet,...] [--save FILE.json]
+        [--settings fp32,fp16,int8,int4] [--components text_encoder,unet,...]
+        [--recipe int8=FILE --recipe int4=FILE] [--save FILE.json]
 
 A setting is fp32 or fp16 (float weights at that precision), or int8 / int4 (fp16 storage).
 """
@@ -31,9 +32,12 @@ def difflite(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, env=env)
 
 
-def convert(model: str, setting: str, out: Path, size: list[str], components: str | None, env: dict) -> dict:
+def convert(model: str, setting: str, out: Path, size: list[str], components: str | None, env: dict,
+            recipe: str | None = None) -> dict:
     precision, weights = SETTINGS[setting]
     args = ["convert", model, "-o", str(out), "--no-fuse", "--precision", precision, "--weights", weights, *size]
+    if recipe:
+        args += ["--weights-recipe", recipe]
     if components:
         args += ["--components", components]
     start = time.perf_counter()
@@ -77,8 +81,11 @@ def main() -> None:
     parser.add_argument("--settings", default="fp32,fp16,int8,int4")
     parser.add_argument("--components", default=None)
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--recipe", action="append", default=[], metavar="SETTING=FILE",
+                        help="the weight recipe a setting converts with (e.g. SD 1.5's in benchmarks/results/recipes)")
     parser.add_argument("--save", type=Path, default=None)
     args = parser.parse_args()
+    recipes = dict(item.split("=", 1) for item in args.recipe)
     size = [*(["--height", str(args.height)] if args.height else []), *(["--width", str(args.width)] if args.width else [])]
     env = {**os.environ}
     work = Path(tempfile.mkdtemp(prefix="litert-gpu-verify-"))
@@ -86,7 +93,7 @@ def main() -> None:
     results = {"model": args.model, "size": size, "settings": {}}
     for setting in args.settings.split(","):
         out = work / setting
-        entry = convert(args.model, setting, out, size, args.components, env)
+        entry = convert(args.model, setting, out, size, args.components, env, recipes.get(setting))
         if "error" not in entry:
             verified = verify(out, args.seeds, env)
             entry.update({"error": verified["error"]} if "error" in verified else
