@@ -286,7 +286,8 @@ def parse_seeds(seeds: str) -> tuple[int, ...]:
 @click.option("--backend", type=click.Choice(["cpu", "opencl", "litert-gpu"]), default="cpu", show_default=True,
               help="cpu / opencl: LiteRT's interpreter with the op library's CPU or OpenCL backend; litert-gpu: "
                    "stock LiteRT's GPU accelerator (--no-fuse files; each component in a child process; says "
-                   "whether it ran fully accelerated; exit 2 where there is none).")
+                   "whether it ran fully accelerated; exit 2 where there is none). fp16 files run with its half "
+                   "arithmetic, fp32 and int8 / int4 files with float arithmetic (their bars measure the weights).")
 @click.option("--seeds", default="0,1", show_default=True, help="Comma-separated input seeds.")
 @click.option("--components", default=None, help="Comma-separated subset of the components.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -114,7 +114,8 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
         specs = [export.component_spec(pipe, name, options["height"], options["width"],
                                        options["batch"] if name == "unet" else 1, seed=seed) for seed in seeds]
         feeds = [{n: t.numpy() for n, t in zip(spec.input_names, spec.example_inputs)} for spec in specs]
-        actuals, memory[name] = run_component(out / entry["file"], entry, backend, options["precision"], feeds)
+        actuals, memory[name] = run_component(out / entry["file"], entry, backend, options["precision"], feeds,
+                                              options.get("weights", "float"))
         for seed, spec, actual in zip(seeds, specs, actuals):
             with torch.no_grad():
                 reference = spec.module(*spec.example_inputs)
@@ -130,14 +131,15 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
 
 
 def run_component(path: Path, entry: dict, backend: str, precision: str,
-                  feeds: list[dict]) -> tuple[list[dict], dict]:
+                  feeds: list[dict], weights: str = "float") -> tuple[list[dict], dict]:
     """The component's outputs for each feed set, and what its runtime reports: the OpenCL
     delegate's memory, or whether LiteRT's GPU accelerator ran it fully accelerated."""
     if backend == "litert-gpu":
         from compiler import litert_gpu
         from compiler.runtime import from_file_layout, to_file_layout
 
-        run = litert_gpu.run(path, [to_file_layout(entry, f) for f in feeds], litert_gpu.accelerator_for(precision))
+        run = litert_gpu.run(path, [to_file_layout(entry, f) for f in feeds],
+                             litert_gpu.accelerator_for(precision, weights))
         return [from_file_layout(entry, o) for o in run.outputs], {
             "litert_gpu": {"fully_accelerated": run.fully_accelerated, "accelerator": run.accelerator}}
     from compiler.runtime import Component
