@@ -5,6 +5,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 
 def _share_exports_between_conversions() -> None:
     """Every `difflite convert` the tests start (subprocesses inherit the environment) shares one
@@ -45,15 +47,29 @@ def _warm_up_opencl_compiler() -> None:
 _warm_up_opencl_compiler()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): a worker per core, at most 4 (each holds torch and
+    TensorFlow, and many tests start conversions of their own), at least 2: most of the suite
+    waits on single-threaded `difflite` subprocesses (imports, export), so two share a core well."""
+    return min(max(os.cpu_count() or 1, 2), 4)
+
+
 # Test modules whose tests run OpenCL (PoCL) in this process.
 OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_opencl_models.py",
                   "test_quantized_weights_delegate.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Run the in-process OpenCL tests before anything that imports tensorflow: the warm-up above
     keeps our delegate working after tensorflow loads, but PoCL still crashed compiling some of
-    pyopencl's programs afterwards. Tests that use tensorflow themselves go after them."""
+    pyopencl's programs afterwards. Tests that use tensorflow themselves go after them.
+    Under xdist (pyproject's addopts) every module is a group a worker runs whole, so its
+    fixtures are made once; the OpenCL modules are one group, queued first (no reordering),
+    which a worker runs before anything else, its tensorflow tests last."""
     def runs_first(item) -> bool:
         return item.path.name in OPENCL_MODULES and "tensorflow" not in item.name
     items.sort(key=lambda item: not runs_first(item))  # stable: keeps the order within each group
+    for item in items:
+        group = "opencl" if item.path.name in OPENCL_MODULES else item.path.stem
+        item.add_marker(pytest.mark.xdist_group(group))
