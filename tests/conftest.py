@@ -59,6 +59,13 @@ OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_ope
                   "test_quantized_weights_delegate.py"}
 
 
+# The modules that take longest (minutes each: sanitized and cross builds, many conversions), queued
+# right after the OpenCL group so that no worker is left with one of them at the end.
+LONGEST_FIRST = ("test_bad_inputs.py", "test_sanitizers.py", "test_convert_cli.py", "test_lora.py",
+                 "test_cross_compile.py", "test_single_file.py", "test_quantize.py", "test_bench.py",
+                 "test_fewstep.py", "test_weight_recipe.py", "test_export.py", "test_passes.py")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Run the in-process OpenCL tests before anything that imports tensorflow: the warm-up above
@@ -67,9 +74,12 @@ def pytest_collection_modifyitems(config, items):
     Under xdist (pyproject's addopts) every module is a group a worker runs whole, so its
     fixtures are made once; the OpenCL modules are one group, queued first (no reordering),
     which a worker runs before anything else, its tensorflow tests last."""
-    def runs_first(item) -> bool:
-        return item.path.name in OPENCL_MODULES and "tensorflow" not in item.name
-    items.sort(key=lambda item: not runs_first(item))  # stable: keeps the order within each group
+    def place(item) -> tuple[int, int]:
+        name = item.path.name
+        if name in OPENCL_MODULES:
+            return (3, 0) if "tensorflow" in item.name else (0, 0)
+        return (1, LONGEST_FIRST.index(name)) if name in LONGEST_FIRST else (2, 0)
+    items.sort(key=place)  # stable: keeps the order within each group
     for item in items:
         group = "opencl" if item.path.name in OPENCL_MODULES else item.path.stem
         item.add_marker(pytest.mark.xdist_group(group))
