@@ -8,14 +8,20 @@
 //  2. DelegatePrepare walks the execution plan and claims every CUSTOM node
 //     whose custom_code names a difflite op, whose attributes parse and whose
 //     tensors pass the op's shape/type check. A refused node gets a one-line
-//     reason (stderr and context->ReportError) and stays with TFLite.
+//     reason (stderr and context->ReportError) and stays with TFLite. It also
+//     claims the FULLY_CONNECTED and CONV_2D nodes whose weight is a quantized
+//     constant, with that weight's folded chain (cpu_claim.h: the integers are
+//     read as stored, no float copy of the weight exists).
 //     Claimed nodes go to ReplaceNodeSubsetsWithDelegateKernels, which groups
 //     connected claimed nodes into partitions (one macro-node each).
 //  3. Each partition is a Partition (KernelInit): its nodes in plan order.
 //     KernelPrepare infers every shape in order, resizes the partition's
 //     output tensors, and sizes the buffers of the tensors that flow between
 //     two nodes of the partition: the interpreter does not allocate those, so
-//     the delegate owns them. KernelInvoke runs the nodes in order.
+//     the delegate owns them. The output of a folded node has no storage at all:
+//     inside a partition nothing is sized for it, and as a partition output it
+//     is given 0 bytes and no data (cpu_claim.cc says why that is safe).
+//     KernelInvoke runs the nodes in order (folded ones run nothing).
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
@@ -31,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_claim.h"
 #include "delegate_util.h"
 #include "difflite/attrs.h"
 #include "difflite/op_api.h"
@@ -144,6 +151,13 @@ struct PartitionNode {
   std::unique_ptr<OpInstance> op;
   std::vector<int> inputs;
   std::vector<int> outputs;
+  // A folded node of a quantized weight's chain: runs nothing, its outputs have no storage.
+  bool folded = false;
+  // A builtin reading a quantized weight: the input (>= 0) it reads from the model's integers,
+  // never from its tensor, and what Infer sees of it; builtins may omit optional inputs (-1).
+  int fixed_input = -1;
+  TensorInfo fixed_info;
+  bool builtin = false;
   // What Infer checked at the last Prepare: Invoke runs the op on exactly these shapes.
   std::vector<TensorInfo> in_info;
   std::vector<TensorInfo> out_info;
@@ -161,8 +175,18 @@ struct Partition {
   std::set<int> outputs;                 // interpreter-visible outputs
   std::map<int, TensorInfo> produced;    // inferred infos, set in Prepare
   std::map<int, OwnedTensor> owned;      // delegate-owned intermediates
+  std::set<int> unallocated;             // outputs of folded nodes: no storage anywhere
   std::string init_error;
 };
+
+// A partition output no node outside reads as data (a folded weight: only claimed readers,
+// which read the model's integers): no storage. The arena plans 0 bytes for it and Invoke
+// accepts an input without data where it has 0 bytes. The tensor stays an arena tensor of
+// static shape, so delegates that take static graphs only (XNNPACK) still apply after this one.
+void LeaveUnallocated(Tensor* t) {
+  t->bytes = 0;
+  t->data.data = nullptr;
+}
 
 void* KernelInitImpl(Context* ctx, const char* buffer) {
   const auto* params = reinterpret_cast<const tfl::DelegateParams*>(buffer);
@@ -178,26 +202,53 @@ void* KernelInitImpl(Context* ctx, const char* buffer) {
     Registration* reg = nullptr;
     if (ctx->GetNodeAndRegistration(ctx, node_index, &node, &reg) !=
             tfl::kOk ||
-        node == nullptr || reg == nullptr || reg->custom_name == nullptr) {
+        node == nullptr || reg == nullptr) {
       p->init_error = "cannot read node " + std::to_string(node_index);
       return p;
     }
     PartitionNode pn;
     pn.node_index = node_index;
-    pn.name = reg->custom_name;
-    std::string why;
-    pn.op = ParseNode(node, reg->custom_name, &why);
-    if (pn.op == nullptr) {
-      p->init_error = "node " + std::to_string(node_index) + " (" + pn.name +
-                      "): " + why;
-      return p;
-    }
     pn.inputs = ToVector(node->inputs);
     pn.outputs = ToVector(node->outputs);
+    auto builtin = p->state->cpu_builtins.find(node_index);
+    if (builtin != p->state->cpu_builtins.end()) {  // claimed by cpu_claim.cc just before
+      CpuBuiltinNode& cn = *builtin->second;
+      pn.name = cn.name;
+      pn.builtin = true;
+      pn.folded = cn.folded;
+      pn.op = std::move(cn.op);
+      if (!pn.folded) {
+        pn.fixed_input = cn.weight_input;
+        pn.fixed_info = cn.weight_info;
+      }
+      p->state->cpu_builtins.erase(builtin);
+      if (!pn.folded && (pn.op == nullptr || pn.fixed_input < 0 ||
+                         static_cast<size_t>(pn.fixed_input) >= pn.inputs.size())) {
+        p->init_error = "node " + std::to_string(node_index) + " (" + pn.name + ") has no op";
+        return p;
+      }
+    } else {
+      if (reg->custom_name == nullptr) {
+        p->init_error = "node " + std::to_string(node_index) + " was not claimed";
+        return p;
+      }
+      pn.name = reg->custom_name;
+      std::string why;
+      pn.op = ParseNode(node, reg->custom_name, &why);
+      if (pn.op == nullptr) {
+        p->init_error = "node " + std::to_string(node_index) + " (" + pn.name +
+                        "): " + why;
+        return p;
+      }
+    }
     // Outputs nobody outside the partition sees: the delegate owns them
-    // (shapes and buffers are set in KernelPrepare).
+    // (shapes and buffers are set in KernelPrepare); a folded node's have no storage.
     for (int idx : pn.outputs) {
-      if (p->outputs.count(idx) == 0) p->owned[idx];
+      if (pn.folded) {
+        p->unallocated.insert(idx);
+      } else if (p->outputs.count(idx) == 0) {
+        p->owned[idx];
+      }
     }
     p->nodes.push_back(std::move(pn));
   }
@@ -208,7 +259,8 @@ void* KernelInitImpl(Context* ctx, const char* buffer) {
     Log("partition nodes=" + ListString(node_ids) +
         " inputs=" + ListString(ToVector(params->input_tensors)) +
         " outputs=" + ListString(ToVector(params->output_tensors)) +
-        " delegate_owned=" + ListString(owned_ids));
+        " delegate_owned=" + ListString(owned_ids) + " unallocated=" +
+        ListString(std::vector<int>(p->unallocated.begin(), p->unallocated.end())));
   }
   return p;
 }
@@ -229,12 +281,35 @@ tfl::Status KernelPrepareImpl(Context* ctx, Node* node) {
   }
   p->produced.clear();
   for (PartitionNode& pn : p->nodes) {
+    if (pn.folded) {
+      for (int idx : pn.outputs) {
+        if (idx < 0 || static_cast<size_t>(idx) >= ctx->tensors_size) {
+          LogError(ctx, "node " + std::to_string(pn.node_index) + ": output tensor index " +
+                            std::to_string(idx) + " is out of range");
+          return tfl::kError;
+        }
+        if (p->outputs.count(idx)) LeaveUnallocated(TensorAt(ctx, idx));
+      }
+      continue;
+    }
     std::vector<TensorInfo> ins, outs;
     std::string e;
     for (size_t i = 0; e.empty() && i < pn.inputs.size(); ++i) {
       const int idx = pn.inputs[i];
+      if (static_cast<int>(i) == pn.fixed_input) {
+        ins.push_back(pn.fixed_info);
+        continue;
+      }
+      if (idx == -1 && pn.builtin) {  // an omitted optional input; the op checks where
+        ins.push_back(TensorInfo());
+        continue;
+      }
       if (idx < 0 || static_cast<size_t>(idx) >= ctx->tensors_size) {
         e = "input tensor index " + std::to_string(idx) + " is out of range";
+        break;
+      }
+      if (p->unallocated.count(idx)) {
+        e = "input tensor " + std::to_string(idx) + " has no storage (a folded weight)";
         break;
       }
       auto it = p->produced.find(idx);
@@ -290,6 +365,7 @@ tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
   ExecOptions exec;
   exec.num_threads = ThreadCount(p->state->options, ctx);
   for (PartitionNode& pn : p->nodes) {
+    if (pn.folded) continue;
     std::vector<InTensor> ins;
     std::vector<OutTensor> outs;
     if (pn.in_info.size() != pn.inputs.size() || pn.out_info.size() != pn.outputs.size()) {
@@ -301,6 +377,10 @@ tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
     for (size_t i = 0; i < pn.inputs.size(); ++i) {
       const int idx = pn.inputs[i];
       const TensorInfo& info = pn.in_info[i];
+      if (static_cast<int>(i) == pn.fixed_input || (idx == -1 && pn.builtin)) {
+        ins.push_back({info.dtype, info.shape, nullptr});  // read by the op from the model
+        continue;
+      }
       const size_t need = static_cast<size_t>(NumElements(info.shape)) * DTypeSize(info.dtype);
       const void* data = nullptr;
       size_t have = 0;
@@ -449,9 +529,18 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
           ") attrs={" + op->Describe() + "}");
     }
   }
+  st->cpu_builtins = ClaimQuantizedBuiltins(ctx, plan_nodes, order, st->options.verbose);
+  if (!st->cpu_builtins.empty()) {
+    std::set<int> custom(claimed.begin(), claimed.end());
+    claimed.clear();
+    for (int node_index : plan_nodes) {
+      if (custom.count(node_index) || st->cpu_builtins.count(node_index)) claimed.push_back(node_index);
+    }
+  }
   if (st->options.verbose) {
     Log("claimed " + std::to_string(claimed.size()) + " of " +
-        std::to_string(plan_nodes.size()) + " nodes");
+        std::to_string(plan_nodes.size()) + " nodes (" + std::to_string(st->cpu_builtins.size()) +
+        " builtins of quantized weights)");
   }
   if (claimed.empty()) return tfl::kOk;
   IntArray* list = NewIntArray(claimed);
@@ -459,6 +548,7 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
   const tfl::Status s = ctx->ReplaceNodeSubsetsWithDelegateKernels(
       ctx, KernelRegistration(), list, delegate);
   std::free(list);
+  st->cpu_builtins.clear();  // every one was taken by its partition's KernelInit
   return s;
 }
 

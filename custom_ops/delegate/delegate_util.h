@@ -4,6 +4,7 @@
 #ifndef DIFFLITE_DELEGATE_UTIL_H_
 #define DIFFLITE_DELEGATE_UTIL_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@ namespace difflite {
 namespace gpu {
 class Backend;
 }
+struct CpuBuiltinNode;
 
 // The delegate's options (load_delegate's dict).
 struct Options {
@@ -43,6 +45,10 @@ struct DelegateState {
   tfl::Delegate delegate;
   Options options;
   std::unique_ptr<gpu::Backend> opencl;  // set for backend=opencl
+  // backend=cpu: the builtin nodes Delegate::Prepare claimed (cpu_claim.h), by node index, until
+  // the partition kernels that run them take them (KernelInit, inside
+  // ReplaceNodeSubsetsWithDelegateKernels).
+  std::map<int, std::unique_ptr<CpuBuiltinNode>> cpu_builtins;
   DelegateState();
   ~DelegateState();  // in delegate.cc, where gpu::Backend is complete
 };

@@ -1,0 +1,35 @@
+// TFLite builtins the CPU backend runs itself: FULLY_CONNECTED and CONV_2D whose weight is a
+// quantized constant (qgemm.h), read as the model stores it. The delegate's claim
+// (delegate/cpu_claim.cc) finds the weight, folds its chain (DEQUANTIZE, int4's block-scale MUL,
+// RESHAPE) into a QuantWeight and creates the op here from the node's builtin parameters.
+//
+// The ops are OpInstances like the difflite custom ops: Infer sees the inputs (x, the weight as
+// the float32 tensor of its model shape, the bias or an omitted one: dtype kOther), Run gets the
+// same; the weight's InTensor has no data (the op reads its QuantWeight).
+#ifndef DIFFLITE_CPU_BUILTINS_CPU_BUILTINS_H_
+#define DIFFLITE_CPU_BUILTINS_CPU_BUILTINS_H_
+
+#include <memory>
+#include <string>
+
+#include "difflite/op_api.h"
+#include "qgemm.h"
+
+namespace difflite {
+namespace cpu {
+
+// `params`: the node's builtin_data (tfl::FullyConnectedParams / tfl::ConvParams; null is
+// refused). nullptr and *why where the parameters are ones the op does not run exactly.
+std::unique_ptr<OpInstance> CreateQuantizedFullyConnected(const void* params, const QuantWeight& w,
+                                                           std::string* why);
+// `filter`: the weight's model shape, OHWI; w is that filter as [O, H*W*I].
+std::unique_ptr<OpInstance> CreateQuantizedConv2d(const void* params, const QuantWeight& w,
+                                                  const Shape& filter, std::string* why);
+
+// The activations both fuse, as a clamp; false for any other.
+bool ActivationClamp(int activation, Clamp* clamp, std::string* why);
+
+}  // namespace cpu
+}  // namespace difflite
+
+#endif  // DIFFLITE_CPU_BUILTINS_CPU_BUILTINS_H_

@@ -1,0 +1,44 @@
+// The builtins the CPU backend claims besides the difflite custom ops (cpu_claim.cc): every
+// FULLY_CONNECTED and CONV_2D whose weight is a quantized constant, and that weight's chain.
+#ifndef DIFFLITE_DELEGATE_CPU_CLAIM_H_
+#define DIFFLITE_DELEGATE_CPU_CLAIM_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "delegate_util.h"
+#include "difflite/op_api.h"
+#include "difflite/tflite_abi.h"
+
+namespace difflite {
+
+// One claimed builtin node. Either a FULLY_CONNECTED / CONV_2D (`op`: reads its weight, input
+// `weight_input`, from the model's integers; Infer sees it as `weight_info`), or a node of a
+// quantized weight's chain (DEQUANTIZE of the int8 / int4 constant or of float16 block scales,
+// int4's block-scale MUL, RESHAPE), `folded`: it runs nothing and its output is never
+// allocated, by TFLite or by the delegate (a partition output of that kind is given 0 bytes and
+// no data at Prepare; only the claimed FULLY_CONNECTED / CONV_2D nodes read it, and they read
+// the constant it stands for).
+struct CpuBuiltinNode {
+  std::string name;  // "FULLY_CONNECTED", "DEQUANTIZE", ...
+  bool folded = false;
+  std::unique_ptr<OpInstance> op;
+  int weight_input = 1;
+  TensorInfo weight_info;
+};
+
+// The nodes of `plan` the CPU backend runs as builtins, by node index. A chain is folded only
+// where every reader of each of its outputs is a claimed node (a folded one, or a claimed
+// FULLY_CONNECTED / CONV_2D reading it as its weight) and no output is a graph output; anything
+// else is left to TFLite. A FULLY_CONNECTED / CONV_2D with a quantized weight that cannot be run
+// exactly is refused with a one-line reason on stderr and stays with TFLite.
+std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(tfl::Context* ctx,
+                                                                      const std::vector<int>& plan,
+                                                                      const PlanOrder& order,
+                                                                      bool verbose);
+
+}  // namespace difflite
+
+#endif  // DIFFLITE_DELEGATE_CPU_CLAIM_H_
