@@ -221,8 +221,9 @@ def load_runner(path: Path, entry: dict, options: BenchOptions, stats_path: Path
 
     if not path.is_file():
         raise BadInput(f"{path}: no such model file (named by the manifest)")
-    custom = entry.get("custom_ops", [])
-    delegates = [host_delegate(options, stats_path)] if (custom or options.backend != "cpu") else []
+    from compiler.runtime import uses_oplib
+
+    delegates = [host_delegate(options, stats_path)] if uses_oplib(path, entry, options.backend) else []
     try:
         interpreter = Interpreter(model_path=str(path), experimental_delegates=delegates,
                                   num_threads=options.threads or os.cpu_count())
@@ -374,7 +375,10 @@ def bench_host(out: Path, manifest: dict, names: list[str], options: BenchOption
     import numpy as np
 
     vocab = vocab_size(out)
-    if options.backend != "cpu" or any(manifest["components"][n].get("custom_ops") for n in names):
+    from compiler.runtime import uses_oplib
+
+    if any(uses_oplib(out / manifest["components"][n]["file"], manifest["components"][n], options.backend)
+           for n in names):
         options = replace(options, oplib=str(host_library(options)))  # any build happens before timing
     runners, results = {}, {}
     with tempfile.TemporaryDirectory(prefix="difflite-bench-") as private:

@@ -95,6 +95,15 @@ def check_host_library(path: Path, named_by: str) -> Path:
     return path
 
 
+def uses_oplib(path: Path, entry: dict, backend: str) -> bool:
+    """Whether a component runs with the op library: always on OpenCL; on the CPU backend where
+    the model has difflite custom ops or quantized weights (the library's kernels read them as
+    stored; TFLite alone would hold float32 copies: 4x an int8 weight, 8x an int4 one)."""
+    from compiler.manifest import model_has_quantized_weights
+
+    return backend != "cpu" or bool(entry.get("custom_ops")) or model_has_quantized_weights(Path(path))
+
+
 def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None = None):
     from ai_edge_litert.interpreter import load_delegate
 
@@ -173,7 +182,8 @@ class Component:
 
         check_model_file(self.path)
         entry = entry or {}
-        custom = entry.get("custom_ops", [])
+        # The CPU backend needs the op library for difflite custom ops and for quantized weights.
+        custom = uses_oplib(self.path, entry, "cpu")
         # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file;
         # the first component of a process also removes those that killed processes left.
         global _swept
@@ -184,7 +194,7 @@ class Component:
         self._remove_stats = weakref.finalize(self, _remove_file, self.stats_path)
         self.backend, self.fallback, self.fallback_reason = backend, fallback, None
         self._on_fallback = on_fallback
-        self._settings = (bool(custom), precision, threads)
+        self._settings = (custom, precision, threads)
         try:
             self._load(backend, *self._settings)
         except BadInput as exc:
@@ -201,8 +211,9 @@ class Component:
             self._on_fallback(reason)
 
     def _load(self, backend: str, custom: bool, precision: str, threads: int | None) -> None:
-        """The delegate (where the model has custom ops or the backend is not the CPU's) and the
-        interpreter, planned and ready to run; BadInput where either cannot be made."""
+        """The delegate (where the model has custom ops or quantized weights, or the backend is
+        not the CPU's) and the interpreter, planned and ready to run; BadInput where either cannot
+        be made."""
         from ai_edge_litert.interpreter import Interpreter
 
         self.delegate = self.interpreter = self.runner = None

@@ -13,7 +13,7 @@ import numpy as np
 
 from compiler import manifest
 from compiler.errors import BadInput
-from compiler.runtime import find_oplib
+from compiler.runtime import find_oplib, uses_oplib
 
 FP32_RELATIVE_TOLERANCE = 1e-3
 FP16_MIN_PSNR_DB = 40.0
@@ -100,7 +100,7 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
 
         for name, entry in selected.items():
             litert_gpu.check_runnable(out / entry["file"], entry)
-    elif backend != "cpu" or any(e.get("custom_ops") for e in selected.values()):
+    elif any(uses_oplib(out / e["file"], e, backend) for e in selected.values()):
         find_oplib()
     import torch
 

@@ -5,6 +5,7 @@ numbers exactly, and a converted tiny pipeline verifies against PyTorch at the w
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +251,47 @@ def test_convert_int8_tiny_verifies_against_pytorch(tmp_path):
         assert all(c["tolerance"].startswith("SNR >= 35") for c in checks)
         quantized = [c for c in checks if c["component"] in ("unet", "vae_decoder")]
         assert all(35 <= c["snr_db"] < 80 for c in quantized), [c["snr_db"] for c in quantized]
+
+
+CLAIMS = """
+import sys
+from ai_edge_litert.interpreter import Interpreter, load_delegate
+delegate = load_delegate(sys.argv[2], {"backend": "cpu", "verbose": "1"})
+Interpreter(model_path=sys.argv[1], experimental_delegates=[delegate]).allocate_tensors()
+"""
+
+
+def test_convert_int4_tiny_verifies_on_the_cpu_backend(tmp_path):
+    """--weights int4 (the int4 mix: int4 layers in the compact form, the rest int8) verifies at the
+    int4 bar on the CPU backend, where the op library runs every FULLY_CONNECTED and CONV_2D of a
+    quantized weight from its integers: the UNet's verbose claims list one for each quantized
+    layer, and one folded block-scale MUL for each int4 one. (The tiny text encoder has no layer
+    to quantize; one probe for the recipe; the session's export cache holds the tiny preset's
+    export at this size once the int8 test ran.)"""
+    from oplib_helpers import build_oplib
+
+    out = tmp_path / "q4"
+    run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out),
+                          "--components", "unet,vae_decoder", "--weights", "int4", "--weights-probes", "1",
+                          "--height", "64", "--width", "64", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    widths = json.loads(run.stdout)["components"]["unet"]["weight_widths"]["by_width"]
+    int4, int8 = widths["int4"]["layers"], widths.get("int8", {}).get("layers", 0)
+    assert int4 > 10, widths
+    check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(out), "--backend", "cpu",
+                            "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
+    checks = json.loads(check.stdout)["checks"]
+    assert checks and all(c["tolerance"].startswith("SNR >= 28") for c in checks)
+    assert all(28 <= c["snr_db"] < 80 for c in checks if c["component"] in ("unet", "vae_decoder")), checks
+    claims = subprocess.run([sys.executable, "-c", CLAIMS, str(out / "unet.tflite"), str(build_oplib())],
+                            capture_output=True, text=True)
+    assert claims.returncode == 0, claims.stderr[-2000:]
+    ops = re.findall(r"claim node \d+ (\S+) .*?( folded)?$", claims.stderr, re.MULTILINE)
+    readers = sum(op in ("FULLY_CONNECTED", "CONV_2D") for op, _ in ops)
+    assert readers == int4 + int8, (readers, widths)
+    assert sum(op == "MUL" and bool(folded) for op, folded in ops) == int4, claims.stderr[-3000:]
+    assert "not delegating" not in claims.stderr
 
 
 def test_bad_weight_options_exit_2(tmp_path):

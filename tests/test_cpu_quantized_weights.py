@@ -1,0 +1,400 @@
+"""backend=cpu on files whose weights are int8 / int4 (issue 21 item 2): the CPU backend claims
+every FULLY_CONNECTED / CONV_2D whose weight is a quantized constant, with the weight's chain
+(DEQUANTIZE, int4's MUL by block scales, RESHAPE), reads the integers as the file stores them and
+never holds a float copy of a weight (custom_ops/delegate/cpu_claim.cc, custom_ops/cpu_builtins/).
+
+* Kernels: randomized shapes (seeded per case), int8 (per output channel, per tensor) and int4
+  (compact form with float16 or float32 block scales, blocks of 16 and 32; per axis), odd sizes,
+  with and without bias and fused activation, keep_num_dims; CONV_2D with strides, dilations and
+  both paddings. Each against the float64 reference of the dequantized weights and against stock
+  LiteRT (XNNPACK) on the same file; every node claimed (the delegate's verbose log); outputs
+  poisoned with NaN before each of two runs.
+* The claim: the weights cross partitions (a TFLite builtin between the claimed nodes puts every
+  DEQUANTIZE in the first partition) and come out right; a folded weight that is also a graph
+  output, or that a TFLite node reads, is TFLite's; parameters or forms the kernels do not run
+  stay with TFLite.
+* The second runtime (tensorflow's tf.lite).
+* Memory: tens of MB of quantized weights in a fresh process (MEMORY_BOUND says why).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS.parent))
+
+from opencl_helpers import run_reference  # noqa: E402
+from oplib_helpers import build_oplib, make_interpreter, run_tflite  # noqa: E402
+from quantized_helpers import SAME, VALID, QModel, dequantize, int4_blocks, nonzero, quantize, rng  # noqa: E402
+
+TOL = 1e-5
+NONE, RELU, RELU_N1_TO_1, RELU6 = 0, 1, 2, 3  # schema ActivationFunctionType
+CPU = {"backend": "cpu", "verbose": "1"}
+
+
+@pytest.fixture(scope="module")
+def lib() -> Path:
+    return build_oplib()
+
+
+def rel_err(got, want) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def activate(y, activation):
+    return {NONE: y, RELU: np.maximum(y, 0), RELU_N1_TO_1: np.clip(y, -1, 1), RELU6: np.clip(y, 0, 6)}[activation]
+
+
+def fc_ref(x, w, b, keep_num_dims=False):
+    y = x.reshape(-1, w.shape[1]).astype(np.float64) @ w.T + (0 if b is None else b)
+    return y.reshape(*x.shape[:-1], w.shape[0]) if keep_num_dims else y
+
+
+def conv_ref(x, w, b, stride, dilation, padding):
+    """CONV_2D in float64: x NHWC, w OHWI, TFLite's SAME (total pad // 2 before) or VALID."""
+    n, h, wd, c = x.shape
+    o, kh, kw, _ = w.shape
+    (sh, sw), (dh, dw) = stride, dilation
+    ekh, ekw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    if padding == SAME:
+        oh, ow = -(-h // sh), -(-wd // sw)
+        pt, pl = max((oh - 1) * sh + ekh - h, 0) // 2, max((ow - 1) * sw + ekw - wd, 0) // 2
+    else:
+        oh, ow, pt, pl = (h - ekh) // sh + 1, (wd - ekw) // sw + 1, 0, 0
+    xp = np.zeros((n, max(pt + h, (oh - 1) * sh + ekh), max(pl + wd, (ow - 1) * sw + ekw), c))
+    xp[:, pt:pt + h, pl:pl + wd] = x
+    out = np.zeros((n, oh, ow, o))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+            out += np.einsum("nhwc,oc->nhwo", patch, w[:, i, j, :])
+    return out + (0 if b is None else b)
+
+
+WEIGHT_FORMS = ["int8", "int8_tensor", "int4", "int4_f32", "int4_b16", "int4_axis"]
+
+
+def weight(m, r, name, shape, form):
+    """A random weight of `shape` ([N, K] or OHWI) in `form`: (tensor, float64 dequantized)."""
+    wf = nonzero(r, shape)
+    if form.startswith("int8"):
+        axis = None if form == "int8_tensor" else 0
+        q, scale = quantize(wf, axis, 8)
+        return (m.int8_weight(name, q, scale, axis=0 if axis is None else axis),
+                dequantize(q, scale, np.zeros(scale.size), axis))
+    q, scale = int4_blocks(wf, 16 if form == "int4_b16" else 32)
+    wd = dequantize(q, scale, np.zeros(scale.size), 0).reshape(shape)
+    if form == "int4_axis":
+        return m.int4_weight(name, shape, q, scale, "per_axis"), wd
+    return m.int4_weight(name, shape, q, scale, scale_type=np.float32 if form == "int4_f32" else np.float16), wd
+
+
+def run_cpu(lib, path, feeds, capfd, runtime="litert"):
+    """(outputs of the delegate at backend=cpu, its stderr)."""
+    capfd.readouterr()
+    got = run_tflite(path, lib, feeds, runtime=runtime, options=CPU, repeats=2)
+    return got, capfd.readouterr().err
+
+
+def claimed(err: str) -> dict[int, str]:
+    """node -> op of the verbose log's claims ("DEQUANTIZE folded" for a folded one)."""
+    found = {}
+    for node, op, rest in re.findall(r"claim node (\d+) (\S+)(.*)", err):
+        found[int(node)] = op + (" folded" if rest.endswith("folded") else "")
+    return found
+
+
+def check(lib, tmp_path, m, name, xi, y, x, want, capfd, readers, stock_runs=True):
+    """Runs the model delegated and stock; values against the reference and stock; every node
+    claimed, `readers` (FULLY_CONNECTED / CONV_2D nodes) as such and the rest folded.
+    stock_runs False: a model stock TFLite refuses (its CONV_2D requires a bias)."""
+    path = m.save(tmp_path / f"{name}.tflite", [xi], [y])
+    (got,), err = run_cpu(lib, path, [x], capfd)
+    assert rel_err(got, want) <= TOL, rel_err(got, want)
+    if stock_runs:
+        (stock,) = run_reference(path, [x])
+        assert rel_err(stock, want) <= TOL, "stock LiteRT disagrees with the float64 reference"
+        assert rel_err(got, stock) <= TOL, rel_err(got, stock)
+    assert "not delegating" not in err, err
+    ops = claimed(err)
+    assert len(ops) == len(m.operators), (ops, err)
+    assert {n: op for n, op in ops.items() if not op.endswith("folded")} == readers, err
+    return err
+
+
+# --------------------------------------------------------------------------
+# Kernels
+
+
+def fc_case(seed):
+    r = rng(seed)
+    form = WEIGHT_FORMS[seed % len(WEIGHT_FORMS)]
+    rows = [1, 3, 5, 17, 40, 77][seed % 6]  # < 16 rows: the dot kernel; more: the panel kernel
+    n = int(r.integers(3, 60)) | 1
+    k = int(r.choice([32, 64, 96, 160])) if form.startswith("int4") else int(r.integers(5, 200))
+    return form, rows, n, k, bool(seed % 3), [NONE, RELU, RELU6, RELU_N1_TO_1][seed % 4], seed % 5 == 4
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fully_connected(lib, tmp_path, capfd, seed):
+    form, rows, n, k, bias, act, keep = fc_case(seed)
+    r = rng(100 + seed)
+    m = QModel()
+    x = nonzero(r, (2, (rows + 1) // 2, k) if keep else (rows, k))
+    w, wd = weight(m, r, "w", (n, k), form)
+    b = nonzero(r, (n,)) if bias else None
+    want = activate(fc_ref(x, wd, b, keep), act)
+    xi, y = m.activation("x", x.shape), m.activation("y", want.shape)
+    m.builtin("FULLY_CONNECTED", [xi, w, m.constant("b", b) if bias else -1], [y],
+              fusedActivationFunction=act, keepNumDims=keep)
+    check(lib, tmp_path, m, f"fc{seed}", xi, y, x, want, capfd, {len(m.operators) - 1: "FULLY_CONNECTED"})
+
+
+def conv_case(seed):
+    r = rng(200 + seed)
+    form = WEIGHT_FORMS[seed % len(WEIGHT_FORMS)]
+    kh, kw = [(3, 3), (1, 1), (1, 3), (3, 3), (5, 5), (3, 1)][seed % 6]
+    cin = int(r.choice([32, 64])) if form.startswith("int4") else int(r.integers(3, 40))
+    return dict(form=form, batch=1 + seed % 2, h=int(r.integers(5, 12)), w=int(r.integers(4, 12)),
+                cin=cin, cout=int(r.integers(2, 40)), kh=kh, kw=kw,
+                stride=[(1, 1), (2, 2), (1, 2)][seed % 3], dilation=[(1, 1), (1, 1), (2, 1), (2, 2)][seed % 4],
+                padding=[SAME, VALID][seed % 2], bias=seed % 3 != 1, act=[NONE, RELU6, RELU, RELU_N1_TO_1][seed % 4])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_conv_2d(lib, tmp_path, capfd, seed):
+    c = conv_case(seed)
+    r = rng(300 + seed)
+    m = QModel()
+    x = nonzero(r, (c["batch"], c["h"], c["w"], c["cin"]))
+    w, wd = weight(m, r, "w", (c["cout"], c["kh"], c["kw"], c["cin"]), c["form"])
+    b = nonzero(r, (c["cout"],)) if c["bias"] else None
+    want = activate(conv_ref(x, wd, b, c["stride"], c["dilation"], c["padding"]), c["act"])
+    xi, y = m.activation("x", x.shape), m.activation("y", want.shape)
+    # no bias: two inputs (TFLite's CONV_2D takes no omitted bias)
+    m.builtin("CONV_2D", [xi, w, m.constant("b", b)] if c["bias"] else [xi, w], [y], padding=c["padding"],
+              strideH=c["stride"][0], strideW=c["stride"][1], dilationHFactor=c["dilation"][0],
+              dilationWFactor=c["dilation"][1], fusedActivationFunction=c["act"])
+    check(lib, tmp_path, m, f"conv{seed}", xi, y, x, want, capfd, {len(m.operators) - 1: "CONV_2D"},
+          stock_runs=c["bias"])
+
+
+def test_a_long_reduction_with_many_channels(lib, tmp_path, capfd):
+    """K = 2880 (SD's 3x3 convolutions over 320 channels): the weight columns a task dequantizes are
+    narrowed to fit its buffer; rows and channels not multiples of any tile."""
+    r = rng(7)
+    m = QModel()
+    x = nonzero(r, (1, 7, 9, 320))
+    w, wd = weight(m, r, "w", (45, 3, 3, 320), "int4")
+    b = nonzero(r, (45,))
+    want = conv_ref(x, wd, b, (1, 1), (1, 1), SAME)
+    xi, y = m.activation("x", x.shape), m.activation("y", want.shape)
+    m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1, dilationHFactor=1,
+              dilationWFactor=1)
+    check(lib, tmp_path, m, "long", xi, y, x, want, capfd, {len(m.operators) - 1: "CONV_2D"})
+
+
+# --------------------------------------------------------------------------
+# The claim
+
+
+def three_layers(m, r, x_shape=(5, 64)):
+    """x -> FC (int8) -> TANH -> FC (int4 blocks of 16, float16 scales) -> TANH -> FC (int8 per
+    tensor): TFLite's TANH between the claimed nodes. (x, y tensors, feed, reference, the
+    FULLY_CONNECTED nodes)."""
+    x = nonzero(r, x_shape)
+    xi = m.activation("x", x.shape)
+    cur, ref, readers = xi, x.astype(np.float64), []
+    for i, (n, form) in enumerate([(48, "int8"), (40, "int4_b16"), (24, "int8_tensor")]):
+        w, wd = weight(m, r, f"w{i}", (n, ref.shape[-1]), form)
+        b = nonzero(r, (n,))
+        y = m.activation(f"y{i}", (x.shape[0], n))
+        readers.append(len(m.operators))
+        m.builtin("FULLY_CONNECTED", [cur, w, m.constant(f"b{i}", b)], [y])
+        cur, ref = y, fc_ref(ref, wd, b)
+        if i < 2:
+            z = m.activation(f"z{i}", (x.shape[0], n))
+            m.builtin("TANH", [y], [z])
+            cur, ref = z, np.tanh(ref)
+    return xi, cur, x, ref, readers
+
+
+def test_weights_cross_partitions_without_storage(lib, tmp_path, capfd):
+    """TFLite's greedy partitioning puts every DEQUANTIZE of a constant in the first partition and
+    each reader after a TANH in a later one: the weights are partition outputs, given no storage,
+    and the readers compute from the integers."""
+    m = QModel()
+    xi, y, x, want, readers = three_layers(m, rng(20))
+    path = m.save(tmp_path / "three.tflite", [xi], [y])
+    (got,), err = run_cpu(lib, path, [x], capfd)
+    (stock,) = run_reference(path, [x])
+    assert rel_err(got, want) <= TOL and rel_err(got, stock) <= TOL
+    ops = claimed(err)
+    assert {n for n, op in ops.items() if not op.endswith("folded")} == set(readers), err
+    assert len(ops) == len(m.operators) - 2 and "not delegating" not in err, err  # all but the TANHs
+    parts = re.findall(r"partition nodes=\[([\d,]*)\] inputs=\[[\d,]*\] outputs=\[([\d,]*)\] "
+                       r"delegate_owned=\[[\d,]*\] unallocated=\[([\d,]*)\]", err)
+    assert len(parts) == 3, err
+    first = [set(map(int, filter(None, p.split(",")))) for p in parts[0]]
+    assert readers[0] in first[0] and not set(readers[1:]) & first[0], err
+    # the second and the third weight leave the first partition for their readers, without storage
+    assert len(first[1] & first[2]) == 2, err
+
+
+def test_a_folded_weight_another_node_reads_stays_with_tflite(lib, tmp_path, capfd):
+    """A DEQUANTIZE whose output is also a graph output, and one whose output a TFLite node (ADD)
+    also reads: TFLite computes those (exactly its own values), the FULLY_CONNECTED readers still
+    read the integers."""
+    r = rng(21)
+    n, k = 9, 40
+    x = nonzero(r, (3, k))
+    q1, s1 = quantize(nonzero(r, (n, k)), 0, 8)
+    q2, s2 = quantize(nonzero(r, (n, k)), 0, 8)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    w1 = m.int8_weight("w1", q1, s1)  # node 0, its output a graph output
+    w2 = m.int8_weight("w2", q2, s2)  # node 1, its output read by ADD
+    y1, y2, t = m.activation("y1", (3, n)), m.activation("y2", (3, n)), m.activation("t", (n, k))
+    m.builtin("FULLY_CONNECTED", [xi, w1, -1], [y1])
+    m.builtin("FULLY_CONNECTED", [xi, w2, -1], [y2])
+    m.builtin("ADD", [w2, m.constant("one", np.ones((n, k), np.float32))], [t])
+    path = m.save(tmp_path / "shared.tflite", [xi], [y1, y2, w1, t])
+    capfd.readouterr()
+    # not poisoned: TFLite computes a DEQUANTIZE of a constant once, when it prepares
+    interp = make_interpreter(path, lib, options=CPU)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    got = [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]
+    err = capfd.readouterr().err
+    stock = run_reference(path, [x])
+    assert claimed(err) == {2: "FULLY_CONNECTED", 3: "FULLY_CONNECTED"}, err
+    assert "not folding node 0: its output is a graph output" in err, err
+    assert "not folding node 1: node 4, left to TFLite, reads its output" in err, err
+    assert np.array_equal(got[2], q1.astype(np.float32) * s1[:, None])
+    assert np.array_equal(got[3], q2.astype(np.float32) * s2[:, None] + np.float32(1))
+    for i, wd in enumerate([dequantize(q1, s1, np.zeros(n), 0), dequantize(q2, s2, np.zeros(n), 0)]):
+        assert rel_err(got[i], fc_ref(x, wd, None)) <= TOL and rel_err(got[i], stock[i]) <= TOL
+
+
+def _refused_model(kind, m, r):
+    """(x tensor, y tensor, feed, float64 reference or None, expected log) of a model the CPU
+    backend leaves to TFLite."""
+    n, k = 11, 64
+    if kind == "grouped":  # CONV_2D over two groups of 16 channels: TFLite runs it, the kernels do not
+        x = nonzero(r, (1, 6, 7, 2 * 16))
+        xi, y = m.activation("x", x.shape), m.activation("y", (1, 6, 7, 8))
+        w, _ = weight(m, r, "w", (8, 3, 3, 16), "int8")
+        m.builtin("CONV_2D", [xi, w, m.constant("b", nonzero(r, (8,)))], [y], padding=SAME, strideH=1,
+                  strideW=1, dilationHFactor=1, dilationWFactor=1)
+        return xi, y, x, None, (r"not delegating node 1 \(CONV_2D with quantized weights\): filter "
+                                r"\[8,3,3,16\] does not match the input's 32 channels")
+    x = nonzero(r, (4, k))
+    xi, y = m.activation("x", x.shape), m.activation("y", (4, n))
+    if kind == "zero_points":
+        q, scale = quantize(nonzero(r, (n, k)), 0, 8)
+        q = np.clip(q.astype(np.int16) + 3, -128, 127).astype(np.int8)
+        zero = np.arange(n) % 5 - 2
+        w, wd = m.int8_weight("w", q, scale, zero_point=zero), dequantize(q, scale, zero, 0)
+        reason = r"not folding node 0 \(DEQUANTIZE\): its int8 constant: zero point 0 is not 0"
+    else:  # a look-alike of int4's compact form: per-tensor scale 0.5
+        q, scale = int4_blocks(nonzero(r, (n, k)))
+        w, wd = m.int4_weight("w", (n, k), q, scale, unit=0.5), dequantize(q, scale, np.zeros(scale.size), 0)
+        wd = wd.reshape(n, k)
+        reason = r"not folding node 2 \(MUL\): its values are not int4's compact form"
+    m.builtin("FULLY_CONNECTED", [xi, w, -1], [y])
+    return xi, y, x, fc_ref(x, wd, None), reason
+
+
+@pytest.mark.parametrize("kind", ["grouped", "zero_points", "unit_half"])
+def test_what_the_kernels_do_not_run_stays_with_tflite(lib, tmp_path, capfd, kind):
+    m = QModel()
+    xi, y, x, want, reason = _refused_model(kind, m, rng(22))
+    path = m.save(tmp_path / f"{kind}.tflite", [xi], [y])
+    (got,), err = run_cpu(lib, path, [x], capfd)
+    assert re.search(reason, err), err
+    assert claimed(err) == {}, err
+    assert np.array_equal(got, run_reference(path, [x])[0])  # TFLite ran it, as without the delegate
+    if want is not None:
+        assert rel_err(got, want) <= TOL
+
+
+def test_tensorflow_runtime(lib, tmp_path, capfd):
+    """tensorflow's tf.lite with the delegate: the same claims and values (the quantization fields
+    and the partitioning preview of tflite_abi.h, read at the same offsets there)."""
+    m = QModel()
+    xi, y, x, want, _ = three_layers(m, rng(23))
+    path = m.save(tmp_path / "tf.tflite", [xi], [y])
+    (got,), err = run_cpu(lib, path, [x], capfd, runtime="tf")
+    assert len(claimed(err)) == len(m.operators) - 2 and "not delegating" not in err, err
+    assert rel_err(got, want) <= TOL
+
+
+# --------------------------------------------------------------------------
+# Memory
+
+# The bound: the process's peak resident memory may grow by the model's weight bytes as the file
+# stores them (its pages are read once) plus a quarter of the weights' float32 size for everything
+# else (the interpreter, its arena, the kernels' buffers, libraries' pages touched). One float32
+# copy of the weights (what TFLite's DEQUANTIZE keeps, and XNNPACK packs another) is 4x the int8
+# and 8x the int4 bytes: it cannot fit. The same model without the delegate is measured to show it
+# would not (its peak grows by more than the float32 size).
+MEMORY_LAYERS = [("int8", 2048), ("int4", 2048), ("int8", 2048), ("int4", 2048), ("int8", 2048), ("int8", 2048)]
+
+CHILD = r"""
+import json, sys
+import numpy as np
+from ai_edge_litert.interpreter import Interpreter, load_delegate
+def status():
+    return {k: int(v.split()[0]) / 1024 for k, _, v in (l.partition(":") for l in open("/proc/self/status"))
+            if k in ("VmRSS", "VmHWM")}
+path, lib = sys.argv[1], sys.argv[2]
+delegates = [load_delegate(lib, {"backend": "cpu"})] if lib else []
+before = status()
+it = Interpreter(model_path=path, experimental_delegates=delegates, num_threads=2)
+it.allocate_tensors()
+it.set_tensor(it.get_input_details()[0]["index"], np.ones(it.get_input_details()[0]["shape"], np.float32))
+it.invoke(); it.invoke()
+out = it.get_tensor(it.get_output_details()[0]["index"])
+print(json.dumps({"before": before, "after": status(), "finite": bool(np.isfinite(out).all())}))
+"""
+
+
+def test_quantized_weights_take_no_float_copy(lib, tmp_path):
+    r = rng(24)
+    m = QModel()
+    xi = m.activation("x", (4, MEMORY_LAYERS[0][1]))
+    cur, stored, as_float = xi, 0, 0
+    for i, (form, n) in enumerate(MEMORY_LAYERS):
+        k = m.tensors[cur].shape[-1]
+        w, _ = weight(m, r, f"w{i}", (n, k), form)
+        y, z = m.activation(f"y{i}", (4, n)), m.activation(f"z{i}", (4, n))
+        m.builtin("FULLY_CONNECTED", [cur, w, -1], [y])
+        m.builtin("TANH", [y], [z])
+        cur = z
+        stored += n * k * (1 if form == "int8" else 0.5 + 2 / 32)
+        as_float += 4 * n * k
+    path = m.save(tmp_path / "big.tflite", [xi], [cur])
+    growth = {}
+    for name, library in (("delegate", str(lib)), ("stock", "")):
+        run = subprocess.run([sys.executable, "-c", CHILD, str(path), library], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        assert result["finite"], result
+        growth[name] = result["after"]["VmHWM"] - result["before"]["VmRSS"]
+    mib = 1 << 20
+    bound = (stored + as_float / 4) / mib
+    assert growth["delegate"] < bound, (growth, bound, stored / mib, as_float / mib)
+    assert growth["stock"] > as_float / mib, (growth, as_float / mib)  # the bound can fail
