@@ -1,5 +1,6 @@
 """backend=cpu on files whose weights are int8 / int4 (issue 21 item 2): the CPU backend claims
-every FULLY_CONNECTED / CONV_2D whose weight is a quantized constant, with the weight's chain
+every FULLY_CONNECTED / CONV_2D whose weight is a quantized constant (and GATHER of a quantized
+table), with the weight's chain
 (DEQUANTIZE, int4's MUL by block scales, RESHAPE), reads the integers as the file stores them and
 never holds a float copy of a weight (custom_ops/delegate/cpu_claim.cc, custom_ops/cpu_builtins/).
 
@@ -8,7 +9,8 @@ never holds a float copy of a weight (custom_ops/delegate/cpu_claim.cc, custom_o
   with and without bias and fused activation, keep_num_dims; CONV_2D with strides, dilations and
   both paddings. Each against the float64 reference of the dequantized weights and against stock
   LiteRT (XNNPACK) on the same file; every node claimed (the delegate's verbose log); outputs
-  poisoned with NaN before each of two runs.
+  poisoned with NaN before each of two runs. The int4 mix's int8 token table: its GATHER reads the
+  rows as stored, bit for bit TFLite's numbers.
 * The claim: the weights cross partitions (a TFLite builtin between the claimed nodes puts every
   DEQUANTIZE in the first partition) and come out right; a folded weight that is also a graph
   output, or that a TFLite node reads, is TFLite's; parameters or forms the kernels do not run
@@ -204,6 +206,50 @@ def test_a_long_reduction_with_many_channels(lib, tmp_path, capfd):
     m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1, dilationHFactor=1,
               dilationWFactor=1)
     check(lib, tmp_path, m, "long", xi, y, x, want, capfd, {len(m.operators) - 1: "CONV_2D"})
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_token_table_rows_are_gathered_from_the_integers(lib, tmp_path, capfd, precision):
+    """The int4 mix's token table as the writer stores it (compiler/tflite/context.py lookup):
+    DEQUANTIZE of int8 rows of scale 1, GATHER, MUL by the gathered row scales (TFLite's). The
+    GATHER reads the int8 table as stored: the same numbers as stock LiteRT, bit for bit; an index
+    outside the table fails the call, as TFLite's GATHER does."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler.tflite import quantize as writer_quantize
+    from compiler.tflite.writer import write_tflite
+
+    vocab, dim = 1000, 64
+    r = rng(11)
+    table = (r.standard_normal((vocab, dim)) * 0.02).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 77])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, 77, dim])],
+        [numpy_helper.from_array(table, "table")])
+    path = tmp_path / "lookup.tflite"
+    write_tflite(ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])),
+                 path=path, precision=precision, quantization=writer_quantize.WeightQuantization("int4"))
+    ids = r.integers(0, vocab, (1, 77)).astype(np.int32)
+    ids[0, :3] = (0, vocab - 1, 0)
+    (got,), err = run_cpu(lib, path, [ids], capfd)
+    assert sorted(claimed(err).values()) == ["DEQUANTIZE folded", "GATHER"], err
+    (stock,) = run_reference(path, [ids])
+    assert np.abs(stock).max() > 0 and np.array_equal(got, stock)
+    # the GATHER alone (the writer's form also gathers the row scales, with TFLite's GATHER)
+    m = QModel()
+    q, scale = quantize(table, 0, 8)
+    w = m.int8_weight("table", q, scale)
+    ii, rows = m.activation("ids", ids.shape, np.int32), m.activation("rows", (*ids.shape, dim))
+    m.builtin("GATHER", [w, ii], [rows], axis=0)
+    path = m.save(tmp_path / "gather.tflite", [ii], [rows])
+    (got,), err = run_cpu(lib, path, [ids], capfd)
+    assert claimed(err) == {0: "DEQUANTIZE folded", 1: "GATHER"}, err
+    assert np.array_equal(got, (q.astype(np.float32) * scale[:, None])[ids])
+    ids[0, 5] = vocab
+    with pytest.raises(RuntimeError, match=r"index 1000 \(position 5\) is outside \[0, 1000\)"):
+        run_tflite(path, lib, [ids], options=CPU)
 
 
 # --------------------------------------------------------------------------

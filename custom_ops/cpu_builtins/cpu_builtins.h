@@ -1,5 +1,6 @@
 // TFLite builtins the CPU backend runs itself: FULLY_CONNECTED and CONV_2D whose weight is a
-// quantized constant (qgemm.h), read as the model stores it. The delegate's claim
+// quantized constant (qgemm.h), and GATHER of a quantized table's rows, read as the model stores
+// them. The delegate's claim
 // (delegate/cpu_claim.cc) finds the weight, folds its chain (DEQUANTIZE, int4's block-scale MUL,
 // RESHAPE) into a QuantWeight and creates the op here from the node's builtin parameters.
 //
@@ -25,6 +26,11 @@ std::unique_ptr<OpInstance> CreateQuantizedFullyConnected(const void* params, co
 // `filter`: the weight's model shape, OHWI; w is that filter as [O, H*W*I].
 std::unique_ptr<OpInstance> CreateQuantizedConv2d(const void* params, const QuantWeight& w,
                                                   const Shape& filter, std::string* why);
+
+// GATHER of the rows of a quantized table (`table`: its model shape, w that table as [rows,
+// the rest]); axis 0 and batch_dims 0 only (`params`: tfl::GatherParams, null meaning those).
+std::unique_ptr<OpInstance> CreateQuantizedGather(const void* params, const QuantWeight& w,
+                                                  const Shape& table, std::string* why);
 
 // The activations both fuse, as a clamp; false for any other.
 bool ActivationClamp(int activation, Clamp* clamp, std::string* why);

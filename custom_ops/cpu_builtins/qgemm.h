@@ -67,6 +67,11 @@ struct GemmA {
 void QuantizedGemm(const QuantWeight& w, const GemmA& a, const float* bias, Clamp clamp, float* y,
                    int num_threads);
 
+// out[i][0..K) = W(rows[i], 0..K) for i < count (a GATHER of the weight's rows). false, with
+// *bad the first offending position, where an index is outside [0, N) (nothing is read there).
+bool DequantizeRows(const QuantWeight& w, const int32_t* rows, int64_t count, float* out,
+                    int num_threads, int64_t* bad);
+
 }  // namespace cpu
 }  // namespace difflite
 

@@ -1,5 +1,6 @@
 // The CPU backend's builtins (cpu_claim.h): FULLY_CONNECTED and CONV_2D reading a quantized
-// weight as the model stores it, and the folded chain that weight comes through.
+// weight as the model stores it, GATHER of a quantized table's rows (the int4 mix's token
+// embedding: int8 rows of per-tensor scale 1), and the folded chain each comes through.
 //
 // What `convert --weights int8|int4` writes (compiler/tflite/quantize.py), and what is folded:
 //  * int8: DEQUANTIZE of an INT8 constant, zero points 0, one scale per tensor or per index of
@@ -43,6 +44,7 @@ using tfl::Tensor;
 constexpr int32_t kConv2d = static_cast<int32_t>(tfl::BuiltinOp::kConv2d);
 constexpr int32_t kDequantize = static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
 constexpr int32_t kFullyConnected = static_cast<int32_t>(tfl::BuiltinOp::kFullyConnected);
+constexpr int32_t kGather = static_cast<int32_t>(tfl::BuiltinOp::kGather);
 constexpr int32_t kMul = static_cast<int32_t>(tfl::BuiltinOp::kMul);
 constexpr int32_t kReshape = static_cast<int32_t>(tfl::BuiltinOp::kReshape);
 
@@ -51,6 +53,7 @@ const char* BuiltinName(int32_t code) {
     case kConv2d: return "CONV_2D";
     case kDequantize: return "DEQUANTIZE";
     case kFullyConnected: return "FULLY_CONNECTED";
+    case kGather: return "GATHER";
     case kMul: return "MUL";
     case kReshape: return "RESHAPE";
     default: return "builtin";
@@ -301,15 +304,26 @@ std::string Inputs(const std::vector<TensorInfo>& ins) {
   return s;
 }
 
-// A FULLY_CONNECTED / CONV_2D whose weight (input 1) is the folded `w`: its op, and the inputs
-// its Infer accepted ("" or why not).
+// The input a reader of a quantized weight reads it as: FULLY_CONNECTED's and CONV_2D's weight,
+// GATHER's params.
+int WeightInput(int32_t code) { return code == kGather ? 0 : 1; }
+
+// A FULLY_CONNECTED / CONV_2D / GATHER whose weight (WeightInput) is the folded `w`: its op, and
+// the inputs its Infer accepted ("" or why not).
 std::string ClaimReader(Context* ctx, int32_t code, const Node* node, const Folded& w,
                         CpuBuiltinNode* cn, std::string* log) {
   const std::vector<int> ins = ToVector(node->inputs);
-  if (ins.size() != 2 && ins.size() != 3) return "expects 2 or 3 inputs, got " + std::to_string(ins.size());
   cpu::QuantWeight q = w.q;
   std::string why;
-  if (code == kFullyConnected) {
+  if (code == kGather) {
+    if (ins.size() != 2) return "expects 2 inputs, got " + std::to_string(ins.size());
+    if (w.shape.size() < 2) return "params " + ShapeToString(w.shape) + " are not a table of rows";
+    q.n = w.shape[0];
+    q.k = NumElements(w.shape) / w.shape[0];
+    cn->op = cpu::CreateQuantizedGather(node->builtin_data, q, w.shape, &why);
+  } else if (ins.size() != 2 && ins.size() != 3) {
+    return "expects 2 or 3 inputs, got " + std::to_string(ins.size());
+  } else if (code == kFullyConnected) {
     if (w.shape.size() != 2) return "weights " + ShapeToString(w.shape) + " are not 2-D";
     q.n = w.shape[0];
     q.k = w.shape[1];
@@ -321,10 +335,11 @@ std::string ClaimReader(Context* ctx, int32_t code, const Node* node, const Fold
     cn->op = cpu::CreateQuantizedConv2d(node->builtin_data, q, w.shape, &why);
   }
   if (cn->op == nullptr) return why;
+  cn->weight_input = WeightInput(code);
   cn->weight_info = TensorInfo{DType::kFloat32, w.shape, nullptr};
   std::vector<TensorInfo> infos;
   for (size_t i = 0; i < ins.size(); ++i) {
-    if (i == 1) {
+    if (static_cast<int>(i) == cn->weight_input) {
       infos.push_back(cn->weight_info);
       continue;
     }
@@ -378,14 +393,14 @@ std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(Context* c
     }
     const int32_t code = reg->builtin_code;
     if (code != kDequantize && code != kMul && code != kReshape && code != kFullyConnected &&
-        code != kConv2d) {
+        code != kConv2d && code != kGather) {
       continue;
     }
     const char* name = BuiltinName(code);
     const std::string wiring = order.Check(ctx, node_index, node);
-    if (code == kFullyConnected || code == kConv2d) {
+    if (code == kFullyConnected || code == kConv2d || code == kGather) {
       if (ins.size() < 2) continue;
-      auto w = folded.find(ins[1]);
+      auto w = folded.find(ins[WeightInput(code)]);
       if (w == folded.end() || !w->second.quantized) continue;  // a float weight: TFLite's
       auto cn = std::make_unique<CpuBuiltinNode>();
       cn->name = name;
