@@ -377,6 +377,35 @@ def test_what_the_kernels_do_not_run_stays_with_tflite(lib, tmp_path, capfd, kin
         assert rel_err(got, want) <= TOL
 
 
+@pytest.mark.parametrize("runtime", ["litert", "tf"])
+def test_tensors_inside_a_partition_live_in_tflites_arena(lib, tmp_path, capfd, runtime):
+    """A claimed FULLY_CONNECTED feeding a difflite op in the same partition: the tensor between
+    them is the partition node's temporary, which the interpreter's arena holds during that node
+    only (and shares with every other node's tensors), not a buffer the delegate keeps for good:
+    the interpreter gives it data. Values right on both runtimes."""
+    r = rng(25)
+    m = QModel()
+    x = nonzero(r, (6, 64))
+    xi = m.activation("x", x.shape)
+    w, wd = weight(m, r, "w", (40, 64), "int8")
+    inner, y = m.activation("inner", (6, 40)), m.activation("y", (6, 40))
+    m.builtin("FULLY_CONNECTED", [xi, w, -1], [inner])
+    m.custom("difflite.Gelu", [inner], [y], {"approximate": "tanh"})
+    path = m.save(tmp_path / "inner.tflite", [xi], [y])
+    capfd.readouterr()
+    interp = make_interpreter(path, lib, runtime=runtime, options=CPU)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    got = interp.get_tensor(interp.get_output_details()[0]["index"])
+    err = capfd.readouterr().err
+    assert re.search(rf"partition nodes=\[0,1,2\] .* delegate_owned=\[{inner}\]", err), err
+    assert interp.get_tensor(inner).shape == (6, 40)  # the runtime's: not "Tensor data is null"
+    z = fc_ref(x, wd, None)
+    want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+    assert rel_err(got, want) <= TOL
+
+
 def test_tensorflow_runtime(lib, tmp_path, capfd):
     """tensorflow's tf.lite with the delegate: the same claims and values (the quantization fields
     and the partitioning preview of tflite_abi.h, read at the same offsets there)."""

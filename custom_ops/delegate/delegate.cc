@@ -17,8 +17,10 @@
 //  3. Each partition is a Partition (KernelInit): its nodes in plan order.
 //     KernelPrepare infers every shape in order, resizes the partition's
 //     output tensors, and sizes the buffers of the tensors that flow between
-//     two nodes of the partition: the interpreter does not allocate those, so
-//     the delegate owns them. The output of a folded node has no storage at all:
+//     two nodes of the partition: the interpreter does not allocate those as
+//     such, so the delegate makes them the partition node's temporaries (TFLite's
+//     arena holds them during its Invoke only; a runtime that gives them no
+//     buffer gets the delegate's own, shared by lifetime). The output of a folded node has no storage at all:
 //     inside a partition nothing is sized for it, and as a partition output it
 //     is given 0 bytes and no data (cpu_claim.cc says why that is safe).
 //     KernelInvoke runs the nodes in order (folded ones run nothing).
@@ -165,8 +167,11 @@ struct PartitionNode {
 
 struct OwnedTensor {
   TensorInfo info;
-  std::vector<uint32_t> storage;  // 4-byte words, NaN-poisoned when sized
   size_t bytes = 0;
+  size_t offset = 0;  // in 4-byte words, into Partition::storage
+  // positions in Partition::nodes of its writer and of its last reader (set in Prepare)
+  size_t first = 0;
+  size_t last = 0;
 };
 
 struct Partition {
@@ -175,6 +180,10 @@ struct Partition {
   std::set<int> outputs;                 // interpreter-visible outputs
   std::map<int, TensorInfo> produced;    // inferred infos, set in Prepare
   std::map<int, OwnedTensor> owned;      // delegate-owned intermediates
+  // Where the runtime gives them no buffer (TFLite does: they are the node's temporaries), one of
+  // ours shared by lifetime (PlanOwned: `words`), made at the first such Invoke, NaN-poisoned.
+  size_t words = 0;
+  std::vector<uint32_t> storage;
   std::set<int> unallocated;             // outputs of folded nodes: no storage anywhere
   std::string init_error;
 };
@@ -186,6 +195,38 @@ struct Partition {
 void LeaveUnallocated(Tensor* t) {
   t->bytes = 0;
   t->data.data = nullptr;
+}
+
+// Offsets of the delegate-owned tensors in one buffer: a tensor shares space with those whose
+// lifetimes (writer .. last reader, both inclusive: a node's inputs and outputs never alias) do
+// not overlap its own; largest first, each at the lowest offset that fits. Returns the words.
+size_t PlanOwned(std::map<int, OwnedTensor>* owned) {
+  constexpr size_t kAlign = 16;  // words: 64 bytes
+  std::vector<OwnedTensor*> order;
+  for (auto& kv : *owned) order.push_back(&kv.second);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const OwnedTensor* a, const OwnedTensor* b) { return a->bytes > b->bytes; });
+  std::vector<const OwnedTensor*> placed;
+  size_t total = 0;
+  for (OwnedTensor* t : order) {
+    const size_t words = ((t->bytes + 3) / 4 + kAlign - 1) / kAlign * kAlign;
+    std::vector<std::pair<size_t, size_t>> busy;  // [begin, end) of live overlapping tensors
+    for (const OwnedTensor* o : placed) {
+      if (o->first <= t->last && t->first <= o->last) {
+        busy.push_back({o->offset, o->offset + ((o->bytes + 3) / 4 + kAlign - 1) / kAlign * kAlign});
+      }
+    }
+    std::sort(busy.begin(), busy.end());
+    size_t offset = 0;
+    for (const auto& b : busy) {
+      if (offset + words <= b.first) break;
+      offset = std::max(offset, b.second);
+    }
+    t->offset = offset;
+    total = std::max(total, offset + words);
+    placed.push_back(t);
+  }
+  return total;
 }
 
 void* KernelInitImpl(Context* ctx, const char* buffer) {
@@ -280,8 +321,10 @@ tfl::Status KernelPrepareImpl(Context* ctx, Node* node) {
     return tfl::kError;
   }
   p->produced.clear();
+  size_t position = 0;  // of the node in p->nodes
   for (PartitionNode& pn : p->nodes) {
     if (pn.folded) {
+      ++position;
       for (int idx : pn.outputs) {
         if (idx < 0 || static_cast<size_t>(idx) >= ctx->tensors_size) {
           LogError(ctx, "node " + std::to_string(pn.node_index) + ": output tensor index " +
@@ -346,17 +389,53 @@ tfl::Status KernelPrepareImpl(Context* ctx, Node* node) {
       } else {
         OwnedTensor& o = p->owned[idx];
         o.info = outs[i];
-        const size_t bytes = static_cast<size_t>(NumElements(outs[i].shape)) *
-                             DTypeSize(outs[i].dtype);
-        if (bytes != o.bytes) {
-          o.bytes = bytes;
-          // Poisoned so that a read-before-write shows up as NaN.
-          o.storage.assign((bytes + 3) / 4, 0x7fc00000u);
-        }
+        o.bytes = static_cast<size_t>(NumElements(outs[i].shape)) * DTypeSize(outs[i].dtype);
+        o.first = o.last = position;
       }
     }
+    for (int idx : pn.inputs) {
+      auto own = p->owned.find(idx);
+      if (own != p->owned.end()) own->second.last = position;
+    }
+    ++position;
   }
+  // The tensors between two nodes of the partition are the partition node's temporaries: TFLite's
+  // arena holds them during its Invoke only, in space every other node's tensors share (a buffer
+  // of the delegate's own would be held for the process's life, one per partition).
+  std::vector<int> temporaries;
+  for (auto& kv : p->owned) {
+    Tensor* t = TensorAt(ctx, kv.first);
+    if (t->dims == nullptr || ToVector(t->dims) != kv.second.info.shape) {
+      IntArray* dims = NewIntArray(kv.second.info.shape);
+      if (dims == nullptr || ctx->ResizeTensor(ctx, t, dims) != tfl::kOk) {
+        LogError(ctx, "cannot resize intermediate tensor " + std::to_string(kv.first) + " to " +
+                          ShapeToString(kv.second.info.shape));
+        return tfl::kError;
+      }
+    }
+    temporaries.push_back(kv.first);
+  }
+  IntArray* list = NewIntArray(temporaries);
+  if (list == nullptr) {
+    LogError(ctx, "out of memory");
+    return tfl::kError;
+  }
+  std::free(node->temporaries);  // the runtime's (malloc'ed, as it frees ours)
+  node->temporaries = list;
+  p->words = PlanOwned(&p->owned);
+  if (p->storage.size() != p->words) p->storage.clear();
   return tfl::kOk;
+}
+
+// The buffer of a delegate-owned tensor: the runtime's (a temporary of the partition node) where
+// it holds the bytes, else a slot of the partition's own storage.
+void* OwnedData(Context* ctx, Partition* p, int idx, const OwnedTensor& o) {
+  const Tensor* t = TensorAt(ctx, idx);
+  if (t->data.data != nullptr && t->bytes >= o.bytes) return t->data.data;
+  if (p->storage.size() != p->words) {
+    p->storage.assign(p->words, 0x7fc00000u);  // poisoned: a read before a write shows as NaN
+  }
+  return p->storage.data() + o.offset;
 }
 
 tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
@@ -387,7 +466,7 @@ tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
       bool same_shape = true;
       auto own = p->owned.find(idx);
       if (own != p->owned.end()) {
-        data = own->second.storage.data();
+        data = OwnedData(ctx, p, idx, own->second);
         have = own->second.bytes;
         same_shape = own->second.info.shape == info.shape && own->second.info.dtype == info.dtype;
       } else {
@@ -416,7 +495,7 @@ tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
       size_t have = 0;
       auto own = p->owned.find(idx);
       if (own != p->owned.end()) {
-        data = own->second.storage.data();
+        data = OwnedData(ctx, p, idx, own->second);
         have = own->second.bytes;
       } else {
         Tensor* t = TensorAt(ctx, idx);

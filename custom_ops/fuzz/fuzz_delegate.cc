@@ -423,10 +423,18 @@ void FuzzModelWalk(Input& in) {
         if (rt.tensors[t].data.data == nullptr) FakeRuntime::Allocate(&rt.tensors[t]);
       }
       if (rt.kernel.prepare(&rt.ctx, &macro) == tfl::kOk) {
+        // The partition's temporaries (its delegate-owned tensors): TFLite's arena holds them
+        // during the Invoke; here each gets its own block, as every tensor does.
+        for (int t : ToVector(macro.temporaries)) {
+          if (t >= 0 && t < n_tensors && rt.tensors[t].data.data == nullptr) {
+            FakeRuntime::Allocate(&rt.tensors[t]);
+          }
+        }
         rt.kernel.invoke(&rt.ctx, &macro);
         rt.kernel.invoke(&rt.ctx, &macro);
       }
       if (rt.kernel.free != nullptr) rt.kernel.free(&rt.ctx, macro.user_data);
+      std::free(macro.temporaries);
       std::free(nodes);
       std::free(in_list);
       std::free(out_list);
