@@ -4,7 +4,8 @@ For each component of OUT, in a fresh process (`compiler.runtime.Component`, bac
 `verify` and `generate` load it): VmRSS / VmHWM from /proc/self/status after the imports, after
 loading, after one call and after the timed calls, against the file's bytes: its weight bytes,
 the quantized weights' stored bytes and what those weights take as float32. The growth of the
-peak over the imports is what the model costs the process.
+peak over the imports is what the model costs the process. Per call: wall ms and CPU ms (every
+thread's, time.process_time), medians of --runs calls after a first one.
 
     python benchmarks/cpu_weight_memory.py /tmp/q8 --runs 5 --json
     DIFFLITE_OPLIB=/path/to/other.so python benchmarks/cpu_weight_memory.py OUT   # another build
@@ -64,13 +65,15 @@ def child(out: Path, name: str, runs: int, threads: int | None) -> dict:
     comp.runner(**feeds)
     result["first_call_ms"] = 1e3 * (time.perf_counter() - start)
     result["first_call"] = status_mb()
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         comp.runner(**feeds)
         times.append(1e3 * (time.perf_counter() - start))
+        cpu.append(1e3 * (time.process_time() - start_cpu))  # every thread's CPU time
     result["median_ms"] = statistics.median(times) if times else None
     result["min_ms"] = min(times) if times else None
+    result["median_cpu_ms"] = statistics.median(cpu) if cpu else None
     result["after_runs"] = status_mb()
     result["growth_mb"] = result["after_runs"]["hwm"] - result["imported"]["rss"]
     return result
@@ -104,12 +107,12 @@ def main() -> None:
         print(json.dumps(results, indent=1))
         return
     print(f"{'component':<13} {'weights':>8} {'q-bytes':>8} {'q-as-f32':>8} {'imported':>8} {'loaded':>8} "
-          f"{'1st call':>8} {'peak':>8} {'growth':>8} {'load s':>6} {'ms':>8}")
+          f"{'1st call':>8} {'peak':>8} {'growth':>8} {'load s':>6} {'ms':>8} {'cpu ms':>8}")
     for r in results:
         print(f"{r['component']:<13} {r['weight_mb']:8.1f} {r['quantized_mb']:8.1f} "
               f"{r['quantized_as_float32_mb']:8.1f} {r['imported']['rss']:8.1f} {r['loaded']['rss']:8.1f} "
               f"{r['first_call']['rss']:8.1f} {r['after_runs']['hwm']:8.1f} {r['growth_mb']:8.1f} "
-              f"{r['load_s']:6.2f} {r['median_ms'] or 0:8.2f}")
+              f"{r['load_s']:6.2f} {r['median_ms'] or 0:8.2f} {r['median_cpu_ms'] or 0:8.2f}")
 
 
 if __name__ == "__main__":
