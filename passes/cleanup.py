@@ -89,6 +89,12 @@ def _fold_constants(model: ir.Model) -> bool:
             if value is not None and value.const_value is not None \
                     and value.const_value.size > FOLD_INPUT_LIMIT:
                 return False
+        if node.op_type == "ConstantOfShape" and node.domain == "":
+            # onnxscript never folds ConstantOfShape by default (its output may be large); a small
+            # one is shape arithmetic, e.g. the TorchScript exporter's expand(b, 1, L, L) of a causal
+            # mask: Where(Equal(sizes, ConstantOfShape([r]) * -1), ConstantOfShape([r]), sizes).
+            shape = ir_utils.int_list(node.inputs[0]) if node.inputs else None
+            return shape is not None and 0 <= int(np.prod(shape)) <= FOLD_INPUT_LIMIT
         return None
 
     result = onnxscript.optimizer.fold_constants(

@@ -475,9 +475,12 @@ def test_onnx_attention_op_with_3d_inputs():
     assert math.isclose(H.attr(fused, "scale"), 0.5, rel_tol=1e-6)
 
 
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "legacy"])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_clip_attention_is_causal(implementation):
-    model = apply(H.export(*_tiny_clip(implementation)), fuse_gelu, fuse_attention)
+def test_clip_attention_is_causal(implementation, dynamo):
+    """legacy + eager: the causal mask's expand(b, 1, L, L) is shape arithmetic around a
+    ConstantOfShape, which cleanup must fold for the mask to be a constant."""
+    model = apply(H.export(*_tiny_clip(implementation), dynamo=dynamo), fuse_gelu, fuse_attention)
     nodes = H.difflite_nodes(model, custom_ops.ATTENTION)
     assert [(H.attr(n, "heads"), H.attr(n, "causal")) for n in nodes] == [(4, 1)] * 2
     assert math.isclose(H.attr(nodes[0], "scale"), 8 ** -0.5, rel_tol=1e-6)
