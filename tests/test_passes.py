@@ -532,6 +532,25 @@ def test_causal_mask_of_a_toy_attention():
     assert [H.attr(n, "causal") for n in H.difflite_nodes(model, custom_ops.ATTENTION)] == [1]
 
 
+class BaddbmmCausal(torch.nn.Module):
+    """diffusers AttnProcessor's scores with a mask: baddbmm(mask, q, k^T, beta=1, alpha=scale) on
+    [N*H, L, D]; the TorchScript exporter writes beta * mask as Mul(mask, 1)."""
+
+    def forward(self, q, k, v):
+        length = q.shape[1]
+        mask = torch.full((length, length), -10000.0).triu(1).expand(q.shape[0], length, length)
+        scores = torch.baddbmm(mask, q, k.transpose(-1, -2), beta=1, alpha=0.25)
+        return torch.bmm(scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("batch_heads", [2, 16])  # the expanded mask within / over the folding limit
+def test_baddbmm_causal_mask_of_any_size(batch_heads):
+    q, k, v = (torch.randn(batch_heads, 24, 8) for _ in range(3))
+    model = apply(H.export(BaddbmmCausal(), (q, k, v), dynamo=False), fuse_attention)
+    [node] = H.difflite_nodes(model, custom_ops.ATTENTION)
+    assert (H.attr(node, "causal"), round(H.attr(node, "scale"), 6)) == (1, 0.25)
+
+
 def _causal_mask_with(row: int, col: int, value: float) -> torch.Tensor:
     mask = torch.full((6, 6), -1e9).triu(1)
     mask[row, col] = value
