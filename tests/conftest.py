@@ -47,7 +47,7 @@ _warm_up_opencl_compiler()
 
 # Test modules whose tests run OpenCL (PoCL) in this process.
 OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_opencl_models.py",
-                  "test_quantized_weights_delegate.py"}
+                  "test_quantized_weights_delegate.py", "test_custom_ops_randomized.py"}
 
 
 def pytest_collection_modifyitems(config, items):
