@@ -20,7 +20,8 @@ factors becomes `scale`. What lies before the sources (e.g. the VAE's [N,C,H,W] 
 Reshape/Transpose) stays outside the op.
 Masks: a constant that is all zeros is no mask; exactly the strict upper triangle of [L, L] at
 <= -1e4 (broadcast over batch and heads) is causal=1; any other mask, a mask computed at run
-time, or a Softmax over another axis is not matched.
+time, or a Softmax over another axis is not matched. A mask that cleanup left computed from
+constants (Trilu and reshapes of a constant too large to fold, then Expand) is evaluated here.
 """
 
 from __future__ import annotations
@@ -194,20 +195,57 @@ def _mask_kind(mask: ir.Value, scores_shape: tuple[int, ...]) -> str | None:
 
 def _mask_array(mask: ir.Value) -> np.ndarray | None:
     """A constant mask, or the small constant a ConstantOfShape/Expand broadcasts at run time
-    (never expanded here: such masks can be [N*H, L, L] with L = 4096)."""
+    (never expanded here: such masks can be [N*H, L, L] with L = 4096), or a constant mask that
+    cleanup left computed (see _computed_constant)."""
     array = ir_utils.const_array(mask)
     if array is not None:
         return array
     node = mask.producer()
     rank = len(mask.shape) if mask.shape is not None else None
-    if node is None or rank is None:
+    if node is None or rank is None or node.domain != "":
         return None
     if node.op_type == "ConstantOfShape":
         attr = node.attributes.get("value")
         fill = attr.value.numpy().reshape(-1)[0] if attr is not None else 0.0
         return np.full((1,) * rank, fill, dtype=np.float64)
     if node.op_type == "Expand":
-        return ir_utils.const_array(node.inputs[0])
+        return _mask_array(node.inputs[0])
+    return _computed_constant(mask)
+
+
+MASK_LAYOUTS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def _computed_constant(value: ir.Value, depth: int = 0) -> np.ndarray | None:
+    """The value of a Trilu / reshape chain over constants, evaluated here. cleanup folds only
+    nodes whose constant inputs have at most FOLD_INPUT_LIMIT (8192) elements, so a causal mask
+    built as full((L, L), min).triu(1)[None, None] (transformers' eager attention) stays computed
+    from L = 91 on; its size is bounded by SMALL_CONST_LIMIT here."""
+    array = ir_utils.const_array(value)
+    if array is not None:
+        return array
+    node = value.producer()
+    shape = ir_utils.static_shape(value)
+    if node is None or node.domain != "" or shape is None or depth > 8 \
+            or math.prod(shape) > ir_utils.SMALL_CONST_LIMIT:
+        return None
+    if node.op_type == "ConstantOfShape":
+        attr = node.attributes.get("value")
+        fill = attr.value.numpy().reshape(-1)[0] if attr is not None else 0.0
+        return np.full(shape, fill)
+    source = _computed_constant(node.inputs[0], depth + 1) if node.inputs and node.inputs[0] is not None else None
+    if source is None:
+        return None
+    if node.op_type in MASK_LAYOUTS:
+        return source.reshape(shape) if source.size == math.prod(shape) else None
+    if node.op_type == "Trilu" and source.ndim >= 2:
+        k = 0
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            k = ir_utils.scalar_const(node.inputs[1])
+            if k is None:
+                return None
+        triangle = np.triu if node.attributes.get_int("upper", 1) else np.tril
+        return triangle(source, int(k))
     return None
 
 
