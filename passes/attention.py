@@ -213,40 +213,70 @@ def _mask_array(mask: ir.Value) -> np.ndarray | None:
     return _computed_constant(mask)
 
 
-MASK_LAYOUTS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
+MASK_LAYOUTS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand")
+MASK_ELEMENTWISE = {
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "Not": np.logical_not,
+    "And": np.logical_and, "Or": np.logical_or, "Where": np.where, "Add": np.add, "Sub": np.subtract,
+    "Mul": np.multiply, "Neg": np.negative,
+}
+MAX_MASK_DEPTH = 16
 
 
 def _computed_constant(value: ir.Value, depth: int = 0) -> np.ndarray | None:
-    """The value of a Trilu / reshape chain over constants, evaluated here. cleanup folds only
-    nodes whose constant inputs have at most FOLD_INPUT_LIMIT (8192) elements, so a causal mask
-    built as full((L, L), min).triu(1)[None, None] (transformers' eager attention) stays computed
-    from L = 91 on; its size is bounded by SMALL_CONST_LIMIT here."""
+    """The value of a small graph over constants, evaluated here: layout ops, Trilu, comparisons,
+    Where, Cast and float arithmetic. cleanup folds only nodes whose constant inputs have at most
+    FOLD_INPUT_LIMIT (8192) elements, so a causal mask over L >= 91 tokens stays computed from an
+    [L, L] constant: full((L, L), min).triu(1)[None, None].expand(...) (transformers' eager
+    attention), Where(Trilu(ones, upper=0) == 0, -inf, 0) (F.scaled_dot_product_attention with
+    is_causal). Every value is bounded by SMALL_CONST_LIMIT elements."""
     array = ir_utils.const_array(value)
     if array is not None:
         return array
     node = value.producer()
     shape = ir_utils.static_shape(value)
-    if node is None or node.domain != "" or shape is None or depth > 8 \
+    if node is None or node.domain != "" or shape is None or depth > MAX_MASK_DEPTH \
             or math.prod(shape) > ir_utils.SMALL_CONST_LIMIT:
         return None
     if node.op_type == "ConstantOfShape":
         attr = node.attributes.get("value")
-        fill = attr.value.numpy().reshape(-1)[0] if attr is not None else 0.0
-        return np.full(shape, fill)
-    source = _computed_constant(node.inputs[0], depth + 1) if node.inputs and node.inputs[0] is not None else None
-    if source is None:
+        return np.full(shape, attr.value.numpy().reshape(-1)[0] if attr is not None else np.float32(0))
+    known = node.op_type in MASK_LAYOUTS or node.op_type in MASK_ELEMENTWISE or node.op_type in ("Trilu", "Cast")
+    if not known or not node.inputs or node.inputs[0] is None:
         return None
+    if node.op_type in MASK_LAYOUTS or node.op_type in ("Trilu", "Cast"):
+        operands = [_computed_constant(node.inputs[0], depth + 1)]
+    else:
+        operands = [_computed_constant(v, depth + 1) if v is not None else None for v in node.inputs]
+    if any(a is None for a in operands):
+        return None
+    source = operands[0]
     if node.op_type in MASK_LAYOUTS:
+        if node.op_type == "Expand":
+            return np.broadcast_to(source, shape).copy() if _broadcasts(source.shape, shape) else None
         return source.reshape(shape) if source.size == math.prod(shape) else None
-    if node.op_type == "Trilu" and source.ndim >= 2:
+    if node.op_type == "Trilu":
         k = 0
         if len(node.inputs) > 1 and node.inputs[1] is not None:
             k = ir_utils.scalar_const(node.inputs[1])
-            if k is None:
+            if k is None or source.ndim < 2:
                 return None
         triangle = np.triu if node.attributes.get_int("upper", 1) else np.tril
         return triangle(source, int(k))
-    return None
+    if node.op_type == "Cast":
+        if value.dtype is None:
+            return None
+        return source.astype(value.dtype.numpy())
+    result = np.asarray(MASK_ELEMENTWISE[node.op_type](*operands))
+    if result.shape != shape or (value.dtype is not None and result.dtype != value.dtype.numpy()):
+        return None  # numpy would have promoted differently from ONNX: do not guess
+    return result
+
+
+def _broadcasts(source: tuple, target: tuple) -> bool:
+    try:
+        return np.broadcast_shapes(source, target) == tuple(target)
+    except ValueError:
+        return False
 
 
 def _assemble(q_heads, k_heads_t, v_heads, product, scale, causal, k_transposed) -> Attention | None:

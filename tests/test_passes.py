@@ -532,8 +532,13 @@ def test_causal_mask_of_a_toy_attention():
     assert [H.attr(n, "causal") for n in H.difflite_nodes(model, custom_ops.ATTENTION)] == [1]
 
 
-class EagerCausal(torch.nn.Module):
-    """transformers' eager attention: scores + full((L, L), min).triu(1)[None, None].expand(N, 1, L, L)."""
+class CausalAttention(torch.nn.Module):
+    """Causal self-attention as transformers' eager attention writes it (scores + full((L, L),
+    min).triu(1)[None, None].expand(N, 1, L, L)) or as F.scaled_dot_product_attention(is_causal)."""
+
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        self.sdpa = sdpa
 
     def forward(self, q, k, v):
         n, length, width = q.shape
@@ -541,20 +546,25 @@ class EagerCausal(torch.nn.Module):
         def split(t):
             return t.reshape(n, length, 2, width // 2).transpose(1, 2)
 
-        scores = split(q) @ split(k).transpose(-1, -2) * (width // 2) ** -0.5
-        mask = torch.full((length, length), torch.finfo(q.dtype).min).triu(1)
-        scores = scores + mask[None, None].expand(n, 1, length, length)
-        return (scores.softmax(-1) @ split(v)).transpose(1, 2).reshape(n, length, width)
+        if self.sdpa:
+            out = torch.nn.functional.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True)
+        else:
+            scores = split(q) @ split(k).transpose(-1, -2) * (width // 2) ** -0.5
+            mask = torch.full((length, length), torch.finfo(q.dtype).min).triu(1)
+            scores = scores + mask[None, None].expand(n, 1, length, length)
+            out = scores.softmax(-1) @ split(v)
+        return out.transpose(1, 2).reshape(n, length, width)
 
 
 @pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "legacy"])
+@pytest.mark.parametrize("sdpa", [False, True], ids=["eager", "sdpa"])
 @pytest.mark.parametrize("length", [77, 97])  # the [L, L] mask within / over cleanup's folding limit
-def test_causal_mask_of_any_length(length, dynamo):
+def test_causal_mask_of_any_length(length, sdpa, dynamo):
     q, k, v = (torch.randn(2, length, 16) for _ in range(3))
-    model = apply(H.export(EagerCausal(), (q, k, v), dynamo=dynamo), fuse_attention)
+    model = apply(H.export(CausalAttention(sdpa), (q, k, v), dynamo=dynamo), fuse_attention)
     [node] = H.difflite_nodes(model, custom_ops.ATTENTION)
     assert (H.attr(node, "heads"), H.attr(node, "causal")) == (2, 1)
-    assert not {n.op_type for n in model.graph} & {"Trilu", "Expand", "Softmax"}
+    assert not {n.op_type for n in model.graph} & {"Trilu", "Expand", "Where", "Softmax"}
 
 
 class BaddbmmCausal(torch.nn.Module):
