@@ -21,7 +21,7 @@ Reshape/Transpose) stays outside the op.
 Masks: a constant that is all zeros is no mask; exactly the strict upper triangle of [L, L] at
 <= -1e4 (broadcast over batch and heads) is causal=1; any other mask, a mask computed at run
 time, or a Softmax over another axis is not matched. A mask that cleanup left computed from
-constants (Trilu and reshapes of a constant too large to fold, then Expand) is evaluated here.
+constants too large to fold (Trilu, comparisons, Where, reshapes, Expand) is evaluated here.
 """
 
 from __future__ import annotations
