@@ -93,8 +93,9 @@ ATTENTION_FAMILIES = {
     "sd2": ((5, 64), (10, 64), (20, 64)),  # SD 2.x UNet: head size 64 at 320 / 640 / 1280
     "clip": ((12, 64), (16, 64)),  # CLIP ViT-L/14 (SD 1.x), OpenCLIP ViT-H/14 (SD 2.x): causal, 77 tokens
 }
-# Query lengths (latent pixels at the smallest sizes, tokens): none a multiple of 4, 8 or 16.
-ATTENTION_LENGTHS = (1, 3, 5, 7, 9, 13, 15, 21, 25, 35, 49)
+# Query lengths (latent pixels at small sizes, e.g. 11 x 13 = 143; tokens): none a multiple of 4, 8 or
+# 16, some over the kernels' 64-row and 32-key blocks.
+ATTENTION_LENGTHS = (1, 3, 5, 7, 9, 13, 15, 21, 25, 35, 49, 65, 99, 143)
 ATTENTION_VARIANTS = custom_ops.ATTENTION.attrs[3].choices  # ("auto", "partial_softmax", "flash")
 
 # WinogradConv3x3: the UNet's and VAE's 3x3 convolution widths, conv_in / conv_out's 4 latent
@@ -361,7 +362,8 @@ class AttentionConfig:
     def expected(self) -> Expected:
         q = (self.batch, self.lq, self.heads * self.head_dim)
         kv = (self.batch, self.lk, self.heads * self.head_dim)
-        return Expected(custom_ops.ATTENTION, {"heads": self.heads, "scale": self.scale, "causal": self.causal},
+        causal = self.causal and self.lq > 1  # a causal mask over one key masks nothing: no mask
+        return Expected(custom_ops.ATTENTION, {"heads": self.heads, "scale": self.scale, "causal": causal},
                         (q, kv, kv))
 
 
@@ -486,7 +488,7 @@ def draw_attentions(count: int, dynamo: int = 1) -> list[AttentionConfig]:
             lq = lk = TEXT_TOKENS
             causal = True
         else:
-            lq = _pick(rng, ATTENTION_LENGTHS[1:8] if head_dim >= 512 else ATTENTION_LENGTHS)
+            lq = _pick(rng, ATTENTION_LENGTHS[1:12] if head_dim >= 512 else ATTENTION_LENGTHS)
             mode = modes[family][(i // len(families)) % len(modes[family])]
             lk = TEXT_TOKENS if mode == "cross" else lq
             causal = mode == "causal"
@@ -535,7 +537,7 @@ class Prepared:
     fusion_counts: dict
 
 
-def _perturbed(config) -> torch.nn.Module:
+def perturbed_module(config) -> torch.nn.Module:
     torch.manual_seed(config.seed)
     return H.perturb(config.module(), seed=config.seed)
 
@@ -559,7 +561,7 @@ def _work_dir() -> Path:
 
 @functools.cache
 def prepare(config) -> Prepared:
-    module = _perturbed(config)
+    module = perturbed_module(config)
     arrays = config.inputs()
     with torch.no_grad():
         reference = copy.deepcopy(module).double()(*(torch.from_numpy(a).double() for a in arrays)).numpy()

@@ -132,10 +132,13 @@ def test_pass_fuses_the_config(config):
         assert [v.name for v in node.inputs] == [v.name for v in graph.inputs]
     attrs = {name: attr.value for name, attr in node.attributes.items()}
     _check_attributes(attrs, expected.attrs)
-    _check_constants(config, node, prepared)
+    _check_constants(config, node)
 
     kind = config.fuse_kind if config.fuse_kind != "gelu" else expected.op.name.lower()
     assert prepared.fusion_counts[kind] == {"matched": 1, "candidates": 1}, prepared.fusion_counts
+    if kind == "groupnorm":
+        silu = int(config.activation == "silu")
+        assert prepared.fusion_counts["groupnorm_silu"] == {"matched": silu, "candidates": silu}
     [op] = R.custom_ops_in(prepared.fused_path)
     assert op.name == expected.op.custom_code
     written = dict(expected.attrs)
@@ -157,9 +160,9 @@ def _check_attributes(got: dict, want: dict) -> None:
             assert got_value == value, f"{name}: {got_value!r} != {value!r}"
 
 
-def _check_constants(config, node, prepared) -> None:
+def _check_constants(config, node) -> None:
     """The op's constant inputs are the module's parameters (as the op takes them)."""
-    module = R._perturbed(config)
+    module = R.perturbed_module(config)
     params = {name: p.detach().numpy().astype(np.float64) for name, p in module.named_parameters()}
     constants = [None if v.const_value is None else v.const_value.numpy() for v in node.inputs[1:]]
     if isinstance(config, R.GroupNormConfig):
@@ -171,7 +174,7 @@ def _check_constants(config, node, prepared) -> None:
                                    rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(constants[1], params["bias"], rtol=1e-6, atol=1e-7)
     else:
-        assert not any(c is not None for c in constants), "unexpected constant inputs"
+        assert all(c is None for c in constants), "unexpected constant inputs"
 
 
 def _norm_params(params: dict) -> tuple[np.ndarray, np.ndarray]:
