@@ -96,7 +96,7 @@ ATTENTION_FAMILIES = {
 # Query lengths (latent pixels at small sizes, e.g. 11 x 13 = 143; tokens): none a multiple of 4, 8 or
 # 16, some over the kernels' 64-row and 32-key blocks.
 ATTENTION_LENGTHS = (1, 3, 5, 7, 9, 13, 15, 21, 25, 35, 49, 65, 99, 143)
-ATTENTION_VARIANTS = custom_ops.ATTENTION.attrs[3].choices  # ("auto", "partial_softmax", "flash")
+ATTENTION_VARIANTS = next(a.choices for a in custom_ops.ATTENTION.attrs if a.name == "variant")
 
 # WinogradConv3x3: the UNet's and VAE's 3x3 convolution widths, conv_in / conv_out's 4 latent
 # channels; Cin * Cout capped (the transformed weight is 36 Cin Cout floats).
@@ -438,7 +438,8 @@ def draw_group_norms(count: int, layer_norms: int, dynamo: int = 1) -> list[Grou
         shape = (int(rng.integers(1, 3)), tokens, channels)
         out.append(GroupNormConfig(channels, 1, _pick(rng, LAYER_NORM_EPSILONS), "none", shape, layer_norm=True,
                                    seed=1100 + i))
-    return _dynamo(rng, out, dynamo)
+    groups, layers = out[:count], out[count:]  # dynamo exports of each form (when asked for)
+    return _dynamo(rng, groups, min(dynamo, 1)) + _dynamo(rng, layers, max(dynamo - 1, 0))
 
 
 def draw_gelus(count: int, dynamo: int = 1) -> list[GeluConfig]:

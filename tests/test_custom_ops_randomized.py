@@ -40,7 +40,7 @@ from passes import ir_utils  # noqa: E402
 
 KERNEL_BAR = 1e-4  # max |err| / max |ref| in float32 (the op-library kernel tests' bar)
 
-GROUP_NORMS = R.draw_group_norms(7, layer_norms=3)
+GROUP_NORMS = R.draw_group_norms(7, layer_norms=3, dynamo=2)
 GELUS = R.draw_gelus(6)
 GEGLUS = R.draw_geglus(6)
 ATTENTIONS = R.draw_attentions(12, dynamo=2)
@@ -109,6 +109,7 @@ def test_draws_cover_the_ranges():
     assert {c.shape[0] for c in WINOGRADS} == {1, 2}
     for configs in (GROUP_NORMS, GELUS, GEGLUS, ATTENTIONS, WINOGRADS):
         assert {c.exporter for c in configs} == {"legacy", "dynamo"}
+    assert {c.layer_norm for c in GROUP_NORMS if c.exporter == "dynamo"} == {False, True}
     for c in ATTENTIONS:
         assert c.lq == 1 or c.lq % 4, c.id  # odd query lengths
     for c in WINOGRADS:
