@@ -20,7 +20,8 @@ factors becomes `scale`. What lies before the sources (e.g. the VAE's [N,C,H,W] 
 Reshape/Transpose) stays outside the op.
 Masks: a constant that is all zeros is no mask; exactly the strict upper triangle of [L, L] at
 <= -1e4 (broadcast over batch and heads) is causal=1; any other mask, a mask computed at run
-time, or a Softmax over another axis is not matched.
+time, or a Softmax over another axis is not matched. A mask that cleanup left computed from
+constants too large to fold (Trilu, comparisons, Where, reshapes, Expand) is evaluated here.
 """
 
 from __future__ import annotations
@@ -194,21 +195,88 @@ def _mask_kind(mask: ir.Value, scores_shape: tuple[int, ...]) -> str | None:
 
 def _mask_array(mask: ir.Value) -> np.ndarray | None:
     """A constant mask, or the small constant a ConstantOfShape/Expand broadcasts at run time
-    (never expanded here: such masks can be [N*H, L, L] with L = 4096)."""
+    (never expanded here: such masks can be [N*H, L, L] with L = 4096), or a constant mask that
+    cleanup left computed (see _computed_constant)."""
     array = ir_utils.const_array(mask)
     if array is not None:
         return array
     node = mask.producer()
     rank = len(mask.shape) if mask.shape is not None else None
-    if node is None or rank is None:
+    if node is None or rank is None or node.domain != "":
         return None
     if node.op_type == "ConstantOfShape":
         attr = node.attributes.get("value")
         fill = attr.value.numpy().reshape(-1)[0] if attr is not None else 0.0
         return np.full((1,) * rank, fill, dtype=np.float64)
     if node.op_type == "Expand":
-        return ir_utils.const_array(node.inputs[0])
-    return None
+        return _mask_array(node.inputs[0])
+    return _computed_constant(mask)
+
+
+MASK_LAYOUTS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand")
+MASK_ELEMENTWISE = {
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "Not": np.logical_not,
+    "And": np.logical_and, "Or": np.logical_or, "Where": np.where, "Add": np.add, "Sub": np.subtract,
+    "Mul": np.multiply, "Neg": np.negative,
+}
+MAX_MASK_DEPTH = 16
+
+
+def _computed_constant(value: ir.Value, depth: int = 0) -> np.ndarray | None:
+    """The value of a small graph over constants, evaluated here: layout ops, Trilu, comparisons,
+    Where, Cast and float arithmetic. cleanup folds only nodes whose constant inputs have at most
+    FOLD_INPUT_LIMIT (8192) elements, so a causal mask over L >= 91 tokens stays computed from an
+    [L, L] constant: full((L, L), min).triu(1)[None, None].expand(...) (transformers' eager
+    attention), Where(Trilu(ones, upper=0) == 0, -inf, 0) (F.scaled_dot_product_attention with
+    is_causal). Every value is bounded by SMALL_CONST_LIMIT elements."""
+    array = ir_utils.const_array(value)
+    if array is not None:
+        return array
+    node = value.producer()
+    shape = ir_utils.static_shape(value)
+    if node is None or node.domain != "" or shape is None or depth > MAX_MASK_DEPTH \
+            or math.prod(shape) > ir_utils.SMALL_CONST_LIMIT:
+        return None
+    if node.op_type == "ConstantOfShape":
+        attr = node.attributes.get("value")
+        return np.full(shape, attr.value.numpy().reshape(-1)[0] if attr is not None else np.float32(0))
+    known = node.op_type in MASK_LAYOUTS or node.op_type in MASK_ELEMENTWISE or node.op_type in ("Trilu", "Cast")
+    if not known or not node.inputs or node.inputs[0] is None:
+        return None
+    if node.op_type in MASK_LAYOUTS or node.op_type in ("Trilu", "Cast"):
+        operands = [_computed_constant(node.inputs[0], depth + 1)]
+    else:
+        operands = [_computed_constant(v, depth + 1) if v is not None else None for v in node.inputs]
+    if any(a is None for a in operands):
+        return None
+    source = operands[0]
+    if node.op_type in MASK_LAYOUTS:
+        if node.op_type == "Expand":
+            return np.broadcast_to(source, shape).copy() if _broadcasts(source.shape, shape) else None
+        return source.reshape(shape) if source.size == math.prod(shape) else None
+    if node.op_type == "Trilu":
+        k = 0
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            k = ir_utils.scalar_const(node.inputs[1])
+            if k is None or source.ndim < 2:
+                return None
+        triangle = np.triu if node.attributes.get_int("upper", 1) else np.tril
+        return triangle(source, int(k))
+    if node.op_type == "Cast":
+        if value.dtype is None:
+            return None
+        return source.astype(value.dtype.numpy())
+    result = np.asarray(MASK_ELEMENTWISE[node.op_type](*operands))
+    if result.shape != shape or (value.dtype is not None and result.dtype != value.dtype.numpy()):
+        return None  # numpy would have promoted differently from ONNX: do not guess
+    return result
+
+
+def _broadcasts(source: tuple, target: tuple) -> bool:
+    try:
+        return np.broadcast_shapes(source, target) == tuple(target)
+    except ValueError:
+        return False
 
 
 def _assemble(q_heads, k_heads_t, v_heads, product, scale, causal, k_transposed) -> Attention | None:

@@ -4,8 +4,8 @@ After `cleanup(model)` every value has a static shape and a dtype; every Reshape
 start/end/axes/step, Split size (and the like) input is a constant initializer, with explicit
 values where the TFLite writer needs them (Reshape shapes without 0 / -1, Split sizes instead of
 num_outputs, positive-step Slice bounds clamped into range); constants are the second operand of
-commutative Add/Mul; no Identity, no-op Cast, Softmax NaN guard or unused node/initializer is
-left. Large initializers
+commutative Add/Mul; no Identity, no-op Cast, Mul / Div by a one-element 1, Softmax NaN guard or
+unused node/initializer is left. Large initializers
 are never read: folding skips nodes with big constant inputs, and onnx shape inference runs on
 a copy without them (onnx-ir's ShapeInferencePass).
 """
@@ -41,6 +41,7 @@ def cleanup(model: ir.Model) -> dict:
         changed = _fold_constants(model)
         changed |= common.IdentityEliminationPass()(model).modified
         changed |= _remove_noop_casts(model.graph)
+        changed |= _remove_unit_scalings(model.graph)
         changed |= _remove_nan_guards(model.graph)
         common.RemoveUnusedNodesPass()(model)
         if not changed:
@@ -89,6 +90,12 @@ def _fold_constants(model: ir.Model) -> bool:
             if value is not None and value.const_value is not None \
                     and value.const_value.size > FOLD_INPUT_LIMIT:
                 return False
+        if node.op_type == "ConstantOfShape" and node.domain == "":
+            # onnxscript never folds ConstantOfShape by default (its output may be large); a small
+            # one is shape arithmetic, e.g. the TorchScript exporter's expand(b, 1, L, L) of a causal
+            # mask: Where(Equal(sizes, ConstantOfShape([r]) * -1), ConstantOfShape([r]), sizes).
+            shape = ir_utils.int_list(node.inputs[0]) if node.inputs else None
+            return shape is not None and 0 <= int(np.prod(shape)) <= FOLD_INPUT_LIMIT
         return None
 
     result = onnxscript.optimizer.fold_constants(
@@ -105,6 +112,27 @@ def _remove_noop_casts(graph: ir.Graph) -> bool:
         source, out = node.inputs[0], node.outputs[0]
         target = node.attributes.get_int("to", None)
         if source is None or source.dtype is None or target is None or source.dtype.value != target:
+            continue
+        changed |= _bypass(graph, node, source, out)
+    return changed
+
+
+def _remove_unit_scalings(graph: ir.Graph) -> bool:
+    """Mul(x, 1) / Div(x, 1) by a one-element constant that widens nothing: x exactly. The folder
+    folds these only while x is a small constant; TorchScript's baddbmm(mask, q, k^T, beta=1) writes
+    Mul(mask, 1), and a mask of more than FOLD_INPUT_LIMIT elements (e.g. [N*H, 77, 77]) then stayed
+    a computed value that the attention pass cannot read."""
+    changed = False
+    for node in list(graph):
+        if node.op_type not in ("Mul", "Div") or node.domain != "" or len(node.inputs) != 2:
+            continue
+        source, one = node.inputs
+        out = node.outputs[0]
+        if source is None or one is None or ir_utils.scalar_const(one) != 1.0:
+            continue
+        shape = ir_utils.static_shape(source)
+        if shape is None or shape != ir_utils.static_shape(out) or one.const_value.shape.rank() > len(shape) \
+                or source.dtype is None or source.dtype != out.dtype:
             continue
         changed |= _bypass(graph, node, source, out)
     return changed

@@ -56,7 +56,7 @@ def pytest_xdist_auto_num_workers(config):
 
 # Test modules whose tests run OpenCL (PoCL) in this process.
 OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_opencl_models.py",
-                  "test_quantized_weights_delegate.py"}
+                  "test_quantized_weights_delegate.py", "test_custom_ops_randomized.py"}
 
 
 # The modules that take longest (minutes each: sanitized and cross builds, many conversions), queued

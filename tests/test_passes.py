@@ -475,9 +475,12 @@ def test_onnx_attention_op_with_3d_inputs():
     assert math.isclose(H.attr(fused, "scale"), 0.5, rel_tol=1e-6)
 
 
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "legacy"])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_clip_attention_is_causal(implementation):
-    model = apply(H.export(*_tiny_clip(implementation)), fuse_gelu, fuse_attention)
+def test_clip_attention_is_causal(implementation, dynamo):
+    """legacy + eager: the causal mask's expand(b, 1, L, L) is shape arithmetic around a
+    ConstantOfShape, which cleanup must fold for the mask to be a constant."""
+    model = apply(H.export(*_tiny_clip(implementation), dynamo=dynamo), fuse_gelu, fuse_attention)
     nodes = H.difflite_nodes(model, custom_ops.ATTENTION)
     assert [(H.attr(n, "heads"), H.attr(n, "causal")) for n in nodes] == [(4, 1)] * 2
     assert math.isclose(H.attr(nodes[0], "scale"), 8 ** -0.5, rel_tol=1e-6)
@@ -527,6 +530,60 @@ def _toy(**kwargs) -> ir.Model:
 def test_causal_mask_of_a_toy_attention():
     model = _toy(mask=torch.full((6, 6), -1e9).triu(1))
     assert [H.attr(n, "causal") for n in H.difflite_nodes(model, custom_ops.ATTENTION)] == [1]
+
+
+class CausalAttention(torch.nn.Module):
+    """Causal self-attention as transformers' eager attention writes it (scores + full((L, L),
+    min).triu(1)[None, None].expand(N, 1, L, L)) or as F.scaled_dot_product_attention(is_causal)."""
+
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        self.sdpa = sdpa
+
+    def forward(self, q, k, v):
+        n, length, width = q.shape
+
+        def split(t):
+            return t.reshape(n, length, 2, width // 2).transpose(1, 2)
+
+        if self.sdpa:
+            out = torch.nn.functional.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True)
+        else:
+            scores = split(q) @ split(k).transpose(-1, -2) * (width // 2) ** -0.5
+            mask = torch.full((length, length), torch.finfo(q.dtype).min).triu(1)
+            scores = scores + mask[None, None].expand(n, 1, length, length)
+            out = scores.softmax(-1) @ split(v)
+        return out.transpose(1, 2).reshape(n, length, width)
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "legacy"])
+@pytest.mark.parametrize("sdpa", [False, True], ids=["eager", "sdpa"])
+@pytest.mark.parametrize("length", [77, 97])  # the [L, L] mask within / over cleanup's folding limit
+def test_causal_mask_of_any_length(length, sdpa, dynamo):
+    q, k, v = (torch.randn(2, length, 16) for _ in range(3))
+    model = apply(H.export(CausalAttention(sdpa), (q, k, v), dynamo=dynamo), fuse_attention)
+    [node] = H.difflite_nodes(model, custom_ops.ATTENTION)
+    assert (H.attr(node, "heads"), H.attr(node, "causal")) == (2, 1)
+    assert not {n.op_type for n in model.graph} & {"Trilu", "Expand", "Where", "Softmax"}
+
+
+class BaddbmmCausal(torch.nn.Module):
+    """diffusers AttnProcessor's scores with a mask: baddbmm(mask, q, k^T, beta=1, alpha=scale) on
+    [N*H, L, D]; the TorchScript exporter writes beta * mask as Mul(mask, 1)."""
+
+    def forward(self, q, k, v):
+        length = q.shape[1]
+        mask = torch.full((length, length), -10000.0).triu(1).expand(q.shape[0], length, length)
+        scores = torch.baddbmm(mask, q, k.transpose(-1, -2), beta=1, alpha=0.25)
+        return torch.bmm(scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("batch_heads", [2, 16])  # the expanded mask within / over the folding limit
+def test_baddbmm_causal_mask_of_any_size(batch_heads):
+    q, k, v = (torch.randn(batch_heads, 24, 8) for _ in range(3))
+    model = apply(H.export(BaddbmmCausal(), (q, k, v), dynamo=False), fuse_attention)
+    [node] = H.difflite_nodes(model, custom_ops.ATTENTION)
+    assert (H.attr(node, "causal"), round(H.attr(node, "scale"), 6)) == (1, 0.25)
 
 
 def _causal_mask_with(row: int, col: int, value: float) -> torch.Tensor:
