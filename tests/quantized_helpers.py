@@ -126,3 +126,25 @@ def int4_blocks(w: np.ndarray, block: int = BLOCK):
     scale = (np.abs(blocks).max(axis=1) / top).astype(np.float16).astype(np.float32)
     q = np.clip(np.round(blocks / scale[:, None]), -top - 1, top).astype(np.int8)
     return q, scale
+
+
+def write_int4_lookup(path, precision: str, r, vocab: int = 1000, dim: int = 64) -> np.ndarray:
+    """The int4 mix's token lookup as `convert --weights int4` writes it (compiler/tflite/context.py
+    lookup: int8 rows of scale 1, DEQUANTIZE, GATHER, MUL by the gathered row scales) of a seeded
+    [vocab, dim] table, ids [1, 77], written to `path`; returns the float table."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler.tflite import quantize as writer_quantize
+    from compiler.tflite.writer import write_tflite
+
+    table = (r.standard_normal((vocab, dim)) * 0.02).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 77])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, 77, dim])],
+        [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    write_tflite(ir.serde.deserialize_model(model), path=path, precision=precision,
+                 quantization=writer_quantize.WeightQuantization("int4"))
+    return table

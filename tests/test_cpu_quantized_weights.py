@@ -35,7 +35,8 @@ sys.path.insert(0, str(TESTS.parent))
 
 from opencl_helpers import run_reference  # noqa: E402
 from oplib_helpers import build_oplib, make_interpreter, run_tflite  # noqa: E402
-from quantized_helpers import SAME, VALID, QModel, dequantize, int4_blocks, nonzero, quantize, rng  # noqa: E402
+from quantized_helpers import (  # noqa: E402
+    SAME, VALID, QModel, dequantize, int4_blocks, nonzero, quantize, rng, write_int4_lookup)
 
 TOL = 1e-5
 NONE, RELU, RELU_N1_TO_1, RELU6 = 0, 1, 2, 3  # schema ActivationFunctionType
@@ -214,23 +215,10 @@ def test_token_table_rows_are_gathered_from_the_integers(lib, tmp_path, capfd, p
     DEQUANTIZE of int8 rows of scale 1, GATHER, MUL by the gathered row scales (TFLite's). The
     GATHER reads the int8 table as stored: the same numbers as stock LiteRT, bit for bit; an index
     outside the table fails the call, as TFLite's GATHER does."""
-    import onnx_ir as ir
-    from onnx import TensorProto, helper, numpy_helper
-
-    from compiler.tflite import quantize as writer_quantize
-    from compiler.tflite.writer import write_tflite
-
     vocab, dim = 1000, 64
     r = rng(11)
-    table = (r.standard_normal((vocab, dim)) * 0.02).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "lookup",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 77])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, 77, dim])],
-        [numpy_helper.from_array(table, "table")])
     path = tmp_path / "lookup.tflite"
-    write_tflite(ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])),
-                 path=path, precision=precision, quantization=writer_quantize.WeightQuantization("int4"))
+    table = write_int4_lookup(path, precision, r, vocab, dim)
     ids = r.integers(0, vocab, (1, 77)).astype(np.int32)
     ids[0, :3] = (0, vocab - 1, 0)
     (got,), err = run_cpu(lib, path, [ids], capfd)

@@ -53,6 +53,7 @@ from quantized_helpers import (  # noqa: E402
     pack_int4,
     quantize,
     rng,
+    write_int4_lookup,
 )
 
 TOL = 1e-5
@@ -263,24 +264,10 @@ def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
     DEQUANTIZE of int8 rows, GATHER, times the gathered row scales. The GATHER reads the int8
     constant as it is (gather_q8): the device never holds the table as floats, and the rows
     are TFLite's exactly at fp32."""
-    import onnx_ir as ir
-    from onnx import TensorProto, helper, numpy_helper
-
-    from compiler.tflite import quantize as writer_quantize
-    from compiler.tflite.writer import write_tflite
-
     vocab, dim = 1000, 64
     r = rng(11)
-    table = (r.standard_normal((vocab, dim)) * 0.02).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "lookup",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 77])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, 77, dim])],
-        [numpy_helper.from_array(table, "table")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     path = tmp_path / "lookup.tflite"
-    write_tflite(ir.serde.deserialize_model(model), path=path, precision=precision,
-                 quantization=writer_quantize.WeightQuantization("int4"))
+    write_int4_lookup(path, precision, r, vocab, dim)
     ids = r.integers(0, vocab, (1, 77)).astype(np.int32)
     ids[0, :3] = (0, vocab - 1, 0)
     got, stats, stock = run_both(lib, path, ids, precision)
