@@ -50,7 +50,7 @@ def test_fp16_lane(fp16_vendors, lane):
                DIFFLITE_OPENCL_DEVICE="Intel(R) OpenCL",  # the pyopencl harness's device choice
                DIFFLITE_EXPECT_ARITHMETIC="float16")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", expression,
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", expression,
          str(TESTS / path)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     tail = (result.stdout + result.stderr)[-6000:]

@@ -143,7 +143,7 @@ def test_hostile_files_under_sanitizers(build, fuzzing, backend, tmp_path):
 def test_core_delegate_tests_under_sanitizers(build, fuzzing):
     """The op library's own Python tests (each op against its reference, chains, refusals) with
     the sanitized library: DIFFLITE_OPLIB names it, the ASan runtime is preloaded."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", CORE_TESTS,
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", CORE_TESTS,
                           str(ROOT / "tests" / "test_custom_ops_cpu.py")],
                          capture_output=True, text=True, env=build.env, cwd=ROOT, timeout=600)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
