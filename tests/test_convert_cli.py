@@ -178,8 +178,11 @@ def test_interrupted_conversion_leaves_no_partial_files(tmp_path):
     out = tmp_path / "o"
     exe = shutil.which("difflite")
     command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    # Ctrl-C's default action in the child, as in a shell: a test worker may run with SIGINT
+    # ignored (xdist's do), which the child would inherit and so finish the conversion.
     process = subprocess.Popen([*command, "convert", "preset:tiny", "-o", str(out), *SIZE],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not list(out.glob(".difflite-staging-*/onnx/*.onnx")):
         time.sleep(0.05)
