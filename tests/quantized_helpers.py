@@ -22,6 +22,15 @@ def nonzero(r, shape, scale=1.0):
     return (v * scale).astype(np.float32)
 
 
+def rel_err(got, want) -> float:
+    """max |got - want| / max |want|, after checking shapes and that every element was written."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
 def quantize(w: np.ndarray, axis: int | None, bits: int):
     """Symmetric quantization of `w`: (q int8, scales float32) with one scale per index of `axis`
     (None: one scale for the tensor)."""

@@ -36,7 +36,7 @@ sys.path.insert(0, str(TESTS.parent))
 from opencl_helpers import run_reference  # noqa: E402
 from oplib_helpers import build_oplib, make_interpreter, run_tflite  # noqa: E402
 from quantized_helpers import (  # noqa: E402
-    SAME, VALID, QModel, dequantize, int4_blocks, nonzero, quantize, rng, write_int4_lookup)
+    SAME, VALID, QModel, dequantize, int4_blocks, nonzero, quantize, rel_err, rng, write_int4_lookup)
 
 TOL = 1e-5
 NONE, RELU, RELU_N1_TO_1, RELU6 = 0, 1, 2, 3  # schema ActivationFunctionType
@@ -46,14 +46,6 @@ CPU = {"backend": "cpu", "verbose": "1"}
 @pytest.fixture(scope="module")
 def lib() -> Path:
     return build_oplib()
-
-
-def rel_err(got, want) -> float:
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def activate(y, activation):

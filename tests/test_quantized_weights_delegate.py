@@ -52,6 +52,7 @@ from quantized_helpers import (  # noqa: E402
     nonzero,
     pack_int4,
     quantize,
+    rel_err,
     rng,
     write_int4_lookup,
 )
@@ -96,14 +97,6 @@ def lib() -> Path:
     path = build_oplib()
     require_opencl(path)
     return path
-
-
-def rel_err(got, want) -> float:
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def n_nodes(path) -> int:

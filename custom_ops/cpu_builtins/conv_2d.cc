@@ -33,15 +33,6 @@ bool Geometry(int padding, int64_t in, int64_t k, int64_t stride, int64_t dilati
   return true;
 }
 
-const char* ActivationName(int activation) {
-  switch (activation) {
-    case tfl::kActRelu: return "relu";
-    case tfl::kActReluN1To1: return "relu_n1_to_1";
-    case tfl::kActRelu6: return "relu6";
-    default: return "none";
-  }
-}
-
 class QuantizedConv2d final : public OpInstance {
  public:
   QuantizedConv2d(const QuantWeight& w, const Shape& filter, const tfl::ConvParams& p, Clamp clamp)

@@ -34,6 +34,8 @@ std::unique_ptr<OpInstance> CreateQuantizedGather(const void* params, const Quan
 
 // The activations both fuse, as a clamp; false for any other.
 bool ActivationClamp(int activation, Clamp* clamp, std::string* why);
+// The fused activation's name, for descriptions.
+const char* ActivationName(int activation);
 
 }  // namespace cpu
 }  // namespace difflite

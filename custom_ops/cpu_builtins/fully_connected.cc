@@ -25,8 +25,6 @@ bool ActivationClamp(int activation, Clamp* clamp, std::string* why) {
   }
 }
 
-namespace {
-
 const char* ActivationName(int activation) {
   switch (activation) {
     case tfl::kActRelu: return "relu";
@@ -35,6 +33,8 @@ const char* ActivationName(int activation) {
     default: return "none";
   }
 }
+
+namespace {
 
 class QuantizedFullyConnected final : public OpInstance {
  public:
