@@ -139,8 +139,10 @@ def parse_lora(spec: str):
                    "recipe says (computed on the PyTorch model for --weights-target-db, or read from "
                    "--weights-recipe; written to OUT/weights_recipe.json and the manifest). int4 also stores "
                    "the text encoder's token table as int8 rows (a scale a row; not in --no-fuse files). Every other "
-                   "weight (norms, biases, embeddings, Winograd's transformed weights, the VAE decoder's first and "
-                   "last convolutions) and the activations follow --precision.")
+                   "weight (norms, biases, embeddings, the VAE decoder's first and last convolutions) and the "
+                   "activations follow --precision; so do Winograd's transformed weights, where the budget buys "
+                   "them: a quantized Winograd convolution otherwise keeps its filter as stored, transformed at "
+                   "every call, at no weight memory.")
 @click.option("--weights-block", default=32, show_default=True, type=int,
               help="int4: how many consecutive input values share a scale (a float16 each at --precision fp16, "
                    "else a float32).")
@@ -166,7 +168,9 @@ def parse_lora(spec: str):
               help="Target GPU profile (compiler/device_profiles.json): generic, adreno-740, mali-g715, ...; "
                    "it picks Winograd convolutions and attention variants.")
 @click.option("--winograd-budget-mb", default=None,
-              help="Extra weight memory Winograd may add per component (its weights are 4x a 3x3 conv's): "
+              help="Extra weight memory Winograd may add per component (its transformed weights are 4x a 3x3 "
+                   "conv's; with --weights int8|int4 the convolutions whose filter is transformed at every "
+                   "call add none and need no budget): "
                    "N MB for each, or per component, e.g. 150,vae_decoder=0 (the UNet and text encoder 150, "
                    "the VAE decoder none) [default: the device profile's budget: 200 MB, 4000 on nvidia-h100].")
 @click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only (recognised patterns are decomposed "

@@ -363,7 +363,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     if recipe is not None:
         report["weights_recipe"] = {
             **weight_recipe.summary(recipe),
-            # the recipe's layers the writer met (Winograd's convolutions, for one, stay float)
+            # the recipe's layers the writer met (a transformed-form Winograd convolution's U stays float)
             "written_layers": sum(1 for w in result.weight_widths if w.get("digest") in
                                   {layer["digest"] for layer in recipe["layers"]})}
     return entry, report

@@ -62,6 +62,9 @@ ATTENTION = CustomOp(
     (Attr("heads", int, 1), Attr("scale", float, 1.0), Attr("causal", bool, False),
      Attr("variant", str, "auto", ("auto", "partial_softmax", "flash"))),
     "attention")
+# w: [36, Cin, Cout] transformed (U = G g G^T), or the filter itself ([Cout, Cin, 3, 3] in ONNX,
+# OHWI in TFLite, stored as any convolution's weight: quantized under --weights), which the
+# kernels transform at every call; the rank tells the forms apart.
 WINOGRAD_CONV3X3 = CustomOp(
     "WinogradConv3x3", ("x", "w", "bias"),
     (Attr("tile", int, 4, (4,)), Attr("activation", str, "none", ("none",))),

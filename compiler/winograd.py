@@ -8,7 +8,7 @@ Interpolation points 0, 1, -1, 2, -2 and infinity. For one 6x6 input tile d and 
     y (4x4) = A^T [ (G g G^T) * (B^T d B) ] A        (* = elementwise)
 
 The transformed weights of difflite.WinogradConv3x3 are U = G g G^T laid out as [36, Cin, Cout]
-with position index 6*i + j.
+with position index 6*i + j; in its filter form the op takes g itself and its kernels compute U.
 """
 from __future__ import annotations
 
@@ -77,3 +77,9 @@ def transform_macs() -> tuple[int, int]:
     input_macs = 2 * side * bt_nonzero  # B^T d: 6 columns; (B^T d) B: 6 rows
     output_macs = side * at_nonzero + TILE * at_nonzero  # A^T m: 6 columns; (A^T m) A: 4 rows
     return input_macs, output_macs
+
+
+def filter_transform_macs() -> int:
+    """Multiply-adds of U = G g G^T per (Cin, Cout) pair, as the filter-form kernel computes it:
+    each of the 36 positions a weighted sum of the 9 taps, zero coefficients skipped."""
+    return int(np.count_nonzero(np.einsum("ak,bl->abkl", G, G)))

@@ -22,16 +22,25 @@ A plain onnx-ir pass (weight packing is non-local: FACTS). Steps:
                                 36 T Cin Cout MACs (4x fewer than direct);
                output transform reads M, writes y (+ bias), A^T m A MACs per tile and channel.
    est_speedup = direct time / winograd time; saved = direct - winograd (seconds).
-   Extra weight memory = (36 - 9) Cin Cout e: the transformed weight replaces the 3x3 one but is 4x
-   its size (3 extra copies).
-4. Choice: convs with saved > 0, greedily by saved time per extra MB (ties: graph order), each
-   taken if it still fits the remaining budget_mb; budget 0 chooses nothing.
+   Extra weight memory = 36 Cin Cout e - 9 Cin Cout q (q: bytes a value of the direct conv's
+   weight takes, e for float, 1 for int8): the transformed weight replaces the 3x3 one.
+   With quantized weights (`weight_value_bytes` given) a conv may instead keep its filter as the
+   file stores it (the "filter" form): a filter-transform kernel (reads 9 Cin Cout q, writes the
+   36 Cin Cout float U into scratch) runs first at every call, so it costs no weight memory, the
+   extra time of that kernel, and U's bytes of intermediates.
+4. Choice: with quantized weights, every eligible conv whose filter form saves time and whose U
+   is no larger than its own transformed activations (V + M: the transient at most doubles)
+   takes the filter form, free of the budget. The others, with saved > 0, greedily by saved time
+   per extra MB (ties: graph order), each taken if it still fits the remaining budget_mb.
+   Budget 0 chooses none of those (the filter form is not budgeted: it adds no weight).
 5. Rewrite: each chosen Conv becomes WinogradConv3x3(x, U, bias) with U =
    compiler.winograd.transform_weights(W) (cast back to W's dtype) under a new, unique initializer
-   name; the original weight initializer is dropped when nothing else reads it.
+   name, or in the filter form WinogradConv3x3(x, W, bias) (W [Cout, Cin, 3, 3] itself, which the
+   writer stores as any conv weight: quantized per --weights); the original weight initializer
+   is dropped when nothing else reads it.
 
-Returns one dict per chosen conv, in graph order: {node, n, cin, cout, h, w, tiles, extra_mb,
-intermediate_mb, est_speedup, saved_us}. Deterministic: same model, profile and budget -> same
+Returns one dict per chosen conv, in graph order: {node, n, cin, cout, h, w, tiles, form
+("transformed" | "filter"), extra_mb, intermediate_mb, est_speedup, saved_us}. Deterministic: same model, profile and budget -> same
 choice, names and bytes.
 """
 
@@ -51,6 +60,7 @@ from compiler.profiles import Profile, load_profile
 from passes import ir_utils
 
 MB = 1e6  # budgets and reports in decimal megabytes
+TRANSFORMED, FILTER = "transformed", "filter"  # what WinogradConv3x3's w holds (DESIGN §2)
 _FLOAT_DTYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
@@ -63,7 +73,8 @@ class ConvCost:
     winograd_macs: int
     winograd_s: float
     extra_weight_bytes: int
-    intermediate_bytes: int  # V + M, the transformed activations
+    intermediate_bytes: int  # V + M, the transformed activations (+ U in the filter form)
+    form: str = TRANSFORMED
 
     @property
     def est_speedup(self) -> float:
@@ -89,14 +100,19 @@ class Candidate:
     eligible: bool = False  # ... that also passes the profile thresholds
     reason: str = ""  # why not (empty when eligible)
     cost: ConvCost | None = None
+    filter_cost: ConvCost | None = None  # the filter form's, where the weights are quantized
 
 
 def conv_cost(n: int, cin: int, cout: int, h: int, w: int, profile: Profile | str,
-              precision: str | None = None, weight_value_bytes: float | None = None) -> ConvCost:
+              precision: str | None = None, weight_value_bytes: float | None = None,
+              form: str = TRANSFORMED) -> ConvCost:
     """Bytes moved, MACs and roofline time of a 3x3 stride-1 conv, direct vs Winograd F(4x4,3x3).
     `weight_value_bytes`: what a value of the direct conv's weights takes (int8: 1, int4 at block
     32: 0.625); Winograd's transformed filters are float whatever the direct conv stores, so a
-    quantized layer pays more extra weight memory for Winograd (and reads more)."""
+    quantized layer pays more extra weight memory for Winograd (and reads more). `form`: FILTER
+    costs the per-call filter transform instead of the stored U (module docstring, step 3)."""
+    if form not in (TRANSFORMED, FILTER):
+        raise ValueError(f"Winograd form {form!r}")
     profile = load_profile(profile)
     e = profile.element_bytes(precision)
     qe = e if weight_value_bytes is None else weight_value_bytes
@@ -119,12 +135,18 @@ def conv_cost(n: int, cin: int, cout: int, h: int, w: int, profile: Profile | st
         (p * tiles * cin + p * cin * cout + p * tiles * cout, p * tiles * cin * cout),  # 36 GEMMs
         (p * tiles * cout + pixels * cout + cout, out_tf_macs * tiles * cout),  # output transform
     ]
+    extra = p * cin * cout * e - 9 * cin * cout * qe
+    filter_scratch = 0
+    if form == FILTER:
+        stages.insert(0, (9 * cin * cout * qe / e + p * cin * cout, wg.filter_transform_macs() * cin * cout))
+        extra, filter_scratch = 0, p * cin * cout * e
     return ConvCost(
         direct_bytes=direct_elems * e, direct_macs=direct_macs, direct_s=kernel(direct_elems, direct_macs),
         winograd_bytes=sum(el for el, _ in stages) * e, winograd_macs=sum(m for _, m in stages),
         winograd_s=sum(kernel(el, m) for el, m in stages),
-        extra_weight_bytes=p * cin * cout * e - 9 * cin * cout * qe,
-        intermediate_bytes=p * tiles * (cin + cout) * e,
+        extra_weight_bytes=extra,
+        intermediate_bytes=p * tiles * (cin + cout) * e + filter_scratch,
+        form=form,
     )
 
 
@@ -142,20 +164,33 @@ def find_candidates(model: ir.Model, profile: Profile | str, precision: str | No
         if cand.structural:
             cand.reason = _thresholds(cand, profile)
             cand.eligible = not cand.reason
-            cand.cost = conv_cost(cand.n, cand.cin, cand.cout, cand.h, cand.w, profile, precision,
-                                  weight_value_bytes)
+            shape = (cand.n, cand.cin, cand.cout, cand.h, cand.w)
+            cand.cost = conv_cost(*shape, profile, precision, weight_value_bytes)
+            if weight_value_bytes is not None:
+                cand.filter_cost = conv_cost(*shape, profile, precision, weight_value_bytes, FILTER)
         out.append(cand)
     return out
 
 
+def _filter_form_pays(cand: Candidate) -> bool:
+    """The filter form saves time, and its per-call U is no larger than the layer's V + M."""
+    f = cand.filter_cost
+    return f is not None and f.saved_s > 0 and 2 * cand.cost.intermediate_bytes >= f.intermediate_bytes
+
+
 def choose(candidates: list[Candidate], budget_mb: float) -> list[Candidate]:
-    """The greedy choice under the extra-weight budget, in graph order."""
+    """The filter-form convs, then the greedy choice under the extra-weight budget, in graph order;
+    each chosen candidate's `cost` is that of the form it takes."""
     if not isinstance(budget_mb, (int, float)) or isinstance(budget_mb, bool) or math.isnan(budget_mb) \
             or budget_mb < 0:
         raise BadInput(f"Winograd budget {budget_mb!r} MB must be a number >= 0 (inf: no limit)")
-    worth = [c for c in candidates if c.eligible and c.cost.saved_s > 0]
+    eligible = [c for c in candidates if c.eligible]
+    chosen = [c for c in eligible if _filter_form_pays(c)]
+    for cand in chosen:
+        cand.cost = cand.filter_cost
+    worth = [c for c in eligible if c not in chosen and c.cost.saved_s > 0]
     worth.sort(key=lambda c: (-c.cost.saved_s / c.cost.extra_weight_bytes, c.index))
-    chosen, used = [], 0
+    used = 0
     budget_bytes = budget_mb * MB
     for cand in worth:
         if used + cand.cost.extra_weight_bytes <= budget_bytes:
@@ -178,7 +213,7 @@ def apply_winograd(model: ir.Model, profile: Profile | str, budget_mb: float,
         cost = cand.cost
         decisions.append({
             "node": cand.name, "n": cand.n, "cin": cand.cin, "cout": cand.cout, "h": cand.h, "w": cand.w,
-            "tiles": cand.tiles, "extra_mb": round(cost.extra_weight_bytes / MB, 4),
+            "tiles": cand.tiles, "form": cost.form, "extra_mb": round(cost.extra_weight_bytes / MB, 4),
             "intermediate_mb": round(cost.intermediate_bytes / MB, 4),
             "est_speedup": round(cost.est_speedup, 4), "saved_us": round(cost.saved_s * 1e6, 3),
         })
@@ -280,11 +315,14 @@ def _rewrite(graph: ir.Graph, cand: Candidate) -> None:
     x, weight = conv.inputs[0], conv.inputs[1]
     bias = conv.inputs[2] if len(conv.inputs) > 2 else None
     dtype = weight.const_value.dtype.numpy()
-    u = wg.transform_weights(weight.const_value.numpy()).astype(dtype, copy=False)
-    u_value = ir_utils.new_initializer(graph, u, f"{_base(weight, cand.name)}.winograd4x4")
+    if cand.cost.form == FILTER:
+        w_value = weight
+    else:
+        u = wg.transform_weights(weight.const_value.numpy()).astype(dtype, copy=False)
+        w_value = ir_utils.new_initializer(graph, u, f"{_base(weight, cand.name)}.winograd4x4")
     if bias is None:
         bias = ir_utils.new_initializer(graph, np.zeros(cand.cout, dtype), f"{cand.name}.winograd_zero_bias")
-    node = ir_utils.difflite_node(custom_ops.WINOGRAD_CONV3X3, (x, u_value, bias),
+    node = ir_utils.difflite_node(custom_ops.WINOGRAD_CONV3X3, (x, w_value, bias),
                                   {"tile": wg.TILE, "activation": "none"}, conv.outputs[0])
     node.name = conv.name
     graph.insert_after(conv, node)

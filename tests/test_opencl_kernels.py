@@ -1248,14 +1248,16 @@ def test_delegate_attention_bad_splits_env(tmp_path, oplib, monkeypatch, value):
     assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
 
 
-def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels):
-    """One WinogradConv3x3 through the delegate, checked against a direct 3x3 conv; its stats."""
+def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels, form="transformed"):
+    """One WinogradConv3x3 through the delegate, checked against a direct 3x3 conv; its stats.
+    form "filter": the op's weight is the 3x3 filter itself (OHWI), which the kernels transform."""
     x = nonzero(r, (n, h, w, cin))
     wt = nonzero(r, (cout, cin, 3, 3), 0.5)
     bias = nonzero(r, (cout,))
-    u = winograd_ref.transform_weights(wt)
+    weight = winograd_ref.transform_weights(wt) if form == "transformed" else np.ascontiguousarray(
+        wt.transpose(0, 2, 3, 1))
     out, stats = _run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
-                               [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout), [x],
+                               [("x", x, False), ("w", weight, True), ("bias", bias, True)], (n, h, w, cout), [x],
                                stats=True, kernels=kernels)
     assert rel_err(out, winograd_ref.conv3x3_nhwc(x, wt, bias)) < TOL, (n, h, w, cin, cout)
     return stats
@@ -1271,6 +1273,18 @@ def test_delegate_winograd(tmp_path, oplib, runner, kernels):
         assert stats.get("nodes_claimed") == 1, stats
         assert stats.get("kernels") == ("flat" if kernels == "auto" and runner.flat else "tiled"), stats
         assert stats.get("scratch_bytes") == 4 * 36 * t * (cin + cout), stats  # V and M; the GEMM needs none
+
+
+@pytest.mark.parametrize("kernels", ["auto", "tiled"])
+def test_delegate_winograd_filter_form(tmp_path, oplib, runner, kernels):
+    """The filter form: wino_filter writes U into scratch at every call, which the GEMM reads; the
+    scratch is V, M and U (no weight of the op's own)."""
+    r = np.random.default_rng(16)
+    for n, h, w, cin, cout in ((1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 10, 10, 24, 40)):
+        stats = _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels, form="filter")
+        t = n * -(-h // 4) * -(-w // 4)
+        assert stats.get("nodes_claimed") == 1, stats
+        assert stats.get("scratch_bytes") == 4 * 36 * (t * (cin + cout) + cin * cout), stats
 
 
 def test_delegate_winograd_split_k(tmp_path, oplib, monkeypatch):

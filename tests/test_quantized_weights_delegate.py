@@ -617,3 +617,68 @@ def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, lib):
     assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] == 8, stats
     assert stats["partitions"] == 1 and stats["weights_dequantized_bytes"] == 0, stats
     assert rel_err(got, want) <= TOL
+
+
+# --------------------------------------------------------------------------
+# difflite.WinogradConv3x3 in the filter form
+
+
+def _winograd_filter_file(path, width, precision, r, n=2, h=13, w=10, cin=32, cout=24):
+    """A WinogradConv3x3 whose weight is its 3x3 filter, written by the writer at `width`: (path,
+    x, the float64 reference of a 3x3 convolution with the filter the file stores)."""
+    import onnx
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler import custom_ops
+    from compiler.tflite import quantize as writer_quantize
+    from compiler.tflite.writer import write_tflite
+
+    filt = (r.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32)
+    bias = (r.standard_normal(cout) * 0.1).astype(np.float32)
+    node = helper.make_node(custom_ops.WINOGRAD_CONV3X3.name, ["x", "w", "b"], ["y"], domain=custom_ops.DOMAIN,
+                            tile=4, activation="none")
+    graph = helper.make_graph([node], "winograd",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, cout, h, w])],
+                              [numpy_helper.from_array(filt, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18),
+                                                                   helper.make_opsetid(custom_ops.DOMAIN, 1)])
+    write_tflite(ir.serde.deserialize_model(model), precision=precision, fuse={"winograd"}, path=path,
+                 quantization=writer_quantize.WeightQuantization(width, min_elements=1))
+    ohwi = filt.transpose(0, 2, 3, 1)
+    if width == "int8":
+        stored = writer_quantize.dequantize(writer_quantize.quantize_int8(ohwi, 0))
+    else:
+        scales = writer_quantize.scale_dtype(precision)
+        stored = writer_quantize.dequantize(writer_quantize.quantize_int4(ohwi, BLOCK, scales)).reshape(ohwi.shape)
+    x = nonzero(r, (n, h, w, cin))
+    return path, x, conv_ref(x, stored.astype(np.float64), bias, SAME)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "tiled"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("width", ["int8", "int4"])
+def test_winograd_filter_form_reads_the_filter_quantized(lib, tmp_path, width, precision, kernels):
+    """The writer stores a filter-form Winograd convolution's filter as any convolution's (int8
+    per output channel, int4 blockwise with its scale chain); the OpenCL backend claims the whole
+    file, holds the integers as stored (nothing dequantized) and transforms them at every call.
+    n = 2, 13 x 10: partial border tiles."""
+    path, x, want = _winograd_filter_file(tmp_path / f"wino_{width}.tflite", width, precision, rng(21))
+    (got,), stats = run_model(path, lib, [x], opencl_options(precision=precision, kernels=kernels), stats=True)
+    assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] and stats["partitions"] == 1, stats
+    values = 24 * 9 * 32 // (2 if width == "int4" else 1)
+    assert values <= stats["weights_quantized_bytes"] <= values + 24 * 9 * 32 // BLOCK * 4, stats
+    assert stats["weights_dequantized_bytes"] == 0, stats
+    elem = 2 if precision == "fp16" else 4
+    tiles = 2 * 4 * 3
+    staging = 4 * (x.size + want.size) if precision == "fp16" else 0  # the float32 input and output, converted
+    assert stats["scratch_bytes"] == elem * 36 * (tiles * (32 + 24) + 32 * 24) + staging, stats  # V, M and U
+    if precision == "fp32":
+        assert rel_err(got, want) <= 2e-5
+    else:  # x, V, U, M and y in half: DESIGN §7's fp16 bar
+        from compiler.verify import FP16_MIN_PSNR_DB
+
+        rmse = float(np.sqrt(np.mean((got.astype(np.float64) - want) ** 2)))
+        psnr = 20 * np.log10(np.abs(want).max() / rmse)
+        assert psnr >= FP16_MIN_PSNR_DB, psnr

@@ -75,6 +75,8 @@ class WinogradConv3x3(OpRun):
 
     def _run(self, x, w, bias, tile=None, activation=None):
         assert tile == 4 and activation in ("none", b"none"), (tile, activation)
+        if w.ndim == 4:  # the filter form: [Cout, Cin, 3, 3], transformed here as the kernels do
+            w = wg.transform_weights(w)
         assert w.shape[0] == 36 and w.shape[1] == x.shape[1] and bias.shape == (w.shape[2],)
         return (winograd_conv_nchw(x, w, bias).astype(x.dtype),)
 
@@ -333,6 +335,49 @@ def test_budget_is_respected():
     lowered = dataclasses.replace(load_profile("adreno-740"), winograd_min_in_channels=8,
                                   winograd_min_out_channels=8, winograd_min_tiles=4)
     assert apply_winograd(ir.from_proto(proto), lowered, budget_mb=1e6) == []
+
+
+def test_quantized_weights_take_the_filter_form_free_of_the_budget():
+    """With quantized weights a conv whose U fits in its own V + M keeps its filter (the kernels
+    transform it at every call): no weight memory, so even budget 0 takes it."""
+    before = _small_net()
+    model = ir.from_proto(copy.deepcopy(before))
+    decisions = apply_winograd(model, TEST_PROFILE, budget_mb=0, weight_value_bytes=1.0)
+    assert [(d["node"], d["form"], d["extra_mb"]) for d in decisions] == [
+        ("c1", "filter", 0), ("c2", "filter", 0), ("c9", "filter", 0)]
+    for d in decisions:  # the intermediates: V and M, and U (float32 here) in scratch
+        tiles = 5 * 5
+        assert d["intermediate_mb"] == pytest.approx(36 * (tiles * (d["cin"] + d["cout"]) + d["cin"] * d["cout"]) * 4
+                                                     / 1e6, abs=1e-4)
+    after = ir.to_proto(model)
+    onnx.checker.check_model(after)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in after.graph.initializer}
+    nodes = {n.name: n for n in after.graph.node}
+    assert [nodes[c].input[1] for c in ("c1", "c2", "c9")] == ["w1", "w2", "w2"]
+    assert inits["w1"].shape == (12, 8, 3, 3) and inits["w2.winograd4x4"].shape == (1,)  # nothing transformed
+    assert_equivalent(before, after, _feeds())
+    # Float weights never take it: the same call without weight_value_bytes takes nothing at budget 0.
+    assert apply_winograd(ir.from_proto(before), TEST_PROFILE, budget_mb=0) == []
+
+
+def test_a_filter_larger_than_its_activations_stays_with_the_budget():
+    """48 -> 48 channels on a 6x6 image: U (36 x 48 x 48) outgrows V + M (36 x 4 tiles x 96), so the
+    filter form would add more transient memory than the layer's Winograd already needs; the conv
+    is budgeted in the transformed form, as with float weights."""
+    rng = np.random.default_rng(1)
+    w = (0.1 * rng.standard_normal((48, 48, 3, 3))).astype(np.float32)
+    graph = oh.make_graph([oh.make_node("Conv", ["x", "w"], ["y"], name="c", pads=[1, 1, 1, 1])], "g",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 48, 6, 6])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 48, 6, 6])],
+                          [onnx.numpy_helper.from_array(w, "w")])
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=10)
+    assert apply_winograd(ir.from_proto(proto), TEST_PROFILE, budget_mb=0, weight_value_bytes=1.0) == []
+    model = ir.from_proto(copy.deepcopy(proto))
+    decisions = apply_winograd(model, TEST_PROFILE, budget_mb=10, weight_value_bytes=1.0)
+    assert [(d["node"], d["form"]) for d in decisions] == [("c", "transformed")]
+    assert decisions[0]["extra_mb"] == pytest.approx((36 * 4 - 9) * 48 * 48 / 1e6, abs=1e-4)
+    x = np.random.default_rng(2).standard_normal((1, 48, 6, 6)).astype(np.float32)
+    assert_equivalent(proto, ir.to_proto(model), {"x": x})
 
 
 def test_pass_is_deterministic():

@@ -182,9 +182,12 @@ def _output_shape(name: str, s: dict, attrs: dict) -> tuple[list, str]:
         w, bias = s["w"], s["bias"]
         if len(x) != 4:
             return [], f"'x' must be [N,H,W,Cin], got {x}"
-        if len(w) != 3 or w[0] != 36 or w[1] != x[3] or w[2] <= 0:
-            return [], f"'w' must be [36,{x[3]},Cout], got {w}"
-        if bias != [w[2]]:
-            return [], f"'bias' must be [{w[2]}], got {bias}"
-        return [*x[:3], w[2]], ""
+        transformed = len(w) == 3 and w[0] == 36 and w[1] == x[3] and w[2] > 0
+        filter_form = len(w) == 4 and w[0] > 0 and w[1:] == [3, 3, x[3]]
+        if not (transformed or filter_form):
+            return [], f"'w' must be [36,{x[3]},Cout] (transformed) or [Cout,3,3,{x[3]}] (the filter), got {w}"
+        cout = w[2] if transformed else w[0]
+        if bias != [cout]:
+            return [], f"'bias' must be [{cout}], got {bias}"
+        return [*x[:3], cout], ""
     return [], "unknown difflite op"

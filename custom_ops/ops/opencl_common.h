@@ -68,11 +68,13 @@ inline std::string InferAsFloat(const OpInstance& op,
 }
 
 // Checks what Run receives: the expected counts, a buffer for each tensor,
-// and the backend's storage type everywhere (kernels are built for it).
+// and the backend's storage type everywhere (kernels are built for it), except
+// for input `quantized` (if >= 0), which may also come as int8 / int4 with its
+// scales (an op that ReadsQuantized it).
 inline std::string CheckRunTensors(const GpuContext& ctx,
                                    const std::vector<GpuTensor>& inputs,
                                    const std::vector<GpuTensor>& outputs,
-                                   size_t n_in, size_t n_out) {
+                                   size_t n_in, size_t n_out, int quantized = -1) {
   if (inputs.size() != n_in || outputs.size() != n_out) {
     return "expects " + std::to_string(n_in) + " inputs and " +
            std::to_string(n_out) + " outputs, got " +
@@ -86,6 +88,11 @@ inline std::string CheckRunTensors(const GpuContext& ctx,
     const std::string what = (is_in ? "input " : "output ") +
                              std::to_string(is_in ? i : i - inputs.size());
     if (t.mem == nullptr) return what + " has no device buffer";
+    if (static_cast<int>(i) == quantized &&
+        (t.dtype == DType::kInt8 || t.dtype == DType::kInt4)) {
+      if (t.scales == nullptr) return what + " is quantized without scales";
+      continue;
+    }
     if (t.dtype != storage) {
       return what + " is stored as " + DTypeName(t.dtype) +
              " but the kernels were built for " + DTypeName(storage);

@@ -171,6 +171,9 @@ def lower_winograd(ctx, node):
     if weights is None or b is None:
         raise ctx.unsupported("WinogradConv3x3 weights and bias must be constant")
     xi, out, _ = channels_last_io(ctx, x, node.outputs[0])
-    emit_custom(ctx, contract.WINOGRAD_CONV3X3,
-                [xi, ctx.constant(weights.astype(np.float32), w.name), ctx.constant(b.astype(np.float32), bias.name)],
+    if weights.ndim == 4:  # the filter form: [Cout, Cin, 3, 3], stored as any conv's OHWI filter
+        w_index = ctx.weight(np.transpose(weights, (0, 2, 3, 1)), f"{w.name}/ohwi")
+    else:
+        w_index = ctx.constant(weights.astype(np.float32), w.name)
+    emit_custom(ctx, contract.WINOGRAD_CONV3X3, [xi, w_index, ctx.constant(b.astype(np.float32), bias.name)],
                 [out], opts)

@@ -85,15 +85,18 @@ class WinogradConv3x3 final : public OpInstance {
     if (x.size() != 4) return "x must be [N,H,W,Cin], got " + ShapeToString(x);
     if (!(e = ExpectPositiveDims(in[0], "x")).empty()) return e;
     const Shape& w = in[1].shape;
-    if (w.size() != 3 || w[0] != kPositions || w[1] != x[3] || w[2] <= 0) {
-      return "w must be [36," + std::to_string(x[3]) + ",Cout], got " +
-             ShapeToString(w);
+    const bool transformed = w.size() == 3 && w[0] == kPositions && w[1] == x[3] && w[2] > 0;
+    const bool filter = w.size() == 4 && w[0] > 0 && w[1] == 3 && w[2] == 3 && w[3] == x[3];
+    if (!transformed && !filter) {
+      return "w must be [36," + std::to_string(x[3]) + ",Cout] (transformed) or [Cout,3,3," +
+             std::to_string(x[3]) + "] (the filter), got " + ShapeToString(w);
     }
-    if (in[2].shape != Shape{w[2]}) {
-      return "bias must be [" + std::to_string(w[2]) + "], got " +
+    const int cout = transformed ? w[2] : w[0];
+    if (in[2].shape != Shape{cout}) {
+      return "bias must be [" + std::to_string(cout) + "], got " +
              ShapeToString(in[2].shape);
     }
-    out->assign(1, TensorInfo{DType::kFloat32, Shape{x[0], x[1], x[2], w[2]},
+    out->assign(1, TensorInfo{DType::kFloat32, Shape{x[0], x[1], x[2], cout},
                               nullptr});
     return "";
   }

@@ -1,9 +1,12 @@
 // difflite.WinogradConv3x3 on the GPU: F(4x4, 3x3), 3x3 / stride 1 / pad 1
 // convolution of x [N, H, W, Cin] with transformed weights u [36, Cin, Cout]
 // (U = G g G^T, position 6*i + j; tests/winograd_ref.py) plus bias [Cout].
+// In the filter form the op's weight is the 3x3 filter itself (OHWI, as stored:
+// quantized with -DDL_WQ, dl_qweights.cl), and wino_filter writes U into
+// scratch first, at every call.
 //
 // T = N * ceil(H/4) * ceil(W/4) output tiles (border tiles read zeros and are
-// cropped, so H and W need not be multiples of 4). The two kernels here
+// cropped, so H and W need not be multiples of 4). The kernels here
 // with the GEMM between them, two scratch tensors:
 //   wino_input   V[p][t][ci] = (B^T d B)[p] of the 6x6 input tile d of tile t
 //                (one work-item per (tile, ci); coalesced over ci)
@@ -14,6 +17,65 @@
 //                (one work-item per (tile, co); coalesced over co)
 // Storage type DL_T (float or half) for x, y, u, V and M; math in float.
 #include "dl_storage.cl"
+#include "dl_qweights.cl"
+#if DL_WQ
+#define DL_W_PTR DL_WQ_PTR
+#else
+#define DL_W_PTR __global const DL_T*
+#define DL_WQ_PARAMS
+#endif
+
+// G of F(4x4, 3x3) applied to 3 values (a column or row of the filter).
+#define WINO_G(g0, g1, g2, r0, r1, r2, r3, r4, r5)              \
+  do {                                                          \
+    r0 = 0.25f * (g0);                                          \
+    r1 = -((g0) + (g1) + (g2)) / 6.0f;                          \
+    r2 = -((g0) - (g1) + (g2)) / 6.0f;                          \
+    r3 = (g0) / 24.0f + (g1) / 12.0f + (g2) / 6.0f;             \
+    r4 = (g0) / 24.0f - (g1) / 12.0f + (g2) / 6.0f;             \
+    r5 = (g2);                                                  \
+  } while (0)
+
+// Global >= Cin * Cout (1-D), one work-item per (ci, co), co fastest so that the
+// stores coalesce. w: the filter [Cout][3][3][Cin] (as [Cout][9*Cin]);
+// U: [36][Cin][Cout] = G g G^T per (ci, co).
+__kernel void wino_filter(DL_W_PTR w, __global DL_T* U, int Cin, int Cout DL_WQ_PARAMS) {
+  const int idx = get_global_id(0);
+  if (idx >= Cin * Cout) return;
+  const int ci = idx / Cout;
+  const int co = idx - ci * Cout;
+  const int K = 9 * Cin;
+  float g[3][3];
+  #pragma unroll
+  for (int t = 0; t < 9; ++t) {
+    const int k = t * Cin + ci;
+#if DL_WQ
+    const int e = co * K + k;
+    g[t / 3][t % 3] = DL_WQ_FROM_RAW(DL_WQ_LOAD_RAW(w, e), e) * DL_WQ_SCALE(co, k);
+#else
+    g[t / 3][t % 3] = DL_LOAD(w, co * K + k);
+#endif
+  }
+  float tmp[6][3];  // tmp = G g (columns)
+  #pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    WINO_G(g[0][c], g[1][c], g[2][c], tmp[0][c], tmp[1][c], tmp[2][c], tmp[3][c], tmp[4][c],
+           tmp[5][c]);
+  }
+  const long plane = (long)Cin * Cout;
+  __global DL_T* out = U + (long)ci * Cout + co;
+  #pragma unroll
+  for (int r = 0; r < 6; ++r) {  // (G g) G^T: rows
+    float u0, u1, u2, u3, u4, u5;
+    WINO_G(tmp[r][0], tmp[r][1], tmp[r][2], u0, u1, u2, u3, u4, u5);
+    DL_STORE(out, (6 * r + 0) * plane, u0);
+    DL_STORE(out, (6 * r + 1) * plane, u1);
+    DL_STORE(out, (6 * r + 2) * plane, u2);
+    DL_STORE(out, (6 * r + 3) * plane, u3);
+    DL_STORE(out, (6 * r + 4) * plane, u4);
+    DL_STORE(out, (6 * r + 5) * plane, u5);
+  }
+}
 
 // B^T applied to 6 values (B^T of F(4x4, 3x3), points 0, +-1, +-2, inf).
 #define WINO_BT(d0, d1, d2, d3, d4, d5, r0, r1, r2, r3, r4, r5) \

@@ -1,10 +1,13 @@
 // difflite.WinogradConv3x3 on the OpenCL backend, F(4x4, 3x3):
+//   wino_filter  w -> U [36, Cin, Cout]       (the filter form only: w is the 3x3 filter
+//                OHWI, read as uploaded, quantized where the model stores it so; scratch
+//                slot 3, rewritten at every call: the weights stay as the file holds them)
 //   wino_input   x -> V [36, T, Cin]          (winograd_conv3x3.cl; scratch slot 0)
 //   GEMM         M[p] = V[p] U[p], 36 GEMMs   (builtins/matmul's builtin::Gemm, gemm.cl:
 //                tiled on GPUs, gemm_rows on CPU-like devices; scratch slot 1: M [36, T, Cout])
 //   wino_output  y = A^T M A + bias, NHWC, cropped to H x W (winograd_conv3x3.cl)
 // T = N * ceil(H/4) * ceil(W/4). U is the node's weight input [36, Cin, Cout]
-// as uploaded by the backend (already transformed by the compiler).
+// as uploaded by the backend (already transformed by the compiler), or wino_filter's.
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
 #include <memory>
@@ -23,16 +26,22 @@ using gpu::GpuContext;
 using gpu::GpuOp;
 using gpu::GpuTensor;
 using gpu::NodeView;
+using gpu::builtin::WeightQuant;
 using gpu::opsupport::Arg;
 using gpu::opsupport::CeilDiv;
 using gpu::opsupport::SetKernelArgs;
 
 constexpr const char* kProgram = "winograd_conv3x3";
 constexpr size_t kTransformGroup = 128;
+constexpr int kFilterSlot = 3;  // U of the filter form (V, M and split-K hold 0, 1 and 2)
+static_assert(gpu::builtin::kSplitKSlot != kFilterSlot, "split-K scratch would overwrite U");
 
 class WinogradGpu final : public GpuOp {
  public:
-  std::string Init(const Shape& x, int cout, GpuContext& ctx) {
+  // `filter`: the weight is the 3x3 filter [Cout, 3, 3, Cin] (read as `wq` says), not U.
+  std::string Init(const Shape& x, int cout, bool filter, const WeightQuant& wq, GpuContext& ctx) {
+    filter_ = filter;
+    wq_ = wq;
     n_ = x[0];
     h_ = x[1];
     w_ = x[2];
@@ -49,8 +58,14 @@ class WinogradGpu final : public GpuOp {
     }
     t_ = static_cast<int>(t);
     elem_ = DTypeSize(ctx.storage());
+    if (filter_ && static_cast<int64_t>(winograd::kPositions) * cin_ * cout_ > kMax) {
+      return "a filter of more than 2^31-1 transformed elements";
+    }
     std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
     if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
+    if (e.empty() && filter_) {
+      e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_filter", wq_.Options(), &filter_k_);
+    }
     if (!e.empty()) return e;
     // M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout), batched over the 36 positions p.
     gpu::builtin::GemmShape s;
@@ -77,16 +92,26 @@ class WinogradGpu final : public GpuOp {
     return "";
   }
 
-  size_t ScratchBytes() const override { return VBytes() + MBytes() + gemm_.ScratchBytes(); }
+  bool ReadsQuantized(size_t input) const override { return input == 1 && wq_.on(); }
+  size_t ScratchBytes() const override {
+    return UBytes() + VBytes() + MBytes() + gemm_.ScratchBytes();
+  }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
+    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1, wq_.on() ? 1 : -1);
     if (!e.empty()) return e;
     cl_mem v = ctx.Scratch(VBytes(), 0, &e);
     if (v == nullptr) return "winograd V: " + e;
     cl_mem m = ctx.Scratch(MBytes(), 1, &e);
     if (m == nullptr) return "winograd M: " + e;
+    cl_mem u = in[1].mem;
+    if (filter_) {
+      u = ctx.Scratch(UBytes(), kFilterSlot, &e);
+      if (u == nullptr) return "winograd U: " + e;
+      e = TransformFilter(ctx, in[1], u);
+      if (!e.empty()) return e;
+    }
     const gpu::ClApi& cl = ctx.cl();
     const cl_int h = h_, w = w_, cin = cin_, cout = cout_, th = tiles_h_, tw = tiles_w_,
                  t = t_;
@@ -97,7 +122,7 @@ class WinogradGpu final : public GpuOp {
     const size_t g1 = gpu::RoundUp(static_cast<size_t>(t_) * cin_, kTransformGroup);
     e = ctx.Enqueue(input_k_, 1, &g1, &kTransformGroup, "winograd.input");
     if (!e.empty()) return e;
-    e = gemm_.Run(ctx, v, in[1].mem, nullptr, m, "winograd.gemm");
+    e = gemm_.Run(ctx, v, u, nullptr, m, "winograd.gemm");
     if (!e.empty()) return e;
     e = SetKernelArgs(cl, output_k_,
                       {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout),
@@ -108,6 +133,18 @@ class WinogradGpu final : public GpuOp {
   }
 
  private:
+  // U = G g G^T of the filter `w` into `u`.
+  std::string TransformFilter(GpuContext& ctx, const GpuTensor& w, cl_mem u) const {
+    gpu::builtin::Args args;
+    args.Mem(w.mem).Mem(u).Int(cin_).Int(cout_);
+    std::string e = wq_.AppendArgs(args, w.scales).Set(ctx.cl(), filter_k_);
+    if (!e.empty()) return e;
+    const size_t g = gpu::RoundUp(static_cast<size_t>(cin_) * cout_, kTransformGroup);
+    return ctx.Enqueue(filter_k_, 1, &g, &kTransformGroup, "winograd.filter");
+  }
+  size_t UBytes() const {
+    return filter_ ? elem_ * winograd::kPositions * static_cast<size_t>(cin_) * cout_ : 0;
+  }
   size_t VBytes() const {
     return elem_ * winograd::kPositions * static_cast<size_t>(t_) * cin_;
   }
@@ -117,7 +154,9 @@ class WinogradGpu final : public GpuOp {
 
   int n_ = 0, h_ = 0, w_ = 0, cin_ = 0, cout_ = 0, tiles_h_ = 0, tiles_w_ = 0, t_ = 0;
   size_t elem_ = 4;
-  cl_kernel input_k_ = nullptr, output_k_ = nullptr;
+  bool filter_ = false;
+  WeightQuant wq_;
+  cl_kernel input_k_ = nullptr, output_k_ = nullptr, filter_k_ = nullptr;
   gpu::builtin::Gemm gemm_;
 };
 
@@ -129,7 +168,15 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
   std::vector<TensorInfo> outs;
   std::string e = gpu::opsupport::InferAsFloat(*node.custom, node.inputs, &outs);
   std::unique_ptr<WinogradGpu> op(new WinogradGpu());
-  if (e.empty()) e = op->Init(node.inputs[0].shape, node.inputs[1].shape[2], ctx);
+  if (e.empty()) {
+    // InferAsFloat checked the shapes: [36, Cin, Cout] (transformed) or [Cout, 3, 3, Cin].
+    const TensorInfo& w = node.inputs[1];
+    const bool filter = w.shape.size() == 4;
+    const int cin = node.inputs[0].shape[3];
+    const int cout = filter ? w.shape[0] : w.shape[2];
+    const WeightQuant wq = filter ? WeightQuant::Of(w, cout, 9 * cin, false) : WeightQuant();
+    e = op->Init(node.inputs[0].shape, cout, filter, wq, ctx);
+  }
   if (!e.empty()) {
     *error = e;
     return nullptr;
