@@ -170,9 +170,11 @@ def parse_lora(spec: str):
 @click.option("--winograd-budget-mb", default=None,
               help="Extra weight memory Winograd may add per component (its transformed weights are 4x a 3x3 "
                    "conv's; with --weights int8|int4 the convolutions whose filter is transformed at every "
-                   "call add none and need no budget): "
-                   "N MB for each, or per component, e.g. 150,vae_decoder=0 (the UNet and text encoder 150, "
-                   "the VAE decoder none) [default: the device profile's budget: 200 MB, 4000 on nvidia-h100].")
+                   "call add none and need no budget): N MB for each, or per component, e.g. "
+                   "150,vae_decoder=0 (the UNet and text encoder 150, the VAE decoder none); 'off': no "
+                   "Winograd in either form, e.g. vae_decoder=off [default: the device profile's budget, "
+                   "200 MB (4000 on nvidia-h100); with --weights int8|int4, 0, and off for the int8 VAE "
+                   "decoder, whose filter-form Winograd measured under its 35 dB bar].")
 @click.option("--no-fuse", is_flag=True, help="Builtin TFLite ops only (recognised patterns are decomposed "
                                                 "into NHWC-friendly builtins), in the forms stock LiteRT's GPU "
                                                 "accelerator compiles: with --weights, linear layers as 1x1 "

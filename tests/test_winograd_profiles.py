@@ -506,6 +506,16 @@ def test_winograd_budget_per_component():
     assert budgets["vae_decoder"] == 0.0 and budgets["unet"] == 150.0 and set(budgets) == set(options.components)
     only = ConvertOptions(device_profile="nvidia-h100", winograd_budgets_mb=parse_winograd_budget("unet=50")[1])
     assert only.budget_mb("unet") == 50.0 and only.budget_mb("vae_decoder") == 4000.0
+    off = ConvertOptions(winograd_budgets_mb=parse_winograd_budget("vae_decoder=off,unet=7")[1])
+    off.validate()
+    assert off.winograd_off("vae_decoder") and off.budget_mb("vae_decoder") == 0.0 and not off.winograd_off("unet")
+    assert off.manifest_dict()["winograd_budgets_mb"]["vae_decoder"] == "off"
+    # int8 / int4 weights: budget 0 (the filter form needs none), the int8 VAE decoder off; a budget
+    # given still applies.
+    int8, int4 = ConvertOptions(weights="int8"), ConvertOptions(weights="int4")
+    assert [int8.winograd_setting(c) for c in ("text_encoder", "unet", "vae_decoder")] == [0.0, 0.0, "off"]
+    assert [int4.winograd_setting(c) for c in ("text_encoder", "unet", "vae_decoder")] == [0.0, 0.0, 0.0]
+    assert ConvertOptions(weights="int8", winograd_budget_mb=30.0).winograd_setting("vae_decoder") == 30.0
     for spec, message in (("x", "not a number"), ("1,2", "twice"), ("unet=1,unet=2", "twice"),
                           ("decoder=3", "unknown component"), ("nan", ">= 0"), ("unet=-1", ">= 0"), ("unet=inf", "finite")):
         with pytest.raises(BadInput, match=message):
