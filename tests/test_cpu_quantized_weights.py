@@ -11,12 +11,18 @@ never holds a float copy of a weight (custom_ops/delegate/cpu_claim.cc, custom_o
   LiteRT (XNNPACK) on the same file; every node claimed (the delegate's verbose log); outputs
   poisoned with NaN before each of two runs. The int4 mix's int8 token table: its GATHER reads the
   rows as stored, bit for bit TFLite's numbers.
+* difflite.WinogradConv3x3 with its 3x3 filter ([Cout, 3, 3, Cin], the contract's second form)
+  quantized in every weight form: claimed with the filter's chain and run as the quantized 3x3
+  CONV_2D (SAME, stride 1), against the float64 convolution of the dequantized filter; a float16
+  filter, a chain that does not fold and a quantized transformed weight stay the op registry's
+  custom op (on TFLite's float32 DEQUANTIZE).
 * The claim: the weights cross partitions (a TFLite builtin between the claimed nodes puts every
   DEQUANTIZE in the first partition) and come out right; a folded weight that is also a graph
   output, or that a TFLite node reads, is TFLite's; parameters or forms the kernels do not run
   stay with TFLite.
 * The second runtime (tensorflow's tf.lite).
-* Memory: tens of MB of quantized weights in a fresh process (MEMORY_BOUND says why).
+* Memory: tens of MB of quantized weights in a fresh process (MEMORY_BOUND says why), read by
+  FULLY_CONNECTEDs and by WinogradConv3x3s.
 """
 from __future__ import annotations
 
@@ -37,6 +43,8 @@ from opencl_helpers import run_reference  # noqa: E402
 from oplib_helpers import build_oplib, make_interpreter, run_tflite  # noqa: E402
 from quantized_helpers import (  # noqa: E402
     SAME, VALID, QModel, dequantize, int4_blocks, nonzero, quantize, rel_err, rng, write_int4_lookup)
+from winograd_ref import transform_weights as winograd_transform  # noqa: E402
+from winograd_ref import winograd_conv3x3_nhwc  # noqa: E402
 
 TOL = 1e-5
 NONE, RELU, RELU_N1_TO_1, RELU6 = 0, 1, 2, 3  # schema ActivationFunctionType
@@ -199,6 +207,127 @@ def test_a_long_reduction_with_many_channels(lib, tmp_path, capfd):
     m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1, dilationHFactor=1,
               dilationWFactor=1)
     check(lib, tmp_path, m, "long", xi, y, x, want, capfd, {len(m.operators) - 1: "CONV_2D"})
+
+
+# difflite.WinogradConv3x3 whose w is the quantized 3x3 filter: (form, batch, h, w, cin, cout); int4's
+# blocks tile each output channel's 9 * cin values
+WINOGRAD_CASES = [("int8", 1, 9, 11, 5, 7), ("int8_tensor", 2, 6, 5, 13, 3), ("int4", 1, 7, 10, 32, 9),
+                  ("int4_f32", 1, 5, 13, 64, 21), ("int4_b16", 2, 4, 4, 16, 6), ("int4_axis", 1, 8, 3, 32, 5)]
+WINOGRAD = "difflite.WinogradConv3x3"
+WINOGRAD_ATTRS = {"tile": 4, "activation": "none"}
+AS_CONV = r"as CONV_2D \(tile=4, activation=none\)"
+
+
+def winograd_layer(m, r, x, form, name="w", cin=None):
+    """A WinogradConv3x3 on tensor `x` with a `form` filter [Cout, 3, 3, Cin] and a bias: (output
+    tensor, float64 filter OHWI, bias)."""
+    n, h, w, c = m.tensors[x].shape
+    cout = cin or c
+    wq, wd = weight(m, r, name, (cout, 3, 3, c), form)
+    b = nonzero(r, (cout,))
+    y = m.activation(name + "_y", (n, h, w, cout))
+    m.custom(WINOGRAD, [x, wq, m.constant(name + "_b", b)], [y], WINOGRAD_ATTRS)
+    return y, wd, b
+
+
+@pytest.mark.parametrize("case", WINOGRAD_CASES, ids=[c[0] for c in WINOGRAD_CASES])
+def test_winograd_quantized_filter(lib, tmp_path, capfd, case):
+    """Claimed with its filter's chain and run as the quantized 3x3 CONV_2D: SAME padding, stride 1,
+    no activation, the bias input 2; H, W and the channels no multiples of 4."""
+    form, batch, h, w, cin, cout = case
+    r = rng(400 + cin)
+    m = QModel()
+    x = nonzero(r, (batch, h, w, cin))
+    xi = m.activation("x", x.shape)
+    y, wd, b = winograd_layer(m, r, xi, form, cin=cout)
+    want = conv_ref(x, wd, b, (1, 1), (1, 1), SAME)
+    err = check(lib, tmp_path, m, f"wino_{form}", xi, y, x, want, capfd, {len(m.operators) - 1: WINOGRAD},
+                stock_runs=False)  # stock TFLite has no kernel for the custom op
+    assert re.search(rf"claim node {len(m.operators) - 1} {WINOGRAD} inputs=\(float32\[{batch},{h},{w},{cin}\], "
+                     rf"float32\[{cout},3,3,{cin}\], float32\[{cout}\]\) outputs=\(float32\[{batch},{h},{w},{cout}\]\) "
+                     r"attrs=\{filter=.* padding=same, stride=1x1, dilation=1x1, activation=none\} " + AS_CONV, err), err
+
+
+def test_winograd_filters_cross_partitions(lib, tmp_path, capfd):
+    """int8 WinogradConv3x3 -> TANH -> int4 WinogradConv3x3 -> TANH -> CONV_2D (int8): TFLite's
+    TANHs between the claimed nodes, the folded filters crossing partitions without storage."""
+    r = rng(27)
+    m = QModel()
+    x = nonzero(r, (1, 6, 9, 32))
+    xi = m.activation("x", x.shape)
+    cur, ref, readers = xi, x.astype(np.float64), {}
+    for i, form in enumerate(["int8", "int4"]):
+        y, wd, b = winograd_layer(m, r, cur, form, f"w{i}")
+        readers[len(m.operators) - 1] = WINOGRAD
+        z = m.activation(f"z{i}", m.tensors[y].shape)
+        m.builtin("TANH", [y], [z])
+        cur, ref = z, np.tanh(conv_ref(ref, wd, b, (1, 1), (1, 1), SAME))
+    w, wd = weight(m, r, "wc", (8, 3, 3, 32), "int8")
+    b = nonzero(r, (8,))
+    y = m.activation("y", (1, 6, 9, 8))
+    m.builtin("CONV_2D", [cur, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1, dilationHFactor=1,
+              dilationWFactor=1)
+    readers[len(m.operators) - 1] = "CONV_2D"
+    want = conv_ref(ref, wd, b, (1, 1), (1, 1), SAME)
+    path = m.save(tmp_path / "wino_parts.tflite", [xi], [y])
+    (got,), err = run_cpu(lib, path, [x], capfd)
+    assert rel_err(got, want) <= TOL, rel_err(got, want)
+    ops = claimed(err)
+    assert {n: op for n, op in ops.items() if not op.endswith("folded")} == readers, err
+    assert len(ops) == len(m.operators) - 2 and "not delegating" not in err, err  # all but the TANHs
+    assert len(re.findall(r"partition nodes=", err)) == 3, err
+
+
+def _winograd_float_model(kind, m, r):
+    """A WinogradConv3x3 the op registry runs on a float32 w: (x tensor, y tensor, feed, reference,
+    expected log)."""
+    cin, cout = 12, 7
+    x = nonzero(r, (1, 7, 6, cin))
+    xi = m.activation("x", x.shape)
+    wf = nonzero(r, (cout, 3, 3, cin))
+    if kind == "float16_filter":  # a float model at fp16: a folded float16 DEQUANTIZE
+        half = m.constant("w16", wf.astype(np.float16))
+        w = m.activation("w", wf.shape)
+        m.builtin("DEQUANTIZE", [half], [w])
+        wd, reason = wf.astype(np.float16).astype(np.float64), None
+    elif kind == "zero_points":  # not a chain the CPU backend folds
+        q, scale = quantize(wf, 0, 8)
+        q = np.clip(q.astype(np.int16) + 3, -128, 127).astype(np.int8)
+        zero = np.arange(cout) % 5 - 2
+        w, wd = m.int8_weight("w", q, scale, zero_point=zero), dequantize(q, scale, zero, 0)
+        reason = r"not folding node 0 \(DEQUANTIZE\): its int8 constant: zero point 0 is not 0"
+    else:  # transformed weights [36, Cin, Cout], quantized: not the filter form
+        u = winograd_transform(wf.transpose(0, 3, 1, 2))
+        q, scale = quantize(u, None, 8)
+        w, ud = m.int8_weight("w", q, scale), dequantize(q, scale, np.zeros(1), None)
+        b = nonzero(r, (cout,))
+        y = m.activation("y", (1, 7, 6, cout))
+        m.custom(WINOGRAD, [xi, w, m.constant("b", b)], [y], WINOGRAD_ATTRS)
+        return xi, y, x, winograd_conv3x3_nhwc(x, ud, b), (
+            rf"node 1 \({WINOGRAD}\) does not read its quantized filter as stored: w \[36,{cin},{cout}\] is "
+            r"not the 3x3 filter \[Cout,3,3,Cin\] .*; the custom op reads TFLite's float32 DEQUANTIZE of it\n"
+            r"(.*\n)*.*not folding node 0: node 1, a difflite op reading it as float32, reads its output")
+    b = nonzero(r, (cout,))
+    y = m.activation("y", (1, 7, 6, cout))
+    m.custom(WINOGRAD, [xi, w, m.constant("b", b)], [y], WINOGRAD_ATTRS)
+    return xi, y, x, conv_ref(x, wd, b, (1, 1), (1, 1), SAME), reason
+
+
+@pytest.mark.parametrize("kind", ["float16_filter", "zero_points", "transformed_int8"])
+def test_winograd_on_a_float_filter_is_the_custom_op(lib, tmp_path, capfd, kind):
+    """A float filter, a quantized one whose chain does not fold, and quantized transformed weights:
+    the op registry's WinogradConv3x3 claims the node and reads TFLite's float32 DEQUANTIZE (which
+    TFLite runs: it is not claimed)."""
+    m = QModel()
+    xi, y, x, want, reason = _winograd_float_model(kind, m, rng(28))
+    path = m.save(tmp_path / f"{kind}.tflite", [xi], [y])
+    (got,), err = run_cpu(lib, path, [x], capfd)
+    assert rel_err(got, want) <= 1e-4, rel_err(got, want)  # the Winograd kernel's bar
+    if reason:
+        assert re.search(reason, err), err
+    assert claimed(err) == {1: WINOGRAD}, err
+    assert re.search(rf"claim node 1 {WINOGRAD} inputs=.* attrs=\{{tile=4, activation=none\}}$", err, re.M), err
+    assert "as CONV_2D" not in err and "not delegating" not in err, err
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -438,6 +567,16 @@ print(json.dumps({"before": before, "after": status(), "finite": bool(np.isfinit
 """
 
 
+def measure(path, library: str) -> tuple[float, float]:
+    """(peak resident growth MiB, heap growth MiB) of loading and running `path` twice in a fresh
+    process, with the delegate at `library` ("" : stock TFLite)."""
+    run = subprocess.run([sys.executable, "-c", CHILD, str(path), library], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["finite"], result
+    return result["after"]["VmHWM"] - result["before"]["VmRSS"], result["after"]["heap"] - result["before"]["heap"]
+
+
 def test_quantized_weights_take_no_float_copy(lib, tmp_path):
     r = rng(24)
     m = QModel()
@@ -455,13 +594,38 @@ def test_quantized_weights_take_no_float_copy(lib, tmp_path):
     path = m.save(tmp_path / "big.tflite", [xi], [cur])
     growth, heap = {}, {}
     for name, library in (("delegate", str(lib)), ("stock", "")):
-        run = subprocess.run([sys.executable, "-c", CHILD, str(path), library], capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr[-2000:]
-        result = json.loads(run.stdout.strip().splitlines()[-1])
-        assert result["finite"], result
-        growth[name] = result["after"]["VmHWM"] - result["before"]["VmRSS"]
-        heap[name] = result["after"]["heap"] - result["before"]["heap"]
+        growth[name], heap[name] = measure(path, library)
     mib = 1 << 20
     bound = (stored + as_float / 4) / mib
     assert growth["delegate"] < bound and heap["delegate"] < as_float / 4 / mib, (growth, heap, bound)
     assert growth["stock"] > as_float / mib and heap["stock"] > as_float / mib, (growth, heap)  # they can fail
+
+
+WINOGRAD_MEMORY_LAYERS = ["int8", "int4", "int8", "int4", "int8", "int8"]  # 640 -> 640 channels each
+
+
+def test_quantized_winograd_filters_take_no_float_copy(lib, tmp_path):
+    """WinogradConv3x3 layers of quantized 3x3 filters, TANHs between: no float copy of a filter
+    (nor of its Winograd transform, 4x that) exists. The bounds are the FULLY_CONNECTED test's. Stock
+    TFLite has no kernel for the op: the same layers whose filters are also graph outputs (so TFLite
+    dequantizes them and keeps the floats; the nodes still read the integers) show they can fail."""
+    r = rng(29)
+    m = QModel()
+    c = 640
+    xi = m.activation("x", (1, 8, 8, c))
+    cur, stored, as_float, filters = xi, 0, 0, []
+    for i, form in enumerate(WINOGRAD_MEMORY_LAYERS):
+        y, _, _ = winograd_layer(m, r, cur, form, f"w{i}")
+        filters.append(m.operators[-1].inputs[1])
+        z = m.activation(f"z{i}", m.tensors[y].shape)
+        m.builtin("TANH", [y], [z])
+        cur = z
+        stored += 9 * c * c * (1 if form == "int8" else 0.5 + 2 / 32)
+        as_float += 4 * 9 * c * c
+    growth, heap = {}, {}
+    for name, outputs in (("delegate", [cur]), ("dequantized", [cur, *filters])):
+        growth[name], heap[name] = measure(m.save(tmp_path / f"{name}.tflite", [xi], outputs), str(lib))
+    mib = 1 << 20
+    bound = (stored + as_float / 4) / mib
+    assert growth["delegate"] < bound and heap["delegate"] < as_float / 4 / mib, (growth, heap, bound)
+    assert growth["dequantized"] > as_float / mib and heap["dequantized"] > as_float / mib, (growth, heap)

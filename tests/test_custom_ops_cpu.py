@@ -195,6 +195,25 @@ def test_winograd_conv3x3(lib, runtime, tmp_path, shape):
     check(y, winograd_ref.conv3x3_nhwc(x, wt, bias))
 
 
+@pytest.mark.parametrize("w_const", [True, False], ids=["w_constant", "w_input"])
+@pytest.mark.parametrize("shape", [(2, 9, 11, 5, 7), (1, 8, 4, 3, 2), (1, 1, 3, 2, 5), (1, 13, 6, 17, 9),
+                                   (1, 7, 10, 12, 16)])
+def test_winograd_conv3x3_filter_form(lib, runtime, tmp_path, shape, w_const):
+    """w as the 3x3 filter itself ([Cout, 3, 3, Cin], OHWI like a CONV_2D filter): the kernel
+    transforms it at run time; a model constant, or a graph input fed at run time."""
+    n, h, w, cin, cout = shape
+    r = rng(8 + cin)
+    x = nonzero(r, (n, h, w, cin))
+    wt = nonzero(r, (cout, cin, 3, 3))
+    bias = nonzero(r, (cout,))
+    ohwi = np.ascontiguousarray(wt.transpose(0, 2, 3, 1))
+    p = single_op_model(tmp_path / "wino_filter.tflite", "difflite.WinogradConv3x3",
+                        {"tile": 4, "activation": "none"},
+                        [("x", x, False), ("w", ohwi, w_const), ("bias", bias, True)], (n, h, w, cout))
+    (y,) = run_tflite(p, lib, [x] if w_const else [x, ohwi], runtime, repeats=2)
+    check(y, winograd_ref.conv3x3_nhwc(x, wt, bias))
+
+
 def test_winograd_reference_matches_direct_conv():
     r = rng(6)
     x = r.standard_normal((2, 9, 11, 5))
@@ -436,6 +455,13 @@ def _gn_model(path, options, gamma_len=24, x_dtype=np.float32):
                            output_dtype=x_dtype)
 
 
+def _wino_model(path, w_shape, bias_len=3):
+    """A WinogradConv3x3 on x [1,4,4,2] with a constant w of `w_shape`."""
+    return single_op_model(path, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
+                           [("x", np.ones((1, 4, 4, 2), np.float32), False), ("w", np.ones(w_shape, np.float32), True),
+                            ("bias", np.ones(bias_len, np.float32), True)], (1, 4, 4, 3))
+
+
 REFUSALS = {
     # name: (model factory, expected reason or tuple of acceptable reasons)
     "wrong_attr_type": (lambda p: _gn_model(p, {"groups": "8", "epsilon": 1e-5, "activation": "none"}),
@@ -459,6 +485,13 @@ REFUSALS = {
         p, "difflite.WinogradConv3x3", {"tile": 2, "activation": "none"},
         [("x", np.ones((1, 4, 4, 2), np.float32), False), ("w", np.ones((36, 2, 3), np.float32), True),
          ("bias", np.ones(3, np.float32), True)], (1, 4, 4, 3)), "tile must be 4"),
+    "winograd_w_rank_4_not_3x3": (lambda p: _wino_model(p, (3, 2, 2, 2)),
+                                  "w must be [36,2,Cout] (transformed filters) or [Cout,3,3,2] (the 3x3 "
+                                  "filter, OHWI), got [3,2,2,2]"),
+    "winograd_w_filter_cin": (lambda p: _wino_model(p, (3, 3, 3, 5)), "or [Cout,3,3,2] (the 3x3 filter, OHWI), "
+                              "got [3,3,3,5]"),
+    "winograd_w_rank_5": (lambda p: _wino_model(p, (3, 3, 3, 2, 1)), "w must be [36,2,Cout]"),
+    "winograd_filter_bias": (lambda p: _wino_model(p, (3, 3, 3, 2), bias_len=4), "bias must be [3], got [4]"),
     "unknown_op": (lambda p: single_op_model(p, "difflite.NoSuchOp", {"a": 1},
                                              [("x", np.ones((2, 3), np.float32), False)], (2, 3)),
                    "unknown difflite op"),

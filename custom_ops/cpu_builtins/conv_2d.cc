@@ -161,5 +161,21 @@ std::unique_ptr<OpInstance> CreateQuantizedConv2d(const void* params, const Quan
   return std::unique_ptr<OpInstance>(new QuantizedConv2d(w, filter, p, clamp));
 }
 
+std::unique_ptr<OpInstance> CreateQuantizedConv3x3(const QuantWeight& w, const Shape& filter,
+                                                   std::string* why) {
+  if (filter.size() != 4 || filter[1] != 3 || filter[2] != 3) {
+    *why = "filter " + ShapeToString(filter) + " is not [Cout,3,3,Cin]";
+    return nullptr;
+  }
+  tfl::ConvParams p{};
+  p.padding = tfl::kPaddingSame;  // 3x3, stride 1: one pixel before and after
+  p.stride_width = 1;
+  p.stride_height = 1;
+  p.activation = tfl::kActNone;
+  p.dilation_width_factor = 1;
+  p.dilation_height_factor = 1;
+  return CreateQuantizedConv2d(&p, w, filter, why);
+}
+
 }  // namespace cpu
 }  // namespace difflite

@@ -1,6 +1,7 @@
 // TFLite builtins the CPU backend runs itself: FULLY_CONNECTED and CONV_2D whose weight is a
 // quantized constant (qgemm.h), and GATHER of a quantized table's rows, read as the model stores
-// them. The delegate's claim
+// them; the CONV_2D also runs difflite.WinogradConv3x3 nodes whose filter (the op's form [Cout, 3,
+// 3, Cin]) is a quantized constant. The delegate's claim
 // (delegate/cpu_claim.cc) finds the weight, folds its chain (DEQUANTIZE, int4's block-scale MUL,
 // RESHAPE) into a QuantWeight and creates the op here from the node's builtin parameters.
 //
@@ -26,6 +27,12 @@ std::unique_ptr<OpInstance> CreateQuantizedFullyConnected(const void* params, co
 // `filter`: the weight's model shape, OHWI; w is that filter as [O, H*W*I].
 std::unique_ptr<OpInstance> CreateQuantizedConv2d(const void* params, const QuantWeight& w,
                                                   const Shape& filter, std::string* why);
+
+// A 3x3 CONV_2D of stride 1, dilation 1, SAME padding (one pixel each side) and no fused
+// activation: difflite.WinogradConv3x3's function, run on its quantized filter (`filter`
+// [Cout, 3, 3, Cin], OHWI; w that filter as [Cout, 9*Cin]). Infer takes (x, filter, bias).
+std::unique_ptr<OpInstance> CreateQuantizedConv3x3(const QuantWeight& w, const Shape& filter,
+                                                   std::string* why);
 
 // GATHER of the rows of a quantized table (`table`: its model shape, w that table as [rows,
 // the rest]); axis 0 and batch_dims 0 only (`params`: tfl::GatherParams, null meaning those).

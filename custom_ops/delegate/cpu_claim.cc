@@ -1,6 +1,11 @@
 // The CPU backend's builtins (cpu_claim.h): FULLY_CONNECTED and CONV_2D reading a quantized
 // weight as the model stores it, GATHER of a quantized table's rows (the int4 mix's token
-// embedding: int8 rows of per-tensor scale 1), and the folded chain each comes through.
+// embedding: int8 rows of per-tensor scale 1), and the folded chain each comes through. A
+// difflite.WinogradConv3x3 whose w is the 3x3 filter itself ([Cout, 3, 3, Cin], the contract's
+// second form) coming through such a chain is claimed here too and runs as that quantized 3x3
+// CONV_2D (SAME, stride 1, bias input 2): the same function, read from the model's integers. Any
+// other WinogradConv3x3 (transformed weights, or a float filter) is a custom op of the op registry
+// (delegate.cc), as is one refused here (it then reads TFLite's float32 DEQUANTIZE of the filter).
 //
 // What `convert --weights int8|int4` writes (compiler/tflite/quantize.py), and what is folded:
 //  * int8: DEQUANTIZE of an INT8 constant, zero points 0, one scale per tensor or per index of
@@ -27,11 +32,13 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <utility>
 
 #include "cpu_builtins.h"
 #include "qgemm.h"
+#include "winograd_conv3x3/winograd_conv3x3.h"
 
 namespace difflite {
 namespace {
@@ -305,8 +312,59 @@ std::string Inputs(const std::vector<TensorInfo>& ins) {
 }
 
 // The input a reader of a quantized weight reads it as: FULLY_CONNECTED's and CONV_2D's weight,
-// GATHER's params.
+// GATHER's params (WinogradConv3x3's w is input 1 too).
 int WeightInput(int32_t code) { return code == kGather ? 0 : 1; }
+
+bool IsReader(int32_t code) { return code == kFullyConnected || code == kConv2d || code == kGather; }
+
+// A difflite.WinogradConv3x3 node (custom code).
+bool IsWinograd(const Registration* reg) {
+  return reg->builtin_code == tfl::kBuiltinCustom && reg->custom_name != nullptr &&
+         std::strcmp(reg->custom_name, winograd::kOpName) == 0;
+}
+
+// What the claimed reader's Infer sees of the node's inputs: the weight as cn->weight_info, an
+// omitted input (-1) as dtype kOther where `omissible` allows it, the others as the model
+// declares them ("" or why not).
+std::string ReaderInputs(Context* ctx, const std::vector<int>& ins, const CpuBuiltinNode& cn,
+                         bool omissible, std::vector<TensorInfo>* infos) {
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (static_cast<int>(i) == cn.weight_input) {
+      infos->push_back(cn.weight_info);
+      continue;
+    }
+    if (ins[i] < 0) {
+      if (i != 2 || !omissible) return "input " + std::to_string(i) + " is omitted";
+      infos->push_back(TensorInfo());
+      continue;
+    }
+    const Tensor* t = At(ctx, ins[i]);
+    if (t == nullptr) return "input tensor " + std::to_string(ins[i]) + " is out of range";
+    infos->push_back(InfoOf(t));
+    const std::string e = CheckElementCount(infos->back(), "input " + std::to_string(i));
+    if (!e.empty()) return e;
+  }
+  return "";
+}
+
+// The claimed reader's Infer on `infos`, its one float32 output checked, and the claim's log line
+// ("" or why not).
+std::string InferReader(Context* ctx, const Node* node, const CpuBuiltinNode& cn,
+                        const std::vector<TensorInfo>& infos, std::string* log) {
+  std::vector<TensorInfo> outs;
+  std::string why = cn.op->Infer(infos, &outs);
+  if (!why.empty()) return why;
+  const std::vector<int> out_idx = ToVector(node->outputs);
+  if (out_idx.size() != 1) return "expects 1 output, got " + std::to_string(out_idx.size());
+  const Tensor* t = At(ctx, out_idx[0]);
+  if (t == nullptr) return "output tensor " + std::to_string(out_idx[0]) + " is out of range";
+  if (t->type != tfl::kFloat32) return std::string("output is ") + TfLiteTypeName(t->type);
+  why = CheckElementCount(outs[0], "output");
+  if (!why.empty()) return why;
+  *log = "inputs=(" + Inputs(infos) + ") outputs=(" + InfoString(outs[0]) + ") attrs={" +
+         cn.op->Describe() + "}";
+  return "";
+}
 
 // A FULLY_CONNECTED / CONV_2D / GATHER whose weight (WeightInput) is the folded `w`: its op, and
 // the inputs its Infer accepted ("" or why not).
@@ -338,35 +396,51 @@ std::string ClaimReader(Context* ctx, int32_t code, const Node* node, const Fold
   cn->weight_input = WeightInput(code);
   cn->weight_info = TensorInfo{DType::kFloat32, w.shape, nullptr};
   std::vector<TensorInfo> infos;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    if (static_cast<int>(i) == cn->weight_input) {
-      infos.push_back(cn->weight_info);
-      continue;
-    }
-    if (ins[i] < 0) {
-      if (i != 2) return "input " + std::to_string(i) + " is omitted";
-      infos.push_back(TensorInfo());
-      continue;
-    }
-    const Tensor* t = At(ctx, ins[i]);
-    if (t == nullptr) return "input tensor " + std::to_string(ins[i]) + " is out of range";
-    infos.push_back(InfoOf(t));
-    const std::string e = CheckElementCount(infos.back(), "input " + std::to_string(i));
-    if (!e.empty()) return e;
+  why = ReaderInputs(ctx, ins, *cn, true, &infos);
+  return why.empty() ? InferReader(ctx, node, *cn, infos, log) : why;
+}
+
+// A difflite.WinogradConv3x3 whose w (input 1) is the folded `w`: the op's own parser and Infer
+// check the node against the contract first (attributes; x [N,H,W,Cin], w as the float32 tensor
+// it stands for, bias [Cout]), then it becomes a quantized 3x3 CONV_2D, SAME, stride 1, no
+// activation ("" or why not; a quantized w must be the filter form [Cout, 3, 3, Cin]).
+std::string ClaimWinograd(Context* ctx, const Node* node, const Folded& w, CpuBuiltinNode* cn,
+                          std::string* log) {
+  std::string why;
+  const std::unique_ptr<OpInstance> contract = ParseCustomNode(node, winograd::kOpName, &why);
+  if (contract == nullptr) return why;
+  const std::vector<int> ins = ToVector(node->inputs);
+  cn->weight_input = 1;
+  cn->weight_info = TensorInfo{DType::kFloat32, w.shape, nullptr};
+  std::vector<TensorInfo> infos, outs;
+  why = ReaderInputs(ctx, ins, *cn, false, &infos);
+  if (why.empty()) why = contract->Infer(infos, &outs);
+  if (!why.empty()) return why;
+  if (w.shape.size() != 4) {
+    return "w " + ShapeToString(w.shape) + " is not the 3x3 filter [Cout,3,3,Cin] (transformed "
+           "weights are run as float32 only)";
   }
-  std::vector<TensorInfo> outs;
-  why = cn->op->Infer(infos, &outs);
+  cpu::QuantWeight q = w.q;
+  q.n = w.shape[0];
+  q.k = static_cast<int64_t>(w.shape[1]) * w.shape[2] * w.shape[3];
+  cn->op = cpu::CreateQuantizedConv3x3(q, w.shape, &why);
+  if (cn->op == nullptr) return why;
+  why = InferReader(ctx, node, *cn, infos, log);
   if (!why.empty()) return why;
-  const std::vector<int> out_idx = ToVector(node->outputs);
-  if (out_idx.size() != 1) return "expects 1 output, got " + std::to_string(out_idx.size());
-  const Tensor* t = At(ctx, out_idx[0]);
-  if (t == nullptr) return "output tensor " + std::to_string(out_idx[0]) + " is out of range";
-  if (t->type != tfl::kFloat32) return std::string("output is ") + TfLiteTypeName(t->type);
-  why = CheckElementCount(outs[0], "output");
-  if (!why.empty()) return why;
-  *log = "inputs=(" + Inputs(infos) + ") outputs=(" + InfoString(outs[0]) + ") attrs={" +
-         cn->op->Describe() + "}";
+  *log += " as CONV_2D (" + contract->Describe() + ")";
   return "";
+}
+
+// What runs a node that reads a folded tensor but is no claimed reader of it, for logs: a
+// difflite op is the op registry's (it reads the float32 tensor TFLite computes), any other TFLite's.
+std::string UnclaimedReader(Context* ctx, int node_index) {
+  Node* node = nullptr;
+  Registration* reg = nullptr;
+  if (ctx->GetNodeAndRegistration(ctx, node_index, &node, &reg) == tfl::kOk && reg != nullptr &&
+      reg->builtin_code == tfl::kBuiltinCustom && FindOp(reg->custom_name) != nullptr) {
+    return "a difflite op reading it as float32";
+  }
+  return "left to TFLite";
 }
 
 }  // namespace
@@ -392,23 +466,30 @@ std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(Context* c
       if (ins[pos] >= 0) readers[ins[pos]].push_back({node_index, static_cast<int>(pos)});
     }
     const int32_t code = reg->builtin_code;
-    if (code != kDequantize && code != kMul && code != kReshape && code != kFullyConnected &&
-        code != kConv2d && code != kGather) {
+    const bool winograd = IsWinograd(reg);
+    if (!winograd && code != kDequantize && code != kMul && code != kReshape && !IsReader(code)) {
       continue;
     }
-    const char* name = BuiltinName(code);
+    const char* name = winograd ? winograd::kOpName : BuiltinName(code);
     const std::string wiring = order.Check(ctx, node_index, node);
-    if (code == kFullyConnected || code == kConv2d || code == kGather) {
+    if (winograd || IsReader(code)) {
       if (ins.size() < 2) continue;
-      auto w = folded.find(ins[WeightInput(code)]);
+      auto w = folded.find(ins[winograd ? 1 : WeightInput(code)]);
       if (w == folded.end() || !w->second.quantized) continue;  // a float weight: TFLite's
       auto cn = std::make_unique<CpuBuiltinNode>();
       cn->name = name;
       std::string log;
-      std::string why = wiring.empty() ? ClaimReader(ctx, code, node, w->second, cn.get(), &log) : wiring;
+      std::string why = !wiring.empty() ? wiring
+                        : winograd      ? ClaimWinograd(ctx, node, w->second, cn.get(), &log)
+                                        : ClaimReader(ctx, code, node, w->second, cn.get(), &log);
       if (!why.empty()) {
-        Log("not delegating node " + std::to_string(node_index) + " (" + name +
-            " with quantized weights): " + why);
+        if (winograd) {  // still the op registry's (delegate.cc), if it takes it
+          Log("node " + std::to_string(node_index) + " (" + name + ") does not read its quantized "
+              "filter as stored: " + why + "; the custom op reads TFLite's float32 DEQUANTIZE of it");
+        } else {
+          Log("not delegating node " + std::to_string(node_index) + " (" + name +
+              " with quantized weights): " + why);
+        }
         continue;
       }
       claim_logs[node_index] = log;
@@ -445,7 +526,8 @@ std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(Context* c
       if (!why.empty()) break;
       auto c = claimed.find(reader.first);
       if (c == claimed.end()) {
-        why = "node " + std::to_string(reader.first) + ", left to TFLite, reads its output";
+        why = "node " + std::to_string(reader.first) + ", " + UnclaimedReader(ctx, reader.first) +
+              ", reads its output";
       } else if (!c->second->folded && reader.second != c->second->weight_input) {
         why = "node " + std::to_string(reader.first) + " reads its output as input " +
               std::to_string(reader.second);

@@ -1,6 +1,7 @@
 // The builtins the CPU backend claims besides the difflite custom ops (cpu_claim.cc): every
 // FULLY_CONNECTED and CONV_2D whose weight is a quantized constant, every GATHER of a quantized
-// table's rows, and that weight's chain.
+// table's rows, and that weight's chain; and every difflite.WinogradConv3x3 whose w is a
+// quantized 3x3 filter [Cout, 3, 3, Cin], run as that quantized CONV_2D (not by the op registry).
 #ifndef DIFFLITE_DELEGATE_CPU_CLAIM_H_
 #define DIFFLITE_DELEGATE_CPU_CLAIM_H_
 
@@ -15,7 +16,8 @@
 
 namespace difflite {
 
-// One claimed builtin node. Either a FULLY_CONNECTED / CONV_2D / GATHER (`op`: reads its weight,
+// One claimed builtin node. Either a FULLY_CONNECTED / CONV_2D / GATHER, or a
+// difflite.WinogradConv3x3 as a CONV_2D (`op`: reads its weight,
 // input `weight_input`, from the model's integers; Infer sees it as `weight_info`), or a node of a
 // quantized weight's chain (DEQUANTIZE of the int8 / int4 constant or of float16 block scales,
 // int4's block-scale MUL, RESHAPE), `folded`: it runs nothing and its output is never
@@ -23,7 +25,7 @@ namespace difflite {
 // no data at Prepare; only the claimed readers of quantized weights read it, and they read
 // the constant it stands for).
 struct CpuBuiltinNode {
-  std::string name;  // "FULLY_CONNECTED", "DEQUANTIZE", ...
+  std::string name;  // "FULLY_CONNECTED", "DEQUANTIZE", "difflite.WinogradConv3x3", ...
   bool folded = false;
   std::unique_ptr<OpInstance> op;
   int weight_input = 1;

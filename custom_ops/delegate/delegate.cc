@@ -8,10 +8,12 @@
 //  2. DelegatePrepare walks the execution plan and claims every CUSTOM node
 //     whose custom_code names a difflite op, whose attributes parse and whose
 //     tensors pass the op's shape/type check. A refused node gets a one-line
-//     reason (stderr and context->ReportError) and stays with TFLite. It also
-//     claims the FULLY_CONNECTED and CONV_2D nodes whose weight is a quantized
+//     reason (stderr and context->ReportError) and stays with TFLite. First,
+//     it claims the FULLY_CONNECTED and CONV_2D nodes whose weight is a quantized
 //     constant, with that weight's folded chain (cpu_claim.h: the integers are
-//     read as stored, no float copy of the weight exists).
+//     read as stored, no float copy of the weight exists); a WinogradConv3x3
+//     whose w is a quantized 3x3 filter is among them (run as that CONV_2D),
+//     and the custom-op walk skips it.
 //     Claimed nodes go to ReplaceNodeSubsetsWithDelegateKernels, which groups
 //     connected claimed nodes into partitions (one macro-node each).
 //  3. Each partition is a Partition (KernelInit): its nodes in plan order.
@@ -567,6 +569,8 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
   }
   const std::vector<int> plan_nodes = ToVector(plan);  // copy: may change
   const PlanOrder order(ctx, plan_nodes);
+  // The builtins of quantized weights first: a WinogradConv3x3 among them is not the registry's.
+  st->cpu_builtins = ClaimQuantizedBuiltins(ctx, plan_nodes, order, st->options.verbose);
   std::vector<int> claimed;
   std::map<int, TensorInfo> known;
   const size_t prefix_len = std::strlen(kOpPrefix);
@@ -580,7 +584,8 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
     }
     if (reg->builtin_code != tfl::kBuiltinCustom ||
         reg->custom_name == nullptr ||
-        std::strncmp(reg->custom_name, kOpPrefix, prefix_len) != 0) {
+        std::strncmp(reg->custom_name, kOpPrefix, prefix_len) != 0 ||
+        st->cpu_builtins.count(node_index)) {
       continue;
     }
     std::vector<TensorInfo> ins, outs;
@@ -608,7 +613,6 @@ tfl::Status DelegatePrepareImpl(Context* ctx, Delegate* delegate) {
           ") attrs={" + op->Describe() + "}");
     }
   }
-  st->cpu_builtins = ClaimQuantizedBuiltins(ctx, plan_nodes, order, st->options.verbose);
   if (!st->cpu_builtins.empty()) {
     std::set<int> custom(claimed.begin(), claimed.end());
     claimed.clear();

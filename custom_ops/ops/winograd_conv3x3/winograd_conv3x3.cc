@@ -1,8 +1,15 @@
-// difflite.WinogradConv3x3: x [N,H,W,Cin], w [36,Cin,Cout], bias [Cout]
-//   -> [N,H,W,Cout], the 3x3 / stride 1 / pad 1 convolution plus bias.
-// w holds the transformed filters U = G g G^T of F(4x4, 3x3) (interpolation
-// points 0, +-1, +-2, inf), position index 6*i + j (the definition lives in
-// tests/winograd_ref.py: transform_weights).
+// difflite.WinogradConv3x3: x [N,H,W,Cin], w, bias [Cout] -> [N,H,W,Cout], the
+// 3x3 / stride 1 / pad 1 convolution plus bias. w comes in one of two forms,
+// told apart by its rank:
+//  (a) [36,Cin,Cout]: the transformed filters U = G g G^T of F(4x4, 3x3)
+//      (interpolation points 0, +-1, +-2, inf), position index 6*i + j (the
+//      definition lives in compiler/winograd.py: transform_weights);
+//  (b) [Cout,3,3,Cin]: the 3x3 filter itself, OHWI like a CONV_2D filter (what
+//      a quantized model file keeps quantized). Run transforms it into U in a
+//      buffer of that Run (36/9 of the filter's floats), freed when it returns:
+//      the op keeps no copy of the weights. (On the CPU backend a form-(b) filter
+//      that is a quantized constant never reaches this kernel: the delegate runs
+//      the node as a quantized 3x3 CONV_2D, delegate/cpu_claim.cc.)
 //
 // CPU kernel, the real algorithm: the output is cut into 4x4 tiles (the
 // border tiles of H, W not multiple of 4 read zeros and are cropped); each
@@ -11,6 +18,7 @@
 #include <algorithm>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "difflite/op_api.h"
 #include "difflite/parallel.h"
@@ -38,6 +46,55 @@ constexpr float kAT[4][6] = {
     {0, 1, 1, 4, 4, 0},
     {0, 1, -1, 8, -8, 1},
 };
+// G (6x3) of F(4x4, 3x3), as compiler/winograd.py defines it; the filter
+// transform runs in double.
+constexpr double kG[6][3] = {
+    {1.0 / 4, 0, 0},
+    {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+    {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+    {1.0 / 24, 1.0 / 12, 1.0 / 6},
+    {1.0 / 24, -1.0 / 12, 1.0 / 6},
+    {0, 0, 1},
+};
+
+// u[6i+j][ci][co] = sum_{a,b} G[i][a] G[j][b] w[co][a][b][ci] for a filter w
+// [cout,3,3,cin] (OHWI); u holds 36 * cin * cout floats.
+void TransformFilter(const float* w, int64_t cin, int64_t cout, float* u,
+                     int num_threads) {
+  auto work = [&](int64_t ci_begin, int64_t ci_end) {
+    for (int64_t ci = ci_begin; ci < ci_end; ++ci) {
+      for (int64_t co = 0; co < cout; ++co) {
+        double g[3][3];
+        for (int a = 0; a < 3; ++a) {
+          for (int b = 0; b < 3; ++b) {
+            g[a][b] = w[((co * 3 + a) * 3 + b) * cin + ci];
+          }
+        }
+        double gg[6][3];  // G g
+        for (int i = 0; i < 6; ++i) {
+          for (int b = 0; b < 3; ++b) {
+            gg[i][b] = kG[i][0] * g[0][b] + kG[i][1] * g[1][b] + kG[i][2] * g[2][b];
+          }
+        }
+        for (int i = 0; i < 6; ++i) {
+          for (int j = 0; j < 6; ++j) {
+            const double v = gg[i][0] * kG[j][0] + gg[i][1] * kG[j][1] +
+                             gg[i][2] * kG[j][2];
+            u[((i * 6 + j) * cin + ci) * cout + co] = static_cast<float>(v);
+          }
+        }
+      }
+    }
+  };
+  ParallelFor(num_threads, cin, 100.0 * static_cast<double>(cout), work);
+}
+
+// The weight forms Infer accepts, for its messages.
+std::string WeightForms(int64_t cin) {
+  const std::string c = std::to_string(cin);
+  return "[36," + c + ",Cout] (transformed filters) or [Cout,3,3," + c +
+         "] (the 3x3 filter, OHWI)";
+}
 
 // out[a][b][:] = sum_{i,j} T[a][i] * in[i][j][:] * T[b][j] for a vector of
 // `len` channels per tile element; T is rows x 6. `tmp` holds rows*6*len.
@@ -85,11 +142,12 @@ class WinogradConv3x3 final : public OpInstance {
     if (x.size() != 4) return "x must be [N,H,W,Cin], got " + ShapeToString(x);
     if (!(e = ExpectPositiveDims(in[0], "x")).empty()) return e;
     const Shape& w = in[1].shape;
-    const bool transformed = w.size() == 3 && w[0] == kPositions && w[1] == x[3] && w[2] > 0;
-    const bool filter = w.size() == 4 && w[0] > 0 && w[1] == 3 && w[2] == 3 && w[3] == x[3];
+    const bool transformed = w.size() == 3 && w[0] == kPositions &&
+                             w[1] == x[3] && w[2] > 0;
+    const bool filter = w.size() == 4 && w[0] > 0 && w[1] == 3 && w[2] == 3 &&
+                        w[3] == x[3];
     if (!transformed && !filter) {
-      return "w must be [36," + std::to_string(x[3]) + ",Cout] (transformed) or [Cout,3,3," +
-             std::to_string(x[3]) + "] (the filter), got " + ShapeToString(w);
+      return "w must be " + WeightForms(x[3]) + ", got " + ShapeToString(w);
     }
     const int cout = transformed ? w[2] : w[0];
     if (in[2].shape != Shape{cout}) {
@@ -112,7 +170,14 @@ class WinogradConv3x3 final : public OpInstance {
     const int64_t h = in[0].shape[1];
     const int64_t w = in[0].shape[2];
     const int64_t cin = in[0].shape[3];
-    const int64_t cout = in[1].shape[2];
+    const bool filter = in[1].shape.size() == 4;  // form (b): [Cout,3,3,Cin]
+    const int64_t cout = filter ? in[1].shape[0] : in[1].shape[2];
+    std::vector<float> transformed;  // form (b)'s U, for this Run only
+    if (filter) {
+      transformed.resize(static_cast<size_t>(kPositions) * cin * cout);
+      TransformFilter(u, cin, cout, transformed.data(), exec.num_threads);
+      u = transformed.data();
+    }
     const int64_t tiles_h = (h + kTileOut - 1) / kTileOut;
     const int64_t tiles_w = (w + kTileOut - 1) / kTileOut;
     const int64_t tiles = n_batch * tiles_h * tiles_w;
