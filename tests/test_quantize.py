@@ -298,7 +298,8 @@ def test_convert_int4_tiny_verifies_on_the_cpu_backend(tmp_path):
 def test_convert_int8_takes_winograds_filter_form(tmp_path):
     """--weights int8 at 512x512, where the tiny UNet's 64-channel convolutions are Winograd
     candidates: with no budget (int8's default is 0) the filter form takes them, storing no
-    transformed filter; the file verifies on PoCL. `--winograd-budget-mb unet=off` takes none."""
+    transformed filter; the file verifies on PoCL and on the CPU backend. `--winograd-budget-mb
+    unet=off` takes none."""
     def convert(out, *flags):
         run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out),
                               "--components", "unet", "--weights", "int8", "--weights-target-db", "0",
@@ -314,10 +315,11 @@ def test_convert_int8_takes_winograds_filter_form(tmp_path):
     assert report["fusion"]["winograd"]["matched"] == len(filters) and report["fusion"]["winograd"]["custom_op"]
     layers = {tuple(w["shape"]): w["width"] for w in report["weight_widths"]["layers"]}
     assert all(layers[(c["cout"], 3, 3, c["cin"])] == "int8" for c in filters)  # stored as any conv's filter
-    check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(tmp_path / "q8"), "--backend",
-                            "opencl", "--seeds", "0", "--json"], capture_output=True, text=True, cwd=ROOT)
-    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
-    assert all(35 <= c["snr_db"] < 80 for c in json.loads(check.stdout)["checks"])
+    for backend in ("opencl", "cpu"):  # PoCL's wino_filter; the CPU backend's quantized 3x3 CONV_2D
+        check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(tmp_path / "q8"), "--backend",
+                                backend, "--seeds", "0", "--json"], capture_output=True, text=True, cwd=ROOT)
+        assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
+        assert all(35 <= c["snr_db"] < 80 for c in json.loads(check.stdout)["checks"])
     report, manifest = convert(tmp_path / "off", "--winograd-budget-mb", "unet=off")
     assert manifest["options"]["winograd_budgets_mb"] == {"unet": "off"}
     assert report["winograd"]["convs"] == [] and not report["fusion"]["winograd"]["custom_op"]
