@@ -25,6 +25,17 @@
 #define DL_WQ_PARAMS
 #endif
 
+// Row r of a 6x6 transformed tile into positions 6r .. 6r+5, `plane` elements apart.
+inline void wino_store_row(__global DL_T* out, int r, long plane, float x0, float x1, float x2,
+                           float x3, float x4, float x5) {
+  DL_STORE(out, (6 * r + 0) * plane, x0);
+  DL_STORE(out, (6 * r + 1) * plane, x1);
+  DL_STORE(out, (6 * r + 2) * plane, x2);
+  DL_STORE(out, (6 * r + 3) * plane, x3);
+  DL_STORE(out, (6 * r + 4) * plane, x4);
+  DL_STORE(out, (6 * r + 5) * plane, x5);
+}
+
 // G of F(4x4, 3x3) applied to 3 values (a column or row of the filter).
 #define WINO_G(g0, g1, g2, r0, r1, r2, r3, r4, r5)              \
   do {                                                          \
@@ -68,12 +79,7 @@ __kernel void wino_filter(DL_W_PTR w, __global DL_T* U, int Cin, int Cout DL_WQ_
   for (int r = 0; r < 6; ++r) {  // (G g) G^T: rows
     float u0, u1, u2, u3, u4, u5;
     WINO_G(tmp[r][0], tmp[r][1], tmp[r][2], u0, u1, u2, u3, u4, u5);
-    DL_STORE(out, (6 * r + 0) * plane, u0);
-    DL_STORE(out, (6 * r + 1) * plane, u1);
-    DL_STORE(out, (6 * r + 2) * plane, u2);
-    DL_STORE(out, (6 * r + 3) * plane, u3);
-    DL_STORE(out, (6 * r + 4) * plane, u4);
-    DL_STORE(out, (6 * r + 5) * plane, u5);
+    wino_store_row(out, r, plane, u0, u1, u2, u3, u4, u5);
   }
 }
 
@@ -135,12 +141,7 @@ __kernel void wino_input(__global const DL_T* x, __global DL_T* V, int H, int W,
     float v0, v1, v2, v3, v4, v5;
     WINO_BT(tmp[r][0], tmp[r][1], tmp[r][2], tmp[r][3], tmp[r][4], tmp[r][5], v0,
             v1, v2, v3, v4, v5);
-    DL_STORE(out, (6 * r + 0) * plane, v0);
-    DL_STORE(out, (6 * r + 1) * plane, v1);
-    DL_STORE(out, (6 * r + 2) * plane, v2);
-    DL_STORE(out, (6 * r + 3) * plane, v3);
-    DL_STORE(out, (6 * r + 4) * plane, v4);
-    DL_STORE(out, (6 * r + 5) * plane, v5);
+    wino_store_row(out, r, plane, v0, v1, v2, v3, v4, v5);
   }
 }
 
