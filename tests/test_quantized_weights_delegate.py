@@ -656,6 +656,25 @@ def _winograd_filter_file(path, width, precision, r, n=2, h=13, w=10, cin=32, co
     return path, x, conv_ref(x, stored.astype(np.float64), bias, SAME)
 
 
+def _random_winograd_shape(seed):
+    """(n, h, w, cin, cout) drawn with a fixed seed: odd sizes, partial tiles, Cin a multiple of 32
+    (int4's blocks of 32 tile 9 Cin only then)."""
+    r = rng(100 + seed)
+    return (int(r.integers(1, 3)), int(r.integers(5, 22)), int(r.integers(5, 22)), int(r.choice([32, 64, 96])),
+            int(r.integers(8, 71)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("width", ["int8", "int4"])
+def test_winograd_filter_form_on_random_shapes(lib, tmp_path, width, seed):
+    n, h, w, cin, cout = _random_winograd_shape(seed)
+    path, x, want = _winograd_filter_file(tmp_path / "wino.tflite", width, "fp32", rng(seed), n, h, w, cin, cout)
+    for kernels in ("auto", "tiled"):
+        (got,), stats = run_model(path, lib, [x], opencl_options(kernels=kernels), stats=True)
+        assert stats["weights_dequantized_bytes"] == 0 and stats["partitions"] == 1, stats
+        assert rel_err(got, want) <= 2e-5, (kernels, n, h, w, cin, cout)
+
+
 @pytest.mark.parametrize("kernels", ["auto", "tiled"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("width", ["int8", "int4"])
