@@ -33,8 +33,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 CLI = [sys.executable, str(ROOT / "cli.py")]
 COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 PROMPT = "a photo of an astronaut riding a horse on mars"
-# (precision, --weights, further convert flags); "-w0": no Winograd (its filters are float);
-# "-vae0": none in the VAE decoder only (decoded once a picture), the UNet at the default budget
+# (precision, --weights, further convert flags); "-w0": a Winograd budget of 0 (no float transformed
+# filters: fp16 then has no Winograd, int8 / int4 keep the filter form, which needs none; their
+# default since NOTES §41); "-vae0": budget 0 in the VAE decoder only (decoded once a picture)
 SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []),
             "fp16-w0": ("fp16", "float", ["--winograd-budget-mb", "0"]), "int8": ("fp16", "int8", []),
             "int4": ("fp16", "int4", []), "int8-w0": ("fp16", "int8", ["--winograd-budget-mb", "0"]),
