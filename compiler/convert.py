@@ -364,7 +364,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
                         weight_value_bytes=quantize.value_bytes(options.weights, options.weights_block,
                                                                 quantize.scale_bytes(options.precision)))
     for kind, counts in fusion.items():
-        counts["custom_op"] = fuse_kind_of(kind) in options.fuse and (kind != "winograd" or "winograd" in kinds)
+        counts["custom_op"] = fuse_kind_of(kind) in kinds & set(options.fuse)
     filename = f"{name}.tflite"
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),

@@ -39,12 +39,7 @@ class QuantizedConv2d final : public OpInstance {
       : w_(w), filter_(filter), p_(p), clamp_(clamp) {}
 
   std::string Infer(const std::vector<TensorInfo>& in, std::vector<TensorInfo>* out) const override {
-    if (in.size() != 2 && in.size() != 3) {
-      return "expects 2 or 3 inputs, got " + std::to_string(in.size());
-    }
-    std::string e = ExpectFloat32(in[0], "input");
-    if (e.empty()) e = ExpectPositiveDims(in[0], "input");
-    if (e.empty()) e = ExpectFloat32(in[1], "filter");
+    std::string e = CheckReaderInputs(in, "filter", filter_[0]);
     if (!e.empty()) return e;
     if (in[1].shape != filter_) {
       return "filter " + ShapeToString(in[1].shape) + " is not the quantized " + ShapeToString(filter_);
@@ -53,14 +48,6 @@ class QuantizedConv2d final : public OpInstance {
     if (in[0].shape[3] != filter_[3]) {
       return "filter " + ShapeToString(filter_) + " does not match the input's " +
              std::to_string(in[0].shape[3]) + " channels (grouped convolutions are not run)";
-    }
-    if (in.size() == 3 && in[2].dtype != DType::kOther) {
-      e = ExpectFloat32(in[2], "bias");
-      if (!e.empty()) return e;
-      if (NumElements(in[2].shape) != filter_[0]) {
-        return "bias " + ShapeToString(in[2].shape) + " does not hold one value per output channel (" +
-               std::to_string(filter_[0]) + ")";
-      }
     }
     ConvShape c;
     e = Shape4(in[0].shape, &c);

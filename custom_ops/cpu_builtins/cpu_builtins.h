@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "difflite/op_api.h"
 #include "qgemm.h"
@@ -38,6 +39,11 @@ std::unique_ptr<OpInstance> CreateQuantizedConv3x3(const QuantWeight& w, const S
 // the rest]); axis 0 and batch_dims 0 only (`params`: tfl::GatherParams, null meaning those).
 std::unique_ptr<OpInstance> CreateQuantizedGather(const void* params, const QuantWeight& w,
                                                   const Shape& table, std::string* why);
+
+// What a quantized reader's Infer checks first: 2 or 3 inputs; a float32 input of positive dims;
+// the float32 weight (named `weight`); a bias omitted (dtype kOther) or float32 of `outputs`
+// values. "" or why not.
+std::string CheckReaderInputs(const std::vector<TensorInfo>& in, const char* weight, int64_t outputs);
 
 // The activations both fuse, as a clamp; false for any other.
 bool ActivationClamp(int activation, Clamp* clamp, std::string* why);

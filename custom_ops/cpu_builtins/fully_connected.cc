@@ -25,6 +25,22 @@ bool ActivationClamp(int activation, Clamp* clamp, std::string* why) {
   }
 }
 
+std::string CheckReaderInputs(const std::vector<TensorInfo>& in, const char* weight, int64_t outputs) {
+  if (in.size() != 2 && in.size() != 3) {
+    return "expects 2 or 3 inputs, got " + std::to_string(in.size());
+  }
+  std::string e = ExpectFloat32(in[0], "input");
+  if (e.empty()) e = ExpectPositiveDims(in[0], "input");
+  if (e.empty()) e = ExpectFloat32(in[1], weight);
+  if (!e.empty() || in.size() != 3 || in[2].dtype == DType::kOther) return e;
+  e = ExpectFloat32(in[2], "bias");
+  if (e.empty() && NumElements(in[2].shape) != outputs) {
+    e = "bias " + ShapeToString(in[2].shape) + " does not hold one value per output (" +
+        std::to_string(outputs) + ")";
+  }
+  return e;
+}
+
 const char* ActivationName(int activation) {
   switch (activation) {
     case tfl::kActRelu: return "relu";
@@ -42,24 +58,11 @@ class QuantizedFullyConnected final : public OpInstance {
       : w_(w), activation_(activation), clamp_(clamp), keep_num_dims_(keep_num_dims) {}
 
   std::string Infer(const std::vector<TensorInfo>& in, std::vector<TensorInfo>* out) const override {
-    if (in.size() != 2 && in.size() != 3) {
-      return "expects 2 or 3 inputs, got " + std::to_string(in.size());
-    }
-    std::string e = ExpectFloat32(in[0], "input");
-    if (e.empty()) e = ExpectPositiveDims(in[0], "input");
-    if (e.empty()) e = ExpectFloat32(in[1], "weights");
+    std::string e = CheckReaderInputs(in, "weights", w_.n);
     if (!e.empty()) return e;
     if (in[1].shape != Shape{static_cast<int>(w_.n), static_cast<int>(w_.k)}) {
       return "weights " + ShapeToString(in[1].shape) + " are not the quantized [" +
              std::to_string(w_.n) + "," + std::to_string(w_.k) + "]";
-    }
-    if (in.size() == 3 && in[2].dtype != DType::kOther) {
-      e = ExpectFloat32(in[2], "bias");
-      if (!e.empty()) return e;
-      if (NumElements(in[2].shape) != w_.n) {
-        return "bias " + ShapeToString(in[2].shape) + " does not hold one value per output (" +
-               std::to_string(w_.n) + ")";
-      }
     }
     const int64_t elements = NumElements(in[0].shape);
     Shape shape;
