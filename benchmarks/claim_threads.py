@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--save", type=Path)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from compiler.runtime import find_oplib
+    from difflite.runtime.component import find_oplib
 
     libs = args.oplibs.split(",") if args.oplibs else [str(find_oplib())]
     rows = [cold_load(args.model, lib, int(t)) for lib in libs for t in args.threads.split(",")]

@@ -33,7 +33,7 @@ STATS_GLOB = "difflite-stats-*"
 
 
 def start(out: Path, png: Path, args, env: dict) -> subprocess.Popen:
-    command = [sys.executable, str(ROOT / "cli.py"), "generate", str(out), PROMPT, "-o", str(png),
+    command = [sys.executable, "-m", "difflite", "generate", str(out), PROMPT, "-o", str(png),
                "--steps", str(args.steps), "--seed", "0", "--backend", args.backend, "--json"]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 

@@ -35,8 +35,8 @@ TARGET_UNET_BYTES = 2 * 1024**3
 def run_once(folder: Path) -> dict:
     """Load each component in ai-edge-litert and run it once on random inputs."""
     sys.path.insert(0, str(ROOT))
-    from compiler.manifest import read_manifest
-    from compiler.runtime import Component
+    from difflite.folder.manifest import read_manifest
+    from difflite.runtime.component import Component
 
     manifest = read_manifest(folder)
     rng = np.random.default_rng(0)
@@ -68,7 +68,7 @@ def main() -> int:
     parser.add_argument("--extra-args", default="", help="more `difflite convert` arguments")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="difflite-sd15-")) / "sd15"
-    command = [sys.executable, str(ROOT / "cli.py"), "convert", "preset:sd15", "-o", str(out),
+    command = [sys.executable, "-m", "difflite", "convert", "preset:sd15", "-o", str(out),
                "--precision", "fp16", "--batch", "2", "--height", "512", "--width", "512",
                *shlex.split(args.extra_args)]
     start = time.perf_counter()

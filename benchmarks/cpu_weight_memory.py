@@ -1,6 +1,6 @@
 """Benchmark: what the CPU backend holds for a converted folder's weights (issue 21).
 
-For each component of OUT, in a fresh process (`compiler.runtime.Component`, backend cpu, as
+For each component of OUT, in a fresh process (`difflite.runtime.component.Component`, backend cpu, as
 `verify` and `generate` load it): VmRSS / VmHWM from /proc/self/status after the imports, after
 loading, after one call and after the timed calls, against the file's bytes: its weight bytes,
 the quantized weights' stored bytes and what those weights take as float32. The growth of the
@@ -26,7 +26,7 @@ MIB = 1 << 20
 
 
 def status_mb() -> dict:
-    from compiler.procmem import read_status
+    from difflite.core.procmem import read_status
 
     s = read_status()
     return {"rss": s.get("VmRSS"), "hwm": s.get("VmHWM"), "anon": s.get("RssAnon"), "file": s.get("RssFile")}
@@ -36,7 +36,7 @@ def file_weights(path: Path) -> dict:
     """The file's weight bytes (MiB), the quantized constants' stored bytes and elements."""
     import numpy as np
 
-    from compiler.tflite.reader import read_tflite
+    from difflite.folder.reader import read_tflite
 
     summary = read_tflite(path)
     quantized = [t for t in summary.tensors if t.constant and t.dtype in ("int8", "int4")]
@@ -49,8 +49,8 @@ def file_weights(path: Path) -> dict:
 def child(out: Path, name: str, runs: int, threads: int | None) -> dict:
     import numpy as np
 
-    from compiler.bench import random_feeds, vocab_size
-    from compiler.runtime import Component
+    from difflite.runtime.bench import random_feeds, vocab_size
+    from difflite.runtime.component import Component
 
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["components"][name]

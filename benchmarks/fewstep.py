@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-CLI = [sys.executable, str(ROOT / "cli.py")]
+CLI = [sys.executable, "-m", "difflite"]
 PROMPT = "a photo of an astronaut riding a horse on mars"
 PLANS = {
     "guided": {"batch": 2, "steps": 20, "guidance": 7.5, "scheduler": "default"},
@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--save", type=Path, default=None)
     args = parser.parse_args()
 
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     folders = {name: args.work / f"{name}_b{plan['batch']}" for name, plan in PLANS.items()}
     convert_s = {name: round(convert(args.model, folders[name], PLANS[name]["batch"], args.precision,

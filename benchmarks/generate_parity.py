@@ -3,7 +3,7 @@ seed and weights (default preset:sd15, 512x512, 20 steps, fp32, UNet batch 2).
 
 1. converts the model with the real `difflite convert` in a child process (or reuses --out when
    it already holds a conversion of the same model and size: --reuse);
-2. makes the picture with difflite's files (compiler.generate.LitePipeline) per scheduler, timing
+2. makes the picture with difflite's files (difflite.runtime.generate.LitePipeline) per scheduler, timing
    each stage (text encoder, UNet, VAE decoder);
 3. frees the LiteRT interpreters, then makes the same picture with diffusers on the source torch
    modules (load_pipeline of the manifest's source), timing the same stages with wrappers;
@@ -65,7 +65,7 @@ def convert(args, out: Path) -> dict:
                 and options.get("width") == args.width and options.get("precision") == args.precision):
             print(f"[generate_parity] reusing {out}", file=sys.stderr)
             return {"reused": True}
-    command = [sys.executable, str(ROOT / "cli.py"), "convert", args.model, "-o", str(out),
+    command = [sys.executable, "-m", "difflite", "convert", args.model, "-o", str(out),
                "--height", str(args.height), "--width", str(args.width), "--batch", str(args.batch),
                "--precision", args.precision, "--components", "text_encoder,unet,vae_decoder",
                *shlex.split(args.convert_args)]
@@ -82,7 +82,7 @@ def convert(args, out: Path) -> dict:
 
 
 def run_difflite(out: Path, args, schedulers: list[str]) -> dict:
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     start = time.perf_counter()
     pipe = LitePipeline(out, backend=args.backend)
@@ -132,9 +132,9 @@ def run_diffusers(out: Path, args, schedulers: list[str]) -> dict:
     import torch
     from diffusers import StableDiffusionPipeline
 
-    from compiler import manifest
-    from compiler.schedulers import diffusers_scheduler
-    from compiler.verify import load_source
+    from difflite.folder import manifest
+    from difflite.diffusers_schedulers import diffusers_scheduler
+    from difflite.verify import load_source
 
     torch.set_num_threads(os.cpu_count() or 1)
     start = time.perf_counter()
@@ -174,8 +174,8 @@ def run_diffusers(out: Path, args, schedulers: list[str]) -> dict:
 
 
 def save_png(image: np.ndarray, path: Path) -> None:
-    from compiler.generate import save_png as save
-    from compiler.generate import to_uint8
+    from difflite.runtime.generate import save_png as save
+    from difflite.runtime.generate import to_uint8
 
     save(to_uint8(image), path)
 

@@ -53,7 +53,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import pyopencl as cl  # noqa: E402
-
 from gpu_kernels_harness.launch import Runner, attention_plan, pick_context, round_up  # noqa: E402
 from gpu_kernels_harness.unfused import Unfused  # noqa: E402
 
@@ -61,9 +60,9 @@ MB = 1024 * 1024
 
 
 def winograd_u(w_oihw: np.ndarray) -> np.ndarray:
-    """G g G^T as [36, Cin, Cout] (compiler/winograd.py's definition; imported when available)."""
+    """G g G^T as [36, Cin, Cout] (difflite/core/winograd.py's definition; imported when available)."""
     try:
-        from compiler.winograd import transform_weights
+        from difflite.core.winograd import transform_weights
 
         return transform_weights(w_oihw)
     except ImportError:  # standalone copy of the benchmark: the same matrices

@@ -45,13 +45,13 @@ def convert(work: Path, model: str, size: int, components: str, batch: int,
     fused = work / "fused"
     unfused = work / "unfused"
     if not (fused / "manifest.json").is_file():
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", model, "-o", str(fused),
+        subprocess.run([sys.executable, "-m", "difflite", "convert", model, "-o", str(fused),
                         "--components", components, "--batch", str(batch), "--precision", "fp16",
                         "--height", str(size), "--width", str(size), "--keep-onnx", *extra_args],
                        check=True, cwd=ROOT)
     if not unfused.is_dir():
-        from compiler.tflite.writer import load_onnx, write_tflite
-        from passes import run_passes
+        from difflite.compiler.tflite.writer import load_onnx, write_tflite
+        from difflite.passes import run_passes
 
         unfused.mkdir(parents=True)
         for name in components.split(","):
@@ -169,7 +169,7 @@ def time_litert_gpu(path: Path, runs: int, enforce_f32: bool) -> dict:
 def time_torch(model: str, size: int, components: list[str], runs: int, batch: int) -> dict:
     import torch
 
-    from compiler import export, models
+    from difflite.compiler import export, models
 
     pipe = models.load_pipeline(model)
     results = {}

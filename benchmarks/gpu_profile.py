@@ -40,8 +40,8 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False, preci
     """Runs the component and returns the delegate's stats (stats_path) plus wall times."""
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
-    from compiler.manifest import read_manifest
-    from compiler.runtime import find_oplib
+    from difflite.folder.manifest import read_manifest
+    from difflite.runtime.component import find_oplib
 
     entry = read_manifest(folder)["components"][component]
     stats_path = Path(tempfile.mkstemp(prefix="difflite-profile-", suffix=".json")[1])

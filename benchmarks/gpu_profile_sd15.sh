@@ -9,7 +9,7 @@ folder=${FOLDER:-/tmp/sd15h}
 mkdir -p "$out"
 if [ ! -f "$folder/manifest.json" ]; then
   # shellcheck disable=SC2086
-  python3 cli.py convert preset:sd15 -o "$folder" --precision fp16 --batch "${BATCH:-2}" --components unet,vae_decoder \
+  python3 -m difflite convert preset:sd15 -o "$folder" --precision fp16 --batch "${BATCH:-2}" --components unet,vae_decoder \
     ${CONVERT_ARGS:---device-profile nvidia-h100} > "$out/convert.txt" 2>&1 \
     || { echo "convert failed"; tail -5 "$out/convert.txt"; exit 1; }
   cp "$folder/report.json" "$out/report.json"

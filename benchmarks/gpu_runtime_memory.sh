@@ -7,7 +7,7 @@ source benchmarks/device_setup.sh || exit 1
 export DIFFLITE_OPLIB=$PWD/.oplib/libdifflite_delegate.so
 set -o pipefail
 if [ ! -f /tmp/sd15/manifest.json ]; then
-  python3 cli.py convert preset:sd15 -o /tmp/sd15 --precision fp16 --batch 2 2>&1 | tail -8 | tee $OUT/convert.log
+  python3 -m difflite convert preset:sd15 -o /tmp/sd15 --precision fp16 --batch 2 2>&1 | tail -8 | tee $OUT/convert.log
 fi
 python3 benchmarks/runtime_memory.py /tmp/sd15 --runs 5 --steps 20 --diffusers-folder /tmp/sd15-diffusers \
   --save $OUT/runtime_memory_gpu.json "$@" 2>&1 | tee $OUT/runtime_memory_gpu.log

@@ -9,7 +9,7 @@ out=${OUT:-/tmp/tiles}
 mkdir -p "$out"
 convert() {  # folder, extra args...
   local folder=$1; shift
-  [ -f "$folder/manifest.json" ] || python3 cli.py convert preset:sd15 -o "$folder" --precision fp16 --batch 2 \
+  [ -f "$folder/manifest.json" ] || python3 -m difflite convert preset:sd15 -o "$folder" --precision fp16 --batch 2 \
     --components unet,vae_decoder "$@" > "$out/convert_$(basename "$folder").txt" 2>&1
 }
 convert /tmp/sd15 & convert /tmp/sd15w --device-profile nvidia-h100 --winograd-budget-mb 100000 & wait

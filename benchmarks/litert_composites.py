@@ -50,7 +50,7 @@ from flatbuffers import flexbuffers
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compiler.tflite.builder import ModelBuilder  # noqa: E402
+from difflite.compiler.tflite.builder import ModelBuilder  # noqa: E402
 
 CHILD = Path(__file__).with_name("litert_composites_child.py")
 CHILD_PREFIX = "litert_composites:"
@@ -201,7 +201,7 @@ def reshape(b: ModelBuilder, x: int, shape) -> int:
 
 def standardized(b: ModelBuilder, x: int, axes: list[int]) -> int:
     """(x - mean) * rsqrt(biased variance + epsilon) over `axes`, as difflite's own writer
-    decomposes a norm (compiler/tflite/ops/norm.py)."""
+    decomposes a norm (difflite/compiler/tflite/ops/norm.py)."""
     shape = b.shape_of(x)
     reduced = [1 if i in axes else d for i, d in enumerate(shape)]
     axes_tensor = constant(b, sorted(axes), np.int32)
@@ -226,7 +226,7 @@ def decompose_norm(b: ModelBuilder, case: Case, x: int, gamma: int, beta: int) -
 
 
 def decompose_attention(b: ModelBuilder, case: Case, q: int, k: int, v: int) -> int:
-    """difflite's own attention decomposition (compiler/tflite/ops/custom.py) on [B,T,N,H]."""
+    """difflite's own attention decomposition (difflite/compiler/tflite/ops/custom.py) on [B,T,N,H]."""
     batch, length, heads, depth = b.shape_of(q)
     heads_first = (batch, heads, length, depth)
     scores_shape = (batch, heads, length, b.shape_of(k)[1])

@@ -42,8 +42,8 @@ def cpu_reference(path: Path, feeds: dict) -> np.ndarray:
 
 def component_files(out: Path, work: Path) -> list[ModelFile]:
     """One ModelFile per component of `out`, its inputs and CPU reference saved beside."""
-    from compiler import manifest
-    from compiler.bench import random_feeds, vocab_size
+    from difflite.folder import manifest
+    from difflite.runtime.bench import random_feeds, vocab_size
 
     files = []
     for name, entry in manifest.read_manifest(out)["components"].items():

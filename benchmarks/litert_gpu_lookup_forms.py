@@ -3,7 +3,7 @@
 refuses, NOTES §36).
 
 One-op-chain files, ids [77] (int32) into a [V, D] table, each form written with difflite's
-builder and run by `compiler.litert_gpu` (a child process; gpu-fp16 and gpu-fp32):
+builder and run by `difflite.runtime.litert_gpu` (a child process; gpu-fp16 and gpu-fp32):
 
 - float32: GATHER of a float32 table (what fp32 files write);
 - dequantize-table: DEQUANTIZE of the float16 table, then GATHER (what fp16 files write today);
@@ -25,9 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compiler import litert_gpu  # noqa: E402
-from compiler.errors import BadInput  # noqa: E402
-from compiler.tflite.builder import ModelBuilder  # noqa: E402
+from difflite.compiler.tflite.builder import ModelBuilder  # noqa: E402
+from difflite.core.errors import BadInput  # noqa: E402
+from difflite.runtime import litert_gpu  # noqa: E402
 
 FORMS = ("float32", "dequantize-table", "gather-half-dequantize", "gather-half-cast")
 LENGTH = 77

@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from litert_composites import ModelFile, gpu_name, run_child  # noqa: E402
 
-from compiler.tflite import quantize  # noqa: E402
-from compiler.tflite.builder import ModelBuilder  # noqa: E402
+from difflite.compiler.tflite import quantize  # noqa: E402
+from difflite.compiler.tflite.builder import ModelBuilder  # noqa: E402
 
 N, K, B = 64, 128, 32
 

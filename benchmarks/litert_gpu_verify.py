@@ -29,7 +29,7 @@ SETTINGS = {"fp32": ("fp32", "float"), "fp16": ("fp16", "float"), "int8": ("fp16
 
 
 def difflite(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "difflite", *args], capture_output=True, text=True, env=env)
 
 
 def convert(model: str, setting: str, out: Path, size: list[str], components: str | None, env: dict,

@@ -1,7 +1,7 @@
 """Benchmark: one model loaded, called once and freed, many times in one process (issue 16, load).
 
 An app opens and closes models as its screens come and go; nothing may accumulate. Each cycle
-makes a `compiler.runtime.Component` (interpreter and delegate), runs it once on zeros, closes it,
+makes a `difflite.runtime.component.Component` (interpreter and delegate), runs it once on zeros, closes it,
 and reads the process's memory from /proc/self/status. The figure is the growth from the tenth
 cycle (caches and allocator pools are warm by then) to the last; the target is 10%.
 
@@ -24,12 +24,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compiler.procmem import resident_mb  # noqa: E402
+from difflite.core.procmem import resident_mb  # noqa: E402
+
 TARGET_GROWTH = 0.10
 
 
 def one_cycle(model: Path, backend: str, precision: str) -> None:
-    from compiler.runtime import Component
+    from difflite.runtime.component import Component
 
     component = Component(model, backend=backend, precision=precision)
     feeds = {name: np.zeros(detail["shape"], detail["dtype"]) for name, detail in component.input_details.items()}

@@ -18,9 +18,9 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
-    from compiler import manifest
-    from compiler.procmem import high_water_mark_mb, resident_mb
-    from compiler.runtime import find_oplib
+    from difflite.core.procmem import high_water_mark_mb, resident_mb
+    from difflite.folder import manifest
+    from difflite.runtime.component import find_oplib
 
     def rss_mb() -> dict:
         return {**resident_mb(), "peak": high_water_mark_mb()}

@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-CLI = [sys.executable, str(ROOT / "cli.py")]
+CLI = [sys.executable, "-m", "difflite"]
 COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 PROMPT = "a photo of an astronaut riding a horse on mars"
 # (precision, --weights, further convert flags); "-w0": a Winograd budget of 0 (no float transformed
@@ -101,9 +101,9 @@ def db(signal: np.ndarray, error: np.ndarray) -> float:
 
 def component_snr(reference: Path, out: Path, backend: str, seeds: int) -> dict:
     """Each component's output SNR against the reference folder's, on the same random inputs."""
-    from compiler import manifest
-    from compiler.bench import random_feeds, vocab_size
-    from compiler.runtime import Component
+    from difflite.folder import manifest
+    from difflite.runtime.bench import random_feeds, vocab_size
+    from difflite.runtime.component import Component
 
     ref_man, man = manifest.read_manifest(reference), manifest.read_manifest(out)
     result = {}
@@ -126,7 +126,7 @@ def component_snr(reference: Path, out: Path, backend: str, seeds: int) -> dict:
 
 
 def picture(out: Path, backend: str, steps: int) -> np.ndarray:
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     with LitePipeline(out, backend=backend) as pipe:
         return pipe(PROMPT, steps=steps, seed=0, guidance=7.5, scheduler="euler").image

@@ -1,6 +1,6 @@
 """Benchmark: weight MB against quality along an int4 mix recipe's steps (issue 21).
 
-A recipe (compiler/weight_recipe.py) records each layer's error at int4 and at int8, relative to
+A recipe (difflite/compiler/weight_recipe.py) records each layer's error at int4 and at int8, relative to
 the component's output, measured on its probes. Its choice promotes layers from int4 to int8 by
 error saved per extra byte; step k of that order is the mix with the first k layers at int8. Each
 step's size and predicted SNR (the layers' errors add) come from the recipe file alone, for every
@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from compiler import weight_recipe  # noqa: E402
+from difflite.compiler import weight_recipe  # noqa: E402
 
-CLI = [sys.executable, str(ROOT / "cli.py")]
+CLI = [sys.executable, "-m", "difflite"]
 LOW, HIGH = "int4", "int8"
 
 

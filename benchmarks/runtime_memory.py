@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, str(ROOT / "cli.py")]
+CLI = [sys.executable, "-m", "difflite"]
 COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 MIB = 1 << 20
 
@@ -49,7 +49,7 @@ class GpuPoller:
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
-        from compiler.procmem import nvidia_smi_mb
+        from difflite.core.procmem import nvidia_smi_mb
         while not self._stop.wait(0.5):
             used = nvidia_smi_mb(self.pid)
             if used is not None:
@@ -154,9 +154,9 @@ def save_diffusers_folder(out: Path, folder: Path) -> None:
     import torch
     from diffusers import StableDiffusionPipeline
 
-    from compiler import manifest
-    from compiler.schedulers import diffusers_scheduler
-    from compiler.verify import load_source
+    from difflite.folder import manifest
+    from difflite.diffusers_schedulers import diffusers_scheduler
+    from difflite.verify import load_source
 
     source = load_source(manifest.read_manifest(out), None, None)
     pipe = StableDiffusionPipeline(vae=source.vae, text_encoder=source.text_encoder, tokenizer=source.tokenizer,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DESIGN.md's table of what each ONNX lowering accepts and refuses, made from the code.
 
-Every registered ONNX op type (compiler/tflite/ops, LOWERINGS) with the refusals its lowering can
+Every registered ONNX op type (difflite/compiler/tflite/ops, LOWERINGS) with the refusals its lowering can
 raise: the messages of `ctx.unsupported(...)` in the lowering function and in the functions of its
 module that it calls, read from the source (formatted parts shown as {...}). A user who reads a
 refusal finds here whether it is about the graph's form (a constant that another export would
@@ -68,7 +68,7 @@ def refusals_of(fn) -> list[str]:
 
 
 def table() -> str:
-    from compiler.tflite.ops import LOWERINGS
+    from difflite.compiler.tflite.ops import LOWERINGS
 
     by_fn = defaultdict(list)
     for (domain, op_type), fn in LOWERINGS.items():

@@ -13,7 +13,7 @@ def _share_exports_between_conversions() -> None:
     export cache for the session (`convert --export-cache`): the tests convert the tiny preset at
     a few sizes dozens of times, and exporting is most of each conversion. The first conversion of
     each component, model and size still exports; tests of the exporter itself call
-    compiler.export directly, and tests/test_export_cache.py tests the cache."""
+    difflite.compiler.export directly, and tests/test_export_cache.py tests the cache."""
     if "DIFFLITE_EXPORT_CACHE" not in os.environ:
         folder = tempfile.mkdtemp(prefix="difflite-test-exports-")
         os.environ["DIFFLITE_EXPORT_CACHE"] = folder

@@ -19,7 +19,7 @@ each reader must do:
   that node and reason); "any": loads and runs, or fails with a reason; never a crash;
   "tflite": TFLite's own loader accepts the file and points a tensor or options outside it (its
   bounds check wraps around), so no interpreter may be made: difflite's runtime refuses the file
-  first (compiler.runtime.Component), and the delegate is not tried; "refuse-on-cpu": "refuse"
+  first (difflite.runtime.component.Component), and the delegate is not tried; "refuse-on-cpu": "refuse"
   on the CPU backend, "any" on OpenCL (a form only the OpenCL backend runs).
 
 `random_cases(n, seed)` adds seeded byte-level damage (bit flips, overwritten words, truncation)
@@ -38,9 +38,8 @@ from typing import Callable
 
 import flatbuffers
 import numpy as np
-from flatbuffers import flexbuffers
-
 from ai_edge_litert import schema_py_generated as schema
+from flatbuffers import flexbuffers
 
 SIGNATURE_KEY = "serving_default"
 INT32_MAX = 2**31 - 1

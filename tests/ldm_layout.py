@@ -1,5 +1,5 @@
 """Test helper: tiny SD 1.x / 2.x style diffusers models written as original-format (LDM /
-CompVis / A1111) single-file checkpoints, to exercise compiler.single_file's inference.
+CompVis / A1111) single-file checkpoints, to exercise difflite.compiler.single_file's inference.
 
 The diffusers -> LDM key map here is written independently of diffusers' LDM -> diffusers
 converters that the loader uses, so a round trip through both checks each against the other."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from compiler.models import _perturb, preset_configs
+from difflite.compiler.presets import _perturb, preset_configs
 
 UNET, VAE, CLIP, OPEN_CLIP = "model.diffusion_model.", "first_stage_model.", "cond_stage_model.transformer.", \
     "cond_stage_model.model."
@@ -44,7 +44,7 @@ TINY = {
 
 def tiny_models(family: str, seed: int = 0) -> dict:
     """{"unet", "vae", "text_encoder"}: float32 eval models with seeded random weights, every norm
-    and bias moved off its init (models._perturb)."""
+    and bias moved off its init (presets._perturb)."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 

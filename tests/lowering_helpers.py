@@ -13,8 +13,8 @@ import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
-from compiler.tflite.context import FP16_MIN_ELEMENTS
-from compiler.tflite.writer import WriteResult, write_tflite
+from difflite.compiler.tflite.context import FP16_MIN_ELEMENTS
+from difflite.compiler.tflite.writer import WriteResult, write_tflite
 
 OPSET = 18
 INT64_MAX = np.iinfo(np.int64).max

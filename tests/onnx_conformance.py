@@ -2,15 +2,15 @@
 
 Every node test case that onnx.backend.test.case.node generates (inputs and expected outputs are
 computed locally by the onnx package; nothing is downloaded) whose graph holds at least one op the
-writer registers (compiler.tflite.ops.LOWERINGS) is written the way `convert` writes one ONNX
-model with cleanup and no fusion (passes.cleanup, then write_tflite at fp32), run on LiteRT's CPU
+writer registers (difflite.compiler.tflite.ops.LOWERINGS) is written the way `convert` writes one ONNX
+model with cleanup and no fusion (difflite.passes.cleanup, then write_tflite at fp32), run on LiteRT's CPU
 interpreter and compared with the expected outputs. Each case ends as one of:
 
   matched  the outputs agree: the case's own tolerances (assert_allclose with its rtol / atol), or
            DESIGN §7's (max |err| <= 1e-3 x max |expected|); integers and booleans exactly, and
            each output's type is what the writer promises for the ONNX type (int64 -> int32,
            double -> float32, else the same type)
-  refused  writing raised compiler.errors.BadInput (exit 2 in the CLI) whose message names the
+  refused  writing raised difflite.core.errors.BadInput (exit 2 in the CLI) whose message names the
            op type, the node and a reason
   failed   anything else: another exception, a message not naming the op and node, an interpreter
            that fails to load or to invoke, wrong numbers or types, or a process killed by a signal
@@ -67,7 +67,7 @@ def _size(path: Path) -> int:
 
 
 def registered_ops() -> set[str]:
-    from compiler.tflite.ops import LOWERINGS
+    from difflite.compiler.tflite.ops import LOWERINGS
     return {op for domain, op in LOWERINGS if domain == ""}
 
 
@@ -119,7 +119,7 @@ def clean_refusal(exc, graphs) -> str | None:
     """None when `exc` is a refusal as the CLI reports one (exit 2): UnsupportedOp naming an op
     type of the graph (as given, or after cleanup: `graphs`), one of its nodes (by name, or by
     its first output where the node has none) and a reason; else what is wrong with it."""
-    from compiler.errors import BadInput, UnsupportedOp
+    from difflite.core.errors import BadInput, UnsupportedOp
     if not isinstance(exc, BadInput):
         return f"{type(exc).__name__} (not BadInput)"
     if not isinstance(exc, UnsupportedOp):
@@ -147,8 +147,8 @@ def write_case(model, cleaned: list):
     The graph after cleanup is appended to `cleaned` (as a ModelProto's graph)."""
     import onnx_ir as ir
 
-    from compiler.tflite.writer import write_tflite
-    from passes import cleanup
+    from difflite.compiler.tflite.writer import write_tflite
+    from difflite.passes import cleanup
     graph = ir.serde.deserialize_model(model)
     try:
         cleanup.cleanup(graph)
@@ -163,7 +163,7 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: flo
     atol; NaN matches NaN); DESIGN §7's on the finite values, where NaN and infinities agree:
     max |err| <= 1e-3 x max |expected| for float32 / float64 outputs, PSNR >= 40 dB for float16
     ones (§7's fp16 bar; an fp16 graph computes in fp16, a few ulps off after each op)."""
-    from compiler.verify import compare as design_compare
+    from difflite.verify import compare as design_compare
     if got.dtype != written_dtype(want.dtype):
         return f"{name}: type {got.dtype}, expected {written_dtype(want.dtype)} for ONNX {want.dtype}", ""
     if tuple(got.shape) != tuple(want.shape):

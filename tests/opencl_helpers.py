@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-
 from ai_edge_litert import schema_py_generated as schema
-from compiler.tflite.builder import option_class_name
 from oplib_helpers import TinyModel
+
+from difflite.compiler.tflite.builder import option_class_name
 
 INT_POISON = -123456789
 

@@ -17,9 +17,8 @@ from typing import Mapping, Sequence
 
 import flatbuffers
 import numpy as np
-from flatbuffers import flexbuffers
-
 from ai_edge_litert import schema_py_generated as schema
+from flatbuffers import flexbuffers
 
 REPO = Path(__file__).resolve().parents[1]
 CUSTOM_OPS = REPO / "custom_ops"
@@ -33,7 +32,7 @@ LIB_NAME = "libdifflite_delegate.so"
 def build_oplib(build_dir: str | os.PathLike | None = None, jobs: int = 2) -> Path:
     """Build custom_ops (Release, cached) and return the path of libdifflite_delegate.so, or the
     prebuilt library $DIFFLITE_OPLIB names (e.g. on a machine without the build headers)."""
-    from compiler.oplib import build
+    from difflite.runtime.oplib import build
 
     if os.environ.get("DIFFLITE_OPLIB"):
         return Path(os.environ["DIFFLITE_OPLIB"])

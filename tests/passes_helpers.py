@@ -1,5 +1,5 @@
 """Helpers for tests/test_passes.py: export small torch modules, run graphs with onnxruntime
-(difflite ops through passes.reference), compare before/after."""
+(difflite ops through difflite.passes.reference), compare before/after."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
-from compiler import custom_ops
-from passes.reference import with_reference_functions
+from difflite.core import custom_ops
+from difflite.passes.reference import with_reference_functions
 
 
 class Wrapper(torch.nn.Module):
@@ -114,3 +114,33 @@ def difflite_nodes(model: ir.Model, op: custom_ops.CustomOp) -> list[ir.Node]:
 
 def attr(node: ir.Node, name: str):
     return node.attributes[name].value
+
+
+def module_census(module) -> dict[str, int]:
+    """Counts of torch.nn.GroupNorm, torch.nn.LayerNorm, diffusers GEGLU, stand-alone GELU
+    activation modules and attention modules (diffusers Attention, transformers' q/k/v_proj
+    attentions) in `module`."""
+    import torch
+    from diffusers.models.activations import GEGLU
+    from diffusers.models.attention_processor import Attention
+
+    counts = {"groupnorm": 0, "layernorm": 0, "geglu": 0, "gelu": 0, "attention": 0}
+    inside_geglu = {id(m) for g in module.modules() if isinstance(g, GEGLU) for m in g.modules()}
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.GroupNorm):
+            counts["groupnorm"] += 1
+        elif isinstance(sub, torch.nn.LayerNorm):
+            counts["layernorm"] += 1
+        elif isinstance(sub, GEGLU):
+            counts["geglu"] += 1
+        elif _is_gelu_module(sub) and id(sub) not in inside_geglu:
+            counts["gelu"] += 1
+        elif isinstance(sub, Attention) or all(hasattr(sub, n) for n in ("q_proj", "k_proj", "v_proj")):
+            counts["attention"] += 1
+    return counts
+
+
+def _is_gelu_module(sub) -> bool:
+    """torch.nn.GELU, diffusers GELU / ApproximateGELU, transformers' GELU activations."""
+    name = type(sub).__name__
+    return "GELU" in name.upper() and "GEGLU" not in name.upper()

@@ -138,14 +138,14 @@ def int4_blocks(w: np.ndarray, block: int = BLOCK):
 
 
 def write_int4_lookup(path, precision: str, r, vocab: int = 1000, dim: int = 64) -> np.ndarray:
-    """The int4 mix's token lookup as `convert --weights int4` writes it (compiler/tflite/context.py
+    """The int4 mix's token lookup as `convert --weights int4` writes it (difflite/compiler/tflite/context.py
     lookup: int8 rows of scale 1, DEQUANTIZE, GATHER, MUL by the gathered row scales) of a seeded
     [vocab, dim] table, ids [1, 77], written to `path`; returns the float table."""
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
-    from compiler.tflite import quantize as writer_quantize
-    from compiler.tflite.writer import write_tflite
+    from difflite.compiler.tflite import quantize as writer_quantize
+    from difflite.compiler.tflite.writer import write_tflite
 
     table = (r.standard_normal((vocab, dim)) * 0.02).astype(np.float32)
     graph = helper.make_graph(

@@ -37,14 +37,14 @@ import passes_helpers as H
 import torch
 import torch.nn.functional as F
 
-from compiler import custom_ops
-from compiler import winograd as wg
-from compiler.convert import CANONICAL_KINDS
-from compiler.profiles import load_profile
-from compiler.tflite.reader import read_tflite
-from compiler.tflite.writer import WriteResult, write_tflite
-from passes import run_passes
-from passes import winograd as winograd_pass
+from difflite.compiler.convert import CANONICAL_KINDS
+from difflite.compiler.tflite.writer import WriteResult, write_tflite
+from difflite.core import custom_ops
+from difflite.core import winograd as wg
+from difflite.core.profiles import load_profile
+from difflite.folder.reader import read_tflite
+from difflite.passes import run_passes
+from difflite.passes import winograd as winograd_pass
 
 SEED = 20  # issue 20; every op draws from its own Generator seeded from this and the op's name
 

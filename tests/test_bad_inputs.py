@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = (sys.executable, str(ROOT / "cli.py"))
+CLI = (sys.executable, "-m", "difflite")
 SIZE = ("--height", "32", "--width", "32")
 WORKERS = 2  # the machine's cores: each case is one mostly single-threaded process
 WITHOUT_ROOT_READS = ("setpriv", "--inh-caps=-dac_override,-dac_read_search",
@@ -572,7 +572,7 @@ def test_component_digests_are_remembered_until_the_file_changes(tmp_path, monke
     same-size change to the file (a flipped byte) is hashed again and seen."""
     import time
 
-    from compiler import manifest
+    from difflite.folder import manifest
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = tmp_path / "m.tflite"
@@ -593,7 +593,7 @@ def test_component_digests_are_remembered_until_the_file_changes(tmp_path, monke
 def test_a_failed_op_library_build_is_one_line_and_a_log(tmp_path):
     """`oplib build` (and every command that builds the library on demand) reports a failed
     CMake step in one line, the first error, and keeps the whole output in the build folder."""
-    from compiler import oplib
+    from difflite.runtime import oplib
 
     log = tmp_path / "build" / oplib.BUILD_LOG
     with pytest.raises(oplib.BuildFailed) as failed:

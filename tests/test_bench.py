@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from compiler import adb as adb_module
-from compiler import procmem
-from compiler.bench import BenchOptions, load_runner, pipeline_plan
+from difflite.core import procmem
+from difflite.runtime import adb as adb_module
+from difflite.runtime.bench import BenchOptions, load_runner, pipeline_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -33,15 +33,15 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 def command_line() -> list[str]:
     exe = shutil.which("difflite")
-    return [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    return [exe] if exe else [sys.executable, "-m", "difflite"]
 
 
 def difflite(*args, check=True, env=None, path=None) -> subprocess.CompletedProcess:
     environment = {**os.environ, **(env or {})}
     command = command_line()
-    if path is not None:  # a PATH without adb: run cli.py with this interpreter directly
+    if path is not None:  # a PATH without adb: run `python -m difflite` with this interpreter
         environment["PATH"] = path
-        command = [sys.executable, str(ROOT / "cli.py")]
+        command = [sys.executable, "-m", "difflite"]
     result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT, env=environment)
     if check and result.returncode != 0:
         raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
@@ -487,7 +487,7 @@ def test_adb_bench_errors(outs, device, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# compiler/procmem.py: this process's memory from /proc
+# difflite/core/procmem.py: this process's memory from /proc
 
 
 def hold_the_gil(seconds: float) -> None:

@@ -21,7 +21,7 @@ SIZE = ["--height", "64", "--width", "96"]  # non-square on purpose
 
 def difflite(*args, check=True, env=None) -> subprocess.CompletedProcess:
     exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    command = [exe] if exe else [sys.executable, "-m", "difflite"]
     result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, **(env or {})})
     if check and result.returncode != 0:
@@ -75,7 +75,7 @@ def test_verify_passes_against_pytorch(tiny_out):
 
 def test_verify_fails_against_other_weights(tmp_path):
     """Verification can fail: files converted from seed 1 checked against seed-0 weights."""
-    from compiler.models import load_pipeline
+    from difflite.compiler.models import load_pipeline
 
     folder = tmp_path / "seed0"
     load_pipeline("preset:tiny", seed=0).save_pretrained(folder)
@@ -177,7 +177,7 @@ def test_interrupted_conversion_leaves_no_partial_files(tmp_path):
     """Ctrl-C while exporting: the staging folder goes, and so does the folder the run created."""
     out = tmp_path / "o"
     exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    command = [exe] if exe else [sys.executable, "-m", "difflite"]
     # Ctrl-C's default action in the child, as in a shell: a test worker may run with SIGINT
     # ignored (xdist's do), which the child would inherit and so finish the conversion.
     process = subprocess.Popen([*command, "convert", "preset:tiny", "-o", str(out), *SIZE],
@@ -207,7 +207,7 @@ def test_killed_conversion_leaves_an_existing_folder_as_it_was(tiny_out, tmp_pat
     succeeds and removes what the killed one staged."""
     out = tmp_path / "o"
     shutil.copytree(tiny_out, out)
-    command = [sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out), *SIZE,
+    command = [sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o", str(out), *SIZE,
                "--components", "vae_decoder"]
     before = folder_state(out)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -224,8 +224,8 @@ def test_killed_conversion_leaves_an_existing_folder_as_it_was(tiny_out, tmp_pat
 
 def test_local_folder_and_single_file_round_trip(tmp_path):
     """The usual user case: a save_pretrained folder, and one .safetensors plus --config."""
-    from compiler.models import load_pipeline
-    from compiler.single_file import save_single_file
+    from difflite.compiler.models import load_pipeline
+    from difflite.compiler.single_file import save_single_file
 
     folder = tmp_path / "sd-folder"
     pipe = load_pipeline("preset:tiny", seed=3)
@@ -277,8 +277,8 @@ def test_litert_child_runs_every_feed_set_as_the_interpreter_does(tiny_out):
     feed set's every output comes back, as the interpreter computes them."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from compiler import litert_gpu
-    from compiler.errors import BadInput
+    from difflite.core.errors import BadInput
+    from difflite.runtime import litert_gpu
 
     path = tiny_out / "vae_encoder.tflite"
     runner = Interpreter(model_path=str(path)).get_signature_runner("serving_default")

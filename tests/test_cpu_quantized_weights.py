@@ -42,7 +42,17 @@ sys.path.insert(0, str(TESTS.parent))
 from opencl_helpers import run_reference  # noqa: E402
 from oplib_helpers import build_oplib, make_interpreter, run_tflite  # noqa: E402
 from quantized_helpers import (  # noqa: E402
-    SAME, VALID, QModel, dequantize, int4_blocks, nonzero, quantize, rel_err, rng, write_int4_lookup)
+    SAME,
+    VALID,
+    QModel,
+    dequantize,
+    int4_blocks,
+    nonzero,
+    quantize,
+    rel_err,
+    rng,
+    write_int4_lookup,
+)
 from winograd_ref import transform_weights as winograd_transform  # noqa: E402
 from winograd_ref import winograd_conv3x3_nhwc  # noqa: E402
 
@@ -332,7 +342,7 @@ def test_winograd_on_a_float_filter_is_the_custom_op(lib, tmp_path, capfd, kind)
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_token_table_rows_are_gathered_from_the_integers(lib, tmp_path, capfd, precision):
-    """The int4 mix's token table as the writer stores it (compiler/tflite/context.py lookup):
+    """The int4 mix's token table as the writer stores it (difflite/compiler/tflite/context.py lookup):
     DEQUANTIZE of int8 rows of scale 1, GATHER, MUL by the gathered row scales (TFLite's). The
     GATHER reads the int8 table as stored: the same numbers as stock LiteRT, bit for bit; an index
     outside the table fails the call, as TFLite's GATHER does."""

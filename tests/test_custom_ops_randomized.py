@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import randomized_ops as R  # noqa: E402
 
-from compiler import custom_ops  # noqa: E402
-from compiler import winograd as wg  # noqa: E402
-from compiler.verify import FP16_MIN_PSNR_DB  # noqa: E402
-from passes import ir_utils  # noqa: E402
+from difflite.core import custom_ops  # noqa: E402
+from difflite.core import winograd as wg  # noqa: E402
+from difflite.passes import ir_utils  # noqa: E402
+from difflite.verify import FP16_MIN_PSNR_DB  # noqa: E402
 
 KERNEL_BAR = 1e-4  # max |err| / max |ref| in float32 (the op-library kernel tests' bar)
 

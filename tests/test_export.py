@@ -1,4 +1,4 @@
-"""compiler.export: tiny components -> ONNX, checked against PyTorch with onnxruntime."""
+"""difflite.compiler.export: tiny components -> ONNX, checked against PyTorch with onnxruntime."""
 
 from pathlib import Path
 
@@ -8,8 +8,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from compiler.errors import BadInput
-from compiler.export import (
+from difflite.compiler.export import (
     COMPONENTS,
     ComponentSpec,
     ExportError,
@@ -18,7 +17,8 @@ from compiler.export import (
     export_onnx,
     latent_size,
 )
-from compiler.models import load_pipeline
+from difflite.compiler.models import load_pipeline
+from difflite.core.errors import BadInput
 
 HEIGHT, WIDTH = 64, 64  # pixels; tiny latents are 32x32
 

@@ -1,4 +1,4 @@
-"""compiler/export_cache.py (`convert --export-cache`): an export is reused only when it is the
+"""difflite/compiler/export_cache.py (`convert --export-cache`): an export is reused only when it is the
 same export, byte for byte, and a changed entry is exported again."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler import export, export_cache
-from compiler.models import load_pipeline
+from difflite.compiler import export, export_cache
+from difflite.compiler.models import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (32, 32)
@@ -26,7 +26,7 @@ def spec_of(pipe, name="text_encoder", size=SIZE):
 
 
 def key_in_a_new_process(name: str) -> str:
-    code = ("from compiler import export, export_cache; from compiler.models import load_pipeline; "
+    code = ("from difflite.compiler import export, export_cache; from difflite.compiler.models import load_pipeline; "
             f"print(export_cache.export_key(export.component_spec(load_pipeline('preset:tiny'), {name!r}, "
             f"{SIZE[0]}, {SIZE[1]}), 18))")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

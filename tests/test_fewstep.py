@@ -12,9 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_generate import (
+    HEIGHT,
+    MIN_PSNR_DB,
+    PROMPT,
+    TINY_PSNR_DB,
+    WIDTH,
+    Reference,
+    difflite,
+    psnr,
+)
 
-from compiler.errors import BadInput
-from test_generate import HEIGHT, MIN_PSNR_DB, PROMPT, TINY_PSNR_DB, WIDTH, Reference, difflite, psnr
+from difflite.core.errors import BadInput
 
 COND_DIM = 24  # LCM-distilled SD 1.5 uses 256; any even width exercises the same path
 
@@ -24,7 +33,8 @@ def lcm_distilled_folder(folder: Path) -> Path:
     diffusers folder whose scheduler is LCMScheduler, as LCM-distilled checkpoints ship."""
     from diffusers import UNet2DConditionModel
 
-    from compiler.models import _perturb, load_pipeline
+    from difflite.compiler.models import load_pipeline
+    from difflite.compiler.presets import _perturb
 
     pipe = load_pipeline("preset:tiny")
     with torch.random.fork_rng(devices=[]):
@@ -70,7 +80,7 @@ def test_lcm_unet_has_a_timestep_cond_input_and_verifies(lcm_out):
 
 @pytest.mark.parametrize("steps,guidance", [(4, 8.0), (2, 1.0), (1, 3.5)])
 def test_lcm_distilled_matches_diffusers(lcm_out, steps, guidance):
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     with LitePipeline(lcm_out) as pipe:
         result = pipe(PROMPT, steps=steps, seed=11, guidance=guidance)
@@ -86,7 +96,7 @@ def test_lcm_distilled_matches_diffusers(lcm_out, steps, guidance):
 
 def test_the_guidance_embedding_changes_the_picture(lcm_out):
     """The embedding is an input, not a constant: another scale gives another picture."""
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     with LitePipeline(lcm_out) as pipe:
         a = pipe(PROMPT, steps=2, seed=11, guidance=8.0).image
@@ -96,7 +106,7 @@ def test_the_guidance_embedding_changes_the_picture(lcm_out):
 
 def test_lcm_unet_refuses_batch_2(lcm_out, tmp_path):
     """A batch-2 conditioned UNet would compute every step twice: refused before any work."""
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     copy = tmp_path / "b2"
     shutil.copytree(lcm_out, copy)
@@ -112,7 +122,7 @@ def test_lcm_unet_refuses_batch_2(lcm_out, tmp_path):
     ("euler", 7.5, None), ("dpm++-2m-karras", 7.5, None), ("ddim", 1.0, "trailing"), ("euler-a", 5.0, None),
 ])
 def test_v_prediction_matches_diffusers(vpred_out, scheduler, guidance, spacing):
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     source = json.loads((vpred_out / "manifest.json").read_text())["source"]
     assert source["prediction_type"] == "v_prediction"
@@ -131,7 +141,7 @@ def test_v_prediction_matches_diffusers(vpred_out, scheduler, guidance, spacing)
 def test_v_prediction_is_not_epsilon(vpred_out):
     """The same weights read as epsilon give another picture: the prediction type reached the
     scheduler (the v-prediction parity above could not pass by accident)."""
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     with LitePipeline(vpred_out) as pipe:
         v = pipe(PROMPT, steps=3, seed=4, guidance=7.5, scheduler="euler").image
@@ -141,7 +151,8 @@ def test_v_prediction_is_not_epsilon(vpred_out):
 
 
 def test_sd21_768_preset_is_v_prediction_at_768():
-    from compiler.models import load_pipeline, preset_configs
+    from difflite.compiler.models import load_pipeline
+    from difflite.compiler.presets import preset_configs
 
     configs = preset_configs("sd21-768")
     assert configs["scheduler"]["prediction_type"] == "v_prediction"
@@ -176,8 +187,9 @@ LCM_LORA_LAYERS = [
 
 @pytest.fixture(scope="module")
 def lcm_lora(tmp_path_factory):
-    from compiler.models import load_pipeline
     from test_lora import write_kohya
+
+    from difflite.compiler.models import load_pipeline
 
     folder = tmp_path_factory.mktemp("lcm-lora")
     path = folder / "lcm-lora.safetensors"
@@ -191,7 +203,7 @@ def diffusers_with_lora(lora_path: Path, scale: float):
     diffusers itself, with its LCMScheduler."""
     from diffusers import LCMScheduler, StableDiffusionPipeline
 
-    from compiler.models import load_pipeline
+    from difflite.compiler.models import load_pipeline
 
     s = load_pipeline("preset:tiny")
     pipe = StableDiffusionPipeline(vae=s.vae, text_encoder=s.text_encoder, tokenizer=s.tokenizer, unet=s.unet,
@@ -204,7 +216,7 @@ def diffusers_with_lora(lora_path: Path, scale: float):
 
 
 def test_lcm_lora_four_steps_match_diffusers(lcm_lora):
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     path, out = lcm_lora
     with LitePipeline(out) as pipe:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from compiler.errors import BadInput
+from difflite.core.errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
 HEIGHT, WIDTH = 64, 96  # non-square on purpose
@@ -38,7 +38,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def difflite_command() -> list[str]:
     exe = shutil.which("difflite")
-    return [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    return [exe] if exe else [sys.executable, "-m", "difflite"]
 
 
 def difflite(*args) -> subprocess.CompletedProcess:
@@ -66,7 +66,7 @@ def folders(tmp_path_factory) -> dict[int, Path]:
 
 @pytest.fixture(scope="module")
 def lite(folders):
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     return {batch: LitePipeline(folder) for batch, folder in folders.items()}
 
@@ -76,8 +76,8 @@ class Reference:
     modules of the output folder, results cached (batch 1 and 2 exports share a reference)."""
 
     def __init__(self, folder: Path):
-        from compiler import manifest
-        from compiler.verify import load_source
+        from difflite.folder import manifest
+        from difflite.verify import load_source
 
         self.source = load_source(manifest.read_manifest(folder), None, None)
         self.cache: dict = {}
@@ -85,7 +85,7 @@ class Reference:
     def pipeline(self, scheduler: str, img2img: bool, spacing: str | None):
         from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionPipeline
 
-        from compiler.schedulers import diffusers_scheduler
+        from difflite.diffusers_schedulers import diffusers_scheduler
 
         cls = StableDiffusionImg2ImgPipeline if img2img else StableDiffusionPipeline
         s = self.source
@@ -224,7 +224,7 @@ def test_cli_img2img_in_process(folders, lite, tmp_path):
     """The command's img2img path through click (in process: no second interpreter start)."""
     from click.testing import CliRunner
 
-    from cli import main
+    from difflite.cli import main
 
     source = tmp_path / "in.png"
     init_image((80, 48)).save(source)
@@ -277,7 +277,7 @@ def test_unguided_generation_refuses_a_batch_2_unet(folders, lite, tmp_path):
 
 
 def test_missing_component_and_bad_options(folders, lite, tmp_path):
-    from compiler.generate import LitePipeline, generate, save_png
+    from difflite.runtime.generate import LitePipeline, generate, save_png
 
     broken = tmp_path / "broken"
     shutil.copytree(folders[2], broken)
@@ -302,8 +302,13 @@ def test_missing_component_and_bad_options(folders, lite, tmp_path):
     assert (tmp_path / "deeper" / "ok.png").is_file()
 
 
-def test_scheduler_choice_follows_the_config(folders, tmp_path):
-    from compiler.schedulers import diffusers_scheduler, make_scheduler
+def test_scheduler_choice_follows_the_config(folders, tmp_path, monkeypatch):
+    from difflite import diffusers_schedulers
+    from difflite.diffusers_schedulers import diffusers_scheduler
+    from difflite.runtime import schedulers
+    from difflite.runtime.schedulers import make_scheduler
+
+    monkeypatch.setattr(schedulers, "_fallback", diffusers_schedulers.build)  # as the command wires it
 
     config = json.loads((folders[1] / "scheduler" / "scheduler_config.json").read_text())
     assert make_scheduler("default", config).class_name == config["_class_name"]
@@ -321,7 +326,7 @@ def test_a_picture_needs_neither_torch_nor_diffusers(folders, lite):
     transformers, and makes the picture the in-process pipeline makes."""
     script = (
         "import sys, numpy as np\n"
-        "from compiler.generate import LitePipeline\n"
+        "from difflite.runtime.generate import LitePipeline\n"
         f"pipe = LitePipeline({str(folders[1])!r})\n"
         f"a = pipe({PROMPT!r}, steps=2, seed=11, scheduler='euler-a').uint8\n"
         "heavy = sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules)\n"
@@ -351,7 +356,7 @@ def tracked(monkeypatch):
     import weakref
     from types import SimpleNamespace
 
-    from compiler.runtime import Component
+    from difflite.runtime.component import Component
 
     log = SimpleNamespace(events=[], peak=0, made=weakref.WeakSet(), interpreters=[])
     init, close = Component.__init__, Component.close
@@ -376,7 +381,7 @@ def tracked(monkeypatch):
 
 
 def test_low_memory_holds_one_model_at_a_time(folders, tracked):
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     pipe = LitePipeline(folders[1], low_memory=True)
     result = pipe(PROMPT, steps=2, seed=1, scheduler="euler")
@@ -392,7 +397,7 @@ def test_low_memory_holds_one_model_at_a_time(folders, tracked):
 
 def test_default_keeps_the_models_until_close(folders, tracked):
     """The counter can see more than one model: the default pipeline keeps all of them."""
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     pipe = LitePipeline(folders[1])
     pipe(PROMPT, steps=2, seed=1, scheduler="euler")
@@ -405,7 +410,7 @@ def test_default_keeps_the_models_until_close(folders, tracked):
 
 
 def test_low_memory_gives_the_same_latents(folders):
-    from compiler.generate import LitePipeline
+    from difflite.runtime.generate import LitePipeline
 
     kwargs = [{"scheduler": "dpm++"}, {"scheduler": "euler", "guidance": 1.0},
               {"scheduler": "ddim", "init_image": init_image(), "strength": 0.5}]
@@ -420,7 +425,7 @@ def test_low_memory_gives_the_same_latents(folders):
 def test_cli_low_memory_writes_the_same_png(folders, tmp_path):
     from click.testing import CliRunner
 
-    from cli import main
+    from difflite.cli import main
 
     reports = {}
     for flags in ([], ["--low-memory"]):
@@ -439,8 +444,8 @@ def test_cli_low_memory_writes_the_same_png(folders, tmp_path):
 
 
 def test_closed_component(folders):
-    from compiler import manifest
-    from compiler.runtime import Component
+    from difflite.folder import manifest
+    from difflite.runtime.component import Component
 
     entry = manifest.read_manifest(folders[1])["components"]["text_encoder"]
     component = Component(folders[1] / entry["file"], entry)
@@ -460,8 +465,8 @@ def test_closed_component(folders):
 STATS_SCRIPT = """
 import gc, sys
 import numpy as np
-from compiler import manifest
-from compiler.runtime import Component
+from difflite.folder import manifest
+from difflite.runtime.component import Component
 
 folder = sys.argv[1]
 entry = manifest.read_manifest(folder)["components"]["text_encoder"]

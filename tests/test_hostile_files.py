@@ -32,7 +32,7 @@ import hostile_tflite as hostile  # noqa: E402
 from oplib_helpers import build_oplib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = (sys.executable, str(ROOT / "cli.py"))
+CLI = (sys.executable, "-m", "difflite")
 RANDOM = 60
 CASES = hostile.CASES + hostile.random_cases(RANDOM)
 BY_ID = {c.id: c for c in CASES}
@@ -79,9 +79,9 @@ def one_line_naming(message: str, path: Path) -> None:
 def test_readers_refuse(case, corpus):
     """What `inspect` and the folder check of verify / generate / bench call: BadInput, one line
     naming the file, for every designed case; for random damage that or a clean summary."""
-    from compiler.errors import BadInput
-    from compiler.inspect import describe_model
-    from compiler.tflite.validate import read_checked
+    from difflite.core.errors import BadInput
+    from difflite.folder.validate import read_checked
+    from difflite.runtime.inspect import describe_model
 
     path = corpus / f"{case.id}.tflite"
     for reader in (describe_model, read_checked):
@@ -151,9 +151,8 @@ def test_command_line_refuses(command, case_id, cli_results):
 
 def test_a_folder_check_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
     """check_component_files checks each model once per change of its file, like its digest."""
-    from compiler import manifest
-    from compiler.errors import BadInput
-    from compiler.tflite import validate
+    from difflite.core.errors import BadInput
+    from difflite.folder import manifest, validate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     folder = out_folder(tmp_path / "out", hostile.seed_bytes())
@@ -190,8 +189,8 @@ def delegate_outcomes(corpus) -> dict[str, dict[str, hostile.Outcome]]:
 def test_runtime_refuses_what_tflite_would_read_out_of_bounds(case, corpus, tmp_path, monkeypatch):
     """Files TFLite's loader takes although they point outside themselves: the runtime (what
     generate, bench and verify load models with) refuses them before an interpreter exists."""
-    from compiler import runtime
-    from compiler.errors import BadInput
+    from difflite.core.errors import BadInput
+    from difflite.runtime import component as runtime
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     made = []

@@ -17,9 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from compiler.errors import BadInput
-from compiler.lora import merge_loras
-from compiler.models import LoraSpec, fold_into_hash, load_pipeline
+from difflite.compiler.lora import merge_loras
+from difflite.compiler.models import LoraSpec, load_pipeline
+from difflite.compiler.pipeline import fold_into_hash
+from difflite.core.errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
 _ATTN = "down_blocks.0.attentions.0.transformer_blocks.0"
@@ -299,7 +300,7 @@ def test_bad_files(base, base_weights, tmp_path):
 
 def difflite(*args) -> subprocess.CompletedProcess:
     exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    command = [exe] if exe else [sys.executable, "-m", "difflite"]
     return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ}, check=False)
 

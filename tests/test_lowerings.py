@@ -1,4 +1,4 @@
-"""Every ONNX op lowering in compiler/tflite/ops agrees with onnxruntime (fp32 and fp16 weights),
+"""Every ONNX op lowering in difflite/compiler/tflite/ops agrees with onnxruntime (fp32 and fp16 weights),
 in LiteRT and, as a cross-runtime check, in tensorflow's tf.lite.Interpreter."""
 
 from __future__ import annotations
@@ -11,12 +11,24 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compiler.errors import UnsupportedOp  # noqa: E402
 from lowering_helpers import (  # noqa: E402
-    INT64_MAX, INT64_MIN, Case, Rand, check_case, check_case_fp16, i64, make_model, node,
-    tensors_and_buffers, to_ir, weight, write,
+    INT64_MAX,
+    INT64_MIN,
+    Case,
+    Rand,
+    check_case,
+    check_case_fp16,
+    i64,
+    make_model,
+    node,
+    tensors_and_buffers,
+    to_ir,
+    weight,
+    write,
 )
-from compiler.tflite.writer import write_tflite  # noqa: E402
+
+from difflite.compiler.tflite.writer import write_tflite  # noqa: E402
+from difflite.core.errors import UnsupportedOp  # noqa: E402
 
 # -- building blocks ---------------------------------------------------------------------------
 
@@ -565,9 +577,8 @@ def test_lowering_tf_lite(case):
 
 @pytest.mark.parametrize("case", REFERENCE_CASES, ids=[c.id for c in REFERENCE_CASES])
 def test_lowering_against_onnx_reference(case):
-    from onnx.reference import ReferenceEvaluator
-
     from lowering_helpers import compare, run_tflite
+    from onnx.reference import ReferenceEvaluator
     model = make_model(case)
     result = write_tflite(to_ir(model))
     feeds = case.feeds()
@@ -662,7 +673,7 @@ def test_variadic_max_is_a_clean_error(n_inputs):
 def test_gather_negative_indices_int32_form(monkeypatch):
     """Axes too long for float32's exact integers wrap negative indices in int32 (LESS, ADD,
     SELECT_V2); the bound lowered here so a small table takes that form."""
-    from compiler.tflite.ops import shape
+    from difflite.compiler.tflite.ops import shape
     monkeypatch.setattr(shape, "FLOAT_EXACT_INDEX", 4)
     case = next(c for c in CASES if c.id == "Gather-runtime-negative-indices")
     result = check_case(Case(case.id + "-int32", case.nodes, case.inputs, case.outputs))

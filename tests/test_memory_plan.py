@@ -1,13 +1,13 @@
-"""The static memory plan (compiler/memory.py): offsets in one arena, and whole buffers shared by
+"""The static memory plan (difflite/folder/memory.py): offsets in one arena, and whole buffers shared by
 lifetime (what the OpenCL backend allocates)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from compiler import memory
-from compiler.tflite.builder import ModelBuilder
-from compiler.tflite.reader import read_tflite
+from difflite.compiler.tflite.builder import ModelBuilder
+from difflite.folder import memory
+from difflite.folder.reader import read_tflite
 
 
 def test_offsets_pack_tighter_than_shared_buffers():

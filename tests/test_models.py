@@ -1,4 +1,4 @@
-"""compiler.models: presets, diffusers folders, single-file checkpoints, bad input."""
+"""difflite.compiler.models: presets, diffusers folders, single-file checkpoints, bad input."""
 
 import json
 import shutil
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.errors import BadInput
-from compiler.models import Pipeline, load_pipeline
-from compiler.single_file import save_single_file
+from difflite.compiler.models import load_pipeline
+from difflite.compiler.pipeline import Pipeline
+from difflite.compiler.single_file import save_single_file
+from difflite.core.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a photo of an astronaut riding a horse"
@@ -80,7 +81,7 @@ def test_tiny_seed_changes_weights(tiny):
 
 def test_tiny_same_in_another_process(tiny):
     code = (
-        "import hashlib; from compiler.models import load_pipeline; p = load_pipeline('preset:tiny'); "
+        "import hashlib; from difflite.compiler.models import load_pipeline; p = load_pipeline('preset:tiny'); "
         "h = hashlib.sha256(); "
         "[h.update(v.numpy().tobytes()) for c in (p.text_encoder, p.unet, p.vae) for v in c.state_dict().values()]; "
         "print(p.source_hash, h.hexdigest())"

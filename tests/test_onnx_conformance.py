@@ -16,7 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import onnx_conformance as conformance  # noqa: E402
-from compiler.tflite.ops import LOWERINGS  # noqa: E402
+
+from difflite.compiler.tflite.ops import LOWERINGS  # noqa: E402
 
 REGISTERED = sorted(op for domain, op in LOWERINGS if domain == "")
 
@@ -65,7 +66,7 @@ def test_refusals_must_name_op_node_and_reason():
     a reason; other exceptions and vaguer refusals are failures."""
     from onnx import helper
 
-    from compiler.errors import BadInput, UnsupportedOp
+    from difflite.core.errors import BadInput, UnsupportedOp
     graph = helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g", [], [])
     assert conformance.clean_refusal(UnsupportedOp("Hardmax", "hm", "no TFLite lowering"), [graph]) is None
     assert conformance.clean_refusal(UnsupportedOp("Hardmax", "", "no lowering", output="y"), [graph]) is None

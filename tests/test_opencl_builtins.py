@@ -832,11 +832,11 @@ def test_dequantize_is_folded(lib, tmp_path, style):
 
 
 def _writer_model(tmp_path):
-    """A small conv + attention-like block as ONNX, written by compiler/tflite."""
+    """A small conv + attention-like block as ONNX, written by difflite/compiler/tflite."""
+    from lowering_helpers import Case, i64, make_model, to_ir, weight
     from onnx import helper
 
-    from lowering_helpers import Case, i64, make_model, to_ir, weight
-    from compiler.tflite.writer import write_tflite
+    from difflite.compiler.tflite.writer import write_tflite
 
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),

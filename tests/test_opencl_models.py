@@ -45,7 +45,7 @@ COMPONENTS = ["text_encoder", "unet", "vae_decoder"]
 def difflite(*args) -> str:
     """Runs the CLI; its stdout."""
     exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    command = [exe] if exe else [sys.executable, "-m", "difflite"]
     result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
                             env=dict(os.environ))
     if result.returncode != 0:

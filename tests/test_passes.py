@@ -1,4 +1,4 @@
-"""The ONNX passes: equivalence (onnxruntime before vs after, difflite ops via passes.reference),
+"""The ONNX passes: equivalence (onnxruntime before vs after, difflite ops via difflite.passes.reference),
 match counts on real tiny exports against an independent census, and near misses that must not
 match."""
 
@@ -9,19 +9,19 @@ import math
 import numpy as np
 import onnx
 import onnx_ir as ir
+import passes_helpers as H
 import pytest
 import torch
 from onnx import helper, numpy_helper
 
-import passes_helpers as H
-from compiler import custom_ops
-from passes import census, run_passes
-from passes import cleanup as cleanup_module
-from passes.attention import fuse_attention
-from passes.cleanup import cleanup
-from passes.gelu import fuse_gelu
-from passes.group_norm import fuse_group_norm
-from passes.reference import with_reference_functions
+from difflite.core import custom_ops
+from difflite.passes import census, run_passes
+from difflite.passes import cleanup as cleanup_module
+from difflite.passes.attention import fuse_attention
+from difflite.passes.cleanup import cleanup
+from difflite.passes.gelu import fuse_gelu
+from difflite.passes.group_norm import fuse_group_norm
+from difflite.passes.reference import with_reference_functions
 
 TOLERANCE = 1e-5
 ALL_FUSIONS = {"gelu", "groupnorm", "layernorm", "attention"}
@@ -424,7 +424,7 @@ def test_layer_norm_tflite_runs_with_the_op_library(oplib):
     on the original graph. Only "layernorm" is asked for: the writer tells the kinds apart."""
     from ai_edge_litert import interpreter as litert
 
-    from compiler.tflite.writer import write_tflite
+    from difflite.compiler.tflite.writer import write_tflite
 
     chained = {"first": ((2, 7, 12), True, 1e-6), "second": ((2, 7, 12), False, 1e-5)}
     model = _layer_norm_model(chained, chain=True)
@@ -612,8 +612,8 @@ TINY_HEIGHT, TINY_WIDTH, TINY_BATCH = 48, 32, 2  # non-square; the batch applies
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from compiler.export import COMPONENTS, component_spec, export_onnx
-    from compiler.models import load_pipeline
+    from difflite.compiler.export import COMPONENTS, component_spec, export_onnx
+    from difflite.compiler.models import load_pipeline
 
     pipe = load_pipeline("preset:tiny")
     folder = tmp_path_factory.mktemp("tiny_onnx")
@@ -635,7 +635,7 @@ def test_tiny_component_all_candidates_fused(tiny, component):
         if kind == "winograd":  # selective by design: chosen by a cost model, not all candidates
             continue
         assert count["matched"] == count["candidates"], (component, kind, counts)
-    expected = census.module_census(modules[component])
+    expected = H.module_census(modules[component])
     for kind in ("gelu", "geglu", "groupnorm", "layernorm", "attention"):
         assert counts[kind]["candidates"] == expected[kind], (component, kind, counts, expected)
     assert set(counts) == {*census.KINDS, "winograd"}
@@ -647,10 +647,10 @@ def test_tiny_unet_counts_and_partial_fusion(tiny):
     paths, modules = tiny
     model = ir.load(str(paths["unet"]))
     counts = run_passes(model, {"groupnorm", "winograd"})
-    assert counts["groupnorm"]["matched"] == census.module_census(modules["unet"])["groupnorm"] > 0
+    assert counts["groupnorm"]["matched"] == H.module_census(modules["unet"])["groupnorm"] > 0
     assert counts["groupnorm_silu"]["matched"] == counts["groupnorm_silu"]["candidates"] > 0
-    assert counts["attention"] == {"matched": 0, "candidates": census.module_census(modules["unet"])["attention"]}
-    assert counts["layernorm"] == {"matched": 0, "candidates": census.module_census(modules["unet"])["layernorm"]}
+    assert counts["attention"] == {"matched": 0, "candidates": H.module_census(modules["unet"])["attention"]}
+    assert counts["layernorm"] == {"matched": 0, "candidates": H.module_census(modules["unet"])["layernorm"]}
     assert counts["layernorm"]["candidates"] > 0
     assert counts["geglu"]["matched"] == 0 < counts["geglu"]["candidates"]
     with pytest.raises(ValueError):

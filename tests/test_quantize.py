@@ -16,9 +16,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.tflite import quantize
-from compiler.tflite.reader import read_tflite
-from compiler.tflite.writer import write_tflite
+from difflite.compiler.tflite import quantize
+from difflite.compiler.tflite.writer import write_tflite
+from difflite.folder.reader import read_tflite
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -229,7 +229,7 @@ def test_small_and_kept_weights_stay_float(tmp_path):
 
 def test_convert_int8_tiny_verifies_against_pytorch(tmp_path):
     out = tmp_path / "q8"
-    run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out),
+    run = subprocess.run([sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o", str(out),
                           "--weights", "int8", "--height", "64", "--width", "64", "--json"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -244,7 +244,7 @@ def test_convert_int8_tiny_verifies_against_pytorch(tmp_path):
     vae = {w["name"]: w["width"] for w in report["components"]["vae_decoder"]["weight_widths"]["layers"]}
     assert all(width == "fp32" for name, width in vae.items() if "conv_in" in name or "conv_out" in name)
     for backend in ("cpu", "opencl"):  # PoCL here: the kernels read the int8 weights as stored
-        check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(out), "--backend", backend,
+        check = subprocess.run([sys.executable, "-m", "difflite", "verify", str(out), "--backend", backend,
                                 "--json"], capture_output=True, text=True, cwd=ROOT)
         assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
         checks = json.loads(check.stdout)["checks"]
@@ -272,14 +272,14 @@ def test_convert_int4_tiny_verifies_on_the_cpu_backend(tmp_path):
     from oplib_helpers import build_oplib
 
     out = tmp_path / "q4"
-    run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out),
+    run = subprocess.run([sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o", str(out),
                           "--components", "unet", "--weights", "int4", "--weights-probes", "1",
                           "--height", "64", "--width", "64", "--json"], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     widths = json.loads(run.stdout)["components"]["unet"]["weight_widths"]["by_width"]
     int4, int8 = widths["int4"]["layers"], widths.get("int8", {}).get("layers", 0)
     assert int4 > 10, widths
-    check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(out), "--backend", "cpu",
+    check = subprocess.run([sys.executable, "-m", "difflite", "verify", str(out), "--backend", "cpu",
                             "--json"], capture_output=True, text=True, cwd=ROOT)
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
     checks = json.loads(check.stdout)["checks"]
@@ -301,7 +301,7 @@ def test_convert_int8_takes_winograds_filter_form(tmp_path):
     transformed filter; the file verifies on PoCL and on the CPU backend. `--winograd-budget-mb
     unet=off` takes none."""
     def convert(out, *flags):
-        run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out),
+        run = subprocess.run([sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o", str(out),
                               "--components", "unet", "--weights", "int8", "--weights-target-db", "0",
                               "--height", "512", "--width", "512", "--export-cache", str(tmp_path / "cache"),
                               "--json", *flags], capture_output=True, text=True, cwd=ROOT)
@@ -316,7 +316,7 @@ def test_convert_int8_takes_winograds_filter_form(tmp_path):
     layers = {tuple(w["shape"]): w["width"] for w in report["weight_widths"]["layers"]}
     assert all(layers[(c["cout"], 3, 3, c["cin"])] == "int8" for c in filters)  # stored as any conv's filter
     for backend in ("opencl", "cpu"):  # PoCL's wino_filter; the CPU backend's quantized 3x3 CONV_2D
-        check = subprocess.run([sys.executable, str(ROOT / "cli.py"), "verify", str(tmp_path / "q8"), "--backend",
+        check = subprocess.run([sys.executable, "-m", "difflite", "verify", str(tmp_path / "q8"), "--backend",
                                 backend, "--seeds", "0", "--json"], capture_output=True, text=True, cwd=ROOT)
         assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
         assert all(35 <= c["snr_db"] < 80 for c in json.loads(check.stdout)["checks"])
@@ -328,7 +328,7 @@ def test_convert_int8_takes_winograds_filter_form(tmp_path):
 def test_bad_weight_options_exit_2(tmp_path):
     for flags, message in ((["--weights", "int3"], "int3"), (["--weights", "int4", "--weights-block", "33"],
                                                               "--weights-block")):
-        run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o",
+        run = subprocess.run([sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o",
                               str(tmp_path / "x"), *flags], capture_output=True, text=True, cwd=ROOT)
         assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
         assert not (tmp_path / "x").exists()
@@ -344,7 +344,7 @@ def test_int4_falls_back_to_int8_where_blocks_do_not_tile(tmp_path):
 def test_winograd_counts_a_quantized_layers_float_filters():
     """Winograd's transformed filters are float: against an int8 / int4 direct convolution its
     extra weight memory is larger than against a float one, and the same budget buys fewer."""
-    from passes.winograd import conv_cost
+    from difflite.passes.winograd import conv_cost
 
     fp16 = conv_cost(1, 320, 320, 64, 64, "adreno-740", "fp16")
     int8 = conv_cost(1, 320, 320, 64, 64, "adreno-740", "fp16", quantize.value_bytes("int8"))

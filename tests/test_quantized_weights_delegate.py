@@ -253,7 +253,7 @@ def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
-    """The int4 mix's token table as the writer stores it (compiler/tflite/context.py lookup):
+    """The int4 mix's token table as the writer stores it (difflite/compiler/tflite/context.py lookup):
     DEQUANTIZE of int8 rows, GATHER, times the gathered row scales. The GATHER reads the int8
     constant as it is (gather_q8): the device never holds the table as floats, and the rows
     are TFLite's exactly at fp32."""
@@ -276,14 +276,14 @@ def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
 @pytest.mark.parametrize("width", ["int8", "int4"])
 def test_linear_as_1x1_convolution_stays_quantized(lib, tmp_path, width):
     """A `--no-fuse` file's quantized linear layer (RESHAPE to [1, 1, M, K], CONV_2D with the
-    [N, 1, 1, K] filter, RESHAPE back: compiler/tflite/ops/matmul.py) is claimed whole, its
+    [N, 1, 1, K] filter, RESHAPE back: difflite/compiler/tflite/ops/matmul.py) is claimed whole, its
     weight held quantized on the device, and computes what stock LiteRT computes."""
     import onnx
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
-    from compiler.tflite import quantize as writer_quantize
-    from compiler.tflite.writer import write_tflite
+    from difflite.compiler.tflite import quantize as writer_quantize
+    from difflite.compiler.tflite.writer import write_tflite
 
     m_rows, k, n = 77, 96, 40
     r = rng(12)
@@ -630,9 +630,9 @@ def _winograd_filter_file(path, width, precision, r, n=2, h=13, w=10, cin=32, co
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
-    from compiler import custom_ops
-    from compiler.tflite import quantize as writer_quantize
-    from compiler.tflite.writer import write_tflite
+    from difflite.compiler.tflite import quantize as writer_quantize
+    from difflite.compiler.tflite.writer import write_tflite
+    from difflite.core import custom_ops
 
     filt = (r.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32)
     bias = (r.standard_normal(cout) * 0.1).astype(np.float32)
@@ -696,7 +696,7 @@ def test_winograd_filter_form_reads_the_filter_quantized(lib, tmp_path, width, p
     if precision == "fp32":
         assert rel_err(got, want) <= 2e-5
     else:  # x, V, U, M and y in half: DESIGN §7's fp16 bar
-        from compiler.verify import FP16_MIN_PSNR_DB
+        from difflite.verify import FP16_MIN_PSNR_DB
 
         rmse = float(np.sqrt(np.mean((got.astype(np.float64) - want) ** 2)))
         psnr = 20 * np.log10(np.abs(want).max() / rmse)

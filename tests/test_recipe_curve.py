@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import recipe_curve  # noqa: E402
-from compiler import weight_recipe  # noqa: E402
+
+from difflite.compiler import weight_recipe  # noqa: E402
 
 
 def layer(name, shape, int4_db, int8_db, width="int4", **extra):

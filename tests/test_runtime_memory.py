@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import helper
-
 from lowering_helpers import Case, make_model, to_ir
+from onnx import helper
 from opencl_helpers import OpModel, require_opencl
 from oplib_helpers import build_oplib
 
-from compiler.tflite.writer import write_tflite
+from difflite.compiler.tflite.writer import write_tflite
 
 CHILD = Path(__file__).with_name("runtime_child.py")
 WIDTH, LAYERS = 2048, 24  # 24 float16 weights of 2048 x 2048: 192 MiB
@@ -252,7 +251,7 @@ def test_default_cache_dir_is_under_the_users_cache(lib, models, tmp_path):
 
 LOAD_CHILD = """
 import os, signal, sys
-from compiler.runtime import Component
+from difflite.runtime.component import Component
 component = Component(sys.argv[1], backend="opencl")  # the delegate writes its stats at load
 if sys.argv[2] == "kill":
     os.kill(os.getpid(), signal.SIGKILL)

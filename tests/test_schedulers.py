@@ -1,4 +1,4 @@
-"""compiler.schedulers: its NumPy ports run the same denoising loops as diffusers' schedulers
+"""difflite.runtime.schedulers: its NumPy ports run the same denoising loops as diffusers' schedulers
 (torch) to within rtol/atol 1e-5, draw their noise as diffusers does, and fall back to the real
 diffusers scheduler for configs they do not cover."""
 
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from compiler import schedulers
-from compiler.errors import BadInput
-from compiler.noise import TorchGenerator
+from difflite.core.errors import BadInput
+from difflite import diffusers_schedulers
+from difflite.runtime import schedulers
+from difflite.runtime.noise import TorchGenerator
 
 SD15 = {"_class_name": "PNDMScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear", "beta_start": 0.00085,
         "clip_sample": False, "num_train_timesteps": 1000, "set_alpha_to_one": False, "skip_prk_steps": True,
@@ -26,6 +27,21 @@ IMAGE_LATENTS = np.sin(np.arange(np.prod(SHAPE), dtype=np.float32) * np.float32(
 SPACINGS = ("leading", "trailing", "linspace")
 STEPS = (1, 2, 4, 20)
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def diffusers_fallback(monkeypatch):
+    """The runtime as the difflite command wires it: diffusers builds what no port reproduces."""
+    monkeypatch.setattr(schedulers, "_fallback", diffusers_schedulers.build)
+
+
+def test_without_the_fallback_an_unported_config_is_bad_input(monkeypatch):
+    monkeypatch.setattr(schedulers, "_fallback", None)
+    with pytest.raises(BadInput, match="DPMSolverMultistepScheduler: its NumPy port does not reproduce"):
+        schedulers.make_scheduler("default", {**SD15, "_class_name": "DPMSolverMultistepScheduler",
+                                              "algorithm_type": "dpmsolver"})
+    with pytest.raises(BadInput, match="NoSuchScheduler: no NumPy port, and no diffusers fallback"):
+        schedulers.make_scheduler("default", {**SD15, "_class_name": "NoSuchScheduler"})
 
 
 def fake_unet(x: np.ndarray, t: float) -> np.ndarray:
@@ -117,7 +133,7 @@ def check_parity(name: str, config: dict, spacing: str | None, steps: int, *, st
                  expect_port=True, timestep_rtol=0.0) -> None:
     ours = schedulers.make_scheduler(name, config, spacing)
     assert isinstance(ours, schedulers.Scheduler) == expect_port, type(ours)
-    reference = schedulers.diffusers_scheduler(name, config, spacing)
+    reference = diffusers_schedulers.diffusers_scheduler(name, config, spacing)
     assert ours.class_name == type(reference).__name__
     assert ours.order == reference.order
     assert_parity(denoise(ours, NumpySide(seed), steps, strength),
@@ -171,7 +187,7 @@ def test_other_configs(class_name, variant):
         if expect_port:
             check_parity("default", config, None, steps)
         else:  # diffusers itself rejects x0 prediction for these classes at step()
-            assert isinstance(schedulers.make_scheduler("default", config), schedulers.DiffusersAdapter)
+            assert isinstance(schedulers.make_scheduler("default", config), diffusers_schedulers.DiffusersAdapter)
 
 
 @pytest.mark.parametrize("original_steps", (10, 100))
@@ -189,7 +205,7 @@ def test_lcm_options(original_steps, scaling):
     ("dpm++", 20, 5),  # not in the schedule: DPMSolver takes the last sigma
 ])
 def test_add_noise_finds_the_timestep(name, steps, timestep):
-    ours, reference = schedulers.make_scheduler(name, SD15), schedulers.diffusers_scheduler(name, SD15)
+    ours, reference = schedulers.make_scheduler(name, SD15), diffusers_schedulers.diffusers_scheduler(name, SD15)
     ours.set_timesteps(steps)
     reference.set_timesteps(steps)
     if timestep is None:
@@ -265,7 +281,7 @@ def test_adapter_img2img():
     ("euler", {**SD15, "use_karras_sigmas": True, "use_exponential_sigmas": True}, "cannot build"),
 ])
 def test_bad_input(name, config, message):
-    for build in (schedulers.make_scheduler, schedulers.diffusers_scheduler):
+    for build in (schedulers.make_scheduler, diffusers_schedulers.diffusers_scheduler):
         with pytest.raises(BadInput, match=message):
             build(name, config)
 
@@ -291,7 +307,7 @@ def test_torch_linspace_is_bit_exact():
 def test_sigmas_match_to_float32_rounding(name):
     for spacing in SPACINGS:
         ours = schedulers.make_scheduler(name, SD15, spacing)
-        reference = schedulers.diffusers_scheduler(name, SD15, spacing)
+        reference = diffusers_schedulers.diffusers_scheduler(name, SD15, spacing)
         ours.set_timesteps(20)
         reference.set_timesteps(20)
         np.testing.assert_array_max_ulp(ours.sigmas, reference.sigmas.numpy(), maxulp=1)
@@ -300,7 +316,7 @@ def test_sigmas_match_to_float32_rounding(name):
 @pytest.mark.parametrize("name", ("euler", "euler-a", "ddim", "dpm++", "pndm", "lcm"))
 def test_the_check_can_fail(name):
     """A port with another spacing, or a slightly different beta_end, is caught."""
-    reference = denoise(schedulers.diffusers_scheduler(name, SD15, "leading"), TorchSide(0), 20)
+    reference = denoise(diffusers_schedulers.diffusers_scheduler(name, SD15, "leading"), TorchSide(0), 20)
     mutated = denoise(schedulers.make_scheduler(name, {**SD15, "beta_end": 0.0121}, "leading"), NumpySide(0), 20)
     with pytest.raises(AssertionError):
         assert_parity(mutated, reference)
@@ -311,16 +327,16 @@ def test_the_check_can_fail(name):
 
 
 def test_lcm_rejects_more_steps_than_original_like_diffusers():
-    for build in (schedulers.make_scheduler, schedulers.diffusers_scheduler):
+    for build in (schedulers.make_scheduler, diffusers_schedulers.diffusers_scheduler):
         with pytest.raises(ValueError):
             build("lcm", SD15).set_timesteps(51)
 
 
 def test_import_needs_neither_torch_nor_diffusers():
-    code = ("import sys, compiler.schedulers as s, compiler.noise; "
+    code = ("import sys, difflite.runtime.schedulers as s, difflite.runtime.noise; "
             f"sched = s.make_scheduler('pndm', {SD15!r}); sched.set_timesteps(20); "
-            "sched.step(compiler.noise.TorchGenerator(0).randn((1, 4, 8, 8)), sched.timesteps[0], "
-            "compiler.noise.TorchGenerator(1).randn((1, 4, 8, 8))); "
+            "sched.step(difflite.runtime.noise.TorchGenerator(0).randn((1, 4, 8, 8)), sched.timesteps[0], "
+            "difflite.runtime.noise.TorchGenerator(1).randn((1, 4, 8, 8))); "
             "assert 'torch' not in sys.modules and 'diffusers' not in sys.modules, "
             "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers'))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,

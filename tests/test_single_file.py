@@ -1,4 +1,4 @@
-"""compiler.single_file: original-format (LDM/CompVis/A1111) SD 1.x / 2.x checkpoints loaded
+"""difflite.compiler.single_file: original-format (LDM/CompVis/A1111) SD 1.x / 2.x checkpoints loaded
 without --config (architecture, prediction type, EMA and tokenizer inferred), --vae, bad layouts."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import ldm_layout as L
 import pytest
 import torch
 
-from compiler import single_file
-from compiler.errors import BadInput
-from compiler.models import load_pipeline
+from difflite.compiler import single_file
+from difflite.compiler.models import load_pipeline
+from difflite.core.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("unet", "vae", "text_encoder")
@@ -237,7 +237,7 @@ def test_real_architectures_from_shapes(preset, family, name):
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from compiler.models import preset_configs
+    from difflite.compiler.presets import preset_configs
 
     configs = preset_configs(preset)
     with torch.device("meta"):
@@ -262,7 +262,7 @@ def test_real_architectures_from_shapes(preset, family, name):
 def test_clip_tokenizer_from_the_open_clip_merges(sd1_pipe, sd2_pipe, tmp_path):
     from transformers import CLIPTokenizer
 
-    from compiler.prompt_tokens import PromptTokenizer
+    from difflite.folder.tokenizer import PromptTokenizer
 
     tok = sd1_pipe.tokenizer
     assert len(tok) == 49408
@@ -348,7 +348,7 @@ def test_diffusers_keys_need_a_config(sd1_pipe, tmp_path):
 
 def difflite(*args) -> subprocess.CompletedProcess:
     exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, str(ROOT / "cli.py")]
+    command = [exe] if exe else [sys.executable, "-m", "difflite"]
     return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT, check=False)
 
 
@@ -435,7 +435,7 @@ def test_convert_and_verify_without_config(sd1_file, tmp_path):
     assert arch["family"] == "sd1" and arch["image_size"] == 512 and arch["reasons"]
     assert manifest["source"]["config"] is None
     assert json.loads((out / "scheduler" / "scheduler_config.json").read_text())["prediction_type"] == "epsilon"
-    from compiler.prompt_tokens import PromptTokenizer
+    from difflite.folder.tokenizer import PromptTokenizer
 
     assert PromptTokenizer(out / "tokenizer", 77)(ASTRONAUT[0])[0, :8].tolist() == ASTRONAUT[1] + [49407]
     verified = difflite("verify", out)

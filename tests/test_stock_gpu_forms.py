@@ -28,7 +28,7 @@ QUANTIZED = (schema.TensorType.INT8, schema.TensorType.INT4)
 @pytest.fixture(scope="module")
 def nofuse_int4(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("stock") / "tiny"
-    run = subprocess.run([sys.executable, str(ROOT / "cli.py"), "convert", "preset:tiny", "-o", str(out), "--no-fuse",
+    run = subprocess.run([sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o", str(out), "--no-fuse",
                           "--precision", "fp16", "--weights", "int4", "--weights-target-db", "0", "--height", "64",
                           "--width", "64", "--components", ",".join(COMPONENTS)],
                          capture_output=True, text=True, cwd=ROOT)
@@ -106,14 +106,13 @@ def test_nofuse_files_avoid_the_forms_stock_gpu_refuses(nofuse_int4, component):
 def test_the_check_finds_each_form(tmp_path):
     """The checker against files that hold the forms: the writer's fused-file forms (a quantized
     FULLY_CONNECTED, the int4 mix's DEQUANTIZE -> GATHER) are found."""
+    import numpy as np
     import onnx
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
-    from compiler.tflite import quantize
-    from compiler.tflite.writer import write_tflite
-
-    import numpy as np
+    from difflite.compiler.tflite import quantize
+    from difflite.compiler.tflite.writer import write_tflite
 
     r = np.random.default_rng(0)
     graph = helper.make_graph(

@@ -10,9 +10,9 @@ import onnx_ir as ir
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 
-from compiler.tflite.builder import APPENDED_ALIGNMENT, ModelBuilder
-from compiler.tflite.reader import read_tflite
-from compiler.tflite.writer import load_onnx, write_tflite
+from difflite.compiler.tflite.builder import APPENDED_ALIGNMENT, ModelBuilder
+from difflite.compiler.tflite.writer import load_onnx, write_tflite
+from difflite.folder.reader import read_tflite
 from tests.lowering_helpers import (
     Case,
     compare,
@@ -95,7 +95,7 @@ def test_auto_layout_appends_when_the_weights_would_not_fit(monkeypatch):
     builder = ModelBuilder()
     builder.constant("w", np.ones(1000, np.float32))
     assert builder.weight_layout("auto") == "inline"
-    monkeypatch.setattr("compiler.tflite.builder.FLATBUFFER_LIMIT", 1000)
+    monkeypatch.setattr("difflite.compiler.tflite.builder.FLATBUFFER_LIMIT", 1000)
     assert builder.weight_layout("auto") == "appended"
     with pytest.raises(ValueError, match="weight layout"):
         builder.weight_layout("sideways")
@@ -127,7 +127,7 @@ def test_same_model_writes_identical_bytes_in_both_layouts(tmp_path):
 def test_truncated_appended_model_is_a_clear_error(tmp_path):
     from click.testing import CliRunner
 
-    from cli import main
+    from difflite.cli import main
 
     _, graph = external_onnx(tmp_path, conv_matmul_case())
     path = tmp_path / "appended.tflite"

@@ -1,4 +1,4 @@
-"""The int4 mix's recipe (compiler/weight_recipe.py): layers are found by digest whatever their
+"""The int4 mix's recipe (difflite/compiler/weight_recipe.py): layers are found by digest whatever their
 layout, the tiny preset's UNet and VAE decoder reach the 28 dB bar with a mix of int4 and int8,
 verify agrees on the converted files, a recipe is reusable (byte-identical files), and a recipe
 of another model or of an unknown format is refused (exit 2). The int8 mix (--weights int8) keeps
@@ -22,9 +22,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import weight_recipe
-from compiler.tflite import quantize
-from compiler.tflite.writer import write_tflite
+from difflite.compiler import weight_recipe
+from difflite.compiler.tflite import quantize
+from difflite.compiler.tflite.writer import write_tflite
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE = ["--height", "64", "--width", "64"]
@@ -33,7 +33,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "difflite", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=ENV)
 
 
@@ -103,7 +103,7 @@ def test_choice_is_by_error_saved_per_byte_and_drops_what_the_goal_does_not_need
     assert weight_recipe.choose(errors, costs, base, signal, 26.0) == {"big", "b"}
     assert weight_recipe.choose(errors, costs, base, signal, 49.0) == {"big", "a", "b"}  # "noise" saves nothing
     with pytest.raises(Exception, match="--weights int4 or int8"):
-        from compiler.convert import ConvertOptions
+        from difflite.compiler.convert import ConvertOptions
         ConvertOptions(weights="float", weights_recipe="x.json").validate()
 
 
@@ -175,8 +175,8 @@ def test_recipe_files_are_read_from_manifest_folder_or_single(mixed, tmp_path):
 
 
 def test_partial_recipe_warns_and_leaves_the_rest_int4(mixed):
-    from compiler.convert import ConvertOptions
-    from compiler.models import load_pipeline
+    from difflite.compiler.convert import ConvertOptions
+    from difflite.compiler.models import load_pipeline
 
     recipe = json.loads((mixed / weight_recipe.FILE).read_text())["recipes"]["unet"]
     partial = {**recipe, "layers": [layer for layer in recipe["layers"] if layer["width"] == "int8"][:5]}
@@ -192,7 +192,7 @@ def test_partial_recipe_warns_and_leaves_the_rest_int4(mixed):
 
 
 def test_recipe_of_another_model_or_format_is_exit_2(mixed, tmp_path):
-    from compiler.models import load_pipeline
+    from difflite.compiler.models import load_pipeline
 
     recipe = json.loads((mixed / weight_recipe.FILE).read_text())["recipes"]["unet"]
     other = load_pipeline("preset:tiny", seed=1)  # the same architecture, other weights
@@ -234,8 +234,8 @@ def test_int8_mix_choice_and_float_costs():
     """The int8 mix's alternatives are int8 and float: float costs 4 bytes a value at fp32 (2 at
     fp16, where it is the float16 rounding), int8 1 plus a float32 scale a channel; the default
     targets are verify's bars."""
-    from compiler.convert import ConvertOptions
-    from compiler.verify import MIN_SNR_DB
+    from difflite.compiler.convert import ConvertOptions
+    from difflite.verify import MIN_SNR_DB
 
     assert weight_recipe.TARGETS_DB == MIN_SNR_DB
     assert ConvertOptions(weights="int8").target_db() == 35.0 and ConvertOptions(weights="int4").target_db() == 28.0
@@ -304,7 +304,7 @@ def test_int8_recipe_is_reused_and_the_other_width_refused(mixed, mixed8, tmp_pa
 def test_a_mix_that_meets_the_goal_at_the_low_width_skips_the_sweep():
     """The tiny UNet at int8 measures ~40 dB with every layer int8: the recipe stops after that
     one measurement (SD 1.5's UNet at int8 spent 430 s confirming it on the lent machine)."""
-    from compiler.models import load_pipeline
+    from difflite.compiler.models import load_pipeline
 
     torch.set_num_threads(1)
     recipe = weight_recipe.compute(load_pipeline("preset:tiny"), "unet", quantize.WeightQuantization("int8"), 64, 64)
@@ -319,7 +319,7 @@ def test_sweep_runs_once_a_layer_and_scales_the_high_width_from_the_weights_erro
     ratio of the weight's rounding error powers. The recipes of the tiny conversion spent one
     forward run a layer (plus the all-int4 mix and each round's mix); and, measured here for
     real on the tiny VAE decoder's layers, the estimate is within 3 dB of an int8 run."""
-    from compiler.models import load_pipeline
+    from difflite.compiler.models import load_pipeline
 
     for recipe in json.loads((mixed / weight_recipe.FILE).read_text())["recipes"].values():
         layers = len(recipe["layers"])

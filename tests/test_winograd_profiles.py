@@ -1,5 +1,5 @@
-"""Device profiles, the Winograd F(4x4,3x3) pass (passes/winograd.py) and the attention variant
-pass (passes/attention_variant.py).
+"""Device profiles, the Winograd F(4x4,3x3) pass (difflite/passes/winograd.py) and the attention variant
+pass (difflite/passes/attention_variant.py).
 
 Equivalence: the rewritten graph runs in onnx's ReferenceEvaluator with a NumPy Winograd
 implementation of difflite.WinogradConv3x3 (written here, from the transformed weights only) and
@@ -23,12 +23,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from compiler import custom_ops
-from compiler import winograd as wg
-from compiler.errors import BadInput
-from compiler.profiles import PROFILE_NAMES, PROFILES_FILE, Profile, load_profile
-from passes.attention_variant import choose_attention_variants
-from passes.winograd import apply_winograd, census, conv_cost, find_candidates
+from difflite.core import custom_ops
+from difflite.core import winograd as wg
+from difflite.core.errors import BadInput
+from difflite.core.profiles import PROFILE_NAMES, PROFILES_FILE, Profile, load_profile
+from difflite.passes.attention_variant import choose_attention_variants
+from difflite.passes.winograd import apply_winograd, census, conv_cost, find_candidates
 
 TOL = 2e-5  # max |err| / max |reference|, float32 graphs
 
@@ -141,7 +141,7 @@ def test_winograd_budget_defaults_to_the_profile(tmp_path):
     """--winograd-budget-mb unset: the device profile's budget (200 MB unless the profile says)."""
     import json
 
-    from compiler.convert import ConvertOptions
+    from difflite.compiler.convert import ConvertOptions
 
     assert load_profile("generic").winograd_budget_mb == 200.0
     assert load_profile("nvidia-h100").winograd_budget_mb == 4000.0
@@ -395,8 +395,8 @@ def test_pass_is_deterministic():
 
 @pytest.fixture(scope="module")
 def tiny_unet(tmp_path_factory):
-    from compiler.export import component_spec, export_onnx
-    from compiler.models import load_pipeline
+    from difflite.compiler.export import component_spec, export_onnx
+    from difflite.compiler.models import load_pipeline
 
     pipe = load_pipeline("preset:tiny")
     path = export_onnx(component_spec(pipe, "unet", 128, 128, 1), tmp_path_factory.mktemp("wino") / "unet.onnx")
@@ -496,7 +496,7 @@ def test_attention_variants():
 def test_winograd_budget_per_component():
     """--winograd-budget-mb 150,vae_decoder=0: the VAE decoder none, the others 150; a component
     named alone overrides the profile's budget for it only. Bad specs are exit-2 errors."""
-    from compiler.convert import ConvertOptions, parse_winograd_budget
+    from difflite.compiler.convert import ConvertOptions, parse_winograd_budget
 
     default, per = parse_winograd_budget("150, vae_decoder=0")
     options = ConvertOptions(device_profile="nvidia-h100", winograd_budget_mb=default, winograd_budgets_mb=per)

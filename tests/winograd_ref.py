@@ -1,5 +1,5 @@
 """Winograd F(4x4, 3x3) in NumPy: the weight transform shared by the tests and
-the compiler pass (defined in compiler/winograd.py), plus a slow reference of the whole algorithm.
+the compiler pass (defined in difflite/core/winograd.py), plus a slow reference of the whole algorithm.
 
 Interpolation points 0, 1, -1, 2, -2 and infinity. For one 6x6 input tile d and
 one 3x3 filter g (cross-correlation, as in deep-learning convolutions):
@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-# The matrices and the weight transform live in compiler/winograd.py (one definition shared with
+# The matrices and the weight transform live in difflite/core/winograd.py (one definition shared with
 # the compiler pass); re-exported here under the same public names.
-from compiler.winograd import AT, BT, G, transform_weights  # noqa: F401
+from difflite.core.winograd import (
+    AT,
+    BT,
+    G,
+    transform_weights,  # noqa: F401
+)
 
 
 def conv3x3_nhwc(x: np.ndarray, w_oihw: np.ndarray, bias: np.ndarray) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""difflite: diffusers Stable Diffusion pipelines -> TFLite (LiteRT) output folders, and the runtime that runs them."""

@@ -1,0 +1,273 @@
+"""Torch pipeline components -> ONNX (torch.onnx.export, dynamo, opset >= 18, static shapes)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import numbers
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from difflite.core.errors import BadInput
+
+COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MIN_OPSET = 18  # the dynamo exporter writes invalid Split nodes at opset 17 (FACTS)
+MAX_TENSOR_ELEMENTS = 2**31 - 1  # TFLite's kernels and the op library's (kMaxIndex) index with int32
+
+
+class ExportError(BadInput):
+    """torch.onnx.export (or the ONNX check after it) failed for one component: the model cannot
+    be converted as it is (exit 2, one line: the root cause and the exporter's last word;
+    DIFFLITE_DEBUG=1 shows all of its output)."""
+
+
+@dataclass
+class ComponentSpec:
+    name: str
+    module: torch.nn.Module
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    example_inputs: tuple[torch.Tensor, ...]
+
+
+class TextEncoderModule(torch.nn.Module):
+    def __init__(self, text_encoder):
+        super().__init__()
+        self.text_encoder = text_encoder
+
+    def forward(self, input_ids):
+        # Only last_hidden_state: the pooled output would add ArgMax/GatherND to the graph.
+        return self.text_encoder(input_ids, return_dict=True).last_hidden_state
+
+
+class UNetModule(torch.nn.Module):
+    def __init__(self, unet):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample, timestep, encoder_hidden_states):
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+
+
+class ConditionedUNetModule(UNetModule):
+    """A UNet with timestep conditioning (config time_cond_proj_dim: LCM-distilled models), whose
+    fourth input is the guidance-scale embedding (difflite.core.conditioning.guidance_embedding)."""
+
+    def forward(self, sample, timestep, encoder_hidden_states, timestep_cond):
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, timestep_cond=timestep_cond,
+                         return_dict=False)[0]
+
+
+class VaeDecoderModule(torch.nn.Module):
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+        self.scaling_factor = float(vae.config.scaling_factor)
+
+    def forward(self, latent):
+        return self.vae.decode(latent / self.scaling_factor, return_dict=False)[0]
+
+
+class VaeEncoderModule(torch.nn.Module):
+    """Returns the latent distribution already scaled, so latent = mean + std * eps."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+        self.scaling_factor = float(vae.config.scaling_factor)
+
+    def forward(self, image):
+        dist = self.vae.encode(image, return_dict=False)[0]
+        return dist.mean * self.scaling_factor, dist.std * self.scaling_factor
+
+
+def size_multiple(pipe) -> int:
+    """Pixel sizes must be multiples of this: the VAE and every UNet downsampling halve them."""
+    return _size_multiple(dict(pipe.unet.config), dict(pipe.vae.config))
+
+
+def _size_multiple(unet: dict, vae: dict) -> int:
+    return 2 ** (len(vae["block_out_channels"]) - 1) * 2 ** (len(unet["down_block_types"]) - 1)
+
+
+def check_size(pipe, height, width, batch=1) -> None:
+    check_size_of(pipe.source, dict(pipe.unet.config), dict(pipe.vae.config), height, width, batch)
+
+
+def check_size_of(source: str, unet: dict, vae: dict, height, width, batch=1) -> None:
+    """The size checks from the UNet's and the VAE's configs alone (models.peek_configs gives them
+    before anything is built): multiples the models can take, and tensors that can be held."""
+    multiple = _size_multiple(unet, vae)
+    for label, value in (("height", height), ("width", width)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0 or value % multiple:
+            raise BadInput(f"{source}: {label} {value!r} must be a positive multiple of {multiple}")
+    what, elements = largest_feature_map(unet, vae, height, width, batch)
+    if elements > MAX_TENSOR_ELEMENTS:
+        raise BadInput(f"{source}: --height {height} --width {width} needs {what} of {elements:,} values, more "
+                       f"than a tensor may hold ({MAX_TENSOR_ELEMENTS:,}: kernels index with int32)")
+
+
+def largest_feature_map(unet: dict, vae: dict, height, width, batch=1) -> tuple[str, int]:
+    """(what, values) of the largest activation at this size, from the configs alone, so that a
+    size no tensor can hold is refused before anything is allocated."""
+    vae_channels = list(vae["block_out_channels"])
+    unet_channels = list(unet["block_out_channels"])
+    h, w = height >> (len(vae_channels) - 1), width >> (len(vae_channels) - 1)
+    maps = []
+    for level in range(len(vae_channels)):
+        # the decoder upsamples a deeper level's output to this level's size before narrowing it
+        channels = max(vae_channels[level:level + 2])
+        maps.append((f"the VAE's {channels}x{height >> level}x{width >> level} feature map",
+                     channels * (height >> level) * (width >> level)))
+    for level in range(len(unet_channels)):
+        # an up block concatenates a skip connection: up to twice the widest channels
+        channels = 2 * max(unet_channels[level:level + 2])
+        maps.append((f"the UNet's {batch}x{channels}x{h >> level}x{w >> level} feature map",
+                     batch * channels * (h >> level) * (w >> level)))
+    return max(maps, key=lambda m: m[1])
+
+
+def latent_size(pipe, height, width) -> tuple[int, int]:
+    return height // pipe.vae_scale_factor, width // pipe.vae_scale_factor
+
+
+def component_spec(pipe, name, height=512, width=512, batch=1, seed=0) -> ComponentSpec:
+    """The wrapper module and seeded example inputs of one component at a static size."""
+    if name not in COMPONENTS:
+        raise BadInput(f"{pipe.source}: unknown component {name!r} (known: {', '.join(COMPONENTS)})")
+    if batch not in (1, 2):
+        raise BadInput(f"{pipe.source}: batch {batch!r} must be 1 or 2")
+    check_size(pipe, height, width)
+    gen = torch.Generator().manual_seed(seed)
+    h, w = latent_size(pipe, height, width)
+    latent_channels = pipe.vae.config.latent_channels
+    if name == "text_encoder":
+        return _text_encoder_spec(pipe, gen)
+    if name == "unet":
+        return _unet_spec(pipe, gen, batch, h, w)
+    if name == "vae_decoder":
+        latent = torch.randn((1, latent_channels, h, w), generator=gen)
+        return ComponentSpec(name, VaeDecoderModule(pipe.vae).eval(), ("latent",), ("image",), (latent,))
+    image = torch.rand((1, pipe.vae.config.in_channels, height, width), generator=gen) * 2 - 1
+    return ComponentSpec(name, VaeEncoderModule(pipe.vae).eval(), ("image",), ("latent_mean", "latent_std"), (image,))
+
+
+def _text_encoder_spec(pipe, gen) -> ComponentSpec:
+    config = pipe.text_encoder.config
+    length = config.max_position_embeddings
+    high = min(config.vocab_size, len(pipe.tokenizer))
+    input_ids = torch.randint(0, high, (1, length), generator=gen, dtype=torch.int64)
+    input_ids[0, 0] = pipe.tokenizer.bos_token_id
+    module = TextEncoderModule(pipe.text_encoder).eval()
+    return ComponentSpec("text_encoder", module, ("input_ids",), ("last_hidden_state",), (input_ids,))
+
+
+def _unet_spec(pipe, gen, batch, h, w) -> ComponentSpec:
+    config = pipe.unet.config
+    sample = torch.randn((batch, config.in_channels, h, w), generator=gen)
+    timestep = torch.randint(1, 1000, (batch,), generator=gen).to(torch.float32)
+    length = pipe.text_encoder.config.max_position_embeddings
+    context = torch.randn((batch, length, config.cross_attention_dim), generator=gen)
+    cond_dim = config.get("time_cond_proj_dim")
+    if cond_dim:
+        from difflite.core.conditioning import guidance_embedding
+
+        scales = torch.rand((batch,), generator=gen) * 10 + 1
+        timestep_cond = torch.from_numpy(guidance_embedding(scales.numpy(), cond_dim))
+        return ComponentSpec(
+            "unet", ConditionedUNetModule(pipe.unet).eval(),
+            ("sample", "timestep", "encoder_hidden_states", "timestep_cond"), ("noise_pred",),
+            (sample, timestep, context, timestep_cond),
+        )
+    return ComponentSpec(
+        "unet", UNetModule(pipe.unet).eval(), ("sample", "timestep", "encoder_hidden_states"), ("noise_pred",),
+        (sample, timestep, context),
+    )
+
+
+def export_onnx(spec: ComponentSpec, path: Path, opset: int = 18) -> Path:
+    """Export to `path` with all weights in `path.name + ".data"` beside it. Both are written in a
+    staging folder next to `path` and moved into place only after onnx.checker passed."""
+    import onnx
+
+    if opset < MIN_OPSET:
+        raise ValueError(f"opset {opset} is not supported; use >= {MIN_OPSET}")
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        staged = staging / path.name
+        staged_data = staging / (path.name + ".data")
+        with _quiet() as log:
+            try:
+                program = _export(spec, opset)
+                program.save(staged, external_data=True)
+                del program
+                staged_data.touch()  # always present, even if no tensor went external
+                onnx.checker.check_model(str(staged))  # path-based: works past 2 GB
+            except Exception as e:  # the exporter raises many types
+                raise ExportError(f"exporting {spec.name} to ONNX failed: {_root_cause(e)}{_tail(log)}") from e
+        os.replace(staged_data, path.parent / staged_data.name)
+        os.replace(staged, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _export(spec: ComponentSpec, opset: int):
+    with torch.no_grad():
+        return torch.onnx.export(
+            spec.module.eval(),
+            spec.example_inputs,
+            input_names=list(spec.input_names),
+            output_names=list(spec.output_names),
+            opset_version=opset,
+            dynamo=True,
+            external_data=True,
+            optimize=True,
+        )
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Swallow the exporter's progress prints and warnings unless DIFFLITE_DEBUG is set; yields
+    the captured text so failures can show its end."""
+    if os.environ.get("DIFFLITE_DEBUG"):
+        yield None
+        return
+    buffer = io.StringIO()
+    onnx_logger = logging.getLogger("torch.onnx")
+    level = onnx_logger.level
+    onnx_logger.setLevel(logging.ERROR)  # e.g. "torchvision is not installed" from its registry
+    try:
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield buffer
+    finally:
+        onnx_logger.setLevel(level)
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost exception, since torch.onnx wraps the real reason in a generic step error."""
+    seen = {id(error)}
+    while (inner := error.__cause__ or error.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        error = inner
+    lines = _ANSI.sub("", str(error)).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def _tail(log: io.StringIO | None) -> str:
+    if log is None:
+        return ""
+    lines = [line for line in _ANSI.sub("", log.getvalue()).splitlines() if line.strip()]
+    return f" (last exporter output: {lines[-1][:200]})" if lines else ""

@@ -1,0 +1,121 @@
+"""Load a Stable Diffusion pipeline: a preset (difflite/compiler/presets.py), a local diffusers
+folder, or a single-file checkpoint (difflite/compiler/single_file.py: architecture inferred, or a
+diffusers config folder); then a separate VAE, the prediction type and LoRAs
+(difflite/compiler/lora.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from difflite.compiler.pipeline import (
+    COMPONENTS,
+    Pipeline,
+    assemble,
+    check_config_folder,
+    config_files,
+    fold_into_hash,
+    from_pretrained,
+    hash_files,
+    weight_files,
+)
+from difflite.compiler.presets import PRESETS, build_preset, preset_configs
+from difflite.core.errors import BadInput
+
+
+def peek_configs(model: str) -> tuple[dict, dict] | None:
+    """The UNet's and the VAE's configs of a preset or a diffusers folder, read without building
+    or importing anything; None for a single file (its architecture comes from its tensors) or
+    configs that loading will have to judge."""
+    if model.startswith("preset:"):
+        configs = preset_configs(model.removeprefix("preset:"))
+        return configs["unet"], configs["vae"]
+    folder = Path(model).expanduser()
+    try:
+        unet, vae = (json.loads((folder / name / "config.json").read_text()) for name in ("unet", "vae"))
+    except (OSError, ValueError):
+        return None
+
+    def listed(config, key: str, kind=object) -> bool:
+        values = config.get(key) if isinstance(config, dict) else None
+        return isinstance(values, list) and bool(values) and all(isinstance(v, kind) for v in values)
+
+    if listed(unet, "block_out_channels", int) and listed(unet, "down_block_types") and \
+            listed(vae, "block_out_channels", int):
+        return unet, vae
+    return None
+
+
+PREDICTION_TYPES = ("epsilon", "v_prediction")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One --lora FILE[:SCALE]."""
+    path: str
+    scale: float = 1.0
+
+
+def load_pipeline(model: str, config: str | None = None, seed: int = 0, *, vae: str | None = None,
+                  prediction_type: str | None = None, loras: tuple[LoraSpec, ...] = ()) -> Pipeline:
+    """Load "preset:NAME", a diffusers folder, or a .safetensors/.ckpt file (architecture inferred
+    from its keys unless `config` names a diffusers folder); then swap in a separate VAE, set the
+    prediction type and merge LoRAs, each recorded in `details` and folded into `source_hash`."""
+    if prediction_type is not None and prediction_type not in PREDICTION_TYPES:
+        raise BadInput(f"--prediction-type {prediction_type!r}: choose from {', '.join(PREDICTION_TYPES)}")
+    pipe = _load_base(str(model), config, seed, prediction_type)
+    if vae is not None:
+        from difflite.compiler.single_file import replace_vae
+
+        replace_vae(pipe, Path(vae).expanduser().absolute())
+    if prediction_type is not None:
+        _set_prediction_type(pipe, prediction_type)
+    if loras:
+        from difflite.compiler.lora import merge_loras
+
+        merge_loras(pipe, tuple(loras))
+    return pipe
+
+
+def _load_base(model: str, config: str | None, seed: int, prediction_type: str | None) -> Pipeline:
+    if model.startswith("preset:"):
+        return build_preset(model.removeprefix("preset:"), seed)
+    path = Path(model).expanduser().absolute()
+    if not path.exists():
+        raise BadInput(f"{path}: no such file or folder")
+    if path.is_dir():
+        return _load_folder(path)
+    if path.suffix not in (".safetensors", ".ckpt"):
+        raise BadInput(f"{path}: not a diffusers folder, .safetensors or .ckpt file")
+    from difflite.compiler.single_file import load_single_file
+
+    return load_single_file(path, Path(config).expanduser().absolute() if config else None, prediction_type)
+
+
+def _set_prediction_type(pipe: Pipeline, prediction_type: str) -> None:
+    if pipe.scheduler_config.get("prediction_type", "epsilon") == prediction_type:
+        return
+    pipe.scheduler_config = {**pipe.scheduler_config, "prediction_type": prediction_type}
+    fold_into_hash(pipe, f"prediction_type={prediction_type}")
+
+
+
+def _load_folder(folder: Path) -> Pipeline:
+    check_config_folder(folder)  # before seconds of importing diffusers and transformers
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    files = config_files(folder)
+    for name in COMPONENTS:
+        weights = weight_files(folder / name)
+        if not weights:
+            raise BadInput(f"{folder / name}: no weight file (.safetensors or .bin)")
+        files += [(f"{name}/{w.name}", w) for w in weights]
+    unet = from_pretrained(UNet2DConditionModel, folder / "unet")
+    vae = from_pretrained(AutoencoderKL, folder / "vae")
+    text_encoder = from_pretrained(CLIPTextModel, folder / "text_encoder")
+    text_encoder.set_attn_implementation("eager")
+    return assemble(str(folder), hash_files(files), folder, text_encoder, unet, vae)
+
+

@@ -1,0 +1,194 @@
+"""Weight-only quantization of convolution and linear weights in TFLite's standard forms.
+
+- int8: symmetric, one scale per output channel (per-axis affine quantization, zero points 0,
+  on the stored tensor's output axis), then DEQUANTIZE to float32.
+- int4: symmetric and blockwise along the input dimension: the stored tensor's last axis is the
+  input one (OHWI filters, [N, K] fully-connected weights), so blocks of B consecutive values
+  are rows of the weight seen as [size / B, B] (written [size / B, 1, 1, B]: stock LiteRT's GPU
+  takes 4-D runtime weights only). That tensor is stored as INT4 (two values a byte, the even
+  element in the low nibble) with one per-tensor scale of 1, DEQUANTIZEd to its integers as
+  floats, multiplied (MUL, broadcast) by a [size / B, 1, 1, 1] constant of block scales
+  stored as --precision stores weights (float16 + DEQUANTIZE at fp16), then RESHAPEd back to
+  the weight's shape. Every stock TFLite runtime runs these as plain ops; the op library folds
+  the chain back into one quantized weight (custom_ops/delegate/opencl/claim.cc).
+
+Why not per-axis scales on the [size / B, B] tensor (the plain TFLite form): TFLite stores a
+float32 scale and an int64 zero point per quantized index, 12 bytes a block, so int4 at block 32
+would cost 4 + 3 bits a weight on disk, and every runtime copies them into its own host memory
+at load. Block scales as a float16 tensor cost 4 + 0.5 bits. TFLite's BlockwiseQuantization
+details exist in the schema, but LiteRT 2.3's DEQUANTIZE ignores them (probed: zeros out).
+Layers too small to matter, and those named to stay float, are left to --precision.
+
+Per-layer widths (the int4 mix's recipe, difflite/compiler/weight_recipe.py) are keyed by weight_digest:
+a digest of the weight's float32 values in the writer's layout, so that a layer is found whatever
+name the exporter gave its tensor."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+WIDTHS = ("float", "int8", "int4")
+DEFAULT_BLOCK = 32
+MIN_ELEMENTS = 4096  # smaller weights stay float: the saving is noise, the scales are not
+INT8_MAX, INT4_MIN, INT4_MAX = 127, -8, 7
+
+
+@dataclass(frozen=True)
+class WeightQuantization:
+    """What --weights asks of the writer."""
+    width: str = "float"
+    block: int = DEFAULT_BLOCK
+    keep_float: tuple[str, ...] = ()  # weights whose name contains one of these stay float
+    min_elements: int = MIN_ELEMENTS
+    # weight_digest -> "float" / "int8" / "int4" for the weights `applies` to (the int4 mix)
+    overrides: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def applies(self, name: str, size: int) -> bool:
+        return (self.width != "float" and size >= self.min_elements
+                and not any(part in name for part in self.keep_float))
+
+    def width_for(self, name: str, array: np.ndarray, digest: str | None = None) -> str:
+        """The storage width of one weight in the writer's layout (OHWI / [N, K]): "float" where
+        quantization does not apply, else its override or `width`; int4 falls back to int8 where
+        the blocks do not tile the input axis. `digest`: weight_digest(array), if known."""
+        if not self.applies(name, array.size):
+            return "float"
+        width = self.width
+        if self.overrides:
+            width = self.overrides.get(digest or weight_digest(array), width)
+        if width == "int4" and not int4_blocks_fit(tuple(array.shape), self.block):
+            width = "int8"
+        return width
+
+
+    def lookup_width(self, name: str, size: int) -> str:
+        """The storage of a table that GATHER reads rows of (the text encoder's token embedding):
+        int8 rows under the int4 mix; float otherwise. At int8 the table's own error (47 dB at SD
+        1.5's text encoder output) would take the int8 text encoder, at 36 dB, too near its 35 dB
+        bar for 36 MiB (NOTES §33)."""
+        return "int8" if self.width == "int4" and self.applies(name, size) else "float"
+
+
+def weight_digest(array: np.ndarray) -> str:
+    """A layer's identity: SHA-256 (first 24 hex digits) of its shape and float32 values in C
+    order, in the writer's layout (OHWI filters, [N, K] linear weights)."""
+    values = np.asarray(array, dtype=np.float32)
+    digest = hashlib.sha256(("x".join(map(str, values.shape)) + ":").encode())
+    digest.update(np.ascontiguousarray(values).data)
+    return digest.hexdigest()[:24]
+
+
+def value_bytes(width: str, block: int = DEFAULT_BLOCK, scale_bytes: int = 4) -> float | None:
+    """Bytes a weight value takes in storage at `width` (scales of `scale_bytes` included); None
+    for float."""
+    return {"int8": 1.0, "int4": 0.5 + scale_bytes / block}.get(width)
+
+
+def scale_dtype(precision: str) -> type:
+    """The storage type of int4's block scales: that of the weights at --precision."""
+    return np.float16 if precision == "fp16" else np.float32
+
+
+def scale_bytes(precision: str) -> int:
+    return np.dtype(scale_dtype(precision)).itemsize
+
+
+@dataclass
+class Quantized:
+    """One quantized weight: the stored integers (int8 values; int4 packed) and its scales."""
+    width: str
+    shape: tuple[int, ...]  # the shape the stored tensor has (int4: [size / block, block])
+    data: np.ndarray  # int8 values, or uint8 bytes of packed int4
+    scales: np.ndarray  # float32 (int4: values of its scale dtype), one per index of `axis`
+    axis: int
+    scale_bytes: int = 4  # per scale as stored: int8's float32 quantization parameters; int4's
+    # block scales as float16 or float32
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @property
+    def total_bytes(self) -> int:
+        """Values and scales as the file stores them."""
+        return self.nbytes + self.scale_bytes * int(self.scales.size)
+
+
+def _scales(magnitude: np.ndarray, top: int) -> np.ndarray:
+    """Symmetric scales from each group's largest magnitude; an all-zero group gets scale 1 (its
+    values quantize to 0 either way) so that no scale is 0 or denormal."""
+    scales = (magnitude / np.float64(top)).astype(np.float32)
+    return np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+
+
+def _half_scales(magnitude: np.ndarray, top: int) -> np.ndarray:
+    """Symmetric scales that float16 holds exactly (as float32 values): rounded to float16, and
+    at least its smallest normal (a tinier block's values then round to a few steps of it;
+    an all-zero block quantizes to 0 either way)."""
+    scales = (magnitude / np.float64(top)).astype(np.float16)
+    tiny = np.finfo(np.float16).tiny
+    return np.where(np.isfinite(scales) & (scales >= tiny), scales, np.float16(tiny)).astype(np.float32)
+
+
+def quantize_int8(weight: np.ndarray, axis: int = 0, scales_as=np.float32) -> Quantized:
+    """Per-channel symmetric int8 along `axis`, with scales that `scales_as` holds exactly."""
+    w = np.asarray(weight, dtype=np.float32)
+    moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    magnitude = np.abs(moved).max(axis=1).astype(np.float64)
+    half = np.dtype(scales_as) == np.float16
+    scales = _half_scales(magnitude, INT8_MAX) if half else _scales(magnitude, INT8_MAX)
+    q = np.clip(np.rint(moved / scales[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    q = np.moveaxis(q.reshape(np.moveaxis(w, axis, 0).shape), 0, axis)
+    return Quantized("int8", w.shape, np.ascontiguousarray(q), scales, axis, 2 if half else 4)
+
+
+def int4_blocks_fit(shape: tuple[int, ...], block: int) -> bool:
+    return len(shape) >= 2 and block > 0 and shape[-1] % block == 0
+
+
+def quantize_int4(weight: np.ndarray, block: int = DEFAULT_BLOCK, scales_as=np.float32) -> Quantized:
+    """Blockwise symmetric int4 along the last axis, as [size / block, block] rows, with one
+    scale a row that `scales_as` (float32 or float16, scale_dtype) holds exactly."""
+    w = np.asarray(weight, dtype=np.float32)
+    if not int4_blocks_fit(w.shape, block):
+        raise ValueError(f"int4 blocks of {block} do not tile the last axis of {w.shape}")
+    rows = w.reshape(-1, block)
+    magnitude = np.abs(rows).max(axis=1).astype(np.float64)
+    half = np.dtype(scales_as) == np.float16
+    scales = _half_scales(magnitude, INT4_MAX) if half else _scales(magnitude, INT4_MAX)
+    q = np.clip(np.rint(rows / scales[:, None]), INT4_MIN, INT4_MAX).astype(np.int8)
+    return Quantized("int4", rows.shape, pack_int4(q), scales, 0, 2 if half else 4)
+
+
+def pack_int4(values: np.ndarray) -> np.ndarray:
+    """int8 values in [-8, 7] -> bytes, two a byte: even elements in the low nibble."""
+    flat = np.asarray(values, dtype=np.int8).reshape(-1)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int8)])
+    low = flat[0::2].astype(np.uint8) & 0x0F
+    high = (flat[1::2].astype(np.uint8) & 0x0F) << 4
+    return (low | high).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, count: int) -> np.ndarray:
+    """The inverse of pack_int4: `count` sign-extended int8 values."""
+    raw = np.asarray(packed, dtype=np.uint8)
+    low = (raw & 0x0F).astype(np.int8)
+    high = (raw >> 4).astype(np.int8)
+    values = np.empty(raw.size * 2, np.int8)
+    values[0::2] = np.where(low > 7, low - 16, low)
+    values[1::2] = np.where(high > 7, high - 16, high)
+    return values[:count]
+
+
+def dequantize(q: Quantized) -> np.ndarray:
+    """The float32 weight a runtime's DEQUANTIZE gives (int4: in the stored [rows, block] shape)."""
+    count = int(np.prod(q.shape))
+    values = unpack_int4(q.data, count).reshape(q.shape) if q.width == "int4" else q.data
+    shape = [1] * len(q.shape)
+    shape[q.axis] = -1
+    return values.astype(np.float32) * q.scales.reshape(shape)

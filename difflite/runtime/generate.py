@@ -1,0 +1,567 @@
+"""`difflite generate`: run an output folder's .tflite files as a Stable Diffusion pipeline.
+
+The loop mirrors diffusers' StableDiffusionPipeline / StableDiffusionImg2ImgPipeline step for
+step, so the same prompt, seed and weights give the same picture as PyTorch:
+
+- tokens: OUT/tokenizer's CLIP tokenizer, padding to max_length 77 with truncation
+  (difflite.folder.tokenizer: the tokenizers library, without transformers);
+- initial latents: the numbers of torch.Generator("cpu").manual_seed(seed) and diffusers'
+  randn_tensor of (1, C, h, w) (difflite.runtime.noise, without torch) times the scheduler's
+  init_noise_sigma (txt2img); img2img draws the VAE posterior sample (mean + std * eps) first and
+  the add_noise noise second, from the same generator;
+- the scheduler is the class of OUT/scheduler/scheduler_config.json or --scheduler, as NumPy ports
+  of diffusers' schedulers (difflite.runtime.schedulers; diffusers itself only for a config no port
+  covers); the loop uses scale_model_input and step as diffusers does, stochastic steps draw from
+  the same generator;
+- classifier-free guidance (guidance > 1): one UNet call on [uncond, cond] when the UNet was
+  converted with batch 2, two calls with batch 1; without guidance (guidance <= 1, as few-step
+  models run) one batch-1 call a step, and a batch-2 UNet is refused (it would compute every
+  step twice);
+- a UNet with timestep conditioning (LCM-distilled, input timestep_cond) takes the guidance
+  scale as an embedding instead (difflite.core.conditioning), with no classifier-free guidance, as
+  diffusers' pipelines run such a UNet: one batch-1 call a step;
+- the stages run (img2img: vae_encoder), text_encoder, unet, vae_decoder; only the VAE encoder's
+  stage draws from the generator, so loading each model just for its stage (low_memory) gives
+  the same picture.
+
+Neither torch, diffusers nor transformers is imported to make a picture from a folder that
+`convert` wrote (only NumPy, the tokenizers library and LiteRT): a phone-sized process starts in
+well under a second."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import numpy as np
+
+from difflite.core.conditioning import (
+    TIMESTEP_COND,
+    check_guidance,
+    guidance_embedding,
+    timestep_cond_dim,
+)
+from difflite.core.errors import BadInput
+from difflite.folder.tokenizer import PromptTokenizer
+from difflite.runtime.noise import TorchGenerator, check_seed
+from difflite.runtime.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
+
+REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+ENCODER_HINT = "convert with --components text_encoder,unet,vae_decoder,vae_encoder"
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedulers
+
+
+def img2img_timesteps(scheduler, steps: int, strength: float):
+    """diffusers' StableDiffusionImg2ImgPipeline.get_timesteps (after set_timesteps)."""
+    init_timestep = min(int(steps * strength), steps)
+    t_start = max(steps - init_timestep, 0)
+    timesteps = scheduler.timesteps[t_start * scheduler.order:]
+    if hasattr(scheduler, "set_begin_index"):
+        scheduler.set_begin_index(t_start * scheduler.order)
+    return timesteps
+
+
+# ---------------------------------------------------------------------------------------------
+# Images
+
+
+def load_init_image(image, height: int, width: int) -> np.ndarray:
+    """diffusers' VaeImageProcessor.preprocess for one PIL image, resized to the converted size:
+    RGB, lanczos resize to (width, height), [0,255] -> [-1,1], NCHW float32 [1,3,H,W]."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, (str, os.PathLike)):
+        path = Path(image)
+        if not path.is_file():
+            raise BadInput(f"{path}: no such image file")
+        try:
+            with Image.open(path) as opened:
+                opened.load()
+                image = opened.copy()
+        except (UnidentifiedImageError, OSError) as exc:
+            raise BadInput(f"{path}: not a readable image ({exc})") from exc
+    if image.size != (width, height):
+        image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    array = np.asarray(image).astype(np.float32) / 255.0
+    return np.ascontiguousarray((array * 2.0 - 1.0).transpose(2, 0, 1)[None])
+
+
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """[0,1] float HWC -> uint8 HWC, rounded as diffusers' numpy_to_pil does."""
+    return (image * 255).round().astype(np.uint8)
+
+
+def check_writable(path) -> Path:
+    """Fail before any work when the picture could not be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{path}: is a folder, give an image file name")
+    from difflite.folder.manifest import check_can_write
+
+    check_can_write(path, path.parent if str(path.parent) else Path("."), "cannot write")
+    return path
+
+
+def save_png(image: np.ndarray, path) -> Path:
+    """Write a uint8 HWC picture as PNG atomically (a temporary name in the same folder, then a
+    rename): an interrupted run leaves no partial file."""
+    from PIL import Image
+
+    path = check_writable(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            Image.fromarray(image).save(f, format="PNG")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from exc
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+
+
+@dataclass
+class GenerateResult:
+    image: np.ndarray  # float32 [H, W, 3] in [0, 1] ((decoded / 2 + 0.5).clamp(0, 1))
+    timings: dict  # seconds per stage
+    settings: dict  # what was run (scheduler class, steps, UNet calls, ...)
+    latents: np.ndarray | None = None  # the final latents [1, C, h, w]
+
+    @property
+    def uint8(self) -> np.ndarray:
+        return to_uint8(self.image)
+
+    def save(self, path) -> Path:
+        return save_png(self.uint8, path)
+
+
+@dataclass
+class _Timer:
+    seconds: dict = field(default_factory=dict)
+
+    def add(self, key: str, start: float) -> None:
+        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
+
+
+class LitePipeline:
+    """An output folder as a Stable Diffusion pipeline (txt2img and img2img) on LiteRT.
+
+    >>> pipe = LitePipeline("out/tiny")
+    >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
+    >>> result.save("astronaut.png")
+    >>> pipe.close()
+
+    The models stay loaded across calls. With `low_memory`, each is loaded right before its
+    stage and freed right after it ((img2img: vae_encoder), text_encoder, unet, vae_decoder):
+    one interpreter alive at a time, for the price of loading them again for every picture.
+    """
+
+    def __init__(self, out, backend: str = "cpu", threads: int | None = None, low_memory: bool = False,
+                 fallback: str = "none"):
+        from difflite.folder import manifest
+        from difflite.runtime.component import check_fallback
+
+        check_fallback(fallback)
+        self.out = Path(out)
+        self.manifest = manifest.read_manifest(self.out)
+        self.backend = backend
+        # "cpu": a model the OpenCL backend cannot load runs on the CPU backend, and so does every
+        # later one (fallback_reason says why, once, on stderr and in the settings)
+        self.fallback = fallback
+        self.fallback_reason: str | None = None
+        self.threads = threads
+        self.low_memory = low_memory
+        components = self.manifest.get("components", {})
+        for name in REQUIRED_COMPONENTS:
+            if name not in components:
+                raise BadInput(f"{self.out / (name + '.tflite')}: not in this output folder "
+                               f"(convert with --components {','.join(REQUIRED_COMPONENTS)})")
+        manifest.check_component_files(self.out, self.manifest)
+        latent = self.manifest.get("latent") or {}
+        try:
+            self.channels = int(latent["channels"])
+            self.latent_height, self.latent_width = int(latent["height"]), int(latent["width"])
+            self.height, self.width = int(latent["image_height"]), int(latent["image_width"])
+            self.text_length = int(latent.get("text_length", 77))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"{self.out / 'manifest.json'}: no usable 'latent' geometry ({exc})") from exc
+        unet_sample = components["unet"]["inputs"][0]
+        self.unet_batch = int(unet_sample["shape"][0])
+        if self.unet_batch not in (1, 2):
+            raise BadInput(f"{self.out / 'unet.tflite'}: batch {self.unet_batch} (difflite runs batch 1 or 2)")
+        self.timestep_cond_dim = timestep_cond_dim(components["unet"])
+        self.tokenizer_dir = self.out / "tokenizer"
+        config_path = self.out / "scheduler" / "scheduler_config.json"
+        if not self.tokenizer_dir.is_dir():
+            raise BadInput(f"{self.tokenizer_dir}: missing (the output folder is incomplete: convert again)")
+        if not config_path.is_file():
+            raise BadInput(f"{config_path}: missing (the output folder is incomplete: convert again)")
+        try:
+            self.scheduler_config = json.loads(config_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadInput(f"{config_path}: not valid JSON ({exc})") from exc
+        self._components: dict = {}
+        self._tokenizer: PromptTokenizer | None = None
+        self.load_seconds = 0.0
+
+    # -- parts, loaded on first use ------------------------------------------------------------
+
+    @property
+    def has_vae_encoder(self) -> bool:
+        entry = self.manifest["components"].get("vae_encoder")
+        return entry is not None and (self.out / entry["file"]).is_file()
+
+    def component(self, name: str):
+        if name not in self._components:
+            from difflite.runtime.component import Component
+
+            entry = self.manifest["components"].get(name)
+            if entry is None or not (self.out / entry["file"]).is_file():
+                missing = self.out / (entry["file"] if entry else f"{name}.tflite")
+                hint = f"img2img needs it: {ENCODER_HINT}" if name == "vae_encoder" else "convert again"
+                raise BadInput(f"{missing}: missing ({hint})")
+            start = time.perf_counter()
+            component = Component(self.out / entry["file"], entry, backend=self.backend, threads=self.threads,
+                                  precision=self.manifest["options"]["precision"], fallback=self.fallback,
+                                  on_fallback=self._fell_back)
+            self._components[name] = component
+            self.load_seconds += time.perf_counter() - start
+        return self._components[name]
+
+    def _fell_back(self, reason: str) -> None:
+        """A component moved to the CPU backend (at load or while running): so do the later ones;
+        said once."""
+        if self.fallback_reason is None:
+            self.backend, self.fallback_reason = "cpu", reason
+            print(f"difflite: warning: the OpenCL backend cannot run this model, so the CPU backend runs it "
+                  f"(--fallback cpu): {reason}", file=sys.stderr)
+
+    def release(self, name: str) -> None:
+        """Free a loaded component (the time it takes counts as load time)."""
+        component = self._components.pop(name, None)
+        if component is not None:
+            start = time.perf_counter()
+            component.close()
+            self.load_seconds += time.perf_counter() - start
+
+    def close(self) -> None:
+        for name in list(self._components):
+            self.release(name)
+
+    def __enter__(self) -> LitePipeline:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator:
+        """The component of one stage: loaded if it is not, freed at the end with low_memory."""
+        component = self.component(name)
+        try:
+            yield component
+        finally:
+            if self.low_memory:
+                self.release(name)
+
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        if self._tokenizer is None:
+            start = time.perf_counter()
+            self._tokenizer = PromptTokenizer(self.tokenizer_dir, self.text_length)
+            self.load_seconds += time.perf_counter() - start
+        return self._tokenizer
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        out = self.component("text_encoder")(input_ids=self.tokenizer(text))
+        return out["last_hidden_state"].astype(np.float32)
+
+    def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None,
+                      extra: dict | None = None):
+        """noise_pred for the [1,C,h,w] (already scaled) sample: [uncond, cond] when uncond is
+        given (classifier-free guidance), else cond alone; returns one array per branch. A batch-2
+        UNet only runs with guidance (_check_call). `extra`: further UNet inputs (timestep_cond)."""
+        unet = self.component("unet")
+        extra = extra or {}
+        branches = [cond] if uncond is None else [uncond, cond]
+        if self.unet_batch == 2:
+            sample2 = np.concatenate([sample, sample])
+            timestep = np.full((2,), t, dtype=np.float32)
+            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=np.concatenate(branches), **extra)
+            return [noise["noise_pred"][0:1], noise["noise_pred"][1:2]]
+        timestep = np.full((1,), t, dtype=np.float32)
+        single = sample[0:1]
+        return [unet(sample=single, timestep=timestep, encoder_hidden_states=c, **extra)["noise_pred"]
+                for c in branches]
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def __call__(self, prompt: str, negative_prompt: str = "", steps: int = 20, seed: int = 0,
+                 guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float = 0.8,
+                 timestep_spacing: str | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> GenerateResult:
+        img2img = init_image is not None
+        self._check_call(steps, guidance, img2img, strength, seed)
+        timer = _Timer()
+        started = time.perf_counter()
+        loaded_before = self.load_seconds
+        start = time.perf_counter()
+        sched = make_scheduler(scheduler, self.scheduler_config, timestep_spacing)
+        timer.add("setup", start)
+        cfg = guidance > 1.0 and self.timestep_cond_dim is None
+        if not self.low_memory:
+            for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
+                self.component(name)
+        self.tokenizer  # noqa: B018 (loaded here so that text_encoder times the model alone)
+        image_in = load_init_image(init_image, self.height, self.width) if img2img else None
+
+        generator = TorchGenerator(seed)
+        sched.set_timesteps(steps)
+        if img2img:
+            timesteps = img2img_timesteps(sched, steps, strength)
+            latents = self._image_latents(image_in, sched, timesteps, generator, timer)
+        else:
+            timesteps = sched.timesteps
+            latents = self._noise_latents(sched, generator)
+        cond, uncond = self._encode_prompts(prompt, negative_prompt if cfg else None, timer)
+        latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance, generator,
+                                            timer, progress)
+        image = self._decode(latents, timer)
+
+        total = len(timesteps)
+        timings = {k: round(v, 4) for k, v in timer.seconds.items()}
+        timings["unet_per_step"] = round(timer.seconds["unet"] / max(total, 1), 4)
+        # loading (and with low_memory freeing) the interpreters, the tokenizer the first time
+        timings["load"] = round(self.load_seconds - loaded_before, 4)
+        timings["total"] = round(time.perf_counter() - started, 4)
+        settings = {
+            "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "seed": int(seed),
+            "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": sched.class_name,
+            "guidance_embedding": self.timestep_cond_dim is not None,
+            "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
+            "backend": self.backend, "fallback_reason": self.fallback_reason,
+            "height": self.height, "width": self.width, "low_memory": self.low_memory,
+            "img2img": img2img, **({"strength": strength} if img2img else {}),
+            **({"timestep_spacing": timestep_spacing} if timestep_spacing else {}),
+        }
+        return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
+
+    def _check_call(self, steps, guidance, img2img: bool, strength, seed) -> None:
+        if not isinstance(steps, int) or steps < 1:
+            raise BadInput(f"--steps {steps!r} must be a positive integer")
+        # as diffusers' schedulers: no more steps than the timesteps the model was trained on
+        trained = self.scheduler_config.get("num_train_timesteps", 1000)
+        if steps > trained:
+            raise BadInput(f"--steps {steps} must be at most {trained} (the scheduler's num_train_timesteps)")
+        check_guidance(guidance)
+        check_seed(seed)
+        if not (0.0 < strength <= 1.0):
+            raise BadInput(f"--strength {strength!r} must be in (0, 1]")
+        if self.timestep_cond_dim is not None and self.unet_batch == 2:
+            raise BadInput(f"{self.out / 'unet.tflite'}: batch 2, but this UNet takes the guidance scale as an "
+                           f"embedding (timestep_cond, LCM-distilled) and runs without classifier-free guidance: "
+                           f"convert with --batch 1")
+        if guidance <= 1.0 and self.unet_batch == 2:
+            raise BadInput(f"{self.out / 'unet.tflite'}: batch 2 (converted for classifier-free guidance), but "
+                           f"--guidance {guidance} <= 1 runs without it: convert with --batch 1 for unguided "
+                           f"(few-step) generation, or pass --guidance > 1")
+        if not img2img:
+            return
+        if min(int(steps * strength), steps) < 1:
+            raise BadInput(f"--strength {strength} x --steps {steps} leaves no denoising step")
+        if not self.has_vae_encoder:
+            raise BadInput(f"{self.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
+
+    def _noise_latents(self, sched, generator: TorchGenerator) -> np.ndarray:
+        """txt2img: diffusers' prepare_latents."""
+        shape = (1, self.channels, self.latent_height, self.latent_width)
+        return generator.randn(shape) * np.float32(sched.init_noise_sigma)
+
+    def _image_latents(self, image_in: np.ndarray, sched, timesteps, generator: TorchGenerator,
+                       timer: _Timer) -> np.ndarray:
+        """img2img: the VAE posterior sample of the picture, noised to the first kept timestep."""
+        with self.stage("vae_encoder") as encoder:
+            start = time.perf_counter()
+            encoded = encoder(image=image_in)
+            timer.add("vae_encoder", start)
+        mean = np.asarray(encoded["latent_mean"], dtype=np.float32)
+        std = np.asarray(encoded["latent_std"], dtype=np.float32)
+        # retrieve_latents(sample_mode="sample"): the posterior sample draws first ...
+        init_latents = mean + std * generator.randn(mean.shape)
+        # ... then the noise for add_noise at the first kept timestep.
+        noise = generator.randn(init_latents.shape)
+        return sched.add_noise(init_latents, noise, timesteps[:1])
+
+    def _encode_prompts(self, prompt: str, negative_prompt: str | None, timer: _Timer):
+        """(cond, uncond); uncond is None without a negative prompt (no classifier-free guidance)."""
+        with self.stage("text_encoder"):
+            start = time.perf_counter()
+            cond = self.encode_prompt(prompt)
+            uncond = None if negative_prompt is None else self.encode_prompt(negative_prompt)
+            timer.add("text_encoder", start)
+        return cond, uncond
+
+    def _denoise(self, latents: np.ndarray, sched, timesteps, cond, uncond, guidance: float,
+                 generator: TorchGenerator, timer: _Timer, progress: Callable[[int, int], None] | None):
+        """The scheduler loop; returns the final latents and the number of UNet calls."""
+        cfg = uncond is not None
+        unet_seconds, unet_calls = 0.0, 0
+        extra = {}
+        if self.timestep_cond_dim is not None:
+            extra[TIMESTEP_COND] = guidance_embedding([guidance] * self.unet_batch, self.timestep_cond_dim)
+        with self.stage("unet"):
+            for i, t in enumerate(timesteps):
+                # scale_model_input is elementwise: scaling the latents once is scaling [latents] * 2
+                sample = np.asarray(sched.scale_model_input(latents, t), dtype=np.float32)
+                start = time.perf_counter()
+                noise = self.predict_noise(sample, float(t), cond, uncond, extra)
+                unet_seconds += time.perf_counter() - start
+                unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
+                noise = [np.asarray(n, dtype=np.float32) for n in noise]
+                noise_pred = noise[0] + np.float32(guidance) * (noise[1] - noise[0]) if cfg else noise[0]
+                latents = np.asarray(sched.step(noise_pred, t, latents, generator=generator), dtype=np.float32)
+                if progress is not None:
+                    progress(i + 1, len(timesteps))
+        timer.seconds["unet"] = unet_seconds
+        return latents, unet_calls
+
+    def _decode(self, latents: np.ndarray, timer: _Timer) -> np.ndarray:
+        """The VAE decoder's picture as float32 HWC in [0, 1]."""
+        with self.stage("vae_decoder") as decoder:
+            start = time.perf_counter()
+            decoded = decoder(latent=latents)["image"]
+            timer.add("vae_decoder", start)
+        image = np.clip(np.asarray(decoded, dtype=np.float32) / np.float32(2) + np.float32(0.5), 0.0, 1.0)
+        return np.ascontiguousarray(image[0].transpose(1, 2, 0))
+
+
+def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bool = False,
+             **kwargs) -> GenerateResult:
+    """One picture from an output folder; writes it to `output` (PNG) when given."""
+    if output is not None:
+        check_writable(output)
+    with LitePipeline(out, backend=backend, low_memory=low_memory) as pipe:
+        result = pipe(prompt, **kwargs)
+    if output is not None:
+        result.save(output)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+@click.command("generate")
+@click.argument("out", type=click.Path())
+@click.argument("prompt")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="The PNG to write (written atomically).")
+@click.option("--steps", default=20, show_default=True, type=int, help="Number of inference steps.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of torch.Generator('cpu') for the initial noise, as diffusers draws it.")
+@click.option("--guidance", default=7.5, show_default=True, type=float,
+              help="Classifier-free guidance scale; <= 1 disables guidance. An LCM-distilled UNet (input "
+                   "timestep_cond) takes it as an embedding instead, in one pass.")
+@click.option("--negative-prompt", default="", show_default=True, help="The unconditional prompt.")
+@click.option("--scheduler", "scheduler", type=click.Choice(SCHEDULER_CHOICES), default="default", show_default=True,
+              help="default = the class in OUT/scheduler/scheduler_config.json; euler-a and lcm draw noise at "
+                   "every step from the seed's generator.")
+@click.option("--timestep-spacing", type=click.Choice(SPACINGS), default=None,
+              help="Override the config's timestep spacing (trailing for Turbo-style few-step models).")
+@click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
+              help="Op library backend for the custom ops (opencl runs the whole graph on the GPU).")
+@click.option("--fallback", type=click.Choice(["none", "cpu"]), default="none", show_default=True,
+              help="--backend opencl where OpenCL cannot run a model (no OpenCL, no device, a kernel that does "
+                   "not build, memory the device refuses): none fails with exit 2 and the reason; cpu warns "
+                   "with the reason and runs on the CPU backend.")
+@click.option("--init-image", type=click.Path(), default=None,
+              help="img2img: start from this picture (needs OUT/vae_encoder.tflite).")
+@click.option("--strength", default=0.8, show_default=True, type=float,
+              help="img2img: how much of the picture is re-noised, in (0, 1].")
+@click.option("--low-memory", is_flag=True,
+              help="Trade load time for peak memory: load each model right before its stage and free it "
+                   "right after (vae_encoder, text_encoder, unet, vae_decoder), so one is resident at a time "
+                   "instead of all three, for phones that cannot hold them together. Every picture then pays "
+                   "the loading (timings: load); the picture is the same.")
+@click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
+def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, timestep_spacing,
+                     backend, fallback, init_image, strength, low_memory, as_json):
+    """Make a picture from PROMPT with the .tflite files in OUT (txt2img, or img2img with
+    --init-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    output = check_writable(output)
+    pipe = LitePipeline(out, backend=backend, low_memory=low_memory, fallback=fallback)
+    if init_image is not None and not pipe.has_vae_encoder:
+        raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
+    console = Console(stderr=True)
+    with pipe, Progress(TextColumn("[difflite] denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("denoising", total=None)
+
+        def progress(done, total):
+            bar.update(task, completed=done, total=total)
+
+        result = pipe(prompt, negative_prompt=negative_prompt, steps=steps, seed=seed, guidance=guidance,
+                      scheduler=scheduler, init_image=init_image, strength=strength,
+                      timestep_spacing=timestep_spacing, progress=progress)
+    path = result.save(output)
+    if as_json:
+        click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings},
+                              indent=2, sort_keys=True))
+    else:
+        t = result.timings
+        click.echo(f"wrote {path} ({result.settings['width']}x{result.settings['height']}, "
+                   f"{result.settings['scheduler']}, {result.settings['denoising_steps']} steps) in "
+                   f"{t['total']:.1f} s (UNet {t['unet']:.1f} s, {t['unet_per_step']:.2f} s/step)")
+
+
+__all__ = [
+    "GenerateResult",
+    "LitePipeline",
+    "generate",
+    "generate_command",
+    "load_init_image",
+    "save_png",
+]
