@@ -34,26 +34,24 @@ TARGET_UNET_BYTES = 2 * 1024**3
 
 def run_once(folder: Path) -> dict:
     """Load each component in ai-edge-litert and run it once on random inputs."""
-    sys.path.insert(0, str(ROOT))
-    from difflite.folder.manifest import read_manifest
+    from difflite.folder.output_folder import OutputFolder
     from difflite.runtime.component import Component
 
-    manifest = read_manifest(folder)
     rng = np.random.default_rng(0)
     runs = {}
-    for name, entry in manifest["components"].items():
+    for name, entry in OutputFolder.read(folder).components.items():
         start = time.perf_counter()
-        component = Component(folder / entry["file"], entry)
+        component = Component(entry)
         loaded = time.perf_counter()
         feeds = {}
-        for spec in entry["inputs"]:
-            shape = spec["shape"]
-            if spec["layout"] == "NHWC":
+        for spec in entry.inputs:
+            shape = spec.shape
+            if spec.layout == "NHWC":
                 shape = [shape[0], shape[3], shape[1], shape[2]]
-            if spec["dtype"].startswith("int"):
-                feeds[spec["name"]] = rng.integers(0, 400, shape)
+            if spec.dtype.startswith("int"):
+                feeds[spec.name] = rng.integers(0, 400, shape)
             else:
-                feeds[spec["name"]] = rng.standard_normal(shape).astype(np.float32)
+                feeds[spec.name] = rng.standard_normal(shape).astype(np.float32)
         outputs = component(**feeds)
         finite = all(bool(np.isfinite(v).all()) for v in outputs.values())
         runs[name] = {"load_s": round(loaded - start, 2), "run_s": round(time.perf_counter() - loaded, 2),

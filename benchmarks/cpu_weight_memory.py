@@ -52,12 +52,13 @@ def child(out: Path, name: str, runs: int, threads: int | None) -> dict:
     from difflite.runtime.bench import random_feeds, vocab_size
     from difflite.runtime.component import Component
 
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = manifest["components"][name]
-    path = out / entry["file"]
+    from difflite.folder.output_folder import OutputFolder
+
+    entry = OutputFolder.read(out).components[name]
+    path = entry.path
     result = {"component": name, **file_weights(path), "imported": status_mb()}
     start = time.perf_counter()
-    comp = Component(path, entry, backend="cpu", threads=threads)
+    comp = Component(entry, backend="cpu", threads=threads)
     result["load_s"] = time.perf_counter() - start
     result["loaded"] = status_mb()
     feeds = random_feeds(entry, np.random.default_rng(0), vocab_size(out))

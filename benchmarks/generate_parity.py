@@ -132,13 +132,13 @@ def run_diffusers(out: Path, args, schedulers: list[str]) -> dict:
     import torch
     from diffusers import StableDiffusionPipeline
 
-    from difflite.folder import manifest
+    from difflite.folder.output_folder import OutputFolder
     from difflite.diffusers_schedulers import diffusers_scheduler
     from difflite.verify import load_source
 
     torch.set_num_threads(os.cpu_count() or 1)
     start = time.perf_counter()
-    source = load_source(manifest.read_manifest(out), None, None)
+    source = load_source(OutputFolder.read(out), None, None)
     if args.torch_device != "cpu":
         # fp32 as on the host: no TF32 shortcuts in the reference.
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -42,15 +42,13 @@ def cpu_reference(path: Path, feeds: dict) -> np.ndarray:
 
 def component_files(out: Path, work: Path) -> list[ModelFile]:
     """One ModelFile per component of `out`, its inputs and CPU reference saved beside."""
-    from difflite.folder import manifest
+    from difflite.folder.output_folder import OutputFolder
     from difflite.runtime.bench import random_feeds, vocab_size
 
     files = []
-    for name, entry in manifest.read_manifest(out)["components"].items():
-        path = out / entry["file"]
-        feeds = {k: np.ascontiguousarray(v.astype(np.dtype(spec["dtype"])))
-                 for (k, v), spec in zip(random_feeds(entry, np.random.default_rng(0), vocab_size(out)).items(),
-                                         entry["inputs"])}
+    for name, entry in OutputFolder.read(out).components.items():
+        path = entry.path
+        feeds = random_feeds(entry, np.random.default_rng(0), vocab_size(out))
         io = work / f"{out.name}_{name}.npz"
         np.savez(io, reference=cpu_reference(path, feeds), **{f"in_{k}": v for k, v in feeds.items()})
         files.append(ModelFile(name, out.name, None, path, io))

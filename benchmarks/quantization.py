@@ -101,21 +101,20 @@ def db(signal: np.ndarray, error: np.ndarray) -> float:
 
 def component_snr(reference: Path, out: Path, backend: str, seeds: int) -> dict:
     """Each component's output SNR against the reference folder's, on the same random inputs."""
-    from difflite.folder import manifest
+    from difflite.folder.output_folder import OutputFolder
     from difflite.runtime.bench import random_feeds, vocab_size
     from difflite.runtime.component import Component
 
-    ref_man, man = manifest.read_manifest(reference), manifest.read_manifest(out)
+    ref_folder, folder = OutputFolder.read(reference), OutputFolder.read(out)
     result = {}
     for name in COMPONENTS:
-        ref_entry, entry = ref_man["components"][name], man["components"][name]
-        ref = Component(reference / ref_entry["file"], ref_entry, backend=backend,
-                        precision=ref_man["options"]["precision"])
-        got = Component(out / entry["file"], entry, backend=backend, precision=man["options"]["precision"])
+        entry = folder.components[name]
+        ref = Component(ref_folder.components[name], backend=backend, precision=ref_folder.precision)
+        got = Component(entry, backend=backend, precision=folder.precision)
         values = []
         for seed in range(seeds):
             stored = random_feeds(entry, np.random.default_rng(seed), vocab_size(out))  # NHWC where stored so
-            layouts = {e["name"]: e.get("layout") for e in entry["inputs"]}
+            layouts = {spec.name: spec.layout for spec in entry.inputs}
             feeds = {k: v.transpose(0, 3, 1, 2) if layouts[k] == "NHWC" else v for k, v in stored.items()}
             a, b = ref(**feeds), got(**feeds)
             values += [db(a[k], a[k] - b[k]) for k in a]

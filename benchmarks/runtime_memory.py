@@ -154,11 +154,11 @@ def save_diffusers_folder(out: Path, folder: Path) -> None:
     import torch
     from diffusers import StableDiffusionPipeline
 
-    from difflite.folder import manifest
+    from difflite.folder.output_folder import OutputFolder
     from difflite.diffusers_schedulers import diffusers_scheduler
     from difflite.verify import load_source
 
-    source = load_source(manifest.read_manifest(out), None, None)
+    source = load_source(OutputFolder.read(out), None, None)
     pipe = StableDiffusionPipeline(vae=source.vae, text_encoder=source.text_encoder, tokenizer=source.tokenizer,
                                    unet=source.unet, scheduler=diffusers_scheduler("default", source.scheduler_config),
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)

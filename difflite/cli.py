@@ -10,6 +10,7 @@ import sys
 import click
 
 from difflite.core.errors import BadInput, VerificationFailed
+from difflite.runtime import backend
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -290,27 +291,30 @@ def parse_seeds(seeds: str) -> tuple[int, ...]:
 @click.argument("out", type=click.Path())
 @click.option("--model", default=None, help="Verify against this source instead of the one in the manifest.")
 @click.option("--config", default=None, help="Config folder for a single-file --model.")
-@click.option("--backend", type=click.Choice(["cpu", "opencl", "litert-gpu"]), default="cpu", show_default=True,
-              help="cpu / opencl: LiteRT's interpreter with the op library's CPU or OpenCL backend; litert-gpu: "
-                   "stock LiteRT's GPU accelerator (--no-fuse files; each component in a child process; says "
-                   "whether it ran fully accelerated; exit 2 where there is none). fp16 files run with its half "
-                   "arithmetic, fp32 and int8 / int4 files with float arithmetic (their bars measure the weights).")
+@click.option("--backend", "backend_name", type=click.Choice(backend.CHOICES), default="auto", show_default=True,
+              help=backend.HELP + " verify runs litert-gpu's components each in a child process, says whether "
+                   "it ran fully accelerated, exit 2 where there is none; fp16 files run with its half arithmetic, "
+                   "fp32 and int8 / int4 files with float arithmetic (their bars measure the weights).")
 @click.option("--seeds", default="0,1", show_default=True, help="Comma-separated input seeds.")
 @click.option("--components", default=None, help="Comma-separated subset of the components.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def verify(out, model, config, backend, seeds, components, as_json):
+def verify(out, model, config, backend_name, seeds, components, as_json):
     """Run each component in OUT against PyTorch; exit 1 if any error is over tolerance."""
     seed_list = parse_seeds(seeds)
     from difflite.verify import as_rows
     from difflite.verify import verify as run_verify
 
+    choice = backend.choose(backend_name)
+    if not as_json:
+        click.echo(choice.line(), err=True)
     memory: dict = {}
-    checks = run_verify(out, model=model, config=config, backend=backend, seeds=seed_list,
+    checks = run_verify(out, model=model, config=config, backend=choice.backend, seeds=seed_list,
                         components=components.split(",") if components else None, memory_out=memory)
     if as_json:
-        print_json({"passed": all(c.passed for c in checks), "checks": as_rows(checks), "gpu_memory": memory})
+        print_json({"passed": all(c.passed for c in checks), "checks": as_rows(checks), "gpu_memory": memory,
+                    "backend_choice": choice.as_dict()})
     else:
-        console().print(table(f"difflite verify {out} (backend {backend})",
+        console().print(table(f"difflite verify {out} (backend {choice.backend})",
                               ["component", "output", "seed", "max |err|", "max |ref|", "rel err", "PSNR dB",
                                "SNR dB", "ok"],
                               [[c.component, c.output, c.seed, f"{c.max_abs_error:.3g}", f"{c.max_abs_reference:.3g}",

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from difflite.core.errors import BadInput
-from difflite.folder import manifest
+from difflite.folder.output_folder import ComponentEntry, OutputFolder
 from difflite.runtime.component import find_oplib, uses_oplib
 
 FP32_RELATIVE_TOLERANCE = 1e-3
@@ -69,15 +68,15 @@ def compare(reference: np.ndarray, actual: np.ndarray, precision: str,
     return error, peak, relative, psnr, snr, finite and passed
 
 
-def load_source(man: dict, model: str | None, config: str | None):
+def load_source(folder: OutputFolder, model: str | None, config: str | None):
     from difflite.compiler import models
 
-    source = man["source"]
+    source = folder.source
     # --model replaces the base checkpoint only: the VAE, prediction type and LoRAs of the
     # conversion apply to it as they did then.
     loras = tuple(models.LoraSpec(entry["path"], float(entry["scale"])) for entry in source.get("loras", []))
     pipe = models.load_pipeline(model or source["model"], config or source.get("config"),
-                                man["options"].get("seed", 0), vae=source.get("vae"),
+                                folder.options.get("seed", 0), vae=source.get("vae"),
                                 prediction_type=source.get("prediction_type"), loras=loras)
     if model is None and pipe.source_hash != source["sha256"]:
         raise BadInput(f"{source['model']}: weights changed since conversion (hash differs); "
@@ -91,31 +90,28 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
     (backend litert-gpu) whether stock LiteRT's GPU accelerator ran it fully accelerated.
     The folder, its files and the op library are checked before torch is imported and the
     source is loaded (seconds to minutes)."""
-    out = Path(out)
-    man = manifest.read_manifest(out)
-    manifest.check_component_files(out, man, components)
-    selected = {name: e for name, e in man["components"].items() if not components or name in components}
+    folder = OutputFolder.read(out, components)
+    selected = {name: e for name, e in folder.components.items() if not components or name in components}
     if backend == "litert-gpu":
         from difflite.runtime import litert_gpu
 
-        for name, entry in selected.items():
-            litert_gpu.check_runnable(out / entry["file"], entry)
-    elif any(uses_oplib(out / e["file"], e, backend) for e in selected.values()):
+        for entry in selected.values():
+            litert_gpu.check_runnable(entry)
+    elif any(uses_oplib(e, backend) for e in selected.values()):
         find_oplib()
     import torch
 
     from difflite.compiler import export
 
-    options = man["options"]
-    pipe = load_source(man, model, config)
+    options = folder.options
+    pipe = load_source(folder, model, config)
     checks = []
     memory: dict[str, dict] = {}
     for name, entry in selected.items():
         specs = [export.component_spec(pipe, name, options["height"], options["width"],
                                        options["batch"] if name == "unet" else 1, seed=seed) for seed in seeds]
         feeds = [{n: t.numpy() for n, t in zip(spec.input_names, spec.example_inputs)} for spec in specs]
-        actuals, memory[name] = run_component(out / entry["file"], entry, backend, options["precision"], feeds,
-                                              options.get("weights", "float"))
+        actuals, memory[name] = run_component(entry, backend, folder.precision, feeds, folder.weights)
         for seed, spec, actual in zip(seeds, specs, actuals):
             with torch.no_grad():
                 reference = spec.module(*spec.example_inputs)
@@ -130,21 +126,20 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
     return checks
 
 
-def run_component(path: Path, entry: dict, backend: str, precision: str,
+def run_component(entry: ComponentEntry, backend: str, precision: str,
                   feeds: list[dict], weights: str = "float") -> tuple[list[dict], dict]:
     """The component's outputs for each feed set, and what its runtime reports: the OpenCL
     delegate's memory, or whether LiteRT's GPU accelerator ran it fully accelerated."""
     if backend == "litert-gpu":
         from difflite.runtime import litert_gpu
-        from difflite.runtime.component import from_file_layout, to_file_layout
 
-        run = litert_gpu.run(path, [to_file_layout(entry, f) for f in feeds],
+        run = litert_gpu.run(entry.path, [entry.to_file_layout(f) for f in feeds],
                              litert_gpu.accelerator_for(precision, weights))
-        return [from_file_layout(entry, o) for o in run.outputs], {
+        return [entry.from_file_layout(o) for o in run.outputs], {
             "litert_gpu": {"fully_accelerated": run.fully_accelerated, "accelerator": run.accelerator}}
     from difflite.runtime.component import Component
 
-    runner = Component(path, entry, backend=backend, precision=precision)
+    runner = Component(entry, backend=backend, precision=precision)
     return [runner(**f) for f in feeds], runner.delegate_stats()
 
 

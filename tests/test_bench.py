@@ -18,6 +18,7 @@ import pytest
 
 from difflite.core import procmem
 from difflite.runtime import adb as adb_module
+from difflite.folder.output_folder import ComponentEntry, OutputFolder, TensorSpec
 from difflite.runtime.bench import BenchOptions, load_runner, pipeline_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,11 +177,9 @@ def test_host_bench_opencl_reports_device_memory(outs, tmp_path):
 def test_load_runner_allocates_tensors_while_loading(outs, tmp_path):
     """The OpenCL backend writes stats_path once its partitions are prepared (weights uploaded),
     which happens at allocate_tensors: so load_ms covers it, not the first call."""
-    manifest = json.loads((outs["fused"] / "manifest.json").read_text())
-    entry = manifest["components"]["vae_decoder"]
+    entry = OutputFolder.read(outs["fused"]).components["vae_decoder"]
     stats_path = tmp_path / "stats.json"
-    runner = load_runner(outs["fused"] / entry["file"], entry, BenchOptions(backend="opencl", precision="fp32"),
-                         stats_path)
+    runner = load_runner(entry, BenchOptions(backend="opencl", precision="fp32"), stats_path)
     assert runner is not None and stats_path.is_file(), "the delegate had not prepared by the end of the load"
     assert json.loads(stats_path.read_text())["weights_bytes"] > 0
 
@@ -223,10 +222,11 @@ def test_host_bench_bad_input(outs, tmp_path):
 
 def test_pipeline_plan_batch2_unet():
     def manifest(te_batch, unet_batch):
-        return {"components": {
-            "text_encoder": {"inputs": [{"name": "input_ids", "shape": [te_batch, 77], "dtype": "int32"}]},
-            "unet": {"inputs": [{"name": "sample", "shape": [unet_batch, 8, 8, 4], "dtype": "float32"}]},
-            "vae_decoder": {"inputs": [{"name": "latent", "shape": [1, 8, 8, 4], "dtype": "float32"}]}}}
+        def entry(name, spec):
+            return ComponentEntry(name, Path(f"{name}.tflite"), inputs=(spec,))
+        return {"text_encoder": entry("text_encoder", TensorSpec("input_ids", (te_batch, 77), "int32")),
+                "unet": entry("unet", TensorSpec("sample", (unet_batch, 8, 8, 4), "float32", "NHWC")),
+                "vae_decoder": entry("vae_decoder", TensorSpec("latent", (1, 8, 8, 4), "float32", "NHWC"))}
 
     plan = pipeline_plan(manifest(1, 2), steps=25, guided=True)
     assert plan["calls"] == {"text_encoder": 2, "unet": 25, "vae_decoder": 1}

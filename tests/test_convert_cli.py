@@ -278,6 +278,7 @@ def test_litert_child_runs_every_feed_set_as_the_interpreter_does(tiny_out):
     from ai_edge_litert.interpreter import Interpreter
 
     from difflite.core.errors import BadInput
+    from difflite.folder.output_folder import ComponentEntry
     from difflite.runtime import litert_gpu
 
     path = tiny_out / "vae_encoder.tflite"
@@ -293,4 +294,4 @@ def test_litert_child_runs_every_feed_set_as_the_interpreter_does(tiny_out):
             np.testing.assert_allclose(outputs[name], want[name], rtol=1e-5, atol=1e-6 * np.abs(want[name]).max())
     assert not np.allclose(got.outputs[0]["latent_mean"], got.outputs[1]["latent_mean"])
     with pytest.raises(BadInput, match="--no-fuse"):
-        litert_gpu.check_runnable(path, {"custom_ops": ["difflite.GroupNorm"]})
+        litert_gpu.check_runnable(ComponentEntry(path.stem, path, custom_ops=("difflite.GroupNorm",)))

@@ -76,10 +76,10 @@ class Reference:
     modules of the output folder, results cached (batch 1 and 2 exports share a reference)."""
 
     def __init__(self, folder: Path):
-        from difflite.folder import manifest
+        from difflite.folder.output_folder import OutputFolder
         from difflite.verify import load_source
 
-        self.source = load_source(manifest.read_manifest(folder), None, None)
+        self.source = load_source(OutputFolder.read(folder), None, None)
         self.cache: dict = {}
 
     def pipeline(self, scheduler: str, img2img: bool, spacing: str | None):
@@ -444,11 +444,10 @@ def test_cli_low_memory_writes_the_same_png(folders, tmp_path):
 
 
 def test_closed_component(folders):
-    from difflite.folder import manifest
+    from difflite.folder.output_folder import OutputFolder
     from difflite.runtime.component import Component
 
-    entry = manifest.read_manifest(folders[1])["components"]["text_encoder"]
-    component = Component(folders[1] / entry["file"], entry)
+    component = Component(OutputFolder.read(folders[1]).components["text_encoder"])
     ids = np.zeros((1, 77), np.int32)
     assert component(input_ids=ids)["last_hidden_state"].shape[0] == 1
     component.close()
@@ -465,14 +464,13 @@ def test_closed_component(folders):
 STATS_SCRIPT = """
 import gc, sys
 import numpy as np
-from difflite.folder import manifest
+from difflite.folder.output_folder import OutputFolder
 from difflite.runtime.component import Component
 
-folder = sys.argv[1]
-entry = manifest.read_manifest(folder)["components"]["text_encoder"]
+entry = OutputFolder.read(sys.argv[1]).components["text_encoder"]
 
 def run():
-    component = Component(f"{folder}/{entry['file']}", entry, backend="opencl")
+    component = Component(entry, backend="opencl")
     component(input_ids=np.zeros((1, 77), np.int32))
     assert component.delegate_stats().get("nodes_claimed"), "the delegate wrote no stats"
     assert component.stats_path.is_file()

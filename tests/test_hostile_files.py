@@ -190,6 +190,7 @@ def test_runtime_refuses_what_tflite_would_read_out_of_bounds(case, corpus, tmp_
     """Files TFLite's loader takes although they point outside themselves: the runtime (what
     generate, bench and verify load models with) refuses them before an interpreter exists."""
     from difflite.core.errors import BadInput
+    from difflite.folder.output_folder import ComponentEntry
     from difflite.runtime import component as runtime
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -197,7 +198,7 @@ def test_runtime_refuses_what_tflite_would_read_out_of_bounds(case, corpus, tmp_
     monkeypatch.setattr(runtime.Component, "_load", lambda self, *args: made.append(args))
     path = corpus / f"{case.id}.tflite"
     with pytest.raises(BadInput) as refused:
-        runtime.Component(path, {"custom_ops": ["difflite.GroupNorm"]})
+        runtime.Component(ComponentEntry(path.stem, path, custom_ops=("difflite.GroupNorm",)))
     one_line_naming(str(refused.value), path)
     assert made == []
 

@@ -377,7 +377,9 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     plan = memory.plan(summary)
     entry = {"file": filename, "sha256": manifest.sha256_file(path), "bytes": path.stat().st_size,
              "weights": result.weight_layout,
-             "inputs": result.inputs, "outputs": result.outputs, "custom_ops": result.custom_ops}
+             "inputs": result.inputs, "outputs": result.outputs, "custom_ops": result.custom_ops,
+             # int8 / int4 constants: the runtime's CPU backend then loads the op library to read them
+             "quantized_weights": any(t.constant and t.dtype in ("int8", "int4") for t in summary.tensors)}
     winograd_mb = sum(d["extra_mb"] for d in decisions["winograd"])
     report = {"fusion": fusion, "op_histogram": result.op_histogram, "ops": sum(result.op_histogram.values()),
               "weight_widths": weight_width_summary(result.weight_widths),

@@ -20,7 +20,7 @@ from difflite.compiler.pipeline import (
     hash_files,
     weight_files,
 )
-from difflite.compiler.presets import PRESETS, build_preset, preset_configs
+from difflite.compiler.presets import build_preset, preset_configs
 from difflite.core.errors import BadInput
 
 

@@ -36,11 +36,3 @@ def guidance_embedding(guidance_scales, dim: int) -> np.ndarray:
 
 TIMESTEP_COND = "timestep_cond"
 
-
-def timestep_cond_dim(unet_entry: dict) -> int | None:
-    """The embedding width of a converted UNet's timestep_cond input (manifest entry), or None
-    when it has none (guidance is then classifier-free, in two passes)."""
-    for spec in unet_entry.get("inputs", []):
-        if spec.get("name") == TIMESTEP_COND:
-            return int(spec["shape"][-1])
-    return None

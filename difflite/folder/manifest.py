@@ -86,18 +86,6 @@ def check_model_file(path: Path) -> None:
     _remembered(path, "model_checks", run_checks, lambda value: value == validate.CHECKS_VERSION)
 
 
-def model_has_quantized_weights(path: Path) -> bool:
-    """Whether a component file holds int8 / int4 constants (quantized weights, `convert --weights`),
-    remembered like its checks: on the CPU backend the op library reads such weights as they are
-    stored, where TFLite alone would keep float32 copies of them."""
-    from difflite.folder.reader import read_tflite
-
-    def scan(p: Path) -> bool:
-        return any(t.constant and t.dtype in ("int8", "int4") for t in read_tflite(p).tensors)
-
-    return bool(_remembered(Path(path), "quantized_weights", scan, lambda value: isinstance(value, bool)))
-
-
 def json_text(data) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 

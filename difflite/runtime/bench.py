@@ -35,11 +35,16 @@ from difflite.core.conditioning import (
     TIMESTEP_COND,
     check_guidance,
     guidance_embedding,
-    timestep_cond_dim,
 )
 from difflite.core.errors import BadInput
+from difflite.folder.output_folder import ComponentEntry, OutputFolder
+from difflite.runtime.backend import HELP as BACKEND_HELP
+from difflite.runtime.backend import BackendChoice
+from difflite.runtime.backend import choose as choose_backend
 
-BACKENDS = ("cpu", "opencl")
+BACKENDS = ("auto", "cpu", "opencl", "litert-gpu")
+# Where an Android device keeps the OpenCL driver the op library's OpenCL backend loads
+PHONE_OPENCL_LIBRARIES = ("/vendor/lib64/libOpenCL.so", "/system/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so")
 PRECISIONS = ("fp32", "fp16")
 MATHS = ("auto", "fp32")
 PIPELINE = ("text_encoder", "unet", "vae_decoder")
@@ -52,7 +57,7 @@ MAX_THREADS = 256  # LiteRT hangs creating a pool of 100000
 
 @dataclass
 class BenchOptions:
-    backend: str = "cpu"
+    backend: str = "auto"  # resolved by bench(): host, backend.choose; phone, phone_backend
     precision: str | None = None  # None: the conversion's (the manifest's options.precision)
     math: str = "auto"  # opencl: auto (half multiply-adds at fp16 where the GPU has cl_khr_fp16) | fp32
     runs: int = 10
@@ -76,8 +81,7 @@ class BenchOptions:
             raise BadInput(f"--precision {self.precision!r}: choose from {', '.join(PRECISIONS)}")
         if self.math not in MATHS:
             raise BadInput(f"--math {self.math!r}: choose from {', '.join(MATHS)}")
-        if self.math != "auto" and self.backend != "opencl":
-            raise BadInput(f"--math {self.math} applies to --backend opencl only")
+        self.check_math()
         if self.runs < 1:
             raise BadInput(f"--runs {self.runs}: must be at least 1")
         if self.warmup < 0:
@@ -91,9 +95,13 @@ class BenchOptions:
             raise BadInput(f"--threads {self.threads}: must be from 1 to {MAX_THREADS}")
         if self.tflite_gpu and not self.serial:
             raise BadInput("--tflite-gpu runs TFLite's GPU delegate in benchmark_model on a phone: "
-                           "it needs --adb SERIAL")
+                           "it needs --adb SERIAL (on this machine: --backend litert-gpu)")
         if self.serial is not None and not self.device_dir.startswith("/"):
             raise BadInput(f"--device-dir {self.device_dir!r}: must be an absolute path on the device")
+
+    def check_math(self) -> None:
+        if self.math != "auto" and self.backend not in ("opencl", "auto"):
+            raise BadInput(f"--math {self.math} applies to --backend opencl only (backend: {self.backend})")
 
     def delegate_options(self) -> dict[str, str]:
         """The op library's options (math only where it is not the default)."""
@@ -111,8 +119,8 @@ class BenchOptions:
 # What to run
 
 
-def select_components(manifest: dict, names: tuple[str, ...] | None) -> list[str]:
-    available = list(manifest.get("components", {}))
+def select_components(folder: OutputFolder, names: tuple[str, ...] | None) -> list[str]:
+    available = list(folder.components)
     if not names:
         return available
     unknown = [n for n in names if n not in available]
@@ -122,17 +130,15 @@ def select_components(manifest: dict, names: tuple[str, ...] | None) -> list[str
     return [n for n in available if n in names]
 
 
-def batch_of(entry: dict, input_name: str | None = None) -> int:
-    inputs = entry.get("inputs", [])
-    chosen = next((i for i in inputs if i["name"] == input_name), inputs[0] if inputs else None)
-    return int(chosen["shape"][0]) if chosen and chosen.get("shape") else 1
+def batch_of(entry: ComponentEntry, input_name: str) -> int:
+    chosen = entry.input(input_name) or (entry.inputs[0] if entry.inputs else None)
+    return chosen.shape[0] if chosen is not None and chosen.shape else 1
 
 
-def pipeline_plan(manifest: dict, steps: int, guided: bool) -> dict:
+def pipeline_plan(entries: dict[str, ComponentEntry], steps: int, guided: bool) -> dict:
     """Calls per image of each pipeline component, and why."""
-    entries = manifest.get("components", {})
     calls, notes = {}, []
-    if guided and "unet" in entries and timestep_cond_dim(entries["unet"]):
+    if guided and "unet" in entries and entries["unet"].timestep_cond_dim:
         guided = False
         notes.append("guidance enters the UNet as its timestep_cond embedding (LCM-distilled): no classifier-free "
                      "guidance")
@@ -174,20 +180,20 @@ def vocab_size(out: Path) -> int:
         return FALLBACK_VOCAB
 
 
-def random_feeds(entry: dict, rng, vocab: int) -> dict:
+def random_feeds(entry: ComponentEntry, rng, vocab: int) -> dict:
     """Seeded random inputs in the stored layout (NHWC where the manifest says so)."""
     import numpy as np
 
     feeds = {}
-    for spec in entry.get("inputs", []):
-        shape, dtype = tuple(int(d) for d in spec["shape"]), np.dtype(spec["dtype"])
+    for spec in entry.inputs:
+        dtype = np.dtype(spec.dtype)
         if dtype.kind in "iu":
-            value = rng.integers(0, vocab, size=shape)
-        elif spec["name"] == "timestep":
-            value = rng.uniform(0, 1000, size=shape)
+            value = rng.integers(0, vocab, size=spec.shape)
+        elif spec.name == "timestep":
+            value = rng.uniform(0, 1000, size=spec.shape)
         else:
-            value = rng.standard_normal(size=shape)
-        feeds[spec["name"]] = np.ascontiguousarray(value.astype(dtype))
+            value = rng.standard_normal(size=spec.shape)
+        feeds[spec.name] = np.ascontiguousarray(value.astype(dtype))
     return feeds
 
 
@@ -217,18 +223,25 @@ def host_delegate(options: BenchOptions, stats_path: Path | None = None):
                        f"{str(exc).splitlines()[0]}") from exc
 
 
-def load_runner(path: Path, entry: dict, options: BenchOptions, stats_path: Path | None = None):
+def load_runner(entry: ComponentEntry, options: BenchOptions, stats_path: Path | None = None):
     """The model's signature runner (inputs and outputs in the stored layout), its tensors
-    allocated: the OpenCL backend prepares its partitions and uploads the weights then."""
+    allocated: the OpenCL backend prepares its partitions and uploads the weights then; LiteRT's
+    GPU accelerator compiles its programs."""
     from ai_edge_litert.interpreter import Interpreter
 
     from difflite.folder.schema import SIGNATURE_KEY
 
+    path = entry.path
     if not path.is_file():
         raise BadInput(f"{path}: no such model file (named by the manifest)")
+    if options.backend == "litert-gpu":
+        from difflite.runtime import litert_gpu
+
+        weights = "int8" if entry.quantized_weights else "float"  # any quantized width: float arithmetic
+        return litert_gpu.LiteRtComponent(entry, litert_gpu.accelerator_for(options.precision, weights)).runner
     from difflite.runtime.component import uses_oplib
 
-    delegates = [host_delegate(options, stats_path)] if uses_oplib(path, entry, options.backend) else []
+    delegates = [host_delegate(options, stats_path)] if uses_oplib(entry, options.backend) else []
     try:
         interpreter = Interpreter(model_path=str(path), experimental_delegates=delegates,
                                   num_threads=options.threads or os.cpu_count())
@@ -259,25 +272,25 @@ def time_runner(runner, feeds: dict, runs: int, warmup: int) -> dict:
             **stats_ms(samples)}
 
 
-def run_pipeline(runners: dict, manifest: dict, plan: dict, guidance: float, rng, vocab: int) -> dict:
+def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, guidance: float, rng,
+                 vocab: int) -> dict:
     """One image through text encoder, S UNet steps and the VAE decoder; wall time in ms and the
     call counts actually made (they must match the plan)."""
     import numpy as np
 
-    entries = manifest["components"]
     te, unet, vae = (entries[n] for n in PIPELINE)
-    te_in, te_out = te["inputs"][0], te["outputs"][0]["name"]
-    unet_names = {i["name"]: i for i in unet["inputs"]}
+    te_in, te_out = te.inputs[0], te.outputs[0].name
+    unet_names = {spec.name: spec for spec in unet.inputs}
     for needed in ("sample", "timestep", "encoder_hidden_states"):
         if needed not in unet_names:
             raise BadInput(f"unet: no input named {needed!r} in the manifest; cannot run the pipeline")
-    unet_out, vae_in = unet["outputs"][0]["name"], vae["inputs"][0]["name"]
-    te_batch, unet_batch = int(te_in["shape"][0]), int(unet_names["sample"]["shape"][0])
-    cond_dim = timestep_cond_dim(unet)
+    unet_out, vae_in = unet.outputs[0].name, vae.inputs[0].name
+    te_batch, unet_batch = te_in.shape[0], unet_names["sample"].shape[0]
+    cond_dim = unet.timestep_cond_dim
     prompts = 2 if plan["guidance"] else 1
-    ids = rng.integers(0, vocab, size=(prompts, *te_in["shape"][1:])).astype(te_in["dtype"])
-    sample_shape = (1, *unet_names["sample"]["shape"][1:])
-    latents = rng.standard_normal(size=sample_shape).astype(unet_names["sample"]["dtype"])
+    ids = rng.integers(0, vocab, size=(prompts, *te_in.shape[1:])).astype(te_in.dtype)
+    sample_shape = (1, *unet_names["sample"].shape[1:])
+    latents = rng.standard_normal(size=sample_shape).astype(unet_names["sample"].dtype)
     timesteps = np.linspace(999, 0, plan["steps"], dtype=np.float32)
     made = {name: 0 for name in PIPELINE}
 
@@ -297,7 +310,7 @@ def run_pipeline(runners: dict, manifest: dict, plan: dict, guidance: float, rng
         for first in range(0, prompts, unet_batch):
             rows = embeddings[first:first + unet_batch]
             feeds = {"sample": np.repeat(latents, unet_batch, axis=0),
-                     "timestep": np.full((unet_batch,), t, dtype=unet_names["timestep"]["dtype"]),
+                     "timestep": np.full((unet_batch,), t, dtype=unet_names["timestep"].dtype),
                      "encoder_hidden_states": batched(rows, unet_batch)}
             if cond_dim:
                 feeds[TIMESTEP_COND] = np.repeat(guidance_embedding([guidance], cond_dim), unet_batch, axis=0)
@@ -336,7 +349,7 @@ def read_stats_file(path: Path | None) -> dict | None:
     return stats if isinstance(stats, dict) else None
 
 
-def bench_component(path: Path, entry: dict, feeds: dict, options: BenchOptions,
+def bench_component(entry: ComponentEntry, feeds: dict, options: BenchOptions,
                     stats_path: Path | None) -> tuple:
     """Load (interpreter, delegate, allocated tensors), first call and timed runs of one
     component, with this process's memory measured across them: (runner, result). With the
@@ -346,20 +359,21 @@ def bench_component(path: Path, entry: dict, feeds: dict, options: BenchOptions,
 
     with procmem.MeasuredMemory() as memory:
         start = time.perf_counter()
-        runner = load_runner(path, entry, options, stats_path)
+        runner = load_runner(entry, options, stats_path)
         load_ms = (time.perf_counter() - start) * 1e3
         memory.mark("after_load")
         try:
             timing = time_runner(runner, feeds, options.runs, options.warmup)
         except (ValueError, RuntimeError) as exc:
-            raise BadInput(f"{entry['file']}: running it failed ({str(exc).splitlines()[0]})") from exc
+            raise BadInput(f"{entry.file}: running it failed ({str(exc).splitlines()[0]})") from exc
     device = device_memory(read_stats_file(stats_path))
     if device is not None:
         device["nvidia_smi_mb"] = procmem.nvidia_smi_mb()
     return runner, {"load_ms": load_ms, **timing, **memory.report(), "device": device}
 
 
-def measure_pipeline(runners: dict, manifest: dict, plan: dict, options: BenchOptions, vocab: int) -> dict:
+def measure_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, options: BenchOptions,
+                     vocab: int) -> dict:
     """The pipeline run with every component resident: its wall time, call counts and this
     process's memory across it."""
     import numpy as np
@@ -368,38 +382,38 @@ def measure_pipeline(runners: dict, manifest: dict, plan: dict, options: BenchOp
 
     try:
         with procmem.MeasuredMemory() as memory:
-            measured = run_pipeline(runners, manifest, plan, options.guidance,
+            measured = run_pipeline(runners, entries, plan, options.guidance,
                                     np.random.default_rng(options.seed + 1000), vocab)
     except (ValueError, RuntimeError) as exc:
         raise BadInput(f"the pipeline run failed ({str(exc).splitlines()[0]})") from exc
-    gpu = procmem.nvidia_smi_mb() if options.backend == "opencl" else None
+    gpu = procmem.nvidia_smi_mb() if options.backend in ("opencl", "litert-gpu") else None
     return {**measured, "memory": {**memory.report(), "nvidia_smi_mb": gpu}}
 
 
-def bench_host(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
+def bench_host(folder: OutputFolder, names: list[str], options: BenchOptions, log) -> dict:
     import numpy as np
 
-    vocab = vocab_size(out)
     from difflite.runtime.component import uses_oplib
 
-    if any(uses_oplib(out / manifest["components"][n]["file"], manifest["components"][n], options.backend)
-           for n in names):
+    vocab = vocab_size(folder.path)
+    entries = {name: folder.components[name] for name in names}
+    if any(uses_oplib(entry, options.backend) for entry in entries.values()):
         options = replace(options, oplib=str(host_library(options)))  # any build happens before timing
     runners, results = {}, {}
     with tempfile.TemporaryDirectory(prefix="difflite-bench-") as private:
         for index, name in enumerate(names):
-            entry = manifest["components"][name]
+            entry = entries[name]
             stats_path = Path(private) / f"stats_{name}.json" if options.backend == "opencl" else None
             feeds = random_feeds(entry, np.random.default_rng(options.seed + index), vocab)
-            log(f"loading and timing {name} ({entry['file']}): {options.warmup} warm-up + {options.runs} runs")
-            runners[name], measured = bench_component(out / entry["file"], entry, feeds, options, stats_path)
-            results[name] = {"file": entry["file"], "custom_ops": entry.get("custom_ops", []), **measured}
-        plan = pipeline_plan(manifest, options.steps, options.guided)
+            log(f"loading and timing {name} ({entry.file}): {options.warmup} warm-up + {options.runs} runs")
+            runners[name], measured = bench_component(entry, feeds, options, stats_path)
+            results[name] = {"file": entry.file, "custom_ops": list(entry.custom_ops), **measured}
+        plan = pipeline_plan(entries, options.steps, options.guided)
         if any(n not in runners for n in PIPELINE):
             plan["measured_ms"] = None
         else:
             log(f"running the pipeline once: {options.steps} steps")
-            plan.update(measure_pipeline(runners, manifest, plan, options, vocab))
+            plan.update(measure_pipeline(runners, entries, plan, options, vocab))
         runners.clear()
     peaks = [r["peak_rss_mb"] for r in results.values()] + [plan.get("memory", {}).get("peak_rss_mb")]
     return {"components": results, "pipeline": plan,
@@ -410,6 +424,18 @@ def bench_host(out: Path, manifest: dict, names: list[str], options: BenchOption
 
 # --------------------------------------------------------------------------------------------
 # Phone over adb
+
+
+def phone_backend(device, requested: str) -> BackendChoice:
+    """--backend on a phone: auto is the op library's OpenCL backend where the phone has an OpenCL
+    driver (the library loads it by name at run time), else its CPU backend."""
+    if requested != "auto":
+        return BackendChoice(requested, requested, "as asked")
+    for path in PHONE_OPENCL_LIBRARIES:
+        status, _ = device.shell(f"[ -f {shlex.quote(path)} ]", timeout=60)
+        if status == 0:
+            return BackendChoice("opencl", "auto", f"auto: the phone has an OpenCL driver ({path})")
+    return BackendChoice("cpu", "auto", "auto: no OpenCL driver on the phone (" + ", ".join(PHONE_OPENCL_LIBRARIES) + ")")
 
 
 def android_library(options: BenchOptions) -> Path:
@@ -454,20 +480,25 @@ def benchmark_model_fields(parsed, options: BenchOptions) -> dict:
             "memory_overall_mb": parsed.memory_overall_mb, "delegations": parsed.delegations}
 
 
-def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions, log) -> dict:
+def bench_adb(folder: OutputFolder, names: list[str], options: BenchOptions, log) -> dict:
     from difflite.runtime import adb
 
-    entries = {name: manifest["components"][name] for name in names}
+    out = folder.path
+    device = adb.Device.connect(options.serial)
+    choice = phone_backend(device, options.backend)
+    options = replace(options, backend="cpu" if choice.backend == "litert-gpu" else choice.backend,
+                      tflite_gpu=options.tflite_gpu or choice.backend == "litert-gpu")
+    options.check_math()
+    entries = {name: folder.components[name] for name in names}
     for entry in entries.values():
-        if not (out / entry["file"]).is_file():
-            raise BadInput(f"{out / entry['file']}: no such model file (named by the manifest)")
-        if options.tflite_gpu and entry.get("custom_ops"):
-            raise BadInput(f"{entry['file']} has difflite custom ops ({', '.join(entry['custom_ops'])}): TFLite's "
+        if not entry.path.is_file():
+            raise BadInput(f"{entry.path}: no such model file (named by the manifest)")
+        if options.tflite_gpu and entry.custom_ops:
+            raise BadInput(f"{entry.file} has difflite custom ops ({', '.join(entry.custom_ops)}): TFLite's "
                            f"GPU delegate cannot run them; convert with --no-fuse to compare against it")
     needs_library = not options.tflite_gpu and (options.backend != "cpu" or
-                                                any(e.get("custom_ops") for e in entries.values()))
+                                                any(e.custom_ops for e in entries.values()))
     library = android_library(options) if needs_library else None
-    device = adb.Device.connect(options.serial)
     if not device.is_executable(options.benchmark_model):
         raise BadInput(f"benchmark_model is missing or not executable at {options.benchmark_model} on "
                        f"{options.serial}: download TFLite's prebuilt android_aarch64_benchmark_model "
@@ -475,14 +506,14 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
                        f"or pass --benchmark-model PATH")
     directory = options.device_dir.rstrip("/") or "/"
     device.mkdir(directory)
-    files = {out / e["file"]: f"{directory}/{e['file']}" for e in entries.values()}
+    files = {e.path: f"{directory}/{e.file}" for e in entries.values()}
     if library is not None:
         files[library] = f"{directory}/{LIBRARY_ON_DEVICE}"
     pushed = adb.sync_files(device, files, log)
     vocab = vocab_size(out)
     results = {}
     for name, entry in entries.items():
-        ranges = {i["name"]: (0, vocab - 1) for i in entry.get("inputs", []) if i["dtype"].startswith(("int", "uint"))}
+        ranges = {spec.name: (0, vocab - 1) for spec in entry.inputs if spec.dtype.startswith(("int", "uint"))}
         # The OpenCL backend reports what it ran and allocated (stats_path): read back afterwards.
         stats_file = f"{directory}/stats_{name}.json" if library is not None and options.backend == "opencl" else None
         delegate_options = options.delegate_options()
@@ -493,30 +524,30 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
             # are kept beside the models, so the second start on the phone loads them.
             delegate_options["cache_dir"] = f"{directory}/program_cache"
         command = adb.benchmark_command(
-            options.benchmark_model, f"{directory}/{entry['file']}", options.runs, options.warmup,
+            options.benchmark_model, f"{directory}/{entry.file}", options.runs, options.warmup,
             threads=options.threads,
             delegate_path=f"{directory}/{LIBRARY_ON_DEVICE}" if library is not None else None,
             delegate_options=delegate_options,
             use_gpu=options.tflite_gpu, gpu_fp16=options.precision == "fp16",
             value_ranges=ranges, library_dir=directory)
-        log(f"benchmark_model {entry['file']} on {options.serial}: {options.warmup} warm-up + {options.runs} runs")
+        log(f"benchmark_model {entry.file} on {options.serial}: {options.warmup} warm-up + {options.runs} runs")
         status, output = device.shell(command)
         try:
             parsed = adb.parse_benchmark_model(output)
         except ValueError:
-            raise BadInput(f"benchmark_model failed on {entry['file']} (exit {status}): "
+            raise BadInput(f"benchmark_model failed on {entry.file} (exit {status}): "
                            f"{adb.error_line(output)}") from None
         if status != 0:
-            raise BadInput(f"benchmark_model exited {status} on {entry['file']}: {adb.error_line(output)}")
-        results[name] = {"file": entry["file"], "custom_ops": entry.get("custom_ops", []),
+            raise BadInput(f"benchmark_model exited {status} on {entry.file}: {adb.error_line(output)}")
+        results[name] = {"file": entry.file, "custom_ops": list(entry.custom_ops),
                          **benchmark_model_fields(parsed, options),
                          "device": device_memory(read_device_stats(device, stats_file) if stats_file else None),
                          "command": command}
-    plan = pipeline_plan(manifest, options.steps, options.guided)
+    plan = pipeline_plan(entries, options.steps, options.guided)
     plan["measured_ms"] = None
     plan["notes"].append("no measured pipeline run on the phone: benchmark_model times one component at a time")
     peaks = [r["peak_mb"] for r in results.values()]
-    return {"components": results, "pipeline": plan,
+    return {"components": results, "pipeline": plan, "backend_choice": choice.as_dict(),
             "device": {"serial": options.serial, "model": device.getprop("ro.product.model"),
                        "soc": device.getprop("ro.soc.model") or device.getprop("ro.board.platform"),
                        "abi": device.getprop("ro.product.cpu.abi"), "device_dir": directory,
@@ -532,19 +563,24 @@ def bench_adb(out: Path, manifest: dict, names: list[str], options: BenchOptions
 
 
 def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
-    from difflite.folder.manifest import check_component_files, read_manifest
-
     options.validate()
     out = Path(out)
-    manifest = read_manifest(out)
+    folder = OutputFolder.read(out, check_files=False)
     if options.precision is None:
-        options = replace(options, precision=manifest["options"].get("precision", "fp32"))
-    names = select_components(manifest, options.components)
+        options = replace(options, precision=folder.precision)
+    names = select_components(folder, options.components)
     if not names:
         raise BadInput(f"{out}: the manifest lists no components")
-    check_component_files(out, manifest, names)
-    run = bench_adb if options.serial else bench_host
-    result = run(out, manifest, names, options, log)
+    folder.check_files(names)
+    if options.serial:
+        result = bench_adb(folder, names, options, log)
+    else:
+        choice = choose_backend(options.backend)
+        log(choice.line().removeprefix("difflite: "))
+        options = replace(options, backend=choice.backend)
+        options.check_math()
+        result = bench_host(folder, names, options, log)
+        result["backend_choice"] = choice.as_dict()
     plan = result["pipeline"]
     timed = result["components"]
     missing = [n for n in PIPELINE if n not in timed]
@@ -555,11 +591,11 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
                              f"(it needs {', '.join(PIPELINE)})")
     for name, r in timed.items():
         r["calls_per_image"] = plan["calls"].get(name, 0)
-    return {"out": str(out), "mode": "adb" if options.serial else "host", "backend": options.backend,
+    return {"out": str(out), "mode": "adb" if options.serial else "host", "backend": result["backend_choice"]["backend"],
             "precision": options.precision, "math": options.math, "runs": options.runs,
             "warmup": options.warmup,
-            "seed": options.seed, "source": manifest.get("source", {}).get("model"),
-            "fuse": manifest.get("options", {}).get("fuse"), **result}
+            "seed": options.seed, "source": folder.source.get("model"), "fuse": folder.options.get("fuse"),
+            **result}
 
 
 def check_plot_target(path: str) -> Path:
@@ -697,8 +733,9 @@ def render(result: dict) -> None:
 
 @click.command("bench")
 @click.argument("out", type=click.Path())
-@click.option("--backend", type=click.Choice(BACKENDS), default="cpu", show_default=True,
-              help="Op library backend (delegate option backend=...).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help=BACKEND_HELP + " With --adb, auto is opencl where the phone has an OpenCL driver, and "
+                   "litert-gpu is TFLite's GPU delegate in benchmark_model (as --tflite-gpu).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="Op library precision (delegate option precision=...) [default: the conversion's, "
                    "from OUT's manifest].")

@@ -16,33 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from difflite.folder.manifest import check_model_file
+from difflite.folder.output_folder import ComponentEntry
 from difflite.folder.schema import SIGNATURE_KEY
 from difflite.core.errors import BadInput
 from difflite.core.procmem import process_running
 
-BACKENDS = ("cpu", "opencl")
+BACKENDS = ("cpu", "opencl", "litert-gpu")
 LIBRARY_ENV = "DIFFLITE_OPLIB"
-
-
-def to_file_layout(entry: dict, inputs: dict, dtypes: dict | None = None) -> dict[str, np.ndarray]:
-    """Inputs in ONNX / PyTorch layout -> as the file takes them: NCHW -> NHWC where the
-    manifest entry says the file's input is NHWC, in `dtypes[name]` (else the entry's dtype)."""
-    specs = {e["name"]: e for e in entry.get("inputs", [])}
-    feeds = {}
-    for name, value in inputs.items():
-        value = np.asarray(value)
-        if specs.get(name, {}).get("layout") == "NHWC":
-            value = value.transpose(0, 2, 3, 1)
-        dtype = (dtypes or {}).get(name) or specs.get(name, {}).get("dtype") or value.dtype
-        feeds[name] = np.ascontiguousarray(value.astype(dtype))
-    return feeds
-
-
-def from_file_layout(entry: dict, outputs: dict) -> dict[str, np.ndarray]:
-    """The file's outputs -> ONNX / PyTorch layout (NHWC -> NCHW where the manifest says NHWC)."""
-    layouts = {e["name"]: e.get("layout", "as_onnx") for e in entry.get("outputs", [])}
-    return {name: value.transpose(0, 3, 1, 2) if layouts.get(name) == "NHWC" else value
-            for name, value in outputs.items()}
 
 
 def find_oplib() -> Path:
@@ -95,13 +76,13 @@ def check_host_library(path: Path, named_by: str) -> Path:
     return path
 
 
-def uses_oplib(path: Path, entry: dict, backend: str) -> bool:
+def uses_oplib(entry: ComponentEntry, backend: str) -> bool:
     """Whether a component runs with the op library: always on OpenCL; on the CPU backend where
     the model has difflite custom ops or quantized weights (the library's kernels read them as
     stored; TFLite alone would hold float32 copies: 4x an int8 weight, 8x an int4 one)."""
-    from difflite.folder.manifest import model_has_quantized_weights
-
-    return backend != "cpu" or bool(entry.get("custom_ops")) or model_has_quantized_weights(Path(path))
+    if backend == "litert-gpu":
+        return False  # stock LiteRT runs it alone
+    return backend == "opencl" or bool(entry.custom_ops) or entry.quantized_weights
 
 
 def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None = None):
@@ -159,10 +140,34 @@ def _remove_file(path: Path) -> None:
         pass
 
 
+def open_component(entry: ComponentEntry, backend: str, precision: str = "fp32", weights: str = "float",
+                   threads: int | None = None, fallback: str = "none", on_fallback=None):
+    """The component on `backend`: cpu / opencl, LiteRT's interpreter with the op library's
+    backend (Component); litert-gpu, stock LiteRT's CompiledModel on its GPU accelerator. With
+    `fallback` "cpu", a model the chosen GPU backend cannot load runs on the CPU backend instead
+    (`on_fallback(reason)` is told)."""
+    if backend != "litert-gpu":
+        return Component(entry, backend=backend, threads=threads, precision=precision, fallback=fallback,
+                         on_fallback=on_fallback)
+    from difflite.runtime import litert_gpu
+
+    check_fallback(fallback)
+    try:
+        return litert_gpu.LiteRtComponent(entry, litert_gpu.accelerator_for(precision, weights))
+    except BadInput as exc:
+        if fallback != "cpu":
+            raise
+        component = Component(entry, backend="cpu", threads=threads, precision=precision)
+        component.fallback_reason = str(exc)
+        if on_fallback is not None:
+            on_fallback(str(exc))
+        return component
+
+
 class Component:
     """One emitted model, callable with NCHW numpy arrays by input name."""
 
-    def __init__(self, path, entry: dict | None = None, backend: str = "cpu", threads: int | None = None,
+    def __init__(self, entry: ComponentEntry | str | Path, backend: str = "cpu", threads: int | None = None,
                  precision: str = "fp32", fallback: str = "none", on_fallback=None):
         """`precision`: the delegate's (fp16: half storage on the OpenCL backend; the CPU
         backend computes in float32 either way). `fallback` "cpu": where the OpenCL backend cannot
@@ -170,20 +175,21 @@ class Component:
         refuses), load it on the CPU backend instead; `backend` then says "cpu" and
         `fallback_reason` why. "none": that is a BadInput. The same holds for a model that fails
         while it runs (a kernel the device will not launch): run again on the CPU backend, or a
-        BadInput. `on_fallback(reason)` is told when the CPU backend takes over."""
+        BadInput. `on_fallback(reason)` is told when the CPU backend takes over. `entry`: the
+        component as the output folder's manifest describes it, or a lone .tflite's path (its
+        tensors exchanged as the file holds them)."""
         check_fallback(fallback)
-        self.path = Path(path)
+        self.path = entry.path if isinstance(entry, ComponentEntry) else Path(entry)
         if not self.path.is_file():
             raise BadInput(f"{self.path}: no such model file")
         # Structure, graph and difflite ops (remembered per file): TFLite's own loader takes some
         # files that point outside themselves (its bounds checks wrap around), so a hostile file
         # must never reach an interpreter.
-        from difflite.folder.manifest import check_model_file
-
         check_model_file(self.path)
-        entry = entry or {}
+        if not isinstance(entry, ComponentEntry):
+            entry = ComponentEntry.for_file(self.path)
         # The CPU backend needs the op library for difflite custom ops and for quantized weights.
-        custom = uses_oplib(self.path, entry, "cpu")
+        custom = uses_oplib(entry, "cpu")
         # The OpenCL backend reports what it allocated (arena, weights, scratch) in this file;
         # the first component of a process also removes those that killed processes left.
         global _swept
@@ -255,7 +261,7 @@ class Component:
     def __call__(self, **inputs) -> dict[str, np.ndarray]:
         if self.closed:
             raise RuntimeError(f"{self.path}: the component was closed")
-        feeds = to_file_layout(self.entry, inputs, {name: self.input_details[name]["dtype"] for name in inputs})
+        feeds = self.entry.to_file_layout(inputs, {name: self.input_details[name]["dtype"] for name in inputs})
         try:
             outputs = self.runner(**feeds)
         except RuntimeError as exc:
@@ -264,4 +270,4 @@ class Component:
                 raise BadInput(reason) from exc
             self._fall_back(reason)
             outputs = self.runner(**feeds)
-        return from_file_layout(self.entry, outputs)
+        return self.entry.from_file_layout(outputs)

@@ -47,9 +47,12 @@ from difflite.core.conditioning import (
     TIMESTEP_COND,
     check_guidance,
     guidance_embedding,
-    timestep_cond_dim,
 )
 from difflite.core.errors import BadInput
+from difflite.folder.output_folder import OutputFolder
+from difflite.runtime.backend import CHOICES as BACKEND_CHOICES
+from difflite.runtime.backend import HELP as BACKEND_HELP
+from difflite.runtime.backend import choose as choose_backend
 from difflite.folder.tokenizer import PromptTokenizer
 from difflite.runtime.noise import TorchGenerator, check_seed
 from difflite.runtime.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
@@ -192,12 +195,11 @@ class LitePipeline:
 
     def __init__(self, out, backend: str = "cpu", threads: int | None = None, low_memory: bool = False,
                  fallback: str = "none"):
-        from difflite.folder import manifest
         from difflite.runtime.component import check_fallback
 
         check_fallback(fallback)
         self.out = Path(out)
-        self.manifest = manifest.read_manifest(self.out)
+        self.folder = OutputFolder.read(self.out)
         self.backend = backend
         # "cpu": a model the OpenCL backend cannot load runs on the CPU backend, and so does every
         # later one (fallback_reason says why, once, on stderr and in the settings)
@@ -205,25 +207,18 @@ class LitePipeline:
         self.fallback_reason: str | None = None
         self.threads = threads
         self.low_memory = low_memory
-        components = self.manifest.get("components", {})
         for name in REQUIRED_COMPONENTS:
-            if name not in components:
+            if name not in self.folder.components:
                 raise BadInput(f"{self.out / (name + '.tflite')}: not in this output folder "
                                f"(convert with --components {','.join(REQUIRED_COMPONENTS)})")
-        manifest.check_component_files(self.out, self.manifest)
-        latent = self.manifest.get("latent") or {}
-        try:
-            self.channels = int(latent["channels"])
-            self.latent_height, self.latent_width = int(latent["height"]), int(latent["width"])
-            self.height, self.width = int(latent["image_height"]), int(latent["image_width"])
-            self.text_length = int(latent.get("text_length", 77))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadInput(f"{self.out / 'manifest.json'}: no usable 'latent' geometry ({exc})") from exc
-        unet_sample = components["unet"]["inputs"][0]
-        self.unet_batch = int(unet_sample["shape"][0])
+        latent = self.folder.latent
+        self.channels, self.latent_height, self.latent_width = latent.channels, latent.height, latent.width
+        self.height, self.width, self.text_length = latent.image_height, latent.image_width, latent.text_length
+        unet = self.folder.components["unet"]
+        self.unet_batch = unet.batch
         if self.unet_batch not in (1, 2):
-            raise BadInput(f"{self.out / 'unet.tflite'}: batch {self.unet_batch} (difflite runs batch 1 or 2)")
-        self.timestep_cond_dim = timestep_cond_dim(components["unet"])
+            raise BadInput(f"{unet.path}: batch {self.unet_batch} (difflite runs batch 1 or 2)")
+        self.timestep_cond_dim = unet.timestep_cond_dim
         self.tokenizer_dir = self.out / "tokenizer"
         config_path = self.out / "scheduler" / "scheduler_config.json"
         if not self.tokenizer_dir.is_dir():
@@ -242,22 +237,18 @@ class LitePipeline:
 
     @property
     def has_vae_encoder(self) -> bool:
-        entry = self.manifest["components"].get("vae_encoder")
-        return entry is not None and (self.out / entry["file"]).is_file()
+        entry = self.folder.components.get("vae_encoder")
+        return entry is not None and entry.path.is_file()
 
     def component(self, name: str):
         if name not in self._components:
-            from difflite.runtime.component import Component
+            from difflite.runtime.component import open_component
 
-            entry = self.manifest["components"].get(name)
-            if entry is None or not (self.out / entry["file"]).is_file():
-                missing = self.out / (entry["file"] if entry else f"{name}.tflite")
-                hint = f"img2img needs it: {ENCODER_HINT}" if name == "vae_encoder" else "convert again"
-                raise BadInput(f"{missing}: missing ({hint})")
+            hint = f"img2img needs it: {ENCODER_HINT}" if name == "vae_encoder" else "convert again"
+            entry = self.folder.component(name, hint)
             start = time.perf_counter()
-            component = Component(self.out / entry["file"], entry, backend=self.backend, threads=self.threads,
-                                  precision=self.manifest["options"]["precision"], fallback=self.fallback,
-                                  on_fallback=self._fell_back)
+            component = open_component(entry, self.backend, self.folder.precision, self.folder.weights,
+                                       threads=self.threads, fallback=self.fallback, on_fallback=self._fell_back)
             self._components[name] = component
             self.load_seconds += time.perf_counter() - start
         return self._components[name]
@@ -266,8 +257,8 @@ class LitePipeline:
         """A component moved to the CPU backend (at load or while running): so do the later ones;
         said once."""
         if self.fallback_reason is None:
-            self.backend, self.fallback_reason = "cpu", reason
-            print(f"difflite: warning: the OpenCL backend cannot run this model, so the CPU backend runs it "
+            backend, self.backend, self.fallback_reason = self.backend, "cpu", reason
+            print(f"difflite: warning: the {backend} backend cannot run this model, so the CPU backend runs it "
                   f"(--fallback cpu): {reason}", file=sys.stderr)
 
     def release(self, name: str) -> None:
@@ -502,12 +493,12 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "every step from the seed's generator.")
 @click.option("--timestep-spacing", type=click.Choice(SPACINGS), default=None,
               help="Override the config's timestep spacing (trailing for Turbo-style few-step models).")
-@click.option("--backend", type=click.Choice(["cpu", "opencl"]), default="cpu", show_default=True,
-              help="Op library backend for the custom ops (opencl runs the whole graph on the GPU).")
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
+              help=BACKEND_HELP)
 @click.option("--fallback", type=click.Choice(["none", "cpu"]), default="none", show_default=True,
-              help="--backend opencl where OpenCL cannot run a model (no OpenCL, no device, a kernel that does "
-                   "not build, memory the device refuses): none fails with exit 2 and the reason; cpu warns "
-                   "with the reason and runs on the CPU backend.")
+              help="Where the GPU backend cannot run a model (no OpenCL or no GPU, a kernel that does not build, "
+                   "memory the device refuses; for litert-gpu a file it does not load): none fails with exit 2 "
+                   "and the reason; cpu warns with the reason and runs on the CPU backend.")
 @click.option("--init-image", type=click.Path(), default=None,
               help="img2img: start from this picture (needs OUT/vae_encoder.tflite).")
 @click.option("--strength", default=0.8, show_default=True, type=float,
@@ -532,7 +523,9 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     )
 
     output = check_writable(output)
-    pipe = LitePipeline(out, backend=backend, low_memory=low_memory, fallback=fallback)
+    choice = choose_backend(backend)
+    click.echo(choice.line(), err=True)
+    pipe = LitePipeline(out, backend=choice.backend, low_memory=low_memory, fallback=fallback)
     if init_image is not None and not pipe.has_vae_encoder:
         raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
     console = Console(stderr=True)
@@ -548,7 +541,8 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
                       timestep_spacing=timestep_spacing, progress=progress)
     path = result.save(output)
     if as_json:
-        click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings},
+        click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings,
+                               "backend_choice": choice.as_dict()},
                               indent=2, sort_keys=True))
     else:
         t = result.timings

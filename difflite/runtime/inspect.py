@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from difflite.core.errors import BadInput
-from difflite.folder import manifest, memory
+from difflite.folder import memory
+from difflite.folder.output_folder import OutputFolder
 from difflite.folder.validate import read_checked
 
 MB = 1024 * 1024
@@ -42,10 +43,9 @@ def weight_widths(summary) -> dict[str, dict]:
 def inspect_target(target) -> dict:
     target = Path(target)
     if target.is_dir():
-        man = manifest.read_manifest(target)
-        manifest.check_component_files(target, man, check_models=False)  # describe_model checks them
-        models = {name: describe_model(target / entry["file"]) for name, entry in man["components"].items()}
-        return {"folder": str(target), "source": man["source"], "options": man["options"], "models": models}
+        folder = OutputFolder.read(target, check_models=False)  # describe_model checks them
+        models = {name: describe_model(entry.path) for name, entry in folder.components.items()}
+        return {"folder": str(target), "source": folder.source, "options": folder.options, "models": models}
     if target.is_file():
         return {"models": {target.stem: describe_model(target)}}
     raise BadInput(f"{target}: no such file or folder")

@@ -1,9 +1,10 @@
-"""`verify --backend litert-gpu`: components on stock LiteRT's GPU accelerator (ML Drift), the
-runtime app developers ship `--no-fuse` files with.
+"""`--backend litert-gpu`: components on stock LiteRT's GPU accelerator (ML Drift), the runtime
+app developers ship `--no-fuse` files with.
 
-Each component runs in a child process (difflite/runtime/litert_gpu_child.py) that imports only numpy and
+`verify` runs each component in a child process (difflite/runtime/litert_gpu_child.py) that imports only numpy and
 the runtime, so that a runtime that crashes on a file (FACTS: several forms do) costs a clear
-error, not the verify process. fp32 files run with enforce_f32, fp16-storage files in the
+error, not the verify process; `generate` and `bench` run them in process (LiteRtComponent).
+fp32 files run with enforce_f32, fp16-storage files in the
 accelerator's half precision. A file that the accelerator refuses to load is told apart from a
 machine without a GPU accelerator by loading a one-op file the same way."""
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from difflite.core.errors import BadInput
+from difflite.folder.output_folder import ComponentEntry
 from difflite.runtime.litert_gpu_child import PREFIX
 
 PROBE_MODEL = Path(__file__).with_name("accelerator_probe.tflite")
@@ -42,10 +44,10 @@ def accelerator_for(precision: str, weights: str = "float") -> str:
     return "gpu-fp16" if precision == "fp16" and weights == "float" else "gpu-fp32"
 
 
-def check_runnable(path: Path, entry: dict) -> None:
+def check_runnable(entry: ComponentEntry) -> None:
     """Stock LiteRT has no kernels for difflite's custom ops."""
-    if entry.get("custom_ops"):
-        raise BadInput(f"{path}: has difflite custom ops ({', '.join(entry['custom_ops'])}), which stock "
+    if entry.custom_ops:
+        raise BadInput(f"{entry.path}: has difflite custom ops ({', '.join(entry.custom_ops)}), which stock "
                        "LiteRT cannot run: convert with --no-fuse for it")
 
 
@@ -108,3 +110,49 @@ def _accelerator_present(accelerator: str) -> bool:
     current) loads and runs on the accelerator."""
     result, _ = _child(PROBE_MODEL, [{"x": np.zeros((1, 4), np.float32)}], accelerator)
     return result is not None
+
+
+class LiteRtComponent:
+    """One component on stock LiteRT's CompiledModel in this process (`generate` and `bench`
+    with --backend litert-gpu), called like runtime.component.Component: NCHW arrays in and out
+    by name. `verify` runs each component in a child instead, where a crash costs one check."""
+
+    backend = "litert-gpu"
+    fallback_reason = None
+
+    def __init__(self, entry: ComponentEntry, accelerator: str):
+        from difflite.folder.manifest import check_model_file
+        from difflite.runtime.litert_gpu_child import CompiledRunner
+
+        check_runnable(entry)
+        check_model_file(entry.path)
+        self.entry, self.path, self.accelerator = entry, entry.path, accelerator
+        try:
+            self.runner = CompiledRunner(str(entry.path), accelerator)
+        except Exception as exc:  # LiteRT raises its own types; all mean this file does not load here
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            if accelerator != "cpu" and not _accelerator_present(accelerator):
+                raise BadInput(f"{entry.path}: no LiteRT GPU accelerator on this machine ({reason})") from exc
+            raise BadInput(f"{entry.path}: LiteRT's GPU accelerator cannot load it: {reason}") from exc
+        self.fully_accelerated = self.runner.fully_accelerated
+
+    @property
+    def closed(self) -> bool:
+        return self.runner is None
+
+    def close(self) -> None:
+        self.runner = None
+
+    def delegate_stats(self) -> dict:
+        return {}
+
+    def __call__(self, **inputs) -> dict[str, np.ndarray]:
+        if self.closed:
+            raise RuntimeError(f"{self.path}: the component was closed")
+        dtypes = {spec.name: spec.dtype for spec in self.entry.inputs}
+        try:
+            outputs = self.runner(**self.entry.to_file_layout(inputs, dtypes))
+        except Exception as exc:
+            raise BadInput(f"{self.path}: failed while running on LiteRT's GPU accelerator "
+                           f"({' '.join(str(exc).split())[:300]})") from exc
+        return self.entry.from_file_layout(outputs)

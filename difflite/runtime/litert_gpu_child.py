@@ -43,25 +43,37 @@ def feed_sets(path: str) -> list[dict[str, np.ndarray]]:
     return [sets[i] for i in sorted(sets)]
 
 
+class CompiledRunner:
+    """One .tflite on LiteRT's CompiledModel: runner(**feeds) -> outputs (float32), both in the
+    file's layout. Used by this child and, in process, by the runtime's litert-gpu backend."""
+
+    def __init__(self, model: str, accelerator: str):
+        self.compiled = compiled_model(model, accelerator)
+        self.fully_accelerated = bool(self.compiled.is_fully_accelerated()) if accelerator != "cpu" else None
+        self.input_names = list(self.compiled.get_input_tensor_details(SIGNATURE_KEY))
+        self.outputs = {name: tuple(int(d) for d in detail["shape"])
+                        for name, detail in self.compiled.get_output_tensor_details(SIGNATURE_KEY).items()}
+        self.in_buffers = self.compiled.create_input_buffers(0)
+        self.out_buffers = self.compiled.create_output_buffers(0)
+
+    def __call__(self, **feeds) -> dict[str, np.ndarray]:
+        for buffer, name in zip(self.in_buffers, self.input_names):
+            buffer.write(np.ascontiguousarray(feeds[name]).reshape(-1))  # its own dtype: token ids are int32
+        self.compiled.run_by_index(0, self.in_buffers, self.out_buffers)
+        # reading waits for the accelerator: run_by_index returns before a GPU has finished
+        return {name: buffer.read(int(np.prod(shape)), np.float32).reshape(shape)
+                for buffer, (name, shape) in zip(self.out_buffers, self.outputs.items())}
+
+
 def run(model: str, in_path: str, out_path: str, accelerator: str) -> None:
     report(stage="load")
-    compiled = compiled_model(model, accelerator)
-    fully_accelerated = bool(compiled.is_fully_accelerated()) if accelerator != "cpu" else None
-    inputs = list(compiled.get_input_tensor_details(SIGNATURE_KEY))
-    outputs = compiled.get_output_tensor_details(SIGNATURE_KEY)
-    in_buffers = compiled.create_input_buffers(0)
-    out_buffers = compiled.create_output_buffers(0)
+    runner = CompiledRunner(model, accelerator)
     results = {}
     for i, feeds in enumerate(feed_sets(in_path)):
         report(stage=f"run {i}")
-        for buffer, name in zip(in_buffers, inputs):
-            buffer.write(np.ascontiguousarray(feeds[name]).reshape(-1))  # its own dtype: token ids are int32
-        compiled.run_by_index(0, in_buffers, out_buffers)
-        for buffer, (name, detail) in zip(out_buffers, outputs.items()):
-            shape = tuple(int(d) for d in detail["shape"])
-            results[f"{i}/{name}"] = buffer.read(int(np.prod(shape)), np.float32).reshape(shape)
+        results.update({f"{i}/{name}": value for name, value in runner(**feeds).items()})
     np.savez(out_path, **results)
-    report(status="run", fully_accelerated=fully_accelerated)
+    report(status="run", fully_accelerated=runner.fully_accelerated)
 
 
 def main(argv: list[str]) -> int:

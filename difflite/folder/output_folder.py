@@ -1,0 +1,169 @@
+"""The typed reader of an output folder: what `difflite convert` wrote, as the runtime, `verify`
+and `inspect` read it. One read of manifest.json, checked (difflite.folder.manifest: structure,
+format version, each component file's size and sha256 and, unless told otherwise, its graph and
+difflite ops), then plain values: nothing downstream indexes the manifest's JSON or rescans a
+.tflite for what the manifest already says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from difflite.core.conditioning import TIMESTEP_COND
+from difflite.core.errors import BadInput
+from difflite.folder import manifest as manifest_file
+
+QUANTIZED_WIDTHS = ("int8", "int4")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a component file: "NHWC" layout for rank-4 tensors (the file's),
+    else "as_onnx"."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str = "as_onnx"
+
+    @classmethod
+    def of(cls, spec: dict) -> TensorSpec:
+        return cls(spec["name"], tuple(int(d) for d in spec["shape"]), str(spec.get("dtype", "float32")),
+                   str(spec.get("layout", "as_onnx")))
+
+
+@dataclass(frozen=True)
+class ComponentEntry:
+    """One component of the folder: its file and what the manifest says of it."""
+    name: str
+    path: Path
+    sha256: str = ""
+    bytes: int = 0
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    custom_ops: tuple[str, ...] = ()
+    # int8 / int4 constants (`convert --weights`): the op library's CPU kernels read them as stored,
+    # where TFLite alone would hold float32 copies (4x an int8 weight, 8x an int4 one)
+    quantized_weights: bool = False
+
+    @classmethod
+    def for_file(cls, path) -> ComponentEntry:
+        """A lone .tflite without a manifest: its custom ops and quantized weights read from the
+        file itself, its tensors exchanged as the file holds them."""
+        from difflite.folder.reader import read_tflite
+
+        path = Path(path)
+        if not path.is_file():
+            raise BadInput(f"{path}: no such model file")
+        summary = read_tflite(path)
+        custom_ops = tuple(sorted({op.name for op in summary.custom_ops}))
+        quantized = any(t.constant and t.dtype in QUANTIZED_WIDTHS for t in summary.tensors)
+        return cls(path.stem, path, custom_ops=custom_ops, quantized_weights=quantized)
+
+    @property
+    def file(self) -> str:
+        return self.path.name
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def to_file_layout(self, inputs: dict, dtypes: dict | None = None) -> dict[str, np.ndarray]:
+        """Inputs in ONNX / PyTorch layout -> as the file takes them: NCHW -> NHWC where the
+        manifest says the file's input is NHWC, in `dtypes[name]` (else the manifest's dtype)."""
+        feeds = {}
+        for name, value in inputs.items():
+            value, spec = np.asarray(value), self.input(name)
+            if spec is not None and spec.layout == "NHWC":
+                value = value.transpose(0, 2, 3, 1)
+            dtype = (dtypes or {}).get(name) or (spec.dtype if spec is not None else value.dtype)
+            feeds[name] = np.ascontiguousarray(value.astype(dtype))
+        return feeds
+
+    def from_file_layout(self, outputs: dict) -> dict[str, np.ndarray]:
+        """The file's outputs -> ONNX / PyTorch layout (NHWC -> NCHW where the manifest says NHWC)."""
+        nhwc = {spec.name for spec in self.outputs if spec.layout == "NHWC"}
+        return {name: value.transpose(0, 3, 1, 2) if name in nhwc else value for name, value in outputs.items()}
+
+    @property
+    def batch(self) -> int:
+        """The batch of the first input (the UNet's sample: 2 for classifier-free guidance)."""
+        return self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
+
+    @property
+    def timestep_cond_dim(self) -> int | None:
+        """The width of an LCM-distilled UNet's guidance embedding input, None without one."""
+        spec = self.input(TIMESTEP_COND)
+        return spec.shape[-1] if spec is not None and spec.shape else None
+
+
+@dataclass(frozen=True)
+class Latent:
+    """The latent geometry the UNet was converted for."""
+    channels: int
+    height: int
+    width: int
+    image_height: int
+    image_width: int
+    text_length: int = 77
+
+
+@dataclass(frozen=True)
+class OutputFolder:
+    path: Path
+    precision: str  # "fp32" | "fp16": how the weights are stored
+    weights: str  # "float" | "int8" | "int4"
+    components: dict[str, ComponentEntry]
+    source: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+    latent_fields: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict, repr=False)  # as written, for reports that echo it
+
+    @classmethod
+    def read(cls, folder, names=None, check_models: bool = True, check_files: bool = True) -> OutputFolder:
+        """Read and check the folder: BadInput (naming the file and field) for anything damaged,
+        changed since the conversion, or hostile. `names`: the components whose files are checked
+        (all if None); `check_files` False: none yet (call check_files once they are chosen)."""
+        path = Path(folder)
+        document = manifest_file.read_manifest(path)
+        options = document["options"]
+        weights = str(options.get("weights") or "float")
+        components = {name: _component(path, name, entry, weights)
+                      for name, entry in document["components"].items()}
+        result = cls(path, options["precision"], weights, components, document["source"], options,
+                     document.get("latent") or {}, document)
+        if check_files:
+            result.check_files(names, check_models)
+        return result
+
+    def check_files(self, names=None, check_models: bool = True) -> None:
+        """Each named component's file (all if None) is the one the manifest describes: its size
+        and sha256 and, with check_models, its structure, graph and difflite ops."""
+        manifest_file.check_component_files(self.path, self.manifest, names, check_models=check_models)
+
+    def component(self, name: str, hint: str = "convert again") -> ComponentEntry:
+        """The component `name`, whose file is present; BadInput naming it (and `hint`) if not."""
+        entry = self.components.get(name)
+        if entry is None or not entry.path.is_file():
+            missing = entry.path if entry is not None else self.path / f"{name}.tflite"
+            raise BadInput(f"{missing}: missing ({hint})")
+        return entry
+
+    @property
+    def latent(self) -> Latent:
+        fields = self.latent_fields
+        try:
+            return Latent(int(fields["channels"]), int(fields["height"]), int(fields["width"]),
+                          int(fields["image_height"]), int(fields["image_width"]), int(fields.get("text_length", 77)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"{self.path / manifest_file.MANIFEST}: no usable 'latent' geometry ({exc})") from exc
+
+
+def _component(folder: Path, name: str, entry: dict, weights: str) -> ComponentEntry:
+    # Folders written before the manifest recorded "quantized_weights" per component: every
+    # component of an int8 / int4 conversion holds quantized layers.
+    quantized = entry.get("quantized_weights", weights in QUANTIZED_WIDTHS)
+    return ComponentEntry(name, folder / entry["file"], entry["sha256"], entry["bytes"],
+                          tuple(TensorSpec.of(s) for s in entry["inputs"]),
+                          tuple(TensorSpec.of(s) for s in entry["outputs"]),
+                          tuple(entry.get("custom_ops") or ()), bool(quantized))
