@@ -305,11 +305,11 @@ def verify(out, model, config, backend_name, seeds, components, as_json):
     from difflite.verify import verify as run_verify
 
     choice = backend.choose(backend_name)
-    if not as_json:
-        click.echo(choice.line(), err=True)
     memory: dict = {}
     checks = run_verify(out, model=model, config=config, backend=choice.backend, seeds=seed_list,
                         components=components.split(",") if components else None, memory_out=memory)
+    if not as_json:
+        click.echo(choice.line(), err=True)
     if as_json:
         print_json({"passed": all(c.passed for c in checks), "checks": as_rows(checks), "gpu_memory": memory,
                     "backend_choice": choice.as_dict()})

@@ -35,7 +35,7 @@ class BackendChoice:
     reason: str
 
     def line(self) -> str:
-        return f"difflite: backend {self.backend} ({self.reason})"
+        return f"[difflite] backend {self.backend} ({self.reason})"
 
     def as_dict(self) -> dict:
         return asdict(self)

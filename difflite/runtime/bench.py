@@ -301,7 +301,7 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     embeddings = []
     for first in range(0, prompts, te_batch):
         chunk = ids[first:first + te_batch]
-        out = runners["text_encoder"](**{te_in["name"]: batched(chunk, te_batch)})[te_out]
+        out = runners["text_encoder"](**{te_in.name: batched(chunk, te_batch)})[te_out]
         embeddings.append(out[:len(chunk)])
         made["text_encoder"] += 1
     embeddings = np.concatenate(embeddings)
@@ -486,6 +486,7 @@ def bench_adb(folder: OutputFolder, names: list[str], options: BenchOptions, log
     out = folder.path
     device = adb.Device.connect(options.serial)
     choice = phone_backend(device, options.backend)
+    log(choice.line().removeprefix("[difflite] "))
     options = replace(options, backend="cpu" if choice.backend == "litert-gpu" else choice.backend,
                       tflite_gpu=options.tflite_gpu or choice.backend == "litert-gpu")
     options.check_math()
@@ -576,7 +577,7 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
         result = bench_adb(folder, names, options, log)
     else:
         choice = choose_backend(options.backend)
-        log(choice.line().removeprefix("difflite: "))
+        log(choice.line().removeprefix("[difflite] "))
         options = replace(options, backend=choice.backend)
         options.check_math()
         result = bench_host(folder, names, options, log)

@@ -524,7 +524,6 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
 
     output = check_writable(output)
     choice = choose_backend(backend)
-    click.echo(choice.line(), err=True)
     pipe = LitePipeline(out, backend=choice.backend, low_memory=low_memory, fallback=fallback)
     if init_image is not None and not pipe.has_vae_encoder:
         raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
@@ -534,6 +533,8 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
         task = bar.add_task("denoising", total=None)
 
         def progress(done, total):
+            if done == 1 and not as_json:  # said once the inputs are checked and the models load (--json: recorded)
+                console.print(choice.line(), markup=False, highlight=False, soft_wrap=True)
             bar.update(task, completed=done, total=total)
 
         result = pipe(prompt, negative_prompt=negative_prompt, steps=steps, seed=seed, guidance=guidance,

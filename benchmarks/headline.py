@@ -1,0 +1,212 @@
+"""Benchmark: the README's headline figures, each the median and range of several runs.
+
+For SD 1.5 (preset weights, 512x512, batch 2, fp16 storage, default device profile) it converts
+three folders (fused fp16, fused int8, --no-fuse fp16 for stock LiteRT), then measures, each in a
+fresh process from the shell as a user runs it:
+
+- `difflite generate` 20 steps with warm program caches: wall time, the process's peak resident
+  memory (wait4's ru_maxrss) and its GPU memory (nvidia-smi, polled), with all models resident
+  and with --low-memory; the first run of each folder (empty caches) is reported apart;
+- `difflite bench` of the UNet and VAE decoder: per-call median and range in one process, the
+  fused files on the op library's backend (--backend auto) and the --no-fuse files on stock
+  LiteRT's GPU accelerator (--backend litert-gpu), side by side in one run.
+
+    python benchmarks/headline.py --work out/headline --runs 5 --save results/headline_h200_2026-11.json
+    python benchmarks/headline.py --work out/headline --phase convert      # one phase at a time
+    python benchmarks/headline.py --report results/headline_h200_2026-11.json
+
+Every figure in the JSON carries its runs, median, min and max, the machine and the date.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "difflite"]
+PROMPT = "a photo of an astronaut riding a horse on mars"
+FOLDERS = {  # name: convert flags
+    "fp16": ["--precision", "fp16"],
+    "int8": ["--precision", "fp16", "--weights", "int8"],
+    "stock": ["--precision", "fp16", "--no-fuse"],
+}
+GENERATE = {  # label: (folder, generate flags)
+    "fp16": ("fp16", []),
+    "fp16 --low-memory": ("fp16", ["--low-memory"]),
+    "int8 --low-memory": ("int8", ["--low-memory"]),
+}
+BENCH = {  # label: (folder, bench flags)
+    "fp16 difflite (auto)": ("fp16", []),
+    "int8 difflite (auto)": ("int8", []),
+    "fp16 --no-fuse, stock LiteRT GPU": ("stock", ["--backend", "litert-gpu"]),
+}
+
+
+def summary(values: list[float]) -> dict:
+    return {"runs": len(values), "median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": values}
+
+
+def gpu_mb(pid: int) -> float | None:
+    from difflite.core.procmem import nvidia_smi_mb
+    return nvidia_smi_mb(pid)
+
+
+def run_measured(command: list[str], timeout: float) -> dict:
+    """One process: wall seconds, peak RSS MiB (its own, from wait4) and peak GPU MiB (polled)."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_gpu, done = [None], threading.Event()
+
+    def poll():
+        while not done.wait(0.5):
+            used = gpu_mb(process.pid) if shutil.which("nvidia-smi") else None
+            if used is not None:
+                peak_gpu[0] = max(peak_gpu[0] or 0.0, used)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    stdout = process.stdout.read()
+    stderr = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    timer.cancel()
+    done.set()
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {process.returncode}:\n{stderr[-3000:]}")
+    return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024, "gpu_mib": peak_gpu[0], "stdout": stdout,
+            "stderr": stderr}
+
+
+def convert(work: Path, model: str, extra: list[str], timeout: float) -> dict:
+    result = {}
+    for name, flags in FOLDERS.items():
+        out = work / name
+        if (out / "manifest.json").is_file():
+            result[name] = {"reused": True}
+            continue
+        measured = run_measured([*CLI, "convert", model, "-o", str(out), *flags, *extra, "--export-cache",
+                                 str(work / "exports")], timeout)
+        result[name] = {"wall_s": measured["wall_s"], "peak_rss_mib": measured["peak_rss_mib"]}
+        print(f"converted {name} in {measured['wall_s']:.0f} s", flush=True)
+    return result
+
+
+def generate(work: Path, runs: int, steps: int, timeout: float) -> dict:
+    result = {}
+    for label, (folder, flags) in GENERATE.items():
+        command = [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps",
+                   str(steps), "--json", *flags]
+        first = run_measured(command, timeout)
+        timed = [run_measured(command, timeout) for _ in range(runs)]
+        report = json.loads(timed[-1]["stdout"])
+        result[label] = {
+            "first_run_s": first["wall_s"],
+            "wall_s": summary([t["wall_s"] for t in timed]),
+            "peak_rss_mib": summary([t["peak_rss_mib"] for t in timed]),
+            "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None,
+            "backend_choice": report.get("backend_choice"),
+            "unet_per_step_s": report["timings"].get("unet_per_step")}
+        print(f"generate {label}: median {result[label]['wall_s']['median']:.2f} s "
+              f"({result[label]['wall_s']['min']:.2f}-{result[label]['wall_s']['max']:.2f}, {runs} runs)", flush=True)
+    return result
+
+
+def bench(work: Path, runs: int, timeout: float) -> dict:
+    result = {}
+    for label, (folder, flags) in BENCH.items():
+        command = [*CLI, "bench", str(work / folder), "--components", "unet,vae_decoder", "--runs", str(runs),
+                   "--warmup", "2", "--json", *flags]
+        try:
+            measured = run_measured(command, timeout)
+        except RuntimeError as exc:
+            result[label] = {"error": str(exc).splitlines()[-1][:300]}
+            print(f"bench {label}: {result[label]['error']}", flush=True)
+            continue
+        data = json.loads(measured["stdout"])
+        result[label] = {"backend": data["backend"], "backend_choice": data.get("backend_choice"),
+                         "components": {name: {key: c[key] for key in ("median_ms", "min_ms", "max_ms", "load_ms",
+                                                                       "first_ms", "runs")}
+                                        for name, c in data["components"].items()}}
+        unet = result[label]["components"]["unet"]
+        print(f"bench {label}: UNet {unet['median_ms']:.1f} ms ({unet['min_ms']:.1f}-{unet['max_ms']:.1f}, "
+              f"{unet['runs']} calls)", flush=True)
+    return result
+
+
+def machine() -> dict:
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip() or None
+    return {"gpu": gpu, "cpus": os.cpu_count(), "python": platform.python_version(), "host": platform.machine(),
+            "date": datetime.date.today().isoformat()}
+
+
+def report(data: dict) -> None:
+    where = f"{data['machine'].get('gpu') or 'no GPU'}, {data['machine']['date']}"
+    print(f"\n| `difflite generate`, 20 steps, warm caches, from the shell ({where}) | wall, median (range) | "
+          f"peak RSS, MiB | GPU, MiB | runs |")
+    print("|---|---|---|---|---|")
+    for label, r in data.get("generate", {}).items():
+        w, m, g = r["wall_s"], r["peak_rss_mib"], r["gpu_mib"]
+        gpu = f"{g['median']:,.0f}" if g else "-"
+        print(f"| {label} | {w['median']:.2f} s ({w['min']:.2f}-{w['max']:.2f}) | {m['median']:,.0f} | {gpu} | "
+              f"{w['runs']} |")
+    print(f"\n| per call, in one process ({where}) | UNet step, ms | VAE decode, ms | calls |")
+    print("|---|---|---|---|")
+    for label, r in data.get("bench", {}).items():
+        if "error" in r:
+            print(f"| {label} | {r['error']} | | |")
+            continue
+        u, v = r["components"]["unet"], r["components"]["vae_decoder"]
+        print(f"| {label} ({r['backend']}) | {u['median_ms']:.1f} ({u['min_ms']:.1f}-{u['max_ms']:.1f}) | "
+              f"{v['median_ms']:.1f} ({v['min_ms']:.1f}-{v['max_ms']:.1f}) | {u['runs']} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "out" / "headline", help="folder for the conversions")
+    parser.add_argument("--model", default="preset:sd15")
+    parser.add_argument("--convert-args", default="", help="extra flags for every conversion (e.g. a smaller size)")
+    parser.add_argument("--phase", default="convert,generate,bench", help="comma-separated: convert,generate,bench")
+    parser.add_argument("--runs", type=int, default=5, help="processes per generate figure")
+    parser.add_argument("--bench-runs", type=int, default=20, help="timed calls per component in bench")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    parser.add_argument("--save", type=Path)
+    parser.add_argument("--report", type=Path, help="print the tables of a saved result and stop")
+    args = parser.parse_args()
+    if args.report:
+        report(json.loads(args.report.read_text()))
+        return
+    phases = set(args.phase.split(","))
+    data = json.loads(args.save.read_text()) if args.save and args.save.is_file() else {}
+    data["machine"] = machine()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if "convert" in phases:
+        data["convert"] = convert(args.work, args.model, args.convert_args.split(), args.timeout)
+    if "generate" in phases:
+        data["generate"] = generate(args.work, args.runs, args.steps, args.timeout)
+    if "bench" in phases:
+        data["bench"] = bench(args.work, args.bench_runs, args.timeout)
+    if args.save:
+        args.save.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    report(data)
+
+
+if __name__ == "__main__":
+    main()
