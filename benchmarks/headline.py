@@ -133,7 +133,8 @@ def bench(work: Path, runs: int, timeout: float) -> dict:
         try:
             measured = run_measured(command, timeout)
         except RuntimeError as exc:
-            result[label] = {"error": str(exc).splitlines()[-1][:300]}
+            said = [line for line in str(exc).splitlines() if line.startswith("difflite: error:")]
+            result[label] = {"error": (said or str(exc).splitlines())[-1][:300]}
             print(f"bench {label}: {result[label]['error']}", flush=True)
             continue
         data = json.loads(measured["stdout"])

@@ -9,17 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from difflite.compiler.pipeline import (
-    COMPONENTS,
-    Pipeline,
-    assemble,
-    check_config_folder,
-    config_files,
-    fold_into_hash,
-    from_pretrained,
-    hash_files,
-    weight_files,
-)
+from difflite.compiler.pipeline import Pipeline, fold_into_hash, load_folder
 from difflite.compiler.presets import build_preset, preset_configs
 from difflite.core.errors import BadInput
 
@@ -85,7 +75,7 @@ def _load_base(model: str, config: str | None, seed: int, prediction_type: str |
     if not path.exists():
         raise BadInput(f"{path}: no such file or folder")
     if path.is_dir():
-        return _load_folder(path)
+        return load_folder(path)
     if path.suffix not in (".safetensors", ".ckpt"):
         raise BadInput(f"{path}: not a diffusers folder, .safetensors or .ckpt file")
     from difflite.compiler.single_file import load_single_file
@@ -98,24 +88,3 @@ def _set_prediction_type(pipe: Pipeline, prediction_type: str) -> None:
         return
     pipe.scheduler_config = {**pipe.scheduler_config, "prediction_type": prediction_type}
     fold_into_hash(pipe, f"prediction_type={prediction_type}")
-
-
-
-def _load_folder(folder: Path) -> Pipeline:
-    check_config_folder(folder)  # before seconds of importing diffusers and transformers
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextModel
-
-    files = config_files(folder)
-    for name in COMPONENTS:
-        weights = weight_files(folder / name)
-        if not weights:
-            raise BadInput(f"{folder / name}: no weight file (.safetensors or .bin)")
-        files += [(f"{name}/{w.name}", w) for w in weights]
-    unet = from_pretrained(UNet2DConditionModel, folder / "unet")
-    vae = from_pretrained(AutoencoderKL, folder / "vae")
-    text_encoder = from_pretrained(CLIPTextModel, folder / "text_encoder")
-    text_encoder.set_attn_implementation("eager")
-    return assemble(str(folder), hash_files(files), folder, text_encoder, unet, vae)
-
-

@@ -187,6 +187,25 @@ def config_files(folder: Path) -> list[tuple[str, Path]]:
     return [(n, folder / n) for n in names]
 
 
+def load_folder(folder: Path) -> Pipeline:
+    """A diffusers folder (save_pretrained's layout) as a Pipeline, its weight and config files hashed."""
+    check_config_folder(folder)  # before seconds of importing diffusers and transformers
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    files = config_files(folder)
+    for name in COMPONENTS:
+        weights = weight_files(folder / name)
+        if not weights:
+            raise BadInput(f"{folder / name}: no weight file (.safetensors or .bin)")
+        files += [(f"{name}/{w.name}", w) for w in weights]
+    unet = from_pretrained(UNet2DConditionModel, folder / "unet")
+    vae = from_pretrained(AutoencoderKL, folder / "vae")
+    text_encoder = from_pretrained(CLIPTextModel, folder / "text_encoder")
+    text_encoder.set_attn_implementation("eager")
+    return assemble(str(folder), hash_files(files), folder, text_encoder, unet, vae)
+
+
 def from_pretrained(cls, path: Path):
     # Mismatched shapes are reported back rather than raised so the message can name the tensor.
     kwargs = {"local_files_only": True, "output_loading_info": True, "ignore_mismatched_sizes": True}

@@ -6,7 +6,6 @@ Every failure is a BadInput with one line that says what to do (exit 2)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 import shutil
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from difflite.core.errors import BadInput
+from difflite.folder.manifest import sha256_file
 
 DEFAULT_DEVICE_DIR = "/data/local/tmp/difflite"
 DEFAULT_BENCHMARK_MODEL = "/data/local/tmp/benchmark_model"
@@ -149,14 +149,6 @@ class Device:
             return None
         value = output.strip()
         return value if status == 0 and value else None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def sync_files(device: Device, files: dict[Path, str], log=lambda message: None) -> dict[str, str]:

@@ -304,28 +304,23 @@ class ModelBuilder:
         self._spool.copy_to(out)
 
 
+def _offsets_vector(builder, start, offsets: list[int]) -> int:
+    """A flatbuffer vector of already packed tables (flatbuffers builds vectors back to front)."""
+    start(builder, len(offsets))
+    for offset in reversed(offsets):
+        builder.PrependUOffsetTRelative(offset)
+    return builder.EndVector()
+
+
 def _pack_model(builder, model: schema.ModelT, buffer_offsets: list[int]) -> int:
     """ModelT.Pack, except that the buffers are the pre-packed, BUFFER_ALIGNMENT-aligned ones (the
     generated Pack copies byte by byte and aligns only to the element size)."""
-    schema.ModelStartBuffersVector(builder, len(buffer_offsets))
-    for offset in reversed(buffer_offsets):
-        builder.PrependUOffsetTRelative(offset)
-    buffers_vector = builder.EndVector()
-    codes = [c.Pack(builder) for c in model.operatorCodes]
-    schema.ModelStartOperatorCodesVector(builder, len(codes))
-    for c in reversed(codes):
-        builder.PrependUOffsetTRelative(c)
-    codes_vec = builder.EndVector()
-    subs = [s.Pack(builder) for s in model.subgraphs]
-    schema.ModelStartSubgraphsVector(builder, len(subs))
-    for s in reversed(subs):
-        builder.PrependUOffsetTRelative(s)
-    subs_vec = builder.EndVector()
-    sigs = [s.Pack(builder) for s in model.signatureDefs]
-    schema.ModelStartSignatureDefsVector(builder, len(sigs))
-    for s in reversed(sigs):
-        builder.PrependUOffsetTRelative(s)
-    sigs_vec = builder.EndVector()
+    buffers_vector = _offsets_vector(builder, schema.ModelStartBuffersVector, buffer_offsets)
+    codes_vec = _offsets_vector(builder, schema.ModelStartOperatorCodesVector,
+                                [c.Pack(builder) for c in model.operatorCodes])
+    subs_vec = _offsets_vector(builder, schema.ModelStartSubgraphsVector, [s.Pack(builder) for s in model.subgraphs])
+    sigs_vec = _offsets_vector(builder, schema.ModelStartSignatureDefsVector,
+                               [s.Pack(builder) for s in model.signatureDefs])
     description = builder.CreateString(model.description)
     schema.ModelStart(builder)
     schema.ModelAddVersion(builder, model.version)
