@@ -137,7 +137,8 @@ def bench(work: Path, runs: int, timeout: float) -> dict:
             result[label] = {"error": (said or str(exc).splitlines())[-1][:300]}
             print(f"bench {label}: {result[label]['error']}", flush=True)
             continue
-        data = json.loads(measured["stdout"])
+        text = measured["stdout"]
+        data = json.loads(text[text.index("{"):])  # a runtime's own log lines may precede the JSON
         result[label] = {"backend": data["backend"], "backend_choice": data.get("backend_choice"),
                          "components": {name: {key: c[key] for key in ("median_ms", "min_ms", "max_ms", "load_ms",
                                                                        "first_ms", "runs")}
@@ -202,6 +203,8 @@ def main() -> None:
         data["convert"] = convert(args.work, args.model, args.convert_args.split(), args.timeout)
     if "generate" in phases:
         data["generate"] = generate(args.work, args.runs, args.steps, args.timeout)
+        if args.save:
+            args.save.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     if "bench" in phases:
         data["bench"] = bench(args.work, args.bench_runs, args.timeout)
     if args.save:
