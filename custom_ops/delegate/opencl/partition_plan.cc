@@ -148,7 +148,7 @@ void Partition::JoinAliases() {
 }
 
 // Whole buffers shared by tensors with disjoint lifetimes, not sub-buffers of one arena:
-// NVIDIA's driver crashes releasing some arena sub-buffers (benchmarks/NOTES.md §4), and
+// NVIDIA's driver crashes releasing some arena sub-buffers (docs/lab-notebook.md §4), and
 // mobile drivers align sub-buffer origins coarsely.
 std::string Partition::AllocateIntermediates() {
   const ClApi& cl = be_->rt->cl();
