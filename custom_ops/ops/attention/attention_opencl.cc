@@ -188,7 +188,7 @@ int Chunk(int d, int cap) { return static_cast<int>(CeilDiv(d, CeilDiv(d, cap)))
 // work-group exceeds the device's limit) and the largest key tile of 64, 32,
 // 16 that fits local memory. On the H100, 256 rows x 64 keys ran SD 1.5's
 // 4096 x 4096, 8 x 40 self-attention in 1.00 ms against 1.50 ms for 64 x 32
-// (benchmarks/gpu_flash_sweep.py, docs/lab-notebook.md §11): a work-group of 64 rows is a
+// (lab/gpu_flash_sweep.py, docs/lab-notebook.md §11): a work-group of 64 rows is a
 // single warp, too few per compute unit to hide the latencies.
 constexpr int kFlashRows = 256;
 

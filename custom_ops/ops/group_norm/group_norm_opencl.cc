@@ -179,7 +179,7 @@ size_t PowerOfTwoGroup(size_t cap, size_t device_max) {
 // least ~30 us on the H100 (a kernel ~7 us even when tiny, and 3-10 us
 // between dependent ones), and "one" runs a group per work-group (64
 // work-groups at batch 2 on 132 compute units): "coop" beat both at every SD
-// 1.5 UNet GroupNorm shape (benchmarks/gpu_gn_sweep.py, docs/lab-notebook.md §15).
+// 1.5 UNet GroupNorm shape (lab/gpu_gn_sweep.py, docs/lab-notebook.md §15).
 // Larger tensors (the VAE's 64-268 MB) take "one" when its work-groups, one
 // per (sample, group), fill the device or each group is small enough that a
 // second kernel costs more than the idle compute units (at most

@@ -10,7 +10,7 @@ builder and run by `difflite.runtime.litert_gpu` (a child process; gpu-fp16 and 
 - gather-half-dequantize: GATHER of the float16 table, then DEQUANTIZE of the rows;
 - gather-half-cast: GATHER of the float16 table, then CAST of the rows to float32.
 
-    python benchmarks/litert_gpu_lookup_forms.py [--vocab 49408 --dim 768] [--save FILE.json]
+    python lab/litert_gpu_lookup_forms.py [--vocab 49408 --dim 768] [--save FILE.json]
 """
 from __future__ import annotations
 
