@@ -11,7 +11,7 @@ flags for every conversion with `--convert-args`, e.g. a size). For each:
   runtime_memory.py): load, steady call, peak RSS, device MB; `generate --low-memory` peak.
 
     python benchmarks/quantization.py --model preset:sd15 --work /tmp/quant --backend opencl \\
-        --save benchmarks/results/quantization_h100.json
+        --save benchmarks/results/quantization_h100_$(date +%Y-%m).json
 """
 from __future__ import annotations
 
