@@ -1,6 +1,6 @@
 """Benchmark: the OpenCL runtime as a phone sees it (memory, start-up, a whole picture).
 
-For an output folder (SD 1.5 fp16 at 512x512 with the default profile, batch 2, in NOTES §22):
+For an output folder (measured so far: SD 1.5 fp16 at 512x512, default profile, batch 2):
 
 - per component, in a fresh process each (`difflite bench OUT --components C --backend opencl`):
   cold start (empty program caches: difflite's, PoCL's and NVIDIA's) and warm start (filled);

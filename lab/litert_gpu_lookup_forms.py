@@ -1,6 +1,6 @@
 """Benchmark: which form of a float16 embedding lookup stock LiteRT's GPU accelerator runs (issue
 20, item 3: the `--no-fuse` text encoder at `--precision fp16`, whose DEQUANTIZE -> GATHER it
-refuses, NOTES §36).
+refuses).
 
 One-op-chain files, ids [77] (int32) into a [V, D] table, each form written with difflite's
 builder and run by `difflite.runtime.litert_gpu` (a child process; gpu-fp16 and gpu-fp32):
