@@ -11,7 +11,7 @@ left in it (the lone run must add none: everything it needs was stored), and dif
 left in the temporary directory.
 
     python benchmarks/concurrent_generate.py out/tiny --processes 4 --backend opencl \\
-        --save benchmarks/results/concurrent_generate_pocl.json
+        --save benchmarks/results/concurrent_generate_pocl_$(date +%Y-%m).json
 
 Exit 0 when every run succeeded with identical pictures and nothing was left behind, else 1.
 """

@@ -2,7 +2,8 @@
 
 Runs the real `difflite convert` in a child process, records wall time per stage (from
 report.json) and the child's peak RSS, checks that each component loads in ai-edge-litert and
-runs once, and writes benchmarks/results/convert_sd15.json plus a table.
+runs once, and writes benchmarks/results/convert_sd15_<machine>_<yyyy-mm>.json (--machine, default
+host) plus a table.
 
 Targets: <= 300 s wall, <= 10 GB peak RSS, unet.tflite < 2 GiB, every component runs.
 
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the converted folder")
     parser.add_argument("--extra-args", default="", help="more `difflite convert` arguments")
+    parser.add_argument("--machine", default="host", help="the machine's name in the result file's name")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="difflite-sd15-")) / "sd15"
     command = [sys.executable, "-m", "difflite", "convert", "preset:sd15", "-o", str(out),
@@ -91,7 +93,7 @@ def main() -> int:
         "all_components_run": bool(result.get("runs")) and all(r["finite"] for r in result["runs"].values()),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "convert_sd15.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"convert_sd15_{args.machine}_{time.strftime('%Y-%m')}.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
     if not args.keep and args.out is None:
         shutil.rmtree(out.parent, ignore_errors=True)

@@ -1,7 +1,7 @@
 # Source this on a lent NVIDIA GPU machine (Python 3.12 with torch, no network) from the repository
 # root, with .whl/ (cp312 wheels: ai-edge-litert 2.3.0, backports.strenum, diffusers 0.42.1,
 # onnx-ir, pyopencl + pytools, platformdirs, siphash24) and .gl/ (the Debian .debs of libvulkan1
-# and the GL loaders) carried along; see benchmarks/NOTES.md for how they are fetched.
+# and the GL loaders) carried along; see docs/lab-notebook.md for how they are fetched.
 #
 #   source benchmarks/device_setup.sh
 #

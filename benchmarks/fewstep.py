@@ -14,7 +14,7 @@ picture, then timed over --runs pictures each (alternating): median per-image ti
 two plans are estimated on the phone from `difflite bench OUT --adb` (sum of per-call medians).
 
     python benchmarks/fewstep.py --model preset:sd15 --work /tmp/fewstep --backend opencl \
-        --save benchmarks/results/fewstep_h200.json
+        --save benchmarks/results/fewstep_h200_$(date +%Y-%m).json
 """
 from __future__ import annotations
 

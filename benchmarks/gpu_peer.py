@@ -86,7 +86,7 @@ def summarize(times_ms: list[float]) -> dict:
 
 _REFERENCE: dict[str, np.ndarray] = {}
 # Interpreters with the difflite OpenCL delegate stay alive until the process exits: tearing one
-# down on NVIDIA's OpenCL segfaults in clReleaseMemObject (open bug, see NOTES.md), which would
+# down on NVIDIA's OpenCL segfaults in clReleaseMemObject (open bug, see docs/lab-notebook.md), which would
 # lose the measurements taken after it.
 _KEEP_ALIVE: list = []
 

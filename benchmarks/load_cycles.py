@@ -6,7 +6,7 @@ and reads the process's memory from /proc/self/status. The figure is the growth 
 cycle (caches and allocator pools are warm by then) to the last; the target is 10%.
 
     python benchmarks/load_cycles.py out/sd15/text_encoder.tflite --backend opencl --cycles 200 \\
-        --save benchmarks/results/load_cycles_pocl.json
+        --save benchmarks/results/load_cycles_pocl_$(date +%Y-%m).json
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ flags for every conversion with `--convert-args`, e.g. a size). For each:
   runtime_memory.py): load, steady call, peak RSS, device MB; `generate --low-memory` peak.
 
     python benchmarks/quantization.py --model preset:sd15 --work /tmp/quant --backend opencl \\
-        --save benchmarks/results/quantization_h100.json
+        --save benchmarks/results/quantization_h100_$(date +%Y-%m).json
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 PROMPT = "a photo of an astronaut riding a horse on mars"
 # (precision, --weights, further convert flags); "-w0": a Winograd budget of 0 (no float transformed
 # filters: fp16 then has no Winograd, int8 / int4 keep the filter form, which needs none; their
-# default since NOTES §41); "-vae0": budget 0 in the VAE decoder only (decoded once a picture)
+# default since the filter form); "-vae0": budget 0 in the VAE decoder only (decoded once a picture)
 SETTINGS = {"fp32": ("fp32", "float", []), "fp16": ("fp16", "float", []),
             "fp16-w0": ("fp16", "float", ["--winograd-budget-mb", "0"]), "int8": ("fp16", "int8", []),
             "int4": ("fp16", "int4", []), "int8-w0": ("fp16", "int8", ["--winograd-budget-mb", "0"]),

@@ -10,7 +10,7 @@ same 20 guided steps (quantization.py's picture()).
 
     python benchmarks/recipe_curve.py --recipe benchmarks/results/recipes/sd15_int4.json \\
         --component unet --steps 0,30,60,90,recipe --convert --work /tmp/curve \\
-        --save benchmarks/results/recipe_curve_h100.json
+        --save benchmarks/results/recipe_curve_h100_$(date +%Y-%m).json
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Benchmark: the OpenCL runtime as a phone sees it (memory, start-up, a whole picture).
 
-For an output folder (SD 1.5 fp16 at 512x512 with the default profile, batch 2, in NOTES §22):
+For an output folder (measured so far: SD 1.5 fp16 at 512x512, default profile, batch 2):
 
 - per component, in a fresh process each (`difflite bench OUT --components C --backend opencl`):
   cold start (empty program caches: difflite's, PoCL's and NVIDIA's) and warm start (filled);
@@ -13,8 +13,8 @@ For an output folder (SD 1.5 fp16 at 512x512 with the default profile, batch 2, 
 
 The targets of the runtime issue are evaluated into the JSON ("targets") and printed as a table.
 
-    python benchmarks/runtime_memory.py /work/out/sd15 --steps 2 --runs 1 --save results/x.json
-    python benchmarks/runtime_memory.py OUT --diffusers-folder F --save results/y.json   # on the GPU
+    python benchmarks/runtime_memory.py /work/out/sd15 --steps 2 --runs 1 --save benchmarks/results/runtime_memory_pocl_$(date +%Y-%m).json
+    python benchmarks/runtime_memory.py OUT --diffusers-folder F --save benchmarks/results/runtime_memory_h100_$(date +%Y-%m).json  # GPU
 """
 from __future__ import annotations
 

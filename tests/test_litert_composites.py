@@ -1,4 +1,4 @@
-"""benchmarks/litert_composites.py (issue 20): its composite files are STABLEHLO_COMPOSITE operators
+"""lab/litert_composites.py (issue 20): its composite files are STABLEHLO_COMPOSITE operators
 with a decomposition subgraph, as FACTS describes them, its decomposed files have none, and the CPU
 interpreter runs both to the float64 reference; a runtime that kills the child is a row, not a
 failure of the script."""
@@ -13,7 +13,7 @@ import pytest
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "litert_composites.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "lab" / "litert_composites.py"
 COMPOSITE_NAMES = {"groupnorm": "odml.group_norm", "layernorm": "odml.group_norm",
                    "sdpa": "odml.scaled_dot_product_attention"}
 

@@ -178,7 +178,7 @@ def test_int4_mix_stores_a_lookup_table_as_int8_rows(precision, tmp_path):
 
 def test_fp16_table_is_gathered_as_float16_rows_and_cast(tmp_path):
     """At --precision fp16 a float table is GATHERed as float16 and its rows CAST to float32: no
-    DEQUANTIZE feeds a GATHER (stock LiteRT's GPU accelerator refuses that form, NOTES §36), and
+    DEQUANTIZE feeds a GATHER (stock LiteRT's GPU accelerator refuses that form), and
     the rows are the float16 table's exactly."""
     model, table = embedding_model()
     ids = np.array([[0, 3, 299, 17, 17, 150, 1], [5, 4, 3, 2, 1, 0, 298]], np.int32)
@@ -198,7 +198,7 @@ def test_fp16_table_is_gathered_as_float16_rows_and_cast(tmp_path):
 def test_stock_gpu_forms_write_quantized_linears_as_1x1_convolutions(width, tmp_path):
     """`convert --no-fuse` (stock_gpu_forms) writes a quantized linear layer as RESHAPE to
     [1, 1, M, K], CONV_2D with the filter [N, 1, 1, K], RESHAPE back: stock LiteRT's GPU compiles
-    a quantized weight only as a convolution's 4-D filter (NOTES §31). Same layer widths, bytes
+    a quantized weight only as a convolution's 4-D filter (LiteRT 2.3.0). Same layer widths, bytes
     and digests as the FULLY_CONNECTED form, and the same outputs on LiteRT's interpreter."""
     x = np.random.default_rng(0).standard_normal((1, 8, 8, 32)).astype(np.float32)
     results, outputs, summaries = {}, {}, {}

@@ -1,5 +1,5 @@
 """`--no-fuse` files hold none of the forms stock LiteRT's GPU accelerator refuses or mis-lowers
-(../shared/FACTS.md, NOTES §31 and §36), checked on the files themselves, since CI has no GPU
+(../shared/FACTS.md; measured with LiteRT 2.3.0 on an H100, 2026-11), checked on the files themselves, since CI has no GPU
 (`benchmarks/litert_gpu_verify.py` runs them on one):
 
 - a DEQUANTIZE feeding a GATHER ("GATHER: Input / output dtype mismatch");

@@ -416,7 +416,7 @@ def test_tiny_unet_counts_and_equivalence(tiny_unet):
         found = find_candidates(model, name)
         counts[name] = {"candidates": sum(c.structural for c in found), "eligible": sum(c.eligible for c in found)}
     # 128x128 px -> 16x16 latents: <= 16 tiles and <= 64 channels, under every phone's threshold. The
-    # nvidia-h100 profile takes 16 tiles an image (measured, NOTES.md §14): its one 64 -> 64 conv at 16x16.
+    # nvidia-h100 profile takes 16 tiles an image (measured on the H100, 2026-11): its one 64 -> 64 conv at 16x16.
     h100 = counts.pop("nvidia-h100")
     assert all(c == {"candidates": expected, "eligible": 0} for c in counts.values()), counts
     assert h100 == {"candidates": expected, "eligible": 1}, h100

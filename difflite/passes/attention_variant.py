@@ -30,7 +30,7 @@ Rule, first match wins:
      q row + accumulator would spill registers (the paper's "large number of registers"), e.g.
      the VAE's single 512-wide head; the kernels pick their tiles from the device's local memory
      (down to ~10 KB; below WIDE_MIN_LOCAL_BYTES -> partial_softmax). On the H100 it ran the VAE head in 2.3 ms against the partial softmax's
-     22.7 (benchmarks/NOTES.md §10).
+     22.7 ms (2026-11).
   5. flash_block_q > max_work_group_size, or the K/V tile flash_block_kv * (Dk + Dv) * e bytes
      exceeds local_mem_bytes                               -> partial_softmax
      ("only works for SRAM with certain sizes"; narrow heads, per-work-item kernel)

@@ -29,7 +29,7 @@ std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs) {
     }
   }
   // Vectorised by default: on the H100 it ran the SD 1.5 UNet's convolutions and projections
-  // 2x faster than the scalar kernel, and larger tiles did not help (benchmarks/NOTES.md §6).
+  // 2x faster than the scalar kernel, and larger tiles did not help (2026-11).
   if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true});
   if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});
   configs.push_back({32, 32, 16, 4, 4, true});
@@ -231,7 +231,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   if (!b_kmajor || s_.b_sn != s_.k) s_.wq = WeightQuant();
   // Half storage with B n-major (the Winograd GEMMs' U): quads made the H100 slower (VAE
   // 128x128x512: 0.608 ms with both operands in quads, 0.537 with none; float 0.464 with both;
-  // benchmarks/NOTES.md §20), where with B k-major (FULLY_CONNECTED) both in quads is fastest.
+  // 2026-11), where with B k-major (FULLY_CONNECTED) both in quads is fastest.
   const bool quads_allowed = DTypeSize(ctx.storage()) != 2 || b_kmajor;
   const bool a_quads = quads_allowed &&
                        (a_kmajor ? StagesInQuads(s_.k, s_.a_sm, s_.a_bs)

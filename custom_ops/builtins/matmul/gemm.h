@@ -29,7 +29,7 @@ struct TileConfig {
 // `macs` multiply-adds in all: 128x128 with 8x8 outputs a work-item for
 // GEMMs of at least kLargeTileMacs (on the H100 1.06-1.23x the 64x64 tile at
 // the SD 1.5 UNet's large projections and convolutions, 0.82-0.88x at its
-// 0.8 G-MAC ones: too few tiles; benchmarks/gpu_gemm_sweep.py, NOTES.md §17),
+// 0.8 G-MAC ones: too few tiles; lab/gpu_gemm_sweep.py, 2026-11),
 // then 64x64 (for m, n > 32), 32x32, 16x16. DIFFLITE_GEMM_TILE=TMxTNxTKxWMxWN
 // (e.g. 128x128x16x8x8) puts one tile first, a trailing v (128x128x16x8x8v)
 // selects the vectorised variant; for benchmarking.

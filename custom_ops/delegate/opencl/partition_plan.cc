@@ -148,7 +148,8 @@ void Partition::JoinAliases() {
 }
 
 // Whole buffers shared by tensors with disjoint lifetimes, not sub-buffers of one arena:
-// NVIDIA's driver crashes releasing some arena sub-buffers (benchmarks/NOTES.md §4), and
+// NVIDIA's driver crashes releasing some arena sub-buffers (an H100 in 2026-11;
+// cause unknown, found with DIFFLITE_CL_TRACE=1), and
 // mobile drivers align sub-buffer origins coarsely.
 std::string Partition::AllocateIntermediates() {
   const ClApi& cl = be_->rt->cl();

@@ -20,7 +20,7 @@
 //     spilling (CL_KERNEL_PRIVATE_MEM_SIZE 0; FlashInRegisters): flash. On the
 //     H100 attn_flash spills nothing up to head 80 (8 bytes at 96, 848 at 160)
 //     and ran SD 1.5's 1024 x 1024, 8 x 80 self-attention at batch 2 in
-//     0.305 ms against 0.514 for attn_wide (benchmarks/NOTES.md §14).
+//     0.305 ms against 0.514 for attn_wide (2026-11).
 //   * Otherwise "auto" takes flash when both head sizes are <= kFlashMaxHead
 //     (its per-work-item registers: q row + accumulator) and its K/V tiles
 //     fit in half the device's local memory, and "flash" takes it when the
@@ -188,7 +188,7 @@ int Chunk(int d, int cap) { return static_cast<int>(CeilDiv(d, CeilDiv(d, cap)))
 // work-group exceeds the device's limit) and the largest key tile of 64, 32,
 // 16 that fits local memory. On the H100, 256 rows x 64 keys ran SD 1.5's
 // 4096 x 4096, 8 x 40 self-attention in 1.00 ms against 1.50 ms for 64 x 32
-// (benchmarks/gpu_flash_sweep.py, NOTES.md §11): a work-group of 64 rows is a
+// (lab/gpu_flash_sweep.py, 2026-11): a work-group of 64 rows is a
 // single warp, too few per compute unit to hide the latencies.
 constexpr int kFlashRows = 256;
 

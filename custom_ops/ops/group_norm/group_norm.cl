@@ -637,8 +637,8 @@ inline void gn_add_slices(__local float2* l_part, int K) {
 // in the same order, so the same totals. Every work-group reads all K
 // partials of its groups (K^2 word pairs a group in all); one work-group a
 // block gathering them and publishing the totals reads 2K, but its extra
-// round trip cost ~1 us more at every SD 1.5 shape (benchmarks/NOTES.md,
-// section 16). *l_ok is 1 on entry. A uniform call.
+// round trip cost ~1 us more at every SD 1.5 shape (H100, 2026-11).
+// *l_ok is 1 on entry. A uniform call.
 inline void gn_exchange(__local GN_VEC* l_s1, __local GN_VEC* l_s2, __local float2* l_grp,
                         __local float2* l_part, __local int* l_ok, __global ulong* partial,
                         __global const DL_T* xc, GN_VEC shift, int k, int K, int rows, int S,

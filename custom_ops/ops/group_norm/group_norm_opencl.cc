@@ -172,19 +172,19 @@ size_t PowerOfTwoGroup(size_t cap, size_t device_max) {
 // The plan. GPUs (tiled kernels) take "rows" for LayerNorms (`rows`: it has
 // a plan): [8192, 320], 15 a UNet step, took 24 us as "coop" (a row a
 // work-group, 40% of a same-size copy) and 12 us (77%) as "rows" on the H100
-// (NOTES.md §18). Otherwise they take "coop", one kernel that reads x once
+// (2026-11). Otherwise they take "coop", one kernel that reads x once
 // from memory and writes y once, while its slices are at most kCoopMaxChunks
 // chunks (the chunks but the last are read again, from cache while x fits in
 // it: on the H100, 8 chunks a slice is ~50 MB, its L2). Two kernels cost at
 // least ~30 us on the H100 (a kernel ~7 us even when tiny, and 3-10 us
 // between dependent ones), and "one" runs a group per work-group (64
 // work-groups at batch 2 on 132 compute units): "coop" beat both at every SD
-// 1.5 UNet GroupNorm shape (benchmarks/gpu_gn_sweep.py, NOTES.md §15).
+// 1.5 UNet GroupNorm shape (lab/gpu_gn_sweep.py, 2026-11).
 // Larger tensors (the VAE's 64-268 MB) take "one" when its work-groups, one
 // per (sample, group), fill the device or each group is small enough that a
 // second kernel costs more than the idle compute units (at most
 // kOneMaxGroupElems elements), else "split": it reads x twice from memory as
-// "coop" would, in whole rows of channels (NOTES.md §14). CPU-like devices
+// "coop" would, in whole rows of channels. CPU-like devices
 // (flat kernels) take "split": their work-groups run one after another, so
 // "coop" would wait out its polls. DIFFLITE_GN_PLAN=rows|coop|one|split
 // overrides (an A/B on a new GPU; "rows" only where it has a plan).

@@ -34,7 +34,8 @@ def linear_as_1x1_convolution(ctx, xi: int, weights_nk: np.ndarray, bias: np.nda
     """out = xi W^T + bias as a 1x1 CONV_2D over xi's rows viewed [1, 1, M, K], the filter
     [N, 1, 1, K]. `--no-fuse` files (the ones stock LiteRT runs) write quantized linear layers so:
     stock LiteRT's GPU accelerator compiles an int8 / int4 weight only as a convolution's 4-D
-    filter, and fails on a quantized FULLY_CONNECTED (NOTES §31)."""
+    filter, and fails on a quantized FULLY_CONNECTED with a shape
+    mismatch (LiteRT 2.3.0 on an H100, 2026-11)."""
     n, k = weights_nk.shape
     rows = int(np.prod(ctx.builder.shape_of(xi)[:-1]))
     image = ctx.temp("rows", (1, 1, rows, k))

@@ -2,7 +2,7 @@
 
 One small model per form (a FULLY_CONNECTED or a 3x3 CONV_2D whose weight is an int8 / int4
 constant brought back to float), written to a folder with one seeded input and the float64
-reference, each run in a child process (benchmarks/litert_composites_child.py) on the GPU at fp32
+reference, each run in a child process (lab/litert_composites_child.py) on the GPU at fp32
 and fp16 and on the CPU interpreter:
 
     fc-int8-axis     INT8 [N, K], per-axis scales, DEQUANTIZE                 (convert --weights int8)
@@ -12,7 +12,7 @@ and fp16 and on the CPU interpreter:
     conv-int4-compact
     conv-int4-compact4d  the same with the blocks as [R, 1, 1, 32] and scales [R, 1, 1, 1]
 
-    python benchmarks/litert_gpu_qforms.py [--save FILE.json]
+    python lab/litert_gpu_qforms.py [--save FILE.json]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "lab"))
 
 from litert_composites import ModelFile, gpu_name, run_child  # noqa: E402
 

@@ -5,11 +5,11 @@ work-groups per compute unit (hence slices per block) and registers per work-ite
 slice), its fallback (spin_limit 0), the one-kernel plan (gn_one), the rows plan (gn_rows, LayerNorms:
 --groups 1 with shapes Nx1xC) and a copy of the same bytes.
 
-    python benchmarks/gpu_gn_sweep.py [--runs 20] [--small]
+    python lab/gpu_gn_sweep.py [--runs 20] [--small]
 
 Each configuration runs through benchmarks/gpu_kernels_harness/launch.py (the library's kernels and
 launch shapes, `ys` overridden), queued behind a user event (no host gaps), median of --runs; it
-checks the output against the library's own plan. Writes benchmarks/results/gpu_gn_sweep_<device>.json
+checks the output against the library's own plan. Writes lab/results/gpu_gn_sweep_<device>.json
 (or $OUT/...) and prints a markdown table per shape; the library's choice is marked.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_kernels_harness, gpu_ablation
+sys.path.insert(0, str(ROOT / "lab"))  # bench_out
 
 from bench_out import write_result  # noqa: E402
 from gpu_ablation import measure, same_size_copy_bandwidth  # noqa: E402

@@ -3,9 +3,9 @@
 # alternately in a baseline tree (a tarball of the commit before, e.g. `git archive HEAD`) and in
 # this tree, ROUNDS times each (interleaved, so drift hits both alike). The command is run with
 # $OUT_JSON set to a per-run JSON path (e.g. "python3 benchmarks/gpu_ablation.py --cases GroupNorm
-# --out \$OUT_JSON"). Source device_setup.sh first.
+# --out \$OUT_JSON"). Source benchmarks/device_setup.sh first.
 #
-#   benchmarks/gpu_ab.sh BASE.tar "COMMAND" [ROUNDS]
+#   lab/gpu_ab.sh BASE.tar "COMMAND" [ROUNDS]
 #
 # Output: $OUT/ab_{base,new}_<round>.{json,txt}. PYTHONPATH is /tmp/site (device_setup.sh's wheels) and the tree.
 base_tar=$1

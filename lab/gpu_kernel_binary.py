@@ -1,7 +1,7 @@
 """Dumps the device binary of one of the library's OpenCL programs as the backend would build it
 (on NVIDIA's OpenCL the binary is PTX text), for reading what the compiler made of a kernel:
 
-    python benchmarks/gpu_kernel_binary.py builtins/conv/conv.cl --options "-DVEC=1 -DTM=128 ..." \
+    python lab/gpu_kernel_binary.py builtins/conv/conv.cl --options "-DVEC=1 -DTM=128 ..." \
         [--half] -o conv.ptx
 
 --half builds for half storage through vload_half (-DDL_HALF_IO=1). Prints the size and, for PTX,

@@ -1,5 +1,5 @@
 """Where the GPU benchmarks write their JSON: $OUT if set (the device machine's output folder), else
-benchmarks/results/, as <name>_<device><suffix>.json."""
+lab/results/, as <name>_<device><suffix>.json."""
 from __future__ import annotations
 
 import json

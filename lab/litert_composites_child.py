@@ -1,7 +1,7 @@
-"""Child of benchmarks/litert_composites.py: runs one .tflite on one accelerator with whichever
+"""Child of lab/litert_composites.py: runs one .tflite on one accelerator with whichever
 ai_edge_litert comes first on sys.path (the parent puts a runtime's site dir first on PYTHONPATH).
 
-    python benchmarks/litert_composites_child.py MODEL IO.npz cpu|gpu|gpu-fp16 RUNS
+    python lab/litert_composites_child.py MODEL IO.npz cpu|gpu|gpu-fp16 RUNS
 
 IO.npz holds the inputs (`in_<name>`, float32) and `reference` (float64). Every fact is printed as
 one line, PREFIX + JSON, as soon as it is known: the runtime's version, then each stage as it starts

@@ -4,11 +4,11 @@ TMxTNxTKxWMxWN[v]), each through the backend's own launch (split-K where the lib
 checked against NumPy. The vectorised kernels' register tile is WM rows by WN / 4 float4 column
 groups (common/vec_tile.cl).
 
-    python benchmarks/gpu_gemm_sweep.py [--runs 10] [--small] [--tiles 64x64x16x4x4v,128x128x16x8x8v]
-    python benchmarks/gpu_gemm_sweep.py --registers   # each tile's kernels: spills, work-group limit
-    python benchmarks/gpu_gemm_sweep.py --half        # half storage (vload_half), float arithmetic
+    python lab/gpu_gemm_sweep.py [--runs 10] [--small] [--tiles 64x64x16x4x4v,128x128x16x8x8v]
+    python lab/gpu_gemm_sweep.py --registers   # each tile's kernels: spills, work-group limit
+    python lab/gpu_gemm_sweep.py --half        # half storage (vload_half), float arithmetic
 
-Writes benchmarks/results/gpu_gemm_sweep_<device>.json (or $OUT/...) and prints a markdown table:
+Writes lab/results/gpu_gemm_sweep_<device>.json (or $OUT/...) and prints a markdown table:
 milliseconds, TFLOP/s and the speedup over the default tile, per shape.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_kernels_harness, gpu_ablation
+sys.path.insert(0, str(ROOT / "lab"))  # bench_out
 
 from bench_out import write_result  # noqa: E402
 from gpu_ablation import measure  # noqa: E402

@@ -1,7 +1,7 @@
 """Tile sweep of the per-work-item FlashAttention kernel (attn_flash) at SD 1.5's first-level
 self-attention, on any OpenCL device (pyopencl, fp32 storage).
 
-    python benchmarks/gpu_flash_sweep.py [--lq 4096] [--heads 8] [--dim 40] [--n 1] [--runs 10] [--small|--quick]
+    python lab/gpu_flash_sweep.py [--lq 4096] [--heads 8] [--dim 40] [--n 1] [--runs 10] [--small|--quick]
                                          [--splits 1,2,4]
 
 For each query block AT_BQ, key tile AT_BK, rescaling chunk AT_KC, rows per work-item AT_RQ and key
@@ -9,7 +9,7 @@ split count AT_SPLIT (that fit the device's local memory and work-group limit) i
 (with --splits > 1: the split attn_flash plus attn_merge, first start to last end) with OpenCL events
 (median of --runs, each run queued behind a user event so no host gap counts), checks the output
 against the library's own plan (attention_opencl.cc, mirrored by launch.py: attention_plan, splits
-included), and writes benchmarks/results/gpu_flash_sweep_<device>.json (or $OUT/...) plus a markdown
+included), and writes lab/results/gpu_flash_sweep_<device>.json (or $OUT/...) plus a markdown
 table, fastest first. The library's choice is marked. Split counts run past the library's rule (at
 least 256 keys a split) too: e.g. --small's 256 keys in 4 splits.
 """
@@ -118,7 +118,7 @@ def main() -> int:
     device = r.device.name.strip()
     result = {"device": device, "compute_units": r.compute_units, "lq": lq, "heads": heads, "dim": d, "n": n,
               "runs": args.runs, "library_splits": default.splits, "rows": rows}
-    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    out_dir = Path(os.environ.get("OUT", ROOT / "lab" / "results"))
     tag = "".join(c if c.isalnum() else "_" for c in device).lower() + ("_small" if args.small else "")
     tag += f"_n{n}_d{d}" if (n, d) != (1, 40) else ""
     path = out_dir / f"gpu_flash_sweep_{tag}.json"

@@ -14,14 +14,14 @@ in .tflite") describes:
 
 Every file then runs on every LiteRT given (--runtime DIR: a folder holding an ai_edge_litert
 package, put first on the child's PYTHONPATH; default this environment's) and accelerator, each in
-a child process (benchmarks/litert_composites_child.py): cpu is the Interpreter, gpu the
+a child process (lab/litert_composites_child.py): cpu is the Interpreter, gpu the
 CompiledModel on HardwareAccelerator.GPU with enforce_f32, gpu-fp16 the same without it. A row is
 run, wrong (ran, error over the accelerator's tolerance), fallback (the GPU reports the model not
 fully accelerated), error (an exception: its text), crash (the child died of a signal: its name) or
 timeout, with the error against a float64 NumPy reference and ms per run. A crash is data, so the
 exit status is 0 whatever the rows say; 2 (one line) for bad arguments.
 
-    python benchmarks/litert_composites.py [--small] [--runtime DIR ...]
+    python lab/litert_composites.py [--small] [--runtime DIR ...]
         [--accelerator cpu|gpu|gpu-fp16 ...] [--axes-encoding blob|vector ...] [--runs 20]
         [--timeout 300] [--out DIR] [--save FILE.json]
 """
@@ -146,7 +146,7 @@ class CompositeModelBuilder(ModelBuilder):
     buffers and operator codes belong to the model, shared by every subgraph."""
 
     def __init__(self):
-        super().__init__("difflite benchmarks/litert_composites.py")
+        super().__init__("difflite lab/litert_composites.py")
         self._decompositions: list[schema.SubGraphT] = []
 
     @contextlib.contextmanager

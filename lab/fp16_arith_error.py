@@ -4,11 +4,11 @@ phones run (attn_flash and the partial softmax, SD's head size 40), each with th
 math=auto and math=fp32, against float64 on the same half-rounded inputs.
 
     scripts/fetch_fp16_opencl.sh
-    python benchmarks/fp16_arith_error.py [--vendors ~/.cache/difflite/intel-cpu-opencl-2026.2.0/vendors]
+    python lab/fp16_arith_error.py [--vendors ~/.cache/difflite/intel-cpu-opencl-2026.2.0/vendors]
 
 --vendors points OCL_ICD_VENDORS at that folder (Intel's CPU OpenCL, which has cl_khr_fp16); the
 runtime emulates half there, so this measures rounding, not speed. Prints a table and writes
-benchmarks/results/fp16_arith_error.json (or $OUT/...).
+lab/results/fp16_arith_error_host_<yyyy-mm>.json (or $OUT/...).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,8 +116,8 @@ def main() -> int:
     print("| case | arithmetic | relative RMS error | relative max error |\n|---|---|---|---|")
     for row in rows:
         print(f"| {row['case']} | {row['arithmetic']} | {row['rel_rms']:.3g} | {row['rel_max']:.3g} |")
-    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
-    (out_dir / "fp16_arith_error.json").write_text(json.dumps({"vendors": str(args.vendors), "rows": rows}, indent=1))
+    out_dir = Path(os.environ.get("OUT", ROOT / "lab" / "results"))
+    (out_dir / f"fp16_arith_error_host_{time.strftime('%Y-%m')}.json").write_text(json.dumps({"vendors": str(args.vendors), "rows": rows}, indent=1))
     return 0
 
 

@@ -2,9 +2,9 @@
 against float storage, side by side in one run, for the kernels converted so far (Gelu, GeGLU, GroupNorm
 with each plan), at SD 1.5 shapes; each output checked against NumPy on the half-rounded inputs.
 
-    python benchmarks/gpu_half_io.py [--runs 20] [--small]
+    python lab/gpu_half_io.py [--runs 20] [--small]
 
-Writes benchmarks/results/gpu_half_io_<device>.json (or $OUT/...) and prints a markdown table.
+Writes lab/results/gpu_half_io_<device>.json (or $OUT/...) and prints a markdown table.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_kernels_harness, gpu_ablation
+sys.path.insert(0, str(ROOT / "lab"))  # bench_out
 
 from bench_out import write_result  # noqa: E402
 from gpu_ablation import measure  # noqa: E402

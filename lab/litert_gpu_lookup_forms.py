@@ -1,6 +1,6 @@
 """Benchmark: which form of a float16 embedding lookup stock LiteRT's GPU accelerator runs (issue
 20, item 3: the `--no-fuse` text encoder at `--precision fp16`, whose DEQUANTIZE -> GATHER it
-refuses, NOTES §36).
+refuses).
 
 One-op-chain files, ids [77] (int32) into a [V, D] table, each form written with difflite's
 builder and run by `difflite.runtime.litert_gpu` (a child process; gpu-fp16 and gpu-fp32):
@@ -10,7 +10,7 @@ builder and run by `difflite.runtime.litert_gpu` (a child process; gpu-fp16 and 
 - gather-half-dequantize: GATHER of the float16 table, then DEQUANTIZE of the rows;
 - gather-half-cast: GATHER of the float16 table, then CAST of the rows to float32.
 
-    python benchmarks/litert_gpu_lookup_forms.py [--vocab 49408 --dim 768] [--save FILE.json]
+    python lab/litert_gpu_lookup_forms.py [--vocab 49408 --dim 768] [--save FILE.json]
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ claim time with no drop in the claim time means the driver serialises clBuildPro
 several op libraries (--oplibs, e.g. a baseline build beside the current one) the rows compare
 them side by side; each row keeps the slowest program builds.
 
-    python benchmarks/claim_threads.py OUT/unet.tflite --threads 1,4,16 [--oplibs A.so,B.so] [--save x.json]
+    python lab/claim_threads.py OUT/unet.tflite --threads 1,4,16 [--oplibs A.so,B.so] [--save x.json]
 """
 from __future__ import annotations
 

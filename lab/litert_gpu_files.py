@@ -3,12 +3,12 @@ runtimes run the quantized forms).
 
 App developers ship `--no-fuse` files with stock LiteRT. For every component of each output folder
 given, seeded random inputs run on the CPU interpreter (stock LiteRT, no difflite delegate: the
-reference) and then, in a child process each (benchmarks/litert_composites_child.py), on the GPU
+reference) and then, in a child process each (lab/litert_composites_child.py), on the GPU
 accelerator at fp32 (enforce_f32) and fp16: a row says run, wrong (max error over the
 accelerator's tolerance, relative to the reference's largest magnitude), fallback (not fully
 accelerated), error or crash, with ms per call.
 
-    python benchmarks/litert_gpu_files.py OUT [OUT ...] [--accelerator gpu --accelerator gpu-fp16]
+    python lab/litert_gpu_files.py OUT [OUT ...] [--accelerator gpu --accelerator gpu-fp16]
         [--save FILE.json]
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "lab"))
 
 from litert_composites import ModelFile, OneLineParser, gpu_name, run_child  # noqa: E402
 

@@ -4,7 +4,7 @@
 # profile, 200 MB Winograd budget) and one with the nvidia-h100 profile and no budget limit (every
 # eligible 3x3 convolution as Winograd). Profiles the default UNet with each DIFFLITE_GEMM_TILE in
 # $TILES and the default choice, then the all-Winograd UNet and both VAE decoders
-# (benchmarks/gpu_profile.py). Source device_setup.sh first; results go to $OUT.
+# (benchmarks/gpu_profile.py). Source benchmarks/device_setup.sh first; results go to $OUT.
 out=${OUT:-/tmp/tiles}
 mkdir -p "$out"
 convert() {  # folder, extra args...
