@@ -1,6 +1,7 @@
 """The package's shape: one import name when installed, and the import directions of DESIGN.md §1
 (pyproject's [tool.importlinter] contracts, checked by import-linter)."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,13 @@ LINT_IMPORTS = [sys.executable, "-c", "import sys; from importlinter.cli import 
 def test_install_adds_only_the_difflite_package(tmp_path):
     """`pip install .` puts one top-level module into site-packages: difflite (plus its metadata and
     the console script)."""
-    target = tmp_path / "site"
+    source, target = tmp_path / "source", tmp_path / "site"  # a copy: building writes build/ beside the sources
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    shutil.copytree(REPO / "difflite", source / "difflite", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(REPO)], check=True, capture_output=True, text=True, cwd=tmp_path)
+                    "--target", str(target), str(source)], check=True, capture_output=True, text=True, cwd=tmp_path)
     entries = {p.name for p in target.iterdir()}
     metadata = {name for name in entries if name.endswith(".dist-info")}
     assert metadata == {"difflite-0.1.0.dist-info"}
