@@ -3,9 +3,9 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 # import-linter's `lint-imports`, run by this interpreter whatever PATH holds
 LINT_IMPORTS = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())",
                 "--no-cache"]
@@ -16,7 +16,7 @@ def test_install_adds_only_the_difflite_package(tmp_path):
     the console script)."""
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(REPO)], check=True, capture_output=True, text=True, cwd=tmp_path)
+                    "--target", str(target), str(ROOT)], check=True, capture_output=True, text=True, cwd=tmp_path)
     entries = {p.name for p in target.iterdir()}
     metadata = {name for name in entries if name.endswith(".dist-info")}
     assert metadata == {"difflite-0.1.0.dist-info"}
@@ -34,18 +34,18 @@ def test_install_adds_only_the_difflite_package(tmp_path):
 
 def test_import_contracts_hold():
     """import-linter's layers, forbidden and acyclic-siblings contracts (pyproject.toml)."""
-    run = subprocess.run(LINT_IMPORTS, cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run(LINT_IMPORTS, cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "0 broken" in run.stdout
 
 
 def test_a_broken_contract_is_reported(tmp_path):
     """The check can fail: a runtime module importing the compiler breaks the runtime's contract."""
-    config = (REPO / "pyproject.toml").read_text()
+    config = (ROOT / "pyproject.toml").read_text()
     probe = tmp_path / "pyproject.toml"
     probe.write_text(config)
     package = tmp_path / "difflite"
-    subprocess.run(["cp", "-r", str(REPO / "difflite"), str(package)], check=True)
+    subprocess.run(["cp", "-r", str(ROOT / "difflite"), str(package)], check=True)
     (package / "runtime" / "offender.py").write_text("from difflite.compiler import convert  # noqa\n")
     run = subprocess.run(LINT_IMPORTS, cwd=tmp_path, capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})

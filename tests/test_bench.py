@@ -20,8 +20,9 @@ from difflite.core import procmem
 from difflite.runtime import adb as adb_module
 from difflite.runtime.bench import BenchOptions, load_runner, pipeline_plan
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+from support import ROOT, SUPPORT
+from support.cli import difflite_command, run_difflite
+
 SIZE = ["--height", "32", "--width", "48"]  # small and non-square: quick to time
 SERIAL = "FAKE0123"
 DEVICE_TMP = "/data/local/tmp"
@@ -31,22 +32,11 @@ MIB = 1 << 20
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
-def command_line() -> list[str]:
-    exe = shutil.which("difflite")
-    return [exe] if exe else [sys.executable, "-m", "difflite"]
-
-
 def difflite(*args, check=True, env=None, path=None) -> subprocess.CompletedProcess:
-    environment = {**os.environ, **(env or {})}
-    command = command_line()
     if path is not None:  # a PATH without adb: run `python -m difflite` with this interpreter
-        environment["PATH"] = path
-        command = [sys.executable, "-m", "difflite"]
-    result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT, env=environment)
-    if check and result.returncode != 0:
-        raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
-                             f"{result.stdout}\n{result.stderr}")
-    return result
+        return run_difflite(*args, check=check, env={**(env or {}), "PATH": path},
+                            command=[sys.executable, "-m", "difflite"])
+    return run_difflite(*args, check=check, env=env)
 
 
 def bad_input(result: subprocess.CompletedProcess, *phrases: str) -> str:
@@ -67,7 +57,7 @@ def outs(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("bench")
     folders = {"fused": base / "fused", "nofuse": base / "nofuse"}
     extra = {"fused": [], "nofuse": ["--no-fuse", "--components", "unet"]}
-    processes = {k: subprocess.Popen([*command_line(), "convert", "preset:tiny", "-o", str(folder), *SIZE,
+    processes = {k: subprocess.Popen([*difflite_command(), "convert", "preset:tiny", "-o", str(folder), *SIZE,
                                       *extra[k], "--json"], cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
                  for k, folder in folders.items()}
@@ -320,10 +310,10 @@ class FakeDevice:
         self.bin.mkdir()
         (self.root / DEVICE_TMP.strip("/")).mkdir(parents=True)
         adb = self.bin / "adb"
-        adb.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "fake_adb.py"}" "$@"\n')
+        adb.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SUPPORT / "fake_adb.py"}" "$@"\n')
         adb.chmod(0o755)
         self.benchmark_model = self.local(f"{DEVICE_TMP}/benchmark_model")
-        self.benchmark_model.write_text(f"#!{sys.executable}\n" + (TESTS / "fake_benchmark_model.py").read_text())
+        self.benchmark_model.write_text(f"#!{sys.executable}\n" + (SUPPORT / "fake_benchmark_model.py").read_text())
         self.benchmark_model.chmod(0o755)
         self.library = tmp_path / "android" / "libdifflite_delegate.so"
         self.library.parent.mkdir()
@@ -430,7 +420,7 @@ def test_adb_bench_precision_defaults_to_the_conversions(outs, device, tmp_path)
     """No --precision: the delegate runs at the manifest's precision (an fp16 conversion gets
     precision:fp16, i.e. half storage on OpenCL); --precision overrides it."""
     out16 = tmp_path / "fp16"
-    subprocess.run([*command_line(), "convert", "preset:tiny", "-o", str(out16), *SIZE, "--no-fuse",
+    subprocess.run([*difflite_command(), "convert", "preset:tiny", "-o", str(out16), *SIZE, "--no-fuse",
                     "--components", "unet", "--precision", "fp16"], cwd=ROOT, check=True,
                    capture_output=True, text=True)
     for args, want in (([], "fp16"), (["--precision", "fp32"], "fp32")):

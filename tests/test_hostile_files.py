@@ -26,12 +26,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from support import ROOT
+from support import hostile_tflite as hostile
+from support.oplib_helpers import build_oplib
 
-import hostile_tflite as hostile  # noqa: E402
-from oplib_helpers import build_oplib  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 CLI = (sys.executable, "-m", "difflite")
 RANDOM = 60
 CASES = hostile.CASES + hostile.random_cases(RANDOM)

@@ -8,16 +8,11 @@ printed, and each registered op gets a test of its own over the cases that hold 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from difflite.compiler.tflite.ops import LOWERINGS
 
-import onnx_conformance as conformance  # noqa: E402
-
-from difflite.compiler.tflite.ops import LOWERINGS  # noqa: E402
+from support import onnx_conformance as conformance
 
 REGISTERED = sorted(op for domain, op in LOWERINGS if domain == "")
 

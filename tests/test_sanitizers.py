@@ -28,11 +28,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from support import ROOT
+from support import hostile_tflite as hostile
 
-import hostile_tflite as hostile  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "custom_ops"
 CORPUS = SOURCE / "fuzz" / "corpus"
 FUZZ_SECONDS = 60

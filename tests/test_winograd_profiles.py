@@ -189,10 +189,7 @@ def test_transform_numerics_odd_sizes():
     np.testing.assert_allclose(u, u64, rtol=1e-6, atol=1e-7)  # float32 rounding only
     assert np.max(np.abs(winograd_conv_nchw(x, u, bias) - direct)) <= 1e-5 * np.max(np.abs(direct))
     # tests/winograd_ref.py re-exports the same definition
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import winograd_ref
+    from support import winograd_ref
     assert winograd_ref.transform_weights is wg.transform_weights and winograd_ref.G is wg.G
     with pytest.raises(ValueError):
         wg.transform_weights(np.zeros((2, 2, 1, 1)))

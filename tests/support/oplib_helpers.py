@@ -20,7 +20,8 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
-REPO = Path(__file__).resolve().parents[1]
+from . import ROOT as REPO
+
 CUSTOM_OPS = REPO / "custom_ops"
 LIB_NAME = "libdifflite_delegate.so"
 
@@ -205,14 +206,4 @@ def run_tflite(model_path, lib: Path, feeds: Sequence[np.ndarray], runtime: str 
         result = [interp.get_tensor(d["index"]).copy() for d in outs]
     return result
 
-
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| / max |want| (inf if anything is NaN)."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        raise AssertionError(f"shape {got.shape} != {want.shape}")
-    if not np.all(np.isfinite(got)):
-        return float("inf")
-    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
 

@@ -18,9 +18,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
-from oplib_helpers import TinyModel
 
 from difflite.compiler.tflite.builder import option_class_name
+
+from .oplib_helpers import TinyModel
 
 INT_POISON = -123456789
 
