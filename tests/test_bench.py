@@ -1,6 +1,6 @@
 """`difflite bench`: on the host against the tiny preset (fused and --no-fuse), and over adb
-against a fake `adb` (tests/fake_adb.py) whose device runs a fake benchmark_model
-(tests/fake_benchmark_model.py) that prints benchmark_model's log. No phone is needed."""
+against a fake `adb` (tests/support/fake_adb.py) whose device runs a fake benchmark_model
+(tests/support/fake_benchmark_model.py) that prints benchmark_model's log. No phone is needed."""
 
 from __future__ import annotations
 

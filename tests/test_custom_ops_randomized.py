@@ -1,5 +1,5 @@
 """The five difflite ops on randomized configurations from the ranges real checkpoints use
-(tests/randomized_ops.py: channels, groups, epsilons, activations, GELU approximations and
+(tests/support/randomized_ops.py: channels, groups, epsilons, activations, GELU approximations and
 spellings, GeGLU widths, heads and head sizes, self / cross / causal attention, scales, variants,
 3x3 convolution widths; odd sizes, batch 1 and 2), drawn with fixed seeds. Each test id spells its
 configuration out, so a failure reproduces from the id.

@@ -1,4 +1,4 @@
-"""Hostile .tflite files (issue 16, item 3): the corpus of tests/hostile_tflite.py (a seed model
+"""Hostile .tflite files (issue 16, item 3): the corpus of tests/support/hostile_tflite.py (a seed model
 with every difflite op, mutated: offsets and sizes past the end of the file or wrapping around,
 shapes that overflow an element count, indices out of range, cycles, two writers, constants
 written, custom options of the wrong types or values, custom-op tensors of the wrong count, rank,

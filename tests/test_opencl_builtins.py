@@ -3,7 +3,7 @@ against a float64 NumPy reference, run through ai_edge_litert with
 load_delegate(lib, {"backend": "opencl"}) on whatever OpenCL device the
 machine has (PoCL, the CPU device, in CI).
 
-Each case is a single-op .tflite model (tests/opencl_helpers.OpModel) with odd
+Each case is a single-op .tflite model (tests/support/opencl_helpers.OpModel) with odd
 sizes (not multiples of 4, of 16 or of the GEMM tiles); outputs are poisoned
 before every run; the stats JSON must show the node claimed by the delegate
 (so TFLite never silently computed it). Both kernel styles run: "flat" (what

@@ -8,7 +8,7 @@ whose "device" memory is this host's memory, as a phone's GPU memory is its RAM:
 - compiled programs come from the disk cache on the second load; a truncated, bit-flipped or
   foreign entry is rebuilt, never loaded; two processes filling one cache at once leave it whole.
 
-Each measurement runs in a child process (tests/runtime_child.py) so that nothing this test
+Each measurement runs in a child process (tests/support/runtime_child.py) so that nothing this test
 process has loaded counts."""
 from __future__ import annotations
 

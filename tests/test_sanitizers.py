@@ -8,7 +8,7 @@ kernel, the delegate's model walk). Then, the fuzzer on one core while the rest 
 
 * fuzz_delegate replays the regression corpus (custom_ops/fuzz/corpus/: every crash found so far)
   and fuzzes for FUZZ_SECONDS from it: any finding fails;
-* the hostile-file corpus (tests/hostile_tflite.py) through the sanitized library, CPU and
+* the hostile-file corpus (tests/support/hostile_tflite.py) through the sanitized library, CPU and
   OpenCL (PoCL) backends, in Python processes with the ASan runtime preloaded;
 * the core cases of tests/test_custom_ops_cpu.py (every op against its float64 reference,
   chains with delegate-owned tensors, refusals, corrupted options) on the sanitized library.

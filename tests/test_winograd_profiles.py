@@ -188,7 +188,7 @@ def test_transform_numerics_odd_sizes():
     assert u.dtype == np.float32 and u.shape == (36, cin, cout) and u.flags.c_contiguous
     np.testing.assert_allclose(u, u64, rtol=1e-6, atol=1e-7)  # float32 rounding only
     assert np.max(np.abs(winograd_conv_nchw(x, u, bias) - direct)) <= 1e-5 * np.max(np.abs(direct))
-    # tests/winograd_ref.py re-exports the same definition
+    # tests/support/winograd_ref.py re-exports the same definition
     from support import winograd_ref
     assert winograd_ref.transform_weights is wg.transform_weights and winograd_ref.G is wg.G
     with pytest.raises(ValueError):

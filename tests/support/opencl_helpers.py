@@ -1,6 +1,6 @@
 """Helpers for the OpenCL backend tests (backend=opencl of custom_ops/).
 
-* OpModel: TinyModel (tests/oplib_helpers.py) plus any builtin operator with
+* OpModel: TinyModel (tests/support/oplib_helpers.py) plus any builtin operator with
   its BuiltinOptions, bool/int64 constants, for single-op models.
 * opencl_delegate_options / run_model: run a model through ai_edge_litert with
   the delegate (outputs poisoned before every run), optionally with

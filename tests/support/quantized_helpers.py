@@ -1,6 +1,6 @@
 """Quantized weights in .tflite test models, as `difflite convert --weights int8|int4` writes them
 (TFLite's standard forms; tests/test_quantized_weights_delegate.py's docstring lists them):
-QModel (tests/opencl_helpers.OpModel plus integer constants with affine quantization, DEQUANTIZE
+QModel (tests/support/opencl_helpers.OpModel plus integer constants with affine quantization, DEQUANTIZE
 chains), symmetric quantizers and their float64 dequantization. Shared by the OpenCL backend's
 tests and the CPU backend's (tests/test_cpu_quantized_weights.py)."""
 from __future__ import annotations
