@@ -46,7 +46,7 @@ def attention_ref(q, k, v, heads, scale):
 
 
 def run(lib: Path, tmp: Path, model: Path, feeds, math: str) -> tuple[np.ndarray, str]:
-    from oplib_helpers import run_tflite
+    from support.oplib_helpers import run_tflite
 
     stats = tmp / "stats.json"
     (out,) = run_tflite(model, lib, feeds, options={"backend": "opencl", "kernels": "tiled", "precision": "fp16",
@@ -58,7 +58,7 @@ def run(lib: Path, tmp: Path, model: Path, feeds, math: str) -> tuple[np.ndarray
 
 
 def fully_connected_rows(lib: Path, tmp: Path) -> list[dict]:
-    from opencl_helpers import OpModel
+    from support.opencl_helpers import OpModel
 
     r = np.random.default_rng(0)
     rows = []
@@ -77,7 +77,7 @@ def fully_connected_rows(lib: Path, tmp: Path) -> list[dict]:
 
 
 def attention_rows(lib: Path, tmp: Path) -> list[dict]:
-    from oplib_helpers import single_op_model
+    from support.oplib_helpers import single_op_model
 
     rows = []
     heads, d, scale = 2, 40, 0.3
@@ -107,7 +107,7 @@ def main() -> int:
         os.environ["OCL_ICD_VENDORS"] = str(args.vendors.expanduser())
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))
-    from oplib_helpers import build_oplib
+    from support.oplib_helpers import build_oplib
 
     lib = build_oplib()
     with tempfile.TemporaryDirectory() as folder:

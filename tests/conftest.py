@@ -4,6 +4,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,24 @@ def _warm_up_opencl_compiler() -> None:
 
 
 _warm_up_opencl_compiler()
+
+
+@pytest.fixture(scope="session")
+def lib() -> Path:
+    """The op library (custom_ops/, built once and cached by difflite.runtime.oplib, or the prebuilt
+    one $DIFFLITE_OPLIB names)."""
+    from support.oplib_helpers import build_oplib
+
+    return build_oplib()
+
+
+@pytest.fixture(scope="session")
+def opencl_lib(lib) -> Path:
+    """`lib`, after checking that its OpenCL backend can start here (fails, never skips)."""
+    from support.opencl_helpers import require_opencl
+
+    require_opencl(lib)
+    return lib
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -4,9 +4,9 @@
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 # import-linter's `lint-imports`, run by this interpreter whatever PATH holds
 LINT_IMPORTS = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())",
                 "--no-cache"]
@@ -18,8 +18,8 @@ def test_install_adds_only_the_difflite_package(tmp_path):
     source, target = tmp_path / "source", tmp_path / "site"  # a copy: building writes build/ beside the sources
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, source / name)
-    shutil.copytree(REPO / "difflite", source / "difflite", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "difflite", source / "difflite", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(source)], check=True, capture_output=True, text=True, cwd=tmp_path)
     entries = {p.name for p in target.iterdir()}
@@ -39,18 +39,18 @@ def test_install_adds_only_the_difflite_package(tmp_path):
 
 def test_import_contracts_hold():
     """import-linter's layers, forbidden and acyclic-siblings contracts (pyproject.toml)."""
-    run = subprocess.run(LINT_IMPORTS, cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run(LINT_IMPORTS, cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "0 broken" in run.stdout
 
 
 def test_a_broken_contract_is_reported(tmp_path):
     """The check can fail: a runtime module importing the compiler breaks the runtime's contract."""
-    config = (REPO / "pyproject.toml").read_text()
+    config = (ROOT / "pyproject.toml").read_text()
     probe = tmp_path / "pyproject.toml"
     probe.write_text(config)
     package = tmp_path / "difflite"
-    subprocess.run(["cp", "-r", str(REPO / "difflite"), str(package)], check=True)
+    subprocess.run(["cp", "-r", str(ROOT / "difflite"), str(package)], check=True)
     (package / "runtime" / "offender.py").write_text("from difflite.compiler import convert  # noqa\n")
     run = subprocess.run(LINT_IMPORTS, cwd=tmp_path, capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})

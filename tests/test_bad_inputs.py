@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+
 CLI = (sys.executable, "-m", "difflite")
 SIZE = ("--height", "32", "--width", "32")
 WORKERS = 2  # the machine's cores: each case is one mostly single-threaded process

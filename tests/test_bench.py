@@ -1,6 +1,6 @@
 """`difflite bench`: on the host against the tiny preset (fused and --no-fuse), and over adb
-against a fake `adb` (tests/fake_adb.py) whose device runs a fake benchmark_model
-(tests/fake_benchmark_model.py) that prints benchmark_model's log. No phone is needed."""
+against a fake `adb` (tests/support/fake_adb.py) whose device runs a fake benchmark_model
+(tests/support/fake_benchmark_model.py) that prints benchmark_model's log. No phone is needed."""
 
 from __future__ import annotations
 
@@ -11,18 +11,17 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from difflite.core import procmem
 from difflite.runtime import adb as adb_module
 from difflite.folder.output_folder import ComponentEntry, OutputFolder, TensorSpec
 from difflite.runtime.bench import BenchOptions, load_runner, pipeline_plan
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+from support import ROOT, SUPPORT
+from support.cli import difflite_command, run_difflite
+
 SIZE = ["--height", "32", "--width", "48"]  # small and non-square: quick to time
 SERIAL = "FAKE0123"
 DEVICE_TMP = "/data/local/tmp"
@@ -32,22 +31,11 @@ MIB = 1 << 20
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
-def command_line() -> list[str]:
-    exe = shutil.which("difflite")
-    return [exe] if exe else [sys.executable, "-m", "difflite"]
-
-
 def difflite(*args, check=True, env=None, path=None) -> subprocess.CompletedProcess:
-    environment = {**os.environ, **(env or {})}
-    command = command_line()
     if path is not None:  # a PATH without adb: run `python -m difflite` with this interpreter
-        environment["PATH"] = path
-        command = [sys.executable, "-m", "difflite"]
-    result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT, env=environment)
-    if check and result.returncode != 0:
-        raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
-                             f"{result.stdout}\n{result.stderr}")
-    return result
+        return run_difflite(*args, check=check, env={**(env or {}), "PATH": path},
+                            command=[sys.executable, "-m", "difflite"])
+    return run_difflite(*args, check=check, env=env)
 
 
 def bad_input(result: subprocess.CompletedProcess, *phrases: str) -> str:
@@ -68,7 +56,7 @@ def outs(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("bench")
     folders = {"fused": base / "fused", "nofuse": base / "nofuse"}
     extra = {"fused": [], "nofuse": ["--no-fuse", "--components", "unet"]}
-    processes = {k: subprocess.Popen([*command_line(), "convert", "preset:tiny", "-o", str(folder), *SIZE,
+    processes = {k: subprocess.Popen([*difflite_command(), "convert", "preset:tiny", "-o", str(folder), *SIZE,
                                       *extra[k], "--json"], cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
                  for k, folder in folders.items()}
@@ -320,10 +308,10 @@ class FakeDevice:
         self.bin.mkdir()
         (self.root / DEVICE_TMP.strip("/")).mkdir(parents=True)
         adb = self.bin / "adb"
-        adb.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "fake_adb.py"}" "$@"\n')
+        adb.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SUPPORT / "fake_adb.py"}" "$@"\n')
         adb.chmod(0o755)
         self.benchmark_model = self.local(f"{DEVICE_TMP}/benchmark_model")
-        self.benchmark_model.write_text(f"#!{sys.executable}\n" + (TESTS / "fake_benchmark_model.py").read_text())
+        self.benchmark_model.write_text(f"#!{sys.executable}\n" + (SUPPORT / "fake_benchmark_model.py").read_text())
         self.benchmark_model.chmod(0o755)
         self.library = tmp_path / "android" / "libdifflite_delegate.so"
         self.library.parent.mkdir()
@@ -430,7 +418,7 @@ def test_adb_bench_precision_defaults_to_the_conversions(outs, device, tmp_path)
     """No --precision: the delegate runs at the manifest's precision (an fp16 conversion gets
     precision:fp16, i.e. half storage on OpenCL); --precision overrides it."""
     out16 = tmp_path / "fp16"
-    subprocess.run([*command_line(), "convert", "preset:tiny", "-o", str(out16), *SIZE, "--no-fuse",
+    subprocess.run([*difflite_command(), "convert", "preset:tiny", "-o", str(out16), *SIZE, "--no-fuse",
                     "--components", "unet", "--precision", "fp16"], cwd=ROOT, check=True,
                    capture_output=True, text=True)
     for args, want in (([], "fp16"), (["--precision", "fp32"], "fp32")):
@@ -484,101 +472,3 @@ def test_adb_bench_errors(outs, device, tmp_path):
               "benchmark_model failed on text_encoder.tflite", "no OpenCL platform")
     device.benchmark_model.unlink()
     bad_input(device.bench(fused, *lib, check=False), "benchmark_model is missing", DEVICE_TMP + "/benchmark_model")
-
-
-# ---------------------------------------------------------------------------------------------
-# difflite/core/procmem.py: this process's memory from /proc
-
-
-def hold_the_gil(seconds: float) -> None:
-    """Busy-wait in Python with a switch interval longer than the wait: no other thread of this
-    process runs meanwhile, so only a sampler outside the process can see what happens."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(30.0)
-    try:
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            pass
-    finally:
-        sys.setswitchinterval(interval)
-
-
-def filesystem_type(path: Path) -> str:
-    """The type of the filesystem holding path (the longest mount point above it in /proc/self/mounts)."""
-    best, kind = "", ""
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        mount, fs = fields[1], fields[2]
-        if (str(path) + "/").startswith(mount.rstrip("/") + "/") and len(mount) >= len(best):
-            best, kind = mount, fs
-    return kind
-
-
-def test_sampler_keeps_a_transient_anonymous_peak():
-    """200 MB allocated, touched and freed inside the block, while the GIL is held: the peak stays.
-    The pages come from an anonymous mapping of their own (not the heap, where memory earlier tests
-    freed may already be resident) and go back with it."""
-    import mmap
-
-    import numpy as np
-
-    with procmem.MemorySampler() as sampler:
-        block = mmap.mmap(-1, 200 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        np.frombuffer(block, dtype=np.uint8)[::4096] = 1  # touch every page
-        hold_the_gil(0.3)
-        block.close()
-        after_free = sampler.mark("after_free")
-    assert sampler.peaks["anon"] - sampler.start["anon"] >= 180, (sampler.start, sampler.peaks)
-    assert after_free["anon"] < sampler.peaks["anon"] - 150, "freeing it must lower the resident set"
-    assert sampler.samples >= 10
-
-
-def test_sampler_sees_file_backed_pages(tmp_path):
-    """A 100 MB file mapped and read inside the block counts as file-backed (shared memory where
-    the temporary folder is a tmpfs), not as anonymous memory."""
-    import mmap
-
-    import numpy as np
-
-    path = tmp_path / "blob.bin"
-    with open(path, "wb") as f:
-        for _ in range(100):
-            f.write(os.urandom(MIB))
-    kind = "shmem" if filesystem_type(tmp_path) == "tmpfs" else "file"
-    with procmem.MemorySampler() as sampler:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            pages = np.frombuffer(mapped, dtype=np.uint8)
-            assert int(pages[::4096].astype(np.int64).sum()) >= 0  # one read per page
-            hold_the_gil(0.2)
-            del pages
-    assert sampler.peaks[kind] - sampler.start[kind] >= 90, (kind, sampler.start, sampler.peaks)
-    assert sampler.peaks["anon"] - sampler.start["anon"] < 50, (sampler.start, sampler.peaks)
-
-
-def test_high_water_mark_reset_and_a_refused_reset(monkeypatch):
-    import numpy as np
-
-    block = np.ones(200 * MIB // 8)
-    del block
-    assert procmem.high_water_mark_mb() - procmem.resident_mb()["rss"] >= 180
-    assert procmem.reset_high_water_mark() is True
-    assert procmem.high_water_mark_mb() <= procmem.resident_mb()["rss"] + 8
-    monkeypatch.setattr(procmem, "CLEAR_REFS", "/proc/self/no_such_file")
-    with procmem.MeasuredMemory() as memory:
-        memory.mark("after_load")
-    report = memory.report()
-    assert report["peak_reset"] is False and report["peak_rss_mb"] >= report["baseline_rss_mb"] > 0
-    assert report["after_load_rss_mb"] > 0
-
-
-def test_nvidia_smi_memory_of_this_process(tmp_path, monkeypatch):
-    """nvidia-smi's compute-apps listing: this process's rows summed; absent from PATH: None."""
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(f'#!/bin/sh\n[ "$1" = "{procmem.NVIDIA_SMI_QUERY[0]}" ] || exit 9\n'
-                    'echo "1, 999"\necho "$PPID, 321"\necho "$PPID, 79"\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert procmem.nvidia_smi_mb() == 400
-    assert procmem.nvidia_smi_mb(pid=1) == 999 and procmem.nvidia_smi_mb(pid=2) is None
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert procmem.nvidia_smi_mb() is None

@@ -15,19 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+from support.cli import difflite_command, run_difflite
+
 SIZE = ["--height", "64", "--width", "96"]  # non-square on purpose
 
 
 def difflite(*args, check=True, env=None) -> subprocess.CompletedProcess:
-    exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, "-m", "difflite"]
-    result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                            env={**os.environ, **(env or {})})
-    if check and result.returncode != 0:
-        raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
-                             f"{result.stdout}\n{result.stderr}")
-    return result
+    return run_difflite(*args, check=check, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +171,7 @@ def test_unwritable_output_exits_2(tmp_path):
 def test_interrupted_conversion_leaves_no_partial_files(tmp_path):
     """Ctrl-C while exporting: the staging folder goes, and so does the folder the run created."""
     out = tmp_path / "o"
-    exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, "-m", "difflite"]
+    command = difflite_command()
     # Ctrl-C's default action in the child, as in a shell: a test worker may run with SIGINT
     # ignored (xdist's do), which the child would inherit and so finish the conversion.
     process = subprocess.Popen([*command, "convert", "preset:tiny", "-o", str(out), *SIZE],

@@ -30,70 +30,30 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(TESTS.parent))
-
-from opencl_helpers import run_reference  # noqa: E402
-from oplib_helpers import build_oplib, make_interpreter, run_tflite  # noqa: E402
-from quantized_helpers import (  # noqa: E402
-    SAME,
-    VALID,
+from support.numerics import SAME, VALID, conv_ref, fc_ref, nonzero, rel_err, rng
+from support.opencl_helpers import run_reference
+from support.oplib_helpers import make_interpreter, run_tflite
+from support.quantized_helpers import (
     QModel,
     dequantize,
     int4_blocks,
-    nonzero,
     quantize,
-    rel_err,
-    rng,
     write_int4_lookup,
 )
-from winograd_ref import transform_weights as winograd_transform  # noqa: E402
-from winograd_ref import winograd_conv3x3_nhwc  # noqa: E402
+from support.winograd_ref import transform_weights as winograd_transform
+from support.winograd_ref import winograd_conv3x3_nhwc
 
 TOL = 1e-5
 NONE, RELU, RELU_N1_TO_1, RELU6 = 0, 1, 2, 3  # schema ActivationFunctionType
 CPU = {"backend": "cpu", "verbose": "1"}
 
 
-@pytest.fixture(scope="module")
-def lib() -> Path:
-    return build_oplib()
-
-
 def activate(y, activation):
     return {NONE: y, RELU: np.maximum(y, 0), RELU_N1_TO_1: np.clip(y, -1, 1), RELU6: np.clip(y, 0, 6)}[activation]
-
-
-def fc_ref(x, w, b, keep_num_dims=False):
-    y = x.reshape(-1, w.shape[1]).astype(np.float64) @ w.T + (0 if b is None else b)
-    return y.reshape(*x.shape[:-1], w.shape[0]) if keep_num_dims else y
-
-
-def conv_ref(x, w, b, stride, dilation, padding):
-    """CONV_2D in float64: x NHWC, w OHWI, TFLite's SAME (total pad // 2 before) or VALID."""
-    n, h, wd, c = x.shape
-    o, kh, kw, _ = w.shape
-    (sh, sw), (dh, dw) = stride, dilation
-    ekh, ekw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    if padding == SAME:
-        oh, ow = -(-h // sh), -(-wd // sw)
-        pt, pl = max((oh - 1) * sh + ekh - h, 0) // 2, max((ow - 1) * sw + ekw - wd, 0) // 2
-    else:
-        oh, ow, pt, pl = (h - ekh) // sh + 1, (wd - ekw) // sw + 1, 0, 0
-    xp = np.zeros((n, max(pt + h, (oh - 1) * sh + ekh), max(pl + wd, (ow - 1) * sw + ekw), c))
-    xp[:, pt:pt + h, pl:pl + wd] = x
-    out = np.zeros((n, oh, ow, o))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
-            out += np.einsum("nhwc,oc->nhwo", patch, w[:, i, j, :])
-    return out + (0 if b is None else b)
 
 
 WEIGHT_FORMS = ["int8", "int8_tensor", "int4", "int4_f32", "int4_b16", "int4_axis"]

@@ -2,9 +2,8 @@
 the result loads under qemu-user (scripts/cross_compile_check.sh does the work)."""
 
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
 
 
 def test_op_library_cross_compiles_for_aarch64(tmp_path):

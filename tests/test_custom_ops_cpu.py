@@ -9,7 +9,6 @@ odd sizes; outputs are poisoned with NaN before every run.
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -20,27 +19,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import winograd_ref  # noqa: E402
-from oplib_helpers import (  # noqa: E402
+from support import child_env, winograd_ref
+from support.numerics import assert_close, attention_ref, gelu_ref, group_norm_ref, nonzero, rng
+from support.oplib_helpers import (
     TinyModel,
-    build_oplib,
     load_runtime,
     make_interpreter,
-    rel_err,
     run_tflite,
     single_op_model,
 )
 
 TOL = 1e-4
 RUNTIMES = ["litert", "tf"]
-TESTS_DIR = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="session")
-def lib() -> Path:
-    return build_oplib()
 
 
 @pytest.fixture(params=RUNTIMES)
@@ -49,42 +39,8 @@ def runtime(request) -> str:
     return request.param
 
 
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
-def nonzero(r: np.random.Generator, shape, scale=1.0, offset=0.0) -> np.ndarray:
-    """Random values bounded away from zero (and from each other's sign)."""
-    v = r.uniform(0.1, 1.0, size=shape) * r.choice([-1.0, 1.0], size=shape)
-    return (v * scale + offset).astype(np.float32)
-
-
 # --------------------------------------------------------------------------
 # float64 references
-
-_erf = np.vectorize(math.erf)
-
-
-def gelu_ref(x, approximate):
-    x = np.asarray(x, dtype=np.float64)
-    if approximate == "erf":
-        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
-    if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    return x / (1.0 + np.exp(-1.702 * x))
-
-
-def group_norm_ref(x, gamma, beta, groups, eps, activation):
-    x = np.asarray(x, dtype=np.float64)
-    n, c = x.shape[0], x.shape[-1]
-    xr = x.reshape(n, -1, groups, c // groups)
-    mean = xr.mean(axis=(1, 3), keepdims=True)
-    var = xr.var(axis=(1, 3), keepdims=True)  # biased
-    y = ((xr - mean) / np.sqrt(var + eps)).reshape(x.shape) * gamma + beta
-    if activation == "silu":
-        y = y / (1.0 + np.exp(-y))
-    return y
-
 
 def geglu_ref(x, approximate):
     x = np.asarray(x, dtype=np.float64)
@@ -92,31 +48,12 @@ def geglu_ref(x, approximate):
     return x[..., :d] * gelu_ref(x[..., d:], approximate)
 
 
-def attention_ref(q, k, v, heads, scale, causal):
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    n, lq, hdk = q.shape
-    lk = k.shape[1]
-    dk, dv = hdk // heads, v.shape[2] // heads
-    qh = q.reshape(n, lq, heads, dk).transpose(0, 2, 1, 3)
-    kh = k.reshape(n, lk, heads, dk).transpose(0, 2, 1, 3)
-    vh = v.reshape(n, lk, heads, dv).transpose(0, 2, 1, 3)
-    s = scale * qh @ kh.transpose(0, 1, 3, 2)
-    if causal:
-        masked = np.arange(lk)[None, :] > np.arange(lq)[:, None]
-        s = np.where(masked, -np.inf, s)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    return (p @ vh).transpose(0, 2, 1, 3).reshape(n, lq, heads * dv)
-
-
 # --------------------------------------------------------------------------
 # Single-op models
 
 
 def check(got, want, tol=TOL):
-    err = rel_err(got, want)
-    assert err <= tol, f"relative error {err:.3g} > {tol}"
+    assert_close(got, want, tol)
 
 
 @pytest.mark.parametrize("activation", ["none", "silu"])
@@ -422,8 +359,7 @@ _REFUSAL_SCRIPT = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
-    from oplib_helpers import make_interpreter
+    from support.oplib_helpers import make_interpreter
     try:
         interp = make_interpreter(sys.argv[1], Path(sys.argv[2]), sys.argv[3])
     except Exception as e:
@@ -437,11 +373,11 @@ _REFUSAL_SCRIPT = textwrap.dedent(
     print("ALLOCATED")
     sys.exit(4)
     """
-).format(tests=str(TESTS_DIR))
+)
 
 
 def _run_refusal(model: Path, lib: Path, runtime: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run([sys.executable, "-c", _REFUSAL_SCRIPT, str(model), str(lib), runtime],
                           capture_output=True, text=True, timeout=300, env=env)
 
@@ -524,11 +460,10 @@ _FUZZ_SCRIPT = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     from flatbuffers import flexbuffers
-    sys.path.insert(0, {tests!r})
-    from oplib_helpers import make_interpreter, single_op_model
+    from support.oplib_helpers import make_interpreter, single_op_model
     lib = Path(sys.argv[1])
     r = np.random.default_rng(17)
-    good = flexbuffers.Dumps({{"groups": 8, "epsilon": 1e-5, "activation": "silu"}})
+    good = flexbuffers.Dumps({"groups": 8, "epsilon": 1e-5, "activation": "silu"})
     d = tempfile.mkdtemp()
     ran = refused = 0
     for i in range(60):
@@ -553,14 +488,14 @@ _FUZZ_SCRIPT = textwrap.dedent(
             refused += 1
     print("FUZZ_DONE", ran, refused)
     """
-).format(tests=str(TESTS_DIR))
+)
 
 
 def test_corrupted_options_never_crash(lib):
     """Random and bit-flipped custom_options: each node is either run or
     refused with an error; the process survives and errors stay decodable."""
     proc = subprocess.run([sys.executable, "-c", _FUZZ_SCRIPT, str(lib)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=child_env())
     assert proc.returncode == 0 and "FUZZ_DONE" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
@@ -624,8 +559,7 @@ def test_loads_without_opencl(lib, tmp_path):
         f"""
         import sys, numpy as np
         from pathlib import Path
-        sys.path.insert(0, {str(TESTS_DIR)!r})
-        from oplib_helpers import run_tflite
+        from support.oplib_helpers import run_tflite
         x = np.load({str(tmp_path / 'x.npy')!r})
         (y,) = run_tflite({str(model)!r}, Path({str(lib)!r}), [x], "litert", {{"backend": "cpu"}})
         np.save({str(tmp_path / 'y.npy')!r}, y)
@@ -634,7 +568,7 @@ def test_loads_without_opencl(lib, tmp_path):
     )
     empty = tmp_path / "no_icds"
     empty.mkdir()
-    env = dict(os.environ, OCL_ICD_VENDORS=str(empty), OCL_ICD_FILENAMES="", LD_PRELOAD="")
+    env = child_env(OCL_ICD_VENDORS=str(empty), OCL_ICD_FILENAMES="", LD_PRELOAD="")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr
     check(np.load(tmp_path / "y.npy"), gelu_ref(x, "tanh"))

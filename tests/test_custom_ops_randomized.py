@@ -1,5 +1,5 @@
 """The five difflite ops on randomized configurations from the ranges real checkpoints use
-(tests/randomized_ops.py: channels, groups, epsilons, activations, GELU approximations and
+(tests/support/randomized_ops.py: channels, groups, epsilons, activations, GELU approximations and
 spellings, GeGLU widths, heads and head sizes, self / cross / causal attention, scales, variants,
 3x3 convolution widths; odd sizes, batch 1 and 2), drawn with fixed seeds. Each test id spells its
 configuration out, so a failure reproduces from the id.
@@ -23,20 +23,17 @@ Outputs are poisoned with NaN before every run. No OpenCL is a failure, never a 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from difflite.core import custom_ops
+from difflite.core import winograd as wg
+from difflite.passes import ir_utils
+from difflite.verify import FP16_MIN_PSNR_DB
 
-import randomized_ops as R  # noqa: E402
-
-from difflite.core import custom_ops  # noqa: E402
-from difflite.core import winograd as wg  # noqa: E402
-from difflite.passes import ir_utils  # noqa: E402
-from difflite.verify import FP16_MIN_PSNR_DB  # noqa: E402
+from support import randomized_ops as R
+from support.numerics import rel_err
 
 KERNEL_BAR = 1e-4  # max |err| / max |ref| in float32 (the op-library kernel tests' bar)
 
@@ -56,27 +53,6 @@ PATTERN_OPS = {
     custom_ops.ATTENTION.name: {"Softmax", "MatMul", "Attention"},
     custom_ops.WINOGRAD_CONV3X3.name: {"Conv"},
 }
-
-
-@pytest.fixture(scope="module")
-def lib() -> Path:
-    from oplib_helpers import build_oplib
-
-    return build_oplib()
-
-
-@pytest.fixture(scope="module")
-def opencl_lib(lib) -> Path:
-    from opencl_helpers import require_opencl
-
-    require_opencl(lib)
-    return lib
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
-    assert np.isfinite(got).all(), "non-finite output (poisoned elements left unwritten?)"
-    return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def psnr_db(got: np.ndarray, want: np.ndarray) -> float:
@@ -189,12 +165,12 @@ def test_cpu_backend_and_decomposition(config, lib):
     """(b) The fused file on the CPU backend and the --no-fuse file on LiteRT's kernels."""
     prepared = R.prepare(config)
     [got] = R.run_written(prepared.fused_path, prepared.fused, prepared.inputs, lib, {"backend": "cpu"})
-    error = relative_error(got, prepared.reference)
+    error = rel_err(got, prepared.reference)
     assert error <= KERNEL_BAR, f"CPU backend: max |err| {error:.3g} x max |ref| > {KERNEL_BAR:g}"
 
     assert not R.custom_ops_in(prepared.unfused_path), "the --no-fuse file holds custom ops"
     [got] = R.run_written(prepared.unfused_path, prepared.unfused, prepared.inputs)
-    error = relative_error(got, prepared.reference)
+    error = rel_err(got, prepared.reference)
     assert error <= KERNEL_BAR, f"--no-fuse on LiteRT: max |err| {error:.3g} x max |ref| > {KERNEL_BAR:g}"
 
 
@@ -202,13 +178,13 @@ def test_cpu_backend_and_decomposition(config, lib):
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
 def test_opencl_backend(config, precision, opencl_lib):
     """(c) The fused file on the OpenCL backend, float and half storage."""
-    from opencl_helpers import opencl_options
+    from support.opencl_helpers import opencl_options
 
     prepared = R.prepare(config)
     [got] = R.run_written(prepared.fused_path, prepared.fused, prepared.inputs, opencl_lib,
                           opencl_options(precision=precision))
     if precision == "fp32":
-        error = relative_error(got, prepared.reference)
+        error = rel_err(got, prepared.reference)
         assert error <= KERNEL_BAR, f"OpenCL fp32: max |err| {error:.3g} x max |ref| > {KERNEL_BAR:g}"
     else:
         psnr = psnr_db(got, prepared.reference)

@@ -12,7 +12,8 @@ import torch
 from difflite.compiler import export, export_cache
 from difflite.compiler.models import load_pipeline
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 SIZE = (32, 32)
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+from support import ROOT, TESTS
+
 DEFAULT_DIR = Path.home() / ".cache" / "difflite" / "intel-cpu-opencl-2026.2.0"
 
 # (test file, -k expression, at least this many tests must pass)
@@ -52,7 +52,7 @@ def test_fp16_lane(fp16_vendors, lane):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", expression,
          str(TESTS / path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     tail = (result.stdout + result.stderr)[-6000:]
     assert result.returncode == 0, f"the fp16 lane failed ({path} -k {expression}):\n{tail}"
     summary = result.stdout.strip().splitlines()[-1]

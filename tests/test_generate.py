@@ -19,7 +19,9 @@ from PIL import Image
 
 from difflite.core.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+from support.cli import difflite_command, run_difflite
+
 HEIGHT, WIDTH = 64, 96  # non-square on purpose
 PROMPT = "a photo of an astronaut riding a horse"
 MIN_PSNR_DB = 30.0  # the requirement (fp32), for any model
@@ -36,14 +38,8 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
-def difflite_command() -> list[str]:
-    exe = shutil.which("difflite")
-    return [exe] if exe else [sys.executable, "-m", "difflite"]
-
-
 def difflite(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*difflite_command(), *map(str, args)], capture_output=True, text=True, cwd=ROOT, check=False,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return run_difflite(*args, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 @pytest.fixture(scope="module")
@@ -490,8 +486,7 @@ print("ok")
 
 
 def opencl_env(tmp: Path) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from oplib_helpers import build_oplib
+    from support.oplib_helpers import build_oplib
 
     return {**os.environ, "TMPDIR": str(tmp), "DIFFLITE_OPLIB": str(build_oplib()), "TF_CPP_MIN_LOG_LEVEL": "2"}
 

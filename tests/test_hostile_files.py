@@ -1,4 +1,4 @@
-"""Hostile .tflite files (issue 16, item 3): the corpus of tests/hostile_tflite.py (a seed model
+"""Hostile .tflite files (issue 16, item 3): the corpus of tests/support/hostile_tflite.py (a seed model
 with every difflite op, mutated: offsets and sizes past the end of the file or wrapping around,
 shapes that overflow an element count, indices out of range, cycles, two writers, constants
 written, custom options of the wrong types or values, custom-op tensors of the wrong count, rank,
@@ -26,12 +26,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from support import ROOT
+from support import hostile_tflite as hostile
+from support.oplib_helpers import build_oplib
 
-import hostile_tflite as hostile  # noqa: E402
-from oplib_helpers import build_oplib  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 CLI = (sys.executable, "-m", "difflite")
 RANDOM = 60
 CASES = hostile.CASES + hostile.random_cases(RANDOM)

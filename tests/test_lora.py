@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +18,8 @@ from difflite.compiler.models import LoraSpec, load_pipeline
 from difflite.compiler.pipeline import fold_into_hash
 from difflite.core.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.cli import run_difflite as difflite
+
 _ATTN = "down_blocks.0.attentions.0.transformer_blocks.0"
 _UP_ATTN = "up_blocks.1.attentions.1.transformer_blocks.0"
 
@@ -296,13 +293,6 @@ def test_bad_files(base, base_weights, tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # Through the CLI
-
-
-def difflite(*args) -> subprocess.CompletedProcess:
-    exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, "-m", "difflite"]
-    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ}, check=False)
 
 
 def _ok(result):

@@ -3,15 +3,13 @@ in LiteRT and, as a cross-runtime check, in tensorflow's tf.lite.Interpreter."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from difflite.compiler.tflite.writer import write_tflite
+from difflite.core.errors import UnsupportedOp
 
-from lowering_helpers import (  # noqa: E402
+from support.lowering_helpers import (
     INT64_MAX,
     INT64_MIN,
     Case,
@@ -26,9 +24,6 @@ from lowering_helpers import (  # noqa: E402
     weight,
     write,
 )
-
-from difflite.compiler.tflite.writer import write_tflite  # noqa: E402
-from difflite.core.errors import UnsupportedOp  # noqa: E402
 
 # -- building blocks ---------------------------------------------------------------------------
 
@@ -577,8 +572,9 @@ def test_lowering_tf_lite(case):
 
 @pytest.mark.parametrize("case", REFERENCE_CASES, ids=[c.id for c in REFERENCE_CASES])
 def test_lowering_against_onnx_reference(case):
-    from lowering_helpers import compare, run_tflite
     from onnx.reference import ReferenceEvaluator
+
+    from support.lowering_helpers import compare, run_tflite
     model = make_model(case)
     result = write_tflite(to_ir(model))
     feeds = case.feeds()
@@ -634,7 +630,7 @@ def test_lowering_fp16(case):
 def test_fp16_weights_really_rounded():
     """The fp16 file differs from exact fp32 weights by about fp16 rounding (so the reference
     rounding in check_case_fp16 is what makes the comparison tight)."""
-    from lowering_helpers import run_onnxruntime, run_tflite
+    from support.lowering_helpers import run_onnxruntime, run_tflite
     case = FP16_CASES[3]
     feeds = case.feeds()
     exact = run_onnxruntime(make_model(case), feeds)[0]
@@ -726,7 +722,7 @@ def test_resize_refusals_name_the_node(model, reason):
 def test_resize_computed_sizes_take_the_output_shape():
     """Computed sizes under the stretch policy can only equal the static output shape: written,
     and the file samples as onnxruntime does with those sizes."""
-    from lowering_helpers import compare, run_onnxruntime, run_tflite
+    from support.lowering_helpers import compare, run_onnxruntime, run_tflite
     model = resize_model([1, 2, 4, 5], [1, 2, 3, 7], sizes=[1, 2, 3, 7], computed=("sizes",), mode="linear")
     result = write_tflite(to_ir(model))
     feeds = {"x": np.random.default_rng(3).standard_normal((1, 2, 4, 5)).astype(np.float32),

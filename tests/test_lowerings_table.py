@@ -1,12 +1,9 @@
 """DESIGN.md's table of what each lowering accepts and refuses is the code's (scripts/lowerings_table.py)."""
 
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts import lowerings_table
 
-import lowerings_table  # noqa: E402
+from support import ROOT
 
 
 def test_design_lists_every_lowering_and_its_refusals():

@@ -14,7 +14,8 @@ from difflite.compiler.pipeline import Pipeline
 from difflite.compiler.single_file import save_single_file
 from difflite.core.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 PROMPT = "a photo of an astronaut riding a horse"
 
 

@@ -1,23 +1,18 @@
 """The writer against every ONNX node test case of the installed onnx package that holds an op it
 registers (issue 20): each case's file matches the expected outputs on LiteRT's CPU interpreter,
 or conversion is refused with the CLI's exit-2 error naming the op, the node and the reason.
-Nothing else: no crash, no error at load or invoke, no wrong number (tests/onnx_conformance.py).
+Nothing else: no crash, no error at load or invoke, no wrong number (tests/support/onnx_conformance.py).
 
 The cases run once per session, in worker processes (a crash fails only its case); the counts are
 printed, and each registered op gets a test of its own over the cases that hold it."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from difflite.compiler.tflite.ops import LOWERINGS
 
-import onnx_conformance as conformance  # noqa: E402
-
-from difflite.compiler.tflite.ops import LOWERINGS  # noqa: E402
+from support import onnx_conformance as conformance
 
 REGISTERED = sorted(op for domain, op in LOWERINGS if domain == "")
 

@@ -3,7 +3,7 @@ against a float64 NumPy reference, run through ai_edge_litert with
 load_delegate(lib, {"backend": "opencl"}) on whatever OpenCL device the
 machine has (PoCL, the CPU device, in CI).
 
-Each case is a single-op .tflite model (tests/opencl_helpers.OpModel) with odd
+Each case is a single-op .tflite model (tests/support/opencl_helpers.OpModel) with odd
 sizes (not multiples of 4, of 16 or of the GEMM tiles); outputs are poisoned
 before every run; the stats JSON must show the node claimed by the delegate
 (so TFLite never silently computed it). Both kernel styles run: "flat" (what
@@ -24,38 +24,24 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(TESTS.parent))
-
-from opencl_helpers import (  # noqa: E402
+from support.numerics import SAME, VALID, assert_close, conv_ref, erf, nonzero, rng
+from support.opencl_helpers import (
     OpModel,
     opencl_options,
-    require_opencl,
     run_model,
     run_reference,
 )
-from oplib_helpers import build_oplib  # noqa: E402
 
 TOL = 2e-5
 # fp16 storage rounds every input, weight and output to 11 significant bits.
 HALF_TOL = 4e-3
 # A style is the kernels option, "+fp16" adding precision=fp16 (half storage).
 STYLES = ["flat", "tiled", "flat+fp16", "tiled+fp16"]
-SAME, VALID = 0, 1  # schema Padding
 _tolerance_floor = [0.0]  # HALF_TOL while a "+fp16" style's test runs
-
-
-@pytest.fixture(scope="session")
-def lib() -> Path:
-    path = build_oplib()
-    require_opencl(path)
-    return path
 
 
 @pytest.fixture(params=STYLES)
@@ -80,23 +66,8 @@ def style_options(style: str, **extra) -> dict[str, str]:
                           **extra)
 
 
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def nonzero(r, shape, scale=1.0, offset=0.0):
-    v = r.uniform(0.1, 1.0, size=shape) * r.choice([-1.0, 1.0], size=shape)
-    return (v * scale + offset).astype(np.float32)
-
-
 def check(got, want, tol=TOL):
-    got = np.asarray(got)
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
-    assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
-    err = float(np.max(np.abs(got.astype(np.float64) - want)) / max(np.max(np.abs(want)), 1e-30))
-    tol = max(tol, _tolerance_floor[0])
-    assert err <= tol, f"relative error {err:.3g} > {tol}"
+    assert_close(got, want, max(tol, _tolerance_floor[0]))
 
 
 def run_op(tmp_path, lib, build, feeds, style, name="op", nodes=1, **opts):
@@ -116,35 +87,6 @@ def run_op(tmp_path, lib, build, feeds, style, name="op", nodes=1, **opts):
 # References
 
 
-def conv_ref(x, w, b, stride, dil, padding):
-    """TFLite CONV_2D: x NHWC, w OHWI; SAME pads total//2 before."""
-    x = x.astype(np.float64)
-    n, h, wd, cin = x.shape
-    cout, kh, kw, _ = w.shape
-
-    def geom(size, k, s, d):
-        eff = (k - 1) * d + 1
-        if padding == SAME:
-            out = -(-size // s)
-            return out, max((out - 1) * s + eff - size, 0) // 2
-        return (size - eff) // s + 1, 0
-
-    oh, pt = geom(h, kh, stride[0], dil[0])
-    ow, pl = geom(wd, kw, stride[1], dil[1])
-    big = (kh + kw) * max(dil) + max(stride) * (oh + ow)
-    xp = np.pad(x, ((0, 0), (pt, big), (pl, big), (0, 0)))
-    y = np.zeros((n, oh, ow, cout))
-    for ky in range(kh):
-        for kx in range(kw):
-            iy = np.arange(oh) * stride[0] + ky * dil[0]
-            ix = np.arange(ow) * stride[1] + kx * dil[1]
-            patch = xp[:, iy][:, :, ix]
-            y += patch @ w[:, ky, kx, :].astype(np.float64).T
-    if b is not None:
-        y += b
-    return y
-
-
 def depthwise_ref(x, w, b, stride, dil, padding, mult):
     """w [1, KH, KW, C*mult]: output channel oc reads input channel oc // mult."""
     c = x.shape[-1]
@@ -155,9 +97,6 @@ def depthwise_ref(x, w, b, stride, dil, padding, mult):
         out.append(conv_ref(x[..., ci:ci + 1], wk, None, stride, dil, padding)[..., 0])
     y = np.stack(out, axis=-1)
     return y + b if b is not None else y
-
-
-_erf = np.vectorize(math.erf)
 
 
 def unary_ref(name, x):
@@ -174,7 +113,7 @@ def unary_ref(name, x):
         "SIN": lambda: np.sin(x),
         "COS": lambda: np.cos(x),
         "SIGN": lambda: np.sign(x),
-        "GELU": lambda: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+        "GELU": lambda: 0.5 * x * (1 + erf(x / math.sqrt(2))),
         "GELU_TANH": lambda: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
     }[name]()
 
@@ -237,7 +176,7 @@ CONV_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CONV_CASES))
-def test_conv_2d(lib, tmp_path, style, case):
+def test_conv_2d(opencl_lib, tmp_path, style, case):
     n, h, w, cin, cout, kh, kw, stride, dil, padding, has_bias = CONV_CASES[case]
     r = rng(1)
     x = nonzero(r, (n, h, w, cin))
@@ -254,7 +193,7 @@ def test_conv_2d(lib, tmp_path, style, case):
                   dilationWFactor=dil[1])
         return [xi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
 
 
@@ -264,7 +203,7 @@ def test_conv_2d(lib, tmp_path, style, case):
     (2, 8, 9, 3, 1, 3, (2, 2), (1, 1), VALID),
     (1, 11, 10, 7, 1, 3, (1, 1), (2, 2), SAME),
 ])
-def test_depthwise_conv_2d(lib, tmp_path, style, case):
+def test_depthwise_conv_2d(opencl_lib, tmp_path, style, case):
     n, h, w, c, mult, k, stride, dil, padding = case
     r = rng(2)
     x = nonzero(r, (n, h, w, c))
@@ -280,7 +219,7 @@ def test_depthwise_conv_2d(lib, tmp_path, style, case):
                   dilationHFactor=dil[0], dilationWFactor=dil[1])
         return [xi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
 
 
@@ -302,7 +241,7 @@ def test_depthwise_conv_2d(lib, tmp_path, style, case):
     ((1, 1, 296), 10, True, True, True),  # K past one pass of the work-group (4 x 64)
     ((8, 520), 13, True, False, True),
 ])
-def test_fully_connected(lib, tmp_path, style, case):
+def test_fully_connected(opencl_lib, tmp_path, style, case):
     shape, n, has_bias, keep, const_w = case
     r = rng(3)
     x = nonzero(r, shape)
@@ -323,7 +262,7 @@ def test_fully_connected(lib, tmp_path, style, case):
         return ([xi] if const_w else [xi, wi]), [y]
 
     feeds = [x] if const_w else [x, wt]
-    (got,), _, _ = run_op(tmp_path, lib, build, feeds, style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, feeds, style)
     check(got, want)
 
 
@@ -343,7 +282,7 @@ def test_fully_connected(lib, tmp_path, style, case):
     ((2, 3, 20, 44), (2, 3, 16, 44), False, True),
     ((2, 300, 36), (2, 36, 272), False, False),
 ])
-def test_batch_matmul(lib, tmp_path, style, case):
+def test_batch_matmul(opencl_lib, tmp_path, style, case):
     sa, sb, adj_x, adj_y = case
     r = rng(4)
     a = nonzero(r, sa)
@@ -359,44 +298,44 @@ def test_batch_matmul(lib, tmp_path, style, case):
         m.builtin("BATCH_MATMUL", [ai, bi], [y], adjX=adj_x, adjY=adj_y)
         return [ai, bi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [a, b], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [a, b], style)
     check(got, want)
 
 
 @pytest.mark.parametrize("tile", ["64x64x16x4x4", "128x128x16x8x8v", "128x64x16x8x4v"])
-def test_forced_tiles(lib, tmp_path, monkeypatch, tile):
+def test_forced_tiles(opencl_lib, tmp_path, monkeypatch, tile):
     """Tiles other than the default (vectorised 64x64), forced through DIFFLITE_GEMM_TILE (read
     when the kernels are picked; the -D options are part of the program cache key), including
     the scalar kernel: ragged m, n and k, both staging layouts of each GEMM operand, scalar
     (n % 4 != 0) and vstore4 (n % 4 == 0) stores."""
     monkeypatch.setenv("DIFFLITE_GEMM_TILE", tile)
-    test_fully_connected(lib, tmp_path, "tiled", ((2, 150, 37), 270, True, True, True))
-    test_batch_matmul(lib, tmp_path, "tiled", ((2, 33, 300), (2, 270, 33), True, True))
+    test_fully_connected(opencl_lib, tmp_path, "tiled", ((2, 150, 37), 270, True, True, True))
+    test_batch_matmul(opencl_lib, tmp_path, "tiled", ((2, 33, 300), (2, 270, 33), True, True))
     monkeypatch.setitem(CONV_CASES, "vec_3x3", (1, 15, 20, 19, 268, 3, 3, (1, 1), (1, 1), SAME, True))
-    test_conv_2d(lib, tmp_path, "tiled", "vec_3x3")  # m = 300, k = 171
+    test_conv_2d(opencl_lib, tmp_path, "tiled", "vec_3x3")  # m = 300, k = 171
 
 
 @pytest.mark.parametrize("splits", ["2", "3", "16"])
-def test_forced_split_k(lib, tmp_path, monkeypatch, splits):
+def test_forced_split_k(opencl_lib, tmp_path, monkeypatch, splits):
     """Split-K (gemm.h), forced through DIFFLITE_SPLIT_K on the vectorised kernels: K ranges that
     end mid-slice and empty trailing splits (16 splits of k = 33), partial planes per batch,
     the bias added once by splitk_sum, and the 3x3 implicit-GEMM convolution."""
     monkeypatch.setenv("DIFFLITE_SPLIT_K", splits)
-    test_fully_connected(lib, tmp_path, "tiled", ((2, 150, 37), 270, True, True, True))
-    test_batch_matmul(lib, tmp_path, "tiled", ((2, 3, 17, 33), (2, 3, 33, 13), False, False))
-    test_batch_matmul(lib, tmp_path, "tiled", ((2, 33, 300), (2, 270, 33), True, True))
+    test_fully_connected(opencl_lib, tmp_path, "tiled", ((2, 150, 37), 270, True, True, True))
+    test_batch_matmul(opencl_lib, tmp_path, "tiled", ((2, 3, 17, 33), (2, 3, 33, 13), False, False))
+    test_batch_matmul(opencl_lib, tmp_path, "tiled", ((2, 33, 300), (2, 270, 33), True, True))
     monkeypatch.setitem(CONV_CASES, "vec_3x3", (2, 9, 7, 19, 68, 3, 3, (1, 1), (1, 1), SAME, True))
-    test_conv_2d(lib, tmp_path, "tiled", "vec_3x3")  # k = 171
-    test_conv_2d(lib, tmp_path, "tiled", "3x3_s2_valid_nobias")
+    test_conv_2d(opencl_lib, tmp_path, "tiled", "vec_3x3")  # k = 171
+    test_conv_2d(opencl_lib, tmp_path, "tiled", "3x3_s2_valid_nobias")
 
 
-def test_automatic_split_k(lib, tmp_path, monkeypatch):
+def test_automatic_split_k(opencl_lib, tmp_path, monkeypatch):
     """One output tile and a long K on a device of few compute units: split-K is chosen without
     the override (2 work-groups per compute unit wanted, K / 256 at most)."""
     monkeypatch.delenv("DIFFLITE_SPLIT_K", raising=False)
-    test_fully_connected(lib, tmp_path, "tiled", ((3, 1100), 45, True, False, True))
+    test_fully_connected(opencl_lib, tmp_path, "tiled", ((3, 1100), 45, True, False, True))
     monkeypatch.setitem(CONV_CASES, "auto_split", (1, 4, 4, 130, 20, 3, 3, (1, 1), (1, 1), SAME, True))
-    test_conv_2d(lib, tmp_path, "tiled", "auto_split")  # k = 1170
+    test_conv_2d(opencl_lib, tmp_path, "tiled", "auto_split")  # k = 1170
 
 
 # --------------------------------------------------------------------------
@@ -427,7 +366,7 @@ BINARY_CASES = [("ADD", s) for s in BROADCASTS] + [
 @pytest.mark.parametrize("op,shapes", BINARY_CASES,
                          ids=[f"{op}-" + "x".join(map(str, s[0])) + "_" + "x".join(map(str, s[1]))
                               for op, s in BINARY_CASES])
-def test_binary(lib, tmp_path, style, op, shapes):
+def test_binary(opencl_lib, tmp_path, style, op, shapes):
     sa, sb = shapes
     r = rng(5)
     a = nonzero(r, sa, 2.0)
@@ -442,7 +381,7 @@ def test_binary(lib, tmp_path, style, op, shapes):
         return ([ai] if op == "SUB" else [ai, bi]), [y]
 
     feeds = [a] if op == "SUB" else [a, b]
-    (got,), _, _ = run_op(tmp_path, lib, build, feeds, style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, feeds, style)
     check(got, want)
 
 
@@ -451,7 +390,7 @@ UNARY = ["LOGISTIC", "TANH", "EXP", "LOG", "SQRT", "RSQRT", "NEG", "ABS", "SIN",
 
 
 @pytest.mark.parametrize("op", UNARY)
-def test_unary(lib, tmp_path, style, op):
+def test_unary(opencl_lib, tmp_path, style, op):
     r = rng(6)
     shape = (3, 7, 19)
     positive = op in ("LOG", "SQRT", "RSQRT")
@@ -472,11 +411,11 @@ def test_unary(lib, tmp_path, style, op):
             m.builtin(name, [xi], [y])
         return [xi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
 
 
-def test_select_v2_and_cast(lib, tmp_path, style):
+def test_select_v2_and_cast(opencl_lib, tmp_path, style):
     r = rng(7)
     cond = r.random((1, 5, 1)) > 0.5
     a = nonzero(r, (3, 5, 7))
@@ -501,13 +440,13 @@ def test_select_v2_and_cast(lib, tmp_path, style):
         m.builtin("CAST", [a100], [f2i], inDataType=0, outDataType=2)
         return [ai, bi, ii], [s, f, f2i]
 
-    (sel, i2f, f2i), _, _ = run_op(tmp_path, lib, build, [a, b, i], style, nodes=4)
+    (sel, i2f, f2i), _, _ = run_op(tmp_path, opencl_lib, build, [a, b, i], style, nodes=4)
     check(sel, want_sel)
     check(i2f, want_i2f)
     assert f2i.dtype == np.int32 and np.array_equal(f2i, want_f2i)
 
 
-def test_float16_tensors_inside_and_at_the_boundary(lib, tmp_path, style):
+def test_float16_tensors_inside_and_at_the_boundary(opencl_lib, tmp_path, style):
     """float16 runtime tensors are floats to the ops (held in the storage type; CAST between the
     float types a copy) and are converted where they cross the partition: a float16 graph input,
     a float16 tensor between two claimed nodes (fp16 files' token lookup: GATHER of the float16
@@ -539,7 +478,7 @@ def test_float16_tensors_inside_and_at_the_boundary(lib, tmp_path, style):
         m.builtin("CAST", [square], [narrow], inDataType=0, outDataType=1)
         return [hi, ai, ii], [total, rows, narrow]
 
-    (total, rows, narrow), _, _ = run_op(tmp_path, lib, build, [h, a, ids], style, nodes=6)
+    (total, rows, narrow), _, _ = run_op(tmp_path, opencl_lib, build, [h, a, ids], style, nodes=6)
     check(total, want_sum)
     assert rows.dtype == np.float32 and np.array_equal(rows, want_rows)  # float16 values, copied
     assert narrow.dtype == np.float16
@@ -551,7 +490,7 @@ def test_float16_tensors_inside_and_at_the_boundary(lib, tmp_path, style):
 
 @pytest.mark.parametrize("shape,beta", [((3, 5, 77), 1.0), ((2, 1100), 0.7), ((4, 13), 1.0),
                                         ((1, 2, 33, 40), 2.5)])
-def test_softmax(lib, tmp_path, style, shape, beta):
+def test_softmax(opencl_lib, tmp_path, style, shape, beta):
     x = nonzero(rng(8), shape, 6.0)
     z = beta * x.astype(np.float64)
     e = np.exp(z - z.max(-1, keepdims=True))
@@ -563,7 +502,7 @@ def test_softmax(lib, tmp_path, style, shape, beta):
         m.builtin("SOFTMAX", [xi], [y], beta=beta)
         return [xi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
 
 
@@ -578,7 +517,7 @@ def test_softmax(lib, tmp_path, style, shape, beta):
     ((1, 300, 41), [1], True),
     ((1, 129, 6, 10), [1, 3], True),  # a GroupNorm-style reduction
 ])
-def test_reduce(lib, tmp_path, style, op, shape, axes, keep):
+def test_reduce(opencl_lib, tmp_path, style, op, shape, axes, keep):
     x = nonzero(rng(9), shape, 2.0, 0.3)
     f = np.mean if op == "MEAN" else np.sum
     want = f(x.astype(np.float64), axis=tuple(axes), keepdims=keep)
@@ -589,7 +528,7 @@ def test_reduce(lib, tmp_path, style, op, shape, axes, keep):
         m.builtin(op, [xi, m.constant("axes", np.array(axes, np.int32))], [y], keepDims=keep)
         return [xi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
 
 
@@ -600,7 +539,7 @@ def test_reduce(lib, tmp_path, style, op, shape, axes, keep):
                                         ((2, 3, 4, 5, 3), (4, 0, 3, 1, 2)),
                                         ((2, 3, 1, 5, 3, 2), (5, 3, 1, 0, 4, 2)),
                                         ((1, 37, 41), (0, 2, 1))])
-def test_transpose(lib, tmp_path, style, shape, perm):
+def test_transpose(opencl_lib, tmp_path, style, shape, perm):
     x = nonzero(rng(10), shape)
     want = np.transpose(x, perm)
 
@@ -610,11 +549,11 @@ def test_transpose(lib, tmp_path, style, shape, perm):
         m.builtin("TRANSPOSE", [xi, m.constant("perm", np.array(perm, np.int32))], [y])
         return [xi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
 
 
-def test_reshape_alias_inside_and_at_boundary(lib, tmp_path, style):
+def test_reshape_alias_inside_and_at_boundary(opencl_lib, tmp_path, style):
     """x -> ADD -> RESHAPE (a view inside the partition) -> MUL -> y1, and
     RESHAPE of the graph input straight to a second output."""
     r = rng(11)
@@ -637,12 +576,12 @@ def test_reshape_alias_inside_and_at_boundary(lib, tmp_path, style):
         m.builtin("RESHAPE", [xi, m.constant("s2", np.array([2, 105], np.int32))], [y2])
         return [xi], [y1, y2]
 
-    (g1, g2), stats, _ = run_op(tmp_path, lib, build, [x], style, nodes=4)
+    (g1, g2), stats, _ = run_op(tmp_path, opencl_lib, build, [x], style, nodes=4)
     check(g1, want1)
     check(g2, want2)
 
 
-def test_concatenation_split(lib, tmp_path, style):
+def test_concatenation_split(opencl_lib, tmp_path, style):
     r = rng(12)
     a = nonzero(r, (2, 3, 5, 7))
     b = nonzero(r, (2, 4, 5, 7))
@@ -671,13 +610,13 @@ def test_concatenation_split(lib, tmp_path, style):
         m.builtin("SPLIT", [m.constant("ax3", np.array(3, np.int32)), lc], halves, numSplits=2)
         return [ai, bi], outs + halves
 
-    got, _, _ = run_op(tmp_path, lib, build, [a, b], style, nodes=5)
+    got, _, _ = run_op(tmp_path, opencl_lib, build, [a, b], style, nodes=5)
     for g, w in zip(got, (s1, s2, s3, e1, e2)):
         check(g, w)
 
 
 @pytest.mark.parametrize("channels", [(8, 16), (6, 10), (4, 3)])
-def test_concatenation_copies_vectors(lib, tmp_path, style, channels):
+def test_concatenation_copies_vectors(opencl_lib, tmp_path, style, channels):
     """Channel concatenations as the UNet has them: each input is copied as vectors of up to 16
     bytes where the channel counts and offsets allow (8 and 16 channels: 4 floats or 8 halves an
     item; 6 and 10: 2; 4 and 3: single elements), into the right place."""
@@ -693,7 +632,7 @@ def test_concatenation_copies_vectors(lib, tmp_path, style, channels):
         m.builtin("CONCATENATION", ins, [y], axis=3)
         return ins, [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [a, b, c], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [a, b, c], style)
     assert np.array_equal(got, stored(style, want)), "a copy moves the stored bits unchanged"
 
 
@@ -705,7 +644,7 @@ def test_concatenation_copies_vectors(lib, tmp_path, style, channels):
     ((5, 7, 9), [2, 0, -3], [3, 7, -1], [1, 1, 1], 0, 0, 1),
     ((2, 77, 33), [0, 5], [2, 6], [1, 1], 0, 0, 2),
 ])
-def test_strided_slice(lib, tmp_path, style, case):
+def test_strided_slice(opencl_lib, tmp_path, style, case):
     shape, begin, end, strides, bm, em, sm = case
     x = nonzero(rng(13), shape)
     sl = []
@@ -730,11 +669,11 @@ def test_strided_slice(lib, tmp_path, style, case):
                   beginMask=bm, endMask=em, shrinkAxisMask=sm)
         return [xi], [y]
 
-    (got,), _, _ = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, _ = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
 
 
-def test_pad_tile_gather(lib, tmp_path, style):
+def test_pad_tile_gather(opencl_lib, tmp_path, style):
     r = rng(14)
     x = nonzero(r, (2, 5, 7, 3))
     pads = np.array([[0, 0], [1, 2], [2, 1], [0, 0]], np.int32)
@@ -765,7 +704,7 @@ def test_pad_tile_gather(lib, tmp_path, style):
         m.builtin("GATHER", [xi, m.constant("cols", cols)], [g1], axis=2)
         return [xi, ti, ii], [p1, p2, tl, g0, g1]
 
-    got, _, _ = run_op(tmp_path, lib, build, [x, t, ids], style, nodes=5)
+    got, _, _ = run_op(tmp_path, opencl_lib, build, [x, t, ids], style, nodes=5)
     for g, w in zip(got, (want_pad, want_padv2, want_tile, want_gather, want_gather1)):
         check(g, w)
 
@@ -774,7 +713,7 @@ def test_pad_tile_gather(lib, tmp_path, style):
 @pytest.mark.parametrize("size,align,half", [((10, 14), False, False), ((8, 11), False, False),
                                              ((9, 13), True, False), ((8, 11), False, True),
                                              ((3, 4), False, True)])
-def test_resize(lib, tmp_path, style, kind, size, align, half):
+def test_resize(opencl_lib, tmp_path, style, kind, size, align, half):
     x = nonzero(rng(15), (2, 5, 7, 3))
     oh, ow = size
     if kind == "RESIZE_NEAREST_NEIGHBOR":
@@ -791,7 +730,7 @@ def test_resize(lib, tmp_path, style, kind, size, align, half):
                   alignCorners=align, halfPixelCenters=half)
         return [xi], [y]
 
-    (got,), _, path = run_op(tmp_path, lib, build, [x], style)
+    (got,), _, path = run_op(tmp_path, opencl_lib, build, [x], style)
     check(got, want)
     # and TFLite's own kernel agrees with the reference formula
     check(run_reference(path, [x])[0], want)
@@ -801,7 +740,7 @@ def test_resize(lib, tmp_path, style, kind, size, align, half):
 # Constants: float16 weights (DEQUANTIZE folded at prepare)
 
 
-def test_dequantize_is_folded(lib, tmp_path, style):
+def test_dequantize_is_folded(opencl_lib, tmp_path, style):
     r = rng(16)
     x = nonzero(r, (3, 29))
     w16 = nonzero(r, (31, 29)).astype(np.float16)
@@ -820,7 +759,7 @@ def test_dequantize_is_folded(lib, tmp_path, style):
         m.builtin("ADD", [f, cf], [y])
         return [xi], [y]
 
-    (got,), stats, _ = run_op(tmp_path, lib, build, [x], style, nodes=4)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, build, [x], style, nodes=4)
     check(got, want)
     # weights uploaded once, in the storage type (31*29 + 31 values; flat
     # kernels keep their own transposed copy of the FC weight instead of the original)
@@ -833,10 +772,11 @@ def test_dequantize_is_folded(lib, tmp_path, style):
 
 def _writer_model(tmp_path):
     """A small conv + attention-like block as ONNX, written by difflite/compiler/tflite."""
-    from lowering_helpers import Case, i64, make_model, to_ir, weight
     from onnx import helper
 
     from difflite.compiler.tflite.writer import write_tflite
+
+    from support.lowering_helpers import Case, i64, make_model, to_ir, weight
 
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -878,13 +818,13 @@ def _writer_model(tmp_path):
     return path
 
 
-def test_writer_model_is_one_partition(lib, tmp_path, style, capfd):
+def test_writer_model_is_one_partition(opencl_lib, tmp_path, style, capfd):
     path = _writer_model(tmp_path)
     from ai_edge_litert.interpreter import Interpreter
 
     n_nodes = len(Interpreter(model_path=str(path))._get_ops_details())
     x = nonzero(rng(17), (1, 5, 7, 3))
-    (got,), stats = run_model(path, lib, [x], style_options(style, verbose=1), stats=True)
+    (got,), stats = run_model(path, opencl_lib, [x], style_options(style, verbose=1), stats=True)
     want = run_reference(path, [x])[0]
     check(got, want, 1e-5)
     assert stats["nodes_claimed"] == n_nodes == stats["nodes_total"], stats
@@ -899,7 +839,7 @@ def test_writer_model_is_one_partition(lib, tmp_path, style, capfd):
 # Memory plan and stats
 
 
-def test_arena_reuses_memory(lib, tmp_path):
+def test_arena_reuses_memory(opencl_lib, tmp_path):
     """A chain of 12 elementwise ops over [64, 127] floats: the arena holds a
     few tensors at a time, not twelve."""
     x = nonzero(rng(18), (64, 127))
@@ -916,7 +856,7 @@ def test_arena_reuses_memory(lib, tmp_path):
             prev = nxt
         return [xi], [prev]
 
-    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", nodes=n_ops)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, build, [x], "flat", nodes=n_ops)
     want = x.astype(np.float64)
     for i in range(n_ops):
         want = want + 1.01 if i % 2 else want * 1.01
@@ -928,7 +868,7 @@ def test_arena_reuses_memory(lib, tmp_path):
     assert stats["weights_bytes"] == n_ops * 4, stats
 
 
-def test_profile_option(lib, tmp_path):
+def test_profile_option(opencl_lib, tmp_path):
     x = nonzero(rng(19), (5, 33))
 
     def build(m):
@@ -937,16 +877,16 @@ def test_profile_option(lib, tmp_path):
         m.builtin("TANH", [xi], [y])
         return [xi], [y]
 
-    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", profile=1)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, build, [x], "flat", profile=1)
     check(got, np.tanh(x.astype(np.float64)))
     assert stats["invokes"] == 2 and "TANH" in stats["profile_ms_per_invoke"], stats
-    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", profile=2)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, build, [x], "flat", profile=2)
     check(got, np.tanh(x.astype(np.float64)))
     (key,) = stats["profile_ms_per_invoke"]
     assert key.startswith("TANH 5x33->5x33 "), stats
 
 
-def test_fp16_runs_in_half_storage(lib, tmp_path, capfd):
+def test_fp16_runs_in_half_storage(opencl_lib, tmp_path, capfd):
     """precision=fp16 stores activations as half on any device: through
     cl_khr_fp16 where the device has it, else through vload_half / vstore_half
     (PoCL), which the verbose log names."""
@@ -958,7 +898,7 @@ def test_fp16_runs_in_half_storage(lib, tmp_path, capfd):
         m.builtin("EXP", [xi], [y])
         return [xi], [y]
 
-    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "flat", precision="fp16", verbose=1)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, build, [x], "flat", precision="fp16", verbose=1)
     want = np.exp(stored("flat+fp16", x).astype(np.float64))
     check(got, want, 1e-3)
     assert np.array_equal(got, stored("flat+fp16", got)), "outputs pass through half storage"
@@ -970,7 +910,7 @@ def test_fp16_runs_in_half_storage(lib, tmp_path, capfd):
         assert "(half multiply-adds in GEMMs and attention)" in err, err
 
 
-def test_fp16_arithmetic_in_gemm_tiles(lib, tmp_path):
+def test_fp16_arithmetic_in_gemm_tiles(opencl_lib, tmp_path):
     """precision=fp16 on a device with cl_khr_fp16 multiplies and adds in half in the tiled
     GEMMs (math=auto), with a float carry per K slice; math=fp32 keeps float arithmetic. Without
     cl_khr_fp16 both are float. DIFFLITE_EXPECT_ARITHMETIC names what this device must do (the
@@ -987,9 +927,9 @@ def test_fp16_arithmetic_in_gemm_tiles(lib, tmp_path):
         m.builtin("FULLY_CONNECTED", [xi, m.constant("w", wt), -1], [y])
         return [xi], [y]
 
-    (as_float,), stats32, _ = run_op(tmp_path, lib, build, [x], "tiled+fp16", math="fp32")
+    (as_float,), stats32, _ = run_op(tmp_path, opencl_lib, build, [x], "tiled+fp16", math="fp32")
     assert stats32["arithmetic"] == "float32", stats32
-    (got,), stats, _ = run_op(tmp_path, lib, build, [x], "tiled+fp16")
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, build, [x], "tiled+fp16")
     expected = os.environ.get("DIFFLITE_EXPECT_ARITHMETIC")
     if expected:
         assert stats["arithmetic"] == expected, stats
@@ -1006,7 +946,7 @@ def test_fp16_arithmetic_in_gemm_tiles(lib, tmp_path):
 # Refusals and options
 
 
-def test_unsupported_nodes_stay_with_tflite(lib, tmp_path, capfd):
+def test_unsupported_nodes_stay_with_tflite(opencl_lib, tmp_path, capfd):
     """A CONV_2D with a fused RELU is refused (the reason is logged); the ADD
     after it is claimed; the model still computes the right thing."""
     r = rng(21)
@@ -1029,7 +969,7 @@ def test_unsupported_nodes_stay_with_tflite(lib, tmp_path, capfd):
     m = OpModel()
     ins, outs = build(m)
     path = m.save(tmp_path / "relu.tflite", ins, outs)
-    (got,), stats = run_model(path, lib, [x], opencl_options(), stats=True)
+    (got,), stats = run_model(path, opencl_lib, [x], opencl_options(), stats=True)
     check(got, want)
     assert stats["nodes_claimed"] == 1 and stats["nodes_total"] == 2, stats
     err = capfd.readouterr().err
@@ -1045,11 +985,11 @@ def test_unsupported_nodes_stay_with_tflite(lib, tmp_path, capfd):
     ({"backend": "cpu", "math": "fp32"}, "apply to backend=opencl only"),
     ({"backend": "opencl", "device": "-7"}, "device must be an integer"),
 ])
-def test_bad_opencl_options(lib, opts, msg):
+def test_bad_opencl_options(opencl_lib, opts, msg):
     from ai_edge_litert.interpreter import load_delegate
 
     with pytest.raises(ValueError, match=re.escape(msg)):
-        load_delegate(str(lib), opts)
+        load_delegate(str(opencl_lib), opts)
 
 
 _NO_OPENCL = textwrap.dedent("""
@@ -1070,9 +1010,9 @@ _NO_OPENCL = textwrap.dedent("""
     ({"DIFFLITE_OPENCL_LIBRARY": "/nonexistent/libOpenCL.so.1"}, "no OpenCL library could be loaded"),
     ({"OCL_ICD_VENDORS": "EMPTY_DIR"}, "no OpenCL platform found"),
 ])
-def test_missing_opencl_is_a_clear_error(lib, tmp_path, env, needle):
+def test_missing_opencl_is_a_clear_error(opencl_lib, tmp_path, env, needle):
     env = {k: (str(tmp_path) if v == "EMPTY_DIR" else v) for k, v in env.items()}
-    proc = subprocess.run([sys.executable, "-c", _NO_OPENCL, str(lib)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _NO_OPENCL, str(opencl_lib)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "REFUSED:" in proc.stdout and "backend=opencl unavailable" in proc.stdout, proc.stdout
@@ -1080,7 +1020,7 @@ def test_missing_opencl_is_a_clear_error(lib, tmp_path, env, needle):
     assert "CPU_OK" in proc.stdout, proc.stdout
 
 
-def test_input_resize_after_prepare_is_refused(lib, tmp_path):
+def test_input_resize_after_prepare_is_refused(opencl_lib, tmp_path):
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
     m = OpModel()
@@ -1088,16 +1028,16 @@ def test_input_resize_after_prepare_is_refused(lib, tmp_path):
     y = m.activation("y", (2, 9))
     m.builtin("EXP", [xi], [y])
     path = m.save(tmp_path / "exp.tflite", [xi], [y])
-    interp = Interpreter(model_path=str(path), experimental_delegates=[load_delegate(str(lib), opencl_options())])
+    interp = Interpreter(model_path=str(path), experimental_delegates=[load_delegate(str(opencl_lib), opencl_options())])
     interp.allocate_tensors()
     interp.resize_tensor_input(xi, [3, 9])
     with pytest.raises(RuntimeError, match="plans static shapes"):
         interp.allocate_tensors()
 
 
-def test_tensorflow_runtime(lib, tmp_path):
+def test_tensorflow_runtime(opencl_lib, tmp_path):
     """The same delegate under tensorflow's tf.lite (the second runtime)."""
-    from oplib_helpers import load_runtime
+    from support.oplib_helpers import load_runtime
 
     interp_cls, load_delegate = load_runtime("tf")
     r = rng(22)
@@ -1112,7 +1052,7 @@ def test_tensorflow_runtime(lib, tmp_path):
     m.builtin("BATCH_MATMUL", [ai, bi], [t])
     m.builtin("SOFTMAX", [t], [y], beta=1.0)
     path = m.save(tmp_path / "tf.tflite", [ai], [y])
-    interp = interp_cls(model_path=str(path), experimental_delegates=[load_delegate(str(lib), {"backend": "opencl"})])
+    interp = interp_cls(model_path=str(path), experimental_delegates=[load_delegate(str(opencl_lib), {"backend": "opencl"})])
     interp.allocate_tensors()
     interp.set_tensor(interp.get_input_details()[0]["index"], a)
     interp.invoke()

@@ -20,18 +20,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import winograd_ref  # noqa: E402
+from support import ROOT, winograd_ref
+from support.numerics import attention_ref, gelu_ref, group_norm_ref, nonzero, rel_err
 
 TOL = 2e-5  # max |err| / max |ref|
 
@@ -43,7 +38,7 @@ def launch():
     except ImportError as e:  # a failure, not a skip
         pytest.fail(f"pyopencl is not importable ({e}); `pip install pyopencl` and "
                     "`apt-get install pocl-opencl-icd` to run the OpenCL kernel tests")
-    from gpu_kernels_harness import launch as mod
+    from benchmarks.gpu_kernels_harness import launch as mod
 
     return mod
 
@@ -59,57 +54,8 @@ def runner(launch):
     return launch.Runner(ctx, dev)
 
 
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    assert np.isfinite(out).all(), "non-finite output (poisoned elements left unwritten?)"
-    return float(np.abs(out.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-def nonzero(r: np.random.Generator, shape, scale=1.0, offset=0.0) -> np.ndarray:
-    v = r.uniform(0.1, 1.0, size=shape) * r.choice([-1.0, 1.0], size=shape)
-    return (v * scale + offset).astype(np.float32)
-
-
 # ---------------------------------------------------------------------------
 # References (float64)
-
-
-def group_norm_ref(x, gamma, beta, groups, eps, silu):
-    x = x.astype(np.float64)
-    n, c = x.shape[0], x.shape[-1]
-    xg = x.reshape(n, -1, groups, c // groups)
-    mean = xg.mean(axis=(1, 3), keepdims=True)
-    var = xg.var(axis=(1, 3), keepdims=True)
-    y = ((xg - mean) / np.sqrt(var + eps)).reshape(x.shape) * gamma + beta
-    return y / (1.0 + np.exp(-y)) if silu else y
-
-
-_erf = np.vectorize(math.erf)
-
-
-def gelu_ref(x, mode):
-    x = x.astype(np.float64)
-    if mode == "erf":
-        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
-    if mode == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    return x / (1.0 + np.exp(-1.702 * x))
-
-
-def attention_ref(q, k, v, heads, scale, causal):
-    n, lq, _ = q.shape
-    lk = k.shape[1]
-    dk, dv = q.shape[2] // heads, v.shape[2] // heads
-    qh = q.astype(np.float64).reshape(n, lq, heads, dk)
-    kh = k.astype(np.float64).reshape(n, lk, heads, dk)
-    vh = v.astype(np.float64).reshape(n, lk, heads, dv)
-    s = np.einsum("nihd,njhd->nhij", qh, kh) * scale
-    if causal:
-        s = np.where(np.arange(lk)[None, :] > np.arange(lq)[:, None], -np.inf, s)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.einsum("nhij,njhd->nihd", p, vh).reshape(n, lq, heads * dv)
 
 
 # ---------------------------------------------------------------------------
@@ -147,7 +93,7 @@ def test_group_norm(runner, launch, shape, groups, silu, ys, offset, layout):
     ev = runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, groups,
                            1e-5, silu, ys, plan="split")
     assert len(ev) == 2
-    ref = group_norm_ref(x, gamma, beta, groups, 1e-5, silu)
+    ref = group_norm_ref(x, gamma, beta, groups, 1e-5, "silu" if silu else "none")
     assert rel_err(runner.download(y, shape), ref) < TOL
 
 
@@ -190,7 +136,7 @@ def test_group_norm_one_kernel(runner, launch, shape, groups, plan, silu):
     ev = runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, groups,
                            1e-5, silu, plan="one")
     assert len(ev) == 1
-    ref = group_norm_ref(x, gamma, beta, groups, 1e-5, silu)
+    ref = group_norm_ref(x, gamma, beta, groups, 1e-5, "silu" if silu else "none")
     assert rel_err(runner.download(y, shape), ref) < TOL
 
 
@@ -237,7 +183,7 @@ def test_group_norm_coop(runner, launch, shape, groups, limit, cus, floats, layo
         ev = runner.group_norm(runner.upload(x), gb, bb, y, shape, groups, 1e-5, silu, coop=plan,
                                spin_limit=spin_limit)
         assert len(ev) == 1
-        assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, groups, 1e-5, silu)) < TOL
+        assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, groups, 1e-5, "silu" if silu else "none")) < TOL
 
 
 def test_group_norm_coop_wide_group(runner, launch):
@@ -251,7 +197,7 @@ def test_group_norm_coop_wide_group(runner, launch):
     y = runner.empty(shape)
     runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, 1, 1e-5, False,
                       plan="coop")
-    assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, 1, 1e-5, False)) < TOL
+    assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, 1, 1e-5, "none")) < TOL
 
 
 def test_group_norm_coop_plan(launch):
@@ -296,7 +242,7 @@ def test_group_norm_rows(runner, launch, shape, limit, layout, silu):
     ev = runner.group_norm(runner.upload(x), runner.upload(gamma), runner.upload(beta), y, shape, 1, 1e-5, silu,
                            rows=plan)
     assert len(ev) == 1
-    assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, 1, 1e-5, silu)) < TOL
+    assert rel_err(runner.download(y, shape), group_norm_ref(x, gamma, beta, 1, 1e-5, "silu" if silu else "none")) < TOL
 
 
 def test_group_norm_rows_plan(launch):
@@ -402,7 +348,7 @@ def test_half_io_group_norm(half_runner, plan, shape, groups):
     y = half_runner.empty(shape)
     half_runner.group_norm(half_runner.upload(x), half_runner.upload(gamma), half_runner.upload(beta), y, shape,
                            groups, 1e-5, True, plan=plan)
-    assert rel_err(half_runner.download(y, shape), group_norm_ref(x, gamma, beta, groups, 1e-5, True)) < HALF_TOL
+    assert rel_err(half_runner.download(y, shape), group_norm_ref(x, gamma, beta, groups, 1e-5, "silu")) < HALF_TOL
 
 
 # ---------------------------------------------------------------------------
@@ -718,7 +664,7 @@ def test_attention_split_plan(launch):
 
 
 def test_attention_split_plan_mirrors_cxx(launch):
-    src = (REPO / "custom_ops" / "ops" / "attention" / "attention_opencl.cc").read_text()
+    src = (ROOT / "custom_ops" / "ops" / "attention" / "attention_opencl.cc").read_text()
     for name, value in (("kSplitItemsPerCu", launch.SPLIT_ITEMS_PER_CU), ("kMinSplitKeys", launch.MIN_SPLIT_KEYS),
                         ("kMaxSplits", launch.MAX_SPLITS), ("kSplitSlot", launch.SPLIT_SLOT),
                         ("kMergeGroup", launch.MERGE_WG)):
@@ -846,7 +792,7 @@ def test_large_tile_only_unspilled(runner, launch):
 
 
 def test_plans_mirror_cxx(launch):
-    ops = REPO / "custom_ops" / "ops"
+    ops = ROOT / "custom_ops" / "ops"
     gn = (ops / "group_norm" / "group_norm_opencl.cc").read_text()
     assert "CeilDiv(4 * std::max<int64_t>(1, cus), blocks)" in gn  # PlanCols: fill the device 4x
     assert "if (cgv * d >= kColsMinWidth) break;" in gn and "cgv % p.xb != 0 || cgv / p.xb > limit" in gn
@@ -890,7 +836,7 @@ def test_plans_mirror_cxx(launch):
     assert 'for (const char* k : {"wide", "flash", "partial"})' in src  # DIFFLITE_ATTN_KERNEL values
     assert set(launch.ATTN_KERNELS) == {"wide", "flash", "partial"}
     # Winograd's GEMM: builtin::Gemm with gemm.cc's tile candidates.
-    gemm = (REPO / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
+    gemm = (ROOT / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
     wanted = ["if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true});",
               "if (m > 32 && n > 32) configs.push_back({64, 64, 16, 4, 4, true});",
               "const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;"]
@@ -898,8 +844,8 @@ def test_plans_mirror_cxx(launch):
               "configs.push_back({32, 32, 16, 4, 4, true});", "configs.push_back({16, 16, 16, 2, 2});"]
     assert all(line in gemm for line in wanted)
     assert "if (c.unspilled_only && KernelPrivateBytes(ctx, k) != 0) {" in \
-        (REPO / "custom_ops" / "builtins" / "matmul" / "gemm.h").read_text()  # PickTile
-    assert _cxx_constant(REPO / "custom_ops" / "builtins" / "matmul" / "gemm.h", "kLargeTileMacs") == \
+        (ROOT / "custom_ops" / "builtins" / "matmul" / "gemm.h").read_text()  # PickTile
+    assert _cxx_constant(ROOT / "custom_ops" / "builtins" / "matmul" / "gemm.h", "kLargeTileMacs") == \
         launch.LARGE_TILE_MACS
     big = launch.LARGE_TILE_MACS
     assert [launch.gemm_tiles(65, 65, big)[0], launch.gemm_tiles(64, 65, big)[0], launch.gemm_tiles(33, 33, big - 1)[0],
@@ -917,7 +863,7 @@ def test_every_program_builds_with_base_options(runner, launch):
     """Each .cl builds standalone with only the backend's options (as the program cache does)."""
     import pyopencl as cl
 
-    files = sorted((REPO / "custom_ops" / "ops").glob("*/*.cl"))
+    files = sorted((ROOT / "custom_ops" / "ops").glob("*/*.cl"))
     assert {f.stem for f in files} >= {"group_norm", "gelu", "geglu", "attention", "winograd_conv3x3"}
     for f in files:
         cl.Program(runner.ctx, launch.cl_source(f)).build(options=["-DDL_T=float", "-DDL_T4=float4"])
@@ -929,22 +875,11 @@ def test_every_program_builds_with_base_options(runner, launch):
 # backend refused would stay with TFLite, which cannot run a difflite op: the run would fail.
 
 
-@pytest.fixture(scope="module")
-def oplib(runner):
-    """The library, built (cached) from custom_ops/, or a prebuilt one named by DIFFLITE_OPLIB."""
-    prebuilt = os.environ.get("DIFFLITE_OPLIB")
-    if prebuilt:
-        return Path(prebuilt)
-    from oplib_helpers import build_oplib
-
-    return build_oplib()
-
-
 def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False, kernels="auto", profile=0,
                   **extra):
     import gc
 
-    from oplib_helpers import run_tflite, single_op_model
+    from support.oplib_helpers import run_tflite, single_op_model
 
     path = single_op_model(tmp_path / "op.tflite", code, attrs, inputs, out_shape)
     options = {"backend": "opencl", "kernels": kernels, **extra}
@@ -963,20 +898,20 @@ def _run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=Fa
     return out, json.loads(stats_path.read_text())
 
 
-def test_delegate_group_norm(tmp_path, oplib):
+def test_delegate_group_norm(tmp_path, opencl_lib):
     r = np.random.default_rng(11)
     for shape, groups, act in (((2, 5, 7, 24), 8, "silu"), ((1, 48, 45, 40), 4, "none"), ((2, 13, 30), 5, "silu")):
         c = shape[-1]
         x = nonzero(r, shape, 2.0, 1.0)
         gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
-        out, _ = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+        out, _ = _run_delegate(tmp_path, opencl_lib, "difflite.GroupNorm",
                                {"groups": groups, "epsilon": 1e-5, "activation": act},
                                [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x])
-        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act == "silu")) < TOL, shape
+        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act)) < TOL, shape
 
 
 @pytest.mark.parametrize("plan", ["rows", None])
-def test_delegate_layer_norm_rows(tmp_path, oplib, monkeypatch, plan):
+def test_delegate_layer_norm_rows(tmp_path, opencl_lib, monkeypatch, plan):
     """LayerNorms as GroupNorm ([N, 1, C], one group) take the rows plan on GPUs (kernels=tiled) or when
     forced; no scratch, no memory of its own. C = 36: 9 float4s a row."""
     if plan is None:
@@ -988,16 +923,16 @@ def test_delegate_layer_norm_rows(tmp_path, oplib, monkeypatch, plan):
         c = shape[-1]
         x = nonzero(r, shape, 2.0, 100.0)
         gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
-        out, stats = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+        out, stats = _run_delegate(tmp_path, opencl_lib, "difflite.GroupNorm",
                                    {"groups": 1, "epsilon": 1e-5, "activation": act},
                                    [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x],
                                    stats=True, kernels="tiled" if plan is None else "auto")
-        assert rel_err(out, group_norm_ref(x, gamma, beta, 1, 1e-5, act == "silu")) < TOL, (shape, plan)
+        assert rel_err(out, group_norm_ref(x, gamma, beta, 1, 1e-5, act)) < TOL, (shape, plan)
         assert stats["scratch_bytes"] == 0 and stats["weights_bytes"] == 2 * 4 * c, (shape, plan, stats)  # gamma, beta
 
 
 @pytest.mark.parametrize("plan", ["one", "split", "coop", None])
-def test_delegate_group_norm_plans(tmp_path, oplib, monkeypatch, plan):
+def test_delegate_group_norm_plans(tmp_path, opencl_lib, monkeypatch, plan):
     """DIFFLITE_GN_PLAN forces a plan; unset, kernels=tiled (as on GPUs) picks the cooperative plan.
     The split plan is the one that asks for scratch (its statistics; coop keeps its partial sums in a
     buffer of its own, which must outlive a launch)."""
@@ -1010,15 +945,15 @@ def test_delegate_group_norm_plans(tmp_path, oplib, monkeypatch, plan):
         c = shape[-1]
         x = nonzero(r, shape, 2.0, 100.0)
         gamma, beta = nonzero(r, (c,), 1.5), nonzero(r, (c,), 0.5)
-        out, stats = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+        out, stats = _run_delegate(tmp_path, opencl_lib, "difflite.GroupNorm",
                                    {"groups": groups, "epsilon": 1e-5, "activation": act},
                                    [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x],
                                    stats=True, kernels="tiled" if plan is None else "auto")
-        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act == "silu")) < TOL, (shape, plan)
+        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, act)) < TOL, (shape, plan)
         assert (stats["scratch_bytes"] > 0) == (plan == "split"), (shape, plan, stats)
 
 
-def test_delegate_group_norm_coop_memory(tmp_path, oplib, monkeypatch):
+def test_delegate_group_norm_coop_memory(tmp_path, opencl_lib, monkeypatch):
     """gn_coop's partial-sum words (two 8-byte words per (sample, group, slice)) are device memory the op
     holds for its lifetime: reported with the weights, not as scratch."""
     r = np.random.default_rng(16)
@@ -1028,38 +963,38 @@ def test_delegate_group_norm_coop_memory(tmp_path, oplib, monkeypatch):
     weights = {}
     for plan in ("one", "coop"):
         monkeypatch.setenv("DIFFLITE_GN_PLAN", plan)
-        out, stats = _run_delegate(tmp_path, oplib, "difflite.GroupNorm",
+        out, stats = _run_delegate(tmp_path, opencl_lib, "difflite.GroupNorm",
                                    {"groups": groups, "epsilon": 1e-5, "activation": "silu"},
                                    [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape, [x],
                                    stats=True)
-        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, True)) < TOL, plan
+        assert rel_err(out, group_norm_ref(x, gamma, beta, groups, 1e-5, "silu")) < TOL, plan
         assert stats["scratch_bytes"] == 0, (plan, stats)
         weights[plan] = stats["weights_bytes"]
     extra = weights["coop"] - weights["one"]
     assert extra > 0 and extra % (16 * 2 * groups) == 0, weights
 
 
-def test_delegate_gelu_geglu(tmp_path, oplib):
+def test_delegate_gelu_geglu(tmp_path, opencl_lib):
     r = np.random.default_rng(12)
     x = nonzero(r, (3, 5, 67), 4.0)
     for mode in ("erf", "tanh", "sigmoid"):
-        out, _ = _run_delegate(tmp_path, oplib, "difflite.Gelu", {"approximate": mode}, [("x", x, False)],
+        out, _ = _run_delegate(tmp_path, opencl_lib, "difflite.Gelu", {"approximate": mode}, [("x", x, False)],
                                x.shape, [x])
         assert rel_err(out, gelu_ref(x, mode)) < TOL, mode
     x = nonzero(r, (7, 26), 3.0)
-    out, _ = _run_delegate(tmp_path, oplib, "difflite.GeGLU", {"approximate": "tanh"}, [("x", x, False)],
+    out, _ = _run_delegate(tmp_path, opencl_lib, "difflite.GeGLU", {"approximate": "tanh"}, [("x", x, False)],
                            (7, 13), [x])
     assert rel_err(out, x[:, :13].astype(np.float64) * gelu_ref(x[:, 13:], "tanh")) < TOL
 
 
 @pytest.mark.parametrize("variant", ["auto", "flash", "partial_softmax"])
-def test_delegate_attention(tmp_path, oplib, variant):
+def test_delegate_attention(tmp_path, opencl_lib, variant):
     r = np.random.default_rng(13)
     n, lq, lk, heads, dk, dv = 2, 37, 19, 3, 5, 6
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for causal in (False, True):
         out, stats = _run_delegate(
-            tmp_path, oplib, "difflite.Attention", {"heads": heads, "scale": 0.4, "causal": causal,
+            tmp_path, opencl_lib, "difflite.Attention", {"heads": heads, "scale": 0.4, "causal": causal,
                                                     "variant": variant},
             [("q", q, False), ("k", k, False), ("v", v, False)], (n, lq, heads * dv), [q, k, v], stats=True)
         assert rel_err(out, attention_ref(q, k, v, heads, 0.4, causal)) < TOL, causal
@@ -1090,7 +1025,7 @@ RAN = {("flash", ""): {"attention.flash"}, ("flash", "2"): {"attention.flash_spl
 
 
 @pytest.mark.parametrize("kernel,splits", sorted(RAN))
-def test_delegate_attention_fp16(tmp_path, oplib, monkeypatch, kernel, splits):
+def test_delegate_attention_fp16(tmp_path, opencl_lib, monkeypatch, kernel, splits):
     """Attention at precision=fp16 (SD's head size 40), every kernel. On a device with cl_khr_fp16
     attn_flash and the partial softmax multiply in half (math=auto): their output then differs
     from math=fp32's. The fp16 lane (tests/test_fp16_device.py) runs this on such a device."""
@@ -1101,7 +1036,7 @@ def test_delegate_attention_fp16(tmp_path, oplib, monkeypatch, kernel, splits):
     want = attention_ref(*(x.astype(np.float16).astype(np.float32) for x in (q, k, v)), heads, 0.3, False)
     outs = {}
     for math in ("fp32", "auto"):
-        out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False,
+        out, stats, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, False,
                                               precision="fp16", math=math)
         assert stats["storage"] == "float16", stats
         assert ran == RAN[kernel, splits], ran
@@ -1121,18 +1056,18 @@ def test_delegate_attention_fp16(tmp_path, oplib, monkeypatch, kernel, splits):
 
 
 @pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "x".join(map(str, c)))
-def test_delegate_attention_wide(tmp_path, oplib, monkeypatch, case):
+def test_delegate_attention_wide(tmp_path, opencl_lib, monkeypatch, case):
     """DIFFLITE_ATTN_KERNEL=wide forces attn_wide (on PoCL too): the C++ plan and launch, no scratch."""
     monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "wide")
     n, lq, lk, heads, dk, dv = case
     r = np.random.default_rng(lq + lk + dv)
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for causal in (False, True):
-        out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, causal)
+        out, stats, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, causal)
         assert rel_err(out, attention_ref(q, k, v, heads, 0.3, causal)) < TOL, causal
         assert ran == {"attention.wide"} and stats.get("scratch_bytes") == 0, (ran, stats)
     q, k, v = large_logit_inputs(r, n, lq, lk, heads, dk, dv)
-    out, _, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 1.0 / math.sqrt(dk), True)
+    out, _, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 1.0 / math.sqrt(dk), True)
     assert rel_err(out, attention_ref(q, k, v, heads, 1.0 / math.sqrt(dk), True)) < TOL
     assert ran == {"attention.wide"}
 
@@ -1148,7 +1083,7 @@ def test_delegate_attention_wide(tmp_path, oplib, monkeypatch, case):
     ("partial", 40, 40, "flash", "tiled", "partial"),
     ("wide", 40, 40, "partial_softmax", "auto", "wide"),
 ])
-def test_delegate_attention_plan(tmp_path, oplib, runner, launch, monkeypatch, env, dk, dv, variant, kernels, want):
+def test_delegate_attention_plan(tmp_path, opencl_lib, runner, launch, monkeypatch, env, dk, dv, variant, kernels, want):
     """The kernel the library picks (attention_opencl.cc's rule, DIFFLITE_ATTN_KERNEL) is the one the
     harness's attention_plan picks, and computes the same function. `want` is PoCL's (CI's) pick; on a
     GPU (benchmarks/device_opencl_tests.sh) its local memory and registers may pick another, which the
@@ -1166,7 +1101,7 @@ def test_delegate_attention_plan(tmp_path, oplib, runner, launch, monkeypatch, e
     n, lq, lk, heads = 2, 37, 70, 2
     r = np.random.default_rng(dk + dv)
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
-    out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, True, variant, kernels)
+    out, stats, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, True, variant, kernels)
     assert rel_err(out, attention_ref(q, k, v, heads, 0.3, True)) < TOL
     labels = {"wide": {"attention.wide"}, "flash": {"attention.flash"},
               "partial": {"attention.rowstats", "attention.output"}}
@@ -1174,13 +1109,13 @@ def test_delegate_attention_plan(tmp_path, oplib, runner, launch, monkeypatch, e
     assert stats.get("scratch_bytes") == (8 * n * heads * lq if want == "partial" else 0), stats
 
 
-def test_delegate_attention_bad_kernel_env(tmp_path, oplib, monkeypatch):
+def test_delegate_attention_bad_kernel_env(tmp_path, opencl_lib, monkeypatch):
     """An unknown DIFFLITE_ATTN_KERNEL refuses the node; TFLite cannot run it, so loading fails
     with the node's reason."""
     monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "fastest")
     q = nonzero(np.random.default_rng(0), (1, 5, 8))
     with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention") as failure:
-        _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False)
+        _delegate_attention(tmp_path, opencl_lib, q, q, q, 1, 0.3, False)
     assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
 
 
@@ -1189,7 +1124,7 @@ SPLIT_LABELS = {"attention.flash_split", "attention.merge"}
 
 @pytest.mark.parametrize("case,forced,want", SPLIT_CASES + [((1, 70, 1027, 2, 40, 40), 1, 1)],
                          ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
-def test_delegate_attention_split(tmp_path, oplib, monkeypatch, case, forced, want):
+def test_delegate_attention_split(tmp_path, opencl_lib, monkeypatch, case, forced, want):
     """DIFFLITE_ATTN_SPLITS forces flash's key splits in the library (on PoCL too): the C++ plan (the
     256-keys clamp as attention_plan has it), launch, merge and scratch; causal never splits."""
     monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", str(forced))
@@ -1198,14 +1133,14 @@ def test_delegate_attention_split(tmp_path, oplib, monkeypatch, case, forced, wa
     r = np.random.default_rng(lk + dv + forced)
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for causal in (False, True):
-        out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, causal, "flash")
+        out, stats, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, causal, "flash")
         assert rel_err(out, attention_ref(q, k, v, heads, 0.3, causal)) < TOL, causal
         splits = 1 if causal else want
         assert ran == (SPLIT_LABELS if splits > 1 else {"attention.flash"}), (causal, ran)
         assert stats.get("scratch_bytes") == (4 * splits * n * lq * heads * (dv + 2) if splits > 1 else 0), stats
 
 
-def test_delegate_attention_split_only_flash(tmp_path, oplib, monkeypatch):
+def test_delegate_attention_split_only_flash(tmp_path, opencl_lib, monkeypatch):
     """Forced splits leave the partial softmax and attn_wide alone."""
     monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", "4")
     n, lq, lk, heads, dk, dv = 1, 37, 1100, 2, 40, 40
@@ -1213,14 +1148,14 @@ def test_delegate_attention_split_only_flash(tmp_path, oplib, monkeypatch):
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     for kernel, labels in (("partial", {"attention.rowstats", "attention.output"}), ("wide", {"attention.wide"})):
         monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", kernel)
-        out, _, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False)
+        out, _, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, False)
         assert rel_err(out, attention_ref(q, k, v, heads, 0.3, False)) < TOL, kernel
         assert ran == labels, (kernel, ran)
 
 
 @pytest.mark.parametrize("case", [(1, 70, 1027, 1, 40, 40), (1, 70, 1027, 4, 40, 40), (2, 300, 600, 2, 40, 40),
                                   (1, 70, 300, 1, 40, 40)], ids=lambda c: "x".join(map(str, c)))
-def test_delegate_attention_split_auto(tmp_path, oplib, runner, launch, monkeypatch, case):
+def test_delegate_attention_split_auto(tmp_path, opencl_lib, runner, launch, monkeypatch, case):
     """Unforced, kernels=tiled (the GPUs' rule) on PoCL's compute units: the library splits as
     attention_plan says (a launch of one 128-item work-group splits on any device), and is exact."""
     monkeypatch.delenv("DIFFLITE_ATTN_SPLITS", raising=False)
@@ -1233,20 +1168,20 @@ def test_delegate_attention_split_auto(tmp_path, oplib, runner, launch, monkeypa
         assert plan.splits > 1  # the premise: this test sees a split
     r = np.random.default_rng(lk + heads)
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
-    out, stats, ran = _delegate_attention(tmp_path, oplib, q, k, v, heads, 0.3, False, "auto", "tiled")
+    out, stats, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, False, "auto", "tiled")
     assert rel_err(out, attention_ref(q, k, v, heads, 0.3, False)) < TOL
     assert ran == (SPLIT_LABELS if plan.splits > 1 else {"attention.flash"}), (plan.splits, ran)
     assert stats.get("scratch_bytes") == plan.split_bytes(n, lq, heads, dv), (plan.splits, stats)
 
 
 @pytest.mark.parametrize("value", ["3", "two", "8"])
-def test_delegate_attention_bad_splits_env(tmp_path, oplib, monkeypatch, value):
+def test_delegate_attention_bad_splits_env(tmp_path, opencl_lib, monkeypatch, value):
     """DIFFLITE_ATTN_SPLITS other than 1, 2, 4 refuses the node, whatever kernel it would run."""
     monkeypatch.setenv("DIFFLITE_ATTN_SPLITS", value)
     monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
     q = nonzero(np.random.default_rng(0), (1, 5, 8))
     with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention") as failure:
-        _delegate_attention(tmp_path, oplib, q, q, q, 1, 0.3, False, "partial_softmax")
+        _delegate_attention(tmp_path, opencl_lib, q, q, q, 1, 0.3, False, "partial_softmax")
     assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
 
 
@@ -1266,11 +1201,11 @@ def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels, form="tr
 
 
 @pytest.mark.parametrize("kernels", ["auto", "tiled"])  # PoCL: flat gemm_rows; tiled: the GPUs' GEMM
-def test_delegate_winograd(tmp_path, oplib, runner, kernels):
+def test_delegate_winograd(tmp_path, opencl_lib, runner, kernels):
     r = np.random.default_rng(14)
     # T = 9 and 98 tiles with Cin = 24, Cout = 40: partial 32x32 / 64x64 GEMM tiles and K slices.
     for n, h, w, cin, cout in ((1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 10, 10, 24, 40), (2, 27, 26, 24, 40)):
-        stats = _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels)
+        stats = _delegate_winograd(tmp_path, opencl_lib, r, n, h, w, cin, cout, kernels)
         t = n * -(-h // 4) * -(-w // 4)
         assert stats.get("nodes_claimed") == 1, stats
         assert stats.get("kernels") == ("flat" if kernels == "auto" and runner.flat else "tiled"), stats
@@ -1278,22 +1213,22 @@ def test_delegate_winograd(tmp_path, oplib, runner, kernels):
 
 
 @pytest.mark.parametrize("kernels", ["auto", "tiled"])
-def test_delegate_winograd_filter_form(tmp_path, oplib, runner, kernels):
+def test_delegate_winograd_filter_form(tmp_path, opencl_lib, runner, kernels):
     """The filter form: wino_filter writes U into scratch at every call, which the GEMM reads; the
     scratch is V, M and U (no weight of the op's own)."""
     r = np.random.default_rng(16)
     for n, h, w, cin, cout in ((1, 9, 11, 5, 7), (2, 13, 6, 33, 17), (1, 10, 10, 24, 40)):
-        stats = _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels, form="filter")
+        stats = _delegate_winograd(tmp_path, opencl_lib, r, n, h, w, cin, cout, kernels, form="filter")
         t = n * -(-h // 4) * -(-w // 4)
         assert stats.get("nodes_claimed") == 1, stats
         assert stats.get("scratch_bytes") == 4 * 36 * (t * (cin + cout) + cin * cout), stats
 
 
-def test_delegate_winograd_split_k(tmp_path, oplib, monkeypatch):
+def test_delegate_winograd_split_k(tmp_path, opencl_lib, monkeypatch):
     """The GPUs' GEMM with split-K forced: its partial planes (scratch slot 2) leave V and M alone."""
     monkeypatch.setenv("DIFFLITE_SPLIT_K", "3")
     n, h, w, cin, cout = 2, 27, 26, 70, 40
-    stats = _delegate_winograd(tmp_path, oplib, np.random.default_rng(15), n, h, w, cin, cout, "tiled")
+    stats = _delegate_winograd(tmp_path, opencl_lib, np.random.default_rng(15), n, h, w, cin, cout, "tiled")
     t = n * 7 * 7
     assert stats.get("scratch_bytes") == 4 * 36 * t * (cin + cout + 3 * cout), stats  # V, M, 3 partial planes
 
@@ -1338,7 +1273,7 @@ def test_programs_compile_for_half_storage(launch, mode):
 
     clang = shutil.which("clang-15") or shutil.which("clang")
     assert clang, "no clang on PATH (installed with pocl-opencl-icd) to compile the kernels for half storage"
-    root = REPO / "custom_ops"
+    root = ROOT / "custom_ops"
     sources = [*sorted((root / "ops").glob("*/*.cl")), *sorted((root / "builtins").glob("*/*.cl")),
                root / "delegate" / "opencl" / "convert.cl"]
     for f in sources:

@@ -20,21 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(ROOT))
-
-from opencl_helpers import opencl_options, require_opencl, run_model  # noqa: E402
-from oplib_helpers import build_oplib  # noqa: E402
+from support.cli import run_difflite
+from support.opencl_helpers import opencl_options, run_model
 
 TOL = 1e-4
 HALF_TOL = 1e-2  # relative to the output's max magnitude, half storage against float32
@@ -43,22 +35,8 @@ COMPONENTS = ["text_encoder", "unet", "vae_decoder"]
 
 
 def difflite(*args) -> str:
-    """Runs the CLI; its stdout."""
-    exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, "-m", "difflite"]
-    result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                            env=dict(os.environ))
-    if result.returncode != 0:
-        raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
-                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result.stdout
-
-
-@pytest.fixture(scope="module")
-def lib() -> Path:
-    path = build_oplib()
-    require_opencl(path)
-    return path
+    """Runs the CLI, which must exit 0; its stdout."""
+    return run_difflite(*args, check=True).stdout
 
 
 @pytest.fixture(scope="module")
@@ -121,23 +99,23 @@ def check_claimed_whole(stats, n_nodes):
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
-def test_nofuse_matches_xnnpack(lib, nofuse, component):
+def test_nofuse_matches_xnnpack(opencl_lib, nofuse, component):
     path = nofuse / f"{component}.tflite"
     n_nodes, _, feeds = model_info(path)
-    want, _ = run_model(path, lib, feeds, {"backend": "none"}, repeats=1)  # XNNPACK
-    got, stats = run_model(path, lib, feeds, opencl_options(), stats=True)
+    want, _ = run_model(path, opencl_lib, feeds, {"backend": "none"}, repeats=1)  # XNNPACK
+    got, stats = run_model(path, opencl_lib, feeds, opencl_options(), stats=True)
     check_claimed_whole(stats, n_nodes)
     errs = rel_errs(got, want)
     assert max(errs) <= TOL, errs
     assert stats["weights_bytes"] > 0 and stats["arena_bytes"] > 0, stats
 
 
-def test_nofuse_unet_with_tiled_kernels(lib, nofuse):
+def test_nofuse_unet_with_tiled_kernels(opencl_lib, nofuse):
     """The unet with the local-memory kernels GPUs get (kernels=tiled)."""
     path = nofuse / "unet.tflite"
     n_nodes, _, feeds = model_info(path)
-    want, _ = run_model(path, lib, feeds, {"backend": "none"}, repeats=1)
-    got, stats = run_model(path, lib, feeds, opencl_options(kernels="tiled"), stats=True,
+    want, _ = run_model(path, opencl_lib, feeds, {"backend": "none"}, repeats=1)
+    got, stats = run_model(path, opencl_lib, feeds, opencl_options(kernels="tiled"), stats=True,
                            repeats=1)
     check_claimed_whole(stats, n_nodes)
     assert stats["kernels"] == "tiled", stats
@@ -146,37 +124,37 @@ def test_nofuse_unet_with_tiled_kernels(lib, nofuse):
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
-def test_fused_matches_cpu_backend(lib, fused, component):
+def test_fused_matches_cpu_backend(opencl_lib, fused, component):
     path = fused / f"{component}.tflite"
     n_nodes, op_names, feeds = model_info(path)
-    want, _ = run_model(path, lib, feeds, {"backend": "cpu"}, repeats=1)
-    got, stats = run_model(path, lib, feeds, opencl_options(), stats=True)
+    want, _ = run_model(path, opencl_lib, feeds, {"backend": "cpu"}, repeats=1)
+    got, stats = run_model(path, opencl_lib, feeds, opencl_options(), stats=True)
     check_claimed_whole(stats, n_nodes)
     errs = rel_errs(got, want)
     assert max(errs) <= TOL, errs
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
-def test_fused_fp16_storage_matches_cpu_backend(lib, fused_fp16, component):
+def test_fused_fp16_storage_matches_cpu_backend(opencl_lib, fused_fp16, component):
     """precision=fp16: every activation in half storage (vload_half / vstore_half where
     the device has no cl_khr_fp16, as PoCL), the same fp16-weight file on backend=cpu."""
     path = fused_fp16 / f"{component}.tflite"
     n_nodes, _, feeds = model_info(path)
-    want, _ = run_model(path, lib, feeds, {"backend": "cpu"}, repeats=1)
-    got, stats = run_model(path, lib, feeds, opencl_options(precision="fp16"), stats=True)
+    want, _ = run_model(path, opencl_lib, feeds, {"backend": "cpu"}, repeats=1)
+    got, stats = run_model(path, opencl_lib, feeds, opencl_options(precision="fp16"), stats=True)
     check_claimed_whole(stats, n_nodes)
     assert stats["storage"] == "float16", stats
     errs = rel_errs(got, want)
     assert max(errs) <= HALF_TOL, errs
 
 
-def test_fused_fp16_unet_with_tiled_kernels(lib, fused_fp16):
+def test_fused_fp16_unet_with_tiled_kernels(opencl_lib, fused_fp16):
     """The fused unet in half storage with the kernels GPUs get (kernels=tiled: the tiled GEMMs
     with quad staging and raw prefetch, Winograd, flash attention), against backend=cpu."""
     path = fused_fp16 / "unet.tflite"
     n_nodes, _, feeds = model_info(path)
-    want, _ = run_model(path, lib, feeds, {"backend": "cpu"}, repeats=1)
-    got, stats = run_model(path, lib, feeds, opencl_options(precision="fp16", kernels="tiled"),
+    want, _ = run_model(path, opencl_lib, feeds, {"backend": "cpu"}, repeats=1)
+    got, stats = run_model(path, opencl_lib, feeds, opencl_options(precision="fp16", kernels="tiled"),
                            stats=True, repeats=1)
     check_claimed_whole(stats, n_nodes)
     assert stats["storage"] == "float16" and stats["kernels"] == "tiled", stats
@@ -184,7 +162,7 @@ def test_fused_fp16_unet_with_tiled_kernels(lib, fused_fp16):
     assert max(errs) <= HALF_TOL, errs
 
 
-def test_verify_cli_runs_fp16_conversion_in_half_storage(lib, fused_fp16):
+def test_verify_cli_runs_fp16_conversion_in_half_storage(opencl_lib, fused_fp16):
     """`difflite verify OUT --backend opencl` on an fp16 conversion: the delegate stores
     activations as half (the manifest's precision) and every component meets the fp16
     tolerance against PyTorch."""

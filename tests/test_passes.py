@@ -9,7 +9,6 @@ import math
 import numpy as np
 import onnx
 import onnx_ir as ir
-import passes_helpers as H
 import pytest
 import torch
 from onnx import helper, numpy_helper
@@ -22,6 +21,8 @@ from difflite.passes.cleanup import cleanup
 from difflite.passes.gelu import fuse_gelu
 from difflite.passes.group_norm import fuse_group_norm
 from difflite.passes.reference import with_reference_functions
+
+from support import passes_helpers as H
 
 TOLERANCE = 1e-5
 ALL_FUSIONS = {"gelu", "groupnorm", "layernorm", "attention"}
@@ -411,14 +412,7 @@ def test_group_norm_of_one_group_on_images_stays_a_group_norm():
     assert counts["layernorm"] == {"matched": 0, "candidates": 0}
 
 
-@pytest.fixture(scope="module")
-def oplib():
-    from oplib_helpers import build_oplib
-
-    return build_oplib()
-
-
-def test_layer_norm_tflite_runs_with_the_op_library(oplib):
+def test_layer_norm_tflite_runs_with_the_op_library(lib):
     """The written .tflite holds one difflite.GroupNorm per LayerNorm and none of the
     decomposition's MEAN/RSQRT; LiteRT with the op library (CPU backend) agrees with onnxruntime
     on the original graph. Only "layernorm" is asked for: the writer tells the kinds apart."""
@@ -438,7 +432,7 @@ def test_layer_norm_tflite_runs_with_the_op_library(oplib):
 
     feeds = H.random_feeds(original, seed=3)
     [want] = H.run(original, feeds)
-    delegate = litert.load_delegate(str(oplib), {"backend": "cpu"})
+    delegate = litert.load_delegate(str(lib), {"backend": "cpu"})
     runner = litert.Interpreter(model_content=bytes(result.data), experimental_delegates=[delegate]) \
         .get_signature_runner("serving_default")
     got = runner(first_x=feeds["first_x"])["second_y"]

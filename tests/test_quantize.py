@@ -20,7 +20,7 @@ from difflite.compiler.tflite import quantize
 from difflite.compiler.tflite.writer import write_tflite
 from difflite.folder.reader import read_tflite
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
 
 
 def test_int4_packing_round_trips_every_value():
@@ -269,7 +269,7 @@ def test_convert_int4_tiny_verifies_on_the_cpu_backend(tmp_path):
     convolutions, int4 and int8, are what the VAE decoder's would add; the tiny text encoder has
     none to quantize), one probe for the recipe: the recipe is most of the test's time; the
     session's export cache holds the tiny preset's export at this size once the int8 test ran."""
-    from oplib_helpers import build_oplib
+    from support.oplib_helpers import build_oplib
 
     out = tmp_path / "q4"
     run = subprocess.run([sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o", str(out),

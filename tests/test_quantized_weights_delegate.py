@@ -28,32 +28,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
+from ai_edge_litert import schema_py_generated as schema
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(TESTS.parent))
-
-from ai_edge_litert import schema_py_generated as schema  # noqa: E402
-from opencl_helpers import opencl_options, require_opencl, run_model, run_reference  # noqa: E402
-from oplib_helpers import build_oplib, load_runtime  # noqa: E402
-from quantized_helpers import (  # noqa: E402
+from support.numerics import SAME, VALID, conv_ref, fc_ref, nonzero, rel_err, rng
+from support.opencl_helpers import opencl_options, run_model, run_reference
+from support.oplib_helpers import load_runtime
+from support.quantized_helpers import (
     BLOCK,
-    SAME,
-    VALID,
     QModel,
     dequantize,
     int4_blocks,
-    nonzero,
     pack_int4,
     quantize,
-    rel_err,
-    rng,
     write_int4_lookup,
 )
 
@@ -65,38 +55,8 @@ HALF_TOL = 4e-3  # half storage rounds inputs, weights and outputs to 11 signifi
 # References (float64)
 
 
-def conv_ref(x, w, b, padding):
-    """CONV_2D, stride 1, dilation 1: x NHWC, w OHWI; SAME pads total//2 before."""
-    n, h, wd, _ = x.shape
-    o, kh, kw, _ = w.shape
-    if padding == SAME:
-        ph, pw = (kh - 1) // 2, (kw - 1) // 2
-        oh, ow = h, wd
-        xp = np.zeros((n, h + kh - 1, wd + kw - 1, x.shape[3]))
-        xp[:, ph:ph + h, pw:pw + wd] = x
-    else:
-        oh, ow = h - kh + 1, wd - kw + 1
-        xp = x.astype(np.float64)
-    out = np.zeros((n, oh, ow, o))
-    for i in range(kh):
-        for j in range(kw):
-            out += np.einsum("nhwc,oc->nhwo", xp[:, i:i + oh, j:j + ow], w[:, i, j, :])
-    return out + (0 if b is None else b)
-
-
-def fc_ref(x, w, b):
-    return x.astype(np.float64) @ w.T + (0 if b is None else b)
-
-
 # --------------------------------------------------------------------------
 # Running
-
-
-@pytest.fixture(scope="module")
-def lib() -> Path:
-    path = build_oplib()
-    require_opencl(path)
-    return path
 
 
 def n_nodes(path) -> int:
@@ -137,7 +97,7 @@ PRECISIONS = ["fp32", "fp16"]
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("axis", [0, 1, None], ids=["per_channel", "per_input", "per_tensor"])
-def test_int8_fully_connected(lib, tmp_path, precision, axis):
+def test_int8_fully_connected(opencl_lib, tmp_path, precision, axis):
     """int8 DEQUANTIZE -> FULLY_CONNECTED (+ bias): per output channel (axis 0, what convert
     writes), per input channel (axis 1: the channel index wraps every element) and per tensor."""
     r = rng(1)
@@ -152,19 +112,19 @@ def test_int8_fully_connected(lib, tmp_path, precision, axis):
     w = m.int8_weight("w", q, scale, axis=0 if axis is None else axis)
     m.builtin("FULLY_CONNECTED", [xi, w, m.constant("b", b)], [y])
     path = m.save(tmp_path / "fc_int8.tflite", [xi], [y])
-    got, stats, stock = run_both(lib, path, x, precision)
+    got, stats, stock = run_both(opencl_lib, path, x, precision)
     check_whole(stats, path, precision)
     check_values(got, stock, want, precision)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_int8_conv_2d(lib, tmp_path, precision):
+def test_int8_conv_2d(opencl_lib, tmp_path, precision):
     """int8 per-output-channel DEQUANTIZE -> CONV_2D 3x3 (OHWI filter, odd channel counts)."""
     r = rng(2)
     x = nonzero(r, (1, 9, 7, 5))
     q, scale = quantize(nonzero(r, (7, 3, 3, 5)), 0, 8)
     b = nonzero(r, (7,))
-    want = conv_ref(x, dequantize(q, scale, np.zeros(7), 0), b, SAME)
+    want = conv_ref(x, dequantize(q, scale, np.zeros(7), 0), b, padding=SAME)
     m = QModel()
     xi = m.activation("x", x.shape)
     y = m.activation("y", want.shape)
@@ -172,12 +132,12 @@ def test_int8_conv_2d(lib, tmp_path, precision):
     m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1,
               dilationHFactor=1, dilationWFactor=1)
     path = m.save(tmp_path / "conv_int8.tflite", [xi], [y])
-    got, stats, stock = run_both(lib, path, x, precision)
+    got, stats, stock = run_both(opencl_lib, path, x, precision)
     check_whole(stats, path, precision)
     check_values(got, stock, want, precision)
 
 
-def test_int8_with_zero_points_is_dequantized_across_staging_chunks(lib, tmp_path):
+def test_int8_with_zero_points_is_dequantized_across_staging_chunks(opencl_lib, tmp_path):
     """A weight of more than one staging chunk (4 MiB of float32 = 2^20 values; 1031 x 1027
     is not a whole number of rows of it, so a chunk starts mid-channel), with non-zero zero
     points, which the kernels do not read: values right, model pages released after the upload,
@@ -196,7 +156,7 @@ def test_int8_with_zero_points_is_dequantized_across_staging_chunks(lib, tmp_pat
     w = m.int8_weight("w", q, scale, axis=0, zero_point=zero)
     m.builtin("FULLY_CONNECTED", [xi, w, -1], [y])
     path = m.save(tmp_path / "fc_big.tflite", [xi], [y])
-    got, stats, stock = run_both(lib, path, x)
+    got, stats, stock = run_both(opencl_lib, path, x)
     check_whole(stats, path, "fp32")
     check_values(got, stock, want, "fp32")
     assert stats["model_pages_released_bytes"] >= n * k - 2 * 4096, stats
@@ -206,7 +166,7 @@ def test_int8_with_zero_points_is_dequantized_across_staging_chunks(lib, tmp_pat
     y = f.activation("y", want.shape)
     f.builtin("FULLY_CONNECTED", [xi, f.constant("w", wf.astype(np.float32)), -1], [y])
     float_path = f.save(tmp_path / "fc_big_f32.tflite", [xi], [y])
-    _, float_stats = run_model(float_path, lib, [x], opencl_options(), stats=True,
+    _, float_stats = run_model(float_path, opencl_lib, [x], opencl_options(), stats=True,
                                repeats=1)
     assert stats["weights_bytes"] == float_stats["weights_bytes"], (stats, float_stats)
     assert stats["weights_dequantized_bytes"] == stats["weights_bytes"], stats
@@ -218,7 +178,7 @@ def test_int8_with_zero_points_is_dequantized_across_staging_chunks(lib, tmp_pat
 
 @pytest.mark.parametrize("form", ["compact4d", "compact", "per_axis"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
+def test_int4_fully_connected(opencl_lib, tmp_path, precision, form, capfd):
     """int4 [N*K/32, 32] -> DEQUANTIZE (-> MUL by block scales) -> RESHAPE [N, K] ->
     FULLY_CONNECTED: the chain of folded constants is folded whole (no copy per Invoke), one
     partition, the weight held as its integers and scales."""
@@ -235,7 +195,7 @@ def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
     m.builtin("FULLY_CONNECTED", [xi, w, m.constant("b", b)], [y])
     path = m.save(tmp_path / "fc_int4.tflite", [xi], [y])
     capfd.readouterr()
-    got, stats, stock = run_both(lib, path, x, precision, verbose=1)
+    got, stats, stock = run_both(opencl_lib, path, x, precision, verbose=1)
     check_whole(stats, path, precision)
     check_values(got, stock, want, precision)
     err = capfd.readouterr().err
@@ -252,7 +212,7 @@ def test_int4_fully_connected(lib, tmp_path, precision, form, capfd):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
+def test_int8_lookup_table_stays_int8_on_the_device(opencl_lib, tmp_path, precision):
     """The int4 mix's token table as the writer stores it (difflite/compiler/tflite/context.py lookup):
     DEQUANTIZE of int8 rows, GATHER, times the gathered row scales. The GATHER reads the int8
     constant as it is (gather_q8): the device never holds the table as floats, and the rows
@@ -263,7 +223,7 @@ def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
     write_int4_lookup(path, precision, r, vocab, dim)
     ids = r.integers(0, vocab, (1, 77)).astype(np.int32)
     ids[0, :3] = (0, vocab - 1, 0)
-    got, stats, stock = run_both(lib, path, ids, precision)
+    got, stats, stock = run_both(opencl_lib, path, ids, precision)
     assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] and stats["partitions"] == 1, stats
     assert stats["weights_quantized_bytes"] >= vocab * dim and stats["weights_dequantized_bytes"] == 0, stats
     assert np.abs(stock).max() > 0
@@ -274,7 +234,7 @@ def test_int8_lookup_table_stays_int8_on_the_device(lib, tmp_path, precision):
 
 
 @pytest.mark.parametrize("width", ["int8", "int4"])
-def test_linear_as_1x1_convolution_stays_quantized(lib, tmp_path, width):
+def test_linear_as_1x1_convolution_stays_quantized(opencl_lib, tmp_path, width):
     """A `--no-fuse` file's quantized linear layer (RESHAPE to [1, 1, M, K], CONV_2D with the
     [N, 1, 1, K] filter, RESHAPE back: difflite/compiler/tflite/ops/matmul.py) is claimed whole, its
     weight held quantized on the device, and computes what stock LiteRT computes."""
@@ -299,7 +259,7 @@ def test_linear_as_1x1_convolution_stays_quantized(lib, tmp_path, width):
     write_tflite(ir.serde.deserialize_model(model), path=path, stock_gpu_forms=True,
                  quantization=writer_quantize.WeightQuantization(width, min_elements=1))
     x = nonzero(r, (1, m_rows, k))
-    got, stats, stock = run_both(lib, path, x)
+    got, stats, stock = run_both(opencl_lib, path, x)
     assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] and stats["partitions"] == 1, stats
     assert stats["weights_quantized_bytes"] >= n * k // (2 if width == "int4" else 1), stats
     assert stats["weights_dequantized_bytes"] == 0, stats
@@ -307,7 +267,7 @@ def test_linear_as_1x1_convolution_stays_quantized(lib, tmp_path, width):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_int4_conv_2d(lib, tmp_path, precision):
+def test_int4_conv_2d(opencl_lib, tmp_path, precision):
     """int4 blocks of the flattened OHWI filter (7 x 3 x 3 x 32 = 63 blocks) -> DEQUANTIZE ->
     RESHAPE [7, 3, 3, 32] -> CONV_2D (VALID)."""
     r = rng(5)
@@ -315,7 +275,7 @@ def test_int4_conv_2d(lib, tmp_path, precision):
     shape = (7, 3, 3, 32)
     q, scale = int4_blocks(nonzero(r, shape))
     b = nonzero(r, (7,))
-    want = conv_ref(x, dequantize(q, scale, np.zeros(scale.size), 0).reshape(shape), b, VALID)
+    want = conv_ref(x, dequantize(q, scale, np.zeros(scale.size), 0).reshape(shape), b, padding=VALID)
     m = QModel()
     xi = m.activation("x", x.shape)
     y = m.activation("y", want.shape)
@@ -323,12 +283,12 @@ def test_int4_conv_2d(lib, tmp_path, precision):
     m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=VALID, strideH=1, strideW=1,
               dilationHFactor=1, dilationWFactor=1)
     path = m.save(tmp_path / "conv_int4.tflite", [xi], [y])
-    got, stats, stock = run_both(lib, path, x, precision)
+    got, stats, stock = run_both(opencl_lib, path, x, precision)
     check_whole(stats, path, precision)
     check_values(got, stock, want, precision)
 
 
-def test_int4_with_tiled_kernels(lib, tmp_path):
+def test_int4_with_tiled_kernels(opencl_lib, tmp_path):
     """The same int4 FULLY_CONNECTED with the kernels GPUs get (kernels=tiled)."""
     r = rng(6)
     n, k = 19, 64
@@ -340,14 +300,14 @@ def test_int4_with_tiled_kernels(lib, tmp_path):
     y = m.activation("y", want.shape)
     m.builtin("FULLY_CONNECTED", [xi, m.int4_weight("w", (n, k), q, scale), -1], [y])
     path = m.save(tmp_path / "fc_int4_tiled.tflite", [xi], [y])
-    got, stats, stock = run_both(lib, path, x, kernels="tiled")
+    got, stats, stock = run_both(opencl_lib, path, x, kernels="tiled")
     check_whole(stats, path, "fp32")
     assert stats["kernels"] == "tiled", stats
     check_values(got, stock, want, "fp32")
 
 
 @pytest.mark.parametrize("variant", ["unit_half", "relu"])
-def test_int4_lookalikes_of_the_compact_form_compute_as_written(lib, tmp_path, variant, capfd):
+def test_int4_lookalikes_of_the_compact_form_compute_as_written(opencl_lib, tmp_path, variant, capfd):
     """Chains that look like the compact form but are not (a per-tensor scale of 0.5; a MUL
     with a fused RELU) are not folded into block scales: the MUL runs as written (an OpenCL
     op, or TFLite's where the backend has none for it) and the result still agrees with stock
@@ -365,7 +325,7 @@ def test_int4_lookalikes_of_the_compact_form_compute_as_written(lib, tmp_path, v
     m.builtin("FULLY_CONNECTED", [xi, m.int4_weight("w", (n, k), q, scale, **opts), -1], [y])
     path = m.save(tmp_path / f"fc_int4_{variant}.tflite", [xi], [y])
     capfd.readouterr()
-    got, stats, stock = run_both(lib, path, x, verbose=1)
+    got, stats, stock = run_both(opencl_lib, path, x, verbose=1)
     check_values(got, stock, want, "fp32")
     err = capfd.readouterr().err
     assert "node 2 (MUL)" in err or re.search(r"claim node 2 MUL ", err), err
@@ -411,7 +371,7 @@ def _quantized_case(tmp_path, case, bits, seed):
         x = nonzero(r, (1, int(r.integers(5, 12)), int(r.integers(5, 12)), cin))
         w, wd = _quantized_weight(m, r, "w", (cout, kh, kh, cin), bits)
         b = nonzero(r, (cout,))
-        want = conv_ref(x, wd, b, SAME)
+        want = conv_ref(x, wd, b, padding=SAME)
         xi, y = m.activation("x", x.shape), m.activation("y", want.shape)
         m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1,
                   strideW=1, dilationHFactor=1, dilationWFactor=1)
@@ -425,14 +385,14 @@ QUANTIZED_CASES = ["fc_skinny", "fc", "conv3x3", "conv1x1"]
 @pytest.mark.parametrize("kernels", ["flat", "tiled"])
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("case", QUANTIZED_CASES)
-def test_kernels_read_quantized_weights(lib, tmp_path, case, bits, kernels):
+def test_kernels_read_quantized_weights(opencl_lib, tmp_path, case, bits, kernels):
     """Randomized shapes (seeded by the case): the output agrees with stock LiteRT (which
     dequantizes) and the float64 reference, and the device holds the integers and their scales
     only: weights_bytes is the weight's int8 / int4 bytes, its scales and the bias (the flat
     kernels' packed copy: output channels padded to 16, int4 widened to a byte)."""
     seed = 100 + QUANTIZED_CASES.index(case) * 10 + bits + (kernels == "tiled")
     path, x, want, size, cout = _quantized_case(tmp_path, case, bits, seed)
-    got, stats, stock = run_both(lib, path, x, kernels=kernels)
+    got, stats, stock = run_both(opencl_lib, path, x, kernels=kernels)
     check_whole(stats, path, "fp32")
     check_values(got, stock, want, "fp32")
     k = size // cout
@@ -449,17 +409,17 @@ def test_kernels_read_quantized_weights(lib, tmp_path, case, bits, kernels):
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("kernels", ["flat", "tiled"])
-def test_kernels_read_quantized_weights_in_half_storage(lib, tmp_path, bits, kernels):
+def test_kernels_read_quantized_weights_in_half_storage(opencl_lib, tmp_path, bits, kernels):
     """The same kernels with half storage (dequantized values rounded to half where staged)."""
     path, x, want, _, _ = _quantized_case(tmp_path, "conv3x3", bits, 200 + bits)
-    got, stats, stock = run_both(lib, path, x, "fp16", kernels=kernels)
+    got, stats, stock = run_both(opencl_lib, path, x, "fp16", kernels=kernels)
     check_whole(stats, path, "fp16")
     check_values(got, stock, want, "fp16")
     assert stats["weights_quantized_bytes"] > 0 and stats["weights_dequantized_bytes"] == 0
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_dequantized_weights_read_back_exactly(lib, tmp_path, precision):
+def test_dequantized_weights_read_back_exactly(opencl_lib, tmp_path, precision):
     """A folded DEQUANTIZE (int8) and a folded RESHAPE of one (int4) whose outputs are also graph
     outputs: TFLite reads them from the delegate bit for bit as TFLite's own DEQUANTIZE kernel
     computes them, float32(q - zero_point) * scale (host-side, whatever the storage). That
@@ -481,7 +441,7 @@ def test_dequantized_weights_read_back_exactly(lib, tmp_path, precision):
     m.builtin("FULLY_CONNECTED", [xi, w8, -1], [a])
     m.builtin("FULLY_CONNECTED", [xi, w4, -1], [c])
     path = m.save(tmp_path / "read_back.tflite", [xi], [a, c, w8, w4])
-    got, stats = run_model(path, lib, [x], opencl_options(precision=precision), stats=True)
+    got, stats = run_model(path, opencl_lib, [x], opencl_options(precision=precision), stats=True)
     stock = run_reference(path, [x])
     check_whole(stats, path, precision)
     plain = Interpreter(model_path=str(path),
@@ -537,11 +497,11 @@ def _refusal_cases():
 
 
 @pytest.mark.parametrize("case", sorted(_refusal_cases()))
-def test_refused_dequantize_stays_with_tflite(lib, tmp_path, capfd, case):
+def test_refused_dequantize_stays_with_tflite(opencl_lib, tmp_path, capfd, case):
     data, shape, ttype, scale, zero, axis, wf, reason = _refusal_cases()[case]
     path, x, want = _refused_model(tmp_path, case, data, shape, ttype, scale, zero, axis, wf)
     capfd.readouterr()
-    got, stats, stock = run_both(lib, path, x)
+    got, stats, stock = run_both(opencl_lib, path, x)
     err = capfd.readouterr().err
     assert re.search(r"not delegating node 0 \(DEQUANTIZE\): .*" + reason, err), err
     assert stats["nodes_claimed"] == 1 and stats["nodes_total"] == 2, stats
@@ -549,7 +509,7 @@ def test_refused_dequantize_stays_with_tflite(lib, tmp_path, capfd, case):
     check_values(got, stock, want, "fp32")
 
 
-def test_scale_count_not_matching_the_dimension_does_not_load(tmp_path, lib):
+def test_scale_count_not_matching_the_dimension_does_not_load(tmp_path, opencl_lib):
     """7 scales for a dimension of 6: the interpreter itself refuses the file when it loads it,
     before any delegate sees a node, so no file brings such a tensor to the delegate here. The
     backend checks the count anyway (claim.cc QuantizedConstant) for runtimes that would not."""
@@ -563,14 +523,14 @@ def test_scale_count_not_matching_the_dimension_does_not_load(tmp_path, lib):
                                 dequantize(q, scale, np.zeros(6), 0))
     with pytest.raises(ValueError, match="num_scales"):
         Interpreter(model_path=str(path),
-                    experimental_delegates=[load_delegate(str(lib), opencl_options())])
+                    experimental_delegates=[load_delegate(str(opencl_lib), opencl_options())])
 
 
 # --------------------------------------------------------------------------
 # The second runtime
 
 
-def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, lib):
+def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, opencl_lib):
     """tensorflow's tf.lite interpreter with the delegate: int8 per channel and int4 blockwise
     (compact form) weights, claimed whole and right (the AffineQuantization layout of
     tflite_abi.h), held quantized.
@@ -596,13 +556,13 @@ def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, lib):
     m.builtin("FULLY_CONNECTED", [xi, m.int4_weight("w4", (n, k), q4, s4), -1], [c])
     m.add(a, c, y)
     path = m.save(tmp_path / "two_runtimes.tflite", [xi], [y])
-    (warm,), _ = run_model(path, lib, [x], opencl_options(), repeats=1)
+    (warm,), _ = run_model(path, opencl_lib, [x], opencl_options(), repeats=1)
     assert rel_err(warm, want) <= TOL
     interp_cls, load_delegate = load_runtime("tf")
     fd, stats_file = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
-        delegate = load_delegate(str(lib), opencl_options(stats_path=stats_file))
+        delegate = load_delegate(str(opencl_lib), opencl_options(stats_path=stats_file))
         interp = interp_cls(model_path=str(path), experimental_delegates=[delegate])
         interp.allocate_tensors()
         interp.set_tensor(interp.get_input_details()[0]["index"], x)
@@ -626,7 +586,6 @@ def test_tensorflow_runtime_reads_the_same_quantization(tmp_path, lib):
 def _winograd_filter_file(path, width, precision, r, n=2, h=13, w=10, cin=32, cout=24):
     """A WinogradConv3x3 whose weight is its 3x3 filter, written by the writer at `width`: (path,
     x, the float64 reference of a 3x3 convolution with the filter the file stores)."""
-    import onnx
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
@@ -653,7 +612,7 @@ def _winograd_filter_file(path, width, precision, r, n=2, h=13, w=10, cin=32, co
         scales = writer_quantize.scale_dtype(precision)
         stored = writer_quantize.dequantize(writer_quantize.quantize_int4(ohwi, BLOCK, scales)).reshape(ohwi.shape)
     x = nonzero(r, (n, h, w, cin))
-    return path, x, conv_ref(x, stored.astype(np.float64), bias, SAME)
+    return path, x, conv_ref(x, stored.astype(np.float64), bias, padding=SAME)
 
 
 def _random_winograd_shape(seed):
@@ -666,11 +625,11 @@ def _random_winograd_shape(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("width", ["int8", "int4"])
-def test_winograd_filter_form_on_random_shapes(lib, tmp_path, width, seed):
+def test_winograd_filter_form_on_random_shapes(opencl_lib, tmp_path, width, seed):
     n, h, w, cin, cout = _random_winograd_shape(seed)
     path, x, want = _winograd_filter_file(tmp_path / "wino.tflite", width, "fp32", rng(seed), n, h, w, cin, cout)
     for kernels in ("auto", "tiled"):
-        (got,), stats = run_model(path, lib, [x], opencl_options(kernels=kernels), stats=True)
+        (got,), stats = run_model(path, opencl_lib, [x], opencl_options(kernels=kernels), stats=True)
         assert stats["weights_dequantized_bytes"] == 0 and stats["partitions"] == 1, stats
         assert rel_err(got, want) <= 2e-5, (kernels, n, h, w, cin, cout)
 
@@ -678,13 +637,13 @@ def test_winograd_filter_form_on_random_shapes(lib, tmp_path, width, seed):
 @pytest.mark.parametrize("kernels", ["auto", "tiled"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("width", ["int8", "int4"])
-def test_winograd_filter_form_reads_the_filter_quantized(lib, tmp_path, width, precision, kernels):
+def test_winograd_filter_form_reads_the_filter_quantized(opencl_lib, tmp_path, width, precision, kernels):
     """The writer stores a filter-form Winograd convolution's filter as any convolution's (int8
     per output channel, int4 blockwise with its scale chain); the OpenCL backend claims the whole
     file, holds the integers as stored (nothing dequantized) and transforms them at every call.
     n = 2, 13 x 10: partial border tiles."""
     path, x, want = _winograd_filter_file(tmp_path / f"wino_{width}.tflite", width, precision, rng(21))
-    (got,), stats = run_model(path, lib, [x], opencl_options(precision=precision, kernels=kernels), stats=True)
+    (got,), stats = run_model(path, opencl_lib, [x], opencl_options(precision=precision, kernels=kernels), stats=True)
     assert stats["nodes_claimed"] == n_nodes(path) == stats["nodes_total"] and stats["partitions"] == 1, stats
     values = 24 * 9 * 32 // (2 if width == "int4" else 1)
     assert values <= stats["weights_quantized_bytes"] <= values + 24 * 9 * 32 // BLOCK * 4, stats

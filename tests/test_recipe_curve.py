@@ -3,17 +3,11 @@ truncated recipes it converts, read back by convert's own recipe reader."""
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import recipe_curve  # noqa: E402
-
-from difflite.compiler import weight_recipe  # noqa: E402
+from benchmarks import recipe_curve
+from difflite.compiler import weight_recipe
 
 
 def layer(name, shape, int4_db, int8_db, width="int4", **extra):

@@ -8,7 +8,7 @@ whose "device" memory is this host's memory, as a phone's GPU memory is its RAM:
 - compiled programs come from the disk cache on the second load; a truncated, bit-flipped or
   foreign entry is rebuilt, never loaded; two processes filling one cache at once leave it whole.
 
-Each measurement runs in a child process (tests/runtime_child.py) so that nothing this test
+Each measurement runs in a child process (tests/support/runtime_child.py) so that nothing this test
 process has loaded counts."""
 from __future__ import annotations
 
@@ -20,26 +20,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lowering_helpers import Case, make_model, to_ir
 from onnx import helper
-from opencl_helpers import OpModel, require_opencl
-from oplib_helpers import build_oplib
 
 from difflite.compiler.tflite.writer import write_tflite
 
-CHILD = Path(__file__).with_name("runtime_child.py")
+from support import SUPPORT
+from support.lowering_helpers import Case, make_model, to_ir
+from support.opencl_helpers import OpModel
+
+CHILD = SUPPORT / "runtime_child.py"
 WIDTH, LAYERS = 2048, 24  # 24 float16 weights of 2048 x 2048: 192 MiB
 # Peak growth of a fresh process loading and running the model, past a warm-up that started
 # OpenCL: its weights, intermediates and scratch once, 15% for allocator and driver slack, and
 # 48 MiB for the interpreter's own tensors and the programs' code.
 SLACK, FIXED_MB = 1.15, 48
-
-
-@pytest.fixture(scope="module")
-def lib() -> Path:
-    path = build_oplib()
-    require_opencl(path)
-    return path
 
 
 def chain_model(path: Path, width: int, layers: int, seed: int = 0) -> Path:
@@ -79,13 +73,13 @@ def run_child(lib: Path, model: Path, cache: Path, warm: Path | None = None, **o
 
 @pytest.mark.parametrize("kernels", ["tiled", "flat"])
 @pytest.mark.parametrize("zero_copy", ["auto", "off"])
-def test_weights_are_resident_once(lib, models, tmp_path, zero_copy, kernels):
+def test_weights_are_resident_once(opencl_lib, models, tmp_path, zero_copy, kernels):
     """Tiled kernels (GPUs) read the weights as the file stores them: with zero copy their buffers
     are the model file's own pages. Flat kernels (CPUs) pack each weight on the device, one at a
     time, and the upload it was packed from is released."""
     cache = tmp_path / "cache"
-    run_child(lib, models["warm"], cache, kernels=kernels)  # fills the program cache
-    got = run_child(lib, models["big"], cache, warm=models["warm"], zero_copy=zero_copy, kernels=kernels)
+    run_child(opencl_lib, models["warm"], cache, kernels=kernels)  # fills the program cache
+    got = run_child(opencl_lib, models["big"], cache, warm=models["warm"], zero_copy=zero_copy, kernels=kernels)
     stats = got["stats"]
     model_weights = LAYERS * WIDTH * WIDTH * 2
     weights_mb = stats["weights_bytes"] / 2**20
@@ -146,19 +140,19 @@ def delta_conv_model(path: Path, w16: np.ndarray) -> Path:
 
 @pytest.mark.parametrize("kernels", ["flat", "tiled"])
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
-def test_fp16_weights_arrive_bit_exact(lib, tmp_path, kernels, precision):
-    from opencl_helpers import opencl_options, run_model
+def test_fp16_weights_arrive_bit_exact(opencl_lib, tmp_path, kernels, precision):
+    from support.opencl_helpers import opencl_options, run_model
 
     r = np.random.default_rng(7)
     fc = (r.standard_normal((37, 24)) * 3).astype(np.float16)
     conv = (r.standard_normal((19, 3, 3, 5)) * 3).astype(np.float16)
     options = opencl_options(kernels=kernels, precision=precision)
-    (got,), _ = run_model(identity_fc_model(tmp_path / "fc.tflite", fc), lib,
+    (got,), _ = run_model(identity_fc_model(tmp_path / "fc.tflite", fc), opencl_lib,
                           [np.eye(24, dtype=np.float32)], options)
     assert np.array_equal(got, fc.T.astype(np.float32))
     image = np.zeros((5, 3, 3, 5), np.float32)
     image[np.arange(5), 1, 1, np.arange(5)] = 1
-    (got,), _ = run_model(delta_conv_model(tmp_path / "conv.tflite", conv), lib, [image], options)
+    (got,), _ = run_model(delta_conv_model(tmp_path / "conv.tflite", conv), opencl_lib, [image], options)
     want = conv[:, ::-1, ::-1, :].transpose(3, 1, 2, 0).astype(np.float32)  # [cin, i, j, cout]
     assert np.array_equal(got, want)
 
@@ -171,21 +165,21 @@ def entries(cache: Path) -> list[Path]:
     return sorted(cache.glob("*.clbin"))
 
 
-def test_program_cache_is_hit_on_the_second_load(lib, models, tmp_path):
+def test_program_cache_is_hit_on_the_second_load(opencl_lib, models, tmp_path):
     cache = tmp_path / "cache"
-    first = run_child(lib, models["warm"], cache)["stats"]
+    first = run_child(opencl_lib, models["warm"], cache)["stats"]
     assert first["programs_compiled"] > 0 and first["programs_from_cache"] == 0, first
     assert first["program_cache"] == str(cache)
     assert len(entries(cache)) == first["programs_compiled"]
-    second = run_child(lib, models["warm"], cache)
+    second = run_child(opencl_lib, models["warm"], cache)
     assert second["stats"]["programs_compiled"] == 0, second["stats"]
     assert second["stats"]["programs_from_cache"] == first["programs_built"]
-    np.testing.assert_array_equal(second["output_head"], run_child(lib, models["warm"], cache)["output_head"])
+    np.testing.assert_array_equal(second["output_head"], run_child(opencl_lib, models["warm"], cache)["output_head"])
 
 
-def test_program_cache_rebuilds_damaged_and_foreign_entries(lib, models, tmp_path):
+def test_program_cache_rebuilds_damaged_and_foreign_entries(opencl_lib, models, tmp_path):
     cache = tmp_path / "cache"
-    first = run_child(lib, models["warm"], cache)
+    first = run_child(opencl_lib, models["warm"], cache)
     stored = entries(cache)
     assert len(stored) >= 3, stored
     truncated, flipped, foreign = stored[:3]
@@ -194,53 +188,53 @@ def test_program_cache_rebuilds_damaged_and_foreign_entries(lib, models, tmp_pat
     data[len(data) // 2] ^= 0x40
     flipped.write_bytes(bytes(data))
     foreign.write_bytes(stored[3].read_bytes() if len(stored) > 3 else truncated.read_bytes())
-    again = run_child(lib, models["warm"], cache)
+    again = run_child(opencl_lib, models["warm"], cache)
     assert again["stats"]["programs_rejected"] == 3, again
     assert again["stats"]["programs_compiled"] == 3, again
     assert "rebuilding" in again["stderr"]
     np.testing.assert_array_equal(again["output_head"], first["output_head"])
-    healed = run_child(lib, models["warm"], cache)["stats"]
+    healed = run_child(opencl_lib, models["warm"], cache)["stats"]
     assert healed["programs_rejected"] == 0 and healed["programs_compiled"] == 0, healed
 
 
-def test_program_cache_key_follows_the_build_options(lib, models, tmp_path):
+def test_program_cache_key_follows_the_build_options(opencl_lib, models, tmp_path):
     cache = tmp_path / "cache"
-    half = run_child(lib, models["warm"], cache, precision="fp16")["stats"]
-    float_storage = run_child(lib, models["warm"], cache, precision="fp32")["stats"]
+    half = run_child(opencl_lib, models["warm"], cache, precision="fp16")["stats"]
+    float_storage = run_child(opencl_lib, models["warm"], cache, precision="fp32")["stats"]
     assert float_storage["programs_compiled"] > 0, float_storage  # other options, other entries
     assert len(entries(cache)) == half["programs_compiled"] + float_storage["programs_compiled"]
 
 
-def test_program_cache_survives_two_writers(lib, models, tmp_path):
+def test_program_cache_survives_two_writers(opencl_lib, models, tmp_path):
     cache = tmp_path / "cache"
-    args = [[sys.executable, str(CHILD), str(lib), str(models["warm"]), str(cache), "", "{}"]] * 2
+    args = [[sys.executable, str(CHILD), str(opencl_lib), str(models["warm"]), str(cache), "", "{}"]] * 2
     children = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in args]
     results = [c.communicate(timeout=900) for c in children]
     assert all(c.returncode == 0 for c in children), [r[1][-2000:] for r in results]
     outputs = [json.loads(r[0].splitlines()[-1]) for r in results]
     assert not [p for p in cache.iterdir() if not p.name.endswith(".clbin")]  # no temporary left
-    after = run_child(lib, models["warm"], cache)
+    after = run_child(opencl_lib, models["warm"], cache)
     assert after["stats"]["programs_rejected"] == 0 and after["stats"]["programs_compiled"] == 0, after
     for out in outputs:
         np.testing.assert_array_equal(out["output_head"], after["output_head"])
 
 
-def test_cache_dir_off_and_bad_values(lib, models, tmp_path):
+def test_cache_dir_off_and_bad_values(opencl_lib, models, tmp_path):
     from ai_edge_litert.interpreter import load_delegate
 
-    got = run_child(lib, models["warm"], tmp_path / "unused", cache_dir="off")["stats"]
+    got = run_child(opencl_lib, models["warm"], tmp_path / "unused", cache_dir="off")["stats"]
     assert got["program_cache"] == "" and got["programs_from_cache"] == 0
     assert not (tmp_path / "unused").exists()
     for key, value in (("cache_dir", ""), ("zero_copy", "maybe")):
         with pytest.raises(ValueError):
-            load_delegate(str(lib), {"backend": "opencl", key: value})
+            load_delegate(str(opencl_lib), {"backend": "opencl", key: value})
     with pytest.raises(ValueError):
-        load_delegate(str(lib), {"backend": "cpu", "cache_dir": str(tmp_path)})
+        load_delegate(str(opencl_lib), {"backend": "cpu", "cache_dir": str(tmp_path)})
 
 
-def test_default_cache_dir_is_under_the_users_cache(lib, models, tmp_path):
+def test_default_cache_dir_is_under_the_users_cache(opencl_lib, models, tmp_path):
     env_cache = tmp_path / "xdg"
-    args = [sys.executable, str(CHILD), str(lib), str(models["warm"]), "", "", "{}"]
+    args = [sys.executable, str(CHILD), str(opencl_lib), str(models["warm"]), "", "", "{}"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "XDG_CACHE_HOME": str(env_cache)})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -259,12 +253,12 @@ component.close()
 """
 
 
-def test_stats_files_of_killed_processes_are_swept(lib, models, tmp_path):
+def test_stats_files_of_killed_processes_are_swept(opencl_lib, models, tmp_path):
     """A process killed with a component loaded cannot remove its delegate's stats file; the next
     difflite process that loads one removes it, and keeps those of processes still running."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp), "DIFFLITE_OPLIB": str(lib)}
+    env = {**os.environ, "TMPDIR": str(tmp), "DIFFLITE_OPLIB": str(opencl_lib)}
     root = Path(__file__).resolve().parent.parent
 
     def child(mode: str) -> subprocess.CompletedProcess:
@@ -284,10 +278,10 @@ def test_stats_files_of_killed_processes_are_swept(lib, models, tmp_path):
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("difflite")) == sorted([alive.name, other.name])
 
 
-def test_loading_and_freeing_a_model_many_times_does_not_grow(lib, models, tmp_path):
+def test_loading_and_freeing_a_model_many_times_does_not_grow(opencl_lib, models, tmp_path):
     """benchmarks/load_cycles.py in a fresh process: 40 loads, calls and frees of a model on the
     OpenCL backend; RSS after the last within 10% of after the tenth, and no stats file left."""
-    env = {**os.environ, "TMPDIR": str(tmp_path), "DIFFLITE_OPLIB": str(lib)}
+    env = {**os.environ, "TMPDIR": str(tmp_path), "DIFFLITE_OPLIB": str(opencl_lib)}
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "load_cycles.py"), str(models["warm"]),
                            "--cycles", "40", "--json"], cwd=root, env=env, capture_output=True, text=True,

@@ -8,7 +8,7 @@ kernel, the delegate's model walk). Then, the fuzzer on one core while the rest 
 
 * fuzz_delegate replays the regression corpus (custom_ops/fuzz/corpus/: every crash found so far)
   and fuzzes for FUZZ_SECONDS from it: any finding fails;
-* the hostile-file corpus (tests/hostile_tflite.py) through the sanitized library, CPU and
+* the hostile-file corpus (tests/support/hostile_tflite.py) through the sanitized library, CPU and
   OpenCL (PoCL) backends, in Python processes with the ASan runtime preloaded;
 * the core cases of tests/test_custom_ops_cpu.py (every op against its float64 reference,
   chains with delegate-owned tensors, refusals, corrupted options) on the sanitized library.
@@ -28,11 +28,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from support import ROOT
+from support import hostile_tflite as hostile
 
-import hostile_tflite as hostile  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "custom_ops"
 CORPUS = SOURCE / "fuzz" / "corpus"
 FUZZ_SECONDS = 60

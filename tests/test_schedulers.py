@@ -8,16 +8,17 @@ import inspect
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from difflite.core.errors import BadInput
 from difflite import diffusers_schedulers
+from difflite.core.errors import BadInput
 from difflite.runtime import schedulers
 from difflite.runtime.noise import TorchGenerator
+
+from support import ROOT
 
 SD15 = {"_class_name": "PNDMScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear", "beta_start": 0.00085,
         "clip_sample": False, "num_train_timesteps": 1000, "set_alpha_to_one": False, "skip_prk_steps": True,
@@ -26,7 +27,6 @@ SHAPE = (1, 4, 8, 8)
 IMAGE_LATENTS = np.sin(np.arange(np.prod(SHAPE), dtype=np.float32) * np.float32(0.37)).reshape(SHAPE)
 SPACINGS = ("leading", "trailing", "linspace")
 STEPS = (1, 2, 4, 20)
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -339,6 +339,6 @@ def test_import_needs_neither_torch_nor_diffusers():
             "difflite.runtime.noise.TorchGenerator(1).randn((1, 4, 8, 8))); "
             "assert 'torch' not in sys.modules and 'diffusers' not in sys.modules, "
             "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers'))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                             check=False)
     assert result.returncode == 0, result.stderr

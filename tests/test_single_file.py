@@ -7,12 +7,8 @@ import copy
 import hashlib
 import json
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import ldm_layout as L
 import pytest
 import torch
 
@@ -20,7 +16,9 @@ from difflite.compiler import single_file
 from difflite.compiler.models import load_pipeline
 from difflite.core.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ldm_layout as L
+from support.cli import run_difflite as difflite
+
 COMPONENTS = ("unet", "vae", "text_encoder")
 # CLIP's ids as published tokenizations show them (e.g. Apple's ml-stable-diffusion tokenizer tests).
 ASTRONAUT = ("a photo of an astronaut", [49406, 320, 1125, 539, 550, 18376, 49407])
@@ -344,12 +342,6 @@ def test_diffusers_keys_need_a_config(sd1_pipe, tmp_path):
     path = tmp_path / "diffusers.safetensors"
     single_file.save_single_file(sd1_pipe, path)
     assert "--config FOLDER" in _bad(path)
-
-
-def difflite(*args) -> subprocess.CompletedProcess:
-    exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, "-m", "difflite"]
-    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT, check=False)
 
 
 _ONE = torch.zeros(1)

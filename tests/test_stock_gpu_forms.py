@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+
 COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 OP = schema.BuiltinOperator
 QUANTIZED = (schema.TensorType.INT8, schema.TensorType.INT4)

@@ -13,7 +13,8 @@ from ai_edge_litert import schema_py_generated as schema
 from difflite.compiler.tflite.builder import APPENDED_ALIGNMENT, ModelBuilder
 from difflite.compiler.tflite.writer import load_onnx, write_tflite
 from difflite.folder.reader import read_tflite
-from tests.lowering_helpers import (
+
+from support.lowering_helpers import (
     Case,
     compare,
     make_model,

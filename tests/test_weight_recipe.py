@@ -26,7 +26,8 @@ from difflite.compiler import weight_recipe
 from difflite.compiler.tflite import quantize
 from difflite.compiler.tflite.writer import write_tflite
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+
 SIZE = ["--height", "64", "--width", "64"]
 COMPONENTS = ["--components", "unet,vae_decoder"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -30,6 +30,8 @@ from difflite.core.profiles import PROFILE_NAMES, PROFILES_FILE, Profile, load_p
 from difflite.passes.attention_variant import choose_attention_variants
 from difflite.passes.winograd import apply_winograd, census, conv_cost, find_candidates
 
+from support.passes_helpers import snapshot
+
 TOL = 2e-5  # max |err| / max |reference|, float32 graphs
 
 # A profile under which the small test convs are eligible and compute-bound (so Winograd pays).
@@ -100,16 +102,6 @@ def assert_equivalent(before: onnx.ModelProto, after: onnx.ModelProto, feeds):
     for a, b in zip(ref, got):
         assert a.shape == b.shape
         assert np.max(np.abs(a - b)) <= TOL * max(np.max(np.abs(a)), 1e-12)
-
-
-def full_proto(model: ir.Model) -> onnx.ModelProto:
-    """Proto with every initializer inline (tiny models only)."""
-    proto = ir.to_proto(model)
-    for index, init in enumerate(proto.graph.initializer):
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            array = model.graph.initializers[init.name].const_value.numpy()
-            proto.graph.initializer[index].CopyFrom(onnx.numpy_helper.from_array(array, init.name))
-    return proto
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,11 +180,8 @@ def test_transform_numerics_odd_sizes():
     assert u.dtype == np.float32 and u.shape == (36, cin, cout) and u.flags.c_contiguous
     np.testing.assert_allclose(u, u64, rtol=1e-6, atol=1e-7)  # float32 rounding only
     assert np.max(np.abs(winograd_conv_nchw(x, u, bias) - direct)) <= 1e-5 * np.max(np.abs(direct))
-    # tests/winograd_ref.py re-exports the same definition
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import winograd_ref
+    # tests/support/winograd_ref.py re-exports the same definition
+    from support import winograd_ref
     assert winograd_ref.transform_weights is wg.transform_weights and winograd_ref.G is wg.G
     with pytest.raises(ValueError):
         wg.transform_weights(np.zeros((2, 2, 1, 1)))
@@ -409,7 +398,7 @@ def tiny_unet(tmp_path_factory):
 def test_tiny_unet_counts_and_equivalence(tiny_unet):
     path, expected = tiny_unet
     model = ir.load(str(path))
-    before = full_proto(model)
+    before = snapshot(model)
     assert census(model) == expected > 0
     counts = {}
     for name in PROFILE_NAMES:
@@ -426,7 +415,7 @@ def test_tiny_unet_counts_and_equivalence(tiny_unet):
     print(f"tiny UNet: {expected} 3x3 stride-1 convs; per profile {counts}; "
           f"test profile: {len(eligible)} eligible, {len(decisions)} chosen")
     assert 0 < len(decisions) <= len(eligible)
-    after = full_proto(model)
+    after = snapshot(model)
     onnx.checker.check_model(after)
     feeds = {}
     rng = np.random.default_rng(0)

@@ -1,5 +1,5 @@
 """Winograd F(4x4, 3x3): the canonical transform matrices and the weight transform shared by the
-compiler pass (difflite/passes/winograd.py), the tests (tests/winograd_ref.py re-exports these names) and,
+compiler pass (difflite/passes/winograd.py), the tests (tests/support/winograd_ref.py re-exports these names) and,
 by its definition, the C++ kernel of difflite.WinogradConv3x3 (DESIGN §2).
 
 Interpolation points 0, 1, -1, 2, -2 and infinity. For one 6x6 input tile d and one 3x3 filter g

@@ -8,7 +8,7 @@
                   comes from a Split or Slice is a GEGLU, the others are GELUs
   layernorm       LayerNormalization nodes
   attention       Softmax + Attention (opset 23) nodes
-tests/passes_helpers.py's `module_census(module)` counts the torch modules the graph came from,
+tests/support/passes_helpers.py's `module_census(module)` counts the torch modules the graph came from,
 the check of the census.
 """
 

@@ -21,8 +21,8 @@ its cases in turn and printing one JSON line before and after each. A worker kil
 leaves a started case without an ending: that case is run once more alone in a fresh process (to
 name it the crasher, or clear it), and a new worker takes the rest of the share.
 
-    python3 tests/onnx_conformance.py            # summary and every failure
-    python3 tests/onnx_conformance.py -v         # every case's outcome
+    python3 tests/support/onnx_conformance.py            # summary and every failure
+    python3 tests/support/onnx_conformance.py -v         # every case's outcome
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 # The checkout whose writer is measured (another one's for a before / after comparison).
-ROOT = Path(os.environ.get("DIFFLITE_CONFORMANCE_ROOT") or Path(__file__).resolve().parent.parent)
+ROOT = Path(os.environ.get("DIFFLITE_CONFORMANCE_ROOT") or Path(__file__).resolve().parents[2])
 NODE_PACKAGE = "onnx.backend.test.case.node"
 ONNX_DOMAINS = ("", "ai.onnx")
 DESIGN_RTOL = 1e-3  # DESIGN §7: max |err| <= 1e-3 relative to the output's max magnitude
@@ -291,7 +291,6 @@ def worker_main() -> None:
     # The protocol owns the process's original stdout; anything the libraries print goes to stderr.
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    sys.path.insert(0, str(ROOT))
 
     def send(message):
         channel.write(json.dumps(message) + "\n")
@@ -499,7 +498,6 @@ def main(argv=None) -> int:
     if args.mode == "worker":
         worker_main()
         return 0
-    sys.path.insert(0, str(ROOT))
     report = run_all(workers=args.workers, log=print)
     if args.verbose:
         for outcome in sorted(report.outcomes.values(), key=lambda o: o.name):

@@ -1,34 +1,16 @@
 """Quantized weights in .tflite test models, as `difflite convert --weights int8|int4` writes them
 (TFLite's standard forms; tests/test_quantized_weights_delegate.py's docstring lists them):
-QModel (tests/opencl_helpers.OpModel plus integer constants with affine quantization, DEQUANTIZE
+QModel (tests/support/opencl_helpers.OpModel plus integer constants with affine quantization, DEQUANTIZE
 chains), symmetric quantizers and their float64 dequantization. Shared by the OpenCL backend's
 tests and the CPU backend's (tests/test_cpu_quantized_weights.py)."""
 from __future__ import annotations
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
-from opencl_helpers import OpModel
 
-SAME, VALID = 0, 1  # schema Padding
+from .opencl_helpers import OpModel
+
 BLOCK = 32  # int4 block size (difflite convert's default)
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def nonzero(r, shape, scale=1.0):
-    v = r.uniform(0.1, 1.0, size=shape) * r.choice([-1.0, 1.0], size=shape)
-    return (v * scale).astype(np.float32)
-
-
-def rel_err(got, want) -> float:
-    """max |got - want| / max |want|, after checking shapes and that every element was written."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.all(np.isfinite(got)), "non-finite output (an element left unwritten?)"
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def quantize(w: np.ndarray, axis: int | None, bits: int):

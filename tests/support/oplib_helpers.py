@@ -20,9 +20,11 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
-REPO = Path(__file__).resolve().parents[1]
+from . import ROOT as REPO
+
 CUSTOM_OPS = REPO / "custom_ops"
 LIB_NAME = "libdifflite_delegate.so"
+INT_POISON = -123456789  # what poisoned_runs writes into integer outputs before each invoke
 
 
 # --------------------------------------------------------------------------
@@ -190,7 +192,13 @@ def run_tflite(model_path, lib: Path, feeds: Sequence[np.ndarray], runtime: str 
                options: Mapping[str, str] | None = None, repeats: int = 1) -> list[np.ndarray]:
     """Allocate, feed the graph inputs in order, poison every output with NaN,
     invoke (`repeats` times, re-poisoning each time), return copies of the outputs."""
-    interp = make_interpreter(model_path, lib, runtime, options)
+    return poisoned_runs(make_interpreter(model_path, lib, runtime, options), feeds, repeats)
+
+
+def poisoned_runs(interp, feeds: Sequence[np.ndarray], repeats: int) -> list[np.ndarray]:
+    """Allocate, feed the graph inputs in order, then `repeats` times: poison every output (NaN,
+    integers INT_POISON) and invoke. Copies of the last run's outputs: an element a kernel left
+    unwritten shows as the poison."""
     interp.allocate_tensors()
     for detail, value in zip(interp.get_input_details(), feeds):
         interp.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
@@ -199,20 +207,11 @@ def run_tflite(model_path, lib: Path, feeds: Sequence[np.ndarray], runtime: str 
     for _ in range(repeats):
         for d in outs:
             view = interp.tensor(d["index"])()
-            view[...] = np.nan
+            if isinstance(view, np.ndarray) and view.ndim > 0:  # 0-d comes back as a copy
+                view[...] = np.nan if np.issubdtype(view.dtype, np.floating) else INT_POISON
             del view  # no live references into the interpreter during invoke
         interp.invoke()
         result = [interp.get_tensor(d["index"]).copy() for d in outs]
     return result
 
-
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| / max |want| (inf if anything is NaN)."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        raise AssertionError(f"shape {got.shape} != {want.shape}")
-    if not np.all(np.isfinite(got)):
-        return float("inf")
-    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
 

@@ -1,6 +1,6 @@
 """Helpers for the OpenCL backend tests (backend=opencl of custom_ops/).
 
-* OpModel: TinyModel (tests/oplib_helpers.py) plus any builtin operator with
+* OpModel: TinyModel (tests/support/oplib_helpers.py) plus any builtin operator with
   its BuiltinOptions, bool/int64 constants, for single-op models.
 * opencl_delegate_options / run_model: run a model through ai_edge_litert with
   the delegate (outputs poisoned before every run), optionally with
@@ -18,11 +18,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
-from oplib_helpers import TinyModel
 
 from difflite.compiler.tflite.builder import option_class_name
 
-INT_POISON = -123456789
+from .oplib_helpers import TinyModel, poisoned_runs
 
 _EXTRA_TYPES = {
     np.dtype(np.bool_): schema.TensorType.BOOL,
@@ -104,19 +103,7 @@ def run_model(model_path, lib: Path, feeds: Sequence[np.ndarray],
     delegates = [] if opts.get("backend") == "none" else [load_delegate(str(lib), opts)]
     interp = Interpreter(model_path=str(model_path), experimental_delegates=delegates,
                          num_threads=num_threads)
-    interp.allocate_tensors()
-    for detail, value in zip(interp.get_input_details(), feeds):
-        interp.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
-    outs = interp.get_output_details()
-    result = None
-    for _ in range(repeats):
-        for d in outs:
-            view = interp.tensor(d["index"])()
-            if isinstance(view, np.ndarray) and view.ndim > 0:  # 0-d comes back as a copy
-                view[...] = np.nan if np.issubdtype(view.dtype, np.floating) else INT_POISON
-            del view
-        interp.invoke()
-        result = [interp.get_tensor(d["index"]).copy() for d in outs]
+    result = poisoned_runs(interp, feeds, repeats)
     info = None
     if stats_file:
         with open(stats_file) as f:

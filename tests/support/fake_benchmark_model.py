@@ -1,4 +1,4 @@
-"""A stand-in for TFLite's benchmark_model on the fake adb device (tests/fake_adb.py).
+"""A stand-in for TFLite's benchmark_model on the fake adb device (tests/support/fake_adb.py).
 
 It checks its flags the way the real tool would fail on them (the graph and the external delegate
 must exist, delegate options are key:value pairs separated by ';', backend cpu|opencl), then

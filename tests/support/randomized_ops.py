@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-import passes_helpers as H
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +44,8 @@ from difflite.core.profiles import load_profile
 from difflite.folder.reader import read_tflite
 from difflite.passes import run_passes
 from difflite.passes import winograd as winograd_pass
+
+from . import passes_helpers as H
 
 SEED = 20  # issue 20; every op draws from its own Generator seeded from this and the op's name
 
