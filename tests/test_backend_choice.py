@@ -3,10 +3,7 @@ the typed reader of the output folder they share (difflite/folder/output_folder.
 in-process LiteRT component behind generate's and bench's litert-gpu."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,19 +14,13 @@ from difflite.core.errors import BadInput
 from difflite.folder.output_folder import ComponentEntry, OutputFolder
 from difflite.runtime import backend, litert_gpu
 from difflite.runtime.component import Component, open_component, uses_oplib
+from support.cli import run_difflite
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZE = ("--height", "64", "--width", "64")
 
 
-def difflite(*args, check=True) -> subprocess.CompletedProcess:
-    exe = shutil.which("difflite")
-    command = [exe] if exe else [sys.executable, "-m", "difflite"]
-    run = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    if check:
-        assert run.returncode == 0, run.stderr[-3000:]
-    return run
+def difflite(*args, check=True):
+    return run_difflite(*args, check=check, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 @pytest.fixture(scope="module")

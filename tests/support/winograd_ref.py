@@ -18,7 +18,7 @@ import numpy as np
 from difflite.core.winograd import (
     AT,
     BT,
-    G,
+    G,  # noqa: F401
     transform_weights,  # noqa: F401
 )
 
