@@ -5,6 +5,9 @@
 #
 #   source benchmarks/device_setup.sh
 #
+# The image has no flatbuffers headers to build the op library with: build it on the host
+# (`difflite oplib build -o .devcarry`) and carry .devcarry/ too; DIFFLITE_OPLIB then names it.
+#
 # Afterwards: NVIDIA's OpenCL is the only ICD (OCL_ICD_VENDORS), Vulkan finds NVIDIA's driver for
 # LiteRT's GPU accelerator, and the wheels are on PYTHONPATH before the image's own packages.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -20,5 +23,6 @@ if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 fi
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+if [ -f .devcarry/libdifflite_delegate.so ]; then export DIFFLITE_OPLIB=$PWD/.devcarry/libdifflite_delegate.so; fi
 export DIFFLITE_DEVICE_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 echo "device_setup: $DIFFLITE_DEVICE_NAME, python $(python3 -c 'import sys; print(sys.version.split()[0])')"
