@@ -82,7 +82,7 @@ OPENCL_MODULES = {"test_opencl_builtins.py", "test_opencl_kernels.py", "test_ope
 # right after the OpenCL group so that no worker is left with one of them at the end.
 LONGEST_FIRST = ("test_bad_inputs.py", "test_sanitizers.py", "test_convert_cli.py", "test_lora.py",
                  "test_cross_compile.py", "test_single_file.py", "test_quantize.py", "test_bench.py",
-                 "test_fewstep.py", "test_weight_recipe.py", "test_export.py", "test_passes.py")
+                 "test_fewstep.py", "test_weight_recipe.py", "test_export.py", "test_passes_on_exports.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

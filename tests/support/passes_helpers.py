@@ -14,8 +14,10 @@ import onnx.numpy_helper
 import onnx_ir as ir
 import onnxruntime as ort
 import torch
+from onnx import helper, numpy_helper
 
 from difflite.core import custom_ops
+from difflite.passes.cleanup import cleanup
 from difflite.passes.reference import with_reference_functions
 
 
@@ -144,3 +146,59 @@ def _is_gelu_module(sub) -> bool:
     """torch.nn.GELU, diffusers GELU / ApproximateGELU, transformers' GELU activations."""
     name = type(sub).__name__
     return "GELU" in name.upper() and "GEGLU" not in name.upper()
+
+
+TOLERANCE = 1e-5
+ALL_FUSIONS = {"gelu", "groupnorm", "layernorm", "attention"}
+
+
+def apply(model: ir.Model, *fusions) -> ir.Model:
+    """Cleanup + fusions in place; asserts the result computes what the input did."""
+    before = snapshot(model)
+    cleanup(model)
+    for fuse in fusions:
+        fuse(model)
+    assert relative_error(before, snapshot(model)) <= TOLERANCE
+    return model
+
+
+def onnx_model(nodes, inputs: dict, output_shape, initializers: dict, opset: int = 18) -> ir.Model:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers.items()])
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10))
+
+
+class BlockCall(torch.nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, context):
+        return self.block(x, encoder_hidden_states=context)
+
+
+def transformer_block(processor: str = "sdpa", dim=32, heads=2, head_dim=16):
+    """A diffusers BasicTransformerBlock (self + cross attention, GEGLU), batch 2, Lq 10, Lk 5."""
+    from diffusers.models.attention import BasicTransformerBlock
+    from diffusers.models.attention_processor import AttnProcessor
+
+    torch.manual_seed(0)
+    block = BasicTransformerBlock(dim=dim, num_attention_heads=heads, attention_head_dim=head_dim,
+                                  cross_attention_dim=24, activation_fn="geglu")
+    if processor == "plain":  # the 3-D head form: head_to_batch_dim, baddbmm, bmm
+        for attention in (block.attn1, block.attn2):
+            attention.set_processor(AttnProcessor())
+    return BlockCall(perturb(block)), (torch.randn(2, 10, dim), torch.randn(2, 5, 24))
+
+
+def tiny_clip(attn_implementation: str):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    config = CLIPTextConfig(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, max_position_embeddings=16, hidden_act="quick_gelu")
+    model = CLIPTextModel(config)
+    model.set_attn_implementation(attn_implementation)
+    return Wrapper(perturb(model)), (torch.randint(0, 100, (1, 16)),)
