@@ -1,4 +1,4 @@
-"""Helpers for tests/test_passes.py: export small torch modules, run graphs with onnxruntime
+"""Helpers for the pass tests (tests/test_pass_*.py): export small torch modules, run graphs with onnxruntime
 (difflite ops through difflite.passes.reference), compare before/after."""
 
 from __future__ import annotations
