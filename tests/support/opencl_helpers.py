@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from difflite.compiler.tflite.builder import option_class_name
+from difflite.compiler.tflite.builder import builtin_operator
 
 from .oplib_helpers import TinyModel, poisoned_runs
 
@@ -47,23 +47,8 @@ class OpModel(TinyModel):
     def builtin(self, name: str, inputs: Sequence[int], outputs: Sequence[int], **options) -> None:
         """Builtin operator `name` ("CONV_2D"); keyword options are the schema's
         BuiltinOptions fields (camelCase). -1 in `inputs` is an omitted input."""
-        code = getattr(schema.BuiltinOperator, name)
-        op = schema.OperatorT()
-        op.opcodeIndex = self._opcode(code)
-        op.inputs = list(inputs)
-        op.outputs = list(outputs)
-        cls = option_class_name(name)
-        if cls is not None and hasattr(schema, cls + "T"):
-            opts = getattr(schema, cls + "T")()
-            for k, v in options.items():
-                if not hasattr(opts, k):
-                    raise AttributeError(f"{cls} has no field {k}")
-                setattr(opts, k, v)
-            op.builtinOptionsType = getattr(schema.BuiltinOptions, cls)
-            op.builtinOptions = opts
-        elif options:
-            raise AttributeError(f"{name} takes no options")
-        self.operators.append(op)
+        opcode = self._opcode(getattr(schema.BuiltinOperator, name))
+        self.operators.append(builtin_operator(opcode, name, inputs, outputs, **options))
 
 
 def opencl_options(**extra) -> dict[str, str]:

@@ -180,23 +180,8 @@ class ModelBuilder:
     def op(self, name: str, inputs: list[int], outputs: list[int], **options) -> None:
         """Append builtin operator `name` (e.g. "CONV_2D"); keyword options set its
         BuiltinOptions fields (camelCase as in the schema)."""
-        builtin = getattr(schema.BuiltinOperator, name)
-        operator = schema.OperatorT()
-        operator.opcodeIndex = self._opcode(builtin, None)
-        operator.inputs = list(inputs)
-        operator.outputs = list(outputs)
-        class_name = option_class_name(name)
-        if class_name is not None and hasattr(schema, class_name + "T"):
-            opts = getattr(schema, class_name + "T")()
-            for key, value in options.items():
-                if not hasattr(opts, key):
-                    raise AttributeError(f"{class_name} has no field {key}")
-                setattr(opts, key, value)
-            operator.builtinOptionsType = getattr(schema.BuiltinOptions, class_name)
-            operator.builtinOptions = opts
-        elif options:
-            raise AttributeError(f"{name} takes no options, got {sorted(options)}")
-        self.operators.append(operator)
+        opcode = self._opcode(getattr(schema.BuiltinOperator, name), None)
+        self.operators.append(builtin_operator(opcode, name, inputs, outputs, **options))
 
     def custom_op(self, custom_code: str, inputs: list[int], outputs: list[int], options: dict) -> None:
         operator = schema.OperatorT()
@@ -302,6 +287,27 @@ class ModelBuilder:
         out.write(flatbuffer)
         out.write(b"\0" * (segment_start - len(flatbuffer)))
         self._spool.copy_to(out)
+
+
+def builtin_operator(opcode_index: int, name: str, inputs, outputs, **options) -> schema.OperatorT:
+    """Builtin operator `name` ("CONV_2D") at `opcode_index`; keyword options set its
+    BuiltinOptions fields (camelCase as in the schema)."""
+    operator = schema.OperatorT()
+    operator.opcodeIndex = opcode_index
+    operator.inputs = list(inputs)
+    operator.outputs = list(outputs)
+    class_name = option_class_name(name)
+    if class_name is not None and hasattr(schema, class_name + "T"):
+        opts = getattr(schema, class_name + "T")()
+        for key, value in options.items():
+            if not hasattr(opts, key):
+                raise AttributeError(f"{class_name} has no field {key}")
+            setattr(opts, key, value)
+        operator.builtinOptionsType = getattr(schema.BuiltinOptions, class_name)
+        operator.builtinOptions = opts
+    elif options:
+        raise AttributeError(f"{name} takes no options, got {sorted(options)}")
+    return operator
 
 
 def _offsets_vector(builder, start, offsets: list[int]) -> int:
