@@ -311,11 +311,11 @@ std::string Inputs(const std::vector<TensorInfo>& ins) {
   return s;
 }
 
-// The input a reader of a quantized weight reads it as: FULLY_CONNECTED's and CONV_2D's weight,
-// GATHER's params (WinogradConv3x3's w is input 1 too).
-int WeightInput(int32_t code) { return code == kGather ? 0 : 1; }
-
-bool IsReader(int32_t code) { return code == kFullyConnected || code == kConv2d || code == kGather; }
+// The CPU op that runs a builtin node reading a quantized weight (FULLY_CONNECTED, CONV_2D,
+// GATHER); nullptr for any other code.
+const cpu::QuantizedOpDef* QuantizedReader(int32_t code) {
+  return OpRegistry<cpu::QuantizedOpDef>::Find(BuiltinName(code));
+}
 
 // A difflite.WinogradConv3x3 node (custom code).
 bool IsWinograd(const Registration* reg) {
@@ -366,34 +366,20 @@ std::string InferReader(Context* ctx, const Node* node, const CpuBuiltinNode& cn
   return "";
 }
 
-// A FULLY_CONNECTED / CONV_2D / GATHER whose weight (WeightInput) is the folded `w`: its op, and
-// the inputs its Infer accepted ("" or why not).
-std::string ClaimReader(Context* ctx, int32_t code, const Node* node, const Folded& w,
-                        CpuBuiltinNode* cn, std::string* log) {
+// A FULLY_CONNECTED / CONV_2D / GATHER (`def`) whose weight is the folded `w`: its op, and the
+// inputs its Infer accepted ("" or why not).
+std::string ClaimReader(Context* ctx, const cpu::QuantizedOpDef& def, const Node* node,
+                        const Folded& w, CpuBuiltinNode* cn, std::string* log) {
   const std::vector<int> ins = ToVector(node->inputs);
-  cpu::QuantWeight q = w.q;
-  std::string why;
-  if (code == kGather) {
-    if (ins.size() != 2) return "expects 2 inputs, got " + std::to_string(ins.size());
-    if (w.shape.size() < 2) return "params " + ShapeToString(w.shape) + " are not a table of rows";
-    q.n = w.shape[0];
-    q.k = NumElements(w.shape) / w.shape[0];
-    cn->op = cpu::CreateQuantizedGather(node->builtin_data, q, w.shape, &why);
-  } else if (ins.size() != 2 && ins.size() != 3) {
-    return "expects 2 or 3 inputs, got " + std::to_string(ins.size());
-  } else if (code == kFullyConnected) {
-    if (w.shape.size() != 2) return "weights " + ShapeToString(w.shape) + " are not 2-D";
-    q.n = w.shape[0];
-    q.k = w.shape[1];
-    cn->op = cpu::CreateQuantizedFullyConnected(node->builtin_data, q, &why);
-  } else {
-    if (w.shape.size() != 4) return "filter " + ShapeToString(w.shape) + " is not 4-D";
-    q.n = w.shape[0];
-    q.k = static_cast<int64_t>(w.shape[1]) * w.shape[2] * w.shape[3];
-    cn->op = cpu::CreateQuantizedConv2d(node->builtin_data, q, w.shape, &why);
+  if (ins.size() < def.min_inputs || ins.size() > def.max_inputs) {
+    return "expects " + std::to_string(def.min_inputs) +
+           (def.max_inputs != def.min_inputs ? " or " + std::to_string(def.max_inputs) : "") +
+           " inputs, got " + std::to_string(ins.size());
   }
+  std::string why;
+  cn->op = def.create(node->builtin_data, w.q, w.shape, &why);
   if (cn->op == nullptr) return why;
-  cn->weight_input = WeightInput(code);
+  cn->weight_input = def.weight_input;
   cn->weight_info = TensorInfo{DType::kFloat32, w.shape, nullptr};
   std::vector<TensorInfo> infos;
   why = ReaderInputs(ctx, ins, *cn, true, &infos);
@@ -409,21 +395,15 @@ std::string ClaimWinograd(Context* ctx, const Node* node, const Folded& w, CpuBu
   std::string why;
   const std::unique_ptr<OpInstance> contract = ParseCustomNode(node, winograd::kOpName, &why);
   if (contract == nullptr) return why;
+  const cpu::QuantizedOpDef* def = OpRegistry<cpu::QuantizedOpDef>::Find(winograd::kOpName);
   const std::vector<int> ins = ToVector(node->inputs);
-  cn->weight_input = 1;
+  cn->weight_input = def->weight_input;
   cn->weight_info = TensorInfo{DType::kFloat32, w.shape, nullptr};
   std::vector<TensorInfo> infos, outs;
   why = ReaderInputs(ctx, ins, *cn, false, &infos);
   if (why.empty()) why = contract->Infer(infos, &outs);
   if (!why.empty()) return why;
-  if (w.shape.size() != 4) {
-    return "w " + ShapeToString(w.shape) + " is not the 3x3 filter [Cout,3,3,Cin] (transformed "
-           "weights are run as float32 only)";
-  }
-  cpu::QuantWeight q = w.q;
-  q.n = w.shape[0];
-  q.k = static_cast<int64_t>(w.shape[1]) * w.shape[2] * w.shape[3];
-  cn->op = cpu::CreateQuantizedConv3x3(q, w.shape, &why);
+  cn->op = def->create(nullptr, w.q, w.shape, &why);
   if (cn->op == nullptr) return why;
   why = InferReader(ctx, node, *cn, infos, log);
   if (!why.empty()) return why;
@@ -437,7 +417,7 @@ std::string UnclaimedReader(Context* ctx, int node_index) {
   Node* node = nullptr;
   Registration* reg = nullptr;
   if (ctx->GetNodeAndRegistration(ctx, node_index, &node, &reg) == tfl::kOk && reg != nullptr &&
-      reg->builtin_code == tfl::kBuiltinCustom && FindOp(reg->custom_name) != nullptr) {
+      reg->builtin_code == tfl::kBuiltinCustom && OpRegistry<OpDef>::Find(reg->custom_name) != nullptr) {
     return "a difflite op reading it as float32";
   }
   return "left to TFLite";
@@ -467,21 +447,22 @@ std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(Context* c
     }
     const int32_t code = reg->builtin_code;
     const bool winograd = IsWinograd(reg);
-    if (!winograd && code != kDequantize && code != kMul && code != kReshape && !IsReader(code)) {
+    const cpu::QuantizedOpDef* reader = winograd ? nullptr : QuantizedReader(code);
+    if (!winograd && code != kDequantize && code != kMul && code != kReshape && reader == nullptr) {
       continue;
     }
     const char* name = winograd ? winograd::kOpName : BuiltinName(code);
     const std::string wiring = order.Check(ctx, node_index, node);
-    if (winograd || IsReader(code)) {
+    if (winograd || reader != nullptr) {
       if (ins.size() < 2) continue;
-      auto w = folded.find(ins[winograd ? 1 : WeightInput(code)]);
+      auto w = folded.find(ins[winograd ? 1 : reader->weight_input]);
       if (w == folded.end() || !w->second.quantized) continue;  // a float weight: TFLite's
       auto cn = std::make_unique<CpuBuiltinNode>();
       cn->name = name;
       std::string log;
       std::string why = !wiring.empty() ? wiring
                         : winograd      ? ClaimWinograd(ctx, node, w->second, cn.get(), &log)
-                                        : ClaimReader(ctx, code, node, w->second, cn.get(), &log);
+                                        : ClaimReader(ctx, *reader, node, w->second, cn.get(), &log);
       if (!why.empty()) {
         if (winograd) {  // still the op registry's (delegate.cc), if it takes it
           Log("node " + std::to_string(node_index) + " (" + name + ") does not read its quantized "

@@ -133,7 +133,7 @@ const char* TfLiteTypeName(tfl::Type t) {
 std::unique_ptr<OpInstance> ParseCustomNode(const tfl::Node* node,
                                             const char* custom_name,
                                             std::string* why) {
-  const OpDef* def = FindOp(custom_name);
+  const OpDef* def = OpRegistry<OpDef>::Find(custom_name);
   if (def == nullptr) {
     *why = "unknown difflite op";
     return nullptr;

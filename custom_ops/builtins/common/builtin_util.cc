@@ -5,7 +5,21 @@
 
 #include "opencl/half.h"
 
-namespace difflite::gpu::builtin {
+namespace difflite::gpu {
+
+std::string SetArgs(const ClApi& cl, cl_kernel kernel,
+                    const std::vector<std::pair<size_t, const void*>>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const cl_int err = cl.SetKernelArg(kernel, static_cast<cl_uint>(i),
+                                       args[i].first, args[i].second);
+    if (err != CL_SUCCESS) {
+      return "clSetKernelArg(" + std::to_string(i) + "): " + ClErrorName(err);
+    }
+  }
+  return "";
+}
+
+namespace builtin {
 
 std::string ExpectCounts(const NodeView& node, size_t min_in, size_t max_in,
                          size_t outputs) {
@@ -338,4 +352,5 @@ std::string FillValue(GpuContext& ctx, cl_mem mem, DType storage, float value,
   return "";
 }
 
-}  // namespace difflite::gpu::builtin
+}  // namespace builtin
+}  // namespace difflite::gpu

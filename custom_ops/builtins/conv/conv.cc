@@ -267,12 +267,12 @@ std::unique_ptr<GpuOp> CreateDepthwise(const NodeView& node, GpuContext& ctx,
   return std::make_unique<DepthwiseOp>(k, Local1D(ctx, k, 64), g, has_bias);
 }
 
-const GpuOpDef kConv2d = {"CONV_2D", &CreateConv2d};
-const GpuOpDef kDepthwise = {"DEPTHWISE_CONV_2D", &CreateDepthwise};
+const GpuOpDef kConvOps[] = {
+    {"CONV_2D", &CreateConv2d},
+    {"DEPTHWISE_CONV_2D", &CreateDepthwise},
+};
+DIFFLITE_REGISTER_OPS(kConvOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kConv2d);
-DIFFLITE_REGISTER_GPU_OP(kDepthwise);
 
 }  // namespace difflite::gpu::builtin

@@ -392,20 +392,14 @@ const GpuOpDef kBinaryDefs[] = {
     {"DIV", &CreateBinary},     {"MAXIMUM", &CreateBinary}, {"MINIMUM", &CreateBinary},
     {"SQUARED_DIFFERENCE", &CreateBinary}, {"POW", &CreateBinary},
 };
-const GpuOpDef kSelect = {"SELECT", &CreateSelect};
-const GpuOpDef kSelectV2 = {"SELECT_V2", &CreateSelect};
-const GpuOpDef kCast = {"CAST", &CreateCast};
-
-bool RegisterAll() {
-  for (const GpuOpDef& d : kUnaryDefs) RegisterGpuOp(&d);
-  for (const GpuOpDef& d : kBinaryDefs) RegisterGpuOp(&d);
-  RegisterGpuOp(&kSelect);
-  RegisterGpuOp(&kSelectV2);
-  RegisterGpuOp(&kCast);
-  return true;
-}
-
-[[maybe_unused]] const bool kRegistered = RegisterAll();
+const GpuOpDef kSelectAndCastDefs[] = {
+    {"SELECT", &CreateSelect},
+    {"SELECT_V2", &CreateSelect},
+    {"CAST", &CreateCast},
+};
+DIFFLITE_REGISTER_OPS(kUnaryDefs);
+DIFFLITE_REGISTER_OPS(kBinaryDefs);
+DIFFLITE_REGISTER_OPS(kSelectAndCastDefs);
 
 }  // namespace
 }  // namespace difflite::gpu::builtin

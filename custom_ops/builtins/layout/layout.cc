@@ -517,34 +517,23 @@ std::unique_ptr<GpuOp> CreateGather(const NodeView& node, GpuContext& ctx, std::
                                     x.shape[axis], inner, q8_group);
 }
 
-const GpuOpDef kReshape = {"RESHAPE", &CreateReshape};
-const GpuOpDef kSqueeze = {"SQUEEZE", &CreateReshape};
-const GpuOpDef kExpandDims = {"EXPAND_DIMS", &CreateReshape};
-const GpuOpDef kTranspose = {"TRANSPOSE", &CreateTranspose};
-const GpuOpDef kConcatenation = {"CONCATENATION", &CreateConcatenation};
-const GpuOpDef kSplit = {"SPLIT", &CreateSplit};
-const GpuOpDef kSplitV = {"SPLIT_V", &CreateSplitV};
-const GpuOpDef kStridedSlice = {"STRIDED_SLICE", &CreateStridedSlice};
-const GpuOpDef kPad = {"PAD", &CreatePad};
-const GpuOpDef kPadV2 = {"PADV2", &CreatePad};
-const GpuOpDef kTile = {"TILE", &CreateTile};
-const GpuOpDef kBroadcastTo = {"BROADCAST_TO", &CreateBroadcastTo};
-const GpuOpDef kGather = {"GATHER", &CreateGather};
+const GpuOpDef kLayoutOps[] = {
+    {"RESHAPE", &CreateReshape},
+    {"SQUEEZE", &CreateReshape},
+    {"EXPAND_DIMS", &CreateReshape},
+    {"TRANSPOSE", &CreateTranspose},
+    {"CONCATENATION", &CreateConcatenation},
+    {"SPLIT", &CreateSplit},
+    {"SPLIT_V", &CreateSplitV},
+    {"STRIDED_SLICE", &CreateStridedSlice},
+    {"PAD", &CreatePad},
+    {"PADV2", &CreatePad},
+    {"TILE", &CreateTile},
+    {"BROADCAST_TO", &CreateBroadcastTo},
+    {"GATHER", &CreateGather},
+};
+DIFFLITE_REGISTER_OPS(kLayoutOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kReshape);
-DIFFLITE_REGISTER_GPU_OP(kSqueeze);
-DIFFLITE_REGISTER_GPU_OP(kExpandDims);
-DIFFLITE_REGISTER_GPU_OP(kTranspose);
-DIFFLITE_REGISTER_GPU_OP(kConcatenation);
-DIFFLITE_REGISTER_GPU_OP(kSplit);
-DIFFLITE_REGISTER_GPU_OP(kSplitV);
-DIFFLITE_REGISTER_GPU_OP(kStridedSlice);
-DIFFLITE_REGISTER_GPU_OP(kPad);
-DIFFLITE_REGISTER_GPU_OP(kPadV2);
-DIFFLITE_REGISTER_GPU_OP(kTile);
-DIFFLITE_REGISTER_GPU_OP(kBroadcastTo);
-DIFFLITE_REGISTER_GPU_OP(kGather);
 
 }  // namespace difflite::gpu::builtin

@@ -126,18 +126,15 @@ std::unique_ptr<GpuOp> CreateReduce(const NodeView& node, GpuContext& ctx, std::
                                     scale);
 }
 
-const GpuOpDef kMean = {"MEAN", &CreateReduce};
-const GpuOpDef kSum = {"SUM", &CreateReduce};
-const GpuOpDef kReduceMax = {"REDUCE_MAX", &CreateReduce};
-const GpuOpDef kReduceMin = {"REDUCE_MIN", &CreateReduce};
-const GpuOpDef kReduceProd = {"REDUCE_PROD", &CreateReduce};
+const GpuOpDef kReduceOps[] = {
+    {"MEAN", &CreateReduce},
+    {"SUM", &CreateReduce},
+    {"REDUCE_MAX", &CreateReduce},
+    {"REDUCE_MIN", &CreateReduce},
+    {"REDUCE_PROD", &CreateReduce},
+};
+DIFFLITE_REGISTER_OPS(kReduceOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kMean);
-DIFFLITE_REGISTER_GPU_OP(kSum);
-DIFFLITE_REGISTER_GPU_OP(kReduceMax);
-DIFFLITE_REGISTER_GPU_OP(kReduceMin);
-DIFFLITE_REGISTER_GPU_OP(kReduceProd);
 
 }  // namespace difflite::gpu::builtin

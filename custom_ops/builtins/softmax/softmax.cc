@@ -65,10 +65,11 @@ std::unique_ptr<GpuOp> CreateSoftmax(const NodeView& node, GpuContext& ctx, std:
   return std::make_unique<SoftmaxOp>(k, per_row, Local1D(ctx, k, 64), rows, len, beta);
 }
 
-const GpuOpDef kSoftmax = {"SOFTMAX", &CreateSoftmax};
+const GpuOpDef kSoftmaxOps[] = {
+    {"SOFTMAX", &CreateSoftmax},
+};
+DIFFLITE_REGISTER_OPS(kSoftmaxOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kSoftmax);
 
 }  // namespace difflite::gpu::builtin

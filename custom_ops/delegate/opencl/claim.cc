@@ -498,7 +498,7 @@ std::string BackendImpl::CreateOp(Node* node, Registration* reg, bool is_custom,
       }
     }
   }
-  const GpuOpDef* def = FindGpuOp(cn->name.c_str());
+  const GpuOpDef* def = OpRegistry<GpuOpDef>::Find(cn->name.c_str());
   if (def == nullptr) return "no OpenCL kernel for " + cn->name;
   NodeView view;
   view.op_name = cn->name.c_str();

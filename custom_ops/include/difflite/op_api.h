@@ -1,7 +1,7 @@
 // The interface between the delegate and the op folders (custom_ops/ops/*).
 //
-// The delegate knows no op by name: it asks the registry (op_registry.cc) for
-// an OpDef whose name equals the node's custom_code, lets the op parse its
+// The delegate knows no op by name: it asks the registry (registry.h) for the
+// OpDef whose name equals the node's custom_code, lets the op parse its
 // attributes (OpDef::create), asks for output shapes (OpInstance::Infer) and
 // runs it (OpInstance::Run). Ops return errors as strings; they never throw
 // across this boundary and never crash on bad input.
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "difflite/attrs.h"
+#include "difflite/registry.h"
 
 namespace difflite {
 
@@ -87,9 +88,7 @@ struct OpDef {
                                         std::string* error);
 };
 
-// All ops of the library, and a lookup by custom_code (nullptr if unknown).
-const std::vector<const OpDef*>& AllOps();
-const OpDef* FindOp(const char* custom_code);
+// Every op folder registers its OpDef with DIFFLITE_REGISTER_OPS (registry.h).
 
 // Shared helpers for the op folders.
 std::string ExpectInputCount(const std::vector<TensorInfo>& inputs, size_t n);

@@ -70,6 +70,7 @@
 #include "../opencl_common.h"
 #include "attention.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 
 namespace difflite {
 namespace {
@@ -560,9 +561,7 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuAttention;
-const GpuOpDef kGpuAttention = {attention::kOpName, &Create};
-}  // namespace gpu
+const gpu::GpuOpDef kGpuAttentionOps[] = {{attention::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuAttentionOps);
 
 }  // namespace difflite

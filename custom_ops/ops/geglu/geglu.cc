@@ -4,6 +4,7 @@
 
 #include "../gelu/gelu_math.h"
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "geglu.h"
 
@@ -71,9 +72,7 @@ std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
 
 }  // namespace
 
-const OpDef& GeGluOpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kGeGluOps[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGeGluOps);
 
 }  // namespace difflite

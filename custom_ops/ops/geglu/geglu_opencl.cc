@@ -8,6 +8,7 @@
 
 #include "../opencl_common.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "geglu.h"
 
 namespace difflite {
@@ -74,9 +75,7 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuGeGlu;
-const GpuOpDef kGpuGeGlu = {geglu::kOpName, &Create};
-}  // namespace gpu
+const gpu::GpuOpDef kGpuGeGluOps[] = {{geglu::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuGeGluOps);
 
 }  // namespace difflite

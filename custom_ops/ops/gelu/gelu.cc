@@ -3,6 +3,7 @@
 #include <string>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "gelu.h"
 #include "gelu_math.h"
@@ -57,9 +58,7 @@ std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
 
 }  // namespace
 
-const OpDef& GeluOpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kGeluOps[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGeluOps);
 
 }  // namespace difflite

@@ -7,6 +7,7 @@
 
 #include "../opencl_common.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "gelu.h"
 
 namespace difflite {
@@ -67,9 +68,7 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuGelu;
-const GpuOpDef kGpuGelu = {gelu::kOpName, &Create};
-}  // namespace gpu
+const gpu::GpuOpDef kGpuGeluOps[] = {{gelu::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuGeluOps);
 
 }  // namespace difflite

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "group_norm.h"
 
@@ -177,9 +178,7 @@ std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
 
 }  // namespace
 
-const OpDef& GroupNormOpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kGroupNormOps[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGroupNormOps);
 
 }  // namespace difflite

@@ -26,6 +26,7 @@
 
 #include "../opencl_common.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "group_norm.h"
 
 namespace difflite {
@@ -494,9 +495,7 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuGroupNorm;
-const GpuOpDef kGpuGroupNorm = {group_norm::kOpName, &Create};
-}  // namespace gpu
+const gpu::GpuOpDef kGpuGroupNormOps[] = {{group_norm::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuGroupNormOps);
 
 }  // namespace difflite

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "winograd_conv3x3.h"
 
@@ -298,9 +299,7 @@ std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
 
 }  // namespace
 
-const OpDef& WinogradConv3x3OpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kWinogradConv3x3Ops[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kWinogradConv3x3Ops);
 
 }  // namespace difflite

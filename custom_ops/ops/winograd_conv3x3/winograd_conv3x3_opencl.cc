@@ -16,6 +16,7 @@
 
 #include "../opencl_common.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "matmul/gemm.h"
 #include "winograd_conv3x3.h"
 
@@ -186,9 +187,7 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuWinogradConv3x3;
-const GpuOpDef kGpuWinogradConv3x3 = {winograd::kOpName, &Create};
-}  // namespace gpu
+const gpu::GpuOpDef kGpuWinogradConv3x3Ops[] = {{winograd::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuWinogradConv3x3Ops);
 
 }  // namespace difflite
