@@ -2,7 +2,7 @@
 // quantized constant (qgemm.h), and GATHER of a quantized table's rows, read as the model stores
 // them; the CONV_2D also runs difflite.WinogradConv3x3 nodes whose filter (the op's form [Cout, 3,
 // 3, Cin]) is a quantized constant. The delegate's claim
-// (delegate/cpu_claim.cc) finds the weight, folds its chain (DEQUANTIZE, int4's block-scale MUL,
+// (delegate/cpu/quantized_claim.cc) finds the weight, folds its chain (DEQUANTIZE, int4's block-scale MUL,
 // RESHAPE) into a QuantWeight and creates the op here from the node's builtin parameters.
 //
 // The ops are OpInstances like the difflite custom ops: Infer sees the inputs (x, the weight as

@@ -1,6 +1,5 @@
-// Helpers shared by the delegate's backends (delegate.cc: plugin entry points
-// and the CPU backend; opencl/executor.cc: the OpenCL backend): options,
-// one-line logging, reading TFLite tensors and nodes through tflite_abi.h.
+// Helpers shared by the delegate's entry points (delegate.cc) and its backends (cpu/,
+// opencl/): options, one-line logging, reading TFLite tensors and nodes through tflite_abi.h.
 #ifndef DIFFLITE_DELEGATE_UTIL_H_
 #define DIFFLITE_DELEGATE_UTIL_H_
 
@@ -45,8 +44,8 @@ struct DelegateState {
   tfl::Delegate delegate;
   Options options;
   std::unique_ptr<gpu::Backend> opencl;  // set for backend=opencl
-  // backend=cpu: the builtin nodes Delegate::Prepare claimed (cpu_claim.h), by node index, until
-  // the partition kernels that run them take them (KernelInit, inside
+  // backend=cpu: the builtin nodes Delegate::Prepare claimed (cpu/quantized_claim.h), by node
+  // index, until the partition kernels that run them take them (cpu/partition.cc: Init, inside
   // ReplaceNodeSubsetsWithDelegateKernels).
   std::map<int, std::unique_ptr<CpuBuiltinNode>> cpu_builtins;
   DelegateState();

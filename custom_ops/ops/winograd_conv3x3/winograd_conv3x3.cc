@@ -9,7 +9,7 @@
 //      buffer of that Run (36/9 of the filter's floats), freed when it returns:
 //      the op keeps no copy of the weights. (On the CPU backend a form-(b) filter
 //      that is a quantized constant never reaches this kernel: the delegate runs
-//      the node as a quantized 3x3 CONV_2D, delegate/cpu_claim.cc.)
+//      the node as a quantized 3x3 CONV_2D, delegate/cpu/quantized_claim.cc.)
 //
 // CPU kernel, the real algorithm: the output is cut into 4x4 tiles (the
 // border tiles of H, W not multiple of 4 read zeros and are cropped); each

@@ -1,11 +1,11 @@
-// The CPU backend's builtins (cpu_claim.h): FULLY_CONNECTED and CONV_2D reading a quantized
+// The CPU backend's builtins (quantized_claim.h): FULLY_CONNECTED and CONV_2D reading a quantized
 // weight as the model stores it, GATHER of a quantized table's rows (the int4 mix's token
 // embedding: int8 rows of per-tensor scale 1), and the folded chain each comes through. A
 // difflite.WinogradConv3x3 whose w is the 3x3 filter itself ([Cout, 3, 3, Cin], the contract's
 // second form) coming through such a chain is claimed here too and runs as that quantized 3x3
 // CONV_2D (SAME, stride 1, bias input 2): the same function, read from the model's integers. Any
 // other WinogradConv3x3 (transformed weights, or a float filter) is a custom op of the op registry
-// (delegate.cc), as is one refused here (it then reads TFLite's float32 DEQUANTIZE of the filter).
+// (cpu/claim.cc), as is one refused here (it then reads TFLite's float32 DEQUANTIZE of the filter).
 //
 // What `convert --weights int8|int4` writes (compiler/tflite/quantize.py), and what is folded:
 //  * int8: DEQUANTIZE of an INT8 constant, zero points 0, one scale per tensor or per index of
@@ -20,14 +20,14 @@
 // Why the folded nodes are claimed at all, and never produce anything: TFLite computes a
 // DEQUANTIZE of a constant once, into a float32 tensor it keeps (4x an int8 weight, 8x an int4
 // one), and XNNPACK packs a float copy of its own. Claimed, the nodes are the delegate's; its
-// partitions give their outputs no storage (delegate.cc). TFLite's partitioner is greedy: every
+// partitions give their outputs no storage (cpu/claim.cc). TFLite's partitioner is greedy: every
 // DEQUANTIZE of a constant is ready at the start and lands in the first partition while its
 // reader lands in a later one (TFLite's builtins run between them on this backend), so the
 // weights cross partitions as partition outputs, which TFLite would allocate: they are given 0
 // bytes and no data at Prepare, which the arena plans as nothing and Invoke accepts (it refuses
 // only an input with bytes and no data). Only claimed nodes read them, and those read the
 // model's integers. A folded tensor any other node reads, or a graph output, is left to TFLite.
-#include "cpu_claim.h"
+#include "cpu/quantized_claim.h"
 
 #include <climits>
 #include <cmath>
@@ -464,7 +464,7 @@ std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(Context* c
                         : winograd      ? ClaimWinograd(ctx, node, w->second, cn.get(), &log)
                                         : ClaimReader(ctx, *reader, node, w->second, cn.get(), &log);
       if (!why.empty()) {
-        if (winograd) {  // still the op registry's (delegate.cc), if it takes it
+        if (winograd) {  // still the op registry's (cpu/claim.cc), if it takes it
           Log("node " + std::to_string(node_index) + " (" + name + ") does not read its quantized "
               "filter as stored: " + why + "; the custom op reads TFLite's float32 DEQUANTIZE of it");
         } else {
