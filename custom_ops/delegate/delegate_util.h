@@ -79,6 +79,9 @@ bool IsConstantTensor(const tfl::Tensor* t);
 std::string InfoString(const TensorInfo& t);
 std::string ListString(const std::vector<int>& v);
 const char* TfLiteTypeName(tfl::Type t);
+// The TFLite builtin name of a builtin code ("CONV_2D"), nullptr for a code neither backend
+// runs.
+const char* BuiltinName(int32_t code);
 
 // Creates the op of a difflite custom node from its custom_code and
 // FlexBuffer options; nullptr with *why when unknown or invalid.

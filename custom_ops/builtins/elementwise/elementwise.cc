@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -83,7 +83,7 @@ std::unique_ptr<GpuOp> CreateUnary(const NodeView& node, GpuContext& ctx, std::s
   if (e.empty()) e = ExpectShape(node.outputs[0], node.inputs[0].shape, "output");
   const int code = UnaryCode(node);
   if (e.empty() && code < 0) e = std::string("unknown unary op ") + node.op_name;
-  const bool vec = PreferFlatKernels(ctx);
+  const bool vec = ctx.PreferFlatKernels();
   cl_kernel k = nullptr;
   if (e.empty()) e = GetKernel(ctx, kProgram, vec ? "unary_vec" : "unary", "", &k);
   if (!e.empty()) return Refuse(error, e);
@@ -248,13 +248,13 @@ std::unique_ptr<GpuOp> CreateBinary(const NodeView& node, GpuContext& ctx, std::
   if (!e.empty()) return Refuse(error, e);
   const int ia = space.strides[0].back(), ib = space.strides[1].back();
   BinaryOp::Kind kind = BinaryOp::kNd;
-  if (PreferFlatKernels(ctx) && ia <= 1 && ib <= 1 && space.dims.back() >= 16) {
+  if (ctx.PreferFlatKernels() && ia <= 1 && ib <= 1 && space.dims.back() >= 16) {
     kind = BinaryOp::kRows;
   } else if (space.rank() == 1 && ia <= 1 && ib <= 1) {
     // 4 elements an item where they split evenly: one aligned vector access an operand
     // (one 2- or 4-byte access a work-item left the UNet's residual ADDs issue-bound).
     kind = NumElements(out) % 4 == 0 ? BinaryOp::kFlat4 : BinaryOp::kFlat;
-  } else if (!PreferFlatKernels(ctx) && QuadsAlongInnermost(space)) {
+  } else if (!ctx.PreferFlatKernels() && QuadsAlongInnermost(space)) {
     // The UNet's time-embedding ADDs ([N,H,W,C] + [N,1,1,C]): one element an item was
     // issue-bound, like the same-shape ADDs before binary_flat4.
     kind = BinaryOp::kNd4;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -112,7 +112,7 @@ std::unique_ptr<GpuOp> CreateReduce(const NodeView& node, GpuContext& ctx, std::
   red.Collapse();
   if (out.rank() > kMaxRank || red.rank() > kMaxRank) return refuse("too many dims");
   const int n_out = static_cast<int>(NumElements(out.dims));
-  const bool per_group = count >= 64 && n_out < 65536 && !PreferFlatKernels(ctx);
+  const bool per_group = count >= 64 && n_out < 65536 && !ctx.PreferFlatKernels();
   cl_kernel k = nullptr;
   e = GetKernel(ctx, "reduce", per_group ? "reduce_wg" : "reduce_serial",
                 "-DRD_WG=" + std::to_string(kGroup), &k);

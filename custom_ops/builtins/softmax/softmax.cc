@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -51,7 +51,7 @@ std::unique_ptr<GpuOp> CreateSoftmax(const NodeView& node, GpuContext& ctx, std:
   const int rows = static_cast<int>(NumElements(node.inputs[0].shape) / len);
   // Short rows, or a CPU-like device: a work-item per row; else a
   // work-group per row.
-  const bool per_row = len <= 32 || PreferFlatKernels(ctx);
+  const bool per_row = len <= 32 || ctx.PreferFlatKernels();
   cl_kernel k = nullptr;
   e = GetKernel(ctx, "softmax", per_row ? "softmax_rows" : "softmax_wg",
                 "-DSM_WG=" + std::to_string(kGroup), &k);

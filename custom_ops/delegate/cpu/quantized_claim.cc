@@ -48,24 +48,9 @@ using tfl::Node;
 using tfl::Registration;
 using tfl::Tensor;
 
-constexpr int32_t kConv2d = static_cast<int32_t>(tfl::BuiltinOp::kConv2d);
 constexpr int32_t kDequantize = static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
-constexpr int32_t kFullyConnected = static_cast<int32_t>(tfl::BuiltinOp::kFullyConnected);
-constexpr int32_t kGather = static_cast<int32_t>(tfl::BuiltinOp::kGather);
 constexpr int32_t kMul = static_cast<int32_t>(tfl::BuiltinOp::kMul);
 constexpr int32_t kReshape = static_cast<int32_t>(tfl::BuiltinOp::kReshape);
-
-const char* BuiltinName(int32_t code) {
-  switch (code) {
-    case kConv2d: return "CONV_2D";
-    case kDequantize: return "DEQUANTIZE";
-    case kFullyConnected: return "FULLY_CONNECTED";
-    case kGather: return "GATHER";
-    case kMul: return "MUL";
-    case kReshape: return "RESHAPE";
-    default: return "builtin";
-  }
-}
 
 // A folded tensor: quantized values with their scales (`q`: n and k unset, the value flat), or
 // float block scales (a folded float16 DEQUANTIZE).

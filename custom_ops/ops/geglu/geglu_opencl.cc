@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "../opencl_common.h"
+#include "common/kernel_util.h"
 #include "difflite/gpu_api.h"
 #include "difflite/registry.h"
 #include "geglu.h"
@@ -18,8 +18,8 @@ using gpu::GpuContext;
 using gpu::GpuOp;
 using gpu::GpuTensor;
 using gpu::NodeView;
-using gpu::opsupport::Arg;
-using gpu::opsupport::CeilDiv;
+using gpu::builtin::Arg;
+using gpu::builtin::CeilDiv;
 
 constexpr size_t kGroup = 256;
 
@@ -30,9 +30,9 @@ class GeGluGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 1, 1);
+    std::string e = gpu::builtin::CheckRunTensors(ctx, in, out, 1, 1);
     if (e.empty()) {
-      e = gpu::opsupport::SetKernelArgs(
+      e = gpu::SetArgs(
           ctx.cl(), kernel_,
           {Arg(in[0].mem), Arg(out[0].mem), Arg(rows_), Arg(d_), Arg(mode_)});
     }
@@ -54,18 +54,18 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
     return nullptr;
   }
   std::vector<TensorInfo> outs;
-  std::string e = gpu::opsupport::InferAsFloat(*parsed, node.inputs, &outs);
+  std::string e = gpu::builtin::InferAsFloat(*parsed, node.inputs, &outs);
   int64_t rows = 0;
   int d = 0;
   if (e.empty()) {
     d = node.inputs[0].shape.back() / 2;
     rows = NumElements(node.inputs[0].shape) / (2 * static_cast<int64_t>(d));
-    if (NumElements(node.inputs[0].shape) > gpu::opsupport::kMaxIndex) {
+    if (NumElements(node.inputs[0].shape) > gpu::builtin::kMaxIndex) {
       e = "x has more than 2^31-1 elements";
     }
   }
   cl_kernel k = nullptr;
-  if (e.empty()) e = gpu::opsupport::GetKernel(ctx, "geglu", "geglu", "", &k);
+  if (e.empty()) e = gpu::builtin::GetKernel(ctx, "geglu", "geglu", "", &k);
   if (!e.empty()) {
     *error = e;
     return nullptr;

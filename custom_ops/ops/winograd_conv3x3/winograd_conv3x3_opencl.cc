@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../opencl_common.h"
+#include "common/kernel_util.h"
 #include "difflite/gpu_api.h"
 #include "difflite/registry.h"
 #include "matmul/gemm.h"
@@ -28,9 +28,9 @@ using gpu::GpuOp;
 using gpu::GpuTensor;
 using gpu::NodeView;
 using gpu::builtin::WeightQuant;
-using gpu::opsupport::Arg;
-using gpu::opsupport::CeilDiv;
-using gpu::opsupport::SetKernelArgs;
+using gpu::builtin::Arg;
+using gpu::builtin::CeilDiv;
+using gpu::SetArgs;
 
 constexpr const char* kProgram = "winograd_conv3x3";
 constexpr size_t kTransformGroup = 128;
@@ -51,7 +51,7 @@ class WinogradGpu final : public GpuOp {
     tiles_h_ = static_cast<int>(CeilDiv(h_, winograd::kTileOut));
     tiles_w_ = static_cast<int>(CeilDiv(w_, winograd::kTileOut));
     const int64_t t = static_cast<int64_t>(n_) * tiles_h_ * tiles_w_;
-    const int64_t kMax = gpu::opsupport::kMaxIndex;
+    const int64_t kMax = gpu::builtin::kMaxIndex;
     // V and M are indexed with ints across all 36 positions (gemm.cl's batch offsets).
     if (winograd::kPositions * t * std::max(cin_, cout_) > kMax ||
         static_cast<int64_t>(n_) * h_ * w_ * std::max(cin_, cout_) > kMax) {
@@ -62,10 +62,10 @@ class WinogradGpu final : public GpuOp {
     if (filter_ && static_cast<int64_t>(winograd::kPositions) * cin_ * cout_ > kMax) {
       return "a filter of more than 2^31-1 transformed elements";
     }
-    std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
-    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
+    std::string e = gpu::builtin::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
+    if (e.empty()) e = gpu::builtin::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
     if (e.empty() && filter_) {
-      e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_filter", wq_.Options(), &filter_k_);
+      e = gpu::builtin::GetKernel(ctx, kProgram, "wino_filter", wq_.Options(), &filter_k_);
     }
     if (!e.empty()) return e;
     // M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout), batched over the 36 positions p.
@@ -100,7 +100,7 @@ class WinogradGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1, wq_.on() ? 1 : -1);
+    std::string e = gpu::builtin::CheckRunTensors(ctx, in, out, 3, 1, wq_.on() ? 1 : -1);
     if (!e.empty()) return e;
     cl_mem v = ctx.Scratch(VBytes(), 0, &e);
     if (v == nullptr) return "winograd V: " + e;
@@ -116,7 +116,7 @@ class WinogradGpu final : public GpuOp {
     const gpu::ClApi& cl = ctx.cl();
     const cl_int h = h_, w = w_, cin = cin_, cout = cout_, th = tiles_h_, tw = tiles_w_,
                  t = t_;
-    e = SetKernelArgs(cl, input_k_,
+    e = SetArgs(cl, input_k_,
                       {Arg(in[0].mem), Arg(v), Arg(h), Arg(w), Arg(cin), Arg(th), Arg(tw),
                        Arg(t)});
     if (!e.empty()) return e;
@@ -125,7 +125,7 @@ class WinogradGpu final : public GpuOp {
     if (!e.empty()) return e;
     e = gemm_.Run(ctx, v, u, nullptr, m, "winograd.gemm");
     if (!e.empty()) return e;
-    e = SetKernelArgs(cl, output_k_,
+    e = SetArgs(cl, output_k_,
                       {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout),
                        Arg(th), Arg(tw), Arg(t)});
     if (!e.empty()) return e;
@@ -167,7 +167,7 @@ std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string
     return nullptr;
   }
   std::vector<TensorInfo> outs;
-  std::string e = gpu::opsupport::InferAsFloat(*node.custom, node.inputs, &outs);
+  std::string e = gpu::builtin::InferAsFloat(*node.custom, node.inputs, &outs);
   std::unique_ptr<WinogradGpu> op(new WinogradGpu());
   if (e.empty()) {
     // InferAsFloat checked the shapes: [36, Cin, Cout] (transformed) or [Cout, 3, 3, Cin].
