@@ -7,6 +7,11 @@
 
 namespace difflite::gpu::builtin {
 
+std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
+  *error = why;
+  return nullptr;
+}
+
 std::string ExpectCounts(const NodeView& node, size_t min_in, size_t max_in,
                          size_t outputs) {
   const size_t n = node.inputs.size();

@@ -31,6 +31,9 @@ const T* Params(const NodeView& node) {
   return static_cast<const T*>(node.builtin_data);
 }
 
+// A factory's refusal: *error = why, and no op.
+std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why);
+
 // "" or the reason, naming the op.
 std::string ExpectCounts(const NodeView& node, size_t min_in, size_t max_in,
                          size_t outputs);
@@ -145,6 +148,19 @@ std::string ExpectFloatTensor(const TensorInfo& t, const char* what);
 // float32, since the GPU kernels take either. Fills `outputs`.
 std::string InferAsFloat(const OpInstance& op, const std::vector<TensorInfo>& inputs,
                          std::vector<TensorInfo>* outputs);
+// What every difflite op's GPU factory checks first: the node's parsed op is a `Parsed`, and
+// its tensors pass InferAsFloat. The parsed op, or nullptr and *error.
+template <typename Parsed>
+const Parsed* CheckedCustomNode(const NodeView& node, std::string* error) {
+  const auto* parsed = dynamic_cast<const Parsed*>(node.custom);
+  if (parsed == nullptr) {
+    *error = std::string("not a parsed ") + node.op_name + " node";
+    return nullptr;
+  }
+  std::vector<TensorInfo> outputs;
+  *error = InferAsFloat(*parsed, node.inputs, &outputs);
+  return error->empty() ? parsed : nullptr;
+}
 // Checks what Run receives: the expected counts, a buffer for each tensor,
 // and the backend's storage type everywhere (kernels are built for it), except
 // for input `quantized` (if >= 0), which may also come as int8 / int4 with its

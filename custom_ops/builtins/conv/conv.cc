@@ -14,11 +14,6 @@
 namespace difflite::gpu::builtin {
 namespace {
 
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
-
 // Output size and leading pad of one spatial dim (TFLite's rules).
 bool Geometry(int padding, int in, int k, int stride, int dilation, int* out, int* pad) {
   const int eff = (k - 1) * dilation + 1;

@@ -25,11 +25,6 @@ enum Unary {
 };
 enum Binary { kAdd = 0, kSub, kMul, kDiv, kMax, kMin, kSqDiff, kPow };
 
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
-
 class UnaryOp final : public GpuOp {
  public:
   // vec: unary_vec (16 elements per item) instead of one per item.

@@ -93,11 +93,6 @@ class CopyOp final : public GpuOp {
   int alias_ = -1;
 };
 
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
-
 // RESHAPE, SQUEEZE, EXPAND_DIMS: same elements, new shape.
 std::unique_ptr<GpuOp> CreateReshape(const NodeView& node, GpuContext& ctx, std::string* error) {
   std::string e = ExpectCounts(node, 1, 2, 1);

@@ -14,11 +14,6 @@
 namespace difflite::gpu::builtin {
 namespace {
 
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
-
 class GemmOp final : public GpuOp {
  public:
   GemmOp(Gemm g, int bias_input, const char* label, PackedWeight b = PackedWeight())

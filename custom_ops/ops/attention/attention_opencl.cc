@@ -72,16 +72,11 @@
 #include "difflite/gpu_api.h"
 #include "difflite/registry.h"
 
-namespace difflite {
+namespace difflite::gpu {
 namespace {
 
-using gpu::GpuContext;
-using gpu::GpuOp;
-using gpu::GpuTensor;
-using gpu::NodeView;
-using gpu::builtin::Arg;
-using gpu::builtin::CeilDiv;
-using gpu::SetArgs;
+using builtin::Arg;
+using builtin::CeilDiv;
 
 constexpr const char* kProgram = "attention";
 constexpr int kFlashMaxHead = 64;
@@ -313,11 +308,11 @@ class AttentionGpu final : public GpuOp {
     dv_ = v[2] / o.heads;
     storage_bytes_ = DTypeSize(ctx.storage());
     for (const Shape* s : {&q, &k, &v}) {
-      if (NumElements(*s) > gpu::builtin::kMaxIndex) {
+      if (NumElements(*s) > builtin::kMaxIndex) {
         return "q, k or v has more than 2^31-1 elements";
       }
     }
-    if (static_cast<int64_t>(n_) * lq_ * v[2] > gpu::builtin::kMaxIndex) {
+    if (static_cast<int64_t>(n_) * lq_ * v[2] > builtin::kMaxIndex) {
       return "the output has more than 2^31-1 elements";
     }
     const size_t local_mem = ctx.device().local_mem_bytes;
@@ -343,7 +338,7 @@ class AttentionGpu final : public GpuOp {
           (o.variant == "auto" && !wide_head &&
            Plan{Kernel::kFlash}.LocalBytes(dk_, dv_) <= local_mem / 2)));
     if (want_flash && PlanFlash(dk_, dv_, local_mem, ctx.device().max_work_group_size, &plan_)) {
-      e = gpu::builtin::GetKernel(ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_),
+      e = builtin::GetKernel(ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_),
                                     &flash_k_);
       const size_t wg = e.empty() ? ctx.KernelWorkGroupSize(flash_k_) : 0;
       if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(plan_.WorkGroup()))) {
@@ -361,8 +356,8 @@ class AttentionGpu final : public GpuOp {
              std::to_string(dv_) + " exceed the device's local memory";
     }
     const std::string opts = plan_.Options(dk_, dv_);
-    e = gpu::builtin::GetKernel(ctx, kProgram, "attn_rowstats", opts, &stats_k_);
-    if (e.empty()) e = gpu::builtin::GetKernel(ctx, kProgram, "attn_output", opts, &out_k_);
+    e = builtin::GetKernel(ctx, kProgram, "attn_rowstats", opts, &stats_k_);
+    if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "attn_output", opts, &out_k_);
     if (!e.empty()) return e;
     for (cl_kernel kk : {stats_k_, out_k_}) {
       const size_t wg = ctx.KernelWorkGroupSize(kk);
@@ -383,7 +378,7 @@ class AttentionGpu final : public GpuOp {
       return false;
     }
     cl_kernel k = nullptr;
-    if (!gpu::builtin::GetKernel(ctx, kProgram, "attn_flash", f.Options(dk_, dv_), &k).empty()) {
+    if (!builtin::GetKernel(ctx, kProgram, "attn_flash", f.Options(dk_, dv_), &k).empty()) {
       return false;
     }
     const size_t wg = ctx.KernelWorkGroupSize(k);
@@ -407,8 +402,8 @@ class AttentionGpu final : public GpuOp {
     if (split.splits == 1) return;
     cl_kernel fk = nullptr, mk = nullptr;
     const std::string opts = split.Options(dk_, dv_);
-    std::string e = gpu::builtin::GetKernel(ctx, kProgram, "attn_flash", opts, &fk);
-    if (e.empty()) e = gpu::builtin::GetKernel(ctx, kProgram, "attn_merge", opts, &mk);
+    std::string e = builtin::GetKernel(ctx, kProgram, "attn_flash", opts, &fk);
+    if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "attn_merge", opts, &mk);
     const size_t wg = e.empty() ? ctx.KernelWorkGroupSize(fk) : 0;
     const size_t mwg = e.empty() ? ctx.KernelWorkGroupSize(mk) : 0;
     const bool fits = (wg == 0 || wg >= static_cast<size_t>(split.WorkGroup())) &&
@@ -430,7 +425,7 @@ class AttentionGpu final : public GpuOp {
     for (int entry = -1; PlanWide(dk_, dv_, local_mem, max_wg, entry + 1, &w, &entry);) {
       cl_kernel kk = nullptr;
       const std::string e =
-          gpu::builtin::GetKernel(ctx, kProgram, "attn_wide", w.Options(dk_, dv_), &kk);
+          builtin::GetKernel(ctx, kProgram, "attn_wide", w.Options(dk_, dv_), &kk);
       const size_t wg = e.empty() ? ctx.KernelWorkGroupSize(kk) : 0;
       if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(w.WorkGroup()))) {
         plan_ = w;
@@ -449,7 +444,7 @@ class AttentionGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::builtin::CheckRunTensors(ctx, in, out, 3, 1);
+    std::string e = builtin::CheckRunTensors(ctx, in, out, 3, 1);
     if (!e.empty()) return e;
     const gpu::ClApi& cl = ctx.cl();
     const cl_int lq = lq_, lk = lk_, h = o_.heads, dk = dk_, dv = dv_;
@@ -540,28 +535,18 @@ class AttentionGpu final : public GpuOp {
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
-  const auto* parsed = dynamic_cast<const attention::Parsed*>(node.custom);
-  if (parsed == nullptr) {
-    *error = "not a parsed difflite.Attention node";
-    return nullptr;
-  }
-  std::vector<TensorInfo> outs;
-  std::string e = gpu::builtin::InferAsFloat(*parsed, node.inputs, &outs);
-  std::unique_ptr<AttentionGpu> op(new AttentionGpu());
-  if (e.empty()) {
-    e = op->Init(parsed->options(), node.inputs[0].shape, node.inputs[1].shape,
-                 node.inputs[2].shape, ctx);
-  }
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
+  const auto* parsed = builtin::CheckedCustomNode<attention::Parsed>(node, error);
+  if (parsed == nullptr) return nullptr;
+  auto op = std::make_unique<AttentionGpu>();
+  *error = op->Init(parsed->options(), node.inputs[0].shape, node.inputs[1].shape,
+                    node.inputs[2].shape, ctx);
+  if (!error->empty()) return nullptr;
   return op;
 }
 
 }  // namespace
 
-const gpu::GpuOpDef kGpuAttentionOps[] = {{attention::kOpName, &Create}};
+const GpuOpDef kGpuAttentionOps[] = {{attention::kOpName, &Create}};
 DIFFLITE_REGISTER_OPS(kGpuAttentionOps);
 
-}  // namespace difflite
+}  // namespace difflite::gpu

@@ -29,16 +29,11 @@
 #include "difflite/registry.h"
 #include "group_norm.h"
 
-namespace difflite {
+namespace difflite::gpu {
 namespace {
 
-using gpu::GpuContext;
-using gpu::GpuOp;
-using gpu::GpuTensor;
-using gpu::NodeView;
-using gpu::builtin::Arg;
-using gpu::builtin::CeilDiv;
-using gpu::SetArgs;
+using builtin::Arg;
+using builtin::CeilDiv;
 
 constexpr const char* kProgram = "group_norm";
 constexpr int kColsGroup = 256;  // the split plan's largest work-group
@@ -255,7 +250,7 @@ class GroupNormGpu final : public GpuOp {
     c_ = x.back();
     spatial_ = NumElements(x) / (static_cast<int64_t>(n_) * c_);
     cg_ = c_ / o.groups;
-    if (NumElements(x) > gpu::builtin::kMaxIndex) {
+    if (NumElements(x) > builtin::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
     coop_ = PlanCoopFor(ctx, WorkGroupLimit(ctx, kCoopGroup));
@@ -276,7 +271,7 @@ class GroupNormGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::builtin::CheckRunTensors(ctx, in, out, 3, 1);
+    std::string e = builtin::CheckRunTensors(ctx, in, out, 3, 1);
     if (!e.empty()) return e;
     if (plan_kind_ == Plan::kOne) return RunOne(ctx, in, out);
     if (plan_kind_ == Plan::kCoop) return RunCoop(ctx, in, out);
@@ -313,8 +308,8 @@ class GroupNormGpu final : public GpuOp {
     for (;;) {
       plan_ = PlanCols(n_, o_.groups, spatial_, c_, ctx.device().compute_units, limit);
       const std::string opts = plan_.Options();
-      std::string e = gpu::builtin::GetKernel(ctx, kProgram, "gn_stats_cols", opts, &stats_k_);
-      if (e.empty()) e = gpu::builtin::GetKernel(ctx, kProgram, "gn_apply_cols", opts, &apply_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_stats_cols", opts, &stats_k_);
+      if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "gn_apply_cols", opts, &apply_k_);
       if (!e.empty()) return e;
       size_t accepted = static_cast<size_t>(plan_.lx) * plan_.ly;
       for (cl_kernel k : {stats_k_, apply_k_}) {
@@ -340,7 +335,7 @@ class GroupNormGpu final : public GpuOp {
     for (;; wg_ /= 2) {
       const std::string opts = "-DGN_WG=" + std::to_string(wg_) + " -DGN_VW=" +
                                std::to_string(vw_) + " -DGN_UNROLL=" + std::to_string(kOneUnroll);
-      std::string e = gpu::builtin::GetKernel(ctx, kProgram, "gn_one", opts, &one_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_one", opts, &one_k_);
       if (!e.empty()) return e;
       const size_t kmax = ctx.KernelWorkGroupSize(one_k_);
       if (kmax == 0 || kmax >= wg_) return "";
@@ -370,7 +365,7 @@ class GroupNormGpu final : public GpuOp {
         plan_kind_ = Plan::kCoop;
         return InitCoop(ctx);
       }
-      std::string e = gpu::builtin::GetKernel(ctx, kProgram, "gn_rows", rows_.Options(), &rows_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_rows", rows_.Options(), &rows_k_);
       if (!e.empty()) return e;
       const size_t kmax = ctx.KernelWorkGroupSize(rows_k_);
       if (kmax == 0 || kmax >= static_cast<size_t>(rows_.lx) * rows_.ly) return "";
@@ -416,7 +411,7 @@ class GroupNormGpu final : public GpuOp {
         plan_kind_ = Plan::kOne;
         return InitOne(ctx);
       }
-      std::string e = gpu::builtin::GetKernel(ctx, kProgram, "gn_coop", coop_.Options(), &coop_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_coop", coop_.Options(), &coop_k_);
       if (!e.empty()) return e;
       const size_t kmax = ctx.KernelWorkGroupSize(coop_k_);
       if (kmax == 0 || kmax >= static_cast<size_t>(coop_.lx) * coop_.ly) break;
@@ -477,25 +472,17 @@ class GroupNormGpu final : public GpuOp {
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
-  const auto* parsed = dynamic_cast<const group_norm::Parsed*>(node.custom);
-  if (parsed == nullptr) {
-    *error = "not a parsed difflite.GroupNorm node";
-    return nullptr;
-  }
-  std::vector<TensorInfo> outs;
-  std::string e = gpu::builtin::InferAsFloat(*parsed, node.inputs, &outs);
-  std::unique_ptr<GroupNormGpu> op(new GroupNormGpu());
-  if (e.empty()) e = op->Init(parsed->options(), node.inputs[0].shape, ctx);
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
+  const auto* parsed = builtin::CheckedCustomNode<group_norm::Parsed>(node, error);
+  if (parsed == nullptr) return nullptr;
+  auto op = std::make_unique<GroupNormGpu>();
+  *error = op->Init(parsed->options(), node.inputs[0].shape, ctx);
+  if (!error->empty()) return nullptr;
   return op;
 }
 
 }  // namespace
 
-const gpu::GpuOpDef kGpuGroupNormOps[] = {{group_norm::kOpName, &Create}};
+const GpuOpDef kGpuGroupNormOps[] = {{group_norm::kOpName, &Create}};
 DIFFLITE_REGISTER_OPS(kGpuGroupNormOps);
 
-}  // namespace difflite
+}  // namespace difflite::gpu
