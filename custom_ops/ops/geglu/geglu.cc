@@ -12,7 +12,6 @@ namespace difflite {
 namespace {
 
 using geglu::kOpName;
-constexpr const char* kApproximate = "approximate";
 
 class GeGlu final : public geglu::Parsed {
  public:
@@ -20,9 +19,7 @@ class GeGlu final : public geglu::Parsed {
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
-    std::string e = ExpectInputCount(in, 1);
-    if (e.empty()) e = ExpectFloat32(in[0], "x");
-    if (e.empty()) e = ExpectPositiveDims(in[0], "x");
+    const std::string e = ExpectX(in);
     if (!e.empty()) return e;
     const Shape& x = in[0].shape;
     if (x.empty() || x.back() % 2 != 0) {
@@ -54,20 +51,10 @@ class GeGlu final : public geglu::Parsed {
     });
     return "";
   }
-
-  std::string Describe() const override {
-    return std::string(kApproximate) + "=" + gelu::ModeName(mode_);
-  }
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
-  gelu::Mode mode = gelu::Mode::kErf;
-  const std::string e = gelu::ReadModeAttribute(attrs, kApproximate, &mode);
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
-  return std::unique_ptr<OpInstance>(new GeGlu(mode));
+  return gelu::CreateModeOp<GeGlu>(attrs, geglu::kApproximate, error);
 }
 
 }  // namespace
