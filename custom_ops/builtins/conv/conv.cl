@@ -13,6 +13,7 @@
 // follow as the last arguments.
 #include "dl_storage.cl"
 #include "dl_qweights.cl"
+#include "gemm_tile.cl"
 #if DL_WQ
 #define DL_W_PTR DL_WQ_PTR
 #define DL_ROWS_W_PTR __global const char*
@@ -21,27 +22,6 @@
 #define DL_ROWS_W_PTR __global const DL_T*
 #define DL_WQ_PARAMS
 #endif
-#ifndef TM
-#define TM 64
-#endif
-#ifndef TN
-#define TN 64
-#endif
-#ifndef TK
-#define TK 16
-#endif
-#ifndef WM
-#define WM 4
-#endif
-#ifndef WN
-#define WN 4
-#endif
-#ifndef VEC
-#define VEC 0
-#endif
-#define TX (TN / WN)
-#define TY (TM / WM)
-#define NT (TX * TY)
 #define RA ((TM * TK + NT - 1) / NT)
 
 // The output pixels of the A rows this item stages (fixed over K since NT % TK == 0): the
@@ -93,11 +73,7 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
 
   float acc[WM][WN];
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-#pragma unroll
-    for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
-  }
+  ST_ZERO(acc);
 
   for (int k0 = 0; k0 < K; k0 += TK) {
     const int k = k0 + a_kk;
@@ -126,34 +102,11 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
       Bs[kk][nn] = (n < N && kb < K) ? DL_LOAD(w, n * K + kb) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll
-    for (int kk = 0; kk < TK; ++kk) {
-      float a[WM], b[WN];
-#pragma unroll
-      for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * TY];
-#pragma unroll
-      for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * TX];
-#pragma unroll
-      for (int i = 0; i < WM; ++i) {
-#pragma unroll
-        for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
-      }
-    }
+    ST_FMA_SLICE(As, Bs, tx, ty, acc);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-    const int m = m0 + ty + i * TY;
-    if (m >= M) continue;
-#pragma unroll
-    for (int j = 0; j < WN; ++j) {
-      const int n = n0 + tx + j * TX;
-      if (n < N) {
-        DL_STORE(y, m * N + n, (acc[i][j] + (has_bias ? DL_LOAD(bias, n) : 0.0f)));
-      }
-    }
-  }
+  ST_STORE(y, N, bias, has_bias, tx, ty, m0, n0, M, N, acc);
 }
 
 #else  // VEC
