@@ -26,6 +26,15 @@
 #define TY (TM / WM)
 #define NT (TX * TY)
 
+// An item's place in its work-group's tile: (tx, ty) and rank tid in the group, and the first
+// column n0 and row m0 of the group's tile (work-group dimensions 0 and 1).
+#define TILE_ITEM(tx, ty, tid, n0, m0)     \
+  const int tx = get_local_id(0);          \
+  const int ty = get_local_id(1);          \
+  const int tid = ty * TX + tx;            \
+  const int n0 = get_group_id(0) * TN;     \
+  const int m0 = get_group_id(1) * TM
+
 #define ST_ZERO(acc)                                     \
   do {                                                   \
     _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {  \

@@ -51,21 +51,20 @@ inline void conv_rows(int m0, int M, int tid, int4 g0, int4 g1, int4 g2, int* a_
   }
 }
 
-// geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3)
+// geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3), unpacked by name.
+#define CONV_GEOMETRY(g0, g1, g2)                                  \
+  const int ih = (g0).x, iw = (g0).y, cin = (g0).z, oh = (g0).w;   \
+  const int ow = (g1).x, kw = (g1).y, sh = (g1).z, sw = (g1).w;    \
+  const int dh = (g2).x, dw = (g2).y, pt = (g2).z, pl = (g2).w
+
 #if !VEC
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
   __local float As[TK][TM + 1];
   __local float Bs[TK][TN + 1];
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  CONV_GEOMETRY(g0, g1, g2);
+  TILE_ITEM(tx, ty, tid, n0, m0);
 
   // The A rows this item loads: fixed over K (NT % TK == 0).
   const int a_kk = tid % TK;
@@ -141,14 +140,8 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
   __local DL_C* bs = (__local DL_C*)Bs;
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  CONV_GEOMETRY(g0, g1, g2);
+  TILE_ITEM(tx, ty, tid, n0, m0);
   // Split-K (as in gemm.cl): work-group dimension 2 is the split (1 when the
   // NDRange has two dimensions); it sums K range [kbeg, kend) into partial
   // plane `split` of y ([M][N] each).
@@ -269,9 +262,7 @@ __kernel void depthwise_conv2d(__global const DL_T* x, __global const DL_T* w,
                                int4 g1, int4 g2, int4 g3, int has_bias) {
   const int i = get_global_id(0);
   if (i >= n) return;
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  CONV_GEOMETRY(g0, g1, g2);
   const int kh = g3.x, mult = g3.y, oc_count = g3.z;
   const int oc = i % oc_count;
   int t = i / oc_count;
@@ -309,9 +300,7 @@ __kernel void conv2d_rows(__global const DL_T* x, DL_ROWS_W_PTR wt,
   const int m0 = get_global_id(1) * RM;
   if (n0 >= N) return;
   const int np = (N + 15) & ~15;
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  CONV_GEOMETRY(g0, g1, g2);
   const int kh = K / (kw * cin);
   int base[RM], y0[RM], x0[RM];
   float16 acc[RM];

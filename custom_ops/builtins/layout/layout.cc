@@ -30,6 +30,13 @@ std::string SameType(const TensorInfo& a, const TensorInfo& b) {
   return "";
 }
 
+// A node that copies its input 0 into its one output: min_in..max_in inputs, both ends of one
+// supported type ("" or why not).
+std::string ExpectCopyNode(const NodeView& node, size_t min_in, size_t max_in) {
+  const std::string e = ExpectCounts(node, min_in, max_in, 1);
+  return e.empty() ? SameType(node.inputs[0], node.outputs[0]) : e;
+}
+
 int NormAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
 
 // An op made of fills and strided copies from inputs into outputs.
@@ -349,12 +356,10 @@ std::unique_ptr<GpuOp> CreateStridedSlice(const NodeView& node, GpuContext& ctx,
 }
 
 std::unique_ptr<GpuOp> CreatePad(const NodeView& node, GpuContext& ctx, std::string* error) {
-  std::string e = ExpectCounts(node, 2, 3, 1);
+  std::string e = ExpectCopyNode(node, 2, 3);
   if (!e.empty()) return Refuse(error, e);
   const TensorInfo& x = node.inputs[0];
   const TensorInfo& y = node.outputs[0];
-  e = SameType(x, y);
-  if (!e.empty()) return Refuse(error, e);
   std::vector<int> pads;
   if (!ConstInts(node.inputs[1], &pads)) return Refuse(error, "paddings must be a constant int32 tensor");
   const int rank = static_cast<int>(x.shape.size());
@@ -390,12 +395,10 @@ std::unique_ptr<GpuOp> CreatePad(const NodeView& node, GpuContext& ctx, std::str
 }
 
 std::unique_ptr<GpuOp> CreateTile(const NodeView& node, GpuContext& ctx, std::string* error) {
-  std::string e = ExpectCounts(node, 2, 2, 1);
+  std::string e = ExpectCopyNode(node, 2, 2);
   if (!e.empty()) return Refuse(error, e);
   const TensorInfo& x = node.inputs[0];
   const TensorInfo& y = node.outputs[0];
-  e = SameType(x, y);
-  if (!e.empty()) return Refuse(error, e);
   std::vector<int> mult;
   if (!ConstInts(node.inputs[1], &mult)) return Refuse(error, "multiples must be a constant int32 tensor");
   const int rank = static_cast<int>(x.shape.size());
@@ -426,12 +429,10 @@ std::unique_ptr<GpuOp> CreateTile(const NodeView& node, GpuContext& ctx, std::st
 
 std::unique_ptr<GpuOp> CreateBroadcastTo(const NodeView& node, GpuContext& ctx,
                                          std::string* error) {
-  std::string e = ExpectCounts(node, 2, 2, 1);
+  std::string e = ExpectCopyNode(node, 2, 2);
   if (!e.empty()) return Refuse(error, e);
   const TensorInfo& x = node.inputs[0];
   const TensorInfo& y = node.outputs[0];
-  e = SameType(x, y);
-  if (!e.empty()) return Refuse(error, e);
   const int rank = static_cast<int>(y.shape.size());
   const int xr = static_cast<int>(x.shape.size());
   if (xr > rank) return Refuse(error, "input rank exceeds the output's");

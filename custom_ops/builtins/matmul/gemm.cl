@@ -58,11 +58,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
           int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
   __local float As[TK][TM + 1];
   __local float Bs[TK][TN + 1];
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  TILE_ITEM(tx, ty, tid, n0, m0);
   const int batch = get_group_id(2);
   const int a_off = batch_offset(batch, bdims, a_bs);
   const int b_off = batch_offset(batch, bdims, b_bs);
@@ -225,11 +221,7 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
   __local DL_C* bs = (__local DL_C*)Bs;
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  TILE_ITEM(tx, ty, tid, n0, m0);
   // Split-K (splits > 1): dimension 2 is batch * splits + split; split s sums
   // its K range [kbeg, kend) into partial plane s of C (splitk_sum adds them).
   const int batches = bdims.x * bdims.y * bdims.z * bdims.w;

@@ -80,6 +80,17 @@ class OpInstance {
   virtual std::string Describe() const = 0;
 };
 
+// The OpInstance of an op whose GPU side reads its parsed attributes, `Options`.
+template <typename Options>
+class ParsedOp : public OpInstance {
+ public:
+  explicit ParsedOp(const Options& o) : o_(o) {}
+  const Options& options() const { return o_; }
+
+ protected:
+  Options o_;
+};
+
 struct OpDef {
   const char* name;  // the custom_code, e.g. as emitted by the Python passes
   // Parses and validates the attributes. Returns nullptr and sets *error on

@@ -33,7 +33,7 @@ constexpr int kKeyBlock = 64;
 
 class Attention final : public attention::Parsed {
  public:
-  explicit Attention(const Options& o) : Parsed(o) {}
+  explicit Attention(const Options& o) : ParsedOp(o) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {

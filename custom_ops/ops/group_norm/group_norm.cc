@@ -22,7 +22,7 @@ constexpr const char* kActivation = "activation";
 
 class GroupNorm final : public group_norm::Parsed {
  public:
-  explicit GroupNorm(const Options& o) : Parsed(o) {}
+  explicit GroupNorm(const Options& o) : ParsedOp(o) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
