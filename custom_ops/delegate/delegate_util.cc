@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <sstream>
 
 #include "difflite/attrs.h"
 
@@ -94,14 +93,6 @@ TensorInfo InfoOf(const tfl::Tensor* t) {
 
 std::string InfoString(const TensorInfo& t) {
   return std::string(DTypeName(t.dtype)) + ShapeToString(t.shape);
-}
-
-std::string ListString(const std::vector<int>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
-  os << "]";
-  return os.str();
 }
 
 const char* TfLiteTypeName(tfl::Type t) {
@@ -198,7 +189,7 @@ std::string PlanOrder::Check(tfl::Context* ctx, int node_index, const tfl::Node*
     }
     if (writers_[idx].size() > 1) {
       return "output tensor " + std::to_string(idx) + " is written " +
-             std::to_string(writers_[idx].size()) + " times (nodes " + ListString(writers_[idx]) + ")";
+             std::to_string(writers_[idx].size()) + " times (nodes " + ShapeToString(writers_[idx]) + ")";
     }
     const tfl::Tensor* t = TensorAt(ctx, idx);
     if (IsConstantTensor(t)) {

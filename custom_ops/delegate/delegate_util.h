@@ -77,7 +77,6 @@ DType ToDType(tfl::Type t);
 TensorInfo InfoOf(const tfl::Tensor* t);
 bool IsConstantTensor(const tfl::Tensor* t);
 std::string InfoString(const TensorInfo& t);
-std::string ListString(const std::vector<int>& v);
 const char* TfLiteTypeName(tfl::Type t);
 // The TFLite builtin name of a builtin code ("CONV_2D"), nullptr for a code neither backend
 // runs.

@@ -97,11 +97,11 @@ void* KernelInitImpl(Context* ctx, const char* buffer) {
     std::vector<int> node_ids, owned_ids;
     for (const auto& n : p->nodes) node_ids.push_back(n.node_index);
     for (const auto& kv : p->owned) owned_ids.push_back(kv.first);
-    Log("partition nodes=" + ListString(node_ids) +
-        " inputs=" + ListString(ToVector(params->input_tensors)) +
-        " outputs=" + ListString(ToVector(params->output_tensors)) +
-        " delegate_owned=" + ListString(owned_ids) + " unallocated=" +
-        ListString(std::vector<int>(p->unallocated.begin(), p->unallocated.end())));
+    Log("partition nodes=" + ShapeToString(node_ids) +
+        " inputs=" + ShapeToString(ToVector(params->input_tensors)) +
+        " outputs=" + ShapeToString(ToVector(params->output_tensors)) +
+        " delegate_owned=" + ShapeToString(owned_ids) + " unallocated=" +
+        ShapeToString(std::vector<int>(p->unallocated.begin(), p->unallocated.end())));
   }
   return p;
 }

@@ -248,8 +248,8 @@ namespace {
 constexpr const char* kKernelName = "DiffliteDelegateOpenCl";
 
 std::string Brief(const std::vector<int>& v) {
-  if (v.size() <= 16) return ListString(v);
-  return ListString(std::vector<int>(v.begin(), v.begin() + 16)) + "+" +
+  if (v.size() <= 16) return ShapeToString(v);
+  return ShapeToString(std::vector<int>(v.begin(), v.begin() + 16)) + "+" +
          std::to_string(v.size() - 16) + " more";
 }
 

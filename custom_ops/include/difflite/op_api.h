@@ -27,6 +27,7 @@ size_t DTypeSize(DType t);  // 0 for kOther and kInt4 (half a byte)
 
 using Shape = std::vector<int>;
 
+// "[2,3,4]": a shape, or any list of ints (node and tensor indices in logs).
 std::string ShapeToString(const Shape& s);
 // The product of the dims; -1 when a dim is negative or the product overflows int64.
 int64_t NumElements(const Shape& s);
