@@ -33,14 +33,11 @@ using tfl::Context;
 using tfl::Delegate;
 
 tfl::Status DelegatePrepare(Context* ctx, Delegate* delegate) {
-  try {
+  return NoThrow(ctx, "delegate prepare", tfl::kDelegateError, [&] {
     DelegateState* st = StateOf(delegate);
     if (st->opencl != nullptr) return st->opencl->PrepareDelegate(ctx, delegate);
     return cpu::PrepareDelegate(ctx, delegate);
-  } catch (...) {
-    LogError(ctx, "delegate prepare failed: " + ExceptionText());
-    return tfl::kDelegateError;
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------

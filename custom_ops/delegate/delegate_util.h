@@ -110,6 +110,18 @@ std::string CheckElementCount(const TensorInfo& info, const std::string& what);
 // The text of the exception being handled (inside a catch block).
 std::string ExceptionText();
 
+// Runs `body` where the runtime, which is C, calls in: no exception may leave. One thrown is
+// reported ("<what> failed: <its text>") and `on_exception` returned instead.
+template <typename Result, typename Body>
+Result NoThrow(tfl::Context* ctx, const char* what, Result on_exception, Body body) {
+  try {
+    return body();
+  } catch (...) {
+    LogError(ctx, std::string(what) + " failed: " + ExceptionText());
+    return on_exception;
+  }
+}
+
 // The registration of a delegate kernel (a partition TFLite hands to the
 // delegate): builtin_code kBuiltinDelegate, version 1, everything else null.
 tfl::Registration DelegateKernelRegistration(

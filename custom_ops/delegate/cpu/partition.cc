@@ -204,32 +204,20 @@ tfl::Status KernelInvokeImpl(Context* ctx, Node* node) {
   return tfl::kOk;
 }
 
-// The runtime is C: no exception may leave these entry points.
 void* KernelInit(Context* ctx, const char* buffer, size_t /*length*/) {
-  try {
-    return KernelInitImpl(ctx, buffer);
-  } catch (...) {
-    LogError(ctx, "delegate kernel init failed: " + ExceptionText());
-    return nullptr;
-  }
+  return NoThrow<void*>(ctx, "delegate kernel init", nullptr,
+                        [&] { return KernelInitImpl(ctx, buffer); });
 }
 
 tfl::Status KernelPrepare(Context* ctx, Node* node) {
-  try {
+  return NoThrow(ctx, "delegate kernel prepare", tfl::kError, [&] {
     return PlanPartition(ctx, node, static_cast<Partition*>(node->user_data));
-  } catch (...) {
-    LogError(ctx, "delegate kernel prepare failed: " + ExceptionText());
-    return tfl::kError;
-  }
+  });
 }
 
 tfl::Status KernelInvoke(Context* ctx, Node* node) {
-  try {
-    return KernelInvokeImpl(ctx, node);
-  } catch (...) {
-    LogError(ctx, "delegate kernel invoke failed: " + ExceptionText());
-    return tfl::kError;
-  }
+  return NoThrow(ctx, "delegate kernel invoke", tfl::kError,
+                 [&] { return KernelInvokeImpl(ctx, node); });
 }
 
 }  // namespace

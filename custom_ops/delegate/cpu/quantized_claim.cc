@@ -17,16 +17,16 @@
 // Each folded tensor is the float32 value TFLite would compute, described by the model's bytes
 // (cpu::QuantWeight: the integers, the scales, how many consecutive values share one).
 //
-// Why the folded nodes are claimed at all, and never produce anything: TFLite computes a
-// DEQUANTIZE of a constant once, into a float32 tensor it keeps (4x an int8 weight, 8x an int4
-// one), and XNNPACK packs a float copy of its own. Claimed, the nodes are the delegate's; its
-// partitions give their outputs no storage (cpu/claim.cc). TFLite's partitioner is greedy: every
-// DEQUANTIZE of a constant is ready at the start and lands in the first partition while its
-// reader lands in a later one (TFLite's builtins run between them on this backend), so the
-// weights cross partitions as partition outputs, which TFLite would allocate: they are given 0
-// bytes and no data at Prepare, which the arena plans as nothing and Invoke accepts (it refuses
-// only an input with bytes and no data). Only claimed nodes read them, and those read the
-// model's integers. A folded tensor any other node reads, or a graph output, is left to TFLite.
+// Why the folded nodes are claimed at all, and never produce anything: TFLite computes a DEQUANTIZE
+// of a constant once, into a float32 tensor it keeps (4x an int8 weight, 8x an int4 one), and
+// XNNPACK packs a float copy of its own. Claimed, the nodes are the delegate's; its partitions give
+// their outputs no storage (partition_plan.cc). TFLite's partitioner is greedy: every DEQUANTIZE of
+// a constant is ready at the start and lands in the first partition while its reader lands in a
+// later one (TFLite's builtins run between them on this backend), so the weights cross partitions
+// as partition outputs, which TFLite would allocate: they are given 0 bytes and no data at Prepare,
+// which the arena plans as nothing and Invoke accepts (it refuses only an input with bytes and no
+// data). Only claimed nodes read them, and those read the model's integers. A folded tensor any
+// other node reads, or a graph output, is left to TFLite.
 #include "cpu/quantized_claim.h"
 
 #include <climits>
