@@ -161,6 +161,12 @@ std::string Launch1D(GpuContext& ctx, cl_kernel kernel, size_t n, size_t local,
   return ctx.Enqueue(kernel, 1, &global, &local, label);
 }
 
+std::string LaunchGroups(GpuContext& ctx, cl_kernel kernel, size_t groups, size_t group,
+                         const char* label) {
+  const size_t global = groups * group;
+  return ctx.Enqueue(kernel, 1, &global, &group, label);
+}
+
 const char* CopyType(DType storage) {
   return DTypeSize(storage) == 2 ? "ushort" : "uint";
 }

@@ -93,6 +93,10 @@ size_t Local1D(GpuContext& ctx, cl_kernel kernel, size_t preferred = 64);
 std::string Launch1D(GpuContext& ctx, cl_kernel kernel, size_t n, size_t local,
                      const char* label);
 
+// `groups` work-groups of `group` items each, in one dimension.
+std::string LaunchGroups(GpuContext& ctx, cl_kernel kernel, size_t groups, size_t group,
+                         const char* label);
+
 // The copy/fill element type for a storage type ("uint" or "ushort").
 const char* CopyType(DType storage);
 

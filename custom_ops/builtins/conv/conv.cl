@@ -51,6 +51,23 @@ inline void conv_rows(int m0, int M, int tid, int4 g0, int4 g1, int4 g2, int* a_
   }
 }
 
+// Column k = (ky, kx, ci) of the implicit im2col matrix, for a kw-wide filter over cin
+// channels: (the tap's row offset ky * dh, its column offset kx * dw, ci).
+inline int3 conv_tap(int k, int cin, int kw, int dh, int dw) {
+  const int tap = k / cin;
+  const int ky = tap / kw;
+  return (int3)(ky * dh, (tap - ky * kw) * dw, k % cin);
+}
+
+// The offset in x of a row's patch element at `tap` (conv_rows: the row's batch base, -1
+// outside M, and window corner y, x), or -1 where the tap falls outside the image.
+inline int patch_offset(int base, int y, int x, int3 tap, int ih, int iw, int cin) {
+  const int iy = y + tap.x;
+  const int ix = x + tap.y;
+  if (base < 0 || iy < 0 || iy >= ih || ix < 0 || ix >= iw) return -1;
+  return base + (iy * iw + ix) * cin + tap.z;
+}
+
 // geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3), unpacked by name.
 #define CONV_GEOMETRY(g0, g1, g2)                                  \
   const int ih = (g0).x, iw = (g0).y, cin = (g0).z, oh = (g0).w;   \
@@ -76,21 +93,13 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 
   for (int k0 = 0; k0 < K; k0 += TK) {
     const int k = k0 + a_kk;
-    const int ci = k % cin;
-    const int tap = k / cin;
-    const int ky = tap / kw;
-    const int kx = tap - ky * kw;
+    const int3 tap = conv_tap(k, cin, kw, dh, dw);
 #pragma unroll
     for (int r = 0; r < RA; ++r) {
       const int mm = tid / TK + r * (NT / TK);
       if (mm < TM) {
-        const int iy = a_y[r] + ky * dh;
-        const int ix = a_x[r] + kx * dw;
-        float v = 0.0f;
-        if (a_base[r] >= 0 && k < K && iy >= 0 && iy < ih && ix >= 0 && ix < iw) {
-          v = DL_LOAD(x, a_base[r] + (iy * iw + ix) * cin + ci);
-        }
-        As[a_kk][mm] = v;
+        const int o = patch_offset(a_base[r], a_y[r], a_x[r], tap, ih, iw, cin);
+        As[a_kk][mm] = (o >= 0 && k < K) ? DL_LOAD(x, o) : 0.0f;
       }
     }
     for (int e = tid; e < TN * TK; e += NT) {
@@ -172,17 +181,11 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
     if (k0 < kend) {
       const int k = k0 + a_kk;
-      const int ci = k % cin;
-      const int tap = k / cin;
-      const int ky = tap / kw;
-      const int kx = tap - ky * kw;
+      const int3 tap = conv_tap(k, cin, kw, dh, dw);
 #pragma unroll
       for (int r = 0; r < RA; ++r) {
-        const int iy = a_y[r] + ky * dh;
-        const int ix = a_x[r] + kx * dw;
-        ra[r] = (a_base[r] >= 0 && k < kend && iy >= 0 && iy < ih && ix >= 0 && ix < iw)
-                    ? DL_LOAD_RAW(x, a_base[r] + (iy * iw + ix) * cin + ci)
-                    : (DL_RAW)0;
+        const int o = patch_offset(a_base[r], a_y[r], a_x[r], tap, ih, iw, cin);
+        ra[r] = (o >= 0 && k < kend) ? DL_LOAD_RAW(x, o) : (DL_RAW)0;
       }
 #if DL_WQ && WQ_QUADS
 #pragma unroll

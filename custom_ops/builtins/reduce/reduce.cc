@@ -37,9 +37,7 @@ class ReduceOp final : public GpuOp {
                         .Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (!per_group_) return Launch1D(ctx, k_, static_cast<size_t>(n_out_), local_, "reduce");
-    const size_t global = static_cast<size_t>(n_out_) * kGroup;
-    const size_t local = kGroup;
-    return ctx.Enqueue(k_, 1, &global, &local, "reduce");
+    return LaunchGroups(ctx, k_, static_cast<size_t>(n_out_), kGroup, "reduce");
   }
 
  private:

@@ -22,9 +22,7 @@ class SoftmaxOp final : public GpuOp {
     std::string e = a.Int(len_).Float(beta_).Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (per_row_) return Launch1D(ctx, k_, static_cast<size_t>(rows_), local_, "softmax");
-    const size_t global = static_cast<size_t>(rows_) * kGroup;
-    const size_t local = kGroup;
-    return ctx.Enqueue(k_, 1, &global, &local, "softmax");
+    return LaunchGroups(ctx, k_, static_cast<size_t>(rows_), kGroup, "softmax");
   }
 
  private:
