@@ -2,7 +2,7 @@
 every FULLY_CONNECTED / CONV_2D whose weight is a quantized constant (and GATHER of a quantized
 table), with the weight's chain
 (DEQUANTIZE, int4's MUL by block scales, RESHAPE), reads the integers as the file stores them and
-never holds a float copy of a weight (custom_ops/delegate/cpu_claim.cc, custom_ops/cpu_builtins/).
+never holds a float copy of a weight (custom_ops/delegate/cpu/quantized_claim.cc, custom_ops/cpu_builtins/).
 
 * Kernels: randomized shapes (seeded per case), int8 (per output channel, per tensor) and int4
   (compact form with float16 or float32 block scales, blocks of 16 and 32; per axis), odd sizes,

@@ -8,6 +8,7 @@
 
 #include "cpu_builtins.h"
 #include "difflite/tflite_abi.h"
+#include "winograd_conv3x3/winograd_conv3x3.h"
 
 namespace difflite {
 namespace cpu {
@@ -109,8 +110,7 @@ class QuantizedConv2d final : public OpInstance {
   Clamp clamp_;
 };
 
-}  // namespace
-
+// `w`'s n and k set: the filter as [O, H*W*I].
 std::unique_ptr<OpInstance> CreateQuantizedConv2d(const void* params, const QuantWeight& w,
                                                   const Shape& filter, std::string* why) {
   if (params == nullptr) {
@@ -148,9 +148,34 @@ std::unique_ptr<OpInstance> CreateQuantizedConv2d(const void* params, const Quan
   return std::unique_ptr<OpInstance>(new QuantizedConv2d(w, filter, p, clamp));
 }
 
-std::unique_ptr<OpInstance> CreateQuantizedConv3x3(const QuantWeight& w, const Shape& filter,
-                                                   std::string* why) {
-  if (filter.size() != 4 || filter[1] != 3 || filter[2] != 3) {
+// `filter`: the model shape of the weight, OHWI; `w` that filter as [O, H*W*I] once checked 4-D.
+bool SetFilterRows(const Shape& filter, QuantWeight* w) {
+  if (filter.size() != 4) return false;
+  w->n = filter[0];
+  w->k = static_cast<int64_t>(filter[1]) * filter[2] * filter[3];
+  return true;
+}
+
+std::unique_ptr<OpInstance> CreateQuantizedConv2dOfWeight(const void* params, QuantWeight w,
+                                                          const Shape& filter, std::string* why) {
+  if (!SetFilterRows(filter, &w)) {
+    *why = "filter " + ShapeToString(filter) + " is not 4-D";
+    return nullptr;
+  }
+  return CreateQuantizedConv2d(params, w, filter, why);
+}
+
+// difflite.WinogradConv3x3's function on its quantized filter [Cout, 3, 3, Cin]: a 3x3 CONV_2D of
+// stride 1, dilation 1, SAME padding (one pixel each side) and no fused activation. Its node has
+// no builtin parameters.
+std::unique_ptr<OpInstance> CreateQuantizedConv3x3(const void* /*params*/, QuantWeight w,
+                                                   const Shape& filter, std::string* why) {
+  if (!SetFilterRows(filter, &w)) {
+    *why = "w " + ShapeToString(filter) + " is not the 3x3 filter [Cout,3,3,Cin] (transformed "
+           "weights are run as float32 only)";
+    return nullptr;
+  }
+  if (filter[1] != 3 || filter[2] != 3) {
     *why = "filter " + ShapeToString(filter) + " is not [Cout,3,3,Cin]";
     return nullptr;
   }
@@ -163,6 +188,14 @@ std::unique_ptr<OpInstance> CreateQuantizedConv3x3(const QuantWeight& w, const S
   p.dilation_height_factor = 1;
   return CreateQuantizedConv2d(&p, w, filter, why);
 }
+
+const QuantizedOpDef kConv2dOps[] = {
+    {"CONV_2D", 1, 2, 3, &CreateQuantizedConv2dOfWeight},
+    {winograd::kOpName, 1, 3, 3, &CreateQuantizedConv3x3},
+};
+DIFFLITE_REGISTER_OPS(kConv2dOps);
+
+}  // namespace
 
 }  // namespace cpu
 }  // namespace difflite

@@ -2,7 +2,7 @@
 // quantized constant (qgemm.h), and GATHER of a quantized table's rows, read as the model stores
 // them; the CONV_2D also runs difflite.WinogradConv3x3 nodes whose filter (the op's form [Cout, 3,
 // 3, Cin]) is a quantized constant. The delegate's claim
-// (delegate/cpu_claim.cc) finds the weight, folds its chain (DEQUANTIZE, int4's block-scale MUL,
+// (delegate/cpu/quantized_claim.cc) finds the weight, folds its chain (DEQUANTIZE, int4's block-scale MUL,
 // RESHAPE) into a QuantWeight and creates the op here from the node's builtin parameters.
 //
 // The ops are OpInstances like the difflite custom ops: Infer sees the inputs (x, the weight as
@@ -16,29 +16,27 @@
 #include <vector>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "qgemm.h"
 
 namespace difflite {
 namespace cpu {
 
-// `params`: the node's builtin_data (tfl::FullyConnectedParams / tfl::ConvParams; null is
-// refused). nullptr and *why where the parameters are ones the op does not run exactly.
-std::unique_ptr<OpInstance> CreateQuantizedFullyConnected(const void* params, const QuantWeight& w,
-                                                           std::string* why);
-// `filter`: the weight's model shape, OHWI; w is that filter as [O, H*W*I].
-std::unique_ptr<OpInstance> CreateQuantizedConv2d(const void* params, const QuantWeight& w,
-                                                  const Shape& filter, std::string* why);
-
-// A 3x3 CONV_2D of stride 1, dilation 1, SAME padding (one pixel each side) and no fused
-// activation: difflite.WinogradConv3x3's function, run on its quantized filter (`filter`
-// [Cout, 3, 3, Cin], OHWI; w that filter as [Cout, 9*Cin]). Infer takes (x, filter, bias).
-std::unique_ptr<OpInstance> CreateQuantizedConv3x3(const QuantWeight& w, const Shape& filter,
-                                                   std::string* why);
-
-// GATHER of the rows of a quantized table (`table`: its model shape, w that table as [rows,
-// the rest]); axis 0 and batch_dims 0 only (`params`: tfl::GatherParams, null meaning those).
-std::unique_ptr<OpInstance> CreateQuantizedGather(const void* params, const QuantWeight& w,
-                                                  const Shape& table, std::string* why);
+// How the CPU backend runs a node that reads a quantized weight: `name` is the TFLite builtin
+// ("FULLY_CONNECTED") or the difflite op ("difflite.WinogradConv3x3", run as a quantized 3x3
+// CONV_2D) the op stands for; it reads input `weight_input` from the model's integers, and takes
+// min_inputs..max_inputs inputs. `create` makes the op from the node's builtin_data (`params`:
+// null is refused where the op needs parameters) and the weight `w` of model shape
+// `weight_shape` (w's n and k unset: create sets them), or returns nullptr with *why where it
+// does not run the node exactly. Each op's file registers its definition (registry.h).
+struct QuantizedOpDef {
+  const char* name;
+  int weight_input;
+  size_t min_inputs;
+  size_t max_inputs;
+  std::unique_ptr<OpInstance> (*create)(const void* params, QuantWeight w,
+                                        const Shape& weight_shape, std::string* why);
+};
 
 // What a quantized reader's Infer checks first: 2 or 3 inputs; a float32 input of positive dims;
 // the float32 weight (named `weight`); a bias omitted (dtype kOther) or float32 of `outputs`

@@ -110,10 +110,14 @@ class QuantizedFullyConnected final : public OpInstance {
   bool keep_num_dims_;
 };
 
-}  // namespace
-
-std::unique_ptr<OpInstance> CreateQuantizedFullyConnected(const void* params, const QuantWeight& w,
-                                                           std::string* why) {
+std::unique_ptr<OpInstance> CreateQuantizedFullyConnected(const void* params, QuantWeight w,
+                                                           const Shape& weights, std::string* why) {
+  if (weights.size() != 2) {
+    *why = "weights " + ShapeToString(weights) + " are not 2-D";
+    return nullptr;
+  }
+  w.n = weights[0];
+  w.k = weights[1];
   if (params == nullptr) {
     *why = "no parameters";
     return nullptr;
@@ -129,6 +133,13 @@ std::unique_ptr<OpInstance> CreateQuantizedFullyConnected(const void* params, co
   if (!why->empty()) return nullptr;
   return std::unique_ptr<OpInstance>(new QuantizedFullyConnected(w, p->activation, clamp, p->keep_num_dims));
 }
+
+const QuantizedOpDef kFullyConnectedOps[] = {
+    {"FULLY_CONNECTED", 1, 2, 3, &CreateQuantizedFullyConnected},
+};
+DIFFLITE_REGISTER_OPS(kFullyConnectedOps);
+
+}  // namespace
 
 }  // namespace cpu
 }  // namespace difflite

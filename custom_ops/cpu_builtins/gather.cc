@@ -51,10 +51,14 @@ class QuantizedGather final : public OpInstance {
   Shape table_;
 };
 
-}  // namespace
-
-std::unique_ptr<OpInstance> CreateQuantizedGather(const void* params, const QuantWeight& w,
+std::unique_ptr<OpInstance> CreateQuantizedGather(const void* params, QuantWeight w,
                                                   const Shape& table, std::string* why) {
+  if (table.size() < 2) {
+    *why = "params " + ShapeToString(table) + " are not a table of rows";
+    return nullptr;
+  }
+  w.n = table[0];
+  w.k = NumElements(table) / table[0];
   if (params != nullptr) {
     const auto* p = static_cast<const tfl::GatherParams*>(params);
     if (p->axis != 0 || p->batch_dims != 0) {
@@ -71,6 +75,13 @@ std::unique_ptr<OpInstance> CreateQuantizedGather(const void* params, const Quan
   if (!why->empty()) return nullptr;
   return std::unique_ptr<OpInstance>(new QuantizedGather(w, table));
 }
+
+const QuantizedOpDef kGatherOps[] = {
+    {"GATHER", 0, 2, 2, &CreateQuantizedGather},
+};
+DIFFLITE_REGISTER_OPS(kGatherOps);
+
+}  // namespace
 
 }  // namespace cpu
 }  // namespace difflite

@@ -39,11 +39,6 @@ std::string QuantWeight::Check() const {
   return "";
 }
 
-float QuantWeight::Scale(int64_t index) const {
-  if (scales_f16) return gpu::HalfToFloat(static_cast<const uint16_t*>(scales)[index]);
-  return static_cast<const float*>(scales)[index];
-}
-
 std::string QuantWeight::Describe() const {
   return std::string(bits == 8 ? "int8" : "int4") + "[" + std::to_string(n) + "," +
          std::to_string(k) + "] " + std::to_string(scale_count) + " " +

@@ -32,7 +32,6 @@ struct QuantWeight {
   // "" if the fields agree (sizes, a group that divides K or is a whole number of rows);
   // else a one-line reason.
   std::string Check() const;
-  float Scale(int64_t index) const;
   // "int8 [N, K], 1 scale per K" for logs.
   std::string Describe() const;
 };

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <sstream>
 
 #include "difflite/attrs.h"
 
@@ -96,14 +95,6 @@ std::string InfoString(const TensorInfo& t) {
   return std::string(DTypeName(t.dtype)) + ShapeToString(t.shape);
 }
 
-std::string ListString(const std::vector<int>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
 const char* TfLiteTypeName(tfl::Type t) {
   switch (t) {
     case tfl::kNoType: return "notype";
@@ -133,7 +124,7 @@ const char* TfLiteTypeName(tfl::Type t) {
 std::unique_ptr<OpInstance> ParseCustomNode(const tfl::Node* node,
                                             const char* custom_name,
                                             std::string* why) {
-  const OpDef* def = FindOp(custom_name);
+  const OpDef* def = OpRegistry<OpDef>::Find(custom_name);
   if (def == nullptr) {
     *why = "unknown difflite op";
     return nullptr;
@@ -198,7 +189,7 @@ std::string PlanOrder::Check(tfl::Context* ctx, int node_index, const tfl::Node*
     }
     if (writers_[idx].size() > 1) {
       return "output tensor " + std::to_string(idx) + " is written " +
-             std::to_string(writers_[idx].size()) + " times (nodes " + ListString(writers_[idx]) + ")";
+             std::to_string(writers_[idx].size()) + " times (nodes " + ShapeToString(writers_[idx]) + ")";
     }
     const tfl::Tensor* t = TensorAt(ctx, idx);
     if (IsConstantTensor(t)) {
@@ -244,6 +235,79 @@ tfl::Registration DelegateKernelRegistration(
   r.custom_name = name;
   r.version = 1;
   return r;
+}
+
+namespace {
+
+struct NameEntry {
+  tfl::BuiltinOp code;
+  const char* name;
+};
+
+const NameEntry kBuiltinNames[] = {
+    {tfl::BuiltinOp::kAdd, "ADD"},
+    {tfl::BuiltinOp::kConcatenation, "CONCATENATION"},
+    {tfl::BuiltinOp::kConv2d, "CONV_2D"},
+    {tfl::BuiltinOp::kDepthwiseConv2d, "DEPTHWISE_CONV_2D"},
+    {tfl::BuiltinOp::kDequantize, "DEQUANTIZE"},
+    {tfl::BuiltinOp::kFloor, "FLOOR"},
+    {tfl::BuiltinOp::kFullyConnected, "FULLY_CONNECTED"},
+    {tfl::BuiltinOp::kLogistic, "LOGISTIC"},
+    {tfl::BuiltinOp::kMul, "MUL"},
+    {tfl::BuiltinOp::kRelu, "RELU"},
+    {tfl::BuiltinOp::kRelu6, "RELU6"},
+    {tfl::BuiltinOp::kReshape, "RESHAPE"},
+    {tfl::BuiltinOp::kResizeBilinear, "RESIZE_BILINEAR"},
+    {tfl::BuiltinOp::kSoftmax, "SOFTMAX"},
+    {tfl::BuiltinOp::kTanh, "TANH"},
+    {tfl::BuiltinOp::kPad, "PAD"},
+    {tfl::BuiltinOp::kGather, "GATHER"},
+    {tfl::BuiltinOp::kTranspose, "TRANSPOSE"},
+    {tfl::BuiltinOp::kMean, "MEAN"},
+    {tfl::BuiltinOp::kSub, "SUB"},
+    {tfl::BuiltinOp::kDiv, "DIV"},
+    {tfl::BuiltinOp::kSqueeze, "SQUEEZE"},
+    {tfl::BuiltinOp::kStridedSlice, "STRIDED_SLICE"},
+    {tfl::BuiltinOp::kExp, "EXP"},
+    {tfl::BuiltinOp::kSplit, "SPLIT"},
+    {tfl::BuiltinOp::kCast, "CAST"},
+    {tfl::BuiltinOp::kMaximum, "MAXIMUM"},
+    {tfl::BuiltinOp::kMinimum, "MINIMUM"},
+    {tfl::BuiltinOp::kNeg, "NEG"},
+    {tfl::BuiltinOp::kPadV2, "PADV2"},
+    {tfl::BuiltinOp::kSelect, "SELECT"},
+    {tfl::BuiltinOp::kSin, "SIN"},
+    {tfl::BuiltinOp::kTile, "TILE"},
+    {tfl::BuiltinOp::kExpandDims, "EXPAND_DIMS"},
+    {tfl::BuiltinOp::kLog, "LOG"},
+    {tfl::BuiltinOp::kSum, "SUM"},
+    {tfl::BuiltinOp::kSqrt, "SQRT"},
+    {tfl::BuiltinOp::kRsqrt, "RSQRT"},
+    {tfl::BuiltinOp::kPow, "POW"},
+    {tfl::BuiltinOp::kReduceProd, "REDUCE_PROD"},
+    {tfl::BuiltinOp::kReduceMax, "REDUCE_MAX"},
+    {tfl::BuiltinOp::kReduceMin, "REDUCE_MIN"},
+    {tfl::BuiltinOp::kSquare, "SQUARE"},
+    {tfl::BuiltinOp::kResizeNearestNeighbor, "RESIZE_NEAREST_NEIGHBOR"},
+    {tfl::BuiltinOp::kSquaredDifference, "SQUARED_DIFFERENCE"},
+    {tfl::BuiltinOp::kAbs, "ABS"},
+    {tfl::BuiltinOp::kSplitV, "SPLIT_V"},
+    {tfl::BuiltinOp::kCeil, "CEIL"},
+    {tfl::BuiltinOp::kCos, "COS"},
+    {tfl::BuiltinOp::kSelectV2, "SELECT_V2"},
+    {tfl::BuiltinOp::kBatchMatmul, "BATCH_MATMUL"},
+    {tfl::BuiltinOp::kBroadcastTo, "BROADCAST_TO"},
+    {tfl::BuiltinOp::kGelu, "GELU"},
+    {tfl::BuiltinOp::kSign, "SIGN"},
+};
+
+}  // namespace
+
+const char* BuiltinName(int32_t code) {
+  for (const NameEntry& e : kBuiltinNames) {
+    if (static_cast<int32_t>(e.code) == code) return e.name;
+  }
+  return nullptr;
 }
 
 }  // namespace difflite

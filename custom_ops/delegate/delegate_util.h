@@ -1,6 +1,5 @@
-// Helpers shared by the delegate's backends (delegate.cc: plugin entry points
-// and the CPU backend; opencl/executor.cc: the OpenCL backend): options,
-// one-line logging, reading TFLite tensors and nodes through tflite_abi.h.
+// Helpers shared by the delegate's entry points (delegate.cc) and its backends (cpu/,
+// opencl/): options, one-line logging, reading TFLite tensors and nodes through tflite_abi.h.
 #ifndef DIFFLITE_DELEGATE_UTIL_H_
 #define DIFFLITE_DELEGATE_UTIL_H_
 
@@ -45,8 +44,8 @@ struct DelegateState {
   tfl::Delegate delegate;
   Options options;
   std::unique_ptr<gpu::Backend> opencl;  // set for backend=opencl
-  // backend=cpu: the builtin nodes Delegate::Prepare claimed (cpu_claim.h), by node index, until
-  // the partition kernels that run them take them (KernelInit, inside
+  // backend=cpu: the builtin nodes Delegate::Prepare claimed (cpu/quantized_claim.h), by node
+  // index, until the partition kernels that run them take them (cpu/partition.cc: Init, inside
   // ReplaceNodeSubsetsWithDelegateKernels).
   std::map<int, std::unique_ptr<CpuBuiltinNode>> cpu_builtins;
   DelegateState();
@@ -78,8 +77,10 @@ DType ToDType(tfl::Type t);
 TensorInfo InfoOf(const tfl::Tensor* t);
 bool IsConstantTensor(const tfl::Tensor* t);
 std::string InfoString(const TensorInfo& t);
-std::string ListString(const std::vector<int>& v);
 const char* TfLiteTypeName(tfl::Type t);
+// The TFLite builtin name of a builtin code ("CONV_2D"), nullptr for a code neither backend
+// runs.
+const char* BuiltinName(int32_t code);
 
 // Creates the op of a difflite custom node from its custom_code and
 // FlexBuffer options; nullptr with *why when unknown or invalid.
@@ -108,6 +109,18 @@ std::string CheckElementCount(const TensorInfo& info, const std::string& what);
 
 // The text of the exception being handled (inside a catch block).
 std::string ExceptionText();
+
+// Runs `body` where the runtime, which is C, calls in: no exception may leave. One thrown is
+// reported ("<what> failed: <its text>") and `on_exception` returned instead.
+template <typename Result, typename Body>
+Result NoThrow(tfl::Context* ctx, const char* what, Result on_exception, Body body) {
+  try {
+    return body();
+  } catch (...) {
+    LogError(ctx, std::string(what) + " failed: " + ExceptionText());
+    return on_exception;
+  }
+}
 
 // The registration of a delegate kernel (a partition TFLite hands to the
 // delegate): builtin_code kBuiltinDelegate, version 1, everything else null.

@@ -153,7 +153,7 @@ std::vector<uint8_t> Options(Input& in) {
 void FuzzOps(Input& in, const std::vector<uint8_t>& options) {
   AttrMap attrs;
   if (!AttrMap::Parse(options.data(), options.size(), &attrs).empty()) return;
-  for (const OpDef* def : AllOps()) {
+  for (const OpDef* def : OpRegistry<OpDef>::All()) {
     std::string error;
     std::unique_ptr<OpInstance> op = def->create(attrs, &error);
     if (op == nullptr) continue;

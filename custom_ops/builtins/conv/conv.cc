@@ -8,16 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 #include "matmul/gemm.h"
 
 namespace difflite::gpu::builtin {
 namespace {
-
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
 
 // Output size and leading pad of one spatial dim (TFLite's rules).
 bool Geometry(int padding, int in, int k, int stride, int dilation, int* out, int* pad) {
@@ -267,12 +262,12 @@ std::unique_ptr<GpuOp> CreateDepthwise(const NodeView& node, GpuContext& ctx,
   return std::make_unique<DepthwiseOp>(k, Local1D(ctx, k, 64), g, has_bias);
 }
 
-const GpuOpDef kConv2d = {"CONV_2D", &CreateConv2d};
-const GpuOpDef kDepthwise = {"DEPTHWISE_CONV_2D", &CreateDepthwise};
+const GpuOpDef kConvOps[] = {
+    {"CONV_2D", &CreateConv2d},
+    {"DEPTHWISE_CONV_2D", &CreateDepthwise},
+};
+DIFFLITE_REGISTER_OPS(kConvOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kConv2d);
-DIFFLITE_REGISTER_GPU_OP(kDepthwise);
 
 }  // namespace difflite::gpu::builtin

@@ -13,6 +13,7 @@
 // follow as the last arguments.
 #include "dl_storage.cl"
 #include "dl_qweights.cl"
+#include "gemm_tile.cl"
 #if DL_WQ
 #define DL_W_PTR DL_WQ_PTR
 #define DL_ROWS_W_PTR __global const char*
@@ -21,27 +22,6 @@
 #define DL_ROWS_W_PTR __global const DL_T*
 #define DL_WQ_PARAMS
 #endif
-#ifndef TM
-#define TM 64
-#endif
-#ifndef TN
-#define TN 64
-#endif
-#ifndef TK
-#define TK 16
-#endif
-#ifndef WM
-#define WM 4
-#endif
-#ifndef WN
-#define WN 4
-#endif
-#ifndef VEC
-#define VEC 0
-#endif
-#define TX (TN / WN)
-#define TY (TM / WM)
-#define NT (TX * TY)
 #define RA ((TM * TK + NT - 1) / NT)
 
 // The output pixels of the A rows this item stages (fixed over K since NT % TK == 0): the
@@ -71,21 +51,37 @@ inline void conv_rows(int m0, int M, int tid, int4 g0, int4 g1, int4 g2, int* a_
   }
 }
 
-// geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3)
+// Column k = (ky, kx, ci) of the implicit im2col matrix, for a kw-wide filter over cin
+// channels: (the tap's row offset ky * dh, its column offset kx * dw, ci).
+inline int3 conv_tap(int k, int cin, int kw, int dh, int dw) {
+  const int tap = k / cin;
+  const int ky = tap / kw;
+  return (int3)(ky * dh, (tap - ky * kw) * dw, k % cin);
+}
+
+// The offset in x of a row's patch element at `tap` (conv_rows: the row's batch base, -1
+// outside M, and window corner y, x), or -1 where the tap falls outside the image.
+inline int patch_offset(int base, int y, int x, int3 tap, int ih, int iw, int cin) {
+  const int iy = y + tap.x;
+  const int ix = x + tap.y;
+  if (base < 0 || iy < 0 || iy >= ih || ix < 0 || ix >= iw) return -1;
+  return base + (iy * iw + ix) * cin + tap.z;
+}
+
+// geometry: ih, iw, cin, oh, ow, kw, sh, sw, dh, dw, pt, pl (int4 x 3), unpacked by name.
+#define CONV_GEOMETRY(g0, g1, g2)                                  \
+  const int ih = (g0).x, iw = (g0).y, cin = (g0).z, oh = (g0).w;   \
+  const int ow = (g1).x, kw = (g1).y, sh = (g1).z, sw = (g1).w;    \
+  const int dh = (g2).x, dw = (g2).y, pt = (g2).z, pl = (g2).w
+
 #if !VEC
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
   __local float As[TK][TM + 1];
   __local float Bs[TK][TN + 1];
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  CONV_GEOMETRY(g0, g1, g2);
+  TILE_ITEM(tx, ty, tid, n0, m0);
 
   // The A rows this item loads: fixed over K (NT % TK == 0).
   const int a_kk = tid % TK;
@@ -93,29 +89,17 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
 
   float acc[WM][WN];
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-#pragma unroll
-    for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
-  }
+  ST_ZERO(acc);
 
   for (int k0 = 0; k0 < K; k0 += TK) {
     const int k = k0 + a_kk;
-    const int ci = k % cin;
-    const int tap = k / cin;
-    const int ky = tap / kw;
-    const int kx = tap - ky * kw;
+    const int3 tap = conv_tap(k, cin, kw, dh, dw);
 #pragma unroll
     for (int r = 0; r < RA; ++r) {
       const int mm = tid / TK + r * (NT / TK);
       if (mm < TM) {
-        const int iy = a_y[r] + ky * dh;
-        const int ix = a_x[r] + kx * dw;
-        float v = 0.0f;
-        if (a_base[r] >= 0 && k < K && iy >= 0 && iy < ih && ix >= 0 && ix < iw) {
-          v = DL_LOAD(x, a_base[r] + (iy * iw + ix) * cin + ci);
-        }
-        As[a_kk][mm] = v;
+        const int o = patch_offset(a_base[r], a_y[r], a_x[r], tap, ih, iw, cin);
+        As[a_kk][mm] = (o >= 0 && k < K) ? DL_LOAD(x, o) : 0.0f;
       }
     }
     for (int e = tid; e < TN * TK; e += NT) {
@@ -126,34 +110,11 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
       Bs[kk][nn] = (n < N && kb < K) ? DL_LOAD(w, n * K + kb) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll
-    for (int kk = 0; kk < TK; ++kk) {
-      float a[WM], b[WN];
-#pragma unroll
-      for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * TY];
-#pragma unroll
-      for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * TX];
-#pragma unroll
-      for (int i = 0; i < WM; ++i) {
-#pragma unroll
-        for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
-      }
-    }
+    ST_FMA_SLICE(As, Bs, tx, ty, acc);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-    const int m = m0 + ty + i * TY;
-    if (m >= M) continue;
-#pragma unroll
-    for (int j = 0; j < WN; ++j) {
-      const int n = n0 + tx + j * TX;
-      if (n < N) {
-        DL_STORE(y, m * N + n, (acc[i][j] + (has_bias ? DL_LOAD(bias, n) : 0.0f)));
-      }
-    }
-  }
+  ST_STORE(y, N, bias, has_bias, tx, ty, m0, n0, M, N, acc);
 }
 
 #else  // VEC
@@ -188,14 +149,8 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
   __local DL_C* bs = (__local DL_C*)Bs;
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  CONV_GEOMETRY(g0, g1, g2);
+  TILE_ITEM(tx, ty, tid, n0, m0);
   // Split-K (as in gemm.cl): work-group dimension 2 is the split (1 when the
   // NDRange has two dimensions); it sums K range [kbeg, kend) into partial
   // plane `split` of y ([M][N] each).
@@ -226,17 +181,11 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
     if (k0 < kend) {
       const int k = k0 + a_kk;
-      const int ci = k % cin;
-      const int tap = k / cin;
-      const int ky = tap / kw;
-      const int kx = tap - ky * kw;
+      const int3 tap = conv_tap(k, cin, kw, dh, dw);
 #pragma unroll
       for (int r = 0; r < RA; ++r) {
-        const int iy = a_y[r] + ky * dh;
-        const int ix = a_x[r] + kx * dw;
-        ra[r] = (a_base[r] >= 0 && k < kend && iy >= 0 && iy < ih && ix >= 0 && ix < iw)
-                    ? DL_LOAD_RAW(x, a_base[r] + (iy * iw + ix) * cin + ci)
-                    : (DL_RAW)0;
+        const int o = patch_offset(a_base[r], a_y[r], a_x[r], tap, ih, iw, cin);
+        ra[r] = (o >= 0 && k < kend) ? DL_LOAD_RAW(x, o) : (DL_RAW)0;
       }
 #if DL_WQ && WQ_QUADS
 #pragma unroll
@@ -316,9 +265,7 @@ __kernel void depthwise_conv2d(__global const DL_T* x, __global const DL_T* w,
                                int4 g1, int4 g2, int4 g3, int has_bias) {
   const int i = get_global_id(0);
   if (i >= n) return;
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  CONV_GEOMETRY(g0, g1, g2);
   const int kh = g3.x, mult = g3.y, oc_count = g3.z;
   const int oc = i % oc_count;
   int t = i / oc_count;
@@ -356,9 +303,7 @@ __kernel void conv2d_rows(__global const DL_T* x, DL_ROWS_W_PTR wt,
   const int m0 = get_global_id(1) * RM;
   if (n0 >= N) return;
   const int np = (N + 15) & ~15;
-  const int ih = g0.x, iw = g0.y, cin = g0.z, oh = g0.w;
-  const int ow = g1.x, kw = g1.y, sh = g1.z, sw = g1.w;
-  const int dh = g2.x, dw = g2.y, pt = g2.z, pl = g2.w;
+  CONV_GEOMETRY(g0, g1, g2);
   const int kh = K / (kw * cin);
   int base[RM], y0[RM], x0[RM];
   float16 acc[RM];

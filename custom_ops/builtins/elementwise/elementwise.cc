@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -24,11 +24,6 @@ enum Unary {
   kGeluErf, kGeluTanh, kRelu, kRelu6, kSquare, kFloor, kCeil,
 };
 enum Binary { kAdd = 0, kSub, kMul, kDiv, kMax, kMin, kSqDiff, kPow };
-
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
 
 class UnaryOp final : public GpuOp {
  public:
@@ -83,7 +78,7 @@ std::unique_ptr<GpuOp> CreateUnary(const NodeView& node, GpuContext& ctx, std::s
   if (e.empty()) e = ExpectShape(node.outputs[0], node.inputs[0].shape, "output");
   const int code = UnaryCode(node);
   if (e.empty() && code < 0) e = std::string("unknown unary op ") + node.op_name;
-  const bool vec = PreferFlatKernels(ctx);
+  const bool vec = ctx.PreferFlatKernels();
   cl_kernel k = nullptr;
   if (e.empty()) e = GetKernel(ctx, kProgram, vec ? "unary_vec" : "unary", "", &k);
   if (!e.empty()) return Refuse(error, e);
@@ -248,13 +243,13 @@ std::unique_ptr<GpuOp> CreateBinary(const NodeView& node, GpuContext& ctx, std::
   if (!e.empty()) return Refuse(error, e);
   const int ia = space.strides[0].back(), ib = space.strides[1].back();
   BinaryOp::Kind kind = BinaryOp::kNd;
-  if (PreferFlatKernels(ctx) && ia <= 1 && ib <= 1 && space.dims.back() >= 16) {
+  if (ctx.PreferFlatKernels() && ia <= 1 && ib <= 1 && space.dims.back() >= 16) {
     kind = BinaryOp::kRows;
   } else if (space.rank() == 1 && ia <= 1 && ib <= 1) {
     // 4 elements an item where they split evenly: one aligned vector access an operand
     // (one 2- or 4-byte access a work-item left the UNet's residual ADDs issue-bound).
     kind = NumElements(out) % 4 == 0 ? BinaryOp::kFlat4 : BinaryOp::kFlat;
-  } else if (!PreferFlatKernels(ctx) && QuadsAlongInnermost(space)) {
+  } else if (!ctx.PreferFlatKernels() && QuadsAlongInnermost(space)) {
     // The UNet's time-embedding ADDs ([N,H,W,C] + [N,1,1,C]): one element an item was
     // issue-bound, like the same-shape ADDs before binary_flat4.
     kind = BinaryOp::kNd4;
@@ -392,20 +387,14 @@ const GpuOpDef kBinaryDefs[] = {
     {"DIV", &CreateBinary},     {"MAXIMUM", &CreateBinary}, {"MINIMUM", &CreateBinary},
     {"SQUARED_DIFFERENCE", &CreateBinary}, {"POW", &CreateBinary},
 };
-const GpuOpDef kSelect = {"SELECT", &CreateSelect};
-const GpuOpDef kSelectV2 = {"SELECT_V2", &CreateSelect};
-const GpuOpDef kCast = {"CAST", &CreateCast};
-
-bool RegisterAll() {
-  for (const GpuOpDef& d : kUnaryDefs) RegisterGpuOp(&d);
-  for (const GpuOpDef& d : kBinaryDefs) RegisterGpuOp(&d);
-  RegisterGpuOp(&kSelect);
-  RegisterGpuOp(&kSelectV2);
-  RegisterGpuOp(&kCast);
-  return true;
-}
-
-[[maybe_unused]] const bool kRegistered = RegisterAll();
+const GpuOpDef kSelectAndCastDefs[] = {
+    {"SELECT", &CreateSelect},
+    {"SELECT_V2", &CreateSelect},
+    {"CAST", &CreateCast},
+};
+DIFFLITE_REGISTER_OPS(kUnaryDefs);
+DIFFLITE_REGISTER_OPS(kBinaryDefs);
+DIFFLITE_REGISTER_OPS(kSelectAndCastDefs);
 
 }  // namespace
 }  // namespace difflite::gpu::builtin

@@ -33,46 +33,54 @@
 #define B_SQDIFF 6
 #define B_POW 7
 
-inline float unary_op(float x, int op) {
-  switch (op) {
-    case U_LOGISTIC: return 1.0f / (1.0f + exp(-x));
-    case U_TANH: return tanh(x);
-    case U_EXP: return exp(x);
-    case U_LOG: return log(x);
-    case U_SQRT: return sqrt(x);
-    case U_RSQRT: return rsqrt(x);
-    case U_NEG: return -x;
-    case U_ABS: return fabs(x);
-    case U_SIN: return sin(x);
-    case U_COS: return cos(x);
-    case U_SIGN: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
-    case U_GELU_ERF: return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f));
-    case U_GELU_TANH: {
-      const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-      return 0.5f * x * (1.0f + tanh(inner));
-    }
-    case U_RELU: return fmax(x, 0.0f);
-    case U_RELU6: return fmin(fmax(x, 0.0f), 6.0f);
-    case U_SQUARE: return x * x;
-    case U_FLOOR: return floor(x);
-    case U_CEIL: return ceil(x);
-    default: return x;
+// The ops on T (float, or float16 for the row variants below); SIGN(x) is the sign in T.
+#define UNARY_OP(NAME, T, SIGN)                                       \
+  inline T NAME(T x, int op) {                                        \
+    switch (op) {                                                     \
+      case U_LOGISTIC: return 1.0f / (1.0f + exp(-x));                \
+      case U_TANH: return tanh(x);                                    \
+      case U_EXP: return exp(x);                                      \
+      case U_LOG: return log(x);                                      \
+      case U_SQRT: return sqrt(x);                                    \
+      case U_RSQRT: return rsqrt(x);                                  \
+      case U_NEG: return -x;                                          \
+      case U_ABS: return fabs(x);                                     \
+      case U_SIN: return sin(x);                                      \
+      case U_COS: return cos(x);                                      \
+      case U_SIGN: return SIGN(x);                                    \
+      case U_GELU_ERF: return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f)); \
+      case U_GELU_TANH: {                                             \
+        const T inner = 0.79788456080286536f * (x + 0.044715f * x * x * x); \
+        return 0.5f * x * (1.0f + tanh(inner));                       \
+      }                                                               \
+      case U_RELU: return fmax(x, 0.0f);                              \
+      case U_RELU6: return fmin(fmax(x, 0.0f), 6.0f);                 \
+      case U_SQUARE: return x * x;                                    \
+      case U_FLOOR: return floor(x);                                  \
+      case U_CEIL: return ceil(x);                                    \
+      default: return x;                                              \
+    }                                                                 \
   }
-}
 
-inline float binary_op(float a, float b, int op) {
-  switch (op) {
-    case B_ADD: return a + b;
-    case B_SUB: return a - b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    case B_MAX: return fmax(a, b);
-    case B_MIN: return fmin(a, b);
-    case B_SQDIFF: { const float d = a - b; return d * d; }
-    case B_POW: return pow(a, b);
-    default: return a;
+#define BINARY_OP(NAME, T)                                            \
+  inline T NAME(T a, T b, int op) {                                   \
+    switch (op) {                                                     \
+      case B_ADD: return a + b;                                       \
+      case B_SUB: return a - b;                                       \
+      case B_MUL: return a * b;                                       \
+      case B_DIV: return a / b;                                       \
+      case B_MAX: return fmax(a, b);                                  \
+      case B_MIN: return fmin(a, b);                                  \
+      case B_SQDIFF: { const T d = a - b; return d * d; }             \
+      case B_POW: return pow(a, b);                                   \
+      default: return a;                                              \
+    }                                                                 \
   }
-}
+
+// The scalar sign: 0 for both zeros and NaN.
+#define SCALAR_SIGN(x) ((x) > 0.0f ? 1.0f : ((x) < 0.0f ? -1.0f : 0.0f))
+UNARY_OP(unary_op, float, SCALAR_SIGN)
+BINARY_OP(binary_op, float)
 
 __kernel void unary(__global const DL_T* x, __global DL_T* y, int n, int op) {
   const int i = get_global_id(0);
@@ -176,46 +184,8 @@ __kernel void cast_f2i(__global const DL_T* x, __global int* y, int n) {
 #define LOAD16(p) DL_LOAD16((p), 0)
 #define STORE16(v, p) DL_STORE16((p), 0, (v))
 
-inline float16 unary_op16(float16 x, int op) {
-  switch (op) {
-    case U_LOGISTIC: return 1.0f / (1.0f + exp(-x));
-    case U_TANH: return tanh(x);
-    case U_EXP: return exp(x);
-    case U_LOG: return log(x);
-    case U_SQRT: return sqrt(x);
-    case U_RSQRT: return rsqrt(x);
-    case U_NEG: return -x;
-    case U_ABS: return fabs(x);
-    case U_SIN: return sin(x);
-    case U_COS: return cos(x);
-    case U_SIGN: return sign(x);
-    case U_GELU_ERF: return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f));
-    case U_GELU_TANH: {
-      const float16 inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-      return 0.5f * x * (1.0f + tanh(inner));
-    }
-    case U_RELU: return fmax(x, 0.0f);
-    case U_RELU6: return fmin(fmax(x, 0.0f), 6.0f);
-    case U_SQUARE: return x * x;
-    case U_FLOOR: return floor(x);
-    case U_CEIL: return ceil(x);
-    default: return x;
-  }
-}
-
-inline float16 binary_op16(float16 a, float16 b, int op) {
-  switch (op) {
-    case B_ADD: return a + b;
-    case B_SUB: return a - b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    case B_MAX: return fmax(a, b);
-    case B_MIN: return fmin(a, b);
-    case B_SQDIFF: { const float16 d = a - b; return d * d; }
-    case B_POW: return pow(a, b);
-    default: return a;
-  }
-}
+UNARY_OP(unary_op16, float16, sign)
+BINARY_OP(binary_op16, float16)
 
 __kernel void unary_vec(__global const DL_T* x, __global DL_T* y, int n, int op) {
   const int i = get_global_id(0) * 16;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -28,6 +28,13 @@ std::string SameType(const TensorInfo& a, const TensorInfo& b) {
     return std::string("input is ") + DTypeName(a.dtype) + ", output is " + DTypeName(b.dtype);
   }
   return "";
+}
+
+// A node that copies its input 0 into its one output: min_in..max_in inputs, both ends of one
+// supported type ("" or why not).
+std::string ExpectCopyNode(const NodeView& node, size_t min_in, size_t max_in) {
+  const std::string e = ExpectCounts(node, min_in, max_in, 1);
+  return e.empty() ? SameType(node.inputs[0], node.outputs[0]) : e;
 }
 
 int NormAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
@@ -92,11 +99,6 @@ class CopyOp final : public GpuOp {
   std::vector<Fill> fills_;
   int alias_ = -1;
 };
-
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
 
 // RESHAPE, SQUEEZE, EXPAND_DIMS: same elements, new shape.
 std::unique_ptr<GpuOp> CreateReshape(const NodeView& node, GpuContext& ctx, std::string* error) {
@@ -354,12 +356,10 @@ std::unique_ptr<GpuOp> CreateStridedSlice(const NodeView& node, GpuContext& ctx,
 }
 
 std::unique_ptr<GpuOp> CreatePad(const NodeView& node, GpuContext& ctx, std::string* error) {
-  std::string e = ExpectCounts(node, 2, 3, 1);
+  std::string e = ExpectCopyNode(node, 2, 3);
   if (!e.empty()) return Refuse(error, e);
   const TensorInfo& x = node.inputs[0];
   const TensorInfo& y = node.outputs[0];
-  e = SameType(x, y);
-  if (!e.empty()) return Refuse(error, e);
   std::vector<int> pads;
   if (!ConstInts(node.inputs[1], &pads)) return Refuse(error, "paddings must be a constant int32 tensor");
   const int rank = static_cast<int>(x.shape.size());
@@ -395,12 +395,10 @@ std::unique_ptr<GpuOp> CreatePad(const NodeView& node, GpuContext& ctx, std::str
 }
 
 std::unique_ptr<GpuOp> CreateTile(const NodeView& node, GpuContext& ctx, std::string* error) {
-  std::string e = ExpectCounts(node, 2, 2, 1);
+  std::string e = ExpectCopyNode(node, 2, 2);
   if (!e.empty()) return Refuse(error, e);
   const TensorInfo& x = node.inputs[0];
   const TensorInfo& y = node.outputs[0];
-  e = SameType(x, y);
-  if (!e.empty()) return Refuse(error, e);
   std::vector<int> mult;
   if (!ConstInts(node.inputs[1], &mult)) return Refuse(error, "multiples must be a constant int32 tensor");
   const int rank = static_cast<int>(x.shape.size());
@@ -431,12 +429,10 @@ std::unique_ptr<GpuOp> CreateTile(const NodeView& node, GpuContext& ctx, std::st
 
 std::unique_ptr<GpuOp> CreateBroadcastTo(const NodeView& node, GpuContext& ctx,
                                          std::string* error) {
-  std::string e = ExpectCounts(node, 2, 2, 1);
+  std::string e = ExpectCopyNode(node, 2, 2);
   if (!e.empty()) return Refuse(error, e);
   const TensorInfo& x = node.inputs[0];
   const TensorInfo& y = node.outputs[0];
-  e = SameType(x, y);
-  if (!e.empty()) return Refuse(error, e);
   const int rank = static_cast<int>(y.shape.size());
   const int xr = static_cast<int>(x.shape.size());
   if (xr > rank) return Refuse(error, "input rank exceeds the output's");
@@ -517,34 +513,23 @@ std::unique_ptr<GpuOp> CreateGather(const NodeView& node, GpuContext& ctx, std::
                                     x.shape[axis], inner, q8_group);
 }
 
-const GpuOpDef kReshape = {"RESHAPE", &CreateReshape};
-const GpuOpDef kSqueeze = {"SQUEEZE", &CreateReshape};
-const GpuOpDef kExpandDims = {"EXPAND_DIMS", &CreateReshape};
-const GpuOpDef kTranspose = {"TRANSPOSE", &CreateTranspose};
-const GpuOpDef kConcatenation = {"CONCATENATION", &CreateConcatenation};
-const GpuOpDef kSplit = {"SPLIT", &CreateSplit};
-const GpuOpDef kSplitV = {"SPLIT_V", &CreateSplitV};
-const GpuOpDef kStridedSlice = {"STRIDED_SLICE", &CreateStridedSlice};
-const GpuOpDef kPad = {"PAD", &CreatePad};
-const GpuOpDef kPadV2 = {"PADV2", &CreatePad};
-const GpuOpDef kTile = {"TILE", &CreateTile};
-const GpuOpDef kBroadcastTo = {"BROADCAST_TO", &CreateBroadcastTo};
-const GpuOpDef kGather = {"GATHER", &CreateGather};
+const GpuOpDef kLayoutOps[] = {
+    {"RESHAPE", &CreateReshape},
+    {"SQUEEZE", &CreateReshape},
+    {"EXPAND_DIMS", &CreateReshape},
+    {"TRANSPOSE", &CreateTranspose},
+    {"CONCATENATION", &CreateConcatenation},
+    {"SPLIT", &CreateSplit},
+    {"SPLIT_V", &CreateSplitV},
+    {"STRIDED_SLICE", &CreateStridedSlice},
+    {"PAD", &CreatePad},
+    {"PADV2", &CreatePad},
+    {"TILE", &CreateTile},
+    {"BROADCAST_TO", &CreateBroadcastTo},
+    {"GATHER", &CreateGather},
+};
+DIFFLITE_REGISTER_OPS(kLayoutOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kReshape);
-DIFFLITE_REGISTER_GPU_OP(kSqueeze);
-DIFFLITE_REGISTER_GPU_OP(kExpandDims);
-DIFFLITE_REGISTER_GPU_OP(kTranspose);
-DIFFLITE_REGISTER_GPU_OP(kConcatenation);
-DIFFLITE_REGISTER_GPU_OP(kSplit);
-DIFFLITE_REGISTER_GPU_OP(kSplitV);
-DIFFLITE_REGISTER_GPU_OP(kStridedSlice);
-DIFFLITE_REGISTER_GPU_OP(kPad);
-DIFFLITE_REGISTER_GPU_OP(kPadV2);
-DIFFLITE_REGISTER_GPU_OP(kTile);
-DIFFLITE_REGISTER_GPU_OP(kBroadcastTo);
-DIFFLITE_REGISTER_GPU_OP(kGather);
 
 }  // namespace difflite::gpu::builtin

@@ -120,7 +120,7 @@ std::string WeightQuant::Options() const {
 
 void PackedWeight::Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,
                         const WeightQuant& wq) {
-  if (!PreferFlatKernels(ctx) || !w.is_constant || w.dtype != DType::kFloat32) return;
+  if (!ctx.PreferFlatKernels() || !w.is_constant || w.dtype != DType::kFloat32) return;
   n_ = n;
   k_ = k;
   wq_ = wq;
@@ -195,7 +195,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   batches_ = 1;
   for (int d : s_.bdims) batches_ *= d;
   if (batches_ != 1) s_.wq = WeightQuant();
-  if (PreferFlatKernels(ctx)) {
+  if (ctx.PreferFlatKernels()) {
     flat_ = true;
     s_.wq = s_.b_sn == 1 ? s_.wq.PackedCopy(s_.b_sk) : WeightQuant();  // B: the packed [K][NP]
     if (s_.b_sn != 1 && s_.n > 1) {

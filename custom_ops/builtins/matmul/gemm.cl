@@ -14,26 +14,12 @@
 // it is staged; the scales follow as the last arguments.
 #include "dl_storage.cl"
 #include "dl_qweights.cl"
+#include "gemm_tile.cl"
 #if DL_WQ
 #define DL_B_PTR DL_WQ_PTR
 #else
 #define DL_B_PTR __global const DL_T*
 #define DL_WQ_PARAMS
-#endif
-#ifndef TM
-#define TM 64
-#endif
-#ifndef TN
-#define TN 64
-#endif
-#ifndef TK
-#define TK 16
-#endif
-#ifndef WM
-#define WM 4
-#endif
-#ifndef WN
-#define WN 4
 #endif
 #ifndef A_KMAJOR
 #define A_KMAJOR 1
@@ -41,12 +27,6 @@
 #ifndef B_KMAJOR
 #define B_KMAJOR 0
 #endif
-#ifndef VEC
-#define VEC 0
-#endif
-#define TX (TN / WN)
-#define TY (TM / WM)
-#define NT (TX * TY)
 // Element e of a staged TK-deep slice of A (TM rows) or B (TN columns):
 // its k index and row / column, walking the operand's contiguous index first.
 #if A_KMAJOR
@@ -78,11 +58,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
           int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
   __local float As[TK][TM + 1];
   __local float Bs[TK][TN + 1];
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  TILE_ITEM(tx, ty, tid, n0, m0);
   const int batch = get_group_id(2);
   const int a_off = batch_offset(batch, bdims, a_bs);
   const int b_off = batch_offset(batch, bdims, b_bs);
@@ -90,11 +66,7 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
   __global const DL_T* Bb = B + b_off;
 
   float acc[WM][WN];
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-#pragma unroll
-    for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
-  }
+  ST_ZERO(acc);
 
   for (int k0 = 0; k0 < K; k0 += TK) {
     for (int e = tid; e < TM * TK; e += NT) {
@@ -110,36 +82,12 @@ void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* b
       Bs[kk][nn] = (n < N && k < K) ? DL_LOAD(Bb, k * b_sk + n * b_sn) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll
-    for (int kk = 0; kk < TK; ++kk) {
-      float a[WM], b[WN];
-#pragma unroll
-      for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * TY];
-#pragma unroll
-      for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * TX];
-#pragma unroll
-      for (int i = 0; i < WM; ++i) {
-#pragma unroll
-        for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
-      }
-    }
+    ST_FMA_SLICE(As, Bs, tx, ty, acc);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 
   __global DL_T* Cb = C + batch * c_bs;
-#pragma unroll
-  for (int i = 0; i < WM; ++i) {
-    const int m = m0 + ty + i * TY;
-    if (m >= M) continue;
-#pragma unroll
-    for (int j = 0; j < WN; ++j) {
-      const int n = n0 + tx + j * TX;
-      if (n < N) {
-        const float v = acc[i][j] + (has_bias ? DL_LOAD(bias, n) : 0.0f);
-        DL_STORE(Cb, m * ldc + n, v);
-      }
-    }
-  }
+  ST_STORE(Cb, ldc, bias, has_bias, tx, ty, m0, n0, M, N, acc);
 }
 
 #else  // VEC
@@ -273,11 +221,7 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
   __local DL_C* bs = (__local DL_C*)Bs;
-  const int tx = get_local_id(0);
-  const int ty = get_local_id(1);
-  const int tid = ty * TX + tx;
-  const int n0 = get_group_id(0) * TN;
-  const int m0 = get_group_id(1) * TM;
+  TILE_ITEM(tx, ty, tid, n0, m0);
   // Split-K (splits > 1): dimension 2 is batch * splits + split; split s sums
   // its K range [kbeg, kend) into partial plane s of C (splitk_sum adds them).
   const int batches = bdims.x * bdims.y * bdims.z * bdims.w;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 

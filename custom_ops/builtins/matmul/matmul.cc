@@ -8,16 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 #include "matmul/gemm.h"
 
 namespace difflite::gpu::builtin {
 namespace {
-
-std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
-  *error = why;
-  return nullptr;
-}
 
 class GemmOp final : public GpuOp {
  public:
@@ -177,8 +172,11 @@ std::unique_ptr<GpuOp> CreateBatchMatMul(const NodeView& node, GpuContext& ctx,
   return std::make_unique<GemmOp>(std::move(g), -1, "batch_matmul");
 }
 
-const GpuOpDef kFullyConnected = {"FULLY_CONNECTED", &CreateFullyConnected};
-const GpuOpDef kBatchMatMul = {"BATCH_MATMUL", &CreateBatchMatMul};
+const GpuOpDef kMatmulOps[] = {
+    {"FULLY_CONNECTED", &CreateFullyConnected},
+    {"BATCH_MATMUL", &CreateBatchMatMul},
+};
+DIFFLITE_REGISTER_OPS(kMatmulOps);
 
 }  // namespace
 
@@ -202,8 +200,5 @@ std::unique_ptr<GpuOp> MakeWeightGemm(GpuContext& ctx, const TensorInfo& w, Gemm
   }
   return std::make_unique<GemmOp>(std::move(g), bias_input, label, std::move(wt));
 }
-
-DIFFLITE_REGISTER_GPU_OP(kFullyConnected);
-DIFFLITE_REGISTER_GPU_OP(kBatchMatMul);
 
 }  // namespace difflite::gpu::builtin

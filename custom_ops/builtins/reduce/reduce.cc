@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -37,9 +37,7 @@ class ReduceOp final : public GpuOp {
                         .Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (!per_group_) return Launch1D(ctx, k_, static_cast<size_t>(n_out_), local_, "reduce");
-    const size_t global = static_cast<size_t>(n_out_) * kGroup;
-    const size_t local = kGroup;
-    return ctx.Enqueue(k_, 1, &global, &local, "reduce");
+    return LaunchGroups(ctx, k_, static_cast<size_t>(n_out_), kGroup, "reduce");
   }
 
  private:
@@ -112,7 +110,7 @@ std::unique_ptr<GpuOp> CreateReduce(const NodeView& node, GpuContext& ctx, std::
   red.Collapse();
   if (out.rank() > kMaxRank || red.rank() > kMaxRank) return refuse("too many dims");
   const int n_out = static_cast<int>(NumElements(out.dims));
-  const bool per_group = count >= 64 && n_out < 65536 && !PreferFlatKernels(ctx);
+  const bool per_group = count >= 64 && n_out < 65536 && !ctx.PreferFlatKernels();
   cl_kernel k = nullptr;
   e = GetKernel(ctx, "reduce", per_group ? "reduce_wg" : "reduce_serial",
                 "-DRD_WG=" + std::to_string(kGroup), &k);
@@ -126,18 +124,15 @@ std::unique_ptr<GpuOp> CreateReduce(const NodeView& node, GpuContext& ctx, std::
                                     scale);
 }
 
-const GpuOpDef kMean = {"MEAN", &CreateReduce};
-const GpuOpDef kSum = {"SUM", &CreateReduce};
-const GpuOpDef kReduceMax = {"REDUCE_MAX", &CreateReduce};
-const GpuOpDef kReduceMin = {"REDUCE_MIN", &CreateReduce};
-const GpuOpDef kReduceProd = {"REDUCE_PROD", &CreateReduce};
+const GpuOpDef kReduceOps[] = {
+    {"MEAN", &CreateReduce},
+    {"SUM", &CreateReduce},
+    {"REDUCE_MAX", &CreateReduce},
+    {"REDUCE_MIN", &CreateReduce},
+    {"REDUCE_PROD", &CreateReduce},
+};
+DIFFLITE_REGISTER_OPS(kReduceOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kMean);
-DIFFLITE_REGISTER_GPU_OP(kSum);
-DIFFLITE_REGISTER_GPU_OP(kReduceMax);
-DIFFLITE_REGISTER_GPU_OP(kReduceMin);
-DIFFLITE_REGISTER_GPU_OP(kReduceProd);
 
 }  // namespace difflite::gpu::builtin

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -73,12 +73,12 @@ std::unique_ptr<GpuOp> CreateResize(const NodeView& node, GpuContext& ctx, std::
                                     half_px);
 }
 
-const GpuOpDef kNearest = {"RESIZE_NEAREST_NEIGHBOR", &CreateResize};
-const GpuOpDef kBilinear = {"RESIZE_BILINEAR", &CreateResize};
+const GpuOpDef kResizeOps[] = {
+    {"RESIZE_NEAREST_NEIGHBOR", &CreateResize},
+    {"RESIZE_BILINEAR", &CreateResize},
+};
+DIFFLITE_REGISTER_OPS(kResizeOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kNearest);
-DIFFLITE_REGISTER_GPU_OP(kBilinear);
 
 }  // namespace difflite::gpu::builtin

@@ -14,16 +14,21 @@ inline int nearest_index(int o, int in_size, float scale, int align, int half_px
   return r;
 }
 
-__kernel void resize_nearest(__global const DL_T* x, __global DL_T* y, int n, int ih, int iw,
-                             int c, int oh, int ow, float sh, float sw, int align, int half_px) {
-  const int i = get_global_id(0);
-  if (i >= n) return;
+// Output element i of an NHWC [.., oh, ow, c] tensor as (b, oy, ox, ch).
+inline int4 output_pixel(int i, int c, int oh, int ow) {
   int t = i / c;
   const int ch = i - t * c;
   const int ox = t % ow;
   t /= ow;
-  const int oy = t % oh;
-  const int b = t / oh;
+  return (int4)(t / oh, t % oh, ox, ch);
+}
+
+__kernel void resize_nearest(__global const DL_T* x, __global DL_T* y, int n, int ih, int iw,
+                             int c, int oh, int ow, float sh, float sw, int align, int half_px) {
+  const int i = get_global_id(0);
+  if (i >= n) return;
+  const int4 o = output_pixel(i, c, oh, ow);
+  const int b = o.x, oy = o.y, ox = o.z, ch = o.w;
   const int iy = nearest_index(oy, ih, sh, align, half_px);
   const int ix = nearest_index(ox, iw, sw, align, half_px);
   DL_STORE(y, i, DL_LOAD(x, ((b * ih + iy) * iw + ix) * c + ch));
@@ -45,12 +50,8 @@ __kernel void resize_bilinear(__global const DL_T* x, __global DL_T* y, int n, i
                               int c, int oh, int ow, float sh, float sw, int half_px) {
   const int i = get_global_id(0);
   if (i >= n) return;
-  int t = i / c;
-  const int ch = i - t * c;
-  const int ox = t % ow;
-  t /= ow;
-  const int oy = t % oh;
-  const int b = t / oh;
+  const int4 o = output_pixel(i, c, oh, ow);
+  const int b = o.x, oy = o.y, ox = o.z, ch = o.w;
   float fy, fx;
   int y0, y1, x0, x1;
   interp(oy, sh, half_px, ih, &fy, &y0, &y1);

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 namespace difflite::gpu::builtin {
 namespace {
@@ -22,9 +22,7 @@ class SoftmaxOp final : public GpuOp {
     std::string e = a.Int(len_).Float(beta_).Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (per_row_) return Launch1D(ctx, k_, static_cast<size_t>(rows_), local_, "softmax");
-    const size_t global = static_cast<size_t>(rows_) * kGroup;
-    const size_t local = kGroup;
-    return ctx.Enqueue(k_, 1, &global, &local, "softmax");
+    return LaunchGroups(ctx, k_, static_cast<size_t>(rows_), kGroup, "softmax");
   }
 
  private:
@@ -51,7 +49,7 @@ std::unique_ptr<GpuOp> CreateSoftmax(const NodeView& node, GpuContext& ctx, std:
   const int rows = static_cast<int>(NumElements(node.inputs[0].shape) / len);
   // Short rows, or a CPU-like device: a work-item per row; else a
   // work-group per row.
-  const bool per_row = len <= 32 || PreferFlatKernels(ctx);
+  const bool per_row = len <= 32 || ctx.PreferFlatKernels();
   cl_kernel k = nullptr;
   e = GetKernel(ctx, "softmax", per_row ? "softmax_rows" : "softmax_wg",
                 "-DSM_WG=" + std::to_string(kGroup), &k);
@@ -65,10 +63,11 @@ std::unique_ptr<GpuOp> CreateSoftmax(const NodeView& node, GpuContext& ctx, std:
   return std::make_unique<SoftmaxOp>(k, per_row, Local1D(ctx, k, 64), rows, len, beta);
 }
 
-const GpuOpDef kSoftmax = {"SOFTMAX", &CreateSoftmax};
+const GpuOpDef kSoftmaxOps[] = {
+    {"SOFTMAX", &CreateSoftmax},
+};
+DIFFLITE_REGISTER_OPS(kSoftmaxOps);
 
 }  // namespace
-
-DIFFLITE_REGISTER_GPU_OP(kSoftmax);
 
 }  // namespace difflite::gpu::builtin

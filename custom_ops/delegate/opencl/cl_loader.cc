@@ -271,4 +271,16 @@ std::string ClErrorName(cl_int code) {
   return s + " (" + std::to_string(code) + ")";
 }
 
+std::string SetArgs(const ClApi& cl, cl_kernel kernel,
+                    const std::vector<std::pair<size_t, const void*>>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const cl_int err = cl.SetKernelArg(kernel, static_cast<cl_uint>(i), args[i].first,
+                                       args[i].second);
+    if (err != CL_SUCCESS) {
+      return "clSetKernelArg(" + std::to_string(i) + "): " + ClErrorName(err);
+    }
+  }
+  return "";
+}
+
 }  // namespace difflite::gpu

@@ -47,68 +47,6 @@ using tfl::Tensor;
 
 constexpr const char* kOpPrefix = "difflite.";
 
-struct NameEntry {
-  tfl::BuiltinOp code;
-  const char* name;
-};
-
-const NameEntry kBuiltinNames[] = {
-    {tfl::BuiltinOp::kAdd, "ADD"},
-    {tfl::BuiltinOp::kConcatenation, "CONCATENATION"},
-    {tfl::BuiltinOp::kConv2d, "CONV_2D"},
-    {tfl::BuiltinOp::kDepthwiseConv2d, "DEPTHWISE_CONV_2D"},
-    {tfl::BuiltinOp::kDequantize, "DEQUANTIZE"},
-    {tfl::BuiltinOp::kFloor, "FLOOR"},
-    {tfl::BuiltinOp::kFullyConnected, "FULLY_CONNECTED"},
-    {tfl::BuiltinOp::kLogistic, "LOGISTIC"},
-    {tfl::BuiltinOp::kMul, "MUL"},
-    {tfl::BuiltinOp::kRelu, "RELU"},
-    {tfl::BuiltinOp::kRelu6, "RELU6"},
-    {tfl::BuiltinOp::kReshape, "RESHAPE"},
-    {tfl::BuiltinOp::kResizeBilinear, "RESIZE_BILINEAR"},
-    {tfl::BuiltinOp::kSoftmax, "SOFTMAX"},
-    {tfl::BuiltinOp::kTanh, "TANH"},
-    {tfl::BuiltinOp::kPad, "PAD"},
-    {tfl::BuiltinOp::kGather, "GATHER"},
-    {tfl::BuiltinOp::kTranspose, "TRANSPOSE"},
-    {tfl::BuiltinOp::kMean, "MEAN"},
-    {tfl::BuiltinOp::kSub, "SUB"},
-    {tfl::BuiltinOp::kDiv, "DIV"},
-    {tfl::BuiltinOp::kSqueeze, "SQUEEZE"},
-    {tfl::BuiltinOp::kStridedSlice, "STRIDED_SLICE"},
-    {tfl::BuiltinOp::kExp, "EXP"},
-    {tfl::BuiltinOp::kSplit, "SPLIT"},
-    {tfl::BuiltinOp::kCast, "CAST"},
-    {tfl::BuiltinOp::kMaximum, "MAXIMUM"},
-    {tfl::BuiltinOp::kMinimum, "MINIMUM"},
-    {tfl::BuiltinOp::kNeg, "NEG"},
-    {tfl::BuiltinOp::kPadV2, "PADV2"},
-    {tfl::BuiltinOp::kSelect, "SELECT"},
-    {tfl::BuiltinOp::kSin, "SIN"},
-    {tfl::BuiltinOp::kTile, "TILE"},
-    {tfl::BuiltinOp::kExpandDims, "EXPAND_DIMS"},
-    {tfl::BuiltinOp::kLog, "LOG"},
-    {tfl::BuiltinOp::kSum, "SUM"},
-    {tfl::BuiltinOp::kSqrt, "SQRT"},
-    {tfl::BuiltinOp::kRsqrt, "RSQRT"},
-    {tfl::BuiltinOp::kPow, "POW"},
-    {tfl::BuiltinOp::kReduceProd, "REDUCE_PROD"},
-    {tfl::BuiltinOp::kReduceMax, "REDUCE_MAX"},
-    {tfl::BuiltinOp::kReduceMin, "REDUCE_MIN"},
-    {tfl::BuiltinOp::kSquare, "SQUARE"},
-    {tfl::BuiltinOp::kResizeNearestNeighbor, "RESIZE_NEAREST_NEIGHBOR"},
-    {tfl::BuiltinOp::kSquaredDifference, "SQUARED_DIFFERENCE"},
-    {tfl::BuiltinOp::kAbs, "ABS"},
-    {tfl::BuiltinOp::kSplitV, "SPLIT_V"},
-    {tfl::BuiltinOp::kCeil, "CEIL"},
-    {tfl::BuiltinOp::kCos, "COS"},
-    {tfl::BuiltinOp::kSelectV2, "SELECT_V2"},
-    {tfl::BuiltinOp::kBatchMatmul, "BATCH_MATMUL"},
-    {tfl::BuiltinOp::kBroadcastTo, "BROADCAST_TO"},
-    {tfl::BuiltinOp::kGelu, "GELU"},
-    {tfl::BuiltinOp::kSign, "SIGN"},
-};
-
 bool HasDynamicDims(const Tensor* t) {
   if (t->dims_signature == nullptr) return false;
   for (int i = 0; i < t->dims_signature->size; ++i) {
@@ -498,7 +436,7 @@ std::string BackendImpl::CreateOp(Node* node, Registration* reg, bool is_custom,
       }
     }
   }
-  const GpuOpDef* def = FindGpuOp(cn->name.c_str());
+  const GpuOpDef* def = OpRegistry<GpuOpDef>::Find(cn->name.c_str());
   if (def == nullptr) return "no OpenCL kernel for " + cn->name;
   NodeView view;
   view.op_name = cn->name.c_str();
@@ -777,13 +715,6 @@ tfl::Status BackendImpl::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* deleg
     Log("opencl: " + std::to_string(partitions.size()) + " partition(s)");
   }
   return s;
-}
-
-const char* BuiltinName(int32_t code) {
-  for (const NameEntry& e : kBuiltinNames) {
-    if (static_cast<int32_t>(e.code) == code) return e.name;
-  }
-  return nullptr;
 }
 
 }  // namespace difflite::gpu

@@ -183,12 +183,8 @@ tfl::Status Backend::PrepareDelegate(tfl::Context* ctx, tfl::Delegate* delegate)
     std::lock_guard<std::mutex> lock(ImplMutex());
     ImplOf()[delegate] = impl_.get();
   }
-  try {
-    return impl_->PrepareDelegate(ctx, delegate);
-  } catch (...) {
-    LogError(ctx, "OpenCL delegate prepare failed: " + ExceptionText());
-    return tfl::kDelegateError;
-  }
+  return NoThrow(ctx, "OpenCL delegate prepare", tfl::kDelegateError,
+                 [&] { return impl_->PrepareDelegate(ctx, delegate); });
 }
 
 std::string Backend::Describe() const { return impl_->Describe(); }

@@ -36,10 +36,6 @@ class Backend {
   std::shared_ptr<BackendImpl> impl_;  // partitions share it (they may outlive the delegate)
 };
 
-// The TFLite builtin name of a builtin code ("CONV_2D"), nullptr if the
-// backend does not know the code.
-const char* BuiltinName(int32_t code);
-
 }  // namespace difflite::gpu
 
 #endif  // DIFFLITE_OPENCL_EXECUTOR_H_

@@ -72,10 +72,4 @@ std::vector<std::pair<std::string, cl_event>> ContextImpl::TakeEvents() {
   return out;
 }
 
-size_t ContextImpl::scratch_bytes() const {
-  size_t n = 0;
-  for (const auto& kv : scratch_) n += kv.second.second;
-  return n;
-}
-
 }  // namespace difflite::gpu

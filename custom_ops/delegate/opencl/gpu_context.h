@@ -43,7 +43,6 @@ class ContextImpl final : public GpuContext {
   // profile=2: events keyed by node label and kernel label, not by op type alone.
   void set_detail(bool on) { detail_ = on; }
   std::vector<std::pair<std::string, cl_event>> TakeEvents();
-  size_t scratch_bytes() const;
   const ProgramCache& disk() const { return disk_; }
 
  private:

@@ -248,36 +248,36 @@ namespace {
 constexpr const char* kKernelName = "DiffliteDelegateOpenCl";
 
 std::string Brief(const std::vector<int>& v) {
-  if (v.size() <= 16) return ListString(v);
-  return ListString(std::vector<int>(v.begin(), v.begin() + 16)) + "+" +
+  if (v.size() <= 16) return ShapeToString(v);
+  return ShapeToString(std::vector<int>(v.begin(), v.begin() + 16)) + "+" +
          std::to_string(v.size() - 16) + " more";
 }
 
-void* PartitionInit(tfl::Context* ctx, const char* buffer, size_t /*length*/) {
-  try {
-    const auto* params = reinterpret_cast<const tfl::DelegateParams*>(buffer);
-    BackendImpl* be = params ? FindImpl(params->delegate) : nullptr;
-    if (be == nullptr) {
-      LogError(ctx, "OpenCL partition created without its delegate");
-      return nullptr;
-    }
-    auto p = std::make_unique<Partition>(be->shared_from_this());
-    const std::string e = p->Init(ctx, params);
-    if (!e.empty()) {
-      LogError(ctx, "OpenCL partition: " + e);
-      return nullptr;
-    }
-    be->partitions.push_back(p.get());
-    if (be->options.verbose) {
-      Log("opencl partition: " + std::to_string(p->nodes()) + " nodes, inputs=" +
-          Brief(ToVector(params->input_tensors)) + " outputs=" +
-          Brief(ToVector(params->output_tensors)));
-    }
-    return p.release();
-  } catch (...) {
-    LogError(ctx, "OpenCL partition init failed: " + ExceptionText());
+Partition* NewPartition(tfl::Context* ctx, const char* buffer) {
+  const auto* params = reinterpret_cast<const tfl::DelegateParams*>(buffer);
+  BackendImpl* be = params ? FindImpl(params->delegate) : nullptr;
+  if (be == nullptr) {
+    LogError(ctx, "OpenCL partition created without its delegate");
     return nullptr;
   }
+  auto p = std::make_unique<Partition>(be->shared_from_this());
+  const std::string e = p->Init(ctx, params);
+  if (!e.empty()) {
+    LogError(ctx, "OpenCL partition: " + e);
+    return nullptr;
+  }
+  be->partitions.push_back(p.get());
+  if (be->options.verbose) {
+    Log("opencl partition: " + std::to_string(p->nodes()) + " nodes, inputs=" +
+        Brief(ToVector(params->input_tensors)) + " outputs=" +
+        Brief(ToVector(params->output_tensors)));
+  }
+  return p.release();
+}
+
+void* PartitionInit(tfl::Context* ctx, const char* buffer, size_t /*length*/) {
+  return NoThrow<void*>(ctx, "OpenCL partition init", nullptr,
+                        [&] { return NewPartition(ctx, buffer); });
 }
 
 void PartitionFree(tfl::Context* /*ctx*/, void* buffer) { delete static_cast<Partition*>(buffer); }
@@ -288,23 +288,13 @@ tfl::Status PartitionPrepare(tfl::Context* ctx, tfl::Node* node) {
     LogError(ctx, "OpenCL partition has no state (its init failed)");
     return tfl::kError;
   }
-  try {
-    return p->Prepare(ctx);
-  } catch (...) {
-    LogError(ctx, "OpenCL partition prepare failed: " + ExceptionText());
-    return tfl::kError;
-  }
+  return NoThrow(ctx, "OpenCL partition prepare", tfl::kError, [&] { return p->Prepare(ctx); });
 }
 
 tfl::Status PartitionInvoke(tfl::Context* ctx, tfl::Node* node) {
   auto* p = static_cast<Partition*>(node->user_data);
   if (p == nullptr) return tfl::kError;
-  try {
-    return p->Invoke(ctx);
-  } catch (...) {
-    LogError(ctx, "OpenCL partition invoke failed: " + ExceptionText());
-    return tfl::kError;
-  }
+  return NoThrow(ctx, "OpenCL partition invoke", tfl::kError, [&] { return p->Invoke(ctx); });
 }
 
 }  // namespace

@@ -28,7 +28,6 @@ class AttrMap {
   // FlexBuffer, not a map, ...). An empty buffer decodes to an empty map.
   static std::string Parse(const void* data, size_t size, AttrMap* out);
 
-  bool Has(const char* key) const { return values_.count(key) != 0; }
   const std::map<std::string, AttrValue>& values() const { return values_; }
 
   // Each returns "" and sets *out, or a reason (missing / wrong type).

@@ -34,8 +34,7 @@
 // KernelWorkGroupSize() and PreferFlatKernels(); GpuOp::AliasInput(), UsesInput(), WeightBytes(),
 // PacksInput(), PackWeights(), ReadsQuantized(); TensorInfo::is_constant, quant_bits,
 // quant_group; GpuTensor::scales; DType kInt8 / kInt4;
-// the meaning of an omitted optional input in NodeView/Run; RegisterGpuOp and
-// DIFFLITE_REGISTER_GPU_OP.
+// the meaning of an omitted optional input in NodeView/Run.
 #ifndef DIFFLITE_GPU_API_H_
 #define DIFFLITE_GPU_API_H_
 
@@ -49,6 +48,7 @@
 #include <vector>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 
 namespace difflite::gpu {
 
@@ -240,23 +240,8 @@ struct GpuOpDef {
   GpuOpFactory create;
 };
 
-// Every GPU op of the library (builtins and difflite ops), and a lookup.
-const std::vector<const GpuOpDef*>& AllGpuOps();
-const GpuOpDef* FindGpuOp(const char* name);
-
-// Added by the backend: adds `def` to AllGpuOps() (the definition must live
-// for the whole process, e.g. a static). Usually through the macro, at
-// namespace scope in the op's .cc:
-//     static const GpuOpDef kMyOp = {"difflite.MyOp", &CreateMyOp};
-//     DIFFLITE_REGISTER_GPU_OP(kMyOp);
-// A later registration of the same name replaces the earlier one.
-bool RegisterGpuOp(const GpuOpDef* def);
-#define DIFFLITE_GPU_OP_CONCAT2_(a, b) a##b
-#define DIFFLITE_GPU_OP_CONCAT_(a, b) DIFFLITE_GPU_OP_CONCAT2_(a, b)
-#define DIFFLITE_REGISTER_GPU_OP(def)                               \
-  static const bool DIFFLITE_GPU_OP_CONCAT_(difflite_gpu_op_reg_, \
-                                            __LINE__) [[maybe_unused]] = \
-      ::difflite::gpu::RegisterGpuOp(&(def))
+// Every GPU op of the library, builtin or difflite op, registers its GpuOpDef with
+// DIFFLITE_REGISTER_OPS (registry.h); the backend finds it with OpRegistry<GpuOpDef>::Find.
 
 // Sets kernel arguments in order; returns "" or the first failing index.
 std::string SetArgs(const ClApi& cl, cl_kernel kernel,

@@ -1,7 +1,7 @@
 // The interface between the delegate and the op folders (custom_ops/ops/*).
 //
-// The delegate knows no op by name: it asks the registry (op_registry.cc) for
-// an OpDef whose name equals the node's custom_code, lets the op parse its
+// The delegate knows no op by name: it asks the registry (registry.h) for the
+// OpDef whose name equals the node's custom_code, lets the op parse its
 // attributes (OpDef::create), asks for output shapes (OpInstance::Infer) and
 // runs it (OpInstance::Run). Ops return errors as strings; they never throw
 // across this boundary and never crash on bad input.
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "difflite/attrs.h"
+#include "difflite/registry.h"
 
 namespace difflite {
 
@@ -26,6 +27,7 @@ size_t DTypeSize(DType t);  // 0 for kOther and kInt4 (half a byte)
 
 using Shape = std::vector<int>;
 
+// "[2,3,4]": a shape, or any list of ints (node and tensor indices in logs).
 std::string ShapeToString(const Shape& s);
 // The product of the dims; -1 when a dim is negative or the product overflows int64.
 int64_t NumElements(const Shape& s);
@@ -79,6 +81,17 @@ class OpInstance {
   virtual std::string Describe() const = 0;
 };
 
+// The OpInstance of an op whose GPU side reads its parsed attributes, `Options`.
+template <typename Options>
+class ParsedOp : public OpInstance {
+ public:
+  explicit ParsedOp(const Options& o) : o_(o) {}
+  const Options& options() const { return o_; }
+
+ protected:
+  Options o_;
+};
+
 struct OpDef {
   const char* name;  // the custom_code, e.g. as emitted by the Python passes
   // Parses and validates the attributes. Returns nullptr and sets *error on
@@ -87,9 +100,7 @@ struct OpDef {
                                         std::string* error);
 };
 
-// All ops of the library, and a lookup by custom_code (nullptr if unknown).
-const std::vector<const OpDef*>& AllOps();
-const OpDef* FindOp(const char* custom_code);
+// Every op folder registers its OpDef with DIFFLITE_REGISTER_OPS (registry.h).
 
 // Shared helpers for the op folders.
 std::string ExpectInputCount(const std::vector<TensorInfo>& inputs, size_t n);

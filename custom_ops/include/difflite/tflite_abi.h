@@ -17,7 +17,7 @@
 //     exactly sizeof(its struct) bytes from our argument),
 //   * the full size of `Tensor` only if one indexes Context::tensors directly;
 //     the delegate prefers Context::GetTensor and checks at run time that both
-//     agree (see delegate.cc: the ABI self-check).
+//     agree (delegate_util.cc: TensorAbiMatches).
 // The static_asserts at the end pin the offsets for LP64 targets (x86-64,
 // aarch64); tests/test_custom_ops_cpu.py exercises them against both runtimes.
 #ifndef DIFFLITE_TFLITE_ABI_H_

@@ -15,6 +15,7 @@
 
 #include "attention.h"
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 
 namespace difflite {
@@ -32,7 +33,7 @@ constexpr int kKeyBlock = 64;
 
 class Attention final : public attention::Parsed {
  public:
-  explicit Attention(const Options& o) : Parsed(o) {}
+  explicit Attention(const Options& o) : ParsedOp(o) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
@@ -202,9 +203,7 @@ std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
 
 }  // namespace
 
-const OpDef& AttentionOpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kAttentionOps[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kAttentionOps);
 
 }  // namespace difflite

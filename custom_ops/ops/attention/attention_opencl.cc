@@ -67,20 +67,16 @@
 #include <string>
 #include <vector>
 
-#include "../opencl_common.h"
+#include "common/kernel_util.h"
 #include "attention.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 
-namespace difflite {
+namespace difflite::gpu {
 namespace {
 
-using gpu::GpuContext;
-using gpu::GpuOp;
-using gpu::GpuTensor;
-using gpu::NodeView;
-using gpu::opsupport::Arg;
-using gpu::opsupport::CeilDiv;
-using gpu::opsupport::SetKernelArgs;
+using builtin::Arg;
+using builtin::CeilDiv;
 
 constexpr const char* kProgram = "attention";
 constexpr int kFlashMaxHead = 64;
@@ -312,11 +308,11 @@ class AttentionGpu final : public GpuOp {
     dv_ = v[2] / o.heads;
     storage_bytes_ = DTypeSize(ctx.storage());
     for (const Shape* s : {&q, &k, &v}) {
-      if (NumElements(*s) > gpu::opsupport::kMaxIndex) {
+      if (NumElements(*s) > builtin::kMaxIndex) {
         return "q, k or v has more than 2^31-1 elements";
       }
     }
-    if (static_cast<int64_t>(n_) * lq_ * v[2] > gpu::opsupport::kMaxIndex) {
+    if (static_cast<int64_t>(n_) * lq_ * v[2] > builtin::kMaxIndex) {
       return "the output has more than 2^31-1 elements";
     }
     const size_t local_mem = ctx.device().local_mem_bytes;
@@ -342,9 +338,9 @@ class AttentionGpu final : public GpuOp {
           (o.variant == "auto" && !wide_head &&
            Plan{Kernel::kFlash}.LocalBytes(dk_, dv_) <= local_mem / 2)));
     if (want_flash && PlanFlash(dk_, dv_, local_mem, ctx.device().max_work_group_size, &plan_)) {
-      e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_),
+      e = builtin::GetKernel(ctx, kProgram, "attn_flash", plan_.Options(dk_, dv_),
                                     &flash_k_);
-      const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, flash_k_) : 0;
+      const size_t wg = e.empty() ? ctx.KernelWorkGroupSize(flash_k_) : 0;
       if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(plan_.WorkGroup()))) {
         InitSplits(ctx);
         return "";
@@ -360,11 +356,11 @@ class AttentionGpu final : public GpuOp {
              std::to_string(dv_) + " exceed the device's local memory";
     }
     const std::string opts = plan_.Options(dk_, dv_);
-    e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_rowstats", opts, &stats_k_);
-    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_output", opts, &out_k_);
+    e = builtin::GetKernel(ctx, kProgram, "attn_rowstats", opts, &stats_k_);
+    if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "attn_output", opts, &out_k_);
     if (!e.empty()) return e;
     for (cl_kernel kk : {stats_k_, out_k_}) {
-      const size_t wg = gpu::opsupport::KernelMaxWorkGroup(ctx, kk);
+      const size_t wg = ctx.KernelWorkGroupSize(kk);
       if (wg != 0 && wg < static_cast<size_t>(plan_.WorkGroup())) {
         return "attention kernels accept work-groups of at most " + std::to_string(wg) +
                " (need " + std::to_string(plan_.WorkGroup()) + ")";
@@ -382,10 +378,10 @@ class AttentionGpu final : public GpuOp {
       return false;
     }
     cl_kernel k = nullptr;
-    if (!gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", f.Options(dk_, dv_), &k).empty()) {
+    if (!builtin::GetKernel(ctx, kProgram, "attn_flash", f.Options(dk_, dv_), &k).empty()) {
       return false;
     }
-    const size_t wg = gpu::opsupport::KernelMaxWorkGroup(ctx, k);
+    const size_t wg = ctx.KernelWorkGroupSize(k);
     return gpu::KernelPrivateBytes(ctx, k) == 0 &&
            (wg == 0 || wg >= static_cast<size_t>(f.WorkGroup()));
   }
@@ -406,10 +402,10 @@ class AttentionGpu final : public GpuOp {
     if (split.splits == 1) return;
     cl_kernel fk = nullptr, mk = nullptr;
     const std::string opts = split.Options(dk_, dv_);
-    std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_flash", opts, &fk);
-    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "attn_merge", opts, &mk);
-    const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, fk) : 0;
-    const size_t mwg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, mk) : 0;
+    std::string e = builtin::GetKernel(ctx, kProgram, "attn_flash", opts, &fk);
+    if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "attn_merge", opts, &mk);
+    const size_t wg = e.empty() ? ctx.KernelWorkGroupSize(fk) : 0;
+    const size_t mwg = e.empty() ? ctx.KernelWorkGroupSize(mk) : 0;
     const bool fits = (wg == 0 || wg >= static_cast<size_t>(split.WorkGroup())) &&
                       (mwg == 0 || mwg >= kMergeGroup);
     if (!e.empty() || !fits) return;
@@ -429,8 +425,8 @@ class AttentionGpu final : public GpuOp {
     for (int entry = -1; PlanWide(dk_, dv_, local_mem, max_wg, entry + 1, &w, &entry);) {
       cl_kernel kk = nullptr;
       const std::string e =
-          gpu::opsupport::GetKernel(ctx, kProgram, "attn_wide", w.Options(dk_, dv_), &kk);
-      const size_t wg = e.empty() ? gpu::opsupport::KernelMaxWorkGroup(ctx, kk) : 0;
+          builtin::GetKernel(ctx, kProgram, "attn_wide", w.Options(dk_, dv_), &kk);
+      const size_t wg = e.empty() ? ctx.KernelWorkGroupSize(kk) : 0;
       if (e.empty() && (wg == 0 || wg >= static_cast<size_t>(w.WorkGroup()))) {
         plan_ = w;
         wide_k_ = kk;
@@ -448,7 +444,7 @@ class AttentionGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
+    std::string e = builtin::CheckRunTensors(ctx, in, out, 3, 1);
     if (!e.empty()) return e;
     const gpu::ClApi& cl = ctx.cl();
     const cl_int lq = lq_, lk = lk_, h = o_.heads, dk = dk_, dv = dv_;
@@ -462,7 +458,7 @@ class AttentionGpu final : public GpuOp {
     if (plan_.kernel != Kernel::kPartial) {  // flash or wide: one kernel, same arguments
       const bool wide = plan_.kernel == Kernel::kWide;
       cl_kernel kk = wide ? wide_k_ : flash_k_;
-      e = SetKernelArgs(cl, kk,
+      e = SetArgs(cl, kk,
                         {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(out[0].mem),
                          Arg(lq), Arg(lk), Arg(h), Arg(scale), Arg(causal)});
       if (!e.empty()) return e;
@@ -471,14 +467,14 @@ class AttentionGpu final : public GpuOp {
     }
     cl_mem stats = ctx.Scratch(StatsBytes(), 0, &e);
     if (stats == nullptr) return "attention row statistics: " + e;
-    e = SetKernelArgs(cl, stats_k_,
+    e = SetArgs(cl, stats_k_,
                       {Arg(in[0].mem), Arg(in[1].mem), Arg(stats), Arg(lq), Arg(lk),
                        Arg(h), Arg(dk), Arg(scale), Arg(causal)});
     if (!e.empty()) return e;
     const size_t g1[3] = {rows, static_cast<size_t>(h), static_cast<size_t>(n_)};
     e = ctx.Enqueue(stats_k_, 3, g1, local, "attention.rowstats");
     if (!e.empty()) return e;
-    e = SetKernelArgs(cl, out_k_,
+    e = SetArgs(cl, out_k_,
                       {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(stats),
                        Arg(out[0].mem), Arg(lq), Arg(lk), Arg(h), Arg(dk), Arg(dv),
                        Arg(scale), Arg(causal)});
@@ -499,7 +495,7 @@ class AttentionGpu final : public GpuOp {
     if (part == nullptr) return "attention split partials: " + e;
     const cl_int lq = lq_, lk = lk_, h = o_.heads, causal = o_.causal ? 1 : 0;
     const cl_float scale = o_.scale;
-    e = SetKernelArgs(cl, flash_k_,
+    e = SetArgs(cl, flash_k_,
                       {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(part), Arg(lq),
                        Arg(lk), Arg(h), Arg(scale), Arg(causal)});
     if (!e.empty()) return e;
@@ -510,7 +506,7 @@ class AttentionGpu final : public GpuOp {
     e = ctx.Enqueue(flash_k_, 3, global, local, "attention.flash_split");
     if (!e.empty()) return e;
     const cl_int out_rows = SplitRows();
-    e = SetKernelArgs(cl, merge_k_, {Arg(part), Arg(o), Arg(out_rows)});
+    e = SetArgs(cl, merge_k_, {Arg(part), Arg(o), Arg(out_rows)});
     if (!e.empty()) return e;
     const size_t items = static_cast<size_t>(out_rows) * (Round4(dv_) / 4);  // a float4 each
     const size_t mglobal[1] = {static_cast<size_t>(CeilDiv(items, kMergeGroup)) * kMergeGroup};
@@ -539,30 +535,18 @@ class AttentionGpu final : public GpuOp {
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
-  const auto* parsed = dynamic_cast<const attention::Parsed*>(node.custom);
-  if (parsed == nullptr) {
-    *error = "not a parsed difflite.Attention node";
-    return nullptr;
-  }
-  std::vector<TensorInfo> outs;
-  std::string e = gpu::opsupport::InferAsFloat(*parsed, node.inputs, &outs);
-  std::unique_ptr<AttentionGpu> op(new AttentionGpu());
-  if (e.empty()) {
-    e = op->Init(parsed->options(), node.inputs[0].shape, node.inputs[1].shape,
-                 node.inputs[2].shape, ctx);
-  }
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
+  const auto* parsed = builtin::CheckedCustomNode<attention::Parsed>(node, error);
+  if (parsed == nullptr) return nullptr;
+  auto op = std::make_unique<AttentionGpu>();
+  *error = op->Init(parsed->options(), node.inputs[0].shape, node.inputs[1].shape,
+                    node.inputs[2].shape, ctx);
+  if (!error->empty()) return nullptr;
   return op;
 }
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuAttention;
-const GpuOpDef kGpuAttention = {attention::kOpName, &Create};
-}  // namespace gpu
+const GpuOpDef kGpuAttentionOps[] = {{attention::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuAttentionOps);
 
-}  // namespace difflite
+}  // namespace difflite::gpu

@@ -4,6 +4,7 @@
 
 #include "../gelu/gelu_math.h"
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "geglu.h"
 
@@ -11,7 +12,6 @@ namespace difflite {
 namespace {
 
 using geglu::kOpName;
-constexpr const char* kApproximate = "approximate";
 
 class GeGlu final : public geglu::Parsed {
  public:
@@ -19,9 +19,7 @@ class GeGlu final : public geglu::Parsed {
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
-    std::string e = ExpectInputCount(in, 1);
-    if (e.empty()) e = ExpectFloat32(in[0], "x");
-    if (e.empty()) e = ExpectPositiveDims(in[0], "x");
+    const std::string e = ExpectX(in);
     if (!e.empty()) return e;
     const Shape& x = in[0].shape;
     if (x.empty() || x.back() % 2 != 0) {
@@ -53,27 +51,15 @@ class GeGlu final : public geglu::Parsed {
     });
     return "";
   }
-
-  std::string Describe() const override {
-    return std::string(kApproximate) + "=" + gelu::ModeName(mode_);
-  }
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
-  gelu::Mode mode = gelu::Mode::kErf;
-  const std::string e = gelu::ReadModeAttribute(attrs, kApproximate, &mode);
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
-  return std::unique_ptr<OpInstance>(new GeGlu(mode));
+  return gelu::CreateModeOp<GeGlu>(attrs, geglu::kApproximate, error);
 }
 
 }  // namespace
 
-const OpDef& GeGluOpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kGeGluOps[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGeGluOps);
 
 }  // namespace difflite

@@ -11,14 +11,12 @@ namespace geglu {
 
 constexpr const char* kOpName = "difflite.GeGLU";
 
-// The OpInstance the op's Create returns; the GPU side reads mode().
-class Parsed : public OpInstance {
- public:
-  explicit Parsed(gelu::Mode m) : mode_(m) {}
-  gelu::Mode mode() const { return mode_; }
+constexpr const char* kApproximate = "approximate";
 
- protected:
-  gelu::Mode mode_;
+// The OpInstance the op's Create returns; the GPU side reads mode().
+class Parsed : public gelu::ModeOp {
+ public:
+  explicit Parsed(gelu::Mode m) : ModeOp(m, kApproximate) {}
 };
 
 }  // namespace geglu

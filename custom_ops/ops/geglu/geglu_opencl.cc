@@ -6,19 +6,16 @@
 #include <string>
 #include <vector>
 
-#include "../opencl_common.h"
+#include "common/kernel_util.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "geglu.h"
 
-namespace difflite {
+namespace difflite::gpu {
 namespace {
 
-using gpu::GpuContext;
-using gpu::GpuOp;
-using gpu::GpuTensor;
-using gpu::NodeView;
-using gpu::opsupport::Arg;
-using gpu::opsupport::CeilDiv;
+using builtin::Arg;
+using builtin::CeilDiv;
 
 constexpr size_t kGroup = 256;
 
@@ -29,9 +26,9 @@ class GeGluGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 1, 1);
+    std::string e = builtin::CheckRunTensors(ctx, in, out, 1, 1);
     if (e.empty()) {
-      e = gpu::opsupport::SetKernelArgs(
+      e = gpu::SetArgs(
           ctx.cl(), kernel_,
           {Arg(in[0].mem), Arg(out[0].mem), Arg(rows_), Arg(d_), Arg(mode_)});
     }
@@ -47,36 +44,22 @@ class GeGluGpu final : public GpuOp {
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
-  const auto* parsed = dynamic_cast<const geglu::Parsed*>(node.custom);
-  if (parsed == nullptr) {
-    *error = "not a parsed difflite.GeGLU node";
-    return nullptr;
-  }
-  std::vector<TensorInfo> outs;
-  std::string e = gpu::opsupport::InferAsFloat(*parsed, node.inputs, &outs);
-  int64_t rows = 0;
-  int d = 0;
-  if (e.empty()) {
-    d = node.inputs[0].shape.back() / 2;
-    rows = NumElements(node.inputs[0].shape) / (2 * static_cast<int64_t>(d));
-    if (NumElements(node.inputs[0].shape) > gpu::opsupport::kMaxIndex) {
-      e = "x has more than 2^31-1 elements";
-    }
+  const auto* parsed = builtin::CheckedCustomNode<geglu::Parsed>(node, error);
+  if (parsed == nullptr) return nullptr;
+  const int d = node.inputs[0].shape.back() / 2;
+  const int64_t rows = NumElements(node.inputs[0].shape) / (2 * static_cast<int64_t>(d));
+  if (NumElements(node.inputs[0].shape) > builtin::kMaxIndex) {
+    return builtin::Refuse(error, "x has more than 2^31-1 elements");
   }
   cl_kernel k = nullptr;
-  if (e.empty()) e = gpu::opsupport::GetKernel(ctx, "geglu", "geglu", "", &k);
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
+  *error = builtin::GetKernel(ctx, "geglu", "geglu", "", &k);
+  if (!error->empty()) return nullptr;
   return std::unique_ptr<GpuOp>(new GeGluGpu(k, rows, d, parsed->mode()));
 }
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuGeGlu;
-const GpuOpDef kGpuGeGlu = {geglu::kOpName, &Create};
-}  // namespace gpu
+const GpuOpDef kGpuGeGluOps[] = {{geglu::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuGeGluOps);
 
-}  // namespace difflite
+}  // namespace difflite::gpu

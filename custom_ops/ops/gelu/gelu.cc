@@ -3,6 +3,7 @@
 #include <string>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "gelu.h"
 #include "gelu_math.h"
@@ -11,7 +12,6 @@ namespace difflite {
 namespace {
 
 using gelu::kOpName;
-constexpr const char* kApproximate = "approximate";
 
 class Gelu final : public gelu::Parsed {
  public:
@@ -19,9 +19,7 @@ class Gelu final : public gelu::Parsed {
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
-    std::string e = ExpectInputCount(in, 1);
-    if (e.empty()) e = ExpectFloat32(in[0], "x");
-    if (e.empty()) e = ExpectPositiveDims(in[0], "x");
+    const std::string e = ExpectX(in);
     if (!e.empty()) return e;
     out->assign(1, TensorInfo{DType::kFloat32, in[0].shape, nullptr});
     return "";
@@ -39,27 +37,15 @@ class Gelu final : public gelu::Parsed {
                 });
     return "";
   }
-
-  std::string Describe() const override {
-    return std::string(kApproximate) + "=" + gelu::ModeName(mode_);
-  }
 };
 
 std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
-  gelu::Mode mode = gelu::Mode::kErf;
-  const std::string e = gelu::ReadModeAttribute(attrs, kApproximate, &mode);
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
-  return std::unique_ptr<OpInstance>(new Gelu(mode));
+  return gelu::CreateModeOp<Gelu>(attrs, gelu::kApproximate, error);
 }
 
 }  // namespace
 
-const OpDef& GeluOpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kGeluOps[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGeluOps);
 
 }  // namespace difflite

@@ -11,14 +11,12 @@ namespace gelu {
 
 constexpr const char* kOpName = "difflite.Gelu";
 
-// The OpInstance the op's Create returns; the GPU side reads mode().
-class Parsed : public OpInstance {
- public:
-  explicit Parsed(Mode m) : mode_(m) {}
-  Mode mode() const { return mode_; }
+constexpr const char* kApproximate = "approximate";
 
- protected:
-  Mode mode_;
+// The OpInstance the op's Create returns; the GPU side reads mode().
+class Parsed : public ModeOp {
+ public:
+  explicit Parsed(Mode m) : ModeOp(m, kApproximate) {}
 };
 
 }  // namespace gelu

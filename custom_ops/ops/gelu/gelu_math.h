@@ -1,12 +1,15 @@
-// The three GELU forms of difflite.Gelu / difflite.GeGLU, and the parser of
-// their `approximate` values. Shared by ops/gelu and ops/geglu.
+// The three GELU forms of difflite.Gelu / difflite.GeGLU, the parser of
+// their `approximate` values, and what else the two ops share. Shared by ops/gelu and ops/geglu.
 #ifndef DIFFLITE_OPS_GELU_MATH_H_
 #define DIFFLITE_OPS_GELU_MATH_H_
 
 #include <cmath>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "difflite/attrs.h"
+#include "difflite/op_api.h"
 
 namespace difflite {
 namespace gelu {
@@ -70,6 +73,39 @@ inline std::string ReadModeAttribute(const AttrMap& attrs, const char* key, Mode
     e = std::string(key) + " must be \"erf\", \"tanh\" or \"sigmoid\", got \"" + s + "\"";
   }
   return e;
+}
+
+// The OpInstance of a GELU-family op: its mode, read from its one attribute (`attribute`, as
+// the op folder spells it); the GPU sides read mode().
+class ModeOp : public OpInstance {
+ public:
+  ModeOp(Mode m, const char* attribute) : mode_(m), attribute_(attribute) {}
+  Mode mode() const { return mode_; }
+  std::string Describe() const override {
+    return std::string(attribute_) + "=" + ModeName(mode_);
+  }
+
+ protected:
+  // The one input both take: x, float32, of positive dims ("" or why not).
+  static std::string ExpectX(const std::vector<TensorInfo>& in) {
+    std::string e = ExpectInputCount(in, 1);
+    if (e.empty()) e = ExpectFloat32(in[0], "x");
+    if (e.empty()) e = ExpectPositiveDims(in[0], "x");
+    return e;
+  }
+
+  Mode mode_;
+  const char* attribute_;
+};
+
+// The OpDef::create of a GELU-family op `Op` (constructed from a Mode), whose attribute is `key`.
+template <typename Op>
+std::unique_ptr<OpInstance> CreateModeOp(const AttrMap& attrs, const char* key,
+                                         std::string* error) {
+  Mode mode = Mode::kErf;
+  *error = ReadModeAttribute(attrs, key, &mode);
+  if (!error->empty()) return nullptr;
+  return std::unique_ptr<OpInstance>(new Op(mode));
 }
 
 }  // namespace gelu

@@ -5,18 +5,15 @@
 #include <string>
 #include <vector>
 
-#include "../opencl_common.h"
+#include "common/kernel_util.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "gelu.h"
 
-namespace difflite {
+namespace difflite::gpu {
 namespace {
 
-using gpu::GpuContext;
-using gpu::GpuOp;
-using gpu::GpuTensor;
-using gpu::NodeView;
-using gpu::opsupport::Arg;
+using builtin::Arg;
 
 constexpr size_t kGroup = 256;
 
@@ -27,14 +24,14 @@ class GeluGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 1, 1);
+    std::string e = builtin::CheckRunTensors(ctx, in, out, 1, 1);
     if (e.empty()) {
-      e = gpu::opsupport::SetKernelArgs(
+      e = gpu::SetArgs(
           ctx.cl(), kernel_, {Arg(in[0].mem), Arg(out[0].mem), Arg(count_), Arg(mode_)});
     }
     if (!e.empty()) return e;
     const size_t global =
-        gpu::RoundUp(static_cast<size_t>(gpu::opsupport::CeilDiv(count_, 4)), kGroup);
+        gpu::RoundUp(static_cast<size_t>(builtin::CeilDiv(count_, 4)), kGroup);
     return ctx.Enqueue(kernel_, 1, &global, &kGroup, "gelu");
   }
 
@@ -45,31 +42,19 @@ class GeluGpu final : public GpuOp {
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
-  const auto* parsed = dynamic_cast<const gelu::Parsed*>(node.custom);
-  if (parsed == nullptr) {
-    *error = "not a parsed difflite.Gelu node";
-    return nullptr;
-  }
-  std::vector<TensorInfo> outs;
-  std::string e = gpu::opsupport::InferAsFloat(*parsed, node.inputs, &outs);
-  const int64_t count = e.empty() ? NumElements(node.inputs[0].shape) : 0;
-  if (e.empty() && count > gpu::opsupport::kMaxIndex - 4) {
-    e = "x has more than 2^31-5 elements";
-  }
+  const auto* parsed = builtin::CheckedCustomNode<gelu::Parsed>(node, error);
+  if (parsed == nullptr) return nullptr;
+  const int64_t count = NumElements(node.inputs[0].shape);
+  if (count > builtin::kMaxIndex - 4) return builtin::Refuse(error, "x has more than 2^31-5 elements");
   cl_kernel k = nullptr;
-  if (e.empty()) e = gpu::opsupport::GetKernel(ctx, "gelu", "gelu", "", &k);
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
+  *error = builtin::GetKernel(ctx, "gelu", "gelu", "", &k);
+  if (!error->empty()) return nullptr;
   return std::unique_ptr<GpuOp>(new GeluGpu(k, count, parsed->mode()));
 }
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuGelu;
-const GpuOpDef kGpuGelu = {gelu::kOpName, &Create};
-}  // namespace gpu
+const GpuOpDef kGpuGeluOps[] = {{gelu::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuGeluOps);
 
-}  // namespace difflite
+}  // namespace difflite::gpu

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "group_norm.h"
 
@@ -21,7 +22,7 @@ constexpr const char* kActivation = "activation";
 
 class GroupNorm final : public group_norm::Parsed {
  public:
-  explicit GroupNorm(const Options& o) : Parsed(o) {}
+  explicit GroupNorm(const Options& o) : ParsedOp(o) {}
 
   std::string Infer(const std::vector<TensorInfo>& in,
                     std::vector<TensorInfo>* out) const override {
@@ -177,9 +178,7 @@ std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
 
 }  // namespace
 
-const OpDef& GroupNormOpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kGroupNormOps[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGroupNormOps);
 
 }  // namespace difflite

@@ -17,14 +17,7 @@ struct Options {
 };
 
 // The OpInstance the op's Create returns; the GPU side reads options().
-class Parsed : public OpInstance {
- public:
-  explicit Parsed(const Options& o) : o_(o) {}
-  const Options& options() const { return o_; }
-
- protected:
-  Options o_;
-};
+using Parsed = ParsedOp<Options>;
 
 }  // namespace group_norm
 }  // namespace difflite

@@ -24,20 +24,16 @@
 #include <string>
 #include <vector>
 
-#include "../opencl_common.h"
+#include "common/kernel_util.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "group_norm.h"
 
-namespace difflite {
+namespace difflite::gpu {
 namespace {
 
-using gpu::GpuContext;
-using gpu::GpuOp;
-using gpu::GpuTensor;
-using gpu::NodeView;
-using gpu::opsupport::Arg;
-using gpu::opsupport::CeilDiv;
-using gpu::opsupport::SetKernelArgs;
+using builtin::Arg;
+using builtin::CeilDiv;
 
 constexpr const char* kProgram = "group_norm";
 constexpr int kColsGroup = 256;  // the split plan's largest work-group
@@ -254,7 +250,7 @@ class GroupNormGpu final : public GpuOp {
     c_ = x.back();
     spatial_ = NumElements(x) / (static_cast<int64_t>(n_) * c_);
     cg_ = c_ / o.groups;
-    if (NumElements(x) > gpu::opsupport::kMaxIndex) {
+    if (NumElements(x) > builtin::kMaxIndex) {
       return "x has more than 2^31-1 elements";
     }
     coop_ = PlanCoopFor(ctx, WorkGroupLimit(ctx, kCoopGroup));
@@ -275,7 +271,7 @@ class GroupNormGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1);
+    std::string e = builtin::CheckRunTensors(ctx, in, out, 3, 1);
     if (!e.empty()) return e;
     if (plan_kind_ == Plan::kOne) return RunOne(ctx, in, out);
     if (plan_kind_ == Plan::kCoop) return RunCoop(ctx, in, out);
@@ -287,14 +283,14 @@ class GroupNormGpu final : public GpuOp {
                  xb = plan_.xb, parts = plan_.Partials(), silu = o_.silu ? 1 : 0;
     const cl_float eps = o_.epsilon;
     const size_t local[3] = {static_cast<size_t>(plan_.lx), static_cast<size_t>(plan_.ly), 1};
-    e = SetKernelArgs(cl, stats_k_, {Arg(in[0].mem), Arg(partial), Arg(s), Arg(c), Arg(cg),
+    e = SetArgs(cl, stats_k_, {Arg(in[0].mem), Arg(partial), Arg(s), Arg(c), Arg(cg),
                                      Arg(groups), Arg(xb)});
     if (!e.empty()) return e;
     const size_t g1[3] = {static_cast<size_t>(plan_.cv), local[1] * plan_.ys,
                           static_cast<size_t>(n_)};
     e = ctx.Enqueue(stats_k_, 3, g1, local, "group_norm.stats");
     if (!e.empty()) return e;
-    e = SetKernelArgs(cl, apply_k_,
+    e = SetArgs(cl, apply_k_,
                       {Arg(in[0].mem), Arg(partial), Arg(in[1].mem), Arg(in[2].mem),
                        Arg(out[0].mem), Arg(s), Arg(c), Arg(cg), Arg(groups), Arg(xb),
                        Arg(parts), Arg(silu), Arg(eps)});
@@ -312,12 +308,12 @@ class GroupNormGpu final : public GpuOp {
     for (;;) {
       plan_ = PlanCols(n_, o_.groups, spatial_, c_, ctx.device().compute_units, limit);
       const std::string opts = plan_.Options();
-      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_stats_cols", opts, &stats_k_);
-      if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_apply_cols", opts, &apply_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_stats_cols", opts, &stats_k_);
+      if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "gn_apply_cols", opts, &apply_k_);
       if (!e.empty()) return e;
       size_t accepted = static_cast<size_t>(plan_.lx) * plan_.ly;
       for (cl_kernel k : {stats_k_, apply_k_}) {
-        const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, k);
+        const size_t kmax = ctx.KernelWorkGroupSize(k);
         if (kmax != 0) accepted = std::min(accepted, kmax);
       }
       if (accepted >= static_cast<size_t>(plan_.lx) * plan_.ly) return "";
@@ -339,9 +335,9 @@ class GroupNormGpu final : public GpuOp {
     for (;; wg_ /= 2) {
       const std::string opts = "-DGN_WG=" + std::to_string(wg_) + " -DGN_VW=" +
                                std::to_string(vw_) + " -DGN_UNROLL=" + std::to_string(kOneUnroll);
-      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_one", opts, &one_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_one", opts, &one_k_);
       if (!e.empty()) return e;
-      const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, one_k_);
+      const size_t kmax = ctx.KernelWorkGroupSize(one_k_);
       if (kmax == 0 || kmax >= wg_) return "";
       if (wg_ == 1) return "gn_one fits no work-group size";
     }
@@ -351,7 +347,7 @@ class GroupNormGpu final : public GpuOp {
                      const std::vector<GpuTensor>& out) {
     const cl_int s = static_cast<cl_int>(spatial_), c = c_, cg = cg_, silu = o_.silu ? 1 : 0;
     const cl_float eps = o_.epsilon;
-    std::string e = SetKernelArgs(ctx.cl(), one_k_,
+    std::string e = SetArgs(ctx.cl(), one_k_,
                                   {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem),
                                    Arg(out[0].mem), Arg(s), Arg(c), Arg(cg), Arg(silu), Arg(eps)});
     if (!e.empty()) return e;
@@ -369,9 +365,9 @@ class GroupNormGpu final : public GpuOp {
         plan_kind_ = Plan::kCoop;
         return InitCoop(ctx);
       }
-      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_rows", rows_.Options(), &rows_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_rows", rows_.Options(), &rows_k_);
       if (!e.empty()) return e;
-      const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, rows_k_);
+      const size_t kmax = ctx.KernelWorkGroupSize(rows_k_);
       if (kmax == 0 || kmax >= static_cast<size_t>(rows_.lx) * rows_.ly) return "";
       rows_ = PlanRows(n_, o_.groups, spatial_, c_, static_cast<int>(kmax));
     }
@@ -381,7 +377,7 @@ class GroupNormGpu final : public GpuOp {
                       const std::vector<GpuTensor>& out) {
     const cl_int n = n_, c = c_, silu = o_.silu ? 1 : 0;
     const cl_float eps = o_.epsilon;
-    std::string e = SetKernelArgs(ctx.cl(), rows_k_,
+    std::string e = SetArgs(ctx.cl(), rows_k_,
                                   {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem),
                                    Arg(out[0].mem), Arg(n), Arg(c), Arg(silu), Arg(eps)});
     if (!e.empty()) return e;
@@ -415,9 +411,9 @@ class GroupNormGpu final : public GpuOp {
         plan_kind_ = Plan::kOne;
         return InitOne(ctx);
       }
-      std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "gn_coop", coop_.Options(), &coop_k_);
+      std::string e = builtin::GetKernel(ctx, kProgram, "gn_coop", coop_.Options(), &coop_k_);
       if (!e.empty()) return e;
-      const size_t kmax = gpu::opsupport::KernelMaxWorkGroup(ctx, coop_k_);
+      const size_t kmax = ctx.KernelWorkGroupSize(coop_k_);
       if (kmax == 0 || kmax >= static_cast<size_t>(coop_.lx) * coop_.ly) break;
       coop_ = PlanCoopFor(ctx, static_cast<int>(kmax));
     }
@@ -439,7 +435,7 @@ class GroupNormGpu final : public GpuOp {
                  k = coop_.k, rows = coop_.rows, silu = o_.silu ? 1 : 0, spin = kCoopSpinLimit;
     const cl_float eps = o_.epsilon;
     const cl_uint tag = static_cast<cl_uint>(launches_ % 0xFFFFFFFFu) + 1;  // never 0
-    std::string e = SetKernelArgs(
+    std::string e = SetArgs(
         ctx.cl(), coop_k_,
         {Arg(in[0].mem), Arg(in[1].mem), Arg(in[2].mem), Arg(out[0].mem), Arg(coop_partial_),
          Arg(s), Arg(c), Arg(cg), Arg(groups), Arg(k), Arg(rows), Arg(silu), Arg(eps), Arg(tag),
@@ -476,27 +472,17 @@ class GroupNormGpu final : public GpuOp {
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
-  const auto* parsed = dynamic_cast<const group_norm::Parsed*>(node.custom);
-  if (parsed == nullptr) {
-    *error = "not a parsed difflite.GroupNorm node";
-    return nullptr;
-  }
-  std::vector<TensorInfo> outs;
-  std::string e = gpu::opsupport::InferAsFloat(*parsed, node.inputs, &outs);
-  std::unique_ptr<GroupNormGpu> op(new GroupNormGpu());
-  if (e.empty()) e = op->Init(parsed->options(), node.inputs[0].shape, ctx);
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
+  const auto* parsed = builtin::CheckedCustomNode<group_norm::Parsed>(node, error);
+  if (parsed == nullptr) return nullptr;
+  auto op = std::make_unique<GroupNormGpu>();
+  *error = op->Init(parsed->options(), node.inputs[0].shape, ctx);
+  if (!error->empty()) return nullptr;
   return op;
 }
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuGroupNorm;
-const GpuOpDef kGpuGroupNorm = {group_norm::kOpName, &Create};
-}  // namespace gpu
+const GpuOpDef kGpuGroupNormOps[] = {{group_norm::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuGroupNormOps);
 
-}  // namespace difflite
+}  // namespace difflite::gpu

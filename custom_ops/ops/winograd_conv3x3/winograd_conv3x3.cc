@@ -9,7 +9,7 @@
 //      buffer of that Run (36/9 of the filter's floats), freed when it returns:
 //      the op keeps no copy of the weights. (On the CPU backend a form-(b) filter
 //      that is a quantized constant never reaches this kernel: the delegate runs
-//      the node as a quantized 3x3 CONV_2D, delegate/cpu_claim.cc.)
+//      the node as a quantized 3x3 CONV_2D, delegate/cpu/quantized_claim.cc.)
 //
 // CPU kernel, the real algorithm: the output is cut into 4x4 tiles (the
 // border tiles of H, W not multiple of 4 read zeros and are cropped); each
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "difflite/op_api.h"
+#include "difflite/registry.h"
 #include "difflite/parallel.h"
 #include "winograd_conv3x3.h"
 
@@ -298,9 +299,7 @@ std::unique_ptr<OpInstance> Create(const AttrMap& attrs, std::string* error) {
 
 }  // namespace
 
-const OpDef& WinogradConv3x3OpDef() {
-  static const OpDef def{kOpName, &Create};
-  return def;
-}
+const OpDef kWinogradConv3x3Ops[] = {{kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kWinogradConv3x3Ops);
 
 }  // namespace difflite

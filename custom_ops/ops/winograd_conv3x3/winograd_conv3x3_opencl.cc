@@ -14,27 +14,23 @@
 #include <string>
 #include <vector>
 
-#include "../opencl_common.h"
+#include "common/kernel_util.h"
 #include "difflite/gpu_api.h"
+#include "difflite/registry.h"
 #include "matmul/gemm.h"
 #include "winograd_conv3x3.h"
 
-namespace difflite {
+namespace difflite::gpu {
 namespace {
 
-using gpu::GpuContext;
-using gpu::GpuOp;
-using gpu::GpuTensor;
-using gpu::NodeView;
-using gpu::builtin::WeightQuant;
-using gpu::opsupport::Arg;
-using gpu::opsupport::CeilDiv;
-using gpu::opsupport::SetKernelArgs;
+using builtin::WeightQuant;
+using builtin::Arg;
+using builtin::CeilDiv;
 
 constexpr const char* kProgram = "winograd_conv3x3";
 constexpr size_t kTransformGroup = 128;
 constexpr int kFilterSlot = 3;  // U of the filter form (V, M and split-K hold 0, 1 and 2)
-static_assert(gpu::builtin::kSplitKSlot != kFilterSlot, "split-K scratch would overwrite U");
+static_assert(builtin::kSplitKSlot != kFilterSlot, "split-K scratch would overwrite U");
 
 class WinogradGpu final : public GpuOp {
  public:
@@ -50,7 +46,7 @@ class WinogradGpu final : public GpuOp {
     tiles_h_ = static_cast<int>(CeilDiv(h_, winograd::kTileOut));
     tiles_w_ = static_cast<int>(CeilDiv(w_, winograd::kTileOut));
     const int64_t t = static_cast<int64_t>(n_) * tiles_h_ * tiles_w_;
-    const int64_t kMax = gpu::opsupport::kMaxIndex;
+    const int64_t kMax = builtin::kMaxIndex;
     // V and M are indexed with ints across all 36 positions (gemm.cl's batch offsets).
     if (winograd::kPositions * t * std::max(cin_, cout_) > kMax ||
         static_cast<int64_t>(n_) * h_ * w_ * std::max(cin_, cout_) > kMax) {
@@ -61,14 +57,14 @@ class WinogradGpu final : public GpuOp {
     if (filter_ && static_cast<int64_t>(winograd::kPositions) * cin_ * cout_ > kMax) {
       return "a filter of more than 2^31-1 transformed elements";
     }
-    std::string e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
-    if (e.empty()) e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
+    std::string e = builtin::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
+    if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
     if (e.empty() && filter_) {
-      e = gpu::opsupport::GetKernel(ctx, kProgram, "wino_filter", wq_.Options(), &filter_k_);
+      e = builtin::GetKernel(ctx, kProgram, "wino_filter", wq_.Options(), &filter_k_);
     }
     if (!e.empty()) return e;
     // M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout), batched over the 36 positions p.
-    gpu::builtin::GemmShape s;
+    builtin::GemmShape s;
     s.m = t_;
     s.n = cout_;
     s.k = cin_;
@@ -85,7 +81,7 @@ class WinogradGpu final : public GpuOp {
     if (!e.empty()) return "winograd GEMM: " + e;
     // Scratch slots 0 and 1 hold V and M. The GEMM's slot-0 copy of a k-major B (CPU-like
     // devices) never happens here, U being n-major; its split-K partials use kSplitKSlot.
-    static_assert(gpu::builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
+    static_assert(builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
     if (gemm_.TransposedBBytes() != 0) {
       return "winograd GEMM: wants scratch slot 0, which holds V";
     }
@@ -99,7 +95,7 @@ class WinogradGpu final : public GpuOp {
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
-    std::string e = gpu::opsupport::CheckRunTensors(ctx, in, out, 3, 1, wq_.on() ? 1 : -1);
+    std::string e = builtin::CheckRunTensors(ctx, in, out, 3, 1, wq_.on() ? 1 : -1);
     if (!e.empty()) return e;
     cl_mem v = ctx.Scratch(VBytes(), 0, &e);
     if (v == nullptr) return "winograd V: " + e;
@@ -115,7 +111,7 @@ class WinogradGpu final : public GpuOp {
     const gpu::ClApi& cl = ctx.cl();
     const cl_int h = h_, w = w_, cin = cin_, cout = cout_, th = tiles_h_, tw = tiles_w_,
                  t = t_;
-    e = SetKernelArgs(cl, input_k_,
+    e = SetArgs(cl, input_k_,
                       {Arg(in[0].mem), Arg(v), Arg(h), Arg(w), Arg(cin), Arg(th), Arg(tw),
                        Arg(t)});
     if (!e.empty()) return e;
@@ -124,7 +120,7 @@ class WinogradGpu final : public GpuOp {
     if (!e.empty()) return e;
     e = gemm_.Run(ctx, v, u, nullptr, m, "winograd.gemm");
     if (!e.empty()) return e;
-    e = SetKernelArgs(cl, output_k_,
+    e = SetArgs(cl, output_k_,
                       {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout),
                        Arg(th), Arg(tw), Arg(t)});
     if (!e.empty()) return e;
@@ -135,7 +131,7 @@ class WinogradGpu final : public GpuOp {
  private:
   // U = G g G^T of the filter `w` into `u`.
   std::string TransformFilter(GpuContext& ctx, const GpuTensor& w, cl_mem u) const {
-    gpu::builtin::Args args;
+    builtin::Args args;
     args.Mem(w.mem).Mem(u).Int(cin_).Int(cout_);
     std::string e = wq_.AppendArgs(args, w.scales).Set(ctx.cl(), filter_k_);
     if (!e.empty()) return e;
@@ -157,38 +153,26 @@ class WinogradGpu final : public GpuOp {
   bool filter_ = false;
   WeightQuant wq_;
   cl_kernel input_k_ = nullptr, output_k_ = nullptr, filter_k_ = nullptr;
-  gpu::builtin::Gemm gemm_;
+  builtin::Gemm gemm_;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
-  if (node.custom == nullptr) {
-    *error = "not a parsed difflite.WinogradConv3x3 node";
-    return nullptr;
-  }
-  std::vector<TensorInfo> outs;
-  std::string e = gpu::opsupport::InferAsFloat(*node.custom, node.inputs, &outs);
-  std::unique_ptr<WinogradGpu> op(new WinogradGpu());
-  if (e.empty()) {
-    // InferAsFloat checked the shapes: [36, Cin, Cout] (transformed) or [Cout, 3, 3, Cin].
-    const TensorInfo& w = node.inputs[1];
-    const bool filter = w.shape.size() == 4;
-    const int cin = node.inputs[0].shape[3];
-    const int cout = filter ? w.shape[0] : w.shape[2];
-    const WeightQuant wq = filter ? WeightQuant::Of(w, cout, 9 * cin, false) : WeightQuant();
-    e = op->Init(node.inputs[0].shape, cout, filter, wq, ctx);
-  }
-  if (!e.empty()) {
-    *error = e;
-    return nullptr;
-  }
+  if (builtin::CheckedCustomNode<OpInstance>(node, error) == nullptr) return nullptr;
+  // The op's Infer checked the shapes: [36, Cin, Cout] (transformed) or [Cout, 3, 3, Cin].
+  const TensorInfo& w = node.inputs[1];
+  const bool filter = w.shape.size() == 4;
+  const int cin = node.inputs[0].shape[3];
+  const int cout = filter ? w.shape[0] : w.shape[2];
+  const WeightQuant wq = filter ? WeightQuant::Of(w, cout, 9 * cin, false) : WeightQuant();
+  auto op = std::make_unique<WinogradGpu>();
+  *error = op->Init(node.inputs[0].shape, cout, filter, wq, ctx);
+  if (!error->empty()) return nullptr;
   return op;
 }
 
 }  // namespace
 
-namespace gpu {
-extern const GpuOpDef kGpuWinogradConv3x3;
-const GpuOpDef kGpuWinogradConv3x3 = {winograd::kOpName, &Create};
-}  // namespace gpu
+const GpuOpDef kGpuWinogradConv3x3Ops[] = {{winograd::kOpName, &Create}};
+DIFFLITE_REGISTER_OPS(kGpuWinogradConv3x3Ops);
 
-}  // namespace difflite
+}  // namespace difflite::gpu

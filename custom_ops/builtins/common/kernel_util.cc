@@ -1,4 +1,4 @@
-#include "common/builtin_util.h"
+#include "common/kernel_util.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,6 +6,11 @@
 #include "opencl/half.h"
 
 namespace difflite::gpu::builtin {
+
+std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why) {
+  *error = why;
+  return nullptr;
+}
 
 std::string ExpectCounts(const NodeView& node, size_t min_in, size_t max_in,
                          size_t outputs) {
@@ -91,11 +96,8 @@ void IndexSpace::Collapse() {
 }
 
 Args& Args::Value(const void* data, size_t size) {
-  Arg a;
-  a.size = size;
   const auto* bytes = static_cast<const unsigned char*>(data);
-  a.bytes.assign(bytes, bytes + size);
-  args_.push_back(std::move(a));
+  args_.emplace_back(bytes, bytes + size);
   return *this;
 }
 
@@ -123,20 +125,10 @@ Args& Args::Int4(const std::vector<int>& v, int fill) {
   return Value(&c, sizeof(c));
 }
 
-Args& Args::Local(size_t bytes) {
-  Arg a;
-  a.size = bytes;
-  a.local = true;
-  args_.push_back(std::move(a));
-  return *this;
-}
-
 std::string Args::Set(const ClApi& cl, cl_kernel kernel) const {
   std::vector<std::pair<size_t, const void*>> raw;
   raw.reserve(args_.size());
-  for (const Arg& a : args_) {
-    raw.emplace_back(a.size, a.local ? nullptr : static_cast<const void*>(a.bytes.data()));
-  }
+  for (const auto& bytes : args_) raw.emplace_back(bytes.size(), bytes.data());
   return SetArgs(cl, kernel, raw);
 }
 
@@ -167,6 +159,12 @@ std::string Launch1D(GpuContext& ctx, cl_kernel kernel, size_t n, size_t local,
   if (n == 0) return "";
   const size_t global = RoundUp(n, local);
   return ctx.Enqueue(kernel, 1, &global, &local, label);
+}
+
+std::string LaunchGroups(GpuContext& ctx, cl_kernel kernel, size_t groups, size_t group,
+                         const char* label) {
+  const size_t global = groups * group;
+  return ctx.Enqueue(kernel, 1, &global, &group, label);
 }
 
 const char* CopyType(DType storage) {
@@ -213,7 +211,7 @@ std::string StridedCopy::Init(GpuContext& ctx, DType storage, IndexSpace space,
   elem_bytes_ = DTypeSize(storage);
   plain_ = space.rank() == 1 && src_str_[0] == 1 && dst_str_[0] == 1;
   if (plain_) return "";
-  rows_ = PreferFlatKernels(ctx) && src_str_.back() == 1 && dst_str_.back() == 1 &&
+  rows_ = ctx.PreferFlatKernels() && src_str_.back() == 1 && dst_str_.back() == 1 &&
           dims_.back() >= 16;
   const int width =
       rows_ ? 1 : CopyWidth(dims_, src_str_, dst_str_, src_off, dst_off, elem_bytes_);
@@ -315,8 +313,6 @@ std::string OwnedBuffer::Allocate(GpuContext& ctx, size_t bytes) {
   return "";
 }
 
-bool PreferFlatKernels(GpuContext& ctx) { return ctx.PreferFlatKernels(); }
-
 std::string FillValue(GpuContext& ctx, cl_mem mem, DType storage, float value,
                       size_t offset_elems, size_t count) {
   if (count == 0) return "";
@@ -335,6 +331,49 @@ std::string FillValue(GpuContext& ctx, cl_mem mem, DType storage, float value,
                                      0, nullptr, nullptr);
   }
   if (err != CL_SUCCESS) return "clEnqueueFillBuffer: error " + std::to_string(err);
+  return "";
+}
+
+std::string ExpectFloatTensor(const TensorInfo& t, const char* what) {
+  if (t.dtype == DType::kFloat32 || t.dtype == DType::kFloat16) return "";
+  return std::string(what) + " must be float32 or float16, got " + DTypeName(t.dtype);
+}
+
+std::string InferAsFloat(const OpInstance& op, const std::vector<TensorInfo>& inputs,
+                         std::vector<TensorInfo>* outputs) {
+  std::vector<TensorInfo> as_float = inputs;
+  for (size_t i = 0; i < as_float.size(); ++i) {
+    std::string e = ExpectFloatTensor(as_float[i], ("input " + std::to_string(i)).c_str());
+    if (!e.empty()) return e;
+    as_float[i].dtype = DType::kFloat32;
+  }
+  return op.Infer(as_float, outputs);
+}
+
+std::string CheckRunTensors(const GpuContext& ctx, const std::vector<GpuTensor>& inputs,
+                            const std::vector<GpuTensor>& outputs, size_t n_in, size_t n_out,
+                            int quantized) {
+  if (inputs.size() != n_in || outputs.size() != n_out) {
+    return "expects " + std::to_string(n_in) + " inputs and " + std::to_string(n_out) +
+           " outputs, got " + std::to_string(inputs.size()) + " and " +
+           std::to_string(outputs.size());
+  }
+  const DType storage = ctx.storage();
+  for (size_t i = 0; i < inputs.size() + outputs.size(); ++i) {
+    const bool is_in = i < inputs.size();
+    const GpuTensor& t = is_in ? inputs[i] : outputs[i - inputs.size()];
+    const std::string what =
+        (is_in ? "input " : "output ") + std::to_string(is_in ? i : i - inputs.size());
+    if (t.mem == nullptr) return what + " has no device buffer";
+    if (static_cast<int>(i) == quantized && (t.dtype == DType::kInt8 || t.dtype == DType::kInt4)) {
+      if (t.scales == nullptr) return what + " is quantized without scales";
+      continue;
+    }
+    if (t.dtype != storage) {
+      return what + " is stored as " + DTypeName(t.dtype) + " but the kernels were built for " +
+             DTypeName(storage);
+    }
+  }
   return "";
 }
 

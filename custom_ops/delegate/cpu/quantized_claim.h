@@ -1,9 +1,9 @@
-// The builtins the CPU backend claims besides the difflite custom ops (cpu_claim.cc): every
+// The builtins the CPU backend claims besides the difflite custom ops (quantized_claim.cc): every
 // FULLY_CONNECTED and CONV_2D whose weight is a quantized constant, every GATHER of a quantized
 // table's rows, and that weight's chain; and every difflite.WinogradConv3x3 whose w is a
 // quantized 3x3 filter [Cout, 3, 3, Cin], run as that quantized CONV_2D (not by the op registry).
-#ifndef DIFFLITE_DELEGATE_CPU_CLAIM_H_
-#define DIFFLITE_DELEGATE_CPU_CLAIM_H_
+#ifndef DIFFLITE_DELEGATE_CPU_QUANTIZED_CLAIM_H_
+#define DIFFLITE_DELEGATE_CPU_QUANTIZED_CLAIM_H_
 
 #include <map>
 #include <memory>
@@ -44,4 +44,4 @@ std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(tfl::Conte
 
 }  // namespace difflite
 
-#endif  // DIFFLITE_DELEGATE_CPU_CLAIM_H_
+#endif  // DIFFLITE_DELEGATE_CPU_QUANTIZED_CLAIM_H_

@@ -1,4 +1,4 @@
-// The list of ops the library knows, and shared helpers of op_api.h.
+// The helpers op_api.h declares (types, shapes, the ops' shared input checks).
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -6,29 +6,6 @@
 #include "difflite/op_api.h"
 
 namespace difflite {
-
-// Defined in custom_ops/ops/<op>/.
-const OpDef& GroupNormOpDef();
-const OpDef& GeluOpDef();
-const OpDef& GeGluOpDef();
-const OpDef& AttentionOpDef();
-const OpDef& WinogradConv3x3OpDef();
-
-const std::vector<const OpDef*>& AllOps() {
-  static const std::vector<const OpDef*> ops = {
-      &GroupNormOpDef(), &GeluOpDef(), &GeGluOpDef(), &AttentionOpDef(),
-      &WinogradConv3x3OpDef(),
-  };
-  return ops;
-}
-
-const OpDef* FindOp(const char* custom_code) {
-  if (custom_code == nullptr) return nullptr;
-  for (const OpDef* op : AllOps()) {
-    if (std::strcmp(op->name, custom_code) == 0) return op;
-  }
-  return nullptr;
-}
 
 const char* DTypeName(DType t) {
   switch (t) {

@@ -1,12 +1,16 @@
-// Shared helpers of the builtin GPU ops (builtins/<op>/): checking a node's
-// tensors, reading constant int inputs, collapsing strided index spaces, and
-// launching 1-D kernels with device-derived work-group sizes.
-#ifndef DIFFLITE_BUILTINS_BUILTIN_UTIL_H_
-#define DIFFLITE_BUILTINS_BUILTIN_UTIL_H_
+// The kernel helpers of every GPU op, builtin (builtins/<op>/) or difflite op
+// (ops/<op>/<op>_opencl.cc): checking a node's tensors, reading constant int
+// inputs, collapsing strided index spaces, setting kernel arguments, and
+// launching 1-D kernels with device-derived work-group sizes. (The OpenCL C
+// helpers are .cl files: common/*.cl here and ops/common/*.cl.)
+#ifndef DIFFLITE_BUILTINS_COMMON_KERNEL_UTIL_H_
+#define DIFFLITE_BUILTINS_COMMON_KERNEL_UTIL_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "difflite/gpu_api.h"
@@ -17,10 +21,18 @@ namespace difflite::gpu::builtin {
 // The most dimensions an index-space kernel takes (int8 vector arguments).
 constexpr int kMaxRank = 8;
 
+// Largest element count a kernel indexes with 32-bit ints.
+constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 template <typename T>
 const T* Params(const NodeView& node) {
   return static_cast<const T*>(node.builtin_data);
 }
+
+// A factory's refusal: *error = why, and no op.
+std::unique_ptr<GpuOp> Refuse(std::string* error, const std::string& why);
 
 // "" or the reason, naming the op.
 std::string ExpectCounts(const NodeView& node, size_t min_in, size_t max_in,
@@ -50,7 +62,13 @@ struct IndexSpace {
   int rank() const { return static_cast<int>(dims.size()); }
 };
 
-// Kernel arguments, in order.
+// One by-value kernel argument for SetArgs (gpu_api.h): {sizeof(value), &value}.
+template <typename T>
+std::pair<size_t, const void*> Arg(const T& value) {
+  return {sizeof(T), &value};
+}
+
+// Kernel arguments, in order, held by value.
 class Args {
  public:
   Args& Mem(cl_mem m);
@@ -58,17 +76,11 @@ class Args {
   Args& Float(float v);
   Args& Int8(const std::vector<int>& v, int fill = 0);  // padded to 8 with `fill`
   Args& Int4(const std::vector<int>& v, int fill = 0);  // padded to 4
-  Args& Local(size_t bytes);
   std::string Set(const ClApi& cl, cl_kernel kernel) const;
 
  private:
   Args& Value(const void* data, size_t size);  // a by-value argument of `size` bytes
-  struct Arg {
-    size_t size;
-    std::vector<unsigned char> bytes;
-    bool local = false;
-  };
-  std::vector<Arg> args_;
+  std::vector<std::vector<unsigned char>> args_;  // each argument's bytes
 };
 
 // A kernel of the backend's program cache; "" or the reason.
@@ -80,6 +92,10 @@ size_t Local1D(GpuContext& ctx, cl_kernel kernel, size_t preferred = 64);
 // n work-items in groups of `local` (global rounded up; the kernel bounds-checks).
 std::string Launch1D(GpuContext& ctx, cl_kernel kernel, size_t n, size_t local,
                      const char* label);
+
+// `groups` work-groups of `group` items each, in one dimension.
+std::string LaunchGroups(GpuContext& ctx, cl_kernel kernel, size_t groups, size_t group,
+                         const char* label);
 
 // The copy/fill element type for a storage type ("uint" or "ushort").
 const char* CopyType(DType storage);
@@ -127,9 +143,35 @@ class OwnedBuffer {
   size_t bytes_ = 0;
 };
 
-// GpuContext::PreferFlatKernels(): kernels without local memory and barriers
-// (CPU-like OpenCL devices such as PoCL), else tiled local-memory kernels.
-bool PreferFlatKernels(GpuContext& ctx);
+// A difflite op's GPU side (ops/<op>/<op>_opencl.cc):
+// "" when the model tensor is float32 or float16 (the GPU kernels store
+// either, as the backend's storage type).
+std::string ExpectFloatTensor(const TensorInfo& t, const char* what);
+// Runs the op's own shape check (OpInstance::Infer, the CPU side's single
+// definition of the op's shape rules) with float16 tensors presented as
+// float32, since the GPU kernels take either. Fills `outputs`.
+std::string InferAsFloat(const OpInstance& op, const std::vector<TensorInfo>& inputs,
+                         std::vector<TensorInfo>* outputs);
+// What every difflite op's GPU factory checks first: the node's parsed op is a `Parsed`, and
+// its tensors pass InferAsFloat. The parsed op, or nullptr and *error.
+template <typename Parsed>
+const Parsed* CheckedCustomNode(const NodeView& node, std::string* error) {
+  const auto* parsed = dynamic_cast<const Parsed*>(node.custom);
+  if (parsed == nullptr) {
+    *error = std::string("not a parsed ") + node.op_name + " node";
+    return nullptr;
+  }
+  std::vector<TensorInfo> outputs;
+  *error = InferAsFloat(*parsed, node.inputs, &outputs);
+  return error->empty() ? parsed : nullptr;
+}
+// Checks what Run receives: the expected counts, a buffer for each tensor,
+// and the backend's storage type everywhere (kernels are built for it), except
+// for input `quantized` (if >= 0), which may also come as int8 / int4 with its
+// scales (an op that ReadsQuantized it).
+std::string CheckRunTensors(const GpuContext& ctx, const std::vector<GpuTensor>& inputs,
+                            const std::vector<GpuTensor>& outputs, size_t n_in, size_t n_out,
+                            int quantized = -1);
 
 // Fills `count` elements at `offset` with the bit pattern of `value` in the
 // storage type (float32 / half / int32).
@@ -138,4 +180,4 @@ std::string FillValue(GpuContext& ctx, cl_mem mem, DType storage, float value,
 
 }  // namespace difflite::gpu::builtin
 
-#endif  // DIFFLITE_BUILTINS_BUILTIN_UTIL_H_
+#endif  // DIFFLITE_BUILTINS_COMMON_KERNEL_UTIL_H_

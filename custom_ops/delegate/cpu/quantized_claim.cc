@@ -1,11 +1,11 @@
-// The CPU backend's builtins (cpu_claim.h): FULLY_CONNECTED and CONV_2D reading a quantized
+// The CPU backend's builtins (quantized_claim.h): FULLY_CONNECTED and CONV_2D reading a quantized
 // weight as the model stores it, GATHER of a quantized table's rows (the int4 mix's token
 // embedding: int8 rows of per-tensor scale 1), and the folded chain each comes through. A
 // difflite.WinogradConv3x3 whose w is the 3x3 filter itself ([Cout, 3, 3, Cin], the contract's
 // second form) coming through such a chain is claimed here too and runs as that quantized 3x3
 // CONV_2D (SAME, stride 1, bias input 2): the same function, read from the model's integers. Any
 // other WinogradConv3x3 (transformed weights, or a float filter) is a custom op of the op registry
-// (delegate.cc), as is one refused here (it then reads TFLite's float32 DEQUANTIZE of the filter).
+// (cpu/claim.cc), as is one refused here (it then reads TFLite's float32 DEQUANTIZE of the filter).
 //
 // What `convert --weights int8|int4` writes (compiler/tflite/quantize.py), and what is folded:
 //  * int8: DEQUANTIZE of an INT8 constant, zero points 0, one scale per tensor or per index of
@@ -17,17 +17,17 @@
 // Each folded tensor is the float32 value TFLite would compute, described by the model's bytes
 // (cpu::QuantWeight: the integers, the scales, how many consecutive values share one).
 //
-// Why the folded nodes are claimed at all, and never produce anything: TFLite computes a
-// DEQUANTIZE of a constant once, into a float32 tensor it keeps (4x an int8 weight, 8x an int4
-// one), and XNNPACK packs a float copy of its own. Claimed, the nodes are the delegate's; its
-// partitions give their outputs no storage (delegate.cc). TFLite's partitioner is greedy: every
-// DEQUANTIZE of a constant is ready at the start and lands in the first partition while its
-// reader lands in a later one (TFLite's builtins run between them on this backend), so the
-// weights cross partitions as partition outputs, which TFLite would allocate: they are given 0
-// bytes and no data at Prepare, which the arena plans as nothing and Invoke accepts (it refuses
-// only an input with bytes and no data). Only claimed nodes read them, and those read the
-// model's integers. A folded tensor any other node reads, or a graph output, is left to TFLite.
-#include "cpu_claim.h"
+// Why the folded nodes are claimed at all, and never produce anything: TFLite computes a DEQUANTIZE
+// of a constant once, into a float32 tensor it keeps (4x an int8 weight, 8x an int4 one), and
+// XNNPACK packs a float copy of its own. Claimed, the nodes are the delegate's; its partitions give
+// their outputs no storage (partition_plan.cc). TFLite's partitioner is greedy: every DEQUANTIZE of
+// a constant is ready at the start and lands in the first partition while its reader lands in a
+// later one (TFLite's builtins run between them on this backend), so the weights cross partitions
+// as partition outputs, which TFLite would allocate: they are given 0 bytes and no data at Prepare,
+// which the arena plans as nothing and Invoke accepts (it refuses only an input with bytes and no
+// data). Only claimed nodes read them, and those read the model's integers. A folded tensor any
+// other node reads, or a graph output, is left to TFLite.
+#include "cpu/quantized_claim.h"
 
 #include <climits>
 #include <cmath>
@@ -48,24 +48,9 @@ using tfl::Node;
 using tfl::Registration;
 using tfl::Tensor;
 
-constexpr int32_t kConv2d = static_cast<int32_t>(tfl::BuiltinOp::kConv2d);
 constexpr int32_t kDequantize = static_cast<int32_t>(tfl::BuiltinOp::kDequantize);
-constexpr int32_t kFullyConnected = static_cast<int32_t>(tfl::BuiltinOp::kFullyConnected);
-constexpr int32_t kGather = static_cast<int32_t>(tfl::BuiltinOp::kGather);
 constexpr int32_t kMul = static_cast<int32_t>(tfl::BuiltinOp::kMul);
 constexpr int32_t kReshape = static_cast<int32_t>(tfl::BuiltinOp::kReshape);
-
-const char* BuiltinName(int32_t code) {
-  switch (code) {
-    case kConv2d: return "CONV_2D";
-    case kDequantize: return "DEQUANTIZE";
-    case kFullyConnected: return "FULLY_CONNECTED";
-    case kGather: return "GATHER";
-    case kMul: return "MUL";
-    case kReshape: return "RESHAPE";
-    default: return "builtin";
-  }
-}
 
 // A folded tensor: quantized values with their scales (`q`: n and k unset, the value flat), or
 // float block scales (a folded float16 DEQUANTIZE).
@@ -311,11 +296,11 @@ std::string Inputs(const std::vector<TensorInfo>& ins) {
   return s;
 }
 
-// The input a reader of a quantized weight reads it as: FULLY_CONNECTED's and CONV_2D's weight,
-// GATHER's params (WinogradConv3x3's w is input 1 too).
-int WeightInput(int32_t code) { return code == kGather ? 0 : 1; }
-
-bool IsReader(int32_t code) { return code == kFullyConnected || code == kConv2d || code == kGather; }
+// The CPU op that runs a builtin node reading a quantized weight (FULLY_CONNECTED, CONV_2D,
+// GATHER); nullptr for any other code.
+const cpu::QuantizedOpDef* QuantizedReader(int32_t code) {
+  return OpRegistry<cpu::QuantizedOpDef>::Find(BuiltinName(code));
+}
 
 // A difflite.WinogradConv3x3 node (custom code).
 bool IsWinograd(const Registration* reg) {
@@ -366,34 +351,20 @@ std::string InferReader(Context* ctx, const Node* node, const CpuBuiltinNode& cn
   return "";
 }
 
-// A FULLY_CONNECTED / CONV_2D / GATHER whose weight (WeightInput) is the folded `w`: its op, and
-// the inputs its Infer accepted ("" or why not).
-std::string ClaimReader(Context* ctx, int32_t code, const Node* node, const Folded& w,
-                        CpuBuiltinNode* cn, std::string* log) {
+// A FULLY_CONNECTED / CONV_2D / GATHER (`def`) whose weight is the folded `w`: its op, and the
+// inputs its Infer accepted ("" or why not).
+std::string ClaimReader(Context* ctx, const cpu::QuantizedOpDef& def, const Node* node,
+                        const Folded& w, CpuBuiltinNode* cn, std::string* log) {
   const std::vector<int> ins = ToVector(node->inputs);
-  cpu::QuantWeight q = w.q;
-  std::string why;
-  if (code == kGather) {
-    if (ins.size() != 2) return "expects 2 inputs, got " + std::to_string(ins.size());
-    if (w.shape.size() < 2) return "params " + ShapeToString(w.shape) + " are not a table of rows";
-    q.n = w.shape[0];
-    q.k = NumElements(w.shape) / w.shape[0];
-    cn->op = cpu::CreateQuantizedGather(node->builtin_data, q, w.shape, &why);
-  } else if (ins.size() != 2 && ins.size() != 3) {
-    return "expects 2 or 3 inputs, got " + std::to_string(ins.size());
-  } else if (code == kFullyConnected) {
-    if (w.shape.size() != 2) return "weights " + ShapeToString(w.shape) + " are not 2-D";
-    q.n = w.shape[0];
-    q.k = w.shape[1];
-    cn->op = cpu::CreateQuantizedFullyConnected(node->builtin_data, q, &why);
-  } else {
-    if (w.shape.size() != 4) return "filter " + ShapeToString(w.shape) + " is not 4-D";
-    q.n = w.shape[0];
-    q.k = static_cast<int64_t>(w.shape[1]) * w.shape[2] * w.shape[3];
-    cn->op = cpu::CreateQuantizedConv2d(node->builtin_data, q, w.shape, &why);
+  if (ins.size() < def.min_inputs || ins.size() > def.max_inputs) {
+    return "expects " + std::to_string(def.min_inputs) +
+           (def.max_inputs != def.min_inputs ? " or " + std::to_string(def.max_inputs) : "") +
+           " inputs, got " + std::to_string(ins.size());
   }
+  std::string why;
+  cn->op = def.create(node->builtin_data, w.q, w.shape, &why);
   if (cn->op == nullptr) return why;
-  cn->weight_input = WeightInput(code);
+  cn->weight_input = def.weight_input;
   cn->weight_info = TensorInfo{DType::kFloat32, w.shape, nullptr};
   std::vector<TensorInfo> infos;
   why = ReaderInputs(ctx, ins, *cn, true, &infos);
@@ -409,21 +380,15 @@ std::string ClaimWinograd(Context* ctx, const Node* node, const Folded& w, CpuBu
   std::string why;
   const std::unique_ptr<OpInstance> contract = ParseCustomNode(node, winograd::kOpName, &why);
   if (contract == nullptr) return why;
+  const cpu::QuantizedOpDef* def = OpRegistry<cpu::QuantizedOpDef>::Find(winograd::kOpName);
   const std::vector<int> ins = ToVector(node->inputs);
-  cn->weight_input = 1;
+  cn->weight_input = def->weight_input;
   cn->weight_info = TensorInfo{DType::kFloat32, w.shape, nullptr};
   std::vector<TensorInfo> infos, outs;
   why = ReaderInputs(ctx, ins, *cn, false, &infos);
   if (why.empty()) why = contract->Infer(infos, &outs);
   if (!why.empty()) return why;
-  if (w.shape.size() != 4) {
-    return "w " + ShapeToString(w.shape) + " is not the 3x3 filter [Cout,3,3,Cin] (transformed "
-           "weights are run as float32 only)";
-  }
-  cpu::QuantWeight q = w.q;
-  q.n = w.shape[0];
-  q.k = static_cast<int64_t>(w.shape[1]) * w.shape[2] * w.shape[3];
-  cn->op = cpu::CreateQuantizedConv3x3(q, w.shape, &why);
+  cn->op = def->create(nullptr, w.q, w.shape, &why);
   if (cn->op == nullptr) return why;
   why = InferReader(ctx, node, *cn, infos, log);
   if (!why.empty()) return why;
@@ -437,7 +402,7 @@ std::string UnclaimedReader(Context* ctx, int node_index) {
   Node* node = nullptr;
   Registration* reg = nullptr;
   if (ctx->GetNodeAndRegistration(ctx, node_index, &node, &reg) == tfl::kOk && reg != nullptr &&
-      reg->builtin_code == tfl::kBuiltinCustom && FindOp(reg->custom_name) != nullptr) {
+      reg->builtin_code == tfl::kBuiltinCustom && OpRegistry<OpDef>::Find(reg->custom_name) != nullptr) {
     return "a difflite op reading it as float32";
   }
   return "left to TFLite";
@@ -467,23 +432,24 @@ std::map<int, std::unique_ptr<CpuBuiltinNode>> ClaimQuantizedBuiltins(Context* c
     }
     const int32_t code = reg->builtin_code;
     const bool winograd = IsWinograd(reg);
-    if (!winograd && code != kDequantize && code != kMul && code != kReshape && !IsReader(code)) {
+    const cpu::QuantizedOpDef* reader = winograd ? nullptr : QuantizedReader(code);
+    if (!winograd && code != kDequantize && code != kMul && code != kReshape && reader == nullptr) {
       continue;
     }
     const char* name = winograd ? winograd::kOpName : BuiltinName(code);
     const std::string wiring = order.Check(ctx, node_index, node);
-    if (winograd || IsReader(code)) {
+    if (winograd || reader != nullptr) {
       if (ins.size() < 2) continue;
-      auto w = folded.find(ins[winograd ? 1 : WeightInput(code)]);
+      auto w = folded.find(ins[winograd ? 1 : reader->weight_input]);
       if (w == folded.end() || !w->second.quantized) continue;  // a float weight: TFLite's
       auto cn = std::make_unique<CpuBuiltinNode>();
       cn->name = name;
       std::string log;
       std::string why = !wiring.empty() ? wiring
                         : winograd      ? ClaimWinograd(ctx, node, w->second, cn.get(), &log)
-                                        : ClaimReader(ctx, code, node, w->second, cn.get(), &log);
+                                        : ClaimReader(ctx, *reader, node, w->second, cn.get(), &log);
       if (!why.empty()) {
-        if (winograd) {  // still the op registry's (delegate.cc), if it takes it
+        if (winograd) {  // still the op registry's (cpu/claim.cc), if it takes it
           Log("node " + std::to_string(node_index) + " (" + name + ") does not read its quantized "
               "filter as stored: " + why + "; the custom op reads TFLite's float32 DEQUANTIZE of it");
         } else {
