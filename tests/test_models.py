@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import ROOT, ldm_layout
 
 from difflite.compiler.models import load_pipeline
 from difflite.compiler.pipeline import Pipeline
 from difflite.compiler.single_file import save_single_file
 from difflite.core.errors import BadInput
-
-from support import ROOT
 
 PROMPT = "a photo of an astronaut riding a horse"
 
@@ -194,7 +193,8 @@ def test_ldm_layout(tiny, folder, tmp_path):
     path = tmp_path / "ldm.safetensors"
     from safetensors.torch import save_file
 
-    save_file(_to_ldm(tiny), str(path))
+    models = {"unet": tiny.unet, "vae": tiny.vae, "text_encoder": tiny.text_encoder}
+    save_file({k: v.contiguous() for k, v in ldm_layout.to_ldm(models, "sd1").items()}, str(path))
     loaded = load_pipeline(str(path), config=str(folder))
     assert _same_weights(tiny, loaded)
 
@@ -225,34 +225,27 @@ def test_folder_missing_component_config(folder, tmp_path):
     assert str(broken / "unet") in _bad(str(broken))
 
 
+def _copy_with_config(folder: Path, copy: Path, component: str, **changes) -> Path:
+    """A copy of the diffusers folder whose component config.json has `changes`."""
+    shutil.copytree(folder, copy)
+    config_path = copy / component / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **changes}))
+    return copy
+
+
 def test_folder_with_mismatched_config(folder, tmp_path):
-    broken = tmp_path / "broken"
-    shutil.copytree(folder, broken)
-    config_path = broken / "unet" / "config.json"
-    config = json.loads(config_path.read_text())
-    config["cross_attention_dim"] = 48
-    config_path.write_text(json.dumps(config))
+    broken = _copy_with_config(folder, tmp_path / "broken", "unet", cross_attention_dim=48)
     assert str(broken / "unet") in _bad(str(broken))
 
 
 def test_single_file_with_mismatched_config(folder, checkpoint, tmp_path):
-    other = tmp_path / "other"
-    shutil.copytree(folder, other)
-    config_path = other / "vae" / "config.json"
-    config = json.loads(config_path.read_text())
-    config["latent_channels"] = 8
-    config_path.write_text(json.dumps(config))
+    other = _copy_with_config(folder, tmp_path / "other", "vae", latent_channels=8)
     assert str(checkpoint) in _bad(str(checkpoint), config=str(other))
 
 
 def test_single_file_with_unbuildable_config(folder, checkpoint, tmp_path):
-    other = tmp_path / "other"
-    shutil.copytree(folder, other)
-    config_path = other / "unet" / "config.json"
-    config = json.loads(config_path.read_text())
-    config["down_block_types"] = ["NoSuchBlock2D", "DownBlock2D"]
-    config_path.write_text(json.dumps(config))
-    assert str(config_path) in _bad(str(checkpoint), config=str(other))
+    other = _copy_with_config(folder, tmp_path / "other", "unet", down_block_types=["NoSuchBlock2D", "DownBlock2D"])
+    assert str(other / "unet" / "config.json") in _bad(str(checkpoint), config=str(other))
 
 
 def test_truncated_safetensors(folder, checkpoint, tmp_path):
@@ -275,72 +268,3 @@ def test_checkpoint_without_config(checkpoint):
 
 def test_unknown_preset():
     assert "preset:nope" in _bad("preset:nope")
-
-
-# ---- diffusers -> original LDM key layout, to exercise layout (b) --------------------------------
-
-_LDM_RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0",
-               "conv2": "out_layers.3", "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
-_LDM_UNET_TOP = {"time_embedding.linear_1": "time_embed.0", "time_embedding.linear_2": "time_embed.2",
-                 "conv_in": "input_blocks.0.0", "conv_norm_out": "out.0", "conv_out": "out.2"}
-_LDM_VAE_ATTN = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
-
-
-def _ldm_unet_key(key: str, config) -> str:
-    for new, old in _LDM_UNET_TOP.items():
-        if key.startswith(new + "."):
-            return old + key[len(new):]
-    parts = key.split(".")
-    per_block = config.layers_per_block + 1
-    if parts[0] == "mid_block":
-        index = 2 * int(parts[2]) if parts[1] == "resnets" else 1
-        rest = parts[3:]
-        if parts[1] == "resnets":
-            rest = [_LDM_RESNET.get(rest[0], rest[0])] + rest[1:]
-        return ".".join(["middle_block", str(index)] + rest)
-    block, kind = int(parts[1]), parts[2]
-    if kind == "downsamplers":
-        return ".".join([f"input_blocks.{1 + block * per_block + config.layers_per_block}.0.op"] + parts[5:])
-    if kind == "upsamplers":
-        has_attention = "CrossAttn" in config.up_block_types[block]
-        slot = 2 if has_attention else 1
-        return ".".join([f"output_blocks.{block * per_block + config.layers_per_block}.{slot}.conv"] + parts[5:])
-    layer, rest = int(parts[3]), parts[4:]
-    base = f"input_blocks.{1 + block * per_block + layer}" if parts[0] == "down_blocks" else \
-        f"output_blocks.{block * per_block + layer}"
-    if kind == "resnets":
-        return ".".join([base, "0", _LDM_RESNET.get(rest[0], rest[0])] + rest[1:])
-    return ".".join([base, "1"] + rest)
-
-
-def _ldm_vae_key(key: str, blocks: int) -> str:
-    key = key.replace("conv_norm_out", "norm_out").replace("conv_shortcut", "nin_shortcut")
-    key = key.replace("mid_block.resnets.0", "mid.block_1").replace("mid_block.resnets.1", "mid.block_2")
-    if "mid_block.attentions.0." in key:
-        head, tail = key.split("mid_block.attentions.0.")
-        name, leaf = tail.rsplit(".", 1)
-        return f"{head}mid.attn_1.{_LDM_VAE_ATTN[name]}.{leaf}"
-    parts = key.split(".")
-    if parts[1] == "down_blocks":
-        sub = "block" if parts[3] == "resnets" else "downsample"
-        tail = parts[4:] if sub == "block" else parts[5:]
-        return ".".join([parts[0], "down", parts[2], sub] + tail)
-    if parts[1] == "up_blocks":
-        sub = "block" if parts[3] == "resnets" else "upsample"
-        tail = parts[4:] if sub == "block" else parts[5:]
-        return ".".join([parts[0], "up", str(blocks - 1 - int(parts[2])), sub] + tail)
-    return key
-
-
-def _to_ldm(pipe: Pipeline) -> dict:
-    out = {}
-    for key, value in pipe.unet.state_dict().items():
-        out["model.diffusion_model." + _ldm_unet_key(key, pipe.unet.config)] = value.contiguous()
-    blocks = len(pipe.vae.config.block_out_channels)
-    for key, value in pipe.vae.state_dict().items():
-        ldm = _ldm_vae_key(key, blocks)
-        is_attn_matrix = ".mid.attn_1." in ldm and ldm.endswith("weight") and value.dim() == 2
-        out["first_stage_model." + ldm] = (value[:, :, None, None] if is_attn_matrix else value).contiguous()
-    for key, value in pipe.text_encoder.state_dict().items():
-        out["cond_stage_model.transformer.text_model." + key] = value.contiguous()
-    return out

@@ -117,6 +117,19 @@ def test_int8_fully_connected(opencl_lib, tmp_path, precision, axis):
     check_values(got, stock, want, precision)
 
 
+def check_conv_2d(m, w: int, x, b, want, padding, path, opencl_lib, precision) -> None:
+    """x -> CONV_2D (stride 1) with the quantized weight `w` of model `m`, run on the OpenCL backend
+    and stock TFLite: claimed whole, weights held quantized, values against `want`."""
+    xi = m.activation("x", x.shape)
+    y = m.activation("y", want.shape)
+    m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=padding, strideH=1, strideW=1,
+              dilationHFactor=1, dilationWFactor=1)
+    path = m.save(path, [xi], [y])
+    got, stats, stock = run_both(opencl_lib, path, x, precision)
+    check_whole(stats, path, precision)
+    check_values(got, stock, want, precision)
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_int8_conv_2d(opencl_lib, tmp_path, precision):
     """int8 per-output-channel DEQUANTIZE -> CONV_2D 3x3 (OHWI filter, odd channel counts)."""
@@ -126,15 +139,8 @@ def test_int8_conv_2d(opencl_lib, tmp_path, precision):
     b = nonzero(r, (7,))
     want = conv_ref(x, dequantize(q, scale, np.zeros(7), 0), b, padding=SAME)
     m = QModel()
-    xi = m.activation("x", x.shape)
-    y = m.activation("y", want.shape)
-    w = m.int8_weight("w", q, scale, axis=0)
-    m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1,
-              dilationHFactor=1, dilationWFactor=1)
-    path = m.save(tmp_path / "conv_int8.tflite", [xi], [y])
-    got, stats, stock = run_both(opencl_lib, path, x, precision)
-    check_whole(stats, path, precision)
-    check_values(got, stock, want, precision)
+    check_conv_2d(m, m.int8_weight("w", q, scale, axis=0), x, b, want, SAME, tmp_path / "conv_int8.tflite",
+                  opencl_lib, precision)
 
 
 def test_int8_with_zero_points_is_dequantized_across_staging_chunks(opencl_lib, tmp_path):
@@ -277,15 +283,8 @@ def test_int4_conv_2d(opencl_lib, tmp_path, precision):
     b = nonzero(r, (7,))
     want = conv_ref(x, dequantize(q, scale, np.zeros(scale.size), 0).reshape(shape), b, padding=VALID)
     m = QModel()
-    xi = m.activation("x", x.shape)
-    y = m.activation("y", want.shape)
-    w = m.int4_weight("w", shape, q, scale)
-    m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=VALID, strideH=1, strideW=1,
-              dilationHFactor=1, dilationWFactor=1)
-    path = m.save(tmp_path / "conv_int4.tflite", [xi], [y])
-    got, stats, stock = run_both(opencl_lib, path, x, precision)
-    check_whole(stats, path, precision)
-    check_values(got, stock, want, precision)
+    check_conv_2d(m, m.int4_weight("w", shape, q, scale), x, b, want, VALID, tmp_path / "conv_int4.tflite",
+                  opencl_lib, precision)
 
 
 def test_int4_with_tiled_kernels(opencl_lib, tmp_path):
