@@ -25,25 +25,27 @@ MASKED = -1e30  # added above the diagonal for causal attention (the reference r
 
 _HEADER = f'<domain: "{custom_ops.DOMAIN}", opset_import: ["" : {MIN_OPSET}, "{custom_ops.DOMAIN}" : 1]>'
 
+# erf and tanh GELU: 0.5 x (1 + s), s = erf(x / sqrt 2) or tanh(sqrt(2 / pi) (x + 0.044715 x^3))
+_HALF_X_ONE_PLUS_S = """
+        half = Constant <value_float = 0.5> ()
+        one = Constant <value_float = 1.0> ()
+        one_t = CastLike(one, x)
+        s1 = Add(s, one_t)
+        half_t = CastLike(half, x)
+        hx = Mul(x, half_t)
+        y = Mul(hx, s1)
+"""
+
 _GELU_BODY = {
     "erf": """
         inv_sqrt2 = Constant <value_float = 0.70710678118654752> ()
-        half = Constant <value_float = 0.5> ()
-        one = Constant <value_float = 1.0> ()
         inv_sqrt2_t = CastLike(inv_sqrt2, x)
         arg = Mul(x, inv_sqrt2_t)
-        e = Erf(arg)
-        one_t = CastLike(one, x)
-        e1 = Add(e, one_t)
-        half_t = CastLike(half, x)
-        hx = Mul(x, half_t)
-        y = Mul(hx, e1)
-    """,
+        s = Erf(arg)
+    """ + _HALF_X_ONE_PLUS_S,
     "tanh": """
         c = Constant <value_float = 0.79788456080286536> ()
         k = Constant <value_float = 0.044715> ()
-        half = Constant <value_float = 0.5> ()
-        one = Constant <value_float = 1.0> ()
         x2 = Mul(x, x)
         x3 = Mul(x2, x)
         k_t = CastLike(k, x)
@@ -51,13 +53,8 @@ _GELU_BODY = {
         inner = Add(x, kx3)
         c_t = CastLike(c, x)
         arg = Mul(inner, c_t)
-        t = Tanh(arg)
-        one_t = CastLike(one, x)
-        t1 = Add(t, one_t)
-        half_t = CastLike(half, x)
-        hx = Mul(x, half_t)
-        y = Mul(hx, t1)
-    """,
+        s = Tanh(arg)
+    """ + _HALF_X_ONE_PLUS_S,
     "sigmoid": """
         k = Constant <value_float = 1.702> ()
         k_t = CastLike(k, x)

@@ -20,6 +20,8 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
+from difflite.compiler.tflite.builder import tensor_t
+
 from . import ROOT as REPO
 
 CUSTOM_OPS = REPO / "custom_ops"
@@ -44,13 +46,6 @@ def build_oplib(build_dir: str | os.PathLike | None = None, jobs: int = 2) -> Pa
 # --------------------------------------------------------------------------
 # Writing .tflite files
 
-_TFL_TYPES = {
-    np.dtype(np.float32): schema.TensorType.FLOAT32,
-    np.dtype(np.float16): schema.TensorType.FLOAT16,
-    np.dtype(np.int32): schema.TensorType.INT32,
-}
-
-
 class TinyModel:
     """A single-subgraph TFLite model assembled tensor by tensor."""
 
@@ -62,12 +57,7 @@ class TinyModel:
         self._opcode_index: dict[tuple[int, str | None], int] = {}
 
     def _tensor(self, name: str, shape: Sequence[int], dtype, buffer: int = 0) -> int:
-        t = schema.TensorT()
-        t.name = name
-        t.shape = [int(d) for d in shape]
-        t.type = _TFL_TYPES[np.dtype(dtype)]
-        t.buffer = buffer
-        self.tensors.append(t)
+        self.tensors.append(tensor_t(name, shape, dtype, buffer))
         return len(self.tensors) - 1
 
     def activation(self, name: str, shape: Sequence[int], dtype=np.float32) -> int:

@@ -106,12 +106,7 @@ class ModelBuilder:
 
     # -- tensors ---------------------------------------------------------------------------
     def tensor(self, name: str, shape, dtype) -> int:
-        t = schema.TensorT()
-        t.name = name
-        t.shape = [int(d) for d in shape]
-        t.type = TFLITE_TYPES[np.dtype(dtype)]
-        t.hasRank = True
-        self.tensors.append(t)
+        self.tensors.append(tensor_t(name, shape, dtype))
         return len(self.tensors) - 1
 
     def constant(self, name: str, array: np.ndarray) -> int:
@@ -287,6 +282,17 @@ class ModelBuilder:
         out.write(flatbuffer)
         out.write(b"\0" * (segment_start - len(flatbuffer)))
         self._spool.copy_to(out)
+
+
+def tensor_t(name: str, shape, dtype, buffer: int = 0) -> schema.TensorT:
+    """A tensor of static `shape` and NumPy `dtype`, its data in `buffer` (0: none)."""
+    t = schema.TensorT()
+    t.name = name
+    t.shape = [int(d) for d in shape]
+    t.type = TFLITE_TYPES[np.dtype(dtype)]
+    t.hasRank = True
+    t.buffer = buffer
+    return t
 
 
 def builtin_operator(opcode_index: int, name: str, inputs, outputs, **options) -> schema.OperatorT:
