@@ -34,6 +34,14 @@ inline int offset_of(int i, int rank, const int* dims, const int* str) {
 }
 
 #define UNPACK(v, a) const int a[8] = {v.s0, v.s1, v.s2, v.s3, v.s4, v.s5, v.s6, v.s7}
+// The output's and the reduced axes' dims and strides as arrays, and output o's first input
+// element: both kernels start so.
+#define REDUCE_INDEXING(o)   \
+  UNPACK(od_v, od);          \
+  UNPACK(os_v, os);          \
+  UNPACK(rd_v, rd);          \
+  UNPACK(rs_v, rs);          \
+  const int base = offset_of(o, orank, od, os)
 
 // Sums a contiguous run of n values with float16 vectors (a scalar tail).
 inline float sum_run(__global const DL_T* p, int n) {
@@ -53,11 +61,7 @@ __kernel void reduce_serial(__global const DL_T* x, __global DL_T* y, int n_out,
                             int op, float scale) {
   const int o = get_global_id(0);
   if (o >= n_out) return;
-  UNPACK(od_v, od);
-  UNPACK(os_v, os);
-  UNPACK(rd_v, rd);
-  UNPACK(rs_v, rs);
-  const int base = offset_of(o, orank, od, os);
+  REDUCE_INDEXING(o);
   float acc = r_init(op);
   if (op == R_SUM && rrank <= 2 && rs[rrank - 1] == 1) {
     // The common case (last-axis or GroupNorm-style sums): contiguous runs.
@@ -88,11 +92,7 @@ void reduce_wg(__global const DL_T* x, __global DL_T* y, int n_out, int count, i
   __local float red[RD_WG];
   const int o = get_group_id(0);
   const int lid = get_local_id(0);
-  UNPACK(od_v, od);
-  UNPACK(os_v, os);
-  UNPACK(rd_v, rd);
-  UNPACK(rs_v, rs);
-  const int base = offset_of(o, orank, od, os);
+  REDUCE_INDEXING(o);
   float acc = r_init(op);
   if (rrank == 1) {
     const int s = rs[0];
