@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import loads_json, read_json
 
 COMPONENTS = ("text_encoder", "unet", "vae")
 _MODEL_CLASSES = {"text_encoder": "CLIPTextModel", "unet": "UNet2DConditionModel", "vae": "AutoencoderKL"}
@@ -52,7 +53,7 @@ class Pipeline:
 
         tok = self.tokenizer
         pipeline_json = tok.backend_tokenizer.to_str()
-        model = json.loads(pipeline_json)["model"]
+        model = loads_json(pipeline_json, source=f"{tok.name_or_path}: the tokenizer's pipeline")["model"]
         merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
         special = {"bos_token": str(tok.bos_token), "eos_token": str(tok.eos_token),
                    "unk_token": str(tok.unk_token), "pad_token": str(tok.pad_token)}
@@ -128,12 +129,7 @@ def one_line(error: BaseException) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInput(f"{path}: missing") from None
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{path}: not readable JSON ({one_line(e)})") from e
+    data = read_json(path, what="model config")
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a JSON object")
     return data
@@ -152,11 +148,15 @@ def check_config_folder(folder: Path) -> dict:
             raise BadInput(f"{folder / 'model_index.json'}: expected {name} = {cls}, got {entry!r}")
         if not (folder / name / "config.json").is_file():
             raise BadInput(f"{folder / name / 'config.json'}: missing")
+        _read_json(folder / name / "config.json")
     if not (folder / "scheduler" / "scheduler_config.json").is_file():
         raise BadInput(f"{folder / 'scheduler' / 'scheduler_config.json'}: missing")
+    _read_json(folder / "scheduler" / "scheduler_config.json")
     tok = folder / "tokenizer"
     if not ((tok / "vocab.json").is_file() and (tok / "merges.txt").is_file()) and not (tok / "tokenizer.json").is_file():
         raise BadInput(f"{tok}: missing tokenizer files (vocab.json + merges.txt or tokenizer.json)")
+    for path in sorted(tok.glob("*.json")):  # bounded here, before transformers parses them unbounded
+        read_json(path, what="tokenizer file")
     return index
 
 
@@ -207,6 +207,7 @@ def load_folder(folder: Path) -> Pipeline:
 
 
 def from_pretrained(cls, path: Path):
+    _read_json(path / "config.json")  # bounded here, before the loaders parse it unbounded
     # Mismatched shapes are reported back rather than raised so the message can name the tensor.
     kwargs = {"local_files_only": True, "output_loading_info": True, "ignore_mismatched_sizes": True}
     if cls.__name__ == "CLIPTextModel":
