@@ -669,6 +669,42 @@ def test_generate_takes_prompts_in_any_bytes(corpus, tmp_path):
     assert (tmp_path / "bytes.png").read_bytes() == (tmp_path / "replaced.png").read_bytes()
 
 
+PIPELINE_IDS = {  # each place a tokenizers-library pipeline names a token id -> where the message says it is
+    "added": ({"added_tokens": [{"id": 9, "content": "<|endoftext|>"}]}, "added token '<|endoftext|>'"),
+    "roberta": ({"post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 9], "cls": ["<s>", 0]}},
+                "the post-processor's sep token"),
+    "template": ({"post_processor": {"type": "Sequence", "processors": [
+        {"type": "TemplateProcessing", "special_tokens": {"<s>": {"id": "<s>", "ids": [0, 9], "tokens": []}}}]}},
+        "the post-processor's special token '<s>'"),
+    "padding": ({"padding": {"pad_id": 9}}, "padding"),
+    "unigram": ({"model": {"type": "Unigram", "vocab": [["a", 0.0]] * 10}}, "the last of 10 tokens"),
+}
+
+
+@pytest.mark.parametrize("place", PIPELINE_IDS)
+def test_every_token_id_of_a_pipeline_is_checked(place, tmp_path):
+    from difflite.core.errors import BadInput
+    from difflite.folder.tokenizer import check_token_ids
+
+    pipeline, where = PIPELINE_IDS[place]
+    check_token_ids(tmp_path, {"model": {"vocab": {"a": 0}}, **pipeline}, vocabulary=10)
+    with pytest.raises(BadInput) as error:
+        check_token_ids(tmp_path, {"model": {"vocab": {"a": 0}}, **pipeline}, vocabulary=9)
+    assert str(error.value) == f"{tmp_path}: token id 9 of {where} is beyond the text encoder's vocabulary (9 tokens)"
+
+
+@pytest.mark.parametrize("text, cleaned", [
+    ("caf\udce9", "caf\ufffd"),  # argv's byte 0xe9, as Python escapes it
+    (b"caf\xe9 \xf0\x9f\x98", "caf\ufffd \ufffd"),  # a truncated 4-byte sequence is one U+FFFD
+    ("lone \ud800 surrogate", "lone \ufffd\ufffd\ufffd surrogate"),  # from Python, not from bytes
+    ("nul\x00 bell\x07 \u00e9", "nul\x00 bell\x07 \u00e9"),
+])
+def test_prompts_in_any_bytes_become_text(text, cleaned):
+    from difflite.folder.tokenizer import clean_prompt
+
+    assert clean_prompt(text) == cleaned
+
+
 def test_component_digests_are_remembered_until_the_file_changes(tmp_path, monkeypatch):
     """checked_sha256 hashes a model once per change: a second start reads the record, and a
     same-size change to the file (a flipped byte) is hashed again and seen."""

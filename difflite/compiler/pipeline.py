@@ -14,6 +14,7 @@ import torch
 
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import loads_json, read_json
+from difflite.folder.tokenizer import check_token_ids
 
 COMPONENTS = ("text_encoder", "unet", "vae")
 _MODEL_CLASSES = {"text_encoder": "CLIPTextModel", "unet": "UNet2DConditionModel", "vae": "AutoencoderKL"}
@@ -52,8 +53,8 @@ class Pipeline:
         from difflite.folder.tokenizer import save_pipeline
 
         tok = self.tokenizer
-        pipeline_json = tok.backend_tokenizer.to_str()
-        model = loads_json(pipeline_json, source=f"{tok.name_or_path}: the tokenizer's pipeline")["model"]
+        pipeline_json, pipeline = tokenizer_pipeline(tok)
+        model = pipeline["model"]
         merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
         special = {"bos_token": str(tok.bos_token), "eos_token": str(tok.eos_token),
                    "unk_token": str(tok.unk_token), "pad_token": str(tok.pad_token)}
@@ -126,6 +127,13 @@ def one_line(error: BaseException) -> str:
     if line.endswith(":") and len(text) > 1:
         line = f"{line} {text[1]}"
     return line if len(line) <= 300 else line[:297] + "..."
+
+
+def tokenizer_pipeline(tokenizer) -> tuple[str, dict]:
+    """A transformers tokenizer's tokenizers-library pipeline (what OUT/tokenizer/tokenizer.json
+    holds): its JSON text and values."""
+    text = tokenizer.backend_tokenizer.to_str()
+    return text, loads_json(text, source=f"{tokenizer.name_or_path}: the tokenizer's pipeline")
 
 
 def _read_json(path: Path) -> dict:
@@ -259,6 +267,7 @@ def assemble(source: str, source_hash: str, config_folder: Path, text_encoder, u
     vocab_size = text_encoder.config.vocab_size
     if len(tokenizer) > vocab_size:
         raise BadInput(f"{config_folder / 'tokenizer'}: {len(tokenizer)} tokens but the text encoder has {vocab_size}")
+    check_token_ids(config_folder / "tokenizer", tokenizer_pipeline(tokenizer)[1], vocab_size)
     scheduler = _read_json(config_folder / "scheduler" / "scheduler_config.json")
     if "_class_name" not in scheduler:
         raise BadInput(f"{config_folder / 'scheduler' / 'scheduler_config.json'}: no _class_name")
