@@ -5,8 +5,7 @@ a safetensors header, caches and reports.
 A hostile file must end in one BadInput line naming it, never a traceback: the file's size is
 checked before it is read, its bytes are decoded as strict UTF-8, and its nesting depth is measured
 by a linear scan before `json.loads` recurses into it (CPython's decoder raises RecursionError
-near 1000 levels, and deeper still in a deep call stack, so the bound is checked rather than the
-error caught). The bounds are far above what real files need: a tokenizer.json is 2 to 4 MB and
+near 1000 levels, sooner from a deep call stack: the bound is checked, not the error awaited). The bounds are far above what real files need: a tokenizer.json is 2 to 4 MB and
 about 6 levels deep, a manifest with a weights recipe a few MB and about 8."""
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def read_json(path, *, what: str = "JSON file", max_bytes: int = MAX_BYTES, max_
     return loads_json(data, source=path, what=what, max_bytes=max_bytes, max_depth=max_depth)
 
 
-def loads_json(text: str | bytes, *, source, what: str = "JSON", max_bytes: int = MAX_BYTES,
+def loads_json(text: str | bytes, *, source, what: str = "JSON text", max_bytes: int = MAX_BYTES,
                max_depth: int = MAX_DEPTH):
     """The JSON value of `text` (str, or bytes decoded as strict UTF-8) held in memory, under the
     same bounds as read_json; `source` names where it came from in the messages."""
@@ -60,7 +59,7 @@ def loads_json(text: str | bytes, *, source, what: str = "JSON", max_bytes: int 
         return json.loads(text)
     except ValueError as exc:  # JSONDecodeError, and int() refusing a number of too many digits
         raise BadInput(f"{source}: not valid JSON ({_first_line(exc)})") from None
-    except RecursionError:  # the depth bound leaves room; only a caller already deep in its stack
+    except RecursionError:  # within the bound: only from a caller already deep in its stack
         raise BadInput(f"{source}: not valid JSON (nested too deeply to parse)") from None
 
 

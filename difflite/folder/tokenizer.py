@@ -86,7 +86,7 @@ def check_token_ids(path: Path, pipeline, vocabulary: int | None) -> None:
     limit = min(INT32_IDS, vocabulary or INT32_IDS)
     for where, token_id in _token_ids(pipeline):
         if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < INT32_IDS:
-            raise BadInput(f"{path}: token id {token_id!r} of {where} is no int32 id (0 to {INT32_IDS - 1})")
+            raise BadInput(f"{path}: token id {_shown(token_id)} of {where} is no int32 id (0 to {INT32_IDS - 1})")
         if token_id >= limit:
             raise BadInput(f"{path}: token id {token_id} of {where} is beyond the text encoder's vocabulary "
                            f"({vocabulary} tokens)")
@@ -98,12 +98,12 @@ def _token_ids(pipeline: dict) -> Iterator[tuple[str, object]]:
     model = pipeline.get("model")
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict):
-        yield from ((f"token {token!r}", token_id) for token, token_id in vocab.items())
+        yield from ((f"token {_shown(token)}", token_id) for token, token_id in vocab.items())
     elif isinstance(vocab, list) and vocab:  # a Unigram model: the ids are the positions
         yield f"the last of {len(vocab)} tokens", len(vocab) - 1
     for added in _listed(pipeline.get("added_tokens")):
         if isinstance(added, dict):
-            yield f"added token {added.get('content')!r}", added.get("id")
+            yield f"added token {_shown(added.get('content'))}", added.get("id")
     yield from _processor_ids(pipeline.get("post_processor"))
     padding = pipeline.get("padding")
     if isinstance(padding, dict) and "pad_id" in padding:
@@ -122,13 +122,20 @@ def _processor_ids(processor) -> Iterator[tuple[str, object]]:
     specials = processor.get("special_tokens")
     for name, special in (specials.items() if isinstance(specials, dict) else ()):
         for token_id in _listed(special.get("ids") if isinstance(special, dict) else None):
-            yield f"the post-processor's special token {name!r}", token_id
+            yield f"the post-processor's special token {_shown(name)}", token_id
     for inner in _listed(processor.get("processors")):
         yield from _processor_ids(inner)
 
 
 def _listed(value) -> list:
     return value if isinstance(value, list) else []
+
+
+def _shown(value, limit: int = 60) -> str:
+    """repr(value) for a one-line message, cut to `limit` characters (a hostile file's token may
+    be any length)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def save_pipeline(pipeline_json: str, folder) -> None:
