@@ -1,7 +1,9 @@
 """The bad-input corpus (issue 16): every command against missing, empty, unreadable and
 wrong-kind paths; damaged checkpoints, .tflite files and manifests; configs and sizes difflite
 cannot take; absurd option values; an output that is a file, read-only or on a full filesystem;
-an op library that is missing, no shared library or for another machine.
+an op library that is missing, no shared library or for another machine; JSON files nested
+hundreds of thousands of levels deep or larger than difflite reads, and token ids beyond int32 or
+the text encoder's vocabulary (issue 35).
 
 Each case runs the real command line in a subprocess and must fail cleanly: exit code 2 (bad
 input; exit 1, a failed verification, is test_convert_cli.py's), one `difflite: error:` line
@@ -46,16 +48,19 @@ FOREIGN_MACHINE = (62, "x86-64") if platform.machine().lower() in ("aarch64", "a
 UNET_WEIGHT = "model.diffusion_model.input_blocks.0.0.weight"
 TORCH_SEEDS_END = 2**64
 EXIT_BAD_INPUT = 2
+DEEP_JSON = "[" * 200_000  # far past CPython's recursion limit (json.loads: RecursionError near 1000)
+NESTED = "nested more than"
+TOKEN_TABLE_ROWS = 1024  # preset:tiny's text encoder vocabulary
 
 
 # ---------------------------------------------------------------------------------------------
 # Inputs, written by hand
 
 
-def safetensors_bytes(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
+def safetensors_bytes(tensors: dict[str, tuple[str, list[int], bytes]], metadata: dict | None = None) -> bytes:
     """A .safetensors file: 8-byte header length, JSON header, data. tensors: name -> (dtype,
-    shape, raw bytes)."""
-    header, data = {}, b""
+    shape, raw bytes); metadata: the header's __metadata__ (str -> str)."""
+    header, data = ({"__metadata__": metadata} if metadata else {}), b""
     for name, (dtype, shape, raw) in tensors.items():
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
         data += raw
@@ -66,6 +71,12 @@ def safetensors_bytes(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes
 
 def one_unet_weight(dtype: str = "F32") -> bytes:
     return safetensors_bytes({UNET_WEIGHT: (dtype, [2, 2], bytes(16))})
+
+
+def lora_with_metadata(metadata: str) -> bytes:
+    """A diffusers-layout LoRA file whose lora_adapter_metadata is `metadata`."""
+    return safetensors_bytes({"unet.conv_in.lora_A.weight": ("F32", [2, 2], bytes(16))},
+                             {"lora_adapter_metadata": metadata})
 
 
 def elf_library(machine: int) -> bytes:
@@ -123,11 +134,32 @@ def unreadable(path: Path) -> Path:
     return path
 
 
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
 def edit_manifest(folder: Path, change: Callable[[dict], None]) -> None:
-    path = folder / "manifest.json"
-    manifest = json.loads(path.read_text())
-    change(manifest)
-    path.write_text(json.dumps(manifest))
+    edit_json(folder / "manifest.json", change)
+
+
+def larger_than_read(path: Path) -> None:
+    """`path` as a sparse file one byte larger than difflite reads for a JSON file (no disk blocks)."""
+    from difflite.core.jsonfile import MAX_BYTES
+
+    with open(path, "wb") as sparse:
+        sparse.truncate(MAX_BYTES + 1)
+
+
+def first_token_id(token_id: int) -> Callable[[Path], None]:
+    """A change of an output folder: its tokenizer.json gives the first vocabulary token `token_id`."""
+    def change(out: Path) -> None:
+        def renumber(pipeline: dict) -> None:
+            vocab = pipeline["model"]["vocab"]
+            vocab[next(iter(vocab))] = token_id
+        edit_json(out / "tokenizer" / "tokenizer.json", renumber)
+    return change
 
 
 def retyped_sample(model: Path, tensor_type: int, target: Path | None = None) -> bytes:
@@ -333,6 +365,23 @@ CONVERT = [
          "UNetWithCustomAttnProcessor",
          prepare=_(lambda f: diffusers_folder(f / "sd", index={
              "unet": ["my_attention", "UNetWithCustomAttnProcessor"]}))),
+    # JSON nested past the parser's recursion: a model folder's files, a recipe, a profile, a LoRA's metadata
+    case("convert-model-index-nested-deep", "convert {t}/sd -o {t}/OUT", "{t}/sd/model_index.json", NESTED,
+         prepare=_(lambda f: write(diffusers_folder(f / "sd") / "model_index.json", DEEP_JSON))),
+    case("convert-unet-config-nested-deep", "convert {t}/sd -o {t}/OUT", "{t}/sd/unet/config.json", NESTED,
+         prepare=_(lambda f: write(diffusers_folder(f / "sd") / "unet" / "config.json", DEEP_JSON))),
+    case("convert-scheduler-config-nested-deep", "convert {t}/sd -o {t}/OUT", "{t}/sd/scheduler/scheduler_config.json",
+         NESTED, prepare=_(lambda f: write(diffusers_folder(f / "sd") / "scheduler" / "scheduler_config.json",
+                                           DEEP_JSON))),
+    case("convert-tokenizer-vocab-nested-deep", "convert {t}/sd -o {t}/OUT", "{t}/sd/tokenizer/vocab.json", NESTED,
+         prepare=_(lambda f: write(diffusers_folder(f / "sd") / "tokenizer" / "vocab.json", DEEP_JSON))),
+    case("convert-weights-recipe-nested-deep", "convert preset:tiny -o {t}/OUT --weights int8 --weights-recipe "
+         "{t}/recipe.json", "{t}/recipe.json", NESTED, prepare=_(lambda f: write(f / "recipe.json", DEEP_JSON))),
+    case("convert-device-profile-nested-deep", "convert preset:tiny -o {t}/OUT --device-profile {t}/gpu.json",
+         "{t}/gpu.json", NESTED, prepare=_(lambda f: write(f / "gpu.json", DEEP_JSON))),
+    case("convert-lora-metadata-nested-deep", "convert preset:tiny -o {t}/OUT --lora {t}/lora.safetensors",
+         "{t}/lora.safetensors", "lora_adapter_metadata", NESTED,
+         prepare=_(lambda f: write(f / "lora.safetensors", lora_with_metadata(DEEP_JSON)))),
     # sizes
     case("convert-height-the-unet-cannot-take", "convert preset:tiny -o {t}/OUT --height 40 --width 32",
          "height 40", "multiple of 16"),
@@ -369,6 +418,10 @@ INSPECT = [
                                                                    NO_TFLITE_TYPE, f / "unet.tflite")),
     case("inspect-manifest-not-an-object", "inspect {t}/out", "{t}/out/manifest.json", "not a difflite manifest",
          prepare=damaged_out(lambda out: write(out / "manifest.json", "[]"))),
+    case("inspect-manifest-nested-deep", "inspect {t}/out", "{t}/out/manifest.json", NESTED,
+         prepare=damaged_out(lambda out: write(out / "manifest.json", DEEP_JSON))),
+    case("inspect-manifest-larger-than-read", "inspect {t}/out", "{t}/out/manifest.json", "bytes, larger than",
+         prepare=damaged_out(lambda out: larger_than_read(out / "manifest.json"))),
     case("inspect-manifest-from-the-future", "inspect {t}/out", "{t}/out/manifest.json", "format version 2",
          prepare=damaged_out(lambda out: edit_manifest(out, lambda m: m.update(format_version=2)))),
     case("inspect-tflite-changed-since-conversion", "inspect {t}/out", "{t}/out/unet.tflite", "sha256",
@@ -381,6 +434,8 @@ VERIFY = [
          prepare=_(lambda f: write(f / "model.tflite", b"TFL3"))),
     case("verify-unreadable-manifest", "verify {t}/out", "{t}/out/manifest.json", "Permission denied",
          prepare=damaged_out(lambda out: unreadable(out / "manifest.json")), without_root_reads=True),
+    case("verify-manifest-nested-deep", "verify {t}/out", "{t}/out/manifest.json", NESTED,
+         prepare=damaged_out(lambda out: write(out / "manifest.json", DEEP_JSON))),
     case("verify-tflite-truncated", "verify {t}/out", "{t}/out/unet.tflite", "bytes, but the manifest says",
          prepare=damaged_out(lambda out: truncate_to_half(out / "unet.tflite"))),
     case("verify-seeds-beyond-torch", f"verify {{out}} --seeds 0,{TORCH_SEEDS_END}", "--seeds",
@@ -405,6 +460,29 @@ GENERATE = [
     case("generate-manifest-without-file-name", "generate {t}/out prompt -o {t}/x.png", "{t}/out/manifest.json",
          "'unet'", "'file'",
          prepare=damaged_out(lambda out: edit_manifest(out, lambda m: m["components"]["unet"].pop("file")))),
+    case("generate-manifest-nested-deep", "generate {t}/out prompt -o {t}/x.png", "{t}/out/manifest.json", NESTED,
+         prepare=damaged_out(lambda out: write(out / "manifest.json", DEEP_JSON))),
+    case("generate-scheduler-config-nested-deep", "generate {t}/out prompt -o {t}/x.png",
+         "{t}/out/scheduler/scheduler_config.json", NESTED,
+         prepare=damaged_out(lambda out: write(out / "scheduler" / "scheduler_config.json", DEEP_JSON))),
+    case("generate-tokenizer-pipeline-nested-deep", "generate {t}/out prompt -o {t}/x.png",
+         "{t}/out/tokenizer/tokenizer.json", NESTED,
+         prepare=damaged_out(lambda out: write(out / "tokenizer" / "tokenizer.json", DEEP_JSON))),
+    case("generate-special-tokens-nested-deep", "generate {t}/out prompt -o {t}/x.png",
+         "{t}/out/tokenizer/special_tokens_map.json", NESTED,
+         prepare=damaged_out(lambda out: write(out / "tokenizer" / "special_tokens_map.json", DEEP_JSON))),
+    case("generate-scheduler-config-larger-than-read", "generate {t}/out prompt -o {t}/x.png",
+         "{t}/out/scheduler/scheduler_config.json", "bytes, larger than",
+         prepare=damaged_out(lambda out: larger_than_read(out / "scheduler" / "scheduler_config.json"))),
+    # token ids the text encoder cannot look up
+    case("generate-token-id-beyond-uint32", "generate {t}/out prompt -o {t}/x.png",
+         "{t}/out/tokenizer/tokenizer.json", str(2**40), "is no int32 id", prepare=damaged_out(first_token_id(2**40))),
+    case("generate-token-id-beyond-int32", "generate {t}/out prompt -o {t}/x.png",
+         "{t}/out/tokenizer/tokenizer.json", str(2**31 + 5), "is no int32 id",
+         prepare=damaged_out(first_token_id(2**31 + 5))),
+    case("generate-token-id-beyond-the-vocabulary", "generate {t}/out prompt -o {t}/x.png",
+         "{t}/out/tokenizer/tokenizer.json", str(TOKEN_TABLE_ROWS), f"vocabulary ({TOKEN_TABLE_ROWS} tokens)",
+         prepare=damaged_out(first_token_id(TOKEN_TABLE_ROWS))),
     case("generate-tflite-truncated", "generate {t}/out prompt -o {t}/x.png", "{t}/out/unet.tflite",
          "bytes, but the manifest says", prepare=damaged_out(lambda out: truncate_to_half(out / "unet.tflite"))),
     case("generate-tflite-bit-flipped", "generate {t}/out prompt -o {t}/x.png", "{t}/out/vae_decoder.tflite",
@@ -433,6 +511,8 @@ BENCH = [
          prepare=_(lambda f: write(f / "notes.txt", "hello"))),
     case("bench-unreadable-manifest", "bench {t}/out", "{t}/out/manifest.json", "Permission denied",
          prepare=damaged_out(lambda out: unreadable(out / "manifest.json")), without_root_reads=True),
+    case("bench-manifest-nested-deep", "bench {t}/out", "{t}/out/manifest.json", NESTED,
+         prepare=damaged_out(lambda out: write(out / "manifest.json", DEEP_JSON))),
     case("bench-tflite-changed-since-conversion", "bench {t}/out", "{t}/out/text_encoder.tflite", "sha256",
          prepare=damaged_out(lambda out: flip_bit(out / "text_encoder.tflite", 2000, 1))),
     case("bench-guidance-nan", f"{BENCH_ONE} --guidance nan", "--guidance nan"),
@@ -566,6 +646,63 @@ def test_fails_cleanly(case, corpus, outcomes):
 
 def test_case_ids_are_unique():
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+def test_generate_takes_prompts_in_any_bytes(corpus, tmp_path):
+    """A prompt and a negative prompt whose bytes are not UTF-8 (a shell script's, a file's),
+    control characters among them, make the picture: each undecodable byte is read as U+FFFD, so
+    the picture is the one the prompts with U+FFFD written out make."""
+    out = corpus.converted()
+
+    def generate(prompt: bytes, negative: bytes, picture: Path) -> dict:
+        result = subprocess.run([*CLI, "generate", str(out), prompt, "--negative-prompt", negative, "-o", str(picture),
+                                 "--steps", "1", "--backend", "cpu", "--json"], capture_output=True, cwd=ROOT,
+                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300, check=False)
+        stderr = result.stderr.decode(errors="replace")
+        assert result.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+        return json.loads(result.stdout)["settings"]
+
+    settings = generate(b"caf\xe9 au lait \xff\xfe\x07", b"\xc3\x28 blurry\x1b[0m", tmp_path / "bytes.png")
+    assert settings["prompt"] == "caf\ufffd au lait \ufffd\ufffd\x07"
+    assert settings["negative_prompt"] == "\ufffd( blurry\x1b[0m"
+    generate(settings["prompt"].encode(), settings["negative_prompt"].encode(), tmp_path / "replaced.png")
+    assert (tmp_path / "bytes.png").read_bytes() == (tmp_path / "replaced.png").read_bytes()
+
+
+PIPELINE_IDS = {  # each place a tokenizers-library pipeline names a token id -> where the message says it is
+    "added": ({"added_tokens": [{"id": 9, "content": "<|endoftext|>"}]}, "added token '<|endoftext|>'"),
+    "roberta": ({"post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 9], "cls": ["<s>", 0]}},
+                "the post-processor's sep token"),
+    "template": ({"post_processor": {"type": "Sequence", "processors": [
+        {"type": "TemplateProcessing", "special_tokens": {"<s>": {"id": "<s>", "ids": [0, 9], "tokens": []}}}]}},
+        "the post-processor's special token '<s>'"),
+    "padding": ({"padding": {"pad_id": 9}}, "padding"),
+    "unigram": ({"model": {"type": "Unigram", "vocab": [["a", 0.0]] * 10}}, "the last of 10 tokens"),
+}
+
+
+@pytest.mark.parametrize("place", PIPELINE_IDS)
+def test_every_token_id_of_a_pipeline_is_checked(place, tmp_path):
+    from difflite.core.errors import BadInput
+    from difflite.folder.tokenizer import check_token_ids
+
+    pipeline, where = PIPELINE_IDS[place]
+    check_token_ids(tmp_path, {"model": {"vocab": {"a": 0}}, **pipeline}, vocabulary=10)
+    with pytest.raises(BadInput) as error:
+        check_token_ids(tmp_path, {"model": {"vocab": {"a": 0}}, **pipeline}, vocabulary=9)
+    assert str(error.value) == f"{tmp_path}: token id 9 of {where} is beyond the text encoder's vocabulary (9 tokens)"
+
+
+@pytest.mark.parametrize("text, cleaned", [
+    ("caf\udce9", "caf\ufffd"),  # argv's byte 0xe9, as Python escapes it
+    (b"caf\xe9 \xf0\x9f\x98", "caf\ufffd \ufffd"),  # a truncated 4-byte sequence is one U+FFFD
+    ("lone \ud800 surrogate", "lone \ufffd\ufffd\ufffd surrogate"),  # from Python, not from bytes
+    ("nul\x00 bell\x07 \u00e9", "nul\x00 bell\x07 \u00e9"),
+])
+def test_prompts_in_any_bytes_become_text(text, cleaned):
+    from difflite.folder.tokenizer import clean_prompt
+
+    assert clean_prompt(text) == cleaned
 
 
 def test_component_digests_are_remembered_until_the_file_changes(tmp_path, monkeypatch):

@@ -238,6 +238,21 @@ def test_folder_with_mismatched_config(folder, tmp_path):
     assert str(broken / "unet") in _bad(str(broken))
 
 
+@pytest.mark.parametrize("token_id, reason", [(2**31 + 5, "is no int32 id"), (1024, "vocabulary (1024 tokens)")])
+def test_folder_with_a_token_id_the_text_encoder_cannot_look_up(folder, tmp_path, token_id, reason):
+    """preset:tiny's text encoder has 1024 rows; the tokenizer files name a token id past them."""
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    for name, vocab_of in (("vocab.json", lambda data: data), ("tokenizer.json", lambda data: data["model"]["vocab"])):
+        path = broken / "tokenizer" / name
+        data = json.loads(path.read_text())
+        vocab = vocab_of(data)
+        vocab[next(iter(vocab))] = token_id
+        path.write_text(json.dumps(data))
+    message = _bad(str(broken))
+    assert str(broken / "tokenizer") in message and str(token_id) in message and reason in message, message
+
+
 def test_single_file_with_mismatched_config(folder, checkpoint, tmp_path):
     other = _copy_with_config(folder, tmp_path / "other", "vae", latent_channels=8)
     assert str(checkpoint) in _bad(str(checkpoint), config=str(other))

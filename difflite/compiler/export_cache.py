@@ -29,6 +29,8 @@ from typing import Callable
 import torch
 
 from difflite.compiler import export
+from difflite.core.errors import BadInput
+from difflite.core.jsonfile import read_json
 from difflite.folder.manifest import checked_sha256, sha256_file
 
 ENTRY = "entry.json"
@@ -79,11 +81,11 @@ def _reuse(entry: Path, path: Path) -> bool:
     """Place the entry's files at `path` (and its .data) when they are all there and unchanged."""
     names = _file_names(path)
     try:
-        files = json.loads((entry / ENTRY).read_text())["files"]
+        files = read_json(entry / ENTRY, what="export cache entry")["files"]
         intact = sorted(files) == sorted(names) and all(
             (entry / name).stat().st_size == files[name]["bytes"]
             and checked_sha256(entry / name) == files[name]["sha256"] for name in names)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, BadInput, KeyError, TypeError):
         intact = False
     if not intact:
         if entry.exists():

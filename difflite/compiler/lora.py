@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import re
 import sys
@@ -36,6 +35,7 @@ import torch
 
 from difflite.compiler.pipeline import fold_into_hash, one_line, quiet_loaders
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import loads_json
 
 _KOHYA_PREFIXES = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_")
 _KOHYA_SUFFIXES = (".lora_down.weight", ".lora_up.weight", ".alpha")
@@ -103,12 +103,11 @@ def _read(path: Path) -> tuple[bytes, dict[str, torch.Tensor], dict]:
         raise BadInput(f"{path}: cannot read the LoRA file ({e.strerror or e})") from e
     try:
         tensors = load(data)
-        header_size = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + header_size])
     except Exception as e:  # safetensors raises its own error type, or others on garbage
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BadInput(f"{path}: not a .safetensors file ({reason[:200]}); LoRAs are read from .safetensors "
                        f"only") from e
+    header = loads_json(data[8:8 + int.from_bytes(data[:8], "little")], source=path, what="safetensors header")
     if not tensors:
         raise BadInput(f"{path}: the LoRA file holds no tensors")
     return data, tensors, header.get("__metadata__") or {}
@@ -139,10 +138,9 @@ def _check(pipe, spec) -> _Lora:
         set_aside = [k for k in keys if not k.startswith(_KOHYA_PREFIXES)]
         tensors = _fold_kohya_alphas(path, {k: v for k, v in tensors.items() if k.startswith(_KOHYA_PREFIXES)})
     elif file_metadata.get("lora_adapter_metadata"):
-        try:
-            metadata = json.loads(file_metadata["lora_adapter_metadata"])
-        except ValueError as e:
-            raise BadInput(f"{path}: its lora_adapter_metadata is not JSON") from e
+        metadata = loads_json(file_metadata["lora_adapter_metadata"], source=f"{path}: its lora_adapter_metadata")
+        if not isinstance(metadata, dict):
+            raise BadInput(f"{path}: its lora_adapter_metadata is not a JSON object")
     try:
         state_dict, _ = StableDiffusionLoraLoaderMixin.lora_state_dict(tensors)
     except Exception as e:

@@ -5,13 +5,13 @@ diffusers config folder); then a separate VAE, the prediction type and LoRAs
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from difflite.compiler.pipeline import Pipeline, fold_into_hash, load_folder
 from difflite.compiler.presets import build_preset, preset_configs
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import read_json
 
 
 def peek_configs(model: str) -> tuple[dict, dict] | None:
@@ -23,8 +23,8 @@ def peek_configs(model: str) -> tuple[dict, dict] | None:
         return configs["unet"], configs["vae"]
     folder = Path(model).expanduser()
     try:
-        unet, vae = (json.loads((folder / name / "config.json").read_text()) for name in ("unet", "vae"))
-    except (OSError, ValueError):
+        unet, vae = (read_json(folder / name / "config.json", what="model config") for name in ("unet", "vae"))
+    except BadInput:
         return None
 
     def listed(config, key: str, kind=object) -> bool:

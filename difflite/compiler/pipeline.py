@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import loads_json, read_json
+from difflite.folder.tokenizer import check_token_ids
 
 COMPONENTS = ("text_encoder", "unet", "vae")
 _MODEL_CLASSES = {"text_encoder": "CLIPTextModel", "unet": "UNet2DConditionModel", "vae": "AutoencoderKL"}
@@ -51,8 +53,8 @@ class Pipeline:
         from difflite.folder.tokenizer import save_pipeline
 
         tok = self.tokenizer
-        pipeline_json = tok.backend_tokenizer.to_str()
-        model = json.loads(pipeline_json)["model"]
+        pipeline_json, pipeline = tokenizer_pipeline(tok)
+        model = pipeline["model"]
         merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
         special = {"bos_token": str(tok.bos_token), "eos_token": str(tok.eos_token),
                    "unk_token": str(tok.unk_token), "pad_token": str(tok.pad_token)}
@@ -127,13 +129,15 @@ def one_line(error: BaseException) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
+def tokenizer_pipeline(tokenizer) -> tuple[str, dict]:
+    """A transformers tokenizer's tokenizers-library pipeline (what OUT/tokenizer/tokenizer.json
+    holds): its JSON text and values."""
+    text = tokenizer.backend_tokenizer.to_str()
+    return text, loads_json(text, source=f"{tokenizer.name_or_path}: the tokenizer's pipeline")
+
+
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInput(f"{path}: missing") from None
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{path}: not readable JSON ({one_line(e)})") from e
+    data = read_json(path, what="model config")
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a JSON object")
     return data
@@ -152,11 +156,15 @@ def check_config_folder(folder: Path) -> dict:
             raise BadInput(f"{folder / 'model_index.json'}: expected {name} = {cls}, got {entry!r}")
         if not (folder / name / "config.json").is_file():
             raise BadInput(f"{folder / name / 'config.json'}: missing")
+        _read_json(folder / name / "config.json")
     if not (folder / "scheduler" / "scheduler_config.json").is_file():
         raise BadInput(f"{folder / 'scheduler' / 'scheduler_config.json'}: missing")
+    _read_json(folder / "scheduler" / "scheduler_config.json")
     tok = folder / "tokenizer"
     if not ((tok / "vocab.json").is_file() and (tok / "merges.txt").is_file()) and not (tok / "tokenizer.json").is_file():
         raise BadInput(f"{tok}: missing tokenizer files (vocab.json + merges.txt or tokenizer.json)")
+    for path in sorted(tok.glob("*.json")):  # bounded here, before transformers parses them unbounded
+        read_json(path, what="tokenizer file")
     return index
 
 
@@ -207,6 +215,7 @@ def load_folder(folder: Path) -> Pipeline:
 
 
 def from_pretrained(cls, path: Path):
+    _read_json(path / "config.json")  # bounded here, before the loaders parse it unbounded
     # Mismatched shapes are reported back rather than raised so the message can name the tensor.
     kwargs = {"local_files_only": True, "output_loading_info": True, "ignore_mismatched_sizes": True}
     if cls.__name__ == "CLIPTextModel":
@@ -258,6 +267,7 @@ def assemble(source: str, source_hash: str, config_folder: Path, text_encoder, u
     vocab_size = text_encoder.config.vocab_size
     if len(tokenizer) > vocab_size:
         raise BadInput(f"{config_folder / 'tokenizer'}: {len(tokenizer)} tokens but the text encoder has {vocab_size}")
+    check_token_ids(config_folder / "tokenizer", tokenizer_pipeline(tokenizer)[1], vocab_size)
     scheduler = _read_json(config_folder / "scheduler" / "scheduler_config.json")
     if "_class_name" not in scheduler:
         raise BadInput(f"{config_folder / 'scheduler' / 'scheduler_config.json'}: no _class_name")

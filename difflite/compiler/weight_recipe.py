@@ -36,7 +36,6 @@ over the output's power, alone, in dB. convert writes every component's recipe i
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -48,6 +47,7 @@ import torch
 from difflite.compiler import export
 from difflite.compiler.tflite import quantize
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import read_json
 
 FORMAT = 1
 FILE = "weights_recipe.json"
@@ -389,10 +389,7 @@ def read(path) -> dict[str, dict]:
             raise BadInput(f"{path}: no {FILE} or manifest.json in this folder")
     if not path.is_file():
         raise BadInput(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-        raise BadInput(f"{path}: not a weights recipe (not readable JSON: {exc})") from exc
+    data = read_json(path, what="weights recipe")
     if not isinstance(data, dict):
         raise BadInput(f"{path}: not a weights recipe")
     if isinstance(data.get("weights_recipe"), dict):  # a manifest: {component: recipe}

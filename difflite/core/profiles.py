@@ -11,11 +11,11 @@ known ones.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import read_json
 
 PROFILES_FILE = Path(__file__).with_name("device_profiles.json")
 DEFAULT_PROFILE = "generic"
@@ -86,11 +86,8 @@ def _precision(profile: Profile, precision: str | None) -> str:
 @functools.lru_cache(maxsize=1)
 def _load_all() -> dict[str, Profile]:
     where = PROFILES_FILE
-    try:
-        data = json.loads(where.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{where}: cannot read device profiles ({e})") from e
-    entries = data.get("profiles")
+    data = read_json(where, what="device profiles")
+    entries = data.get("profiles") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise BadInput(f"{where}: no 'profiles' object")
     return {name: _profile(where, name, entry) for name, entry in entries.items()}
@@ -136,10 +133,7 @@ def _profile(where: Path, name: str, entry: object) -> Profile:
 
 
 def _profile_file(where: Path) -> Profile:
-    try:
-        data = json.loads(where.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{where}: cannot read the device profile ({e})") from e
+    data = read_json(where, what="device profile")
     entries = data.get("profiles") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or len(entries) != 1:
         raise BadInput(f"{where}: needs a 'profiles' object with exactly one profile")

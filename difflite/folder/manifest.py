@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import read_json
 
 FORMAT = "difflite-output"
 FORMAT_VERSION = 1
@@ -58,8 +59,8 @@ def _remembered(path: Path, field: str, compute, valid):
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
     record = _digest_cache_dir() / f"{key}.json"
     cached = {}
-    with contextlib.suppress(OSError, ValueError):
-        cached = json.loads(record.read_text())
+    with contextlib.suppress(BadInput):
+        cached = read_json(record, what="digest record")
         cached = cached if isinstance(cached, dict) and cached.get("stamp") == stamp else {}
     if field in cached and valid(cached[field]):
         return cached[field]
@@ -198,14 +199,9 @@ def read_manifest(folder) -> dict:
         raise BadInput(f"{folder}: not a folder (give the output folder that `difflite convert` wrote)")
     if not folder.is_dir():
         raise BadInput(f"{folder}: no such folder")
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{folder}: not a difflite output folder (no {MANIFEST})") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: not valid JSON ({exc})") from exc
+    if not os.path.lexists(path):
+        raise BadInput(f"{folder}: not a difflite output folder (no {MANIFEST})")
+    manifest = read_json(path, what="manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BadInput(f"{path}: not a difflite manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -271,4 +267,4 @@ def check_component_files(folder, manifest: dict, names=None, check_models: bool
 
 def read_report(folder) -> dict:
     path = Path(folder) / REPORT
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path, what="report") if path.is_file() else {}

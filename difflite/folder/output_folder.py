@@ -65,6 +65,13 @@ class ComponentEntry:
     def file(self) -> str:
         return self.path.name
 
+    def token_vocabulary(self) -> int | None:
+        """How many token ids this file can look up (a text encoder: the rows of its token table);
+        None where it gathers from no constant table."""
+        from difflite.folder.reader import read_tflite
+
+        return read_tflite(self.path).gathered_table_rows()
+
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)
 

@@ -60,6 +60,23 @@ class TFLiteSummary:
     def custom_ops(self) -> list[OpInfo]:
         return [op for op in self.ops if op.custom_options is not None]
 
+    def gathered_table_rows(self) -> int | None:
+        """The rows of the largest constant table a GATHER reads (a text encoder's token embedding:
+        its vocabulary, which token ids must stay below); None where no GATHER reads one."""
+        made_by = {index: op for op in self.ops for index in op.outputs}
+        rows = [self.tensors[op.inputs[0]].shape[0] for op in self.ops
+                if op.name == "GATHER" and op.inputs and self._constant_table(op.inputs[0], made_by)]
+        return max(rows, default=None)
+
+    def _constant_table(self, index: int, made_by: dict[int, OpInfo]) -> bool:
+        """A rank-2 constant, or one dequantized (an int8 table of `--weights int4`)."""
+        if index < 0 or len(self.tensors[index].shape) != 2:
+            return False
+        maker = made_by.get(index)
+        if maker is not None and maker.name == "DEQUANTIZE" and maker.inputs:
+            index = maker.inputs[0]
+        return index >= 0 and self.tensors[index].constant
+
 
 def _text(value) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")

@@ -37,6 +37,7 @@ from difflite.core.conditioning import (
     guidance_embedding,
 )
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import loads_json, read_json
 from difflite.folder.output_folder import ComponentEntry, OutputFolder
 from difflite.runtime.backend import HELP as BACKEND_HELP
 from difflite.runtime.backend import BackendChoice
@@ -175,9 +176,10 @@ def pipeline_plan(entries: dict[str, ComponentEntry], steps: int, guided: bool) 
 
 def vocab_size(out: Path) -> int:
     try:
-        return max(2, len(json.loads((out / "tokenizer" / "vocab.json").read_text())))
-    except (OSError, ValueError):
+        vocab = read_json(out / "tokenizer" / "vocab.json", what="tokenizer vocabulary")
+    except BadInput:
         return FALLBACK_VOCAB
+    return max(2, len(vocab)) if isinstance(vocab, dict) else FALLBACK_VOCAB
 
 
 def random_feeds(entry: ComponentEntry, rng, vocab: int) -> dict:
@@ -343,8 +345,8 @@ def read_stats_file(path: Path | None) -> dict | None:
     if path is None:
         return None
     try:
-        stats = json.loads(path.read_text())
-    except (OSError, ValueError):
+        stats = read_json(path, what="op library stats")
+    except BadInput:
         return None
     return stats if isinstance(stats, dict) else None
 
@@ -451,8 +453,8 @@ def read_device_stats(device, path: str) -> dict | None:
     if status != 0:
         return None
     try:
-        stats = json.loads(text)
-    except json.JSONDecodeError:
+        stats = loads_json(text, source=path, what="op library stats")
+    except BadInput:
         return None
     return stats if isinstance(stats, dict) else None
 

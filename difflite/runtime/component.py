@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import os
 import re
 import tempfile
@@ -20,6 +19,7 @@ from difflite.folder.manifest import check_model_file
 from difflite.folder.output_folder import ComponentEntry
 from difflite.folder.schema import SIGNATURE_KEY
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import read_json
 from difflite.core.procmem import process_running
 
 BACKENDS = ("cpu", "opencl", "litert-gpu")
@@ -254,8 +254,8 @@ class Component:
         """The OpenCL delegate's memory report ({} for other backends, and after close());
         written once the delegate has prepared, i.e. after the first call."""
         try:
-            return json.loads(self.stats_path.read_text())
-        except (OSError, ValueError):
+            return read_json(self.stats_path, what="op library stats")
+        except BadInput:
             return {}
 
     def __call__(self, **inputs) -> dict[str, np.ndarray]:

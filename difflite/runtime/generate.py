@@ -49,11 +49,12 @@ from difflite.core.conditioning import (
     guidance_embedding,
 )
 from difflite.core.errors import BadInput
+from difflite.core.jsonfile import read_json
 from difflite.folder.output_folder import OutputFolder
 from difflite.runtime.backend import CHOICES as BACKEND_CHOICES
 from difflite.runtime.backend import HELP as BACKEND_HELP
 from difflite.runtime.backend import choose as choose_backend
-from difflite.folder.tokenizer import PromptTokenizer
+from difflite.folder.tokenizer import PromptTokenizer, clean_prompt
 from difflite.runtime.noise import TorchGenerator, check_seed
 from difflite.runtime.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
 
@@ -225,10 +226,9 @@ class LitePipeline:
             raise BadInput(f"{self.tokenizer_dir}: missing (the output folder is incomplete: convert again)")
         if not config_path.is_file():
             raise BadInput(f"{config_path}: missing (the output folder is incomplete: convert again)")
-        try:
-            self.scheduler_config = json.loads(config_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadInput(f"{config_path}: not valid JSON ({exc})") from exc
+        self.scheduler_config = read_json(config_path, what="scheduler config")
+        if not isinstance(self.scheduler_config, dict):
+            raise BadInput(f"{config_path}: not a scheduler config (expected a JSON object)")
         self._components: dict = {}
         self._tokenizer: PromptTokenizer | None = None
         self.load_seconds = 0.0
@@ -293,7 +293,8 @@ class LitePipeline:
     def tokenizer(self) -> PromptTokenizer:
         if self._tokenizer is None:
             start = time.perf_counter()
-            self._tokenizer = PromptTokenizer(self.tokenizer_dir, self.text_length)
+            vocabulary = self.folder.components["text_encoder"].token_vocabulary()
+            self._tokenizer = PromptTokenizer(self.tokenizer_dir, self.text_length, vocabulary)
             self.load_seconds += time.perf_counter() - start
         return self._tokenizer
 
@@ -326,6 +327,7 @@ class LitePipeline:
                  timestep_spacing: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GenerateResult:
         img2img = init_image is not None
+        prompt, negative_prompt = clean_prompt(prompt), clean_prompt(negative_prompt)
         self._check_call(steps, guidance, img2img, strength, seed)
         timer = _Timer()
         started = time.perf_counter()
