@@ -154,10 +154,9 @@ def parse_lora(spec: str):
                    "another --weights-block is refused, a partial match warns (unmatched layers are int4 / int8). "
                    "Components the file has no recipe for get one computed.")
 @click.option("--weights-target-db", default=None, type=float,
-              help="int4 / int8: the output SNR (vs PyTorch) a computed recipe is for: layers move from "
-                   "int4 to int8 (from int8 to float) until its probes measure this plus a 1 dB margin (or every layer has "
-                   "moved) [default: verify's bar, 28 for int4, 35 for int8]. 0: no recipe, every layer int4 / "
-                   "int8.")
+              help="int4 / int8: the SNR against PyTorch a computed recipe aims at, plus 1 dB: layers move to "
+                   "the wider width until its probes measure it [default: verify's bar, 28 for int4, 35 for "
+                   "int8]; 0: no recipe, every layer at --weights.")
 @click.option("--weights-probes", default=2, show_default=True, type=int,
               help="int4 / int8: seeded random inputs the recipe measures each layer's sensitivity on (at latents of at "
                    "most 16x16); more is slower and steadier.")
