@@ -1,6 +1,6 @@
 """Benchmark: the README's headline figures, each the median and range of several runs.
 
-For SD 1.5 (preset weights, 512x512, batch 2, fp16 storage, default device profile) it converts
+For SD 1.5 (preset weights, 512x512, fp16 storage, convert's defaults: batch 1, the generic profile) it converts
 three folders (fused fp16, fused int8, --no-fuse fp16 for stock LiteRT), then measures, each in a
 fresh process from the shell as a user runs it:
 
