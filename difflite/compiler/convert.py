@@ -19,7 +19,7 @@ from difflite.compiler.tflite.writer import load_onnx, write_tflite
 from difflite.core import profiles
 from difflite.core.custom_ops import FUSE_KINDS
 from difflite.core.errors import BadInput
-from difflite.core.procstats import peak_rss_mb, reset_peak_rss
+from difflite.core import procmem
 from difflite.folder import manifest, memory
 from difflite.folder.reader import read_tflite
 
@@ -175,11 +175,11 @@ class StageLog:
     entries: dict = field(default_factory=dict)
 
     def run(self, component: str, stage: str, fn: Callable, *args, **kwargs):
-        reset_peak_rss()
+        procmem.reset_high_water_mark()
         start = time.perf_counter()
         result = fn(*args, **kwargs)
         self.entries.setdefault(component, {})[stage] = {
-            "seconds": round(time.perf_counter() - start, 3), "peak_rss_mb": round(peak_rss_mb(), 1)}
+            "seconds": round(time.perf_counter() - start, 3), "peak_rss_mb": round(procmem.peak_rss_mb(), 1)}
         return result
 
     def peak_rss_mb(self) -> float:

@@ -57,6 +57,14 @@ def high_water_mark_mb() -> float | None:
     return read_status().get(HIGH_WATER_MARK)
 
 
+def peak_rss_mb() -> float:
+    """VmHWM, or where /proc has none the largest resident set getrusage saw (which no reset lowers)."""
+    import resource
+
+    peak = high_water_mark_mb()
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def reset_high_water_mark() -> bool:
     """Set VmHWM to the current resident set; False where the kernel refuses (then VmHWM keeps
     the peak since the process started)."""
