@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT
+from support import ROOT, hostile_images
 
 CLI = (sys.executable, "-m", "difflite")
 SIZE = ("--height", "32", "--width", "32")
@@ -425,6 +425,27 @@ GENERATE = [
     case("generate-output-on-a-full-disk", "generate {out} prompt -o {full}/{id}/x.png --steps 1",
          "{full}/{id}/x.png", "No space left on device", watch=("{full}/{id}",)),
     *oplib_cases("generate", "generate {out} prompt -o {t}/x.png --steps 1 --backend opencl"),
+    # hostile and damaged pictures, refused before any pixel is decoded (or by the decoder, in one line)
+    *(case(f"generate-init-image-{name}", f"{GENERATE_ONE} --init-image {{t}}/{file}",
+           f"--init-image {{t}}/{file}", reason, prepare=_(lambda f, file=file, make=make: write(f / file, make())))
+      for name, file, reason, make in (
+          ("decompression-bomb", "bomb.png", "100000 x 100000 pixels", hostile_images.decompression_bomb),
+          ("decompression-bomb-bmp", "bomb.bmp", "more than the 64 Mpx",
+           lambda: hostile_images.bmp_header(20_000, 10_000)),
+          ("ztxt-bomb", "text.png", "expands past 1 MiB", hostile_images.ztxt_bomb),
+          ("itxt-bomb", "xmp.png", "expands past 1 MiB", hostile_images.itxt_bomb),
+          ("many-text-chunks", "notes.png", "more than 32 PNG text chunks",
+           lambda: hostile_images.many_text_chunks(1000)),
+          ("garbage", "noise.png", "past the end of the file", hostile_images.garbage),
+          ("truncated-png", "cut.png", "past the end of the file",
+           lambda: hostile_images.truncated(hostile_images.png(64, 64, pixels=bytes(193 * 64)))),
+          ("truncated-jpeg", "cut.jpg", "truncated", lambda: hostile_images.truncated(hostile_images.jpeg(64, 64))),
+          ("not-an-image", "notes.txt", "cannot identify", lambda: "hello"))),
+    case("generate-init-image-oversized-file", f"{GENERATE_ONE} --init-image {{t}}/big.png",
+         "--init-image {t}/big.png", "65.0 MiB, more than the 64 MiB",
+         prepare=_(lambda f: hostile_images.oversized(f / "big.png", 65 * 2**20))),
+    case("generate-init-image-missing", f"{GENERATE_ONE} --init-image {{t}}/nothing.png",
+         "--init-image {t}/nothing.png", "no such image file"),
 ]
 
 BENCH_ONE = "bench {out} --runs 1 --warmup 0"
