@@ -90,8 +90,7 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
 
 def parse_lora(spec: str):
     """FILE[:SCALE] -> LoraSpec; a suffix that is not a number is part of the file name."""
-    import math
-
+    from difflite.compiler.lora import check_lora_scale
     from difflite.compiler.models import LoraSpec
     path, scale = spec, 1.0
     head, sep, tail = spec.rpartition(":")
@@ -100,9 +99,7 @@ def parse_lora(spec: str):
             path, scale = head, float(tail)
         except ValueError:
             pass
-    if not math.isfinite(scale):
-        raise BadInput(f"--lora {spec}: scale {tail!r} must be a finite number")
-    return LoraSpec(path, scale)
+    return LoraSpec(path, check_lora_scale(scale, f"--lora {spec}"))
 
 
 @main.command()
@@ -120,7 +117,7 @@ def parse_lora(spec: str):
                    "inferred (SD 2.x: v_prediction at 768 unless the file says otherwise)].")
 @click.option("--lora", "loras", multiple=True, metavar="FILE[:SCALE]",
               help="Merge a LoRA (diffusers/PEFT or kohya/A1111 .safetensors) into the weights before export, "
-                   "scaled by SCALE (default 1.0); repeatable.")
+                   "scaled by SCALE (default 1.0; finite, from -1000 to 1000); repeatable.")
 @click.option("--components", default="text_encoder,unet,vae_decoder", show_default=True,
               help="Comma-separated: text_encoder, unet, vae_decoder, vae_encoder.")
 @click.option("--height", default=None, type=int,

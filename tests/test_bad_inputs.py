@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT
+from support import ROOT, hostile_images
 
 CLI = (sys.executable, "-m", "difflite")
 SIZE = ("--height", "32", "--width", "32")
@@ -189,6 +189,31 @@ def int8_sample_unet(folder: Path) -> None:
 
 
 NO_TFLITE_TYPE = 99
+
+LORA_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"  # a Linear [32, 32] of preset:tiny
+NAN_VAE_WEIGHT = "decoder.conv_out.weight"
+
+
+def kohya_lora(value: float) -> bytes:
+    """A kohya LoRA of rank 4 on preset:tiny's LORA_LAYER, every value `value` (no alpha: a factor
+    of 1), so the merge adds scale * 4 * value**2 to each weight."""
+    key = "lora_unet_" + LORA_LAYER.replace(".", "_")
+    values = struct.pack("<f", value) * 128
+    return safetensors_bytes({f"{key}.lora_down.weight": ("F32", [4, 32], values),
+                              f"{key}.lora_up.weight": ("F32", [32, 4], values)})
+
+
+def vae_with_a_nan(folder: Path) -> None:
+    """preset:tiny's VAE as a diffusers vae folder, one weight of it NaN."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    from difflite.compiler.presets import preset_configs
+
+    vae = AutoencoderKL.from_config(preset_configs("tiny")["vae"])
+    with torch.no_grad():
+        vae.get_parameter(NAN_VAE_WEIGHT)[0, 0, 0, 0] = float("nan")
+    vae.save_pretrained(folder)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,6 +417,26 @@ CONVERT = [
                                               "inf"], "--winograd-budget-mb inf"),
     case("convert-export-cache-is-a-file", "convert preset:tiny -o {t}/OUT --export-cache {t}/cache",
          "{t}/cache", "is a file", prepare=_(lambda f: write(f / "cache", "a file"))),
+    # LoRA scales past +-1000, LoRA values and merges that are not finite, weights float16 cannot hold, a VAE
+    # that is not finite: refused, naming the file and the layer
+    *(case(f"convert-lora-scale-{name}", ["convert", "preset:tiny", "-o", "{t}/OUT", "--lora",
+                                          f"{{t}}/lora.safetensors:{scale}"],
+           f"--lora {{t}}/lora.safetensors:{scale}", "must be a finite number from -1000 to 1000",
+           prepare=_(lambda f: write(f / "lora.safetensors", kohya_lora(0.1)))) for name, scale in (
+        ("nan", "nan"), ("infinite", "-inf"), ("1e30", "1e30"), ("1e9", "1e9"), ("just-past-the-bound", "1000.5"))),
+    *(case(f"convert-lora-values-{name}", "convert preset:tiny -o {t}/OUT --lora {t}/lora.safetensors",
+           "{t}/lora.safetensors", "lora_down.weight holds NaN or infinite values",
+           prepare=_(lambda f, value=value: write(f / "lora.safetensors", kohya_lora(value))))
+      for name, value in (("nan", float("nan")), ("infinite", float("inf")))),
+    case("convert-lora-merge-overflows", "convert preset:tiny -o {t}/OUT --lora {t}/lora.safetensors",
+         "{t}/lora.safetensors", f"unet.{LORA_LAYER}.weight", "1024 of its 1024 values are NaN or infinite",
+         prepare=_(lambda f: write(f / "lora.safetensors", kohya_lora(1e20)))),
+    case("convert-lora-overflows-float16", ["convert", "preset:tiny", "-o", "{t}/OUT", *SIZE, "--components", "unet",
+                                            "--precision", "fp16", "--lora", "{t}/lora.safetensors:1000"],
+         f"layer unet.{LORA_LAYER}:", "stored as float16", "the LoRA {t}/lora.safetensors merged at scale 1000",
+         prepare=_(lambda f: write(f / "lora.safetensors", kohya_lora(10.0)))),
+    case("convert-vae-not-finite", "convert preset:tiny -o {t}/OUT --vae {t}/vae", "{t}/vae",
+         f"VAE parameter {NAN_VAE_WEIGHT}", "1 of its", prepare=_(lambda f: vae_with_a_nan(f / "vae"))),
     # the output
     case("convert-out-is-a-file", "convert preset:tiny -o {t}/OUT", "{t}/OUT", "is a file",
          prepare=_(lambda f: write(f / "OUT", "a file"))),
@@ -503,6 +548,27 @@ GENERATE = [
     case("generate-output-on-a-full-disk", "generate {out} prompt -o {full}/{id}/x.png --steps 1",
          "{full}/{id}/x.png", "No space left on device", watch=("{full}/{id}",)),
     *oplib_cases("generate", "generate {out} prompt -o {t}/x.png --steps 1 --backend opencl"),
+    # hostile and damaged pictures, refused before any pixel is decoded (or by the decoder, in one line)
+    *(case(f"generate-init-image-{name}", f"{GENERATE_ONE} --init-image {{t}}/{file}",
+           f"--init-image {{t}}/{file}", reason, prepare=_(lambda f, file=file, make=make: write(f / file, make())))
+      for name, file, reason, make in (
+          ("decompression-bomb", "bomb.png", "100000 x 100000 pixels", hostile_images.decompression_bomb),
+          ("decompression-bomb-bmp", "bomb.bmp", "more than the 64 Mpx",
+           lambda: hostile_images.bmp_header(20_000, 10_000)),
+          ("ztxt-bomb", "text.png", "expands past 1 MiB", hostile_images.ztxt_bomb),
+          ("itxt-bomb", "xmp.png", "expands past 1 MiB", hostile_images.itxt_bomb),
+          ("many-text-chunks", "notes.png", "more than 32 PNG text chunks",
+           lambda: hostile_images.many_text_chunks(1000)),
+          ("garbage", "noise.png", "past the end of the file", hostile_images.garbage),
+          ("truncated-png", "cut.png", "past the end of the file",
+           lambda: hostile_images.truncated(hostile_images.png(64, 64, pixels=bytes(193 * 64)))),
+          ("truncated-jpeg", "cut.jpg", "truncated", lambda: hostile_images.truncated(hostile_images.jpeg(64, 64))),
+          ("not-an-image", "notes.txt", "cannot identify", lambda: "hello"))),
+    case("generate-init-image-oversized-file", f"{GENERATE_ONE} --init-image {{t}}/big.png",
+         "--init-image {t}/big.png", "65.0 MiB, more than the 64 MiB",
+         prepare=_(lambda f: hostile_images.oversized(f / "big.png", 65 * 2**20))),
+    case("generate-init-image-missing", f"{GENERATE_ONE} --init-image {{t}}/nothing.png",
+         "--init-image {t}/nothing.png", "no such image file"),
 ]
 
 BENCH_ONE = "bench {out} --runs 1 --warmup 0"

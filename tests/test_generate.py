@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -232,6 +233,50 @@ def test_cli_img2img_in_process(folders, lite, tmp_path):
     with Image.open(target) as png:
         pixels = np.asarray(png)
     expected = lite[1]("a red car", steps=2, scheduler="euler", init_image=source, strength=0.5).uint8
+    assert np.array_equal(pixels, expected)
+
+
+def smooth_picture(width: int, height: int) -> Image.Image:
+    """A gradient with waves: quick to make and to compress at any size."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    pixels = np.stack([x / width, y / height, 0.5 + 0.5 * np.sin(x / 50.0) * np.cos(y / 70.0)], axis=-1)
+    return Image.fromarray((pixels * 255).round().astype(np.uint8))
+
+
+def peak_mb_of_generate(*args) -> tuple[subprocess.CompletedProcess, float]:
+    """`difflite generate ARGS` in a fresh process, and its own peak resident set (VmHWM) in MB."""
+    from support import SUPPORT, child_env
+
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "peak.json"
+        run = subprocess.run([sys.executable, str(SUPPORT / "peak_child.py"), str(report), "generate",
+                              *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                             env=child_env(TF_CPP_MIN_LOG_LEVEL="2"), check=False)
+        return run, json.loads(report.read_text()) if report.exists() else math.nan
+
+
+LARGE_PICTURE = (4000, 3000)  # 12 Mpx: a camera's photo
+DECODED_MB = LARGE_PICTURE[0] * LARGE_PICTURE[1] * 4 / 2**20  # PIL holds RGB in 4 bytes a pixel
+
+
+def test_cli_img2img_from_a_large_picture_in_bounded_memory(folders, lite, tmp_path):
+    """A legal 4000 x 3000 PNG is read (through the bounded loader) and resized to the model's
+    96 x 64 before any model loads: the command's peak memory stays within two decoded copies of
+    the picture of the same command on a picture of the model's own size, and the picture made
+    is the one the pipeline makes from the same file in process."""
+    large, small = tmp_path / "large.png", tmp_path / "small.png"
+    smooth_picture(*LARGE_PICTURE).save(large)
+    smooth_picture(WIDTH, HEIGHT).save(small)
+    options = ("--steps", "2", "--strength", "0.5", "--scheduler", "euler")
+    peaks = {}
+    for name, source in (("small", small), ("large", large)):
+        run, peaks[name] = peak_mb_of_generate(folders[1], "a red car", "-o", tmp_path / f"{name}-out.png",
+                                               "--init-image", source, *options)
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert peaks["large"] <= peaks["small"] + 2 * DECODED_MB, peaks
+    with Image.open(tmp_path / "large-out.png") as png:
+        pixels = np.asarray(png)
+    expected = lite[1]("a red car", steps=2, scheduler="euler", init_image=large, strength=0.5).uint8
     assert np.array_equal(pixels, expected)
 
 

@@ -396,3 +396,47 @@ def test_weight_bytes_count_the_quantization_parameters_the_file_holds(tmp_path)
     assert scales > 0 and zero_points == scales
     assert summary.quantization_bytes == 4 * scales + 8 * zero_points
     assert summary.weight_bytes == buffers + summary.quantization_bytes <= summary.file_bytes
+
+
+def beyond_float16_model() -> onnx.ModelProto:
+    """linear_and_conv_model with its MatMul weight scaled past float16's range (largest ~1e6):
+    finite in float32, infinite as float16 values and as int4's float16 block scales."""
+    model = linear_and_conv_model()
+    mat_w = model.graph.initializer[2]
+    mat_w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(mat_w) * np.float32(1e6), "mat_w"))
+    return model
+
+
+@pytest.mark.parametrize("precision, width, refused", [
+    ("fp32", "float", False), ("fp16", "float", True),  # float32 holds 1e6; float16 stops at 65504
+    ("fp16", "int8", False),  # int8's per-channel scales are float32 quantization parameters
+    ("fp16", "int4", True),  # int4's block scales are float16 at fp16: 1e6 / 7 is past 65504
+])
+def test_weights_the_storage_cannot_hold_are_refused_naming_them(precision, width, refused, tmp_path):
+    """The writer checks every float constant as stored: a weight (or a quantized weight's scale)
+    that float16 turns into an infinity is refused with its name, and nothing is written."""
+    from difflite.core.finite import NonFiniteWeights
+
+    path = tmp_path / "m.tflite"
+    quant = quantize.WeightQuantization(width, 32, min_elements=1)
+
+    def write():
+        return write_tflite(ir.serde.deserialize_model(beyond_float16_model()), precision=precision, path=path,
+                            quantization=quant)
+
+    if not refused:
+        write()
+        assert path.stat().st_size > 0
+        return
+    with pytest.raises(NonFiniteWeights, match=r"weight 'mat_w[^']*'.* stored as float16 .*NaN or infinite") as error:
+        write()
+    assert "\n" not in str(error.value)
+
+
+def test_scales_past_float16_stay_infinite():
+    """Quantizing does not hide an overflow: a float16 block scale past 65504 stays infinite (the
+    writer then refuses it) rather than becoming float16's smallest scale."""
+    weight = np.full((2, 32), 1e8, np.float32)  # int8: 1e8 / 127, int4: 1e8 / 7, both past 65504
+    assert np.isinf(quantize.quantize_int4(weight, 32, np.float16).scales).all()
+    assert np.isinf(quantize.quantize_int8(weight, 0, np.float16).scales).all()
+    assert np.isfinite(quantize.quantize_int8(weight, 0).scales).all()

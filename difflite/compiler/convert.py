@@ -16,10 +16,10 @@ from typing import Callable
 from difflite.compiler import export, export_cache, models, weight_recipe
 from difflite.compiler.tflite import quantize
 from difflite.compiler.tflite.writer import load_onnx, write_tflite
-from difflite.core import profiles
+from difflite.core import procmem, profiles
 from difflite.core.custom_ops import FUSE_KINDS
 from difflite.core.errors import BadInput
-from difflite.core import procmem
+from difflite.core.finite import NonFiniteWeights
 from difflite.folder import manifest, memory
 from difflite.folder.reader import read_tflite
 
@@ -241,9 +241,12 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         entries, reports = {}, {}
         for name in options.components:
             log(f"rewriting and writing {name}.tflite")
-            entries[name], reports[name] = stages.run(
-                name, "write", write_component, name, onnx_dir / f"{name}.onnx", staged, options,
-                recipes.get(name))
+            try:
+                entries[name], reports[name] = stages.run(
+                    name, "write", write_component, name, onnx_dir / f"{name}.onnx", staged, options,
+                    recipes.get(name))
+            except NonFiniteWeights as exc:
+                raise NonFiniteWeights(f"{name}: {exc}{changed_by(source)}") from exc
         if not options.keep_onnx:
             shutil.rmtree(onnx_dir)
         for name in options.components:
@@ -263,6 +266,15 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         staged.write_json(manifest.MANIFEST, man)
         staged.commit()
     return report
+
+
+def changed_by(source: dict) -> str:
+    """What changed the source's weights (the LoRAs merged, the VAE swapped), as the end of an
+    error's line."""
+    changes = [f"the LoRA {lora['path']} merged at scale {lora['scale']:g}" for lora in source.get("loras", [])]
+    if source.get("vae"):
+        changes.append(f"the VAE {source['vae']}")
+    return f" (the weights as changed by {' and '.join(changes)})" if changes else ""
 
 
 def export_component(spec: export.ComponentSpec, path: Path, stages: StageLog, cache: str | None,

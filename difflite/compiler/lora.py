@@ -35,6 +35,7 @@ import torch
 
 from difflite.compiler.pipeline import fold_into_hash, one_line, quiet_loaders
 from difflite.core.errors import BadInput
+from difflite.core.finite import check_finite
 from difflite.core.jsonfile import loads_json
 
 _KOHYA_PREFIXES = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_")
@@ -44,6 +45,17 @@ _UNSUPPORTED = ("dora_scale", "lora_magnitude_vector", "lora_B.bias")
 _PEFT_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
 COMPONENTS = ("unet", "text_encoder")
 _LABELS = {"unet": "UNet", "text_encoder": "text encoder"}
+# LoRAs are merged at scales around 1 (negative ones invert them); beyond this a merge is no
+# longer a LoRA but a way to overflow the weights.
+MAX_LORA_SCALE = 1000.0
+
+
+def check_lora_scale(scale: float, where: str) -> float:
+    """`scale` where it is finite and within +-MAX_LORA_SCALE; else BadInput naming `where`."""
+    if not (math.isfinite(scale) and abs(scale) <= MAX_LORA_SCALE):
+        raise BadInput(f"{where}: LoRA scale {scale:g} must be a finite number from -{MAX_LORA_SCALE:g} to "
+                       f"{MAX_LORA_SCALE:g}")
+    return scale
 
 
 @dataclass
@@ -117,9 +129,7 @@ def _check(pipe, spec) -> _Lora:
     from diffusers.loaders import StableDiffusionLoraLoaderMixin
 
     path = Path(spec.path).expanduser().absolute()
-    scale = float(spec.scale)
-    if not math.isfinite(scale):
-        raise BadInput(f"{path}: LoRA scale {scale} must be a finite number")
+    scale = check_lora_scale(float(spec.scale), str(path))
     data, tensors, file_metadata = _read(path)
     keys = sorted(tensors)
     for key in keys:
@@ -340,6 +350,15 @@ def _merge(pipe, lora: _Lora, adapter: str) -> None:
         for attr in ("lora_scale", "_safe_fusing"):  # left on the UNet by its fuse_lora
             if attr in model.__dict__:
                 delattr(model, attr)
+        _check_merged(lora, c, model)
+
+
+def _check_merged(lora: _Lora, component: str, model) -> None:
+    """Each merged layer's weight is still finite (finite factors can overflow float32)."""
+    modules = dict(model.named_modules())
+    for name in lora.layers[component]:
+        check_finite(modules[name].weight.detach(),
+                     f"{lora.path}: merged at scale {lora.scale:g}, {component}.{name}.weight")
 
 
 def _check_injected(lora: _Lora, component: str, model, adapter: str) -> None:

@@ -37,6 +37,7 @@ from difflite.compiler.pipeline import (
 )
 from difflite.compiler.presets import preset_configs
 from difflite.core.errors import BadInput
+from difflite.core.finite import check_finite
 
 _UNET = "model.diffusion_model."
 _VAE = "first_stage_model."
@@ -676,6 +677,9 @@ def replace_vae(pipe: Pipeline, path: Path) -> None:
         sha = _sha256_file(path)
     else:
         raise BadInput(f"{path}: --vae takes a diffusers vae folder or a .safetensors/.ckpt file")
-    pipe.vae = vae.float().eval()
+    vae = vae.float().eval()
+    for name, parameter in vae.named_parameters():  # as float32: a wider file's values may overflow
+        check_finite(parameter.detach(), f"{path}: VAE parameter {name}")
+    pipe.vae = vae
     pipe.details["vae"] = {"path": str(path), "sha256": sha}
     fold_into_hash(pipe, "vae=" + sha)

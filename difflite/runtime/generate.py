@@ -51,10 +51,11 @@ from difflite.core.conditioning import (
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
 from difflite.folder.output_folder import OutputFolder
+from difflite.folder.tokenizer import PromptTokenizer, clean_prompt
 from difflite.runtime.backend import CHOICES as BACKEND_CHOICES
 from difflite.runtime.backend import HELP as BACKEND_HELP
 from difflite.runtime.backend import choose as choose_backend
-from difflite.folder.tokenizer import PromptTokenizer, clean_prompt
+from difflite.runtime.images import read_image
 from difflite.runtime.noise import TorchGenerator, check_seed
 from difflite.runtime.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
 
@@ -81,26 +82,25 @@ def img2img_timesteps(scheduler, steps: int, strength: float):
 
 
 def load_init_image(image, height: int, width: int) -> np.ndarray:
-    """diffusers' VaeImageProcessor.preprocess for one PIL image, resized to the converted size:
-    RGB, lanczos resize to (width, height), [0,255] -> [-1,1], NCHW float32 [1,3,H,W]."""
-    from PIL import Image, UnidentifiedImageError
+    """diffusers' VaeImageProcessor.preprocess for one PIL image (or the path of one), resized to
+    the converted size: RGB, lanczos resize to (width, height), [0,255] -> [-1,1], NCHW float32
+    [1,3,H,W]."""
+    array = np.asarray(fit_init_image(image, height, width)).astype(np.float32) / 255.0
+    return np.ascontiguousarray((array * 2.0 - 1.0).transpose(2, 0, 1)[None])
+
+
+def fit_init_image(image, height: int, width: int):
+    """The picture (a PIL image, or a path read by difflite.runtime.images with its bounds) as an
+    RGB PIL image of (width, height), lanczos-resized where it is not."""
+    from PIL import Image
 
     if isinstance(image, (str, os.PathLike)):
-        path = Path(image)
-        if not path.is_file():
-            raise BadInput(f"{path}: no such image file")
-        try:
-            with Image.open(path) as opened:
-                opened.load()
-                image = opened.copy()
-        except (UnidentifiedImageError, OSError) as exc:
-            raise BadInput(f"{path}: not a readable image ({exc})") from exc
+        image = read_image(image, option="--init-image")
     if image.size != (width, height):
         image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
     if image.mode != "RGB":
         image = image.convert("RGB")
-    array = np.asarray(image).astype(np.float32) / 255.0
-    return np.ascontiguousarray((array * 2.0 - 1.0).transpose(2, 0, 1)[None])
+    return image
 
 
 def to_uint8(image: np.ndarray) -> np.ndarray:
@@ -527,6 +527,8 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     output = check_writable(output)
     choice = choose_backend(backend)
     pipe = LitePipeline(out, backend=choice.backend, low_memory=low_memory, fallback=fallback)
+    if init_image is not None:  # read (and refused) before any model loads; only its resized copy is kept
+        init_image = fit_init_image(init_image, pipe.height, pipe.width)
     if init_image is not None and not pipe.has_vae_encoder:
         raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
     console = Console(stderr=True)

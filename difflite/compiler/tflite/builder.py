@@ -21,6 +21,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
+from difflite.core.finite import check_finite
 from difflite.folder.schema import NUMPY_TYPES, SIGNATURE_KEY, TFLITE_TYPES
 
 QUANTIZED_TYPES = {"int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4}
@@ -111,12 +112,14 @@ class ModelBuilder:
 
     def constant(self, name: str, array: np.ndarray) -> int:
         array = np.ascontiguousarray(array)
+        check_finite(array, f"weight '{name}'")  # every float constant passes here, as stored
         index = self.tensor(name, array.shape, array.dtype)
         self.tensors[index].buffer = self._buffer_for(array)
         return index
 
     def quantized_constant(self, name: str, stored) -> int:
         """An INT8 or INT4 constant (quantize.Quantized) with its per-axis scales, zero points 0."""
+        check_finite(np.asarray(stored.scales, np.float32), f"the scales of weight '{name}'")
         index = self.tensor(name, stored.shape, np.int8)
         tensor = self.tensors[index]
         tensor.type = QUANTIZED_TYPES[stored.width]

@@ -31,6 +31,13 @@ FP16_MIN_ELEMENTS = 64  # smaller constants stay float32: no size to win, and ex
 CACHED_CONSTANT_BYTES = 1 << 20  # larger ONNX weights are re-read from the file, not kept
 
 
+def to_float16(array) -> np.ndarray:
+    """float16 values of `array`; those beyond float16's range become infinities, without NumPy's
+    warning: the builder refuses them, naming the weight."""
+    with np.errstate(over="ignore"):
+        return np.asarray(array, np.float32).astype(np.float16)
+
+
 def unsupported_at(node: ir.Node | None, detail: str) -> UnsupportedOp:
     """The refusal of `node` (exit 2): its op type, its name and its first output name it."""
     if node is None:
@@ -310,7 +317,7 @@ class LoweringContext:
         if self.precision != "fp16" or table.size < FP16_MIN_ELEMENTS:
             return False
         tensor_name = self.unique_name(name)
-        half = self.builder.constant(tensor_name + "/fp16", np.asarray(table, np.float32).astype(np.float16))
+        half = self.builder.constant(tensor_name + "/fp16", to_float16(table))
         rows = self.builder.tensor(tensor_name + "/rows", self.builder.shape_of(out), np.float16)
         self.builder.op("GATHER", [half, indices], [rows], axis=0)
         self.builder.op("CAST", [rows], [out])
@@ -362,7 +369,7 @@ class LoweringContext:
 
     def _half_constant(self, tensor_name: str, array: np.ndarray) -> int:
         """float16 in the file, DEQUANTIZE to float32."""
-        half = self.builder.constant(tensor_name + "/fp16", array.astype(np.float16))
+        half = self.builder.constant(tensor_name + "/fp16", to_float16(array))
         index = self.builder.tensor(tensor_name, array.shape, np.float32)
         self.builder.op("DEQUANTIZE", [half], [index])
         return index

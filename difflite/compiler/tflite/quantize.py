@@ -122,16 +122,19 @@ def _scales(magnitude: np.ndarray, top: int) -> np.ndarray:
     """Symmetric scales from each group's largest magnitude; an all-zero group gets scale 1 (its
     values quantize to 0 either way) so that no scale is 0 or denormal."""
     scales = (magnitude / np.float64(top)).astype(np.float32)
-    return np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+    # (NaN and infinite scales are kept: the builder refuses them, naming the weight)
+    return np.where(scales < np.finfo(np.float32).tiny, np.float32(1.0), scales).astype(np.float32)
 
 
 def _half_scales(magnitude: np.ndarray, top: int) -> np.ndarray:
     """Symmetric scales that float16 holds exactly (as float32 values): rounded to float16, and
     at least its smallest normal (a tinier block's values then round to a few steps of it;
-    an all-zero block quantizes to 0 either way)."""
-    scales = (magnitude / np.float64(top)).astype(np.float16)
+    an all-zero block quantizes to 0 either way). One beyond float16's range stays infinite (and
+    a NaN stays NaN): the builder refuses it, naming the weight."""
+    with np.errstate(over="ignore"):
+        scales = (magnitude / np.float64(top)).astype(np.float16)
     tiny = np.finfo(np.float16).tiny
-    return np.where(np.isfinite(scales) & (scales >= tiny), scales, np.float16(tiny)).astype(np.float32)
+    return np.where(scales < tiny, np.float16(tiny), scales).astype(np.float32)
 
 
 def quantize_int8(weight: np.ndarray, axis: int = 0, scales_as=np.float32) -> Quantized:

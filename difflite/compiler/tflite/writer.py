@@ -5,6 +5,7 @@ layout decisions are made per value by the lowerings (see layout.py)."""
 
 from __future__ import annotations
 
+import ast
 import collections
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,10 @@ from difflite.compiler.tflite.context import LoweringContext, unsupported_at
 from difflite.compiler.tflite.ops import LOWERINGS
 from difflite.compiler.tflite.quantize import WeightQuantization
 from difflite.core.errors import UnsupportedOp
+from difflite.core.finite import NonFiniteWeights
 
 NEVER_FOLD = {("", "RandomNormal"), ("", "RandomUniform")}
+TORCH_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 
 
 @dataclass
@@ -139,7 +142,22 @@ def _lower_node(ctx: LoweringContext, node: ir.Node) -> None:
     lowering = LOWERINGS.get(key)
     if lowering is None:
         raise unsupported_at(node, "no TFLite lowering")
-    lowering(ctx, node)
+    try:
+        lowering(ctx, node)
+    except NonFiniteWeights as exc:
+        raise NonFiniteWeights(f"layer {layer_of(node)}: {exc}") from exc
+
+
+def layer_of(node: ir.Node) -> str:
+    """The module a node was exported from (the torch exporter's name scopes: the modules from
+    the outermost in, then the node's own name), else the node's name: exported weights are
+    often renamed (val_115), their module is not."""
+    try:
+        scopes = ast.literal_eval(node.metadata_props.get(TORCH_NAME_SCOPES, "[]"))
+    except (ValueError, SyntaxError):
+        scopes = []
+    modules = [s for s in scopes[:-1] if isinstance(s, str) and s] if isinstance(scopes, list) else []
+    return modules[-1] if modules else f"(ONNX node '{node.name}')"
 
 
 def _foldable(ctx: LoweringContext, node: ir.Node, key) -> bool:

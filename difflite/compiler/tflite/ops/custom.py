@@ -148,7 +148,8 @@ def decomposed_attention(ctx, qi: int, ki: int, vi: int, out: int, opts: dict) -
     ctx.builder.op("MUL", [scores, ctx.float_constant(np.full((1, 1, 1, 1), opts["scale"], np.float32),
                                                        "const/attention_scale")], [scaled])
     if opts["causal"]:
-        mask = np.triu(np.full((lq, lk), -1e9, np.float32), k=1).reshape(1, 1, lq, lk)
+        # the lowest float16, not -1e9: stored exactly (and finite) at --precision fp16 too
+        mask = np.triu(np.full((lq, lk), np.finfo(np.float16).min, np.float32), k=1).reshape(1, 1, lq, lk)
         masked = ctx.temp("masked_scores", (n, heads, lq, lk))
         ctx.builder.op("ADD", [scaled, ctx.float_constant(mask, "const/causal_mask")], [masked])
         scaled = masked
