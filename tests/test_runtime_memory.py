@@ -212,7 +212,7 @@ def test_program_cache_survives_two_writers(opencl_lib, models, tmp_path):
     results = [c.communicate(timeout=900) for c in children]
     assert all(c.returncode == 0 for c in children), [r[1][-2000:] for r in results]
     outputs = [json.loads(r[0].splitlines()[-1]) for r in results]
-    assert not [p for p in cache.iterdir() if not p.name.endswith(".clbin")]  # no temporary left
+    assert not [p for p in cache.iterdir() if not p.name.endswith(".clbin") and p.name != "key"]  # no temporary left
     after = run_child(opencl_lib, models["warm"], cache)
     assert after["stats"]["programs_rejected"] == 0 and after["stats"]["programs_compiled"] == 0, after
     for out in outputs:

@@ -4,10 +4,13 @@
 One build (clang, -O1, into a temporary folder; CMake -DDIFFLITE_FUZZ=ON) compiles the library's
 sources once into the sanitized libdifflite_delegate.so and the libFuzzer target fuzz_delegate
 (custom_ops/fuzz/fuzz_delegate.cc: custom-option parsing, every op's node validation and CPU
-kernel, the delegate's model walk). Then, the fuzzer on one core while the rest runs on the other:
+kernel, the delegate's model walk), and the small target fuzz_program_cache
+(custom_ops/fuzz/fuzz_program_cache.cc: the OpenCL program cache's entry parser, issue 35). Then,
+the fuzzer on one core while the rest runs on the other:
 
 * fuzz_delegate replays the regression corpus (custom_ops/fuzz/corpus/: every crash found so far)
-  and fuzzes for FUZZ_SECONDS from it: any finding fails;
+  and fuzzes for FUZZ_SECONDS from it: any finding fails; fuzz_program_cache replays its seeds
+  (custom_ops/fuzz/program_cache_corpus/) and fuzzes for CACHE_FUZZ_SECONDS;
 * the hostile-file corpus (tests/support/hostile_tflite.py) through the sanitized library, CPU and
   OpenCL (PoCL) backends, in Python processes with the ASan runtime preloaded;
 * the core cases of tests/test_custom_ops_cpu.py (every op against its float64 reference,
@@ -33,7 +36,9 @@ from support import hostile_tflite as hostile
 
 SOURCE = ROOT / "custom_ops"
 CORPUS = SOURCE / "fuzz" / "corpus"
+CACHE_CORPUS = SOURCE / "fuzz" / "program_cache_corpus"
 FUZZ_SECONDS = 60
+CACHE_FUZZ_SECONDS = 15  # a small parser: over a million inputs in that time
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:allocator_may_return_null=1",
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
@@ -72,6 +77,7 @@ class Build:
         self.folder, self.clang, self.seconds = folder, clang, seconds
         self.library = folder / "libdifflite_delegate.so"
         self.fuzzer = folder / "fuzz_delegate"
+        self.cache_fuzzer = folder / "fuzz_program_cache"
         # fuzz_delegate links ASan statically; Python gets the shared runtime preloaded.
         self.fuzz_env = {**os.environ, **SANITIZER_ENV,
                          "ASAN_SYMBOLIZER_PATH": shutil.which("llvm-symbolizer") or ""}
@@ -92,19 +98,47 @@ def build(tmp_path_factory) -> Build:
         done = subprocess.run(step, capture_output=True, text=True)
         assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     result = Build(folder, clang, time.monotonic() - start)
-    assert result.library.exists() and result.fuzzer.exists()
+    assert result.library.exists() and result.fuzzer.exists() and result.cache_fuzzer.exists()
     print(f"\nsanitized build: {result.seconds:.1f} s")
     return result
 
 
-def test_regression_corpus_replays_cleanly(build):
-    """Every crash the fuzzer ever found (custom_ops/fuzz/corpus/), once each."""
-    cases = sorted(CORPUS.iterdir())
-    assert cases, f"{CORPUS} is empty"
-    run = subprocess.run([str(build.fuzzer), "-close_fd_mask=2", *map(str, cases)], capture_output=True, text=True,
+@pytest.mark.parametrize("target", ["fuzz_delegate", "fuzz_program_cache"])
+def test_regression_corpus_replays_cleanly(build, target):
+    """Every crash the fuzzer ever found (custom_ops/fuzz/corpus/), and the program cache
+    target's seeds, once each."""
+    fuzzer, corpus = (build.fuzzer, CORPUS) if target == "fuzz_delegate" else (build.cache_fuzzer, CACHE_CORPUS)
+    cases = sorted(corpus.iterdir())
+    assert cases, f"{corpus} is empty"
+    run = subprocess.run([str(fuzzer), "-close_fd_mask=2", *map(str, cases)], capture_output=True, text=True,
                          env=build.fuzz_env, timeout=120)
     assert run.returncode == 0, run.stderr[-6000:]
     assert run.stderr.count("Executed ") == len(cases), run.stderr[-3000:]
+
+
+def start_fuzzer(fuzzer: Path, seconds: int, corpus: Path, work: Path, env: dict) -> subprocess.Popen:
+    """`fuzzer` for `seconds` from the inputs of `corpus`, new ones in work/corpus, its findings
+    and its log (work/fuzz.log) in `work`."""
+    (work / "corpus").mkdir()
+    # No RSS limit: libFuzzer reads its peak RSS from getrusage, which Linux carries across exec
+    # from the forking process, so a pytest of 4.8 GB (the whole suite in CI) made the fuzzer
+    # report out-of-memory on an empty input at once. A single allocation over 2 GB still fails.
+    command = [str(fuzzer), f"-max_total_time={seconds}", "-close_fd_mask=2", "-rss_limit_mb=0",
+               "-malloc_limit_mb=2048", "-print_final_stats=1", f"-artifact_prefix={work}/", str(work / "corpus"), str(corpus)]
+    with open(work / "fuzz.log", "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def assert_fuzzing_found_nothing(process: subprocess.Popen, seconds: int, work: Path) -> None:
+    process.wait(timeout=seconds + 120)
+    text = (work / "fuzz.log").read_text(errors="replace")
+    artifacts = [p.name for p in work.iterdir() if p.name.startswith(("crash-", "leak-", "timeout-", "oom-"))]
+    assert process.returncode == 0 and not artifacts, f"fuzzing found {artifacts}:\n{text[-8000:]}"
+    stats = dict(re.findall(r"stat::(\w+):\s+(\d+)", text))
+    runs = int(stats.get("number_of_executed_units", 0))
+    assert runs > 1000, text[-3000:]
+    print(f"\n{Path(process.args[0]).name}: {runs} executions in {seconds} s ({stats.get('average_exec_per_sec')} / s), "
+          f"{stats.get('new_units_added')} new inputs, no findings")
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +146,8 @@ def fuzzing(build, tmp_path_factory):
     """The bounded fuzz run, started now and awaited by test_bounded_fuzz_run_finds_nothing, so
     that the tests in between run beside it."""
     work = tmp_path_factory.mktemp("fuzz")
-    (work / "corpus").mkdir()
-    log = work / "fuzz.log"
-    # No RSS limit: libFuzzer reads its peak RSS from getrusage, which Linux carries across exec
-    # from the forking process, so a pytest of 4.8 GB (the whole suite in CI) made the fuzzer
-    # report out-of-memory on an empty input at once. A single allocation over 2 GB still fails.
-    command = [str(build.fuzzer), f"-max_total_time={FUZZ_SECONDS}", "-close_fd_mask=2", "-rss_limit_mb=0",
-               "-malloc_limit_mb=2048", "-print_final_stats=1", f"-artifact_prefix={work}/", str(work / "corpus"), str(CORPUS)]
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=build.fuzz_env)
-    yield process, log, work
+    process = start_fuzzer(build.fuzzer, FUZZ_SECONDS, CORPUS, work, build.fuzz_env)
+    yield process, work
     if process.poll() is None:
         process.kill()
         process.wait()
@@ -152,13 +178,16 @@ def test_core_delegate_tests_under_sanitizers(build, fuzzing):
 
 
 def test_bounded_fuzz_run_finds_nothing(fuzzing):
-    process, log, work = fuzzing
-    process.wait(timeout=FUZZ_SECONDS + 120)
-    text = log.read_text(errors="replace")
-    artifacts = [p.name for p in work.iterdir() if p.name.startswith(("crash-", "leak-", "timeout-", "oom-"))]
-    assert process.returncode == 0 and not artifacts, f"fuzzing found {artifacts}:\n{text[-8000:]}"
-    stats = dict(re.findall(r"stat::(\w+):\s+(\d+)", text))
-    runs = int(stats.get("number_of_executed_units", 0))
-    assert runs > 1000, text[-3000:]
-    print(f"\nfuzz_delegate: {runs} executions in {FUZZ_SECONDS} s ({stats.get('average_exec_per_sec')} / s), "
-          f"{stats.get('new_units_added')} new inputs, no findings")
+    process, work = fuzzing
+    assert_fuzzing_found_nothing(process, FUZZ_SECONDS, work)
+
+
+def test_program_cache_fuzz_run_finds_nothing(build, tmp_path):
+    """The entry parser, after the delegate's fuzz run (so the two do not share a core)."""
+    process = start_fuzzer(build.cache_fuzzer, CACHE_FUZZ_SECONDS, CACHE_CORPUS, tmp_path, build.fuzz_env)
+    try:
+        assert_fuzzing_found_nothing(process, CACHE_FUZZ_SECONDS, tmp_path)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

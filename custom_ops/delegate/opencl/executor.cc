@@ -99,6 +99,14 @@ void BackendImpl::WriteStats() {
      << ", \"programs_from_cache\": " << programs.from_disk
      << ", \"programs_rejected\": " << programs.rejected
      << ", \"program_cache\": " << JsonString(gctx->disk().dir())
+     << ", \"program_cache_refused\": " << JsonString(gctx->disk().refused())
+     << ", \"program_cache_rejected\": [";
+  for (size_t i = 0; i < programs.rejections.size(); ++i) {
+    const Runtime::CacheRejection& r = programs.rejections[i];
+    os << (i ? ", " : "") << "{\"program\": " << JsonString(r.program)
+       << ", \"entry\": " << JsonString(r.entry) << ", \"reason\": " << JsonString(r.reason) << "}";
+  }
+  os << "]"
      << ", \"build_seconds\": " << programs.seconds << ", \"program_builds\": [";
   for (size_t i = 0; i < programs.builds.size(); ++i) {
     const Runtime::ProgramBuild& b = programs.builds[i];
@@ -161,7 +169,12 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* er
   impl.storage = options.precision == "fp16" ? DType::kFloat16 : DType::kFloat32;
   impl.half_math = impl.storage == DType::kFloat16 && rt->info().has_fp16 && options.math == "auto";
   const bool flat = options.kernels == "flat" || (options.kernels == "auto" && !rt->info().is_gpu);
-  ProgramCache disk(options.cache_dir.empty() ? ProgramCache::DefaultDir() : options.cache_dir);
+  ProgramCache disk =
+      ProgramCache::Open(options.cache_dir.empty() ? ProgramCache::DefaultDir() : options.cache_dir);
+  if (!disk.refused().empty()) {
+    Log("program cache: not using " + disk.dir() + ": " + disk.refused() +
+        "; every program is compiled from source");
+  }
   impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat, impl.half_math, disk);
   impl.gctx->set_detail(options.profile >= 2);
   return b;

@@ -325,19 +325,20 @@ cl_program Runtime::Build(const std::string& program, const std::string& kernel,
   std::vector<unsigned char> binary;
   std::string why;
   if (disk.Load(key, &binary, &why)) {
-    cl_program prog = BuildFromBinary(binary, options);
+    cl_program prog = BuildFromBinary(binary, options, kernel, &why);
     if (prog != nullptr) {
       std::lock_guard<std::mutex> lock(cache_mutex_);
       ++counts_.from_disk;
       *from_disk = true;
       return prog;
     }
-    why = "the driver refused the stored binary";
   }
   if (!why.empty()) {
-    Log("program cache: " + disk.PathOf(key) + " (" + program + "): " + why + "; rebuilding");
+    const std::string entry = disk.PathOf(key);
+    Log("program cache: " + entry + " (" + program + "): " + why + "; rebuilding");
     std::lock_guard<std::mutex> lock(cache_mutex_);
     ++counts_.rejected;
+    counts_.rejections.push_back({program, entry, why});
   }
   cl_program prog = BuildFromSource(program, text, options, error);
   if (prog == nullptr) return nullptr;
@@ -381,21 +382,29 @@ cl_program Runtime::BuildFromSource(const std::string& program, const std::strin
 }
 
 cl_program Runtime::BuildFromBinary(const std::vector<unsigned char>& binary,
-                                    const std::string& options) {
+                                    const std::string& options, const std::string& kernel,
+                                    std::string* why) {
   const unsigned char* data = binary.data();
   const size_t size = binary.size();
   cl_int status = CL_SUCCESS, err = CL_SUCCESS;
   cl_program prog =
       cl_->CreateProgramWithBinary(context_, 1, &device_, &size, &data, &status, &err);
   if (prog == nullptr || err != CL_SUCCESS || status != CL_SUCCESS) {
-    if (prog != nullptr) cl_->ReleaseProgram(prog);
-    return nullptr;
+    *why = "the driver refused the stored binary: clCreateProgramWithBinary: " +
+           ClErrorName(err != CL_SUCCESS ? err : status);
+  } else if ((err = cl_->BuildProgram(prog, 1, &device_, options.c_str(), nullptr, nullptr)) !=
+             CL_SUCCESS) {
+    *why = "the driver refused the stored binary: clBuildProgram: " + ClErrorName(err);
+  } else {
+    cl_kernel k = cl_->CreateKernel(prog, kernel.c_str(), &err);
+    if (k != nullptr) cl_->ReleaseKernel(k);
+    if (k == nullptr || err != CL_SUCCESS) {
+      *why = "the stored binary has no kernel " + kernel + ": " + ClErrorName(err);
+    }
   }
-  if (cl_->BuildProgram(prog, 1, &device_, options.c_str(), nullptr, nullptr) != CL_SUCCESS) {
-    cl_->ReleaseProgram(prog);
-    return nullptr;
-  }
-  return prog;
+  if (why->empty()) return prog;
+  if (prog != nullptr) cl_->ReleaseProgram(prog);
+  return nullptr;
 }
 
 std::vector<unsigned char> Runtime::BinaryOf(cl_program prog) const {

@@ -92,10 +92,14 @@ class Runtime {
     bool from_disk = false;
     double seconds = 0.0;
   };
+  struct CacheRejection {
+    std::string program, entry, reason;
+  };
   struct ProgramCounts {
     size_t built = 0, compiled = 0, from_disk = 0, rejected = 0;
     double seconds = 0.0;
     std::vector<ProgramBuild> builds;  // each program built, in order
+    std::vector<CacheRejection> rejections;  // each disk entry not used, and why
   };
   ProgramCounts programs() const;
 
@@ -109,8 +113,10 @@ class Runtime {
                    std::string* error);
   cl_program BuildFromSource(const std::string& program, const std::string& text,
                              const std::string& options, std::string* error);
-  cl_program BuildFromBinary(const std::vector<unsigned char>& binary,
-                             const std::string& options);
+  // The program of a cached binary, checked as far as the driver lets: created, built and
+  // holding `kernel`; nullptr and *why (the failed step) on any failure.
+  cl_program BuildFromBinary(const std::vector<unsigned char>& binary, const std::string& options,
+                             const std::string& kernel, std::string* why);
   std::string CacheKey(const std::string& text, const std::string& options) const;
   std::vector<unsigned char> BinaryOf(cl_program prog) const;
 
