@@ -1,6 +1,7 @@
-"""The one check that weights about to be used or written are finite: after merging a LoRA,
-after swapping in a VAE, and on every float constant the TFLite writer stores (where float16
-storage turns a value beyond +-65504 into an infinity)."""
+"""The checks that weights are finite: after merging a LoRA, after swapping in a VAE, on every
+convolution and linear weight the TFLite writer stores, and on every constant whose storage
+(float16: beyond +-65504) would turn a finite value into an infinity. Other graph constants may
+be infinite on purpose (an attention mask's -inf): those are written as they are."""
 
 from __future__ import annotations
 
@@ -24,3 +25,13 @@ def check_finite(values, what: str) -> None:
     bad = array.size - int(np.count_nonzero(np.isfinite(array)))
     where = f" stored as float16 (at most +-{FLOAT16_MAX:g})" if array.dtype == np.float16 else ""
     raise NonFiniteWeights(f"{what}{where}: {bad} of its {array.size} values are NaN or infinite")
+
+
+def check_storable(source, stored, what: str) -> None:
+    """Raise NonFiniteWeights naming `what` where storing made a finite value of `source` infinite
+    (`stored` is `source` converted to the storage type)."""
+    source, stored = np.asarray(source), np.asarray(stored)
+    overflowed = np.isfinite(source) & ~np.isfinite(stored)
+    if overflowed.any():
+        raise NonFiniteWeights(f"{what} stored as {stored.dtype} (at most +-{float(np.finfo(stored.dtype).max):g}): "
+                               f"{int(overflowed.sum())} of its {source.size} values overflow")

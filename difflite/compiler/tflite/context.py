@@ -16,6 +16,7 @@ from difflite.compiler.tflite import layout, quantize
 from difflite.compiler.tflite.builder import ModelBuilder
 from difflite.compiler.tflite.quantize import WeightQuantization
 from difflite.core.errors import UnsupportedOp
+from difflite.core.finite import check_finite, check_storable
 
 ONNX_TO_NUMPY = {
     ir.DataType.FLOAT: np.float32,
@@ -31,11 +32,14 @@ FP16_MIN_ELEMENTS = 64  # smaller constants stay float32: no size to win, and ex
 CACHED_CONSTANT_BYTES = 1 << 20  # larger ONNX weights are re-read from the file, not kept
 
 
-def to_float16(array) -> np.ndarray:
-    """float16 values of `array`; those beyond float16's range become infinities, without NumPy's
-    warning: the builder refuses them, naming the weight."""
+def to_float16(array, what: str) -> np.ndarray:
+    """float16 values of `array`; NonFiniteWeights naming `what` where a finite value is beyond
+    float16's range (without NumPy's overflow warning)."""
+    source = np.asarray(array, np.float32)
     with np.errstate(over="ignore"):
-        return np.asarray(array, np.float32).astype(np.float16)
+        half = source.astype(np.float16)
+    check_storable(source, half, f"weight '{what}'")
+    return half
 
 
 def unsupported_at(node: ir.Node | None, detail: str) -> UnsupportedOp:
@@ -257,6 +261,7 @@ class LoweringContext:
         constant() stores it. `shape`: written in that shape instead (a linear weight as a 1x1
         filter [N, 1, 1, K]), its width and digest still those of `array`."""
         array = np.asarray(array, dtype=np.float32)
+        check_finite(array, f"weight '{name}'")  # a convolution or linear weight: never infinite on purpose
         width, digest = self.weight_width(array, name)
         layer_shape = list(array.shape)
         if shape is not None:
@@ -317,7 +322,7 @@ class LoweringContext:
         if self.precision != "fp16" or table.size < FP16_MIN_ELEMENTS:
             return False
         tensor_name = self.unique_name(name)
-        half = self.builder.constant(tensor_name + "/fp16", to_float16(table))
+        half = self.builder.constant(tensor_name + "/fp16", to_float16(table, tensor_name))
         rows = self.builder.tensor(tensor_name + "/rows", self.builder.shape_of(out), np.float16)
         self.builder.op("GATHER", [half, indices], [rows], axis=0)
         self.builder.op("CAST", [rows], [out])
@@ -335,6 +340,7 @@ class LoweringContext:
         the block scales, reshaped to the weight's shape. Blocks [rows, 1, 1, B] and scales
         [rows, 1, 1, 1]: stock LiteRT's GPU takes a 4-D runtime weight, not a 2-D one
         (LiteRT 2.3.0 on an H100, 2026-11: the 2-D form failed to compile, the 4-D one ran)."""
+        check_finite(stored.scales, f"the block scales of weight '{tensor_name}'")
         rows = (stored.shape[0], 1, 1, stored.shape[1])
         unit = quantize.Quantized("int4", rows, stored.data, np.ones(1, np.float32), 0)
         values = self._dequantized(tensor_name, unit, tensor_name + "/values")
@@ -369,7 +375,7 @@ class LoweringContext:
 
     def _half_constant(self, tensor_name: str, array: np.ndarray) -> int:
         """float16 in the file, DEQUANTIZE to float32."""
-        half = self.builder.constant(tensor_name + "/fp16", to_float16(array))
+        half = self.builder.constant(tensor_name + "/fp16", to_float16(array, tensor_name))
         index = self.builder.tensor(tensor_name, array.shape, np.float32)
         self.builder.op("DEQUANTIZE", [half], [index])
         return index
