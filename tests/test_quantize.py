@@ -440,3 +440,32 @@ def test_scales_past_float16_stay_infinite():
     assert np.isinf(quantize.quantize_int4(weight, 32, np.float16).scales).all()
     assert np.isinf(quantize.quantize_int8(weight, 0, np.float16).scales).all()
     assert np.isfinite(quantize.quantize_int8(weight, 0).scales).all()
+
+
+def _add_constant_model(values: np.ndarray) -> onnx.ModelProto:
+    """y = x + c for a constant c of these values."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["y"], name="add_c")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(values.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(values.shape))],
+        [numpy_helper.from_array(values.astype(np.float32), "c")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_a_nan_constant_is_refused_an_infinite_mask_is_written(tmp_path):
+    """A NaN is never meant, in any constant; -inf is (an attention mask), so it is written."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from difflite.core.finite import NonFiniteWeights
+
+    mask = np.triu(np.full((4, 4), -np.inf, np.float32), k=1)
+    path = tmp_path / "mask.tflite"
+    write_tflite(ir.serde.deserialize_model(_add_constant_model(mask)), path=path)
+    runner = Interpreter(model_path=str(path)).get_signature_runner("serving_default")
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    np.testing.assert_array_equal(runner(x=x)["y"], x + mask)
+    bias = np.ones((4, 4), np.float32)
+    bias[2, 1] = np.nan
+    with pytest.raises(NonFiniteWeights, match=r"constant '[^']*': 1 of its 16 values are NaN") as error:
+        write_tflite(ir.serde.deserialize_model(_add_constant_model(bias)), path=tmp_path / "nan.tflite")
+    assert "\n" not in str(error.value) and not (tmp_path / "nan.tflite").exists()

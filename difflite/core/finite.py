@@ -1,7 +1,8 @@
 """The checks that weights are finite: after merging a LoRA, after swapping in a VAE, on every
 convolution and linear weight the TFLite writer stores, and on every constant whose storage
-(float16: beyond +-65504) would turn a finite value into an infinity. Other graph constants may
-be infinite on purpose (an attention mask's -inf): those are written as they are."""
+(float16: beyond +-65504) would turn a finite value into an infinity; and no constant may hold a
+NaN. Other graph constants may be infinite on purpose (an attention mask's -inf): those are
+written as they are."""
 
 from __future__ import annotations
 
@@ -35,3 +36,10 @@ def check_storable(source, stored, what: str) -> None:
     if overflowed.any():
         raise NonFiniteWeights(f"{what} stored as {stored.dtype} (at most +-{float(np.finfo(stored.dtype).max):g}): "
                                f"{int(overflowed.sum())} of its {source.size} values overflow")
+
+
+def check_no_nan(values, what: str) -> None:
+    """Raise NonFiniteWeights naming `what` where any of the float `values` is NaN."""
+    array = np.asarray(values)
+    if array.dtype.kind == "f" and np.isnan(array).any():
+        raise NonFiniteWeights(f"{what}: {int(np.isnan(array).sum())} of its {array.size} values are NaN")

@@ -21,7 +21,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
-from difflite.core.finite import check_finite
+from difflite.core.finite import check_finite, check_no_nan
 from difflite.folder.schema import NUMPY_TYPES, SIGNATURE_KEY, TFLITE_TYPES
 
 QUANTIZED_TYPES = {"int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4}
@@ -112,6 +112,7 @@ class ModelBuilder:
 
     def constant(self, name: str, array: np.ndarray) -> int:
         array = np.ascontiguousarray(array)
+        check_no_nan(array, f"constant '{name}'")  # an infinity may be meant (a mask), a NaN never is
         index = self.tensor(name, array.shape, array.dtype)
         self.tensors[index].buffer = self._buffer_for(array)
         return index
