@@ -76,8 +76,10 @@ std::string AttrMap::Parse(const void* data, size_t size, AttrMap* out) {
   if (size == 0) return "";
   if (data == nullptr) return "custom options pointer is null";
   if (size >= (size_t(1) << 31)) return "custom options too large";
-  // Copy into an aligned buffer we own: the model's bytes may be unaligned.
-  std::vector<uint64_t> storage((size + 7) / 8);
+  // Copy into an aligned buffer we own: the model's bytes may be unaligned. At least one zero
+  // byte follows the data: FlexBuffers reads keys with strlen, and the verifier lets a key run
+  // to the buffer's last byte unterminated (a fuzzer finding: custom_ops/fuzz/corpus/).
+  std::vector<uint64_t> storage(size / 8 + 1);
   std::memcpy(storage.data(), data, size);
   const uint8_t* buf = reinterpret_cast<const uint8_t*>(storage.data());
   if (!flexbuffers::VerifyBuffer(buf, size)) {
