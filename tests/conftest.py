@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# Fixtures kept in modules of their own: launch / runner / half_runner (the OpenCL kernel tests'
+# pyopencl harness, one a session) and runtime (litert and tf.lite, the op library's tests).
+pytest_plugins = ["support.opencl_fixtures", "support.oplib_fixtures"]
+
 
 def _share_exports_between_conversions() -> None:
     """Every `difflite convert` the tests start (subprocesses inherit the environment) shares one
