@@ -24,11 +24,12 @@ from support import ROOT, TESTS
 
 DEFAULT_DIR = Path.home() / ".cache" / "difflite" / "intel-cpu-opencl-2026.2.0"
 
-# (test file, -k expression, at least this many tests must pass)
+# (test files, -k expression, at least this many tests must pass)
 LANES = {
-    "builtins": ("test_opencl_builtins.py", "fp16", 200),
-    "models": ("test_opencl_models.py", "fp16", 5),
-    "kernels": ("test_opencl_kernels.py", "half_io or fp16", 11),
+    "builtins": (("test_opencl_builtins.py",), "fp16", 200),
+    "models": (("test_opencl_models.py",), "fp16", 5),
+    "kernels": (("test_op_group_norm.py", "test_op_gelu.py", "test_op_attention.py", "test_opencl_programs.py"),
+                "half_io or fp16", 11),
 }
 
 
@@ -44,17 +45,17 @@ def fp16_vendors() -> Path:
 
 @pytest.mark.parametrize("lane", sorted(LANES))
 def test_fp16_lane(fp16_vendors, lane):
-    path, expression, at_least = LANES[lane]
+    paths, expression, at_least = LANES[lane]
     env = dict(os.environ,
                OCL_ICD_VENDORS=str(fp16_vendors),
                DIFFLITE_OPENCL_DEVICE="Intel(R) OpenCL",  # the pyopencl harness's device choice
                DIFFLITE_EXPECT_ARITHMETIC="float16")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", expression,
-         str(TESTS / path)],
+         *(str(TESTS / path) for path in paths)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     tail = (result.stdout + result.stderr)[-6000:]
-    assert result.returncode == 0, f"the fp16 lane failed ({path} -k {expression}):\n{tail}"
+    assert result.returncode == 0, f"the fp16 lane failed ({' '.join(paths)} -k {expression}):\n{tail}"
     summary = result.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) >= at_least, f"too few tests ran:\n{tail}"

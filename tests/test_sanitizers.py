@@ -13,8 +13,9 @@ the fuzzer on one core while the rest runs on the other:
   (custom_ops/fuzz/program_cache_corpus/) and fuzzes for CACHE_FUZZ_SECONDS;
 * the hostile-file corpus (tests/support/hostile_tflite.py) through the sanitized library, CPU and
   OpenCL (PoCL) backends, in Python processes with the ASan runtime preloaded;
-* the core cases of tests/test_custom_ops_cpu.py (every op against its float64 reference,
-  chains with delegate-owned tensors, refusals, corrupted options) on the sanitized library.
+* the core cases of the op library's CPU backend tests (tests/test_op_*.py: every op against its
+  float64 reference; tests/test_oplib_delegate.py: chains with delegate-owned tensors, refusals,
+  corrupted options) on the sanitized library.
 
 A sanitizer report anywhere (ASan: halt_on_error; UBSan: -fno-sanitize-recover=all) fails the
 test that saw it. Budget: <= 150 s for the module on the 2-core CI machine, builds included.
@@ -43,6 +44,8 @@ SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:allocator_may_return_null=1",
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
 }
+CORE_FILES = ("test_op_group_norm.py", "test_op_gelu.py", "test_op_attention.py", "test_op_winograd.py",
+              "test_oplib_delegate.py")
 CORE_TESTS = ("litert and (test_group_norm or test_gelu or test_geglu or test_attention or "
               "test_winograd_conv3x3 or test_chain or test_builtin_between) or test_refusal_does_not_crash or "
               "test_corrupted_options_never_crash or test_resize_input_reprepares_partition")
@@ -168,7 +171,7 @@ def test_core_delegate_tests_under_sanitizers(build, fuzzing):
     """The op library's own Python tests (each op against its reference, chains, refusals) with
     the sanitized library: DIFFLITE_OPLIB names it, the ASan runtime is preloaded."""
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", CORE_TESTS,
-                          str(ROOT / "tests" / "test_custom_ops_cpu.py")],
+                          *(str(ROOT / "tests" / name) for name in CORE_FILES)],
                          capture_output=True, text=True, env=build.env, cwd=ROOT, timeout=600)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0, f"{summary}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"

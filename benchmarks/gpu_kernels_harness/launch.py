@@ -4,8 +4,8 @@ The launch plans here (work-group sizes, tile parameters, reduction splits, the 
 that "auto" picks, scratch sizes) mirror the host code of the GPU side in
 custom_ops/ops/<op>/<op>_opencl.cc; keep the two in step. Winograd's 36 GEMMs run the shared tiled
 GEMM of the builtins (custom_ops/builtins/matmul/gemm.cl) as builtin::Gemm launches it on a GPU
-(gemm.cc), on every device here. Used by tests/test_opencl_kernels.py
-(PoCL) and benchmarks/gpu_ablation.py (any OpenCL device).
+(gemm.cc), on every device here. Used by the ops' tests, tests/test_op_*.py, and
+tests/test_opencl_programs.py (PoCL) and by benchmarks/gpu_ablation.py (any OpenCL device).
 
 Storage is float32 here (-DDL_T=float -DDL_T4=float4, as PoCL has no cl_khr_fp16), or with
 Runner(half_io=True) half through vload_half / vstore_half (-DDL_HALF_IO=1, ops/common/dl_storage.cl;

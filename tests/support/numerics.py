@@ -1,5 +1,5 @@
-"""Random inputs, float64 references and the error measure that the op tests share (the CPU
-backend's, the OpenCL kernels' and builtins', the quantized-weight tests).
+"""Random inputs, float64 references and the error measure that the op tests share (the ops'
+tests/test_op_*.py on both backends, the OpenCL builtins', the quantized-weight tests).
 
 Layouts are TFLite's: activations NHWC, convolution filters OHWI, fully connected weights
 [out, in]. Every reference computes in float64."""
@@ -54,6 +54,13 @@ def gelu_ref(x, approximate: str) -> np.ndarray:
     if approximate == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
     return x / (1.0 + np.exp(-1.702 * x))
+
+
+def geglu_ref(x, approximate: str) -> np.ndarray:
+    """difflite.GeGLU: the first half of the last axis times gelu_ref of the second half."""
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1] // 2
+    return x[..., :d] * gelu_ref(x[..., d:], approximate)
 
 
 def group_norm_ref(x, gamma, beta, groups: int, eps: float, activation: str = "none") -> np.ndarray:

@@ -7,9 +7,14 @@
   stats_path, returning the outputs and the delegate's stats JSON.
 * require_opencl(lib): load_delegate(backend=opencl) or fail with a clear
   message (the tests must fail, not skip, when OpenCL is missing).
+* TOL, HALF_TOL, halved: the bars of the difflite ops' OpenCL tests (tests/test_op_*.py) in float
+  storage and in half storage without cl_khr_fp16.
+* run_delegate: one difflite op through the library with backend=opencl (the C++ host code of
+  custom_ops/ops/<op>/<op>_opencl.cc), its output and stats.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -21,7 +26,15 @@ from ai_edge_litert import schema_py_generated as schema
 
 from difflite.compiler.tflite.builder import builtin_operator
 
-from .oplib_helpers import TinyModel, poisoned_runs
+from .oplib_helpers import TinyModel, poisoned_runs, run_tflite, single_op_model
+
+# The difflite ops' OpenCL kernels (launched with pyopencl or through the library) against float64
+# references, float32 storage: max |err| / max |ref|.
+TOL = 2e-5
+# Half storage without cl_khr_fp16 (-DDL_HALF_IO=1: vload_half / vstore_half, ops/common/dl_storage.cl),
+# which PoCL can run: inputs and outputs in half, arithmetic in float. The reference runs on the
+# half-rounded inputs; one rounding of the output to half is ~5e-4 of its magnitude.
+HALF_TOL = 1.5e-3
 
 _EXTRA_TYPES = {
     np.dtype(np.bool_): schema.TensorType.BOOL,
@@ -107,3 +120,27 @@ def run_reference(model_path, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         interp.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
     interp.invoke()
     return [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]
+
+
+def halved(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float32)
+
+
+def run_delegate(tmp_path, lib, code, attrs, inputs, out_shape, feeds, stats=False, kernels="auto", profile=0,
+                 **extra):
+    """One difflite op `code` (single_op_model's inputs) through the library with backend=opencl:
+    (output, the stats_path JSON or None). A node the OpenCL backend refused would stay with
+    TFLite, which cannot run a difflite op: the run fails."""
+    path = single_op_model(tmp_path / "op.tflite", code, attrs, inputs, out_shape)
+    options = {"backend": "opencl", "kernels": kernels, **extra}
+    if profile:
+        options["profile"] = str(profile)
+    stats_path = tmp_path / "stats.json"
+    if stats:
+        options["stats_path"] = str(stats_path)
+    (out,) = run_tflite(path, lib, feeds, options=options)
+    gc.collect()  # the interpreter and its delegate go (the backend writes stats_path then)
+    if not stats:
+        return out, None
+    assert stats_path.exists(), "backend=opencl wrote no stats_path file"
+    return out, json.loads(stats_path.read_text())

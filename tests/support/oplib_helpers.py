@@ -5,9 +5,11 @@
 * TinyModel: write small .tflite files by hand with the schema object API that
   ships in ai_edge_litert: custom difflite ops (FlexBuffer options), builtin
   ADD, constant tensors as buffers.
-* single_op_model / chain models used by tests/test_custom_ops_cpu.py.
+* single_op_model / chain models used by tests/test_op_*.py and
+  tests/test_oplib_delegate.py.
 * run_tflite(): run a model through ai_edge_litert or tf.lite with the
   delegate, output buffers poisoned with NaN before the run.
+* check(): the CPU backend's bar, max |err| <= CPU_TOL x max |reference|.
 """
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from flatbuffers import flexbuffers
 from difflite.compiler.tflite.builder import tensor_t
 
 from . import ROOT as REPO
+from .numerics import assert_close
 
 CUSTOM_OPS = REPO / "custom_ops"
 LIB_NAME = "libdifflite_delegate.so"
 INT_POISON = -123456789  # what poisoned_runs writes into integer outputs before each invoke
+CPU_TOL = 1e-4  # the CPU backend against float64 references: max |err| / max |reference|
 
 
 # --------------------------------------------------------------------------
@@ -205,3 +209,5 @@ def poisoned_runs(interp, feeds: Sequence[np.ndarray], repeats: int) -> list[np.
     return result
 
 
+def check(got, want, tol=CPU_TOL):
+    assert_close(got, want, tol)

@@ -1,14 +1,14 @@
-"""CPU backend of the op library (custom_ops/): every difflite op against a
-float64 NumPy reference, chains that need delegate-owned intermediates, the
-ABI header against two runtimes (ai_edge_litert and tensorflow's tf.lite),
-refusals that must not crash, and delegate options.
+"""The op library's delegate (custom_ops/) on the CPU backend, beyond any one op: chains that need
+delegate-owned intermediates, threaded kernels on larger shapes, re-prepare after an input resize,
+the ABI header against two runtimes (ai_edge_litert and tensorflow's tf.lite), refusals that must
+not crash, corrupted custom options, a model of builtins only, delegate options and loading. Each
+op against its reference on both backends: tests/test_op_<op>.py.
 
-Tolerance: max |err| <= 1e-4 * max |reference| on random non-zero inputs with
-odd sizes; outputs are poisoned with NaN before every run.
+Tolerance: max |err| <= 1e-4 * max |reference| (support.oplib_helpers.check) on random non-zero
+inputs with odd sizes; outputs are poisoned with NaN before every run.
 """
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import subprocess
@@ -20,146 +20,15 @@ import numpy as np
 import pytest
 
 from support import child_env, winograd_ref
-from support.numerics import assert_close, attention_ref, gelu_ref, group_norm_ref, nonzero, rng
+from support.numerics import attention_ref, geglu_ref, gelu_ref, group_norm_ref, nonzero, rng
 from support.oplib_helpers import (
     TinyModel,
+    check,
     load_runtime,
     make_interpreter,
     run_tflite,
     single_op_model,
 )
-
-TOL = 1e-4
-RUNTIMES = ["litert", "tf"]
-
-
-@pytest.fixture(params=RUNTIMES)
-def runtime(request) -> str:
-    load_runtime(request.param)  # tf missing -> a clear failure, not a skip
-    return request.param
-
-
-# --------------------------------------------------------------------------
-# float64 references
-
-def geglu_ref(x, approximate):
-    x = np.asarray(x, dtype=np.float64)
-    d = x.shape[-1] // 2
-    return x[..., :d] * gelu_ref(x[..., d:], approximate)
-
-
-# --------------------------------------------------------------------------
-# Single-op models
-
-
-def check(got, want, tol=TOL):
-    assert_close(got, want, tol)
-
-
-@pytest.mark.parametrize("activation", ["none", "silu"])
-@pytest.mark.parametrize("shape", [(2, 5, 7, 24), (2, 35, 24)])
-def test_group_norm(lib, runtime, tmp_path, activation, shape):
-    r = rng(1)
-    x = nonzero(r, shape, scale=3.0, offset=0.7)  # non-zero mean per group
-    c = shape[-1]
-    gamma = nonzero(r, (c,), 1.5)
-    beta = nonzero(r, (c,))
-    opts = {"groups": 8, "epsilon": 1e-5, "activation": activation}
-    p = single_op_model(tmp_path / "gn.tflite", "difflite.GroupNorm", opts,
-                        [("x", x, False), ("gamma", gamma, True), ("beta", beta, True)], shape)
-    (y,) = run_tflite(p, lib, [x], runtime)
-    check(y, group_norm_ref(x, gamma, beta, 8, 1e-5, activation))
-
-
-@pytest.mark.parametrize("approximate", ["erf", "tanh", "sigmoid"])
-def test_gelu(lib, runtime, tmp_path, approximate):
-    x = nonzero(rng(2), (3, 7, 13), scale=4.0)
-    p = single_op_model(tmp_path / "gelu.tflite", "difflite.Gelu", {"approximate": approximate},
-                        [("x", x, False)], x.shape)
-    (y,) = run_tflite(p, lib, [x], runtime)
-    check(y, gelu_ref(x, approximate))
-
-
-@pytest.mark.parametrize("approximate", ["erf", "tanh", "sigmoid"])
-def test_geglu(lib, runtime, tmp_path, approximate):
-    x = nonzero(rng(3), (2, 5, 26), scale=3.0)
-    p = single_op_model(tmp_path / "geglu.tflite", "difflite.GeGLU", {"approximate": approximate},
-                        [("x", x, False)], (2, 5, 13))
-    (y,) = run_tflite(p, lib, [x], runtime)
-    check(y, geglu_ref(x, approximate))
-
-
-ATTENTION_CASES = {
-    # name: (N, Lq, Lk, heads, Dk, Dv, causal, logit scale)
-    "odd": (2, 37, 19, 3, 5, 6, False, 1.0),
-    "odd_causal": (2, 37, 19, 3, 5, 6, True, 1.0),
-    # several key blocks (online-softmax rescaling), several row blocks
-    "long": (1, 70, 150, 2, 8, 7, False, 1.0),
-    "long_causal": (1, 150, 150, 2, 8, 7, True, 1.0),
-    # large logits (|s| up to ~100): needs the max-subtracted softmax
-    "large_logits": (1, 33, 90, 1, 4, 3, False, 12.0),
-}
-
-
-@pytest.mark.parametrize("case", list(ATTENTION_CASES))
-def test_attention(lib, runtime, tmp_path, case):
-    n, lq, lk, heads, dk, dv, causal, mag = ATTENTION_CASES[case]
-    r = rng(4)
-    q = nonzero(r, (n, lq, heads * dk), mag)
-    k = nonzero(r, (n, lk, heads * dk), mag)
-    v = nonzero(r, (n, lk, heads * dv))
-    scale = 1.0 / math.sqrt(dk)
-    opts = {"heads": heads, "scale": scale, "causal": causal, "variant": "flash"}
-    p = single_op_model(tmp_path / "attn.tflite", "difflite.Attention", opts,
-                        [("q", q, False), ("k", k, False), ("v", v, False)], (n, lq, heads * dv))
-    (y,) = run_tflite(p, lib, [q, k, v], runtime)
-    check(y, attention_ref(q, k, v, heads, scale, causal))
-
-
-@pytest.mark.parametrize("shape", [(2, 9, 11, 5, 7), (1, 8, 4, 3, 2), (1, 1, 3, 2, 5), (1, 13, 6, 17, 9)])
-def test_winograd_conv3x3(lib, runtime, tmp_path, shape):
-    n, h, w, cin, cout = shape
-    r = rng(5)
-    x = nonzero(r, (n, h, w, cin))
-    wt = nonzero(r, (cout, cin, 3, 3))
-    bias = nonzero(r, (cout,))
-    u = winograd_ref.transform_weights(wt)
-    assert u.shape == (36, cin, cout) and u.dtype == np.float32
-    p = single_op_model(tmp_path / "wino.tflite", "difflite.WinogradConv3x3",
-                        {"tile": 4, "activation": "none"},
-                        [("x", x, False), ("w", u, True), ("bias", bias, True)], (n, h, w, cout))
-    (y,) = run_tflite(p, lib, [x], runtime)
-    check(y, winograd_ref.conv3x3_nhwc(x, wt, bias))
-
-
-@pytest.mark.parametrize("w_const", [True, False], ids=["w_constant", "w_input"])
-@pytest.mark.parametrize("shape", [(2, 9, 11, 5, 7), (1, 8, 4, 3, 2), (1, 1, 3, 2, 5), (1, 13, 6, 17, 9),
-                                   (1, 7, 10, 12, 16)])
-def test_winograd_conv3x3_filter_form(lib, runtime, tmp_path, shape, w_const):
-    """w as the 3x3 filter itself ([Cout, 3, 3, Cin], OHWI like a CONV_2D filter): the kernel
-    transforms it at run time; a model constant, or a graph input fed at run time."""
-    n, h, w, cin, cout = shape
-    r = rng(8 + cin)
-    x = nonzero(r, (n, h, w, cin))
-    wt = nonzero(r, (cout, cin, 3, 3))
-    bias = nonzero(r, (cout,))
-    ohwi = np.ascontiguousarray(wt.transpose(0, 2, 3, 1))
-    p = single_op_model(tmp_path / "wino_filter.tflite", "difflite.WinogradConv3x3",
-                        {"tile": 4, "activation": "none"},
-                        [("x", x, False), ("w", ohwi, w_const), ("bias", bias, True)], (n, h, w, cout))
-    (y,) = run_tflite(p, lib, [x] if w_const else [x, ohwi], runtime, repeats=2)
-    check(y, winograd_ref.conv3x3_nhwc(x, wt, bias))
-
-
-def test_winograd_reference_matches_direct_conv():
-    r = rng(6)
-    x = r.standard_normal((2, 9, 11, 5))
-    wt = r.standard_normal((7, 5, 3, 3))
-    b = r.standard_normal(7)
-    u64 = np.einsum("ak,oikl,bl->abio", winograd_ref.G, wt, winograd_ref.G).reshape(36, 5, 7)
-    direct = winograd_ref.conv3x3_nhwc(x, wt, b)
-    assert np.abs(winograd_ref.winograd_conv3x3_nhwc(x, u64, b) - direct).max() < 1e-10
-    np.testing.assert_allclose(winograd_ref.transform_weights(wt), u64, rtol=1e-6, atol=1e-6)
 
 
 # --------------------------------------------------------------------------
