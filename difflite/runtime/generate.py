@@ -570,8 +570,8 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "masked picture; a text-to-image UNet repaints by blending the kept part back after each step. "
                    "Needs OUT/vae_encoder.tflite.")
 @click.option("--strength", default=None, type=float,
-              help="img2img and inpainting: how much of the picture is re-noised, in (0, 1] [default: 0.8; with "
-                   "--mask 1.0 (the repainted part starts from pure noise): diffusers' defaults].")
+              help="img2img and inpainting: how much of the picture is re-noised, in (0, 1] [default: 0.8; 1.0 "
+                   "with --mask, starting from pure noise: diffusers' defaults].")
 @click.option("--low-memory", is_flag=True,
               help="Trade load time for peak memory: load each model right before its stage and free it "
                    "right after (vae_encoder, text_encoder, unet, vae_decoder), so one is resident at a time "
