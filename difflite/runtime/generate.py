@@ -187,15 +187,16 @@ class _Timer:
 
 
 class LitePipeline:
-    """An output folder as a Stable Diffusion pipeline (txt2img and img2img) on LiteRT.
+    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting) on LiteRT.
 
     >>> pipe = LitePipeline("out/tiny")
     >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
     >>> result.save("astronaut.png")
+    >>> pipe("a red car", init_image="street.png", mask_image="car-mask.png").save("car.png")
     >>> pipe.close()
 
     The models stay loaded across calls. With `low_memory`, each is loaded right before its
-    stage and freed right after it ((img2img: vae_encoder), text_encoder, unet, vae_decoder):
+    stage and freed right after it ((img2img, inpainting: vae_encoder), text_encoder, unet, vae_decoder):
     one interpreter alive at a time, for the price of loading them again for every picture.
     """
 
