@@ -33,7 +33,7 @@ from difflite.core.errors import BadInput
 from difflite.runtime.images import read_image
 from difflite.runtime.noise import TorchGenerator
 
-# diffusers' pipelines: inpainting starts from pure noise, img2img keeps a fifth of the picture
+# diffusers' defaults: inpainting starts from pure noise, img2img re-noises the picture 0.8 of the way
 DEFAULT_STRENGTH = {"inpaint": 1.0, "img2img": 0.8}
 MASK_THRESHOLD = 0.5  # binarize: a value >= it repaints
 
