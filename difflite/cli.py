@@ -118,8 +118,10 @@ def parse_lora(spec: str):
 @click.option("--lora", "loras", multiple=True, metavar="FILE[:SCALE]",
               help="Merge a LoRA (diffusers/PEFT or kohya/A1111 .safetensors) into the weights before export, "
                    "scaled by SCALE (default 1.0; finite, from -1000 to 1000); repeatable.")
-@click.option("--components", default="text_encoder,unet,vae_decoder", show_default=True,
-              help="Comma-separated: text_encoder, unet, vae_decoder, vae_encoder.")
+@click.option("--components", default=None,
+              help="Comma-separated: text_encoder, unet, vae_decoder, vae_encoder [default: "
+                   "text_encoder,unet,vae_decoder; for an inpainting model (a 9-channel UNet) vae_encoder too, "
+                   "which generate --mask needs; add vae_encoder for generate --init-image].")
 @click.option("--height", default=None, type=int,
               help="Image height in pixels [default: the model's own size: 512, 768 for SD 2.x 768 models].")
 @click.option("--width", default=None, type=int, help="Image width in pixels [default: the model's own size].")
@@ -191,8 +193,9 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
     """Convert MODEL into .tflite files in OUT.
 
     MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
-    2.x inferred from its keys, or --config FOLDER), or preset:NAME (preset:tiny, preset:sd15,
-    preset:sd21, preset:sd21-768: real architectures, seeded random weights).
+    2.x, text-to-image or inpainting, inferred from its keys, or --config FOLDER), or preset:NAME
+    (preset:tiny, preset:sd15, preset:sd21, preset:sd21-768, preset:sd15-inpaint,
+    preset:tiny-inpaint: real architectures, seeded random weights).
     """
     from difflite.compiler.convert import ConvertOptions, parse_winograd_budget
     from difflite.compiler.convert import convert as run_convert
@@ -200,7 +203,7 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
     budget, budgets = parse_winograd_budget(winograd_budget_mb)
 
     options = ConvertOptions(
-        components=tuple(c.strip() for c in components.split(",") if c.strip()),
+        components=None if components is None else tuple(c.strip() for c in components.split(",") if c.strip()),
         height=height, width=width, batch=batch, precision=precision,
         fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=budget,
         winograd_budgets_mb=budgets,

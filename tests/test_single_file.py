@@ -304,9 +304,11 @@ def _bad(path, named=None, **kwargs) -> str:
     return message
 
 
-def _inpainting(t: dict, sd1: dict) -> None:
+def _depth_conditioned(t: dict, sd1: dict) -> None:
+    """SD 2's depth-to-image UNet: the latents and a depth map, 5 input channels (an inpainting
+    UNet's 9 are tests/test_inpaint.py's)."""
     key = L.UNET + "input_blocks.0.0.weight"
-    t[key] = torch.randn(t[key].shape[0], 9, 3, 3)
+    t[key] = torch.randn(t[key].shape[0], 5, 3, 3)
 
 
 def _depth_two(t: dict, sd1: dict) -> None:
@@ -327,7 +329,7 @@ def _open_clip_text(t: dict, sd1: dict) -> None:
 
 
 @pytest.mark.parametrize("change, expected", [
-    (_inpainting, "inpainting UNet (9 input channels) is not supported"),
+    (_depth_conditioned, "UNet with 5 input channels and 4 output channels is not supported"),
     (_depth_two, "UNet transformer depth 2"),
     (_flat_conv_in, "model.diffusion_model.input_blocks.0.0.weight has shape (3,), expected 4 dimensions"),
     (_open_clip_text, "SD 2.x UNet channels [32, 64] are not multiples of the head size 64"),

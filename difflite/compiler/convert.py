@@ -24,6 +24,8 @@ from difflite.folder import manifest, memory
 from difflite.folder.reader import read_tflite
 
 DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+# An inpainting UNet's default adds the VAE encoder: generate --mask encodes the picture with it.
+INPAINT_COMPONENTS = (*DEFAULT_COMPONENTS, "vae_encoder")
 # Recognised even when not fused (the writer decomposes them). layernorm is not among them: an
 # unfused LayerNormalization keeps the writer's own lowering (no reshapes around it).
 CANONICAL_KINDS = ("gelu", "groupnorm", "attention")
@@ -64,9 +66,16 @@ def parse_winograd_budget(text: str | None) -> tuple[float | str | None, dict[st
     return default, per_component
 
 
+def default_components(pipe) -> tuple[str, ...]:
+    """What convert writes without --components: the text-to-image components, and the VAE
+    encoder too for an inpainting UNet (which only generate --mask runs, and --mask needs it)."""
+    return INPAINT_COMPONENTS if pipe.inpainting else DEFAULT_COMPONENTS
+
+
 @dataclass
 class ConvertOptions:
-    components: tuple[str, ...] = DEFAULT_COMPONENTS
+    # None: the model's default_components (the command line's default)
+    components: tuple[str, ...] | None = DEFAULT_COMPONENTS
     height: int | None = None  # None: the model's own size (its UNet's sample_size, in pixels)
     width: int | None = None
     batch: int = 1
@@ -88,8 +97,8 @@ class ConvertOptions:
     weights_probes: int = 2  # int4 / int8: probes the computed recipe measures on
 
     def validate(self) -> None:
-        unknown = [c for c in self.components if c not in export.COMPONENTS]
-        if unknown or not self.components:
+        unknown = [c for c in self.components or () if c not in export.COMPONENTS]
+        if unknown or self.components == ():
             raise BadInput(f"unknown component(s) {unknown} (choose from {', '.join(export.COMPONENTS)})")
         if self.precision not in PRECISIONS:
             raise BadInput(f"precision {self.precision!r} must be one of {', '.join(PRECISIONS)}")
@@ -214,7 +223,10 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     for line in describe_source(pipe):
         log(line)
     options = replace(options, height=pipe.default_size if options.height is None else options.height,
-                      width=pipe.default_size if options.width is None else options.width)
+                      width=pipe.default_size if options.width is None else options.width,
+                      components=default_components(pipe) if options.components is None else options.components)
+    if pipe.inpainting and "vae_encoder" not in options.components:
+        log("note: an inpainting UNet: generate --mask needs vae_encoder, which --components leaves out")
     export.check_size(pipe, options.height, options.width, options.batch)
     recipes = {}
     if options.weights in weight_recipe.HIGH and options.weights_target_db == 0:
@@ -355,6 +367,9 @@ def fuse_kind_of(census_kind: str) -> str:
 def latent_info(pipe, options: ConvertOptions) -> dict:
     h, w = export.latent_size(pipe, options.height, options.width)
     return {"channels": int(pipe.vae.config.latent_channels), "height": h, "width": w,
+            # the UNet's sample: the latents, or for an inpainting UNet the latents, the mask and
+            # the masked picture's latents
+            "unet_channels": int(pipe.unet.config.in_channels), "inpainting": pipe.inpainting,
             "vae_scale_factor": pipe.vae_scale_factor,
             "scaling_factor": float(pipe.vae.config.scaling_factor),
             "text_length": int(pipe.text_encoder.config.max_position_embeddings),

@@ -14,6 +14,7 @@ import torch
 
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import loads_json, read_json
+from difflite.folder.output_folder import inpaint_channels
 from difflite.folder.tokenizer import check_token_ids
 
 COMPONENTS = ("text_encoder", "unet", "vae")
@@ -41,6 +42,12 @@ class Pipeline:
     @property
     def vae_scale_factor(self) -> int:
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    @property
+    def inpainting(self) -> bool:
+        """An inpainting UNet: its sample is the latents, the mask and the masked picture's latents
+        (9 channels for SD's 4-channel latents), as diffusers' StableDiffusionInpaintPipeline runs it."""
+        return int(self.unet.config.in_channels) == inpaint_channels(int(self.vae.config.latent_channels))
 
     @property
     def default_size(self) -> int:
@@ -74,7 +81,7 @@ class Pipeline:
         self.save_tokenizer(folder / "tokenizer")
         self.save_scheduler(folder / "scheduler")
         index = {
-            "_class_name": "StableDiffusionPipeline",
+            "_class_name": "StableDiffusionInpaintPipeline" if self.inpainting else "StableDiffusionPipeline",
             "feature_extractor": [None, None],
             "image_encoder": [None, None],
             "requires_safety_checker": False,

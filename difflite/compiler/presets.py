@@ -11,7 +11,9 @@ import torch
 from difflite.compiler.pipeline import BOS, EOS, MAX_LENGTH, Pipeline
 from difflite.core.errors import BadInput
 
-PRESETS = ("tiny", "sd15", "sd21", "sd21-768")
+PRESETS = ("tiny", "sd15", "sd21", "sd21-768", "sd15-inpaint", "tiny-inpaint")
+# An inpainting UNet's sample: the latents (4), the mask (1) and the masked picture's latents (4)
+INPAINT_CHANNELS = 9
 _WEIGHTS_SCHEME = 1  # bump when preset weight generation changes, so preset hashes change too
 
 # ---------------------------------------------------------------------------------------------
@@ -130,6 +132,11 @@ _PRESET_CONFIGS = {
         "scheduler": _SD_SCHEDULER,
     },
 }
+# SD 1.5's inpainting model (and the tiny one for tests): the same architecture whose UNet takes
+# INPAINT_CHANNELS input channels.
+for _name in ("sd15", "tiny"):
+    _PRESET_CONFIGS[f"{_name}-inpaint"] = {
+        **_PRESET_CONFIGS[_name], "unet": {**_PRESET_CONFIGS[_name]["unet"], "in_channels": INPAINT_CHANNELS}}
 
 
 def preset_configs(name: str) -> dict:

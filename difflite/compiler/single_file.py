@@ -2,12 +2,13 @@
 the original LDM/CompVis layout (as checkpoints are shared) or with diffusers keys under
 component prefixes (save_single_file).
 
-Without --config the architecture of an original-layout SD 1.x / 2.x file is inferred from its
-keys and tensor shapes: the family from the text encoder's layout (CLIP under
-`cond_stage_model.transformer.` = SD 1.x, OpenCLIP under `cond_stage_model.model.` = SD 2.x),
-everything a shape can tell from the shapes, the rest from the family's preset (models.py), and
-the tokenizer from the CLIP BPE merges that the open_clip_torch package ships. What was decided
-and why goes to `pipe.details["architecture"]` (the manifest's source, convert's summary)."""
+Without --config the architecture of an original-layout SD 1.x / 2.x file (text-to-image, or
+inpainting: a UNet of 9 input channels) is inferred from its keys and tensor shapes: the family
+from the text encoder's layout (CLIP under `cond_stage_model.transformer.` = SD 1.x, OpenCLIP
+under `cond_stage_model.model.` = SD 2.x), everything a shape can tell from the shapes, the rest
+from the family's preset (models.py), and the tokenizer from the CLIP BPE merges that the
+open_clip_torch package ships. What was decided and why goes to `pipe.details["architecture"]`
+(the manifest's source, convert's summary)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from difflite.compiler.pipeline import (
 from difflite.compiler.presets import preset_configs
 from difflite.core.errors import BadInput
 from difflite.core.finite import check_finite
+from difflite.folder.output_folder import inpaint_channels
 
 _UNET = "model.diffusion_model."
 _VAE = "first_stage_model."
@@ -340,10 +342,8 @@ def _infer_unet(path: Path, u: dict, family: str) -> tuple[dict, list[str]]:
         raise shape.refuse("class-conditioned UNet (label_emb: SD 2.x unCLIP or upscaler) is not supported")
     conv_in = shape("input_blocks.0.0.weight", 4)
     in_channels = conv_in[1]
-    if in_channels == 9:
-        raise shape.refuse("inpainting UNet (9 input channels) is not supported: "
-                           "difflite converts text-to-image checkpoints")
     out_channels = shape("out.2.weight", 4)[0]
+    channels_reason = _input_channels_reason(shape, in_channels, out_channels)
     inputs, outputs = _indices(u, "input_blocks."), _indices(u, "output_blocks.")
     downsamples = [i for i in inputs if f"input_blocks.{i}.0.op.weight" in u]
     levels = len(downsamples) + 1
@@ -394,7 +394,20 @@ def _infer_unet(path: Path, u: dict, family: str) -> tuple[dict, list[str]]:
     at = [b for b, a in enumerate(down_attention) if a]
     summary = (f"UNet: channels {channels}, layers_per_block {layers}, attention at levels {at}, "
                f"{'linear' if linear else 'conv'} proj_in, cross-attention width {config['cross_attention_dim']}")
-    return config, [summary, head_reason]
+    return config, [summary, channels_reason, head_reason]
+
+
+def _input_channels_reason(shape: _Shapes, in_channels: int, out_channels: int) -> str:
+    """Why the UNet's input channels are those of a text-to-image or an inpainting UNet; a
+    refusal for any other (depth-conditioned and other image-conditioned UNets)."""
+    if in_channels == out_channels:
+        return f"UNet: {in_channels} input channels (the latents): text-to-image"
+    if in_channels == inpaint_channels(out_channels):
+        return (f"UNet: {in_channels} input channels (latents {out_channels}, mask 1, masked picture's latents "
+                f"{out_channels}): inpainting")
+    raise shape.refuse(f"UNet with {in_channels} input channels and {out_channels} output channels is not "
+                       f"supported: {out_channels} (text-to-image) or {inpaint_channels(out_channels)} "
+                       f"(inpainting: latents, mask, masked picture's latents)")
 
 
 def _infer_vae(path: Path, v: dict) -> tuple[dict, str]:
@@ -448,10 +461,13 @@ def _infer_text_encoder(path: Path, state: dict, family: str) -> tuple[dict, dic
     return config, weights, f"text encoder: {note}, width {hidden}, vocab {vocab}, {positions} positions"
 
 
-def _prediction(path: Path, state: dict, meta: dict, family: str, requested: str | None) -> tuple[str, int, str]:
+def _prediction(path: Path, state: dict, meta: dict, family: str, requested: str | None,
+                inpainting: bool = False) -> tuple[str, int, str]:
     """(prediction type, image size, reason). SD 2.x was released as a 768 v-prediction model and
-    a 512 epsilon ("base") one with the same architecture: only evidence picks the latter."""
-    big = 768 if family == "sd2" else 512
+    a 512 epsilon ("base") one with the same architecture: only evidence picks the latter. Its
+    inpainting model is a 512 epsilon one (stable-diffusion-2-inpainting, as diffusers' converter
+    takes it)."""
+    big = 768 if family == "sd2" and not inpainting else 512
     if requested is not None:
         size = big if requested == "v_prediction" else 512
         return requested, size, f"--prediction-type {requested}"
@@ -459,6 +475,8 @@ def _prediction(path: Path, state: dict, meta: dict, family: str, requested: str
         return "v_prediction", big, "'v_pred' key in the checkpoint"
     if family == "sd1":
         return "epsilon", 512, "SD 1.x: epsilon at 512"
+    if inpainting:
+        return "epsilon", 512, "SD 2.x inpainting: epsilon at 512 (as stable-diffusion-2-inpainting)"
     if meta.get("global_step") == _SD2_512_STEP:
         return "epsilon", 512, f"global_step {_SD2_512_STEP} (SD 2 512-base)"
     name = path.name.lower()
@@ -518,7 +536,7 @@ def clip_tokenizer(bpe_file: Path, pad_token: str, max_length: int = 77):
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length, pad_token=pad_token)
 
 
-def _summary(family: str, text: dict, prediction_type: str, size: int, ema: bool) -> str:
+def _summary(family: str, text: dict, prediction_type: str, size: int, ema: bool, inpainting: bool = False) -> str:
     if family == "sd1":
         known = text["hidden_size"] == 768 and text["num_hidden_layers"] == 12
         encoder = "CLIP ViT-L text encoder" if known else "CLIP text encoder"
@@ -529,6 +547,8 @@ def _summary(family: str, text: dict, prediction_type: str, size: int, ema: bool
         name = "SD 2.x"
     if not known:
         encoder += f": {text['num_hidden_layers']} layers, width {text['hidden_size']}"
+    if inpainting:
+        name += " inpainting"
     return f"{name} ({encoder}), {prediction_type} at {size}x{size}" + (", EMA weights" if ema else "")
 
 
@@ -551,7 +571,8 @@ def infer_architecture(path: Path, state: dict, meta: dict | None = None,
     if text_fields["vocab_size"] != _CLIP_VOCAB_SIZE:
         raise BadInput(f"{path}: the text encoder has {text_fields['vocab_size']} tokens, not CLIP's "
                        f"{_CLIP_VOCAB_SIZE}: no tokenizer for it, pass --config FOLDER with a tokenizer")
-    predicts, size, prediction_reason = _prediction(path, state, meta, family, prediction_type)
+    inpainting = unet_fields["in_channels"] != unet_fields["out_channels"]
+    predicts, size, prediction_reason = _prediction(path, state, meta, family, prediction_type, inpainting)
     preset = preset_configs("sd15" if family == "sd1" else "sd21-768" if size == 768 else "sd21")
     scale = 2 ** (len(vae_fields["block_out_channels"]) - 1)
     # CLIP's special tokens; SD 2.x (OpenCLIP) pads with "!", id 0.
@@ -577,8 +598,8 @@ def infer_architecture(path: Path, state: dict, meta: dict | None = None,
     if dtype_reason:
         reasons.append(dtype_reason)
     architecture = {
-        "family": family, "prediction_type": predicts, "image_size": size, "ema": ema,
-        "summary": _summary(family, text_fields, predicts, size, ema), "reasons": reasons,
+        "family": family, "prediction_type": predicts, "image_size": size, "ema": ema, "inpainting": inpainting,
+        "summary": _summary(family, text_fields, predicts, size, ema, inpainting), "reasons": reasons,
     }
     return configs, weights, architecture
 

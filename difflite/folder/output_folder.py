@@ -98,6 +98,15 @@ class ComponentEntry:
         return self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
 
     @property
+    def sample_channels(self) -> int | None:
+        """The channels of the UNet's sample input (the latents' 4, or 9 for an inpainting UNet:
+        latents, mask, masked picture's latents), read in the file's layout; None without one."""
+        spec = self.input("sample")
+        if spec is None or len(spec.shape) != 4:
+            return None
+        return spec.shape[-1] if spec.layout == "NHWC" else spec.shape[1]
+
+    @property
     def timestep_cond_dim(self) -> int | None:
         """The width of an LCM-distilled UNet's guidance embedding input, None without one."""
         spec = self.input(TIMESTEP_COND)
@@ -106,13 +115,26 @@ class ComponentEntry:
 
 @dataclass(frozen=True)
 class Latent:
-    """The latent geometry the UNet was converted for."""
+    """The latent geometry the UNet was converted for. `unet_channels`: the channels of the UNet's
+    sample input, `channels` (the VAE's latents) or 2 x channels + 1 for an inpainting UNet."""
     channels: int
     height: int
     width: int
     image_height: int
     image_width: int
     text_length: int = 77
+    unet_channels: int | None = None  # None: the same as channels
+
+    @property
+    def inpainting(self) -> bool:
+        """The UNet takes the latents, the mask and the masked picture's latents (diffusers'
+        StableDiffusionInpaintPipeline with a 9-channel UNet)."""
+        return self.unet_channels == inpaint_channels(self.channels)
+
+
+def inpaint_channels(latent_channels: int) -> int:
+    """An inpainting UNet's sample channels: the latents, the mask (1) and the masked picture's latents."""
+    return 2 * latent_channels + 1
 
 
 @dataclass(frozen=True)
@@ -159,9 +181,17 @@ class OutputFolder:
     @property
     def latent(self) -> Latent:
         fields = self.latent_fields
+        unet = self.components.get("unet")
         try:
-            return Latent(int(fields["channels"]), int(fields["height"]), int(fields["width"]),
-                          int(fields["image_height"]), int(fields["image_width"]), int(fields.get("text_length", 77)))
+            channels = int(fields["channels"])
+            # the UNet file's own input says it (folders written before the manifest recorded
+            # "unet_channels" too); a folder without a UNet: the manifest's word
+            unet_channels = unet.sample_channels if unet is not None else None
+            if unet_channels is None:
+                unet_channels = int(fields.get("unet_channels", channels))
+            return Latent(channels, int(fields["height"]), int(fields["width"]),
+                          int(fields["image_height"]), int(fields["image_width"]), int(fields.get("text_length", 77)),
+                          unet_channels)
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInput(f"{self.path / manifest_file.MANIFEST}: no usable 'latent' geometry ({exc})") from exc
 

@@ -14,7 +14,8 @@ The pipeline estimate for one image of S steps: the text encoder once per prompt
 classifier-free guidance and a batch-1 text encoder: the prompt and the negative prompt), the UNet
 S times (twice per step with guidance and a batch-1 UNet, once with a batch-2 UNet), the VAE
 decoder once. It is reported as the sum of median times and, on the host, as one measured run of
-the components in that order (a plain Euler-like latent update, no scheduler)."""
+the components in that order (a plain Euler-like latent update, no scheduler; an inpainting UNet
+gets a fixed random mask and masked picture's latents beside the latents)."""
 
 from __future__ import annotations
 
@@ -291,8 +292,14 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     cond_dim = unet.timestep_cond_dim
     prompts = 2 if plan["guidance"] else 1
     ids = rng.integers(0, vocab, size=(prompts, *te_in.shape[1:])).astype(te_in.dtype)
-    sample_shape = (1, *unet_names["sample"].shape[1:])
-    latents = rng.standard_normal(size=sample_shape).astype(unet_names["sample"].dtype)
+    sample_spec = unet_names["sample"]
+    latents = rng.standard_normal(size=(1, *unet.outputs[0].shape[1:])).astype(sample_spec.dtype)
+    # an inpainting UNet's sample has more channels than the latents (mask, masked picture's latents)
+    channel_axis = -1 if sample_spec.layout == "NHWC" else 1
+    extra_shape = list(sample_spec.shape)
+    extra_shape[0] = 1
+    extra_shape[channel_axis] -= latents.shape[channel_axis]
+    extra = rng.standard_normal(size=extra_shape).astype(sample_spec.dtype)
     timesteps = np.linspace(999, 0, plan["steps"], dtype=np.float32)
     made = {name: 0 for name in PIPELINE}
 
@@ -311,7 +318,8 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
         predictions = []
         for first in range(0, prompts, unet_batch):
             rows = embeddings[first:first + unet_batch]
-            feeds = {"sample": np.repeat(latents, unet_batch, axis=0),
+            sample = np.concatenate([latents, extra], axis=channel_axis)
+            feeds = {"sample": np.repeat(sample, unet_batch, axis=0),
                      "timestep": np.full((unet_batch,), t, dtype=unet_names["timestep"].dtype),
                      "encoder_hidden_states": batched(rows, unet_batch)}
             if cond_dim:

@@ -20,9 +20,13 @@ step, so the same prompt, seed and weights give the same picture as PyTorch:
 - a UNet with timestep conditioning (LCM-distilled, input timestep_cond) takes the guidance
   scale as an embedding instead (difflite.core.conditioning), with no classifier-free guidance, as
   diffusers' pipelines run such a UNet: one batch-1 call a step;
-- the stages run (img2img: vae_encoder), text_encoder, unet, vae_decoder; only the VAE encoder's
-  stage draws from the generator, so loading each model just for its stage (low_memory) gives
-  the same picture.
+- inpainting (init_image and mask_image) follows StableDiffusionInpaintPipeline: a 9-channel
+  (inpainting) UNet sees the mask and the masked picture's latents, a 4-channel UNet repaints by
+  blending the kept part back after each step (difflite.runtime.inpaint); a 9-channel UNet runs
+  only so, as diffusers' text-to-image and img2img pipelines cannot run it;
+- the stages run (img2img, inpainting: vae_encoder), text_encoder, unet, vae_decoder; the VAE
+  encoder's stage runs before any draw from the generator, so loading each model just for its
+  stage (low_memory) gives the same picture.
 
 Neither torch, diffusers nor transformers is imported to make a picture from a folder that
 `convert` wrote (only NumPy, the tokenizers library and LiteRT): a phone-sized process starts in
@@ -50,8 +54,9 @@ from difflite.core.conditioning import (
 )
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
-from difflite.folder.output_folder import OutputFolder
+from difflite.folder.output_folder import OutputFolder, inpaint_channels
 from difflite.folder.tokenizer import PromptTokenizer, clean_prompt
+from difflite.runtime import inpaint
 from difflite.runtime.backend import CHOICES as BACKEND_CHOICES
 from difflite.runtime.backend import HELP as BACKEND_HELP
 from difflite.runtime.backend import choose as choose_backend
@@ -182,15 +187,16 @@ class _Timer:
 
 
 class LitePipeline:
-    """An output folder as a Stable Diffusion pipeline (txt2img and img2img) on LiteRT.
+    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting) on LiteRT.
 
     >>> pipe = LitePipeline("out/tiny")
     >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
     >>> result.save("astronaut.png")
+    >>> pipe("a red car", init_image="street.png", mask_image="car-mask.png").save("car.png")
     >>> pipe.close()
 
     The models stay loaded across calls. With `low_memory`, each is loaded right before its
-    stage and freed right after it ((img2img: vae_encoder), text_encoder, unet, vae_decoder):
+    stage and freed right after it ((img2img, inpainting: vae_encoder), text_encoder, unet, vae_decoder):
     one interpreter alive at a time, for the price of loading them again for every picture.
     """
 
@@ -216,6 +222,11 @@ class LitePipeline:
         self.channels, self.latent_height, self.latent_width = latent.channels, latent.height, latent.width
         self.height, self.width, self.text_length = latent.image_height, latent.image_width, latent.text_length
         unet = self.folder.components["unet"]
+        # a 9-channel UNet (latents, mask, masked picture's latents) runs only for inpainting
+        self.inpainting_unet = latent.inpainting
+        if latent.unet_channels != self.channels and not self.inpainting_unet:
+            raise BadInput(f"{unet.path}: a UNet of {latent.unet_channels} input channels (difflite runs "
+                           f"{self.channels}, text-to-image, or {inpaint_channels(self.channels)}, inpainting)")
         self.unet_batch = unet.batch
         if self.unet_batch not in (1, 2):
             raise BadInput(f"{unet.path}: batch {self.unet_batch} (difflite runs batch 1 or 2)")
@@ -244,7 +255,7 @@ class LitePipeline:
         if name not in self._components:
             from difflite.runtime.component import open_component
 
-            hint = f"img2img needs it: {ENCODER_HINT}" if name == "vae_encoder" else "convert again"
+            hint = f"img2img and inpainting need it: {ENCODER_HINT}" if name == "vae_encoder" else "convert again"
             entry = self.folder.component(name, hint)
             start = time.perf_counter()
             component = open_component(entry, self.backend, self.folder.precision, self.folder.weights,
@@ -323,12 +334,18 @@ class LitePipeline:
     # -- the loop ------------------------------------------------------------------------------
 
     def __call__(self, prompt: str, negative_prompt: str = "", steps: int = 20, seed: int = 0,
-                 guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float = 0.8,
-                 timestep_spacing: str | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> GenerateResult:
-        img2img = init_image is not None
+                 guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float | None = None,
+                 timestep_spacing: str | None = None, progress: Callable[[int, int], None] | None = None,
+                 mask_image=None) -> GenerateResult:
+        """txt2img; img2img with init_image; inpainting with init_image and mask_image (1 / white
+        repaints). strength None: diffusers' default, 1.0 for inpainting, 0.8 for img2img."""
+        inpainting = mask_image is not None
+        img2img = init_image is not None and not inpainting
+        if strength is None:
+            strength = inpaint.default_strength(inpainting)
         prompt, negative_prompt = clean_prompt(prompt), clean_prompt(negative_prompt)
-        self._check_call(steps, guidance, img2img, strength, seed)
+        self.check_inputs(init_image is not None, inpainting)
+        self._check_call(steps, guidance, init_image is not None, strength, seed, inpainting)
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds
@@ -337,22 +354,28 @@ class LitePipeline:
         timer.add("setup", start)
         cfg = guidance > 1.0 and self.timestep_cond_dim is None
         if not self.low_memory:
-            for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if img2img else ())):
+            for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if init_image is not None else ())):
                 self.component(name)
         self.tokenizer  # noqa: B018 (loaded here so that text_encoder times the model alone)
-        image_in = load_init_image(init_image, self.height, self.width) if img2img else None
+        image_in = load_init_image(init_image, self.height, self.width) if init_image is not None else None
+        mask = inpaint.load_mask(mask_image, self.height, self.width) if inpainting else None
 
         generator = TorchGenerator(seed)
         sched.set_timesteps(steps)
-        if img2img:
+        painting = None
+        if init_image is not None:
             timesteps = img2img_timesteps(sched, steps, strength)
-            latents = self._image_latents(image_in, sched, timesteps, generator, timer)
         else:
             timesteps = sched.timesteps
+        if inpainting:
+            latents, painting = self._inpaint_latents(image_in, mask, sched, timesteps, strength, generator, timer)
+        elif img2img:
+            latents = self._image_latents(image_in, sched, timesteps, generator, timer)
+        else:
             latents = self._noise_latents(sched, generator)
         cond, uncond = self._encode_prompts(prompt, negative_prompt if cfg else None, timer)
         latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance, generator,
-                                            timer, progress)
+                                            timer, progress, painting)
         image = self._decode(latents, timer)
 
         total = len(timesteps)
@@ -368,12 +391,29 @@ class LitePipeline:
             "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
             "backend": self.backend, "fallback_reason": self.fallback_reason,
             "height": self.height, "width": self.width, "low_memory": self.low_memory,
-            "img2img": img2img, **({"strength": strength} if img2img else {}),
+            "img2img": img2img, "inpaint": inpainting,
+            **({"strength": strength} if init_image is not None else {}),
+            **({"inpainting_unet": self.inpainting_unet} if inpainting else {}),
             **({"timestep_spacing": timestep_spacing} if timestep_spacing else {}),
         }
         return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
 
-    def _check_call(self, steps, guidance, img2img: bool, strength, seed) -> None:
+    def check_inputs(self, init_image: bool, mask: bool) -> None:
+        """What the folder can make from these pictures (before any is read): a mask needs the
+        picture it repaints; a 9-channel (inpainting) UNet runs only with both."""
+        if mask and not init_image:
+            raise BadInput("--mask needs --init-image (the picture whose masked part is repainted)")
+        if self.inpainting_unet and not mask:
+            raise BadInput(f"{self.out / 'unet.tflite'}: an inpainting UNet ({inpaint_channels(self.channels)} input "
+                           f"channels: latents, mask, masked picture's latents) runs only with --init-image and "
+                           f"--mask; for text-to-image and img2img convert a text-to-image model")
+
+    def check_encoder(self, mask: bool) -> None:
+        if not self.has_vae_encoder:
+            what = "inpainting" if mask else "img2img"
+            raise BadInput(f"{self.out / 'vae_encoder.tflite'}: missing ({what} needs it: {ENCODER_HINT})")
+
+    def _check_call(self, steps, guidance, img2img: bool, strength, seed, mask: bool = False) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise BadInput(f"--steps {steps!r} must be a positive integer")
         # as diffusers' schedulers: no more steps than the timesteps the model was trained on
@@ -396,8 +436,7 @@ class LitePipeline:
             return
         if min(int(steps * strength), steps) < 1:
             raise BadInput(f"--strength {strength} x --steps {steps} leaves no denoising step")
-        if not self.has_vae_encoder:
-            raise BadInput(f"{self.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
+        self.check_encoder(mask)
 
     def _noise_latents(self, sched, generator: TorchGenerator) -> np.ndarray:
         """txt2img: diffusers' prepare_latents."""
@@ -419,6 +458,21 @@ class LitePipeline:
         noise = generator.randn(init_latents.shape)
         return sched.add_noise(init_latents, noise, timesteps[:1])
 
+    def _inpaint_latents(self, image_in: np.ndarray, mask: np.ndarray, sched, timesteps, strength: float,
+                         generator: TorchGenerator, timer: _Timer) -> tuple[np.ndarray, inpaint.Inpainting]:
+        """Inpainting: the initial latents and what the loop adds (difflite.runtime.inpaint)."""
+        with self.stage("vae_encoder") as encoder:
+            def encode(picture: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                start = time.perf_counter()
+                encoded = encoder(image=picture)
+                timer.add("vae_encoder", start)
+                return (np.asarray(encoded["latent_mean"], dtype=np.float32),
+                        np.asarray(encoded["latent_std"], dtype=np.float32))
+
+            shape = (1, self.channels, self.latent_height, self.latent_width)
+            return inpaint.prepare(encode, image_in, mask, shape, self.inpainting_unet, sched, timesteps, strength,
+                                   generator)
+
     def _encode_prompts(self, prompt: str, negative_prompt: str | None, timer: _Timer):
         """(cond, uncond); uncond is None without a negative prompt (no classifier-free guidance)."""
         with self.stage("text_encoder"):
@@ -429,8 +483,10 @@ class LitePipeline:
         return cond, uncond
 
     def _denoise(self, latents: np.ndarray, sched, timesteps, cond, uncond, guidance: float,
-                 generator: TorchGenerator, timer: _Timer, progress: Callable[[int, int], None] | None):
-        """The scheduler loop; returns the final latents and the number of UNet calls."""
+                 generator: TorchGenerator, timer: _Timer, progress: Callable[[int, int], None] | None,
+                 painting: inpaint.Inpainting | None = None):
+        """The scheduler loop; returns the final latents and the number of UNet calls. `painting`:
+        inpainting's UNet input and blending (difflite.runtime.inpaint)."""
         cfg = uncond is not None
         unet_seconds, unet_calls = 0.0, 0
         extra = {}
@@ -440,6 +496,8 @@ class LitePipeline:
             for i, t in enumerate(timesteps):
                 # scale_model_input is elementwise: scaling the latents once is scaling [latents] * 2
                 sample = np.asarray(sched.scale_model_input(latents, t), dtype=np.float32)
+                if painting is not None:
+                    sample = painting.unet_sample(sample)
                 start = time.perf_counter()
                 noise = self.predict_noise(sample, float(t), cond, uncond, extra)
                 unet_seconds += time.perf_counter() - start
@@ -447,6 +505,8 @@ class LitePipeline:
                 noise = [np.asarray(n, dtype=np.float32) for n in noise]
                 noise_pred = noise[0] + np.float32(guidance) * (noise[1] - noise[0]) if cfg else noise[0]
                 latents = np.asarray(sched.step(noise_pred, t, latents, generator=generator), dtype=np.float32)
+                if painting is not None:
+                    latents = painting.after_step(latents, sched, timesteps, i)
                 if progress is not None:
                     progress(i + 1, len(timesteps))
         timer.seconds["unet"] = unet_seconds
@@ -502,9 +562,17 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "memory the device refuses; for litert-gpu a file it does not load): none fails with exit 2 "
                    "and the reason; cpu warns with the reason and runs on the CPU backend.")
 @click.option("--init-image", type=click.Path(), default=None,
-              help="img2img: start from this picture (needs OUT/vae_encoder.tflite).")
-@click.option("--strength", default=0.8, show_default=True, type=float,
-              help="img2img: how much of the picture is re-noised, in (0, 1].")
+              help="img2img: start from this picture, resized to the converted size (needs OUT/vae_encoder.tflite).")
+@click.option("--mask", type=click.Path(), default=None,
+              help="Inpainting, with --init-image: repaint the picture where this mask is white and keep it where "
+                   "it is black, as diffusers' StableDiffusionInpaintPipeline: the mask is resized to the "
+                   "converted size like the picture (any size: lanczos), made grayscale (an RGB or RGBA mask too) "
+                   "and binarized at 0.5. An inpainting model's UNet (9 input channels) sees the mask and the "
+                   "masked picture; a text-to-image UNet repaints by blending the kept part back after each step. "
+                   "Needs OUT/vae_encoder.tflite.")
+@click.option("--strength", default=None, type=float,
+              help="img2img and inpainting: how much of the picture is re-noised, in (0, 1] [default: 0.8; 1.0 "
+                   "with --mask, starting from pure noise: diffusers' defaults].")
 @click.option("--low-memory", is_flag=True,
               help="Trade load time for peak memory: load each model right before its stage and free it "
                    "right after (vae_encoder, text_encoder, unet, vae_decoder), so one is resident at a time "
@@ -512,9 +580,10 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "the loading (timings: load); the picture is the same.")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
 def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, timestep_spacing,
-                     backend, fallback, init_image, strength, low_memory, as_json):
-    """Make a picture from PROMPT with the .tflite files in OUT (txt2img, or img2img with
-    --init-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
+                     backend, fallback, init_image, mask, strength, low_memory, as_json):
+    """Make a picture from PROMPT with the .tflite files in OUT (txt2img, img2img with
+    --init-image, inpainting with --init-image and --mask), the same picture diffusers' PyTorch
+    pipeline makes from the same weights."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -527,10 +596,14 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     output = check_writable(output)
     choice = choose_backend(backend)
     pipe = LitePipeline(out, backend=choice.backend, low_memory=low_memory, fallback=fallback)
-    if init_image is not None:  # read (and refused) before any model loads; only its resized copy is kept
+    pipe.check_inputs(init_image is not None, mask is not None)
+    # the pictures are read (and refused) before any model loads; only their resized copies are kept
+    if init_image is not None:
         init_image = fit_init_image(init_image, pipe.height, pipe.width)
-    if init_image is not None and not pipe.has_vae_encoder:
-        raise BadInput(f"{pipe.out / 'vae_encoder.tflite'}: missing (img2img needs it: {ENCODER_HINT})")
+    if mask is not None:
+        mask = inpaint.fit_mask(mask, pipe.height, pipe.width)
+    if init_image is not None:
+        pipe.check_encoder(mask is not None)
     console = Console(stderr=True)
     with pipe, Progress(TextColumn("[difflite] denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -542,7 +615,7 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
             bar.update(task, completed=done, total=total)
 
         result = pipe(prompt, negative_prompt=negative_prompt, steps=steps, seed=seed, guidance=guidance,
-                      scheduler=scheduler, init_image=init_image, strength=strength,
+                      scheduler=scheduler, init_image=init_image, mask_image=mask, strength=strength,
                       timestep_spacing=timestep_spacing, progress=progress)
     path = result.save(output)
     if as_json:

@@ -28,8 +28,10 @@ TEXT_CHUNKS = (b"tEXt", b"zTXt", b"iTXt")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def read_image(path, *, option: str = "--init-image"):
-    """The picture at `path` as an RGB PIL image, decoded only after its bounds are checked."""
+def read_image(path, *, option: str = "--init-image", mode: str | None = "RGB"):
+    """The picture at `path` as a PIL image, decoded only after its bounds are checked, in `mode`
+    (None: as decoded, at most 4 bytes a pixel like RGB; the mask is resized in its own mode
+    before it is made grayscale, as diffusers does)."""
     from PIL import Image
 
     path = Path(path)
@@ -45,7 +47,7 @@ def read_image(path, *, option: str = "--init-image"):
             with Image.open(path, formats=FORMATS) as opened:
                 _check_pixels(opened.size, where)
                 opened.load()
-                return opened if opened.mode == "RGB" else opened.convert("RGB")
+                return opened if mode is None or opened.mode == mode else opened.convert(mode)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise BadInput(f"{where}: declares more than the {MAX_PIXELS // 10**6} Mpx difflite reads ({exc})") from exc
     except (OSError, ValueError, SyntaxError, EOFError, struct.error, zlib.error) as exc:

@@ -1,5 +1,6 @@
-"""Test helper: tiny SD 1.x / 2.x style diffusers models written as original-format (LDM /
-CompVis / A1111) single-file checkpoints, to exercise difflite.compiler.single_file's inference.
+"""Test helper: tiny SD 1.x / 2.x style diffusers models (text-to-image, or inpainting: a 9-channel
+UNet) written as original-format (LDM / CompVis / A1111) single-file checkpoints, to exercise
+difflite.compiler.single_file's inference.
 
 The diffusers -> LDM key map here is written independently of diffusers' LDM -> diffusers
 converters that the loader uses, so a round trip through both checks each against the other."""
@@ -42,9 +43,10 @@ TINY = {
 }
 
 
-def tiny_models(family: str, seed: int = 0) -> dict:
+def tiny_models(family: str, seed: int = 0, in_channels: int = 4) -> dict:
     """{"unet", "vae", "text_encoder"}: float32 eval models with seeded random weights, every norm
-    and bias moved off its init (presets._perturb)."""
+    and bias moved off its init (presets._perturb). `in_channels` 9: an inpainting UNet (latents,
+    mask, masked picture's latents)."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -53,7 +55,7 @@ def tiny_models(family: str, seed: int = 0) -> dict:
         torch.manual_seed(seed)
         text_encoder = CLIPTextModel(CLIPTextConfig(**configs["text_encoder"]))
         text_encoder.set_attn_implementation("eager")
-        built = {"unet": UNet2DConditionModel.from_config(configs["unet"]),
+        built = {"unet": UNet2DConditionModel.from_config({**configs["unet"], "in_channels": in_channels}),
                  "vae": AutoencoderKL.from_config(configs["vae"]), "text_encoder": text_encoder}
     for index, (name, model) in enumerate(built.items()):
         _perturb(model, seed * 10 + index + 1)
