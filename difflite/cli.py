@@ -196,8 +196,8 @@ def parse_lora(spec: str):
                    "before reuse; nothing is pruned (SD 1.5's UNet: 3.4 GB).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def convert(model, out, config, vae, prediction_type, loras, controlnets, components, height, width, batch, precision, weights,
-            weights_block, weights_recipe, weights_target_db, weights_probes, fuse, no_fuse, device_profile,
+def convert(model, out, config, vae, prediction_type, loras, controlnets, components, height, width, batch, precision,
+            weights, weights_block, weights_recipe, weights_target_db, weights_probes, fuse, no_fuse, device_profile,
             winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 

@@ -80,6 +80,10 @@ def load_source(folder: OutputFolder, model: str | None, config: str | None):
                                 folder.options.get("seed", 0), vae=source.get("vae"),
                                 prediction_type=source.get("prediction_type"), loras=loras,
                                 controlnets=controlnets)
+    for recorded, loaded in zip(source.get("controlnets", []), pipe.details.get("controlnets", [])):
+        if loaded["sha256"] != recorded.get("sha256"):
+            raise BadInput(f"{recorded['model']}: the weights of {loaded['component']} changed since conversion "
+                           f"(hash differs)")
     if model is None and pipe.source_hash != source["sha256"]:
         raise BadInput(f"{source['model']}: weights changed since conversion (hash differs); "
                        f"pass --model to verify against another source")

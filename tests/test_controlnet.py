@@ -202,9 +202,10 @@ def test_an_sd2_controlnet_does_not_fit_sd15():
     from difflite.compiler.presets import preset_configs
 
     sd21 = C.ControlNetSource("cn", "/models/control_sd21.safetensors", "file",
-                              {**C.from_unet_config(preset_configs("sd21")["unet"]), "layers_per_block": 1},
-                              "0" * 64)
-    sd15 = types.SimpleNamespace(source="preset:sd15", unet=types.SimpleNamespace(config=preset_configs("sd15")["unet"]))
+                              {**C.from_unet_config(preset_configs("sd21")["unet"]), "layers_per_block": 1,
+                               "conditioning_embedding_out_channels": [16, 32, 96, 256]}, "0" * 64)
+    sd15 = types.SimpleNamespace(source="preset:sd15", vae_scale_factor=8,
+                                 unet=types.SimpleNamespace(config=preset_configs("sd15")["unet"]))
     with pytest.raises(BadInput) as info:
         C.check_fits(sd21, sd15)
     assert str(info.value) == ("/models/control_sd21.safetensors: the ControlNet does not fit preset:sd15's UNet: "
@@ -367,6 +368,21 @@ def test_folder_and_file_give_the_preset_files(one, many, sources):
 def test_verify_reloads_the_recorded_sources(many):
     data = json.loads(difflite("verify", many, "--seeds", "0", "--backend", "cpu", "--json").stdout)
     assert data["passed"] and {c["component"] for c in data["checks"]} == {"unet", "controlnet_0", "controlnet_1"}
+
+
+def test_verify_names_a_controlnet_changed_since_conversion(many, sources):
+    """A recorded ControlNet whose file no longer hashes as recorded is named, not the base model."""
+    import dataclasses
+
+    from difflite.folder.output_folder import OutputFolder
+    from difflite.verify import load_source
+
+    folder = OutputFolder.read(many)
+    records = [dict(r) for r in folder.source["controlnets"]]
+    records[1]["sha256"] = "0" * 64
+    changed = dataclasses.replace(folder, source={**folder.source, "controlnets": records})
+    with pytest.raises(BadInput, match=f"^{sources['file']}: the weights of controlnet_1 changed since conversion"):
+        load_source(changed, None, None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -110,7 +110,9 @@ def _read_preset(spec: str, seed: int) -> ControlNetSource:
 def _read_folder(spec: str, path: Path) -> ControlNetSource:
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise BadInput(f"{path}: not a diffusers ControlNet folder (no config.json)")
+        index = (path / "model_index.json").is_file()
+        pipeline = " but a pipeline's model_index.json: give it as MODEL" if index else ""
+        raise BadInput(f"{path}: not a diffusers ControlNet folder (no config.json{pipeline})")
     config = read_json(config_path, what="ControlNet config")
     if not isinstance(config, dict):
         raise BadInput(f"{config_path}: expected a JSON object")
@@ -233,10 +235,15 @@ def from_unet_config(unet: dict) -> dict:
 
 
 def check_fits(source: ControlNetSource, pipe: Pipeline) -> None:
-    """BadInput naming every FIT_FIELDS value that differs from the base UNet's."""
+    """BadInput naming every FIT_FIELDS value that differs from the base UNet's, and a hint
+    embedding that does not take the image to the latent's size."""
     unet = dict(pipe.unet.config)
     differences = [f"{key} {_plain(source.config.get(key))} (the UNet's {_plain(unet.get(key))})"
                    for key in FIT_FIELDS if _per_level(source.config, key) != _per_level(unet, key)]
+    widths = source.config.get("conditioning_embedding_out_channels")
+    if isinstance(widths, (list, tuple)) and 2 ** (len(widths) - 1) != pipe.vae_scale_factor:
+        differences.append(f"its hint embedding downsamples the image {2 ** (len(widths) - 1)} times "
+                           f"(the VAE {pipe.vae_scale_factor} times)")
     if differences:
         pair = (source.config.get("cross_attention_dim"), unet.get("cross_attention_dim"))
         known = f": {_KNOWN_PAIRS[pair]}" if pair in _KNOWN_PAIRS else ""
