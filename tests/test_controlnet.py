@@ -201,7 +201,7 @@ def test_an_sd2_controlnet_does_not_fit_sd15():
     from difflite.compiler import controlnet as C
     from difflite.compiler.presets import preset_configs
 
-    sd21 = C.ControlNetSource("cn", "/models/control_sd21.safetensors", "file",
+    sd21 = C.ControlNetSource("/models/control_sd21.safetensors", "file",
                               {**C.from_unet_config(preset_configs("sd21")["unet"]), "layers_per_block": 1,
                                "conditioning_embedding_out_channels": [16, 32, 96, 256]}, "0" * 64)
     sd15 = types.SimpleNamespace(source="preset:sd15", vae_scale_factor=8,
@@ -211,6 +211,10 @@ def test_an_sd2_controlnet_does_not_fit_sd15():
     assert str(info.value) == ("/models/control_sd21.safetensors: the ControlNet does not fit preset:sd15's UNet: "
                                "layers_per_block 1 (the UNet's 2); cross_attention_dim 1024 (the UNet's 768): "
                                "an SD 2.x ControlNet on an SD 1.x model")
+    sd15_hint = C.ControlNetSource("/models/cn", "folder", {**C.from_unet_config(preset_configs("sd15")["unet"]),
+                                                             "conditioning_embedding_out_channels": [16, 32, 96]}, "")
+    with pytest.raises(BadInput, match="hint embedding downsamples the image 4 times \\(the VAE 8 times\\)$"):
+        C.check_fits(sd15_hint, sd15)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,7 +68,6 @@ _KNOWN_PAIRS = {(1024, 768): "an SD 2.x ControlNet on an SD 1.x model",
 @dataclass
 class ControlNetSource:
     """One --controlnet, read but not built: enough to check it against the base UNet."""
-    given: str  # as on the command line
     model: str  # preset:NAME or the absolute path
     kind: str  # "preset" | "folder" | "file"
     config: dict  # ControlNetModel config; a file's: the fields its tensors determine
@@ -90,9 +89,9 @@ def read_source(spec: str, seed: int = 0) -> ControlNetSource:
         return _read_preset(spec, seed)
     path = Path(spec).expanduser().absolute()
     if path.is_dir():
-        return _read_folder(spec, path)
+        return _read_folder(path)
     if path.is_file():
-        return _read_file(spec, path)
+        return _read_file(path)
     what = "no such file or folder" if not path.exists() else "neither a folder nor a file"
     raise BadInput(f"{path}: --controlnet: {what}")
 
@@ -104,10 +103,10 @@ def _read_preset(spec: str, seed: int) -> ControlNetSource:
     unet = {**_defaults("UNet2DConditionModel"), **presets.preset_configs(PRESETS[name])["unet"]}
     config = {**from_unet_config(unet), "conditioning_embedding_out_channels": list(HINT_CHANNELS)}
     sha = presets.preset_hash({"controlnet_preset": name, "seed": seed, "config": config})
-    return ControlNetSource(spec, spec, "preset", config, sha)
+    return ControlNetSource(spec, "preset", config, sha)
 
 
-def _read_folder(spec: str, path: Path) -> ControlNetSource:
+def _read_folder(path: Path) -> ControlNetSource:
     config_path = path / "config.json"
     if not config_path.is_file():
         index = (path / "model_index.json").is_file()
@@ -127,10 +126,10 @@ def _read_folder(spec: str, path: Path) -> ControlNetSource:
     if not weights:
         raise BadInput(f"{path}: no weight file (.safetensors or .bin)")
     sha = hash_files([("config.json", config_path)] + [(w.name, w) for w in weights])
-    return ControlNetSource(spec, str(path), "folder", {**_defaults("ControlNetModel"), **config}, sha)
+    return ControlNetSource(str(path), "folder", {**_defaults("ControlNetModel"), **config}, sha)
 
 
-def _read_file(spec: str, path: Path) -> ControlNetSource:
+def _read_file(path: Path) -> ControlNetSource:
     if path.suffix not in FILE_SUFFIXES:
         raise BadInput(f"{path}: --controlnet takes a diffusers ControlNet folder, a {'/'.join(FILE_SUFFIXES)} "
                        f"file or preset:NAME")
@@ -138,7 +137,7 @@ def _read_file(spec: str, path: Path) -> ControlNetSource:
     config, weights, reasons = infer_file(path, state)
     digest = hashlib.sha256(hash_files([("controlnet", path)]).encode())
     digest.update(json.dumps(config, sort_keys=True).encode())
-    return ControlNetSource(spec, str(path), "file", config, digest.hexdigest(), reasons, weights)
+    return ControlNetSource(str(path), "file", config, digest.hexdigest(), reasons, weights)
 
 
 def infer_file(path: Path, state: dict) -> tuple[dict, dict, list[str]]:
