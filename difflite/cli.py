@@ -118,10 +118,20 @@ def parse_lora(spec: str):
 @click.option("--lora", "loras", multiple=True, metavar="FILE[:SCALE]",
               help="Merge a LoRA (diffusers/PEFT or kohya/A1111 .safetensors) into the weights before export, "
                    "scaled by SCALE (default 1.0; finite, from -1000 to 1000); repeatable.")
+@click.option("--controlnet", "controlnets", multiple=True, metavar="CN",
+              help="Add a ControlNet, written as the component controlnet_N (N counting the --controlnet given, "
+                   "from 0): a diffusers ControlNetModel folder, an original-format ControlNet 1.x file "
+                   "(.safetensors/.pth/.ckpt: architecture inferred from its tensors) or preset:controlnet / "
+                   "preset:controlnet-tiny (preset:sd15's / preset:tiny's ControlNet, seeded random weights). It "
+                   "must fit MODEL's UNet (channels, layers, input channels, cross-attention width). Its inputs "
+                   "are the UNet's and the control image (controlnet_cond, [0, 1]); its outputs, the residuals "
+                   "down_residual_0 .. and mid_residual at conditioning scale 1, which the UNet then takes as "
+                   "inputs. Needs the unet in --components (refused without it); repeatable.")
 @click.option("--components", default=None,
               help="Comma-separated: text_encoder, unet, vae_decoder, vae_encoder [default: "
                    "text_encoder,unet,vae_decoder; for an inpainting model (a 9-channel UNet) vae_encoder too, "
-                   "which generate --mask needs; add vae_encoder for generate --init-image].")
+                   "which generate --mask needs; add vae_encoder for generate --init-image; each --controlnet "
+                   "adds controlnet_N].")
 @click.option("--height", default=None, type=int,
               help="Image height in pixels [default: the model's own size: 512, 768 for SD 2.x 768 models].")
 @click.option("--width", default=None, type=int, help="Image width in pixels [default: the model's own size].")
@@ -170,7 +180,8 @@ def parse_lora(spec: str):
               help="Extra weight memory Winograd may add per component (its transformed weights are 4x a 3x3 "
                    "conv's; with --weights int8|int4 the convolutions whose filter is transformed at every "
                    "call add none and need no budget): N MB for each, or per component, e.g. "
-                   "150,vae_decoder=0 (the UNet and text encoder 150, the VAE decoder none); 'off': no "
+                   "150,vae_decoder=0 (the UNet and text encoder 150, the VAE decoder none; a ControlNet: "
+                   "controlnet_0=N); 'off': no "
                    "Winograd in either form, e.g. vae_decoder=off [default: the device profile's budget, "
                    "200 MB (4000 on nvidia-h100); with --weights int8|int4, 0, and off for the int8 VAE "
                    "decoder, whose filter-form Winograd measured under its 35 dB bar].")
@@ -187,15 +198,16 @@ def parse_lora(spec: str):
                    "before reuse; nothing is pruned (SD 1.5's UNet: 3.4 GB).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def convert(model, out, config, vae, prediction_type, loras, components, height, width, batch, precision, weights,
-            weights_block, weights_recipe, weights_target_db, weights_probes, fuse, no_fuse, device_profile,
+def convert(model, out, config, vae, prediction_type, loras, controlnets, components, height, width, batch, precision,
+            weights, weights_block, weights_recipe, weights_target_db, weights_probes, fuse, no_fuse, device_profile,
             winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
     MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
     2.x, text-to-image or inpainting, inferred from its keys, or --config FOLDER), or preset:NAME
     (preset:tiny, preset:sd15, preset:sd21, preset:sd21-768, preset:sd15-inpaint,
-    preset:tiny-inpaint: real architectures, seeded random weights).
+    preset:tiny-inpaint: real architectures, seeded random weights). Each --controlnet
+    adds a component controlnet_N and residual inputs to the UNet.
     """
     from difflite.compiler.convert import ConvertOptions, parse_winograd_budget
     from difflite.compiler.convert import convert as run_convert
@@ -216,7 +228,8 @@ def convert(model, out, config, vae, prediction_type, loras, components, height,
             click.echo(f"[difflite] {message}", err=True)
 
     report = run_convert(model, out, options, config=config, log=log, vae=vae, prediction_type=prediction_type,
-                         loras=tuple(parse_lora(spec) for spec in loras), export_cache_dir=export_cache_dir)
+                         loras=tuple(parse_lora(spec) for spec in loras), export_cache_dir=export_cache_dir,
+                         controlnets=tuple(controlnets))
     if as_json:
         print_json(report)
         return

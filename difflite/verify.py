@@ -72,12 +72,18 @@ def load_source(folder: OutputFolder, model: str | None, config: str | None):
     from difflite.compiler import models
 
     source = folder.source
-    # --model replaces the base checkpoint only: the VAE, prediction type and LoRAs of the
-    # conversion apply to it as they did then.
+    # --model replaces the base checkpoint only: the VAE, prediction type, LoRAs and ControlNets
+    # (re-loaded from their recorded sources) of the conversion apply to it as they did then.
     loras = tuple(models.LoraSpec(entry["path"], float(entry["scale"])) for entry in source.get("loras", []))
+    controlnets = tuple(entry["model"] for entry in source.get("controlnets", []))
     pipe = models.load_pipeline(model or source["model"], config or source.get("config"),
                                 folder.options.get("seed", 0), vae=source.get("vae"),
-                                prediction_type=source.get("prediction_type"), loras=loras)
+                                prediction_type=source.get("prediction_type"), loras=loras,
+                                controlnets=controlnets)
+    for recorded, loaded in zip(source.get("controlnets", []), pipe.details.get("controlnets", [])):
+        if loaded["sha256"] != recorded.get("sha256"):
+            raise BadInput(f"{recorded['model']}: the weights of {loaded['component']} changed since conversion "
+                           f"(hash differs)")
     if model is None and pipe.source_hash != source["sha256"]:
         raise BadInput(f"{source['model']}: weights changed since conversion (hash differs); "
                        f"pass --model to verify against another source")
@@ -109,7 +115,8 @@ def verify(out, model: str | None = None, config: str | None = None, backend: st
     memory: dict[str, dict] = {}
     for name, entry in selected.items():
         specs = [export.component_spec(pipe, name, options["height"], options["width"],
-                                       options["batch"] if name == "unet" else 1, seed=seed) for seed in seeds]
+                                       options["batch"] if export.takes_batch(name) else 1, seed=seed)
+                 for seed in seeds]
         feeds = [{n: t.numpy() for n, t in zip(spec.input_names, spec.example_inputs)} for spec in specs]
         actuals, memory[name] = run_component(entry, backend, folder.precision, feeds, folder.weights)
         for seed, spec, actual in zip(seeds, specs, actuals):

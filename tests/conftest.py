@@ -93,7 +93,7 @@ CHILD_OPENCL_MODULES = {"test_runtime_memory.py", "test_hostile_program_cache.py
 
 # The modules that take longest (minutes each: sanitized and cross builds, many conversions), queued
 # right after the OpenCL group so that no worker is left with one of them at the end.
-LONGEST_FIRST = ("test_bad_inputs.py", "test_sanitizers.py", "test_convert_cli.py", "test_lora.py",
+LONGEST_FIRST = ("test_bad_inputs.py", "test_sanitizers.py", "test_convert_cli.py", "test_controlnet.py", "test_lora.py",
                  "test_cross_compile.py", "test_single_file.py", "test_inpaint.py", "test_quantize.py", "test_bench.py",
                  "test_fewstep.py", "test_weight_recipe.py", "test_export.py", "test_passes_on_exports.py")
 

@@ -16,7 +16,7 @@ from typing import Callable
 from difflite.compiler import export, export_cache, models, weight_recipe
 from difflite.compiler.tflite import quantize
 from difflite.compiler.tflite.writer import load_onnx, write_tflite
-from difflite.core import procmem, profiles
+from difflite.core import control, procmem, profiles
 from difflite.core.custom_ops import FUSE_KINDS
 from difflite.core.errors import BadInput
 from difflite.core.finite import NonFiniteWeights
@@ -97,7 +97,7 @@ class ConvertOptions:
     weights_probes: int = 2  # int4 / int8: probes the computed recipe measures on
 
     def validate(self) -> None:
-        unknown = [c for c in self.components or () if c not in export.COMPONENTS]
+        unknown = [c for c in self.components or () if not export.is_component(c)]
         if unknown or self.components == ():
             raise BadInput(f"unknown component(s) {unknown} (choose from {', '.join(export.COMPONENTS)})")
         if self.precision not in PRECISIONS:
@@ -109,9 +109,9 @@ class ConvertOptions:
             raise BadInput(f"batch {self.batch} must be 1 or 2")
         profiles.load_profile(self.device_profile)
         for where, budget in [(None, self.winograd_budget_mb), *self.winograd_budgets_mb.items()]:
-            if where is not None and where not in export.COMPONENTS:
+            if where is not None and not export.is_component(where):
                 raise BadInput(f"--winograd-budget-mb: unknown component {where!r} "
-                               f"(choose from {', '.join(export.COMPONENTS)})")
+                               f"(choose from {', '.join(export.COMPONENTS)}, controlnet_N)")
             if budget is not None and budget != WINOGRAD_OFF and not 0 <= budget < math.inf:
                 raise BadInput(f"--winograd-budget-mb {budget} must be a finite number >= 0")
         if self.weights not in quantize.WIDTHS:
@@ -199,11 +199,13 @@ class StageLog:
 def convert(model: str, out, options: ConvertOptions, config: str | None = None,
             log: Callable[[str], None] = lambda message: None, vae: str | None = None,
             prediction_type: str | None = None, loras: tuple[models.LoraSpec, ...] = (),
-            export_cache_dir: str | None = None) -> dict:
+            export_cache_dir: str | None = None, controlnets: tuple[str, ...] = ()) -> dict:
     """Convert `model` into the output folder `out`; returns the report. `vae`, `prediction_type`
-    and `loras` change the loaded pipeline before export (models.load_pipeline); exports are
-    reused from and kept in `export_cache_dir` when given (difflite/compiler/export_cache.py)."""
+    and `loras` change the loaded pipeline before export (models.load_pipeline); each of
+    `controlnets` adds a component controlnet_N, and the UNet then takes their residuals; exports
+    are reused from and kept in `export_cache_dir` when given (difflite/compiler/export_cache.py)."""
     options.validate()
+    check_controlnet_components(options, len(controlnets))
     manifest.check_writable_folder(out)  # before minutes of loading and exporting
     if export_cache_dir is not None and Path(export_cache_dir).expanduser().exists() \
             and not Path(export_cache_dir).expanduser().is_dir():
@@ -219,12 +221,13 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     started = time.perf_counter()
     log(f"loading {model}")
     pipe = stages.run("pipeline", "load", models.load_pipeline, model, config, options.seed, vae=vae,
-                      prediction_type=prediction_type, loras=tuple(loras))
+                      prediction_type=prediction_type, loras=tuple(loras), controlnets=tuple(controlnets))
     for line in describe_source(pipe):
         log(line)
     options = replace(options, height=pipe.default_size if options.height is None else options.height,
                       width=pipe.default_size if options.width is None else options.width,
-                      components=default_components(pipe) if options.components is None else options.components)
+                      components=(*(default_components(pipe) if options.components is None else options.components),
+                                  *(control.controlnet_name(i) for i in range(len(controlnets)))))
     if pipe.inpainting and "vae_encoder" not in options.components:
         log("note: an inpainting UNet: generate --mask needs vae_encoder, which --components leaves out")
     export.check_size(pipe, options.height, options.width, options.batch)
@@ -244,6 +247,8 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
             export_component(spec, onnx_dir / f"{name}.onnx", stages, export_cache_dir, log)
             del spec
         latent = latent_info(pipe, options)
+        conditioning = {name: conditioning_info(pipe, name, options) for name in options.components
+                        if control.controlnet_index(name) is not None}
         source = {"model": pipe.source, "sha256": pipe.source_hash,
                   "config": str(Path(config).absolute()) if config else None,
                   "vae": str(Path(vae).expanduser().absolute()) if vae else None,
@@ -259,6 +264,8 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
                     recipes.get(name))
             except NonFiniteWeights as exc:
                 raise NonFiniteWeights(f"{name}: {exc}{changed_by(source)}") from exc
+            if name in conditioning:
+                entries[name]["conditioning"] = conditioning[name]
         if not options.keep_onnx:
             shutil.rmtree(onnx_dir)
         for name in options.components:
@@ -278,6 +285,25 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         staged.write_json(manifest.MANIFEST, man)
         staged.commit()
     return report
+
+
+def check_controlnet_components(options: ConvertOptions, count: int) -> None:
+    """Before anything loads: --components names no controlnet_N itself (each of the `count`
+    --controlnet adds one, after the components asked for, once they are known) and must hold the
+    unet, which takes the residuals; a --winograd-budget-mb of controlnet_N needs that many
+    ControlNets. (The model's default components, options.components None, hold the unet.)"""
+    components = DEFAULT_COMPONENTS if options.components is None else options.components
+    named = [c for c in components if control.controlnet_index(c) is not None]
+    if named:
+        raise BadInput(f"--components {','.join(components)}: {named[0]} comes from --controlnet (each "
+                       f"--controlnet adds a component controlnet_N), not from --components")
+    budgets = [c for c in options.winograd_budgets_mb
+               if control.controlnet_index(c) is not None and control.controlnet_index(c) >= count]
+    if budgets:
+        raise BadInput(f"--winograd-budget-mb: {budgets[0]}, but the conversion has {count} --controlnet")
+    if count and "unet" not in components:
+        raise BadInput(f"--controlnet needs the unet among --components (it takes the ControlNets' residuals), "
+                       f"got --components {','.join(components)}")
 
 
 def changed_by(source: dict) -> str:
@@ -356,6 +382,8 @@ def describe_source(pipe) -> list[str]:
         lines.append(f"architecture: {arch['summary']} ({'; '.join(arch['reasons'])})")
     for lora in pipe.details.get("loras", []):
         lines.append(f"merged LoRA {lora['file']} x{lora['scale']:g} ({lora['summary']})")
+    for controlnet in pipe.details.get("controlnets", []):
+        lines.append(f"{controlnet['component']}: {controlnet['model']} ({controlnet['architecture']['summary']})")
     return lines
 
 
@@ -375,6 +403,14 @@ def latent_info(pipe, options: ConvertOptions) -> dict:
             "text_length": int(pipe.text_encoder.config.max_position_embeddings),
             "text_hidden": int(pipe.text_encoder.config.hidden_size),
             "image_height": options.height, "image_width": options.width, "batch": options.batch}
+
+
+def conditioning_info(pipe, name: str, options: ConvertOptions) -> dict:
+    """What a ControlNet component's control image is: its input, channels, size and values."""
+    controlnet = pipe.controlnets[control.controlnet_index(name)]
+    return {"input": control.CONTROL_IMAGE, "channels": int(controlnet.config.conditioning_channels),
+            "height": options.height, "width": options.width, "value_range": list(control.CONTROL_IMAGE_RANGE),
+            "channel_order": "rgb"}
 
 
 def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from difflite.core import control
 from difflite.core.errors import BadInput
 
-COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
+COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")  # and controlnet_N (is_component)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MIN_OPSET = 18  # the dynamo exporter writes invalid Split nodes at opset 17 (FACTS)
 MAX_TENSOR_ELEMENTS = 2**31 - 1  # TFLite's kernels and the op library's (kMaxIndex) index with int32
@@ -67,6 +68,38 @@ class ConditionedUNetModule(UNetModule):
                          return_dict=False)[0]
 
 
+class ControlledUNetModule(torch.nn.Module):
+    """A UNet converted with ControlNets: after sample, timestep, encoder_hidden_states (and an
+    LCM-distilled UNet's timestep_cond) it takes the ControlNets' residuals, summed and scaled by
+    the runtime (down_residual_0 .., mid_residual: diffusers' down_block_additional_residuals and
+    mid_block_additional_residual). Zero residuals give the UNet without ControlNet."""
+
+    def __init__(self, unet, conditioned: bool = False):
+        super().__init__()
+        self.unet = unet
+        self.conditioned = conditioned
+
+    def forward(self, sample, timestep, encoder_hidden_states, *rest):
+        timestep_cond, residuals = (rest[0], rest[1:]) if self.conditioned else (None, rest)
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, timestep_cond=timestep_cond,
+                         down_block_additional_residuals=tuple(residuals[:-1]),
+                         mid_block_additional_residual=residuals[-1], return_dict=False)[0]
+
+
+class ControlNetModule(torch.nn.Module):
+    """A ControlNet at conditioning scale 1 (the runtime multiplies by its --control-scale): its
+    down-block residuals, then the mid-block residual."""
+
+    def __init__(self, controlnet):
+        super().__init__()
+        self.controlnet = controlnet
+
+    def forward(self, sample, timestep, encoder_hidden_states, controlnet_cond):
+        down, mid = self.controlnet(sample, timestep, encoder_hidden_states=encoder_hidden_states,
+                                    controlnet_cond=controlnet_cond, conditioning_scale=1.0, return_dict=False)
+        return (*down, mid)
+
+
 class VaeDecoderModule(torch.nn.Module):
     def __init__(self, vae):
         super().__init__()
@@ -88,6 +121,32 @@ class VaeEncoderModule(torch.nn.Module):
     def forward(self, image):
         dist = self.vae.encode(image, return_dict=False)[0]
         return dist.mean * self.scaling_factor, dist.std * self.scaling_factor
+
+
+def is_component(name: str) -> bool:
+    """A component convert can write: one of COMPONENTS, or a ControlNet's (controlnet_N)."""
+    return name in COMPONENTS or control.controlnet_index(name) is not None
+
+
+def takes_batch(name: str) -> bool:
+    """Whether the component runs at the conversion's --batch (the UNet and the ControlNets that
+    feed it); the others are batch 1."""
+    return name == "unet" or control.controlnet_index(name) is not None
+
+
+def residual_shapes(unet: dict, batch: int, h: int, w: int) -> list[tuple[int, ...]]:
+    """[N, C, H, W] of each ControlNet residual a UNet of config `unet` adds at an h x w latent:
+    conv_in's output, each down-block layer's and downsampler's, then the mid block's."""
+    channels = list(unet["block_out_channels"])
+    layers = unet["layers_per_block"]
+    layers = list(layers) if isinstance(layers, (list, tuple)) else [layers] * len(channels)
+    shapes = [(batch, channels[0], h, w)]
+    for level, width in enumerate(channels):
+        shapes += [(batch, width, h, w)] * layers[level]
+        if level < len(channels) - 1:
+            h, w = -(-h // 2), -(-w // 2)  # a 3x3 stride-2 convolution, padding 1
+            shapes.append((batch, width, h, w))
+    return [*shapes, (batch, channels[-1], h, w)]
 
 
 def size_multiple(pipe) -> int:
@@ -142,8 +201,8 @@ def latent_size(pipe, height, width) -> tuple[int, int]:
 
 def component_spec(pipe, name, height=512, width=512, batch=1, seed=0) -> ComponentSpec:
     """The wrapper module and seeded example inputs of one component at a static size."""
-    if name not in COMPONENTS:
-        raise BadInput(f"{pipe.source}: unknown component {name!r} (known: {', '.join(COMPONENTS)})")
+    if not is_component(name):
+        raise BadInput(f"{pipe.source}: unknown component {name!r} (known: {', '.join(COMPONENTS)}, controlnet_N)")
     if batch not in (1, 2):
         raise BadInput(f"{pipe.source}: batch {batch!r} must be 1 or 2")
     check_size(pipe, height, width)
@@ -154,6 +213,8 @@ def component_spec(pipe, name, height=512, width=512, batch=1, seed=0) -> Compon
         return _text_encoder_spec(pipe, gen)
     if name == "unet":
         return _unet_spec(pipe, gen, batch, h, w)
+    if control.controlnet_index(name) is not None:
+        return _controlnet_spec(pipe, name, gen, batch, h, w, (height, width))
     if name == "vae_decoder":
         latent = torch.randn((1, latent_channels, h, w), generator=gen)
         return ComponentSpec(name, VaeDecoderModule(pipe.vae).eval(), ("latent",), ("image",), (latent,))
@@ -173,25 +234,47 @@ def _text_encoder_spec(pipe, gen) -> ComponentSpec:
 
 def _unet_spec(pipe, gen, batch, h, w) -> ComponentSpec:
     config = pipe.unet.config
-    sample = torch.randn((batch, config.in_channels, h, w), generator=gen)
-    timestep = torch.randint(1, 1000, (batch,), generator=gen).to(torch.float32)
-    length = pipe.text_encoder.config.max_position_embeddings
-    context = torch.randn((batch, length, config.cross_attention_dim), generator=gen)
+    sample, timestep, context = _denoiser_inputs(pipe, gen, batch, h, w)
+    names, inputs = ["sample", "timestep", "encoder_hidden_states"], [sample, timestep, context]
     cond_dim = config.get("time_cond_proj_dim")
     if cond_dim:
-        from difflite.core.conditioning import guidance_embedding
+        from difflite.core.conditioning import TIMESTEP_COND, guidance_embedding
 
         scales = torch.rand((batch,), generator=gen) * 10 + 1
-        timestep_cond = torch.from_numpy(guidance_embedding(scales.numpy(), cond_dim))
-        return ComponentSpec(
-            "unet", ConditionedUNetModule(pipe.unet).eval(),
-            ("sample", "timestep", "encoder_hidden_states", "timestep_cond"), ("noise_pred",),
-            (sample, timestep, context, timestep_cond),
-        )
-    return ComponentSpec(
-        "unet", UNetModule(pipe.unet).eval(), ("sample", "timestep", "encoder_hidden_states"), ("noise_pred",),
-        (sample, timestep, context),
-    )
+        names.append(TIMESTEP_COND)
+        inputs.append(torch.from_numpy(guidance_embedding(scales.numpy(), cond_dim)))
+    if pipe.controlnets:
+        shapes = residual_shapes(dict(config), batch, h, w)
+        names += control.residual_names(len(shapes) - 1)
+        inputs += [torch.randn(shape, generator=gen) for shape in shapes]
+        module = ControlledUNetModule(pipe.unet, conditioned=bool(cond_dim))
+    elif cond_dim:
+        module = ConditionedUNetModule(pipe.unet)
+    else:
+        module = UNetModule(pipe.unet)
+    return ComponentSpec("unet", module.eval(), tuple(names), ("noise_pred",), tuple(inputs))
+
+
+def _denoiser_inputs(pipe, gen, batch, h, w) -> tuple[torch.Tensor, ...]:
+    """The sample, timestep and text embedding the UNet and the ControlNets take."""
+    sample = torch.randn((batch, pipe.unet.config.in_channels, h, w), generator=gen)
+    timestep = torch.randint(1, 1000, (batch,), generator=gen).to(torch.float32)
+    length = pipe.text_encoder.config.max_position_embeddings
+    context = torch.randn((batch, length, pipe.unet.config.cross_attention_dim), generator=gen)
+    return sample, timestep, context
+
+
+def _controlnet_spec(pipe, name, gen, batch, h, w, image_size) -> ComponentSpec:
+    index = control.controlnet_index(name)
+    if index >= len(pipe.controlnets):
+        raise BadInput(f"{pipe.source}: no {name} (the pipeline has {len(pipe.controlnets)} ControlNet(s))")
+    controlnet = pipe.controlnets[index]
+    sample, timestep, context = _denoiser_inputs(pipe, gen, batch, h, w)
+    image = torch.rand((batch, controlnet.config.conditioning_channels, *image_size), generator=gen)
+    outputs = control.residual_names(len(controlnet.controlnet_down_blocks))
+    return ComponentSpec(name, ControlNetModule(controlnet).eval(),
+                         ("sample", "timestep", "encoder_hidden_states", control.CONTROL_IMAGE), outputs,
+                         (sample, timestep, context, image))
 
 
 def export_onnx(spec: ComponentSpec, path: Path, opset: int = 18) -> Path:

@@ -1,7 +1,7 @@
 """Load a Stable Diffusion pipeline: a preset (difflite/compiler/presets.py), a local diffusers
 folder, or a single-file checkpoint (difflite/compiler/single_file.py: architecture inferred, or a
-diffusers config folder); then a separate VAE, the prediction type and LoRAs
-(difflite/compiler/lora.py)."""
+diffusers config folder); then a separate VAE, the prediction type, LoRAs
+(difflite/compiler/lora.py) and ControlNets (difflite/compiler/controlnet.py)."""
 
 from __future__ import annotations
 
@@ -48,12 +48,19 @@ class LoraSpec:
 
 
 def load_pipeline(model: str, config: str | None = None, seed: int = 0, *, vae: str | None = None,
-                  prediction_type: str | None = None, loras: tuple[LoraSpec, ...] = ()) -> Pipeline:
+                  prediction_type: str | None = None, loras: tuple[LoraSpec, ...] = (),
+                  controlnets: tuple[str, ...] = ()) -> Pipeline:
     """Load "preset:NAME", a diffusers folder, or a .safetensors/.ckpt file (architecture inferred
     from its keys unless `config` names a diffusers folder); then swap in a separate VAE, set the
-    prediction type and merge LoRAs, each recorded in `details` and folded into `source_hash`."""
+    prediction type, merge LoRAs and add ControlNets (each a preset, folder or file, read before
+    the base model loads), each recorded in `details` and folded into `source_hash`."""
     if prediction_type is not None and prediction_type not in PREDICTION_TYPES:
         raise BadInput(f"--prediction-type {prediction_type!r}: choose from {', '.join(PREDICTION_TYPES)}")
+    sources = []
+    if controlnets:
+        from difflite.compiler import controlnet
+
+        sources = controlnet.read_sources(tuple(controlnets), seed)
     pipe = _load_base(str(model), config, seed, prediction_type)
     if vae is not None:
         from difflite.compiler.single_file import replace_vae
@@ -65,6 +72,8 @@ def load_pipeline(model: str, config: str | None = None, seed: int = 0, *, vae: 
         from difflite.compiler.lora import merge_loras
 
         merge_loras(pipe, tuple(loras))
+    if sources:
+        controlnet.attach(pipe, sources, seed)
     return pipe
 
 

@@ -36,8 +36,12 @@ class Pipeline:
     tokenizer: object  # transformers.CLIPTokenizer
     scheduler_config: dict
     # What the manifest's "source" records beyond model and hash: how a single file's
-    # architecture was inferred ("architecture"), the LoRAs merged ("loras"), and the like.
+    # architecture was inferred ("architecture"), the LoRAs merged ("loras"), the ControlNets
+    # ("controlnets"), and the like.
     details: dict = field(default_factory=dict)
+    # diffusers ControlNetModels (--controlnet, difflite/compiler/controlnet.py): components
+    # controlnet_0, controlnet_1, ... in this order; with any, the UNet takes their residuals
+    controlnets: list = field(default_factory=list)
 
     @property
     def vae_scale_factor(self) -> int:

@@ -176,6 +176,25 @@ def build_preset(name: str, seed: int) -> Pipeline:
     )
 
 
+def build_seeded(factory, seed: int, part: str) -> torch.nn.Module:
+    """The presets' weights for a model outside the pipeline (a ControlNet): factory() built on a
+    forked torch RNG seeded from (seed, part), then every parameter moved off its init (_perturb:
+    zero-initialised layers too). Float32, eval mode."""
+    derived = _derived_seed(seed, part)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derived)
+        module = factory()
+    _perturb(module, derived)
+    return module.float().eval()
+
+
+def preset_hash(payload: dict) -> str:
+    """The source hash of seeded preset weights described by `payload` (name, seed, config), which
+    changes with the weights scheme."""
+    key = json.dumps({**payload, "scheme": _WEIGHTS_SCHEME}, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def _clip_from_config(config: dict, tokenizer):
     from transformers import CLIPTextConfig, CLIPTextModel
 

@@ -71,7 +71,7 @@ def save_single_file(pipe: Pipeline, path: Path) -> None:
     save_file(tensors, str(path))
 
 
-def _read_checkpoint(path: Path) -> tuple[dict, dict]:
+def read_checkpoint(path: Path) -> tuple[dict, dict]:
     """(named tensors, the other top-level entries of a .ckpt, such as global_step)."""
     meta: dict = {}
     try:
@@ -112,9 +112,9 @@ def load_single_file(path: Path, config: Path | None, prediction_type: str | Non
         if not config.exists():
             raise BadInput(f"{config}: no such config folder")
         check_config_folder(config)
-        state, _ = _read_checkpoint(path)
+        state, _ = read_checkpoint(path)
         return _load_with_config(path, state, config)
-    state, meta = _read_checkpoint(path)
+    state, meta = read_checkpoint(path)
     return _load_inferred(path, state, meta, prediction_type)
 
 
@@ -134,24 +134,24 @@ def _load_with_config(path: Path, state: dict, config: Path) -> Pipeline:
         unet_weights, ema, _ = _unet_weights(state)
         layers = text_encoder.config.num_hidden_layers
         parts = {
-            "unet": _convert(path, "UNet", _convert_unet, unet_weights, dict(unet.config)),
-            "vae": _convert(path, "VAE", _convert_vae, _strip(state, _VAE), dict(vae.config)),
+            "unet": convert_with(path, "UNet", _convert_unet, unet_weights, dict(unet.config)),
+            "vae": convert_with(path, "VAE", _convert_vae, strip(state, _VAE), dict(vae.config)),
         }
         if any(k.startswith(_CLIP) for k in state):
             parts["text_encoder"] = _convert_clip(state)
         elif any(k.startswith(_OPEN_CLIP) for k in state):
-            parts["text_encoder"] = _convert(path, "OpenCLIP", _convert_open_clip, _strip(state, _OPEN_CLIP),
+            parts["text_encoder"] = convert_with(path, "OpenCLIP", _convert_open_clip, strip(state, _OPEN_CLIP),
                                              layers, text_encoder.config.hidden_size)
         else:
             parts["text_encoder"] = {}
         strict = False  # LDM files carry extra keys (the non-EMA copy, open_clip's projection, buffers)
     elif any(k.startswith("unet.") for k in state):
-        parts = {name: _strip(state, name + ".") for name in models}
+        parts = {name: strip(state, name + ".") for name in models}
         strict = True
     else:
         raise BadInput(f"{path}: unknown key layout (expected 'unet.'/'vae.'/'text_encoder.' or LDM keys)")
     for name, model in models.items():
-        _load_state(path, name, model, parts[name], strict)
+        load_state(path, name, model, parts[name], strict)
     files = [("checkpoint", path)] + config_files(config)
     pipe = assemble(str(path), hash_files(files), config, text_encoder, unet, vae)
     if ema is not None:
@@ -173,7 +173,7 @@ def _model_from_config(cls, folder: Path):
         raise BadInput(f"{folder / 'config.json'}: cannot build the model: {one_line(e)}") from e
 
 
-def _load_state(path: Path, name: str, model: torch.nn.Module, state: dict, strict: bool) -> None:
+def load_state(path: Path, name: str, model: torch.nn.Module, state: dict, strict: bool) -> None:
     if not state:
         raise BadInput(f"{path}: no {name} weights in the checkpoint")
     expected = model.state_dict()
@@ -193,11 +193,12 @@ def _load_state(path: Path, name: str, model: torch.nn.Module, state: dict, stri
 # Original LDM keys -> diffusers keys (diffusers' own single-file converters)
 
 
-def _strip(state: dict, prefix: str) -> dict:
+def strip(state: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def _convert(path: Path, what: str, fn, *args):
+def convert_with(path: Path, what: str, fn, *args):
+    """fn(*args) (one of diffusers' single-file converters), any failure a BadInput naming the file."""
     try:
         with quiet_loaders():
             return fn(*args)
@@ -221,7 +222,7 @@ def _convert_vae(weights: dict, config: dict) -> dict:
 
 def _convert_clip(state: dict) -> dict:
     # transformers >= 5.6 flattened CLIPTextModel: its keys no longer start with "text_model."
-    return {k.removeprefix("text_model."): v for k, v in _strip(state, _CLIP).items()}
+    return {k.removeprefix("text_model."): v for k, v in strip(state, _CLIP).items()}
 
 
 def _convert_open_clip(weights: dict, layers: int, hidden: int) -> dict:
@@ -248,7 +249,7 @@ def _flat_ema_key(unet_key: str) -> str:
 def _unet_weights(state: dict) -> tuple[dict, bool, str]:
     """The UNet's LDM weights (without the prefix): the EMA copy where the file has a complete
     one (what the original LDM sampler uses), else the trained weights; and the reason."""
-    weights = _strip(state, _UNET)
+    weights = strip(state, _UNET)
     ema_keys = [k for k in state if k.startswith(_EMA)]
     if not ema_keys:
         return weights, False, "no model_ema.* copy: the UNet weights as stored"
@@ -306,7 +307,7 @@ def _family(path: Path, state: dict) -> tuple[str, str]:
     return "sd2", f"{open_clip} '{_OPEN_CLIP}' keys (OpenCLIP text encoder): SD 2.x"
 
 
-def _indices(state: dict, prefix: str) -> list[int]:
+def indices(state: dict, prefix: str) -> list[int]:
     """The distinct integers N of keys PREFIX.N.* (sorted)."""
     found = set()
     for key in state:
@@ -317,7 +318,7 @@ def _indices(state: dict, prefix: str) -> list[int]:
     return sorted(found)
 
 
-class _Shapes:
+class Shapes:
     """Shape look-ups that fail with the file and the key."""
 
     def __init__(self, path: Path, state: dict, prefix: str):
@@ -337,41 +338,24 @@ class _Shapes:
 
 def _infer_unet(path: Path, u: dict, family: str) -> tuple[dict, list[str]]:
     """The UNet config fields its LDM weights `u` (prefix removed) determine."""
-    shape = _Shapes(path, u, _UNET)
+    shape = Shapes(path, u, _UNET)
     if any(k.startswith("label_emb.") for k in u):
         raise shape.refuse("class-conditioned UNet (label_emb: SD 2.x unCLIP or upscaler) is not supported")
-    conv_in = shape("input_blocks.0.0.weight", 4)
-    in_channels = conv_in[1]
+    in_channels = shape("input_blocks.0.0.weight", 4)[1]
     out_channels = shape("out.2.weight", 4)[0]
     channels_reason = _input_channels_reason(shape, in_channels, out_channels)
-    inputs, outputs = _indices(u, "input_blocks."), _indices(u, "output_blocks.")
-    downsamples = [i for i in inputs if f"input_blocks.{i}.0.op.weight" in u]
+    inputs, outputs = indices(u, "input_blocks."), indices(u, "output_blocks.")
+    downsamples = _downsamplers(u, inputs)
     levels = len(downsamples) + 1
     layers = len(outputs) // levels - 1
     ok = (layers >= 1 and len(outputs) == levels * (layers + 1) and outputs == list(range(len(outputs)))
-          and inputs == list(range(1 + levels * layers + levels - 1))
-          and downsamples == [(b + 1) * (layers + 1) for b in range(levels - 1)])
+          and _input_blocks_fit(inputs, downsamples, levels, layers))
     if not ok:
         raise shape.refuse(f"unrecognised UNet block layout ({len(inputs)} input blocks, {len(outputs)} output "
                            f"blocks, downsamplers at {downsamples})")
-    first = [1 + b * (layers + 1) for b in range(levels)]
-    channels = [shape(f"input_blocks.{i}.0.out_layers.3.weight", 4)[0] for i in first]
-    down_attention = [f"input_blocks.{i}.1.proj_in.weight" in u for i in first]
+    config, down_attention = _encoder_fields(shape, u, levels, layers, "UNet")
+    channels = config["block_out_channels"]
     up_attention = [f"output_blocks.{j * (layers + 1)}.1.proj_in.weight" in u for j in range(levels)]
-    blocks = sorted({k.rsplit(".proj_in.weight", 1)[0] + "." for k in u if k.endswith(".proj_in.weight")})
-    if "middle_block.1." not in blocks:
-        raise shape.refuse("UNet without mid-block attention (middle_block.1) is not an SD 1.x/2.x UNet")
-    for block in blocks:
-        depth = len(_indices(u, block + "transformer_blocks."))
-        if depth != 1:
-            raise shape.refuse(f"UNet transformer depth {depth} at {_UNET}{block[:-1]}: only depth 1 "
-                               f"(SD 1.x / 2.x) is supported")
-    ranks = {len(u[b + "proj_in.weight"].shape) for b in blocks}
-    cross = {shape(b + "transformer_blocks.0.attn2.to_k.weight", 2)[1] for b in blocks}
-    if len(ranks) != 1 or len(cross) != 1:
-        raise shape.refuse(f"UNet attention blocks disagree (proj_in ranks {sorted(ranks)}, "
-                           f"cross-attention widths {sorted(cross)})")
-    linear = ranks == {2}
     if family == "sd1":
         heads = _SD1_HEADS
         uneven = [c for c, a in zip(channels, down_attention) if a and c % heads] + \
@@ -384,20 +368,73 @@ def _infer_unet(path: Path, u: dict, family: str) -> tuple[dict, list[str]]:
             raise shape.refuse(f"SD 2.x UNet channels {channels} are not multiples of the head size {_SD2_HEAD_SIZE}")
         heads = [c // _SD2_HEAD_SIZE for c in channels]
         head_reason = f"heads = channels / {_SD2_HEAD_SIZE} = {heads} (SD 2.x)"
+    config.update(out_channels=out_channels, attention_head_dim=heads,
+                  up_block_types=["CrossAttnUpBlock2D" if a else "UpBlock2D" for a in up_attention])
+    return config, [_encoder_summary("UNet", config, down_attention), channels_reason, head_reason]
+
+
+def _downsamplers(u: dict, inputs: list[int]) -> list[int]:
+    return [i for i in inputs if f"input_blocks.{i}.0.op.weight" in u]
+
+
+def _input_blocks_fit(inputs: list[int], downsamples: list[int], levels: int, layers: int) -> bool:
+    """input_blocks 0 (conv_in), then per level `layers` blocks and (but the last) a downsampler."""
+    return (inputs == list(range(1 + levels * layers + levels - 1))
+            and downsamples == [(b + 1) * (layers + 1) for b in range(levels - 1)])
+
+
+def _encoder_fields(shape: Shapes, u: dict, levels: int, layers: int, what: str) -> tuple[dict, list[bool]]:
+    """The config fields the input blocks and the middle block determine (the part of the UNet a
+    ControlNet copies), and whether each level has attention."""
+    first = [1 + b * (layers + 1) for b in range(levels)]
+    channels = [shape(f"input_blocks.{i}.0.out_layers.3.weight", 4)[0] for i in first]
+    down_attention = [f"input_blocks.{i}.1.proj_in.weight" in u for i in first]
+    blocks = sorted({k.rsplit(".proj_in.weight", 1)[0] + "." for k in u if k.endswith(".proj_in.weight")})
+    if "middle_block.1." not in blocks:
+        raise shape.refuse(f"{what} without mid-block attention (middle_block.1) is not an SD 1.x/2.x {what}")
+    for block in blocks:
+        depth = len(indices(u, block + "transformer_blocks."))
+        if depth != 1:
+            raise shape.refuse(f"{what} transformer depth {depth} at {shape.prefix}{block[:-1]}: only depth 1 "
+                               f"(SD 1.x / 2.x) is supported")
+    ranks = {len(u[b + "proj_in.weight"].shape) for b in blocks}
+    cross = {shape(b + "transformer_blocks.0.attn2.to_k.weight", 2)[1] for b in blocks}
+    if len(ranks) != 1 or len(cross) != 1:
+        raise shape.refuse(f"{what} attention blocks disagree (proj_in ranks {sorted(ranks)}, "
+                           f"cross-attention widths {sorted(cross)})")
     config = {
-        "in_channels": in_channels, "out_channels": out_channels, "block_out_channels": channels,
-        "layers_per_block": layers, "attention_head_dim": heads, "cross_attention_dim": cross.pop(),
-        "use_linear_projection": linear,
+        "in_channels": shape("input_blocks.0.0.weight", 4)[1], "block_out_channels": channels,
+        "layers_per_block": layers, "cross_attention_dim": cross.pop(), "use_linear_projection": ranks == {2},
         "down_block_types": ["CrossAttnDownBlock2D" if a else "DownBlock2D" for a in down_attention],
-        "up_block_types": ["CrossAttnUpBlock2D" if a else "UpBlock2D" for a in up_attention],
     }
+    return config, down_attention
+
+
+def _encoder_summary(what: str, config: dict, down_attention: list[bool]) -> str:
     at = [b for b, a in enumerate(down_attention) if a]
-    summary = (f"UNet: channels {channels}, layers_per_block {layers}, attention at levels {at}, "
-               f"{'linear' if linear else 'conv'} proj_in, cross-attention width {config['cross_attention_dim']}")
-    return config, [summary, channels_reason, head_reason]
+    return (f"{what}: channels {config['block_out_channels']}, layers_per_block {config['layers_per_block']}, "
+            f"attention at levels {at}, {'linear' if config['use_linear_projection'] else 'conv'} proj_in, "
+            f"cross-attention width {config['cross_attention_dim']}")
 
 
-def _input_channels_reason(shape: _Shapes, in_channels: int, out_channels: int) -> str:
+def infer_encoder(path: Path, u: dict, prefix: str, what: str) -> tuple[dict, str]:
+    """The UNet config fields that LDM input_blocks.* and middle_block.* weights `u` (`prefix`
+    removed, named in messages) determine, from their keys and shapes alone (a ControlNet: the
+    UNet's encoder half), and a one-line summary. The layers per block come from the input blocks
+    (1 + levels x layers + the levels' downsamplers)."""
+    shape = Shapes(path, u, prefix)
+    inputs = indices(u, "input_blocks.")
+    downsamples = _downsamplers(u, inputs)
+    levels = len(downsamples) + 1
+    layers = (len(inputs) - levels) // levels
+    if layers < 1 or not _input_blocks_fit(inputs, downsamples, levels, layers):
+        raise shape.refuse(f"unrecognised {what} block layout ({len(inputs)} input blocks, "
+                           f"downsamplers at {downsamples})")
+    config, down_attention = _encoder_fields(shape, u, levels, layers, what)
+    return config, _encoder_summary(what, config, down_attention)
+
+
+def _input_channels_reason(shape: Shapes, in_channels: int, out_channels: int) -> str:
     """Why the UNet's input channels are those of a text-to-image or an inpainting UNet; a
     refusal for any other (depth-conditioned and other image-conditioned UNets)."""
     if in_channels == out_channels:
@@ -411,13 +448,13 @@ def _input_channels_reason(shape: _Shapes, in_channels: int, out_channels: int) 
 
 
 def _infer_vae(path: Path, v: dict) -> tuple[dict, str]:
-    shape = _Shapes(path, v, _VAE)
-    levels = len(_indices(v, "encoder.down."))
-    layers = len(_indices(v, "encoder.down.0.block."))
-    if not levels or not layers or len(_indices(v, "decoder.up.")) != levels \
-            or len(_indices(v, "decoder.up.0.block.")) != layers + 1:
+    shape = Shapes(path, v, _VAE)
+    levels = len(indices(v, "encoder.down."))
+    layers = len(indices(v, "encoder.down.0.block."))
+    if not levels or not layers or len(indices(v, "decoder.up.")) != levels \
+            or len(indices(v, "decoder.up.0.block.")) != layers + 1:
         raise shape.refuse(f"unrecognised VAE layout under '{_VAE}' ({levels} encoder levels, "
-                           f"{len(_indices(v, 'decoder.up.'))} decoder levels)")
+                           f"{len(indices(v, 'decoder.up.'))} decoder levels)")
     channels = [shape(f"encoder.down.{i}.block.0.conv2.weight", 4)[0] for i in range(levels)]
     config = {
         "in_channels": shape("encoder.conv_in.weight", 4)[1], "out_channels": shape("decoder.conv_out.weight", 4)[0],
@@ -435,23 +472,23 @@ def _infer_text_encoder(path: Path, state: dict, family: str) -> tuple[dict, dic
     """The text encoder config fields, its diffusers weights and the reason."""
     if family == "sd1":
         weights = _convert_clip(state)
-        shape = _Shapes(path, weights, _CLIP + "text_model.")
+        shape = Shapes(path, weights, _CLIP + "text_model.")
         vocab, hidden = shape("embeddings.token_embedding.weight", 2)
         positions = shape("embeddings.position_embedding.weight", 2)[0]
-        layers = len(_indices(weights, "encoder.layers."))
+        layers = len(indices(weights, "encoder.layers."))
         intermediate = shape("encoder.layers.0.mlp.fc1.weight", 2)[0]
         note = f"{layers} layers"
     else:
-        o = _strip(state, _OPEN_CLIP)
-        shape = _Shapes(path, o, _OPEN_CLIP)
+        o = strip(state, _OPEN_CLIP)
+        shape = Shapes(path, o, _OPEN_CLIP)
         vocab, hidden = shape("token_embedding.weight", 2)
         positions = shape("positional_embedding", 2)[0]
-        blocks = len(_indices(o, "transformer.resblocks."))
+        blocks = len(indices(o, "transformer.resblocks."))
         layers = blocks - 1
         if layers < 1:
             raise shape.refuse(f"OpenCLIP text encoder with {blocks} resblock(s): SD 2.x needs the penultimate")
         intermediate = shape("transformer.resblocks.0.mlp.c_fc.weight", 2)[0]
-        weights = _convert(path, "OpenCLIP", _convert_open_clip, o, layers, hidden)
+        weights = convert_with(path, "OpenCLIP", _convert_open_clip, o, layers, hidden)
         note = f"{layers} of {blocks} OpenCLIP resblocks (SD 2.x conditions on the penultimate layer)"
     if hidden % _CLIP_HEAD_SIZE:
         raise BadInput(f"{path}: text encoder width {hidden} is not a multiple of CLIP's head size {_CLIP_HEAD_SIZE}")
@@ -485,7 +522,7 @@ def _prediction(path: Path, state: dict, meta: dict, family: str, requested: str
     return "v_prediction", 768, "SD 2.x without 512/base evidence: the 768 v-prediction model"
 
 
-def _dtype_reason(state: dict) -> str | None:
+def dtype_reason(state: dict) -> str | None:
     kinds = sorted({str(v.dtype).removeprefix("torch.") for v in state.values() if v.is_floating_point()})
     if kinds == ["float32"]:
         return None
@@ -561,7 +598,7 @@ def infer_architecture(path: Path, state: dict, meta: dict | None = None,
     meta = meta or {}
     family, family_reason = _family(path, state)
     unet_weights, ema, ema_reason = _unet_weights(state)
-    vae_weights = _strip(state, _VAE)
+    vae_weights = strip(state, _VAE)
     unet_fields, unet_reasons = _infer_unet(path, unet_weights, family)
     vae_fields, vae_reason = _infer_vae(path, vae_weights)
     text_fields, text_weights, text_reason = _infer_text_encoder(path, state, family)
@@ -585,8 +622,8 @@ def infer_architecture(path: Path, state: dict, meta: dict | None = None,
         "scheduler": {**preset_configs("sd15")["scheduler"], "prediction_type": predicts},
     }
     weights = {
-        "unet": _convert(path, "UNet", _convert_unet, unet_weights, configs["unet"]),
-        "vae": _convert(path, "VAE", _convert_vae, vae_weights, configs["vae"]),
+        "unet": convert_with(path, "UNet", _convert_unet, unet_weights, configs["unet"]),
+        "vae": convert_with(path, "VAE", _convert_vae, vae_weights, configs["vae"]),
         "text_encoder": {k: v for k, v in text_weights.items() if k != "embeddings.position_ids"},
     }
     for name, source in (("unet", unet_weights), ("vae", vae_weights)):
@@ -594,9 +631,9 @@ def infer_architecture(path: Path, state: dict, meta: dict | None = None,
             raise BadInput(f"{path}: {len(source) - len(weights[name])} of the {len(source)} {name} tensors fit "
                            f"no part of the inferred architecture (unrecognised layout)")
     reasons = [family_reason, *unet_reasons, vae_reason, text_reason, f"prediction: {prediction_reason}", ema_reason]
-    dtype_reason = _dtype_reason(state)
-    if dtype_reason:
-        reasons.append(dtype_reason)
+    stored = dtype_reason(state)
+    if stored:
+        reasons.append(stored)
     architecture = {
         "family": family, "prediction_type": predicts, "image_size": size, "ema": ema, "inpainting": inpainting,
         "summary": _summary(family, text_fields, predicts, size, ema, inpainting), "reasons": reasons,
@@ -621,7 +658,7 @@ def _load_inferred(path: Path, state: dict, meta: dict, requested: str | None) -
         raise BadInput(f"{path}: cannot build the inferred architecture: {one_line(e)}") from e
     text_encoder.set_attn_implementation("eager")
     for name, model in (("unet", unet), ("vae", vae), ("text_encoder", text_encoder)):
-        _load_state(path, name, model, weights[name], strict=True)
+        load_state(path, name, model, weights[name], strict=True)
     # The hash covers the file, what was inferred from it and the tokenizer's source.
     digest = hashlib.sha256(hash_files([("checkpoint", path)]).encode())
     bpe_sha = hashlib.sha256(bpe.read_bytes()).hexdigest()
@@ -655,11 +692,11 @@ def _vae_from_file(path: Path, state: dict, config: dict):
     weights = state
     for prefix in (_VAE, "vae."):
         if any(k.startswith(prefix) for k in state):
-            weights = _strip(state, prefix)
+            weights = strip(state, prefix)
             break
     weights = {k: v for k, v in weights.items() if k.startswith(_VAE_PARTS)}
     if any(k.startswith("encoder.down.") for k in weights):  # original LDM keys
-        converted = _convert(path, "VAE", _convert_vae, weights, config)
+        converted = convert_with(path, "VAE", _convert_vae, weights, config)
         if len(converted) != len(weights):
             raise BadInput(f"{path}: {len(weights) - len(converted)} of its {len(weights)} VAE tensors do not fit "
                            f"the pipeline's VAE ({len(config['block_out_channels'])} levels)")
@@ -670,7 +707,7 @@ def _vae_from_file(path: Path, state: dict, config: dict):
                        f"'encoder.down_blocks.N' keys, optionally under '{_VAE}' or 'vae.')")
     with quiet_loaders():
         vae = AutoencoderKL.from_config(config)
-    _load_state(path, "vae", vae, converted, strict=True)
+    load_state(path, "vae", vae, converted, strict=True)
     return vae
 
 
@@ -693,7 +730,7 @@ def replace_vae(pipe: Pipeline, path: Path) -> None:
         files = [("config.json", path / "config.json")] + [(w.name, w) for w in weight_files(path)]
         sha = hash_files(files)
     elif path.suffix in (".safetensors", ".ckpt"):
-        state, _ = _read_checkpoint(path)
+        state, _ = read_checkpoint(path)
         vae = _vae_from_file(path, state, config)
         sha = _sha256_file(path)
     else:

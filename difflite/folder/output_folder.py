@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from difflite.core import control
 from difflite.core.conditioning import TIMESTEP_COND
 from difflite.core.errors import BadInput
 from difflite.folder import manifest as manifest_file
@@ -32,6 +33,15 @@ class TensorSpec:
         return cls(spec["name"], tuple(int(d) for d in spec["shape"]), str(spec.get("dtype", "float32")),
                    str(spec.get("layout", "as_onnx")))
 
+    @property
+    def onnx_shape(self) -> tuple[int, ...]:
+        """The shape in ONNX / PyTorch layout (NCHW for an NHWC tensor): what the runtime's
+        callers pass (ComponentEntry.to_file_layout transposes)."""
+        if self.layout == "NHWC" and len(self.shape) == 4:
+            n, h, w, c = self.shape
+            return (n, c, h, w)
+        return self.shape
+
 
 @dataclass(frozen=True)
 class ComponentEntry:
@@ -46,6 +56,9 @@ class ComponentEntry:
     # int8 / int4 constants (`convert --weights`): the op library's CPU kernels read them as stored,
     # where TFLite alone would hold float32 copies (4x an int8 weight, 8x an int4 one)
     quantized_weights: bool = False
+    # a ControlNet's control image (convert's conditioning_info): input, channels, height, width,
+    # value_range, channel_order; None for the other components
+    conditioning: dict | None = field(default=None, compare=False)
 
     @classmethod
     def for_file(cls, path) -> ComponentEntry:
@@ -105,6 +118,13 @@ class ComponentEntry:
         if spec is None or len(spec.shape) != 4:
             return None
         return spec.shape[-1] if spec.layout == "NHWC" else spec.shape[1]
+
+    @property
+    def control_residuals(self) -> tuple[TensorSpec, ...]:
+        """A UNet's ControlNet residual inputs (down_residual_0 .., mid_residual), or a
+        ControlNet's residual outputs; () for anything else."""
+        tensors = self.outputs if control.controlnet_index(self.name) is not None else self.inputs
+        return tuple(spec for spec in tensors if control.is_residual(spec.name))
 
     @property
     def timestep_cond_dim(self) -> int | None:
@@ -179,6 +199,19 @@ class OutputFolder:
         return entry
 
     @property
+    def controlnets(self) -> list[ComponentEntry]:
+        """The ControlNet components, controlnet_0, controlnet_1, ... in order (convert --controlnet)."""
+        found = [(control.controlnet_index(name), entry) for name, entry in self.components.items()]
+        return [entry for _, entry in sorted(((i, e) for i, e in found if i is not None), key=lambda f: f[0])]
+
+    @property
+    def control_residual_names(self) -> tuple[str, ...]:
+        """The residual inputs of the folder's UNet (the sum of the ControlNets' outputs of the same
+        names, each scaled); () for a UNet converted without ControlNets."""
+        unet = self.components.get("unet")
+        return tuple(spec.name for spec in unet.control_residuals) if unet is not None else ()
+
+    @property
     def latent(self) -> Latent:
         fields = self.latent_fields
         unet = self.components.get("unet")
@@ -200,7 +233,9 @@ def _component(folder: Path, name: str, entry: dict, weights: str) -> ComponentE
     # Folders written before the manifest recorded "quantized_weights" per component: every
     # component of an int8 / int4 conversion holds quantized layers.
     quantized = entry.get("quantized_weights", weights in QUANTIZED_WIDTHS)
+    conditioning = entry.get("conditioning")
     return ComponentEntry(name, folder / entry["file"], entry["sha256"], entry["bytes"],
                           tuple(TensorSpec.of(s) for s in entry["inputs"]),
                           tuple(TensorSpec.of(s) for s in entry["outputs"]),
-                          tuple(entry.get("custom_ops") or ()), bool(quantized))
+                          tuple(entry.get("custom_ops") or ()), bool(quantized),
+                          dict(conditioning) if isinstance(conditioning, dict) else None)

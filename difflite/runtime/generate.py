@@ -319,7 +319,7 @@ class LitePipeline:
         given (classifier-free guidance), else cond alone; returns one array per branch. A batch-2
         UNet only runs with guidance (_check_call). `extra`: further UNet inputs (timestep_cond)."""
         unet = self.component("unet")
-        extra = extra or {}
+        extra = {**self.zero_control_residuals(), **(extra or {})}
         branches = [cond] if uncond is None else [uncond, cond]
         if self.unet_batch == 2:
             sample2 = np.concatenate([sample, sample])
@@ -330,6 +330,15 @@ class LitePipeline:
         single = sample[0:1]
         return [unet(sample=single, timestep=timestep, encoder_hidden_states=c, **extra)["noise_pred"]
                 for c in branches]
+
+    def zero_control_residuals(self) -> dict[str, np.ndarray]:
+        """A UNet converted with ControlNets takes their residuals: zeros (made once), the UNet
+        without ControlNet, when no control image is given; none for other UNets."""
+        if getattr(self, "_zero_residuals", None) is None:
+            unet = self.folder.components["unet"]
+            self._zero_residuals = {spec.name: np.zeros(spec.onnx_shape, spec.dtype)
+                                    for spec in unet.control_residuals}
+        return self._zero_residuals
 
     # -- the loop ------------------------------------------------------------------------------
 

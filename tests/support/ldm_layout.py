@@ -1,6 +1,7 @@
 """Test helper: tiny SD 1.x / 2.x style diffusers models (text-to-image, or inpainting: a 9-channel
 UNet) written as original-format (LDM / CompVis / A1111) single-file checkpoints, to exercise
-difflite.compiler.single_file's inference.
+difflite.compiler.single_file's inference; and ControlNets in the layout of ControlNet 1.x files
+(difflite.compiler.controlnet's).
 
 The diffusers -> LDM key map here is written independently of diffusers' LDM -> diffusers
 converters that the loader uses, so a round trip through both checks each against the other."""
@@ -128,6 +129,37 @@ def ema_copy(unet) -> dict:
     out["model_ema.decay"] = torch.tensor(0.9999)
     out["model_ema.num_updates"] = torch.tensor(1000, dtype=torch.int32)
     return out
+
+
+# ---- ControlNet ----------------------------------------------------------------------------------
+
+CONTROL = "control_model."
+_HINT = "controlnet_cond_embedding."
+
+
+def controlnet_key(key: str, config) -> str:
+    """A diffusers ControlNetModel key -> its ControlNet 1.x (cldm) key (without the prefix): the
+    UNet encoder half as unet_key maps it, the hint block (a Sequential with a SiLU between
+    convolutions: indices 0, 2, 4, ..), a zero convolution per input block and the middle block's."""
+    parts = key.split(".")
+    if key.startswith(_HINT + "conv_in."):
+        return ".".join(["input_hint_block", "0"] + parts[2:])
+    if key.startswith(_HINT + "blocks."):
+        return ".".join(["input_hint_block", str(2 * (int(parts[2]) + 1))] + parts[3:])
+    if key.startswith(_HINT + "conv_out."):
+        convs = 2 * len(config.conditioning_embedding_out_channels)  # conv_in, 2 a level but the last, conv_out
+        return ".".join(["input_hint_block", str(2 * (convs - 1))] + parts[2:])
+    if parts[0] == "controlnet_down_blocks":
+        return ".".join(["zero_convs", parts[1], "0"] + parts[2:])
+    if parts[0] == "controlnet_mid_block":
+        return ".".join(["middle_block_out", "0"] + parts[1:])
+    return unet_key(key, config)
+
+
+def controlnet_to_ldm(controlnet, prefix: str = CONTROL) -> dict:
+    """A ControlNetModel's state dict in the layout of ControlNet 1.0 / 1.1 files (`control_model.`
+    keys; prefix "" for the bare keys some files carry)."""
+    return {prefix + controlnet_key(k, controlnet.config): v for k, v in controlnet.state_dict().items()}
 
 
 # ---- VAE -----------------------------------------------------------------------------------------
