@@ -1,0 +1,235 @@
+"""Benchmark: SD 1.5 with one ControlNet (issue 33), each figure the median and range of several runs.
+
+Preset weights (preset:sd15 + preset:controlnet), 512x512, 20 guided steps, fp16 storage. It converts
+three folders (fused fp16, fused fp16 with int8 weights, --no-fuse fp16 for stock LiteRT), then
+measures, each in a fresh process from the shell as a user runs it:
+
+- `difflite generate ... --control-image edges.png`: wall time, peak RSS (wait4) and GPU memory
+  (nvidia-smi, polled), all models resident and with --low-memory; the first run (empty program
+  caches) apart;
+- `difflite bench --components controlnet_0,unet`: per-call median and range in one process, the
+  fused files on the op library's backend and the --no-fuse files on stock LiteRT's GPU engine;
+- diffusers' fp16 StableDiffusionControlNetPipeline on the same weights in a fresh process (GPU).
+
+    python benchmarks/controlnet.py --work out/controlnet --runs 5 --save benchmarks/results/controlnet_h200_2026-11.json
+    python benchmarks/controlnet.py --work out/controlnet --phase convert        # one phase at a time
+    python benchmarks/controlnet.py --report benchmarks/results/controlnet_h200_2026-11.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.headline import CLI, PROMPT, ROOT, machine, run_measured, summary
+
+FOLDERS = {  # name: convert flags
+    "fp16": ["--precision", "fp16"],
+    "int8": ["--precision", "fp16", "--weights", "int8"],
+    "stock": ["--precision", "fp16", "--no-fuse"],
+}
+GENERATE = {  # label: (folder, generate flags)
+    "fp16": ("fp16", []),
+    "fp16 --low-memory": ("fp16", ["--low-memory"]),
+    "int8": ("int8", []),
+    "int8 --low-memory": ("int8", ["--low-memory"]),
+}
+BENCH = {  # label: (folder, bench flags)
+    "fp16 difflite (auto)": ("fp16", []),
+    "int8 difflite (auto)": ("int8", []),
+    "fp16 --no-fuse, stock LiteRT GPU": ("stock", ["--backend", "litert-gpu"]),
+}
+
+DIFFUSERS_CHILD = """
+import sys, time, torch
+from PIL import Image
+from diffusers import ControlNetModel, StableDiffusionControlNetPipeline
+folder, controlnet, image, prompt, steps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+net = ControlNetModel.from_pretrained(controlnet, torch_dtype=torch.float16)
+pipe = StableDiffusionControlNetPipeline.from_pretrained(folder, controlnet=net, torch_dtype=torch.float16,
+                                                         safety_checker=None, requires_safety_checker=False).to("cuda")
+pipe.set_progress_bar_config(disable=True)
+start = time.perf_counter()
+pipe(prompt, image=Image.open(image), num_inference_steps=steps, height=512, width=512, output_type="np")
+torch.cuda.synchronize()
+print(time.perf_counter() - start)
+"""
+
+
+def control_picture(path: Path) -> Path:
+    """A 512x512 edge map (white outlines of a few shapes on black), the kind a canny preprocessor gives."""
+    from PIL import Image, ImageDraw
+
+    if not path.is_file():
+        image = Image.new("RGB", (512, 512))
+        draw = ImageDraw.Draw(image)
+        draw.ellipse((96, 64, 416, 384), outline="white", width=3)
+        draw.rectangle((160, 300, 352, 480), outline="white", width=3)
+        draw.line((0, 400, 512, 360), fill="white", width=2)
+        image.save(path)
+    return path
+
+
+def convert(work: Path, model: str, controlnet: str, extra: list[str], timeout: float) -> dict:
+    result = {}
+    for name, flags in FOLDERS.items():
+        out = work / name
+        if (out / "manifest.json").is_file():
+            result[name] = {"reused": True}
+            continue
+        measured = run_measured([*CLI, "convert", model, "--controlnet", controlnet, "-o", str(out), *flags, *extra,
+                                 "--export-cache", str(work / "exports")], timeout)
+        result[name] = {"wall_s": measured["wall_s"], "peak_rss_mib": measured["peak_rss_mib"]}
+        print(f"converted {name} in {measured['wall_s']:.0f} s", flush=True)
+    return result
+
+
+def generate(work: Path, runs: int, steps: int, timeout: float) -> dict:
+    result = {}
+    image = control_picture(work / "edges.png")
+    for label, (folder, flags) in GENERATE.items():
+        command = [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps",
+                   str(steps), "--control-image", str(image), "--json", *flags]
+        first = run_measured(command, timeout)
+        timed = [run_measured(command, timeout) for _ in range(runs)]
+        report = json.loads(timed[-1]["stdout"])
+        result[label] = {
+            "first_run_s": first["wall_s"],
+            "wall_s": summary([t["wall_s"] for t in timed]),
+            "peak_rss_mib": summary([t["peak_rss_mib"] for t in timed]),
+            "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None,
+            "timings": report["timings"], "backend_choice": report.get("backend_choice")}
+        w = result[label]["wall_s"]
+        print(f"generate {label}: median {w['median']:.2f} s ({w['min']:.2f}-{w['max']:.2f}, {runs} runs)", flush=True)
+    return result
+
+
+def bench(work: Path, runs: int, timeout: float) -> dict:
+    result = {}
+    for label, (folder, flags) in BENCH.items():
+        command = [*CLI, "bench", str(work / folder), "--components", "controlnet_0,unet", "--runs", str(runs),
+                   "--warmup", "2", "--json", *flags]
+        try:
+            measured = run_measured(command, timeout)
+        except RuntimeError as exc:
+            said = [line for line in str(exc).splitlines() if line.startswith("difflite: error:")]
+            result[label] = {"error": (said or str(exc).splitlines())[-1][:300]}
+            print(f"bench {label}: {result[label]['error']}", flush=True)
+            continue
+        text = measured["stdout"]
+        data = json.loads(text[text.index("{"):])
+        result[label] = {"backend": data["backend"],
+                         "components": {name: {key: c[key] for key in ("median_ms", "min_ms", "max_ms", "runs")}
+                                        for name, c in data["components"].items()}}
+        print(f"bench {label}: " + ", ".join(f"{n} {c['median_ms']:.1f} ms" for n, c in
+                                             result[label]["components"].items()), flush=True)
+    return result
+
+
+def save_diffusers_folders(work: Path) -> tuple[Path, Path]:
+    """The fp16 folder's source weights as diffusers folders (pipeline, ControlNet) in fp16."""
+    import torch
+    from difflite.compiler.controlnet import load_controlnet
+    from diffusers import StableDiffusionPipeline
+
+    from difflite.diffusers_schedulers import diffusers_scheduler
+    from difflite.folder.output_folder import OutputFolder
+    from difflite.verify import load_source
+
+    pipeline_dir, controlnet_dir = work / "diffusers", work / "diffusers-controlnet"
+    if (pipeline_dir / "model_index.json").is_file() and (controlnet_dir / "config.json").is_file():
+        return pipeline_dir, controlnet_dir
+    folder = OutputFolder.read(work / "fp16")
+    source = load_source(folder, None, None)
+    pipe = StableDiffusionPipeline(vae=source.vae, text_encoder=source.text_encoder, tokenizer=source.tokenizer,
+                                   unet=source.unet, scheduler=diffusers_scheduler("default", source.scheduler_config),
+                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe.to(torch.float16).save_pretrained(str(pipeline_dir))
+    net = load_controlnet(folder.controlnets[0].source)
+    net.to(torch.float16).save_pretrained(str(controlnet_dir))
+    return pipeline_dir, controlnet_dir
+
+
+def run_diffusers(work: Path, runs: int, steps: int, timeout: float) -> dict:
+    pipeline_dir, controlnet_dir = save_diffusers_folders(work)
+    image = control_picture(work / "edges.png")
+    command = [sys.executable, "-c", DIFFUSERS_CHILD, str(pipeline_dir), str(controlnet_dir), str(image), PROMPT,
+               str(steps)]
+    timed = [run_measured(command, timeout) for _ in range(runs)]
+    result = {"wall_s": summary([t["wall_s"] for t in timed]),
+              "steps_s": summary([float(t["stdout"].split()[-1]) for t in timed]),
+              "peak_rss_mib": summary([t["peak_rss_mib"] for t in timed]),
+              "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None}
+    w = result["wall_s"]
+    print(f"diffusers fp16: median {w['median']:.2f} s ({w['min']:.2f}-{w['max']:.2f}, {runs} runs)", flush=True)
+    return result
+
+
+def fmt(s: dict | None, unit: str = "", digits: int = 2) -> str:
+    if not s:
+        return "-"
+    return f"{s['median']:,.{digits}f}{unit} ({s['min']:,.{digits}f}-{s['max']:,.{digits}f})"
+
+
+def report(data: dict) -> None:
+    where = f"{data['machine'].get('gpu') or 'no GPU'}, {data['machine']['date']}"
+    print(f"\n| SD 1.5 + ControlNet, 512x512, 20 guided steps, from the shell ({where}) | wall, s | peak RSS, MiB | "
+          f"GPU, MiB | runs |")
+    print("|---|---|---|---|---|")
+    rows = dict(data.get("generate", {}))
+    if "diffusers" in data and "wall_s" in data["diffusers"]:
+        rows["diffusers fp16 StableDiffusionControlNetPipeline"] = data["diffusers"]
+    for label, r in rows.items():
+        print(f"| {label} | {fmt(r['wall_s'])} | {fmt(r['peak_rss_mib'], digits=0)} | "
+              f"{fmt(r.get('gpu_mib'), digits=0)} | {r['wall_s']['runs']} |")
+    print(f"\n| per call, in one process ({where}) | ControlNet, ms | UNet, ms | calls |")
+    print("|---|---|---|---|")
+    for label, r in data.get("bench", {}).items():
+        if "error" in r:
+            print(f"| {label} | {r['error']} | | |")
+            continue
+        c, u = r["components"]["controlnet_0"], r["components"]["unet"]
+        print(f"| {label} ({r['backend']}) | {c['median_ms']:.1f} ({c['min_ms']:.1f}-{c['max_ms']:.1f}) | "
+              f"{u['median_ms']:.1f} ({u['min_ms']:.1f}-{u['max_ms']:.1f}) | {u['runs']} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "out" / "controlnet", help="folder for the conversions")
+    parser.add_argument("--model", default="preset:sd15")
+    parser.add_argument("--controlnet", default="preset:controlnet")
+    parser.add_argument("--convert-args", default="", help="extra flags for every conversion (e.g. a smaller size)")
+    parser.add_argument("--phase", default="convert,generate,bench,diffusers",
+                        help="comma-separated: convert,generate,bench,diffusers")
+    parser.add_argument("--runs", type=int, default=5, help="processes per generate figure")
+    parser.add_argument("--bench-runs", type=int, default=20, help="timed calls per component in bench")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    parser.add_argument("--save", type=Path)
+    parser.add_argument("--report", type=Path, help="print the tables of a saved result and stop")
+    args = parser.parse_args()
+    if args.report:
+        report(json.loads(args.report.read_text()))
+        return
+    phases = args.phase.split(",")
+    data = json.loads(args.save.read_text()) if args.save and args.save.is_file() else {}
+    data["machine"] = machine()
+    args.work.mkdir(parents=True, exist_ok=True)
+    steps = {
+        "convert": lambda: convert(args.work, args.model, args.controlnet, args.convert_args.split(), args.timeout),
+        "generate": lambda: generate(args.work, args.runs, args.steps, args.timeout),
+        "bench": lambda: bench(args.work, args.bench_runs, args.timeout),
+        "diffusers": lambda: run_diffusers(args.work, args.runs, args.steps, args.timeout),
+    }
+    for phase in phases:
+        data[phase] = steps[phase]()
+        if args.save:  # after every phase: a session on a lent machine may end between them
+            args.save.parent.mkdir(parents=True, exist_ok=True)
+            args.save.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    report(data)
+
+
+if __name__ == "__main__":
+    main()
