@@ -22,6 +22,7 @@ from difflite.core.errors import BadInput
 
 from support import ROOT
 from support.cli import difflite_command, run_difflite
+from support.numerics import psnr
 
 HEIGHT, WIDTH = 64, 96  # non-square on purpose
 PROMPT = "a photo of an astronaut riding a horse"
@@ -31,12 +32,6 @@ MIN_PSNR_DB = 30.0  # the requirement (fp32), for any model
 # hold the tiny preset to a bar that another prompt, seed, scheduler or guidance cannot reach.
 TINY_PSNR_DB = 60.0
 STEPS = 3
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    """PSNR in dB of two pictures in [0, 1]."""
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
 def difflite(*args) -> subprocess.CompletedProcess:

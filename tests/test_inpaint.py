@@ -7,7 +7,6 @@ StableDiffusionInpaintPipeline on the same torch modules, with a 9-channel UNet 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,17 +21,13 @@ from difflite.core.errors import BadInput
 from support import ROOT, hostile_images
 from support import ldm_layout as L
 from support.cli import difflite_command, run_difflite
+from support.numerics import psnr
 
 HEIGHT, WIDTH = 64, 96  # non-square: a mask read across its axes would show
 PROMPT = "a red car on a street"
 STEPS = 4
 MIN_PSNR_DB = 60.0  # fp32 LiteRT against PyTorch lands above 100 dB; another seed or mask far below
 INPAINT_KINDS = ("groupnorm", "groupnorm_silu", "layernorm", "attention", "geglu")  # what the UNet holds
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
 def picture(size=(WIDTH, HEIGHT), seed: int = 0) -> Image.Image:

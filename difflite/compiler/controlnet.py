@@ -102,7 +102,7 @@ def _read_preset(spec: str, seed: int) -> ControlNetSource:
         raise BadInput(f"{spec}: unknown ControlNet preset (known: {', '.join('preset:' + p for p in PRESETS)})")
     unet = {**_defaults("UNet2DConditionModel"), **presets.preset_configs(PRESETS[name])["unet"]}
     config = {**from_unet_config(unet), "conditioning_embedding_out_channels": list(HINT_CHANNELS)}
-    sha = presets.preset_hash({"controlnet_preset": name, "seed": seed, "config": config})
+    sha = presets.preset_hash({"controlnet_preset": name, "seed": seed, "config": config, "zero_convs": "live"})
     return ControlNetSource(spec, "preset", config, sha)
 
 
@@ -270,7 +270,8 @@ def build(source: ControlNetSource, pipe: Pipeline, seed: int = 0):
         model = from_pretrained(ControlNetModel, Path(source.model))
     elif source.kind == "preset":
         with quiet_loaders():
-            model = presets.build_seeded(lambda: ControlNetModel.from_config(source.config), seed, source.model)
+            model = presets.build_seeded(lambda: _live_zero_convs(ControlNetModel.from_config(source.config)), seed,
+                                         source.model)
     else:
         config = {**from_unet_config(dict(pipe.unet.config)), **source.config}
         try:
@@ -282,6 +283,23 @@ def build(source: ControlNetSource, pipe: Pipeline, seed: int = 0):
     model = model.float().eval()
     for name, parameter in model.named_parameters():
         check_finite(parameter.detach(), f"{source.model}: ControlNet parameter {name}")
+    return model
+
+
+def _live_zero_convs(model):
+    """What training gives a ControlNet and its initialisation does not: the control image's
+    embedding passes the image on (He-initialised, its last layer too, so that its signal survives
+    the SiLUs and strided convolutions rather than fading to the biases), and the zero
+    convolutions of the residuals are no longer zero (an ordinary convolution's initialisation). So a
+    preset ControlNet's residuals change with the control image as a trained one's do, and a
+    picture shows which image it got."""
+    import torch
+
+    embedding = model.controlnet_cond_embedding
+    for conv in (embedding.conv_in, *embedding.blocks, embedding.conv_out):
+        torch.nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+    for conv in (*model.controlnet_down_blocks, model.controlnet_mid_block):
+        conv.reset_parameters()
     return model
 
 

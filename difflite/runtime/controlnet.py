@@ -15,6 +15,7 @@ adding zeros changes nothing."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,6 @@ from difflite.runtime.images import read_image
 
 PREPROCESS = ("none", "canny")
 CANNY_LOW, CANNY_HIGH = 100.0, 200.0  # the thresholds of diffusers' ControlNet examples
-MID_RESIDUAL = "mid_residual"
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,49 @@ class ControlSpec:
                            f"0 <= low <= high")
 
 
+def specs_from_options(images: Sequence, scales: Sequence[float] = (), starts: Sequence[float] = (),
+                       ends: Sequence[float] = (), preprocesses: Sequence[str] = (), canny_low: float = CANNY_LOW,
+                       canny_high: float = CANNY_HIGH) -> list[ControlSpec]:
+    """generate's repeatable control options as one ControlSpec per --control-image: each of
+    --control-scale / -start / -end / -preprocess given never (its default), once (for every image)
+    or once per image, in the images' order."""
+    settings = {"--control-scale": scales, "--control-start": starts, "--control-end": ends,
+                "--control-preprocess": preprocesses}
+    if not images:
+        given = [option for option, values in settings.items() if values]
+        if given:
+            raise BadInput(f"{given[0]} without --control-image")
+        return []
+    for option, values in settings.items():
+        if len(values) not in (0, 1, len(images)):
+            raise BadInput(f"{option} given {len(values)} times for {len(images)} --control-image: give it once "
+                           f"(for every image) or once per image")
+
+    def pick(values: Sequence, index: int, default):
+        return default if not values else values[0] if len(values) == 1 else values[index]
+
+    return [ControlSpec(image, pick(scales, i, 1.0), pick(starts, i, 0.0), pick(ends, i, 1.0),
+                        pick(preprocesses, i, "none"), canny_low, canny_high) for i, image in enumerate(images)]
+
+
+@dataclass(frozen=True)
+class Control:
+    """A control ready to run: its image as the ControlNet takes it (control_image) and when and
+    how strongly it acts."""
+    image: np.ndarray  # float32 [1, 3, H, W] in [0, 1]
+    scale: float = 1.0
+    start: float = 0.0
+    end: float = 1.0
+
+
+def prepare(spec: ControlSpec | Control, index: int, height: int, width: int) -> Control:
+    """The checked spec with its picture read, preprocessed and resized (a Control as it is)."""
+    if isinstance(spec, Control):
+        return spec
+    spec.check(index)
+    return Control(control_image(spec, height, width), spec.scale, spec.start, spec.end)
+
+
 def control_image(spec: ControlSpec, height: int, width: int) -> np.ndarray:
     """The control image as the ControlNet takes it: float32 NCHW [1, 3, height, width] in [0, 1]."""
     from PIL import Image
@@ -82,7 +125,7 @@ def canny_edges(image, low: float, high: float):
     return Image.fromarray(np.repeat(edges[:, :, None], 3, axis=2))
 
 
-def step_weights(specs: list[ControlSpec], steps: int) -> list[list[float]]:
+def step_weights(specs: list[ControlSpec] | list[Control], steps: int) -> list[list[float]]:
     """Per denoising step, each ControlNet's scale times whether it acts at that step
     (diffusers' controlnet_keep)."""
     weights = []
@@ -102,4 +145,5 @@ def add_residuals(total: dict[str, np.ndarray] | None, residuals: dict[str, np.n
     return {name: total[name] + scaled[name] for name in total}
 
 
-__all__ = ["ControlSpec", "PREPROCESS", "add_residuals", "canny_edges", "control_image", "step_weights"]
+__all__ = ["PREPROCESS", "Control", "ControlSpec", "add_residuals", "canny_edges", "control_image", "prepare",
+           "specs_from_options", "step_weights"]

@@ -24,6 +24,11 @@ step, so the same prompt, seed and weights give the same picture as PyTorch:
   (inpainting) UNet sees the mask and the masked picture's latents, a 4-channel UNet repaints by
   blending the kept part back after each step (difflite.runtime.inpaint); a 9-channel UNet runs
   only so, as diffusers' text-to-image and img2img pipelines cannot run it;
+- ControlNets (controls) follow StableDiffusionControlNetPipeline and its MultiControlNetModel:
+  each ControlNet runs on the UNet's sample, timestep and prompt embeddings with its control image
+  and adds scale x its residuals to the UNet's (difflite.runtime.controlnet: the control image, the
+  start / end schedule); a ControlNet whose weight at a step is 0 is not run (its residuals would
+  be zeros); a UNet converted with ControlNets gets zero residuals when no control is given;
 - the stages run (img2img, inpainting: vae_encoder), text_encoder, unet, vae_decoder; the VAE
   encoder's stage runs before any draw from the generator, so loading each model just for its
   stage (low_memory) gives the same picture.
@@ -39,8 +44,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +57,7 @@ from difflite.core.conditioning import (
     check_guidance,
     guidance_embedding,
 )
+from difflite.core.control import controlnet_name
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
 from difflite.folder.output_folder import OutputFolder, inpaint_channels
@@ -60,6 +66,17 @@ from difflite.runtime import inpaint
 from difflite.runtime.backend import CHOICES as BACKEND_CHOICES
 from difflite.runtime.backend import HELP as BACKEND_HELP
 from difflite.runtime.backend import choose as choose_backend
+from difflite.runtime.controlnet import (
+    CANNY_HIGH,
+    CANNY_LOW,
+    PREPROCESS,
+    Control,
+    ControlSpec,
+    add_residuals,
+    specs_from_options,
+    step_weights,
+)
+from difflite.runtime.controlnet import prepare as prepare_control
 from difflite.runtime.images import read_image
 from difflite.runtime.noise import TorchGenerator, check_seed
 from difflite.runtime.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
@@ -243,6 +260,7 @@ class LitePipeline:
         self._components: dict = {}
         self._tokenizer: PromptTokenizer | None = None
         self.load_seconds = 0.0
+        self.controlnet_seconds, self.controlnet_calls = 0.0, 0
 
     # -- parts, loaded on first use ------------------------------------------------------------
 
@@ -314,22 +332,45 @@ class LitePipeline:
         return out["last_hidden_state"].astype(np.float32)
 
     def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None,
-                      extra: dict | None = None):
+                      extra: dict | None = None, controls: Sequence[tuple[Control, float]] = ()):
         """noise_pred for the [1,C,h,w] (already scaled) sample: [uncond, cond] when uncond is
         given (classifier-free guidance), else cond alone; returns one array per branch. A batch-2
-        UNet only runs with guidance (_check_call). `extra`: further UNet inputs (timestep_cond)."""
+        UNet only runs with guidance (_check_call). `extra`: further UNet inputs (timestep_cond);
+        `controls`: (control, its weight at this step) for controlnet_0, controlnet_1, ..."""
         unet = self.component("unet")
-        extra = {**self.zero_control_residuals(), **(extra or {})}
+        extra = extra or {}
         branches = [cond] if uncond is None else [uncond, cond]
         if self.unet_batch == 2:
             sample2 = np.concatenate([sample, sample])
             timestep = np.full((2,), t, dtype=np.float32)
-            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=np.concatenate(branches), **extra)
+            context = np.concatenate(branches)
+            residuals = self.control_residuals(sample2, timestep, context, controls)
+            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=context, **residuals, **extra)
             return [noise["noise_pred"][0:1], noise["noise_pred"][1:2]]
         timestep = np.full((1,), t, dtype=np.float32)
         single = sample[0:1]
-        return [unet(sample=single, timestep=timestep, encoder_hidden_states=c, **extra)["noise_pred"]
+        return [unet(sample=single, timestep=timestep, encoder_hidden_states=c,
+                     **self.control_residuals(single, timestep, c, controls), **extra)["noise_pred"]
                 for c in branches]
+
+    def control_residuals(self, sample: np.ndarray, timestep: np.ndarray, context: np.ndarray,
+                          controls: Sequence[tuple[Control, float]]) -> dict[str, np.ndarray]:
+        """The residuals the UNet adds: the sum over the ControlNets of weight x residuals (diffusers'
+        MultiControlNetModel), those of weight 0 not run; zeros where none runs; {} for a UNet
+        converted without ControlNets. The ControlNets' time and calls go to controlnet_seconds /
+        controlnet_calls."""
+        total = None
+        for index, (control, weight) in enumerate(controls):
+            if weight == 0:
+                continue
+            start = time.perf_counter()
+            image = np.concatenate([control.image] * sample.shape[0])
+            residuals = self.component(controlnet_name(index))(
+                sample=sample, timestep=timestep, encoder_hidden_states=context, controlnet_cond=image)
+            total = add_residuals(total, residuals, weight)
+            self.controlnet_seconds += time.perf_counter() - start
+            self.controlnet_calls += 1
+        return self.zero_control_residuals() if total is None else total
 
     def zero_control_residuals(self) -> dict[str, np.ndarray]:
         """A UNet converted with ControlNets takes their residuals: zeros (made once), the UNet
@@ -345,25 +386,29 @@ class LitePipeline:
     def __call__(self, prompt: str, negative_prompt: str = "", steps: int = 20, seed: int = 0,
                  guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float | None = None,
                  timestep_spacing: str | None = None, progress: Callable[[int, int], None] | None = None,
-                 mask_image=None) -> GenerateResult:
+                 mask_image=None, controls: Sequence[ControlSpec | Control] = ()) -> GenerateResult:
         """txt2img; img2img with init_image; inpainting with init_image and mask_image (1 / white
-        repaints). strength None: diffusers' default, 1.0 for inpainting, 0.8 for img2img."""
+        repaints). strength None: diffusers' default, 1.0 for inpainting, 0.8 for img2img.
+        `controls`: one per ControlNet of the folder, in order (fewer leave the last ones out)."""
         inpainting = mask_image is not None
         img2img = init_image is not None and not inpainting
         if strength is None:
             strength = inpaint.default_strength(inpainting)
         prompt, negative_prompt = clean_prompt(prompt), clean_prompt(negative_prompt)
-        self.check_inputs(init_image is not None, inpainting)
+        self.check_inputs(init_image is not None, inpainting, len(controls))
         self._check_call(steps, guidance, init_image is not None, strength, seed, inpainting)
+        controls = [prepare_control(c, i, self.height, self.width) for i, c in enumerate(controls)]
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds
+        seconds_before, calls_before = self.controlnet_seconds, self.controlnet_calls
         start = time.perf_counter()
         sched = make_scheduler(scheduler, self.scheduler_config, timestep_spacing)
         timer.add("setup", start)
         cfg = guidance > 1.0 and self.timestep_cond_dim is None
         if not self.low_memory:
-            for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if init_image is not None else ())):
+            for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if init_image is not None else ()),
+                         *(controlnet_name(i) for i in range(len(controls)))):
                 self.component(name)
         self.tokenizer  # noqa: B018 (loaded here so that text_encoder times the model alone)
         image_in = load_init_image(init_image, self.height, self.width) if init_image is not None else None
@@ -384,11 +429,13 @@ class LitePipeline:
             latents = self._noise_latents(sched, generator)
         cond, uncond = self._encode_prompts(prompt, negative_prompt if cfg else None, timer)
         latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance, generator,
-                                            timer, progress, painting)
+                                            timer, progress, painting, controls)
         image = self._decode(latents, timer)
 
         total = len(timesteps)
         timings = {k: round(v, 4) for k, v in timer.seconds.items()}
+        if controls:
+            timings["controlnet"] = round(self.controlnet_seconds - seconds_before, 4)
         timings["unet_per_step"] = round(timer.seconds["unet"] / max(total, 1), 4)
         # loading (and with low_memory freeing) the interpreters, the tokenizer the first time
         timings["load"] = round(self.load_seconds - loaded_before, 4)
@@ -403,11 +450,13 @@ class LitePipeline:
             "img2img": img2img, "inpaint": inpainting,
             **({"strength": strength} if init_image is not None else {}),
             **({"inpainting_unet": self.inpainting_unet} if inpainting else {}),
+            **({"controls": [{"scale": c.scale, "start": c.start, "end": c.end} for c in controls],
+                "controlnet_calls": self.controlnet_calls - calls_before} if controls else {}),
             **({"timestep_spacing": timestep_spacing} if timestep_spacing else {}),
         }
         return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
 
-    def check_inputs(self, init_image: bool, mask: bool) -> None:
+    def check_inputs(self, init_image: bool, mask: bool, controls: int = 0) -> None:
         """What the folder can make from these pictures (before any is read): a mask needs the
         picture it repaints; a 9-channel (inpainting) UNet runs only with both."""
         if mask and not init_image:
@@ -416,6 +465,20 @@ class LitePipeline:
             raise BadInput(f"{self.out / 'unet.tflite'}: an inpainting UNet ({inpaint_channels(self.channels)} input "
                            f"channels: latents, mask, masked picture's latents) runs only with --init-image and "
                            f"--mask; for text-to-image and img2img convert a text-to-image model")
+        if controls:
+            self.check_controls(controls, mask)
+
+    def check_controls(self, count: int, mask: bool) -> None:
+        """`count` control images need as many ControlNets in the folder (one image each, in order)."""
+        have = len(self.folder.controlnets)
+        if not have:
+            raise BadInput(f"{self.out}: --control-image, but this folder has no ControlNet (convert with "
+                           f"--controlnet CN)")
+        if count > have:
+            raise BadInput(f"--control-image given {count} times, but {self.out} has {have} ControlNet"
+                           f"{'s' if have > 1 else ''} (one control image per ControlNet, in order)")
+        if mask:
+            raise BadInput("--control-image with --mask: ControlNet inpainting is not supported (yet); use one of them")
 
     def check_encoder(self, mask: bool) -> None:
         if not self.has_vae_encoder:
@@ -493,23 +556,28 @@ class LitePipeline:
 
     def _denoise(self, latents: np.ndarray, sched, timesteps, cond, uncond, guidance: float,
                  generator: TorchGenerator, timer: _Timer, progress: Callable[[int, int], None] | None,
-                 painting: inpaint.Inpainting | None = None):
+                 painting: inpaint.Inpainting | None = None, controls: Sequence[Control] = ()):
         """The scheduler loop; returns the final latents and the number of UNet calls. `painting`:
-        inpainting's UNet input and blending (difflite.runtime.inpaint)."""
+        inpainting's UNet input and blending (difflite.runtime.inpaint); `controls`: the
+        ControlNets' (controlnet_0, ...), which run in the UNet's stage (timings: controlnet)."""
         cfg = uncond is not None
         unet_seconds, unet_calls = 0.0, 0
         extra = {}
         if self.timestep_cond_dim is not None:
             extra[TIMESTEP_COND] = guidance_embedding([guidance] * self.unet_batch, self.timestep_cond_dim)
-        with self.stage("unet"):
+        weights = step_weights(controls, len(timesteps))
+        with ExitStack() as stages:
+            stages.enter_context(self.stage("unet"))
+            for index in range(len(controls)):
+                stages.enter_context(self.stage(controlnet_name(index)))
             for i, t in enumerate(timesteps):
                 # scale_model_input is elementwise: scaling the latents once is scaling [latents] * 2
                 sample = np.asarray(sched.scale_model_input(latents, t), dtype=np.float32)
                 if painting is not None:
                     sample = painting.unet_sample(sample)
-                start = time.perf_counter()
-                noise = self.predict_noise(sample, float(t), cond, uncond, extra)
-                unet_seconds += time.perf_counter() - start
+                start, control_before = time.perf_counter(), self.controlnet_seconds
+                noise = self.predict_noise(sample, float(t), cond, uncond, extra, list(zip(controls, weights[i])))
+                unet_seconds += time.perf_counter() - start - (self.controlnet_seconds - control_before)
                 unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
                 noise = [np.asarray(n, dtype=np.float32) for n in noise]
                 noise_pred = noise[0] + np.float32(guidance) * (noise[1] - noise[0]) if cfg else noise[0]
@@ -582,17 +650,39 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
 @click.option("--strength", default=None, type=float,
               help="img2img and inpainting: how much of the picture is re-noised, in (0, 1] [default: 0.8; 1.0 "
                    "with --mask, starting from pure noise: diffusers' defaults].")
+@click.option("--control-image", "control_images", multiple=True, type=click.Path(),
+              help="ControlNet: steer the picture by this image (an edge map, a pose, a depth map...), one per "
+                   "ControlNet of OUT (convert --controlnet), in order; repeatable. Resized to the converted size "
+                   "(lanczos) and scaled to [0, 1], as diffusers' StableDiffusionControlNetPipeline does; several "
+                   "ControlNets add their residuals (MultiControlNet).")
+@click.option("--control-scale", "control_scales", multiple=True, type=float,
+              help="ControlNet conditioning scale [default: 1.0]; once for every --control-image or once per image.")
+@click.option("--control-start", "control_starts", multiple=True, type=float,
+              help="The fraction of the steps at which a ControlNet starts acting [default: 0.0]; once or per "
+                   "image.")
+@click.option("--control-end", "control_ends", multiple=True, type=float,
+              help="The fraction of the steps after which a ControlNet stops acting [default: 1.0]; once or per "
+                   "image.")
+@click.option("--control-preprocess", "control_preprocesses", multiple=True, type=click.Choice(PREPROCESS),
+              help="none: the control image as given; canny: its edge map (OpenCV's Canny with --canny-low / "
+                   "--canny-high, on the image as read) [default: none]; once or per image.")
+@click.option("--canny-low", default=CANNY_LOW, show_default=True, type=float,
+              help="--control-preprocess canny: the lower hysteresis threshold.")
+@click.option("--canny-high", default=CANNY_HIGH, show_default=True, type=float,
+              help="--control-preprocess canny: the upper hysteresis threshold.")
 @click.option("--low-memory", is_flag=True,
               help="Trade load time for peak memory: load each model right before its stage and free it "
                    "right after (vae_encoder, text_encoder, unet, vae_decoder), so one is resident at a time "
-                   "instead of all three, for phones that cannot hold them together. Every picture then pays "
-                   "the loading (timings: load); the picture is the same.")
+                   "instead of all three, for phones that cannot hold them together (the ControlNets run beside "
+                   "the UNet, in its stage). Every picture then pays the loading (timings: load); the picture is "
+                   "the same.")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
 def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, timestep_spacing,
-                     backend, fallback, init_image, mask, strength, low_memory, as_json):
+                     backend, fallback, init_image, mask, strength, control_images, control_scales, control_starts,
+                     control_ends, control_preprocesses, canny_low, canny_high, low_memory, as_json):
     """Make a picture from PROMPT with the .tflite files in OUT (txt2img, img2img with
-    --init-image, inpainting with --init-image and --mask), the same picture diffusers' PyTorch
-    pipeline makes from the same weights."""
+    --init-image, inpainting with --init-image and --mask, steered by ControlNets with
+    --control-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -605,12 +695,15 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     output = check_writable(output)
     choice = choose_backend(backend)
     pipe = LitePipeline(out, backend=choice.backend, low_memory=low_memory, fallback=fallback)
-    pipe.check_inputs(init_image is not None, mask is not None)
+    specs = specs_from_options(control_images, control_scales, control_starts, control_ends, control_preprocesses,
+                               canny_low, canny_high)
+    pipe.check_inputs(init_image is not None, mask is not None, len(specs))
     # the pictures are read (and refused) before any model loads; only their resized copies are kept
     if init_image is not None:
         init_image = fit_init_image(init_image, pipe.height, pipe.width)
     if mask is not None:
         mask = inpaint.fit_mask(mask, pipe.height, pipe.width)
+    controls = [prepare_control(spec, i, pipe.height, pipe.width) for i, spec in enumerate(specs)]
     if init_image is not None:
         pipe.check_encoder(mask is not None)
     console = Console(stderr=True)
@@ -625,7 +718,7 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
 
         result = pipe(prompt, negative_prompt=negative_prompt, steps=steps, seed=seed, guidance=guidance,
                       scheduler=scheduler, init_image=init_image, mask_image=mask, strength=strength,
-                      timestep_spacing=timestep_spacing, progress=progress)
+                      timestep_spacing=timestep_spacing, progress=progress, controls=controls)
     path = result.save(output)
     if as_json:
         click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings,

@@ -33,6 +33,12 @@ def rel_err(got, want) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
+def psnr(a, b) -> float:
+    """PSNR in dB of two pictures in [0, 1] (inf where they are equal)."""
+    mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
 def assert_close(got, want, tol: float) -> None:
     """rel_err(got, want) <= tol."""
     err = rel_err(got, want)
