@@ -72,9 +72,11 @@ def control_picture(path: Path) -> Path:
     return path
 
 
-def convert(work: Path, model: str, controlnet: str, extra: list[str], timeout: float) -> dict:
+def convert(work: Path, model: str, controlnet: str, extra: list[str], timeout: float, names: list[str]) -> dict:
     result = {}
     for name, flags in FOLDERS.items():
+        if name not in names:
+            continue
         out = work / name
         if (out / "manifest.json").is_file():
             result[name] = {"reused": True}
@@ -131,7 +133,6 @@ def bench(work: Path, runs: int, timeout: float) -> dict:
 def save_diffusers_folders(work: Path) -> tuple[Path, Path]:
     """The fp16 folder's source weights as diffusers folders (pipeline, ControlNet) in fp16."""
     import torch
-    from difflite.compiler.controlnet import load_controlnet
     from diffusers import StableDiffusionPipeline
 
     from difflite.diffusers_schedulers import diffusers_scheduler
@@ -147,8 +148,7 @@ def save_diffusers_folders(work: Path) -> tuple[Path, Path]:
                                    unet=source.unet, scheduler=diffusers_scheduler("default", source.scheduler_config),
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     pipe.to(torch.float16).save_pretrained(str(pipeline_dir))
-    net = load_controlnet(folder.controlnets[0].source)
-    net.to(torch.float16).save_pretrained(str(controlnet_dir))
+    source.controlnets[0].to(torch.float16).save_pretrained(str(controlnet_dir))
     return pipeline_dir, controlnet_dir
 
 
@@ -201,6 +201,7 @@ def main() -> None:
     parser.add_argument("--model", default="preset:sd15")
     parser.add_argument("--controlnet", default="preset:controlnet")
     parser.add_argument("--convert-args", default="", help="extra flags for every conversion (e.g. a smaller size)")
+    parser.add_argument("--folders", default=",".join(FOLDERS), help="the folders the convert phase makes")
     parser.add_argument("--phase", default="convert,generate,bench,diffusers",
                         help="comma-separated: convert,generate,bench,diffusers")
     parser.add_argument("--runs", type=int, default=5, help="processes per generate figure")
@@ -218,7 +219,9 @@ def main() -> None:
     data["machine"] = machine()
     args.work.mkdir(parents=True, exist_ok=True)
     steps = {
-        "convert": lambda: convert(args.work, args.model, args.controlnet, args.convert_args.split(), args.timeout),
+        "convert": lambda: {**data.get("convert", {}), **convert(args.work, args.model, args.controlnet,
+                                                                 args.convert_args.split(), args.timeout,
+                                                                 args.folders.split(","))},
         "generate": lambda: generate(args.work, args.runs, args.steps, args.timeout),
         "bench": lambda: bench(args.work, args.bench_runs, args.timeout),
         "diffusers": lambda: run_diffusers(args.work, args.runs, args.steps, args.timeout),

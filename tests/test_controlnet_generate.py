@@ -277,3 +277,13 @@ def test_api_refuses_before_running(lite):
         lite[1](PROMPT, steps=1, controls=[ControlSpec(edges())] * 3)
     with pytest.raises(BadInput, match="--control-end"):
         lite[1](PROMPT, steps=1, controls=[ControlSpec(edges(), end=1.5)])
+
+
+def test_bench_measures_the_controlnets_and_runs_the_pipeline(folders):
+    run = difflite("bench", str(folders[1]), "--steps", "2", "--runs", "2", "--warmup", "1", "--backend", "cpu",
+                   "--json")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout[run.stdout.index("{"):])
+    assert {"controlnet_0", "controlnet_1", "unet"} <= set(data["components"])
+    assert all(data["components"][n]["median_ms"] > 0 for n in ("controlnet_0", "controlnet_1"))
+    assert data["pipeline"]["measured_ms"] > 0

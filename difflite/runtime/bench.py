@@ -302,6 +302,9 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     extra = rng.standard_normal(size=extra_shape).astype(sample_spec.dtype)
     timesteps = np.linspace(999, 0, plan["steps"], dtype=np.float32)
     made = {name: 0 for name in PIPELINE}
+    # a UNet converted with ControlNets runs here as without a control image (zero residuals); the
+    # ControlNets themselves are measured per call (--components controlnet_0,...)
+    residuals = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in unet.control_residuals}
 
     def batched(rows: np.ndarray, size: int) -> np.ndarray:
         return np.concatenate([rows] + [rows[-1:]] * (size - len(rows)))[:size] if len(rows) < size else rows
@@ -324,6 +327,7 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
                      "encoder_hidden_states": batched(rows, unet_batch)}
             if cond_dim:
                 feeds[TIMESTEP_COND] = np.repeat(guidance_embedding([guidance], cond_dim), unet_batch, axis=0)
+            feeds.update(residuals)
             predictions.append(runners["unet"](**feeds)[unet_out][:len(rows)])
             made["unet"] += 1
         noise = np.concatenate(predictions)
