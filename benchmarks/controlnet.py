@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.headline import CLI, PROMPT, ROOT, machine, run_measured, summary
+from benchmarks import headline
+from benchmarks.headline import PROMPT, ROOT, machine, run_measured, summary
 
 FOLDERS = {  # name: convert flags
     "fp16": ["--precision", "fp16"],
@@ -73,61 +74,17 @@ def control_picture(path: Path) -> Path:
 
 
 def convert(work: Path, model: str, controlnet: str, extra: list[str], timeout: float, names: list[str]) -> dict:
-    result = {}
-    for name, flags in FOLDERS.items():
-        if name not in names:
-            continue
-        out = work / name
-        if (out / "manifest.json").is_file():
-            result[name] = {"reused": True}
-            continue
-        measured = run_measured([*CLI, "convert", model, "--controlnet", controlnet, "-o", str(out), *flags, *extra,
-                                 "--export-cache", str(work / "exports")], timeout)
-        result[name] = {"wall_s": measured["wall_s"], "peak_rss_mib": measured["peak_rss_mib"]}
-        print(f"converted {name} in {measured['wall_s']:.0f} s", flush=True)
-    return result
+    folders = {name: ["--controlnet", controlnet, *flags] for name, flags in FOLDERS.items() if name in names}
+    return headline.convert(work, model, extra, timeout, folders)
 
 
 def generate(work: Path, runs: int, steps: int, timeout: float) -> dict:
-    result = {}
     image = control_picture(work / "edges.png")
-    for label, (folder, flags) in GENERATE.items():
-        command = [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps",
-                   str(steps), "--control-image", str(image), "--json", *flags]
-        first = run_measured(command, timeout)
-        timed = [run_measured(command, timeout) for _ in range(runs)]
-        report = json.loads(timed[-1]["stdout"])
-        result[label] = {
-            "first_run_s": first["wall_s"],
-            "wall_s": summary([t["wall_s"] for t in timed]),
-            "peak_rss_mib": summary([t["peak_rss_mib"] for t in timed]),
-            "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None,
-            "timings": report["timings"], "backend_choice": report.get("backend_choice")}
-        w = result[label]["wall_s"]
-        print(f"generate {label}: median {w['median']:.2f} s ({w['min']:.2f}-{w['max']:.2f}, {runs} runs)", flush=True)
-    return result
+    return headline.generate(work, runs, steps, timeout, GENERATE, ("--control-image", str(image)))
 
 
 def bench(work: Path, runs: int, timeout: float) -> dict:
-    result = {}
-    for label, (folder, flags) in BENCH.items():
-        command = [*CLI, "bench", str(work / folder), "--components", "controlnet_0,unet", "--runs", str(runs),
-                   "--warmup", "2", "--json", *flags]
-        try:
-            measured = run_measured(command, timeout)
-        except RuntimeError as exc:
-            said = [line for line in str(exc).splitlines() if line.startswith("difflite: error:")]
-            result[label] = {"error": (said or str(exc).splitlines())[-1][:300]}
-            print(f"bench {label}: {result[label]['error']}", flush=True)
-            continue
-        text = measured["stdout"]
-        data = json.loads(text[text.index("{"):])
-        result[label] = {"backend": data["backend"],
-                         "components": {name: {key: c[key] for key in ("median_ms", "min_ms", "max_ms", "runs")}
-                                        for name, c in data["components"].items()}}
-        print(f"bench {label}: " + ", ".join(f"{n} {c['median_ms']:.1f} ms" for n, c in
-                                             result[label]["components"].items()), flush=True)
-    return result
+    return headline.bench(work, runs, timeout, BENCH, ("controlnet_0", "unet"))
 
 
 def save_diffusers_folders(work: Path) -> tuple[Path, Path]:
@@ -167,32 +124,14 @@ def run_diffusers(work: Path, runs: int, steps: int, timeout: float) -> dict:
     return result
 
 
-def fmt(s: dict | None, unit: str = "", digits: int = 2) -> str:
-    if not s:
-        return "-"
-    return f"{s['median']:,.{digits}f}{unit} ({s['min']:,.{digits}f}-{s['max']:,.{digits}f})"
-
-
 def report(data: dict) -> None:
-    where = f"{data['machine'].get('gpu') or 'no GPU'}, {data['machine']['date']}"
-    print(f"\n| SD 1.5 + ControlNet, 512x512, 20 guided steps, from the shell ({where}) | wall, s | peak RSS, MiB | "
-          f"GPU, MiB | runs |")
-    print("|---|---|---|---|---|")
     rows = dict(data.get("generate", {}))
-    if "diffusers" in data and "wall_s" in data["diffusers"]:
+    if "wall_s" in data.get("diffusers", {}):
         rows["diffusers fp16 StableDiffusionControlNetPipeline"] = data["diffusers"]
-    for label, r in rows.items():
-        print(f"| {label} | {fmt(r['wall_s'])} | {fmt(r['peak_rss_mib'], digits=0)} | "
-              f"{fmt(r.get('gpu_mib'), digits=0)} | {r['wall_s']['runs']} |")
-    print(f"\n| per call, in one process ({where}) | ControlNet, ms | UNet, ms | calls |")
-    print("|---|---|---|---|")
-    for label, r in data.get("bench", {}).items():
-        if "error" in r:
-            print(f"| {label} | {r['error']} | | |")
-            continue
-        c, u = r["components"]["controlnet_0"], r["components"]["unet"]
-        print(f"| {label} ({r['backend']}) | {c['median_ms']:.1f} ({c['min_ms']:.1f}-{c['max_ms']:.1f}) | "
-              f"{u['median_ms']:.1f} ({u['min_ms']:.1f}-{u['max_ms']:.1f}) | {u['runs']} |")
+    headline.generate_table(rows, "SD 1.5 + ControlNet, 512x512, 20 guided steps, from the shell "
+                                  f"({headline.where(data)})")
+    headline.bench_table(data.get("bench", {}), f"per call, in one process ({headline.where(data)})",
+                         {"controlnet_0": "ControlNet, ms", "unet": "UNet, ms"})
 
 
 def main() -> None:

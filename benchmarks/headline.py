@@ -91,9 +91,10 @@ def run_measured(command: list[str], timeout: float) -> dict:
             "stderr": stderr}
 
 
-def convert(work: Path, model: str, extra: list[str], timeout: float) -> dict:
+def convert(work: Path, model: str, extra: list[str], timeout: float, folders: dict = FOLDERS) -> dict:
+    """Each of `folders` (name: convert flags) converted into work/name, unless it is there already."""
     result = {}
-    for name, flags in FOLDERS.items():
+    for name, flags in folders.items():
         out = work / name
         if (out / "manifest.json").is_file():
             result[name] = {"reused": True}
@@ -105,11 +106,14 @@ def convert(work: Path, model: str, extra: list[str], timeout: float) -> dict:
     return result
 
 
-def generate(work: Path, runs: int, steps: int, timeout: float) -> dict:
+def generate(work: Path, runs: int, steps: int, timeout: float, table: dict = GENERATE,
+             extra: tuple[str, ...] = ()) -> dict:
+    """Per row of `table` (label: (folder, flags)): a first `generate` (caches filled), then `runs`
+    timed ones, each a fresh process; `extra`: flags every row gets."""
     result = {}
-    for label, (folder, flags) in GENERATE.items():
+    for label, (folder, flags) in table.items():
         command = [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps",
-                   str(steps), "--json", *flags]
+                   str(steps), "--json", *extra, *flags]
         first = run_measured(command, timeout)
         timed = [run_measured(command, timeout) for _ in range(runs)]
         report = json.loads(timed[-1]["stdout"])
@@ -119,16 +123,18 @@ def generate(work: Path, runs: int, steps: int, timeout: float) -> dict:
             "peak_rss_mib": summary([t["peak_rss_mib"] for t in timed]),
             "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None,
             "backend_choice": report.get("backend_choice"),
-            "unet_per_step_s": report["timings"].get("unet_per_step")}
+            "unet_per_step_s": report["timings"].get("unet_per_step"), "timings": report["timings"]}
         print(f"generate {label}: median {result[label]['wall_s']['median']:.2f} s "
               f"({result[label]['wall_s']['min']:.2f}-{result[label]['wall_s']['max']:.2f}, {runs} runs)", flush=True)
     return result
 
 
-def bench(work: Path, runs: int, timeout: float) -> dict:
+def bench(work: Path, runs: int, timeout: float, table: dict = BENCH,
+          components: tuple[str, ...] = ("unet", "vae_decoder")) -> dict:
+    """Per row of `table` (label: (folder, flags)): `difflite bench` of `components`, one process."""
     result = {}
-    for label, (folder, flags) in BENCH.items():
-        command = [*CLI, "bench", str(work / folder), "--components", "unet,vae_decoder", "--runs", str(runs),
+    for label, (folder, flags) in table.items():
+        command = [*CLI, "bench", str(work / folder), "--components", ",".join(components), "--runs", str(runs),
                    "--warmup", "2", "--json", *flags]
         try:
             measured = run_measured(command, timeout)
@@ -143,9 +149,9 @@ def bench(work: Path, runs: int, timeout: float) -> dict:
                          "components": {name: {key: c[key] for key in ("median_ms", "min_ms", "max_ms", "load_ms",
                                                                        "first_ms", "runs")}
                                         for name, c in data["components"].items()}}
-        unet = result[label]["components"]["unet"]
-        print(f"bench {label}: UNet {unet['median_ms']:.1f} ms ({unet['min_ms']:.1f}-{unet['max_ms']:.1f}, "
-              f"{unet['runs']} calls)", flush=True)
+        print(f"bench {label}: " + ", ".join(f"{name} {c['median_ms']:.1f} ms ({c['min_ms']:.1f}-{c['max_ms']:.1f}, "
+                                             f"{c['runs']} calls)" for name, c in result[label]["components"].items()),
+              flush=True)
     return result
 
 
@@ -158,25 +164,44 @@ def machine() -> dict:
             "date": datetime.date.today().isoformat()}
 
 
-def report(data: dict) -> None:
-    where = f"{data['machine'].get('gpu') or 'no GPU'}, {data['machine']['date']}"
-    print(f"\n| `difflite generate`, 20 steps, warm caches, from the shell ({where}) | wall, median (range) | "
-          f"peak RSS, MiB | GPU, MiB | runs |")
+def cell(s: dict | None, unit: str = "", digits: int = 2) -> str:
+    """A summary as "median (min-max)"; "-" where there is none."""
+    if not s:
+        return "-"
+    return f"{s['median']:,.{digits}f}{unit} ({s['min']:,.{digits}f}-{s['max']:,.{digits}f})"
+
+
+def where(data: dict) -> str:
+    return f"{data['machine'].get('gpu') or 'no GPU'}, {data['machine']['date']}"
+
+
+def generate_table(rows: dict, title: str) -> None:
+    print(f"\n| {title} | wall, median (range) | peak RSS, MiB | GPU, MiB | runs |")
     print("|---|---|---|---|---|")
-    for label, r in data.get("generate", {}).items():
-        w, m, g = r["wall_s"], r["peak_rss_mib"], r["gpu_mib"]
-        gpu = f"{g['median']:,.0f}" if g else "-"
-        print(f"| {label} | {w['median']:.2f} s ({w['min']:.2f}-{w['max']:.2f}) | {m['median']:,.0f} | {gpu} | "
-              f"{w['runs']} |")
-    print(f"\n| per call, in one process ({where}) | UNet step, ms | VAE decode, ms | calls |")
-    print("|---|---|---|---|")
-    for label, r in data.get("bench", {}).items():
+    for label, r in rows.items():
+        print(f"| {label} | {cell(r['wall_s'], ' s')} | {cell(r['peak_rss_mib'], digits=0)} | "
+              f"{cell(r.get('gpu_mib'), digits=0)} | {r['wall_s']['runs']} |")
+
+
+def bench_table(rows: dict, title: str, columns: dict[str, str]) -> None:
+    """Per bench row, the per-call median (range) of each component in `columns` (name: header)."""
+    print(f"\n| {title} | {' | '.join(columns.values())} | calls |")
+    print("|---" * (len(columns) + 2) + "|")
+    for label, r in rows.items():
         if "error" in r:
-            print(f"| {label} | {r['error']} | | |")
+            print(f"| {label} | {r['error']} |" + " |" * len(columns))
             continue
-        u, v = r["components"]["unet"], r["components"]["vae_decoder"]
-        print(f"| {label} ({r['backend']}) | {u['median_ms']:.1f} ({u['min_ms']:.1f}-{u['max_ms']:.1f}) | "
-              f"{v['median_ms']:.1f} ({v['min_ms']:.1f}-{v['max_ms']:.1f}) | {u['runs']} |")
+        calls = [r["components"][name] for name in columns]
+        print(f"| {label} ({r['backend']}) | "
+              + " | ".join(f"{c['median_ms']:.1f} ({c['min_ms']:.1f}-{c['max_ms']:.1f})" for c in calls)
+              + f" | {calls[0]['runs']} |")
+
+
+def report(data: dict) -> None:
+    generate_table(data.get("generate", {}),
+                   f"`difflite generate`, 20 steps, warm caches, from the shell ({where(data)})")
+    bench_table(data.get("bench", {}), f"per call, in one process ({where(data)})",
+                {"unet": "UNet step, ms", "vae_decoder": "VAE decode, ms"})
 
 
 def main() -> None:
