@@ -21,8 +21,7 @@ from PIL import Image, ImageDraw
 from difflite.core.errors import BadInput
 from difflite.runtime.controlnet import ControlSpec, canny_edges
 
-from support import ROOT
-from support.cli import difflite_command, run_difflite
+from support.cli import convert_side_by_side, run_difflite
 from support.numerics import psnr
 
 HEIGHT, WIDTH = 64, 96  # non-square: a control image read across its axes would show
@@ -74,12 +73,7 @@ def folders(tmp_path_factory, second_controlnet) -> dict:
     flags = {1: (*controlnets, "--components", "text_encoder,unet,vae_decoder,vae_encoder"),
              2: (*controlnets, "--batch", "2"),
              "plain": ("--components", "text_encoder,unet,vae_decoder")}
-    runs = {key: subprocess.Popen([*difflite_command(), "convert", "preset:tiny", "-o", str(base / str(key)),
-                                   *size, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-            for key, extra in flags.items()}
-    for key, run in runs.items():
-        _, stderr = run.communicate()
-        assert run.returncode == 0, f"convert ({key}) failed:\n{stderr[-3000:]}"
+    convert_side_by_side({key: ["preset:tiny", "-o", base / str(key), *size, *extra] for key, extra in flags.items()})
     return {key: base / str(key) for key in flags}
 
 

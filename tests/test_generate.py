@@ -21,7 +21,7 @@ from PIL import Image
 from difflite.core.errors import BadInput
 
 from support import ROOT
-from support.cli import difflite_command, run_difflite
+from support.cli import convert_side_by_side, difflite_command, run_difflite
 from support.numerics import psnr
 
 HEIGHT, WIDTH = 64, 96  # non-square on purpose
@@ -46,13 +46,9 @@ def folders(tmp_path_factory) -> dict[int, Path]:
     base = tmp_path_factory.mktemp("generate")
     out = {1: base / "b1", 2: base / "b2"}
     components = {1: "text_encoder,unet,vae_decoder,vae_encoder", 2: "text_encoder,unet,vae_decoder"}
-    runs = {batch: subprocess.Popen(
-        [*difflite_command(), "convert", "preset:tiny", "-o", str(folder), "--height", str(HEIGHT), "--width",
-         str(WIDTH), "--batch", str(batch), "--components", components[batch], "--no-fuse", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for batch, folder in out.items()}
-    for batch, run in runs.items():
-        _, stderr = run.communicate()
-        assert run.returncode == 0, f"convert --batch {batch} failed:\n{stderr[-3000:]}"
+    convert_side_by_side({f"--batch {batch}": ["preset:tiny", "-o", folder, "--height", HEIGHT, "--width", WIDTH,
+                                                "--batch", batch, "--components", components[batch], "--no-fuse",
+                                                "--json"] for batch, folder in out.items()})
     return out
 
 

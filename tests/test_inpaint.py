@@ -18,9 +18,9 @@ from PIL import Image
 
 from difflite.core.errors import BadInput
 
-from support import ROOT, hostile_images
+from support import hostile_images
 from support import ldm_layout as L
-from support.cli import difflite_command, run_difflite
+from support.cli import convert_side_by_side, run_difflite
 from support.numerics import psnr
 
 HEIGHT, WIDTH = 64, 96  # non-square: a mask read across its axes would show
@@ -82,13 +82,8 @@ def base(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def folders(base) -> dict[str, Path]:
     out = {name: base / name for name in CONVERSIONS}
-    runs = {name: subprocess.Popen(
-        [*difflite_command(), "convert", *CONVERSIONS[name], "-o", str(out[name]), "--height", str(HEIGHT),
-         "--width", str(WIDTH), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        for name in CONVERSIONS}
-    for name, run in runs.items():
-        _, stderr = run.communicate()
-        assert run.returncode == 0, f"convert {name} failed:\n{stderr[-3000:]}"
+    convert_side_by_side({name: [*CONVERSIONS[name], "-o", out[name], "--height", HEIGHT, "--width", WIDTH, "--json"]
+                          for name in CONVERSIONS})
     return out
 
 

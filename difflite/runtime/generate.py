@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
@@ -261,6 +261,7 @@ class LitePipeline:
         self._tokenizer: PromptTokenizer | None = None
         self.load_seconds = 0.0
         self.controlnet_seconds, self.controlnet_calls = 0.0, 0
+        self._zero_residuals: dict | None = None
 
     # -- parts, loaded on first use ------------------------------------------------------------
 
@@ -364,9 +365,8 @@ class LitePipeline:
             if weight == 0:
                 continue
             start = time.perf_counter()
-            image = np.concatenate([control.image] * sample.shape[0])
             residuals = self.component(controlnet_name(index))(
-                sample=sample, timestep=timestep, encoder_hidden_states=context, controlnet_cond=image)
+                sample=sample, timestep=timestep, encoder_hidden_states=context, controlnet_cond=control.image)
             total = add_residuals(total, residuals, weight)
             self.controlnet_seconds += time.perf_counter() - start
             self.controlnet_calls += 1
@@ -375,7 +375,7 @@ class LitePipeline:
     def zero_control_residuals(self) -> dict[str, np.ndarray]:
         """A UNet converted with ControlNets takes their residuals: zeros (made once), the UNet
         without ControlNet, when no control image is given; none for other UNets."""
-        if getattr(self, "_zero_residuals", None) is None:
+        if self._zero_residuals is None:
             unet = self.folder.components["unet"]
             self._zero_residuals = {spec.name: np.zeros(spec.onnx_shape, spec.dtype)
                                     for spec in unet.control_residuals}
@@ -397,7 +397,9 @@ class LitePipeline:
         prompt, negative_prompt = clean_prompt(prompt), clean_prompt(negative_prompt)
         self.check_inputs(init_image is not None, inpainting, len(controls))
         self._check_call(steps, guidance, init_image is not None, strength, seed, inpainting)
-        controls = [prepare_control(c, i, self.height, self.width) for i, c in enumerate(controls)]
+        # each control image at the UNet's batch, made once (the ControlNets run at that batch)
+        controls = [replace(control, image=np.concatenate([control.image] * self.unet_batch))
+                    for control in (prepare_control(c, i, self.height, self.width) for i, c in enumerate(controls))]
         timer = _Timer()
         started = time.perf_counter()
         loaded_before = self.load_seconds

@@ -26,3 +26,14 @@ def run_difflite(*args, check: bool = False, env: dict | None = None,
         raise AssertionError(f"difflite {' '.join(map(str, args))} exited {result.returncode}\n"
                              f"{result.stdout[-5000:]}\n{result.stderr[-5000:]}")
     return result
+
+
+def convert_side_by_side(conversions: dict) -> None:
+    """`difflite convert ARGS...` for every {key: args} at once, each its own process; an
+    AssertionError naming the key (with its stderr's end) where one does not exit 0."""
+    runs = {key: subprocess.Popen([*difflite_command(), "convert", *map(str, args)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            for key, args in conversions.items()}
+    for key, run in runs.items():
+        _, stderr = run.communicate()
+        assert run.returncode == 0, f"convert ({key}) failed:\n{stderr[-3000:]}"
