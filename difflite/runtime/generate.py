@@ -521,13 +521,9 @@ class LitePipeline:
                        timer: _Timer) -> np.ndarray:
         """img2img: the VAE posterior sample of the picture, noised to the first kept timestep."""
         with self.stage("vae_encoder") as encoder:
-            start = time.perf_counter()
-            encoded = encoder(image=image_in)
-            timer.add("vae_encoder", start)
-        mean = np.asarray(encoded["latent_mean"], dtype=np.float32)
-        std = np.asarray(encoded["latent_std"], dtype=np.float32)
+            mean, std = _encode_picture(encoder, image_in, timer)
         # retrieve_latents(sample_mode="sample"): the posterior sample draws first ...
-        init_latents = mean + std * generator.randn(mean.shape)
+        init_latents = inpaint.posterior_sample(mean, std, generator)
         # ... then the noise for add_noise at the first kept timestep.
         noise = generator.randn(init_latents.shape)
         return sched.add_noise(init_latents, noise, timesteps[:1])
@@ -536,15 +532,8 @@ class LitePipeline:
                          generator: TorchGenerator, timer: _Timer) -> tuple[np.ndarray, inpaint.Inpainting]:
         """Inpainting: the initial latents and what the loop adds (difflite.runtime.inpaint)."""
         with self.stage("vae_encoder") as encoder:
-            def encode(picture: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                start = time.perf_counter()
-                encoded = encoder(image=picture)
-                timer.add("vae_encoder", start)
-                return (np.asarray(encoded["latent_mean"], dtype=np.float32),
-                        np.asarray(encoded["latent_std"], dtype=np.float32))
-
             shape = (1, self.channels, self.latent_height, self.latent_width)
-            return inpaint.prepare(encode, image_in, mask, shape, self.inpainting_unet, sched, timesteps, strength,
+            return inpaint.prepare(lambda picture: _encode_picture(encoder, picture, timer), image_in, mask, shape, self.inpainting_unet, sched, timesteps, strength,
                                    generator)
 
     def _encode_prompts(self, prompt: str, negative_prompt: str | None, timer: _Timer):
@@ -599,6 +588,15 @@ class LitePipeline:
             timer.add("vae_decoder", start)
         image = np.clip(np.asarray(decoded, dtype=np.float32) / np.float32(2) + np.float32(0.5), 0.0, 1.0)
         return np.ascontiguousarray(image[0].transpose(1, 2, 0))
+
+
+def _encode_picture(encoder, picture: np.ndarray, timer: _Timer) -> tuple[np.ndarray, np.ndarray]:
+    """The VAE encoder's scaled posterior (mean, std) of a [1, 3, H, W] picture in [-1, 1], timed."""
+    start = time.perf_counter()
+    encoded = encoder(image=picture)
+    timer.add("vae_encoder", start)
+    return (np.asarray(encoded["latent_mean"], dtype=np.float32),
+            np.asarray(encoded["latent_std"], dtype=np.float32))
 
 
 def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bool = False,

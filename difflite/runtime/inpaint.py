@@ -163,4 +163,4 @@ def posterior_sample(mean: np.ndarray, std: np.ndarray, generator: TorchGenerato
 
 
 __all__ = ["DEFAULT_STRENGTH", "Inpainting", "default_strength", "fit_mask", "latent_mask", "load_mask",
-           "masked_picture", "prepare"]
+           "masked_picture", "posterior_sample", "prepare"]
