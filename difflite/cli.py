@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from difflite.core import lora
 from difflite.core.errors import BadInput, VerificationFailed
 from difflite.runtime import backend
 
@@ -86,20 +87,6 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
     if bad:
         raise BadInput(f"--fuse: unknown kind(s) {', '.join(bad)} (choose from {', '.join(FUSE_KINDS)})")
     return kinds
-
-
-def parse_lora(spec: str):
-    """FILE[:SCALE] -> LoraSpec; a suffix that is not a number is part of the file name."""
-    from difflite.compiler.lora import check_lora_scale
-    from difflite.compiler.models import LoraSpec
-    path, scale = spec, 1.0
-    head, sep, tail = spec.rpartition(":")
-    if sep and head:
-        try:
-            path, scale = head, float(tail)
-        except ValueError:
-            pass
-    return LoraSpec(path, check_lora_scale(scale, f"--lora {spec}"))
 
 
 @main.command()
@@ -228,7 +215,7 @@ def convert(model, out, config, vae, prediction_type, loras, controlnets, compon
             click.echo(f"[difflite] {message}", err=True)
 
     report = run_convert(model, out, options, config=config, log=log, vae=vae, prediction_type=prediction_type,
-                         loras=tuple(parse_lora(spec) for spec in loras), export_cache_dir=export_cache_dir,
+                         loras=tuple(lora.parse_spec(spec) for spec in loras), export_cache_dir=export_cache_dir,
                          controlnets=tuple(controlnets))
     if as_json:
         print_json(report)

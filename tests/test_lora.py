@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from difflite.compiler.lora import merge_loras
-from difflite.compiler.models import LoraSpec, load_pipeline
+from difflite.compiler.models import load_pipeline
+from difflite.core.lora import LoraSpec
 from difflite.compiler.pipeline import fold_into_hash
 from difflite.core.errors import BadInput
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import torch
 
 from difflite.compiler.pipeline import fold_into_hash, one_line, quiet_loaders
 from difflite.core.errors import BadInput
+from difflite.core.lora import check_scale
 from difflite.core.finite import check_finite
 from difflite.core.jsonfile import loads_json
 
@@ -45,17 +45,6 @@ _UNSUPPORTED = ("dora_scale", "lora_magnitude_vector", "lora_B.bias")
 _PEFT_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
 COMPONENTS = ("unet", "text_encoder")
 _LABELS = {"unet": "UNet", "text_encoder": "text encoder"}
-# LoRAs are merged at scales around 1 (negative ones invert them); beyond this a merge is no
-# longer a LoRA but a way to overflow the weights.
-MAX_LORA_SCALE = 1000.0
-
-
-def check_lora_scale(scale: float, where: str) -> float:
-    """`scale` where it is finite and within +-MAX_LORA_SCALE; else BadInput naming `where`."""
-    if not (math.isfinite(scale) and abs(scale) <= MAX_LORA_SCALE):
-        raise BadInput(f"{where}: LoRA scale {scale:g} must be a finite number from -{MAX_LORA_SCALE:g} to "
-                       f"{MAX_LORA_SCALE:g}")
-    return scale
 
 
 @dataclass
@@ -129,7 +118,7 @@ def _check(pipe, spec) -> _Lora:
     from diffusers.loaders import StableDiffusionLoraLoaderMixin
 
     path = Path(spec.path).expanduser().absolute()
-    scale = check_lora_scale(float(spec.scale), str(path))
+    scale = check_scale(float(spec.scale), str(path))
     data, tensors, file_metadata = _read(path)
     keys = sorted(tensors)
     for key in keys:

@@ -5,13 +5,13 @@ diffusers config folder); then a separate VAE, the prediction type, LoRAs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from difflite.compiler.pipeline import Pipeline, fold_into_hash, load_folder
 from difflite.compiler.presets import build_preset, preset_configs
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
+from difflite.core.lora import LoraSpec
 
 
 def peek_configs(model: str) -> tuple[dict, dict] | None:
@@ -38,13 +38,6 @@ def peek_configs(model: str) -> tuple[dict, dict] | None:
 
 
 PREDICTION_TYPES = ("epsilon", "v_prediction")
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """One --lora FILE[:SCALE]."""
-    path: str
-    scale: float = 1.0
 
 
 def load_pipeline(model: str, config: str | None = None, seed: int = 0, *, vae: str | None = None,

@@ -70,7 +70,14 @@ WINOGRAD_CONV3X3 = CustomOp(
     (Attr("tile", int, 4, (4,)), Attr("activation", str, "none", ("none",))),
     "winograd")
 
-ALL = (GROUP_NORM, GELU, GEGLU, ATTENTION, WINOGRAD_CONV3X3)
+# A run-time LoRA slot after one linear layer (or 1x1 convolution): y + (x D^T) U^T with the factors
+# D [r, K] and U [N, r] set on the op library per slot between calls (difflite_lora_set; scale
+# folded into U), features along the channel axis (last in TFLite; axis 1 of a rank-4 ONNX
+# tensor). No factors set: exactly y. Not a --fuse kind: every file that needs the op library
+# takes it; --no-fuse files write the same sum with builtins and factor inputs (core/lora_slots.py).
+LORA = CustomOp("LoRA", ("y", "x"), (Attr("slot", int, 0),), "lora")
+
+ALL = (GROUP_NORM, GELU, GEGLU, ATTENTION, WINOGRAD_CONV3X3, LORA)
 BY_NAME = {op.name: op for op in ALL}
 BY_CUSTOM_CODE = {op.custom_code: op for op in ALL}
 # A LayerNorm over the last axis has no op of its own: difflite/passes/layer_norm.py writes it as a

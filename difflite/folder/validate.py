@@ -21,7 +21,8 @@ CHECKS_VERSION = 1
 FLOAT_TYPES = ("float32", "float16")
 FLOAT32_RANGE = 3.0e38  # the op library's bound on `scale`
 # Integer attributes' ranges, as the op library reads them.
-INT_RANGES = {("GroupNorm", "groups"): (1, 1 << 20), ("Attention", "heads"): (1, 65536)}
+INT_RANGES = {("GroupNorm", "groups"): (1, 1 << 20), ("Attention", "heads"): (1, 65536),
+              ("LoRA", "slot"): (0, 65535)}
 
 
 def read_checked(path) -> TFLiteSummary:
@@ -34,11 +35,23 @@ def read_checked(path) -> TFLiteSummary:
 def check_model(summary: TFLiteSummary) -> None:
     """BadInput when the graph or a difflite op of `summary` does not hold."""
     check_graph(summary)
+    slots: dict[int, int] = {}
     for index, op in enumerate(summary.ops):
         if op.name.startswith(f"{custom_ops.DOMAIN}."):
             reason = contract_error(summary, op)
+            if not reason and op.name == custom_ops.LORA.custom_code:
+                reason = _second_slot(slots, index, op.custom_options["slot"])
             if reason:
                 raise BadInput(f"{summary.path}: operator {index} ({op.name}): {reason}")
+
+
+def _second_slot(slots: dict[int, int], index: int, slot: int) -> str:
+    """'' for a LoRA slot not seen yet (recorded in `slots`), else why not: factors are set per
+    slot, so two ops of one slot would both take one layer's LoRA."""
+    if slot in slots:
+        return f"slot {slot} is operator {slots[slot]}'s too"
+    slots[slot] = index
+    return ""
 
 
 def check_graph(summary: TFLiteSummary) -> None:
@@ -190,4 +203,9 @@ def _output_shape(name: str, s: dict, attrs: dict) -> tuple[list, str]:
         if bias != [cout]:
             return [], f"'bias' must be [{cout}], got {bias}"
         return [*x[:3], cout], ""
+    if name == "LoRA":
+        y = s["y"]
+        if len(x) < 2 or len(y) != len(x) or y[:-1] != x[:-1] or y[-1] <= 0:
+            return [], f"'y' and 'x' must be [..., N] and [..., K] over the same rows, got {y} and {x}"
+        return y, ""
     return [], "unknown difflite op"
