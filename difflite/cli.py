@@ -104,7 +104,18 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
                    "inferred (SD 2.x: v_prediction at 768 unless the file says otherwise)].")
 @click.option("--lora", "loras", multiple=True, metavar="FILE[:SCALE]",
               help="Merge a LoRA (diffusers/PEFT or kohya/A1111 .safetensors) into the weights before export, "
-                   "scaled by SCALE (default 1.0; finite, from -1000 to 1000); repeatable.")
+                   "scaled by SCALE (default 1.0; finite, from -1000 to 1000); repeatable. To choose LoRAs per "
+                   "picture instead, see --lora-slots and generate --lora.")
+@click.option("--lora-slots", type=click.Choice(lora.SETS), default=lora.DEFAULT_SET, show_default=True,
+              help="Layers that take a LoRA at run time (generate --lora, LitePipeline.set_loras): auto, every "
+                   "layer kohya and diffusers LoRAs train (the UNet transformers' attention projections, "
+                   "feed-forward and proj_in/proj_out; the text encoder's attention and MLP linears); none. "
+                   "Without a LoRA they cost nothing in fused files (a difflite.LoRA op that passes its input "
+                   "through); --no-fuse files take the factors as graph inputs of --lora-rank (zeros: no LoRA), "
+                   "which stock LiteRT runs, at the cost of two small matrix products per slot.")
+@click.option("--lora-rank", default=lora.DEFAULT_MAX_RANK, show_default=True, type=int,
+              help="The largest LoRA rank a slot takes at run time, summed over the LoRAs active at once "
+                   f"(1 to {lora.MAX_RANK_LIMIT}); the size of --no-fuse files' factor inputs.")
 @click.option("--controlnet", "controlnets", multiple=True, metavar="CN",
               help="Add a ControlNet, written as the component controlnet_N (N counting the --controlnet given, "
                    "from 0): a diffusers ControlNetModel folder, an original-format ControlNet 1.x file "
@@ -185,9 +196,9 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
                    "before reuse; nothing is pruned (SD 1.5's UNet: 3.4 GB).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def convert(model, out, config, vae, prediction_type, loras, controlnets, components, height, width, batch, precision,
-            weights, weights_block, weights_recipe, weights_target_db, weights_probes, fuse, no_fuse, device_profile,
-            winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
+def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_rank, controlnets, components, height,
+            width, batch, precision, weights, weights_block, weights_recipe, weights_target_db, weights_probes, fuse,
+            no_fuse, device_profile, winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
     MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
@@ -207,7 +218,8 @@ def convert(model, out, config, vae, prediction_type, loras, controlnets, compon
         fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=budget,
         winograd_budgets_mb=budgets,
         keep_onnx=keep_onnx, seed=seed, weights=weights, weights_block=weights_block, weights_recipe=weights_recipe,
-        weights_target_db=weights_target_db, weights_probes=weights_probes)
+        weights_target_db=weights_target_db, weights_probes=weights_probes, lora_slots=lora_slots,
+        lora_rank=lora_rank)
     quiet = as_json
 
     def log(message):

@@ -139,8 +139,10 @@ def run_component(entry: ComponentEntry, backend: str, precision: str,
     delegate's memory, or whether LiteRT's GPU accelerator ran it fully accelerated."""
     if backend == "litert-gpu":
         from difflite.runtime import litert_gpu
+        from difflite.runtime.loras import SlotFactors
 
-        run = litert_gpu.run(entry.path, [entry.to_file_layout(f) for f in feeds],
+        no_lora = SlotFactors(entry).feeds()  # a --no-fuse file's LoRA factor inputs: zeros
+        run = litert_gpu.run(entry.path, [{**entry.to_file_layout(f), **no_lora} for f in feeds],
                              litert_gpu.accelerator_for(precision, weights))
         return [entry.from_file_layout(o) for o in run.outputs], {
             "litert_gpu": {"fully_accelerated": run.fully_accelerated, "accelerator": run.accelerator}}

@@ -16,7 +16,7 @@ from typing import Callable
 from difflite.compiler import export, export_cache, models, weight_recipe
 from difflite.compiler.tflite import quantize
 from difflite.compiler.tflite.writer import load_onnx, write_tflite
-from difflite.core import control, procmem, profiles
+from difflite.core import control, lora, procmem, profiles
 from difflite.core.custom_ops import FUSE_KINDS
 from difflite.core.errors import BadInput
 from difflite.core.finite import NonFiniteWeights
@@ -95,6 +95,8 @@ class ConvertOptions:
     # weight_recipe.TARGETS_DB; convert records the value used); 0: no recipe, all int4 / int8
     weights_target_db: float | None = None
     weights_probes: int = 2  # int4 / int8: probes the computed recipe measures on
+    lora_slots: str = lora.DEFAULT_SET  # run-time LoRA slots (core/lora.py): auto or none
+    lora_rank: int = lora.DEFAULT_MAX_RANK  # the largest rank (summed over the LoRAs at once) a slot takes
 
     def validate(self) -> None:
         unknown = [c for c in self.components or () if not export.is_component(c)]
@@ -129,6 +131,15 @@ class ConvertOptions:
             raise BadInput("--weights-recipe and --weights-target-db 0 (no recipe) exclude each other")
         if not (isinstance(self.weights_probes, int) and 1 <= self.weights_probes <= 64):
             raise BadInput(f"--weights-probes {self.weights_probes!r} must be from 1 to 64")
+        if self.lora_slots not in lora.SETS:
+            raise BadInput(f"--lora-slots {self.lora_slots!r} must be one of {', '.join(lora.SETS)}")
+        if not (isinstance(self.lora_rank, int) and 1 <= self.lora_rank <= lora.MAX_RANK_LIMIT):
+            raise BadInput(f"--lora-rank {self.lora_rank!r} must be from 1 to {lora.MAX_RANK_LIMIT}")
+
+    def lora_form(self) -> str:
+        """How slots are written: difflite.LoRA ops where the files need the op library anyway,
+        factor inputs in --no-fuse files (stock LiteRT)."""
+        return "custom" if self.fuse else "inputs"
 
     def quantization(self, component: str, recipe: dict | None = None) -> quantize.WeightQuantization:
         """The writer's weight quantization for one component: the VAE decoder's first and last
@@ -309,7 +320,7 @@ def check_controlnet_components(options: ConvertOptions, count: int) -> None:
 def changed_by(source: dict) -> str:
     """What changed the source's weights (the LoRAs merged, the VAE swapped), as the end of an
     error's line."""
-    changes = [f"the LoRA {lora['path']} merged at scale {lora['scale']:g}" for lora in source.get("loras", [])]
+    changes = [f"the LoRA {merged['path']} merged at scale {merged['scale']:g}" for merged in source.get("loras", [])]
     if source.get("vae"):
         changes.append(f"the VAE {source['vae']}")
     return f" (the weights as changed by {' and '.join(changes)})" if changes else ""
@@ -380,8 +391,8 @@ def describe_source(pipe) -> list[str]:
     arch = pipe.details.get("architecture")
     if arch:
         lines.append(f"architecture: {arch['summary']} ({'; '.join(arch['reasons'])})")
-    for lora in pipe.details.get("loras", []):
-        lines.append(f"merged LoRA {lora['file']} x{lora['scale']:g} ({lora['summary']})")
+    for merged in pipe.details.get("loras", []):
+        lines.append(f"merged LoRA {merged['file']} x{merged['scale']:g} ({merged['summary']})")
     for controlnet in pipe.details.get("controlnets", []):
         lines.append(f"{controlnet['component']}: {controlnet['model']} ({controlnet['architecture']['summary']})")
     return lines
@@ -416,6 +427,7 @@ def conditioning_info(pipe, name: str, options: ConvertOptions) -> dict:
 def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
                     options: ConvertOptions, recipe: dict | None = None) -> tuple[dict, dict]:
     from difflite.passes import run_passes
+    from difflite.passes.lora import add_lora_slots
 
     graph = load_onnx(onnx_path)
     # Patterns are always recognised (the writer decomposes unfused kinds into builtins laid out
@@ -431,6 +443,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
                                                                 quantize.scale_bytes(options.precision)))
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in kinds & set(options.fuse)
+    slots = add_lora_slots(graph, name, options.lora_slots, options.lora_form(), options.lora_rank)
     filename = f"{name}.tflite"
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
@@ -444,6 +457,9 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
              "inputs": result.inputs, "outputs": result.outputs, "custom_ops": result.custom_ops,
              # int8 / int4 constants: the runtime's CPU backend then loads the op library to read them
              "quantized_weights": any(t.constant and t.dtype in ("int8", "int4") for t in summary.tensors)}
+    if slots:
+        entry["lora_slots"] = {"form": options.lora_form(), "max_rank": options.lora_rank,
+                               "slots": [slot.as_dict() for slot in slots]}
     winograd_mb = sum(d["extra_mb"] for d in decisions["winograd"])
     report = {"fusion": fusion, "op_histogram": result.op_histogram, "ops": sum(result.op_histogram.values()),
               "weight_widths": weight_width_summary(result.weight_widths),

@@ -54,7 +54,7 @@ def parse_spec(spec: str) -> LoraSpec:
 
 
 SETS = ("auto", "none")
-DEFAULT_SET = "auto"
+DEFAULT_SET = "none"  # "auto" once the op library and the runtime take slots (issue 34)
 DEFAULT_MAX_RANK = 64
 MAX_RANK_LIMIT = 1024
 COMPONENTS = ("unet", "text_encoder")

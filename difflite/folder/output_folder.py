@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from difflite.core import control
+from difflite.core import control, lora
 from difflite.core.conditioning import TIMESTEP_COND
 from difflite.core.errors import BadInput
 from difflite.folder import manifest as manifest_file
@@ -44,6 +44,50 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class LoraSlot:
+    """One layer that takes a LoRA at run time (passes/lora.py): its module as LoRA files name it."""
+    slot: int
+    module: str
+    in_features: int
+    out_features: int
+    conv: bool
+
+
+@dataclass(frozen=True)
+class LoraSlots:
+    """A component's run-time LoRA slots: the form they take in the file (difflite.LoRA ops, or
+    factor inputs of max_rank in --no-fuse files) and the largest rank a slot takes."""
+    form: str
+    max_rank: int
+    slots: tuple[LoraSlot, ...]
+
+    @classmethod
+    def of(cls, where: str, entry: dict, inputs: tuple[TensorSpec, ...]) -> LoraSlots:
+        """The manifest's record, checked (BadInput naming `where`); an "inputs" form's factor
+        inputs must be the file's, of their slot's shapes."""
+        try:
+            form, max_rank = str(entry["form"]), int(entry["max_rank"])
+            slots = tuple(LoraSlot(int(s["slot"]), str(s["module"]), int(s["in_features"]), int(s["out_features"]),
+                                   bool(s["conv"])) for s in entry["slots"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"{where}: 'lora_slots' is not a valid record ({exc})") from exc
+        if form not in lora.FORMS or not 1 <= max_rank <= lora.MAX_RANK_LIMIT:
+            raise BadInput(f"{where}: 'lora_slots' has form {form!r} and max_rank {max_rank}")
+        if [s.slot for s in slots] != list(range(len(slots))) or len({s.module for s in slots}) != len(slots) or \
+                any(s.in_features <= 0 or s.out_features <= 0 for s in slots):
+            raise BadInput(f"{where}: 'lora_slots' must number its slots from 0, once per module, with positive sizes")
+        if form == "inputs":
+            given = {spec.name: spec.shape for spec in inputs}
+            for s in slots:
+                want = {lora.down_input(s.slot): (s.in_features, max_rank),
+                        lora.up_input(s.slot): (max_rank, s.out_features)}
+                for name, shape in want.items():
+                    if given.get(name) != shape:
+                        raise BadInput(f"{where}: LoRA slot {s.slot} needs the input {name} {list(shape)}")
+        return cls(form, max_rank, slots)
+
+
+@dataclass(frozen=True)
 class ComponentEntry:
     """One component of the folder: its file and what the manifest says of it."""
     name: str
@@ -59,6 +103,8 @@ class ComponentEntry:
     # a ControlNet's control image (convert's conditioning_info): input, channels, height, width,
     # value_range, channel_order; None for the other components
     conditioning: dict | None = field(default=None, compare=False)
+    # run-time LoRA slots (convert --lora-slots); None where the component has none
+    lora_slots: LoraSlots | None = field(default=None, compare=False)
 
     @classmethod
     def for_file(cls, path) -> ComponentEntry:
@@ -234,8 +280,11 @@ def _component(folder: Path, name: str, entry: dict, weights: str) -> ComponentE
     # component of an int8 / int4 conversion holds quantized layers.
     quantized = entry.get("quantized_weights", weights in QUANTIZED_WIDTHS)
     conditioning = entry.get("conditioning")
-    return ComponentEntry(name, folder / entry["file"], entry["sha256"], entry["bytes"],
-                          tuple(TensorSpec.of(s) for s in entry["inputs"]),
+    inputs = tuple(TensorSpec.of(s) for s in entry["inputs"])
+    slots = entry.get("lora_slots")
+    if slots is not None:
+        slots = LoraSlots.of(f"{folder / manifest_file.MANIFEST}: component '{name}'", slots, inputs)
+    return ComponentEntry(name, folder / entry["file"], entry["sha256"], entry["bytes"], inputs,
                           tuple(TensorSpec.of(s) for s in entry["outputs"]),
                           tuple(entry.get("custom_ops") or ()), bool(quantized),
-                          dict(conditioning) if isinstance(conditioning, dict) else None)
+                          dict(conditioning) if isinstance(conditioning, dict) else None, slots)

@@ -37,6 +37,7 @@ from difflite.core.conditioning import (
     check_guidance,
     guidance_embedding,
 )
+from difflite.core import lora
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import loads_json, read_json
 from difflite.folder.output_folder import ComponentEntry, OutputFolder
@@ -190,7 +191,9 @@ def random_feeds(entry: ComponentEntry, rng, vocab: int) -> dict:
     feeds = {}
     for spec in entry.inputs:
         dtype = np.dtype(spec.dtype)
-        if dtype.kind in "iu":
+        if lora.is_factor_input(spec.name):  # a --no-fuse file's LoRA factors: zeros, no LoRA
+            value = np.zeros(spec.shape)
+        elif dtype.kind in "iu":
             value = rng.integers(0, vocab, size=spec.shape)
         elif spec.name == "timestep":
             value = rng.uniform(0, 1000, size=spec.shape)
@@ -305,6 +308,9 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     # a UNet converted with ControlNets runs here as without a control image (zero residuals); the
     # ControlNets themselves are measured per call (--components controlnet_0,...)
     residuals = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in unet.control_residuals}
+    # a --no-fuse file's LoRA factor inputs: zeros (no LoRA), made once as a caller would
+    no_lora = {entry.name: {spec.name: np.zeros(spec.shape, spec.dtype) for spec in entry.inputs
+                            if lora.is_factor_input(spec.name)} for entry in (te, unet)}
 
     def batched(rows: np.ndarray, size: int) -> np.ndarray:
         return np.concatenate([rows] + [rows[-1:]] * (size - len(rows)))[:size] if len(rows) < size else rows
@@ -313,7 +319,7 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     embeddings = []
     for first in range(0, prompts, te_batch):
         chunk = ids[first:first + te_batch]
-        out = runners["text_encoder"](**{te_in.name: batched(chunk, te_batch)})[te_out]
+        out = runners["text_encoder"](**{te_in.name: batched(chunk, te_batch)}, **no_lora[te.name])[te_out]
         embeddings.append(out[:len(chunk)])
         made["text_encoder"] += 1
     embeddings = np.concatenate(embeddings)
@@ -328,6 +334,7 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
             if cond_dim:
                 feeds[TIMESTEP_COND] = np.repeat(guidance_embedding([guidance], cond_dim), unet_batch, axis=0)
             feeds.update(residuals)
+            feeds.update(no_lora[unet.name])
             predictions.append(runners["unet"](**feeds)[unet_out][:len(rows)])
             made["unet"] += 1
         noise = np.concatenate(predictions)

@@ -21,6 +21,7 @@ from difflite.folder.schema import SIGNATURE_KEY
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
 from difflite.core.procmem import process_running
+from difflite.runtime.loras import SlotFactors
 
 BACKENDS = ("cpu", "opencl", "litert-gpu")
 LIBRARY_ENV = "DIFFLITE_OPLIB"
@@ -85,14 +86,14 @@ def uses_oplib(entry: ComponentEntry, backend: str) -> bool:
     return backend == "opencl" or bool(entry.custom_ops) or entry.quantized_weights
 
 
-def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None = None):
+def delegate_for(backend: str, precision: str = "fp32", stats_path: Path | None = None, library: Path | None = None):
     from ai_edge_litert.interpreter import load_delegate
 
     options = {"backend": backend, "precision": precision}
     if stats_path is not None and backend == "opencl":
         options["stats_path"] = str(stats_path)
     try:
-        return load_delegate(str(find_oplib()), options)
+        return load_delegate(str(library or find_oplib()), options)
     except ValueError as exc:
         # LiteRT's "Failed to load delegate from PATH", then what the library said: its own line
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -201,6 +202,7 @@ class Component:
         self.backend, self.fallback, self.fallback_reason = backend, fallback, None
         self._on_fallback = on_fallback
         self._settings = (custom, precision, threads)
+        self.lora = SlotFactors(entry)
         try:
             self._load(backend, *self._settings)
         except BadInput as exc:
@@ -222,9 +224,10 @@ class Component:
         be made."""
         from ai_edge_litert.interpreter import Interpreter
 
-        self.delegate = self.interpreter = self.runner = None
+        self.delegate = self.interpreter = self.runner = self.library = None
         if custom or backend != "cpu":
-            self.delegate = delegate_for(backend, precision, stats_path=self.stats_path)
+            self.library = find_oplib()
+            self.delegate = delegate_for(backend, precision, stats_path=self.stats_path, library=self.library)
         try:
             self.interpreter = Interpreter(model_path=str(self.path),
                                            experimental_delegates=[] if self.delegate is None else [self.delegate],
@@ -235,6 +238,35 @@ class Component:
         except (ValueError, RuntimeError) as exc:
             self.delegate = self.interpreter = None
             raise BadInput(f"{self.path}: cannot load ({runtime_error_text(exc)})") from exc
+        if self.lora.form == "custom":  # a delegate made again (a fallback) takes the active LoRAs again
+            self._set_on_delegate(dict(self.lora.active))
+
+    def set_lora(self, factors: dict) -> None:
+        """Make `factors` ({slot: (down [r, K], up [N, r])}, runtime/loras.py) this model's LoRAs:
+        set on the op library once (difflite.LoRA slots) or fed at every call (--no-fuse factor
+        inputs); {} is no LoRA. A BadInput leaves the previous LoRAs in place."""
+        if self.closed:
+            raise RuntimeError(f"{self.path}: the component was closed")
+        previous = dict(self.lora.active)
+        changed = self.lora.change(factors)
+        if self.lora.form != "custom":
+            return
+        try:
+            self._set_on_delegate(changed)
+        except BadInput:
+            self.lora.change(previous)
+            self._set_on_delegate({slot: previous.get(slot) for slot in changed})
+            raise
+
+    def _set_on_delegate(self, changed: dict) -> None:
+        from difflite.runtime.lora_factors import set_factors
+
+        for slot, pair in changed.items():
+            down, up = pair if pair is not None else (None, None)
+            try:
+                set_factors(self.library, self.delegate, slot, down, up)
+            except BadInput as exc:
+                raise BadInput(f"{self.path}: {exc}") from exc
 
     @property
     def closed(self) -> bool:
@@ -262,6 +294,7 @@ class Component:
         if self.closed:
             raise RuntimeError(f"{self.path}: the component was closed")
         feeds = self.entry.to_file_layout(inputs, {name: self.input_details[name]["dtype"] for name in inputs})
+        feeds.update(self.lora.feeds())
         try:
             outputs = self.runner(**feeds)
         except RuntimeError as exc:

@@ -78,6 +78,7 @@ from difflite.runtime.controlnet import (
 )
 from difflite.runtime.controlnet import prepare as prepare_control
 from difflite.runtime.images import read_image
+from difflite.runtime.loras import LoraPlan, plan_for_folder
 from difflite.runtime.noise import TorchGenerator, check_seed
 from difflite.runtime.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
 
@@ -210,6 +211,9 @@ class LitePipeline:
     >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
     >>> result.save("astronaut.png")
     >>> pipe("a red car", init_image="street.png", mask_image="car-mask.png").save("car.png")
+    >>> pipe.set_loras(["style.safetensors:0.8", "detail.safetensors"])  # from the next picture on
+    >>> pipe("a red car").save("styled.png")
+    >>> pipe.set_loras([])  # the base model again
     >>> pipe.close()
 
     The models stay loaded across calls. With `low_memory`, each is loaded right before its
@@ -262,6 +266,34 @@ class LitePipeline:
         self.load_seconds = 0.0
         self.controlnet_seconds, self.controlnet_calls = 0.0, 0
         self._zero_residuals: dict | None = None
+        self.loras = LoraPlan()
+        self.lora_seconds = 0.0  # the last set_loras: reading the files and applying them
+
+    def set_loras(self, loras: Sequence) -> None:
+        """Apply these LoRAs to the pictures made from now on, in place of the active ones: each a
+        "FILE[:SCALE]", a (path, scale) pair or a core.lora.LoraSpec; [] is the base model. Needs a
+        folder converted with LoRA slots (convert --lora-slots, the default). Every file is read and
+        checked against the folder before anything changes: a BadInput (naming the file) leaves
+        the active LoRAs and the loaded models as they were. The base weights are never touched
+        or reloaded: the loaded models take the new factors at once, the others when they load."""
+        start = time.perf_counter()
+        plan = plan_for_folder(self.folder, loras)
+        previous, self.loras = self.loras, plan
+        applied = []
+        try:
+            for name, component in self._components.items():
+                self._apply_loras(name, component)
+                applied.append(name)
+        except BadInput:
+            self.loras = previous
+            for name in applied:
+                self._apply_loras(name, self._components[name])
+            raise
+        self.lora_seconds = time.perf_counter() - start
+
+    def _apply_loras(self, name: str, component) -> None:
+        if component.lora.slots is not None:
+            component.set_lora(self.loras.for_component(name))
 
     # -- parts, loaded on first use ------------------------------------------------------------
 
@@ -279,6 +311,7 @@ class LitePipeline:
             start = time.perf_counter()
             component = open_component(entry, self.backend, self.folder.precision, self.folder.weights,
                                        threads=self.threads, fallback=self.fallback, on_fallback=self._fell_back)
+            self._apply_loras(name, component)
             self._components[name] = component
             self.load_seconds += time.perf_counter() - start
         return self._components[name]
@@ -442,6 +475,8 @@ class LitePipeline:
         # loading (and with low_memory freeing) the interpreters, the tokenizer the first time
         timings["load"] = round(self.load_seconds - loaded_before, 4)
         timings["total"] = round(time.perf_counter() - started, 4)
+        if self.loras.specs:
+            timings["lora_switch"] = round(self.lora_seconds, 4)  # the last set_loras, before this picture
         settings = {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "seed": int(seed),
             "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": sched.class_name,
@@ -455,6 +490,7 @@ class LitePipeline:
             **({"controls": [{"scale": c.scale, "start": c.start, "end": c.end} for c in controls],
                 "controlnet_calls": self.controlnet_calls - calls_before} if controls else {}),
             **({"timestep_spacing": timestep_spacing} if timestep_spacing else {}),
+            **({"loras": self.loras.describe(), "lora_layers": self.loras.layer_counts()} if self.loras.specs else {}),
         }
         return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
 
@@ -599,12 +635,14 @@ def _encode_picture(encoder, picture: np.ndarray, timer: _Timer) -> tuple[np.nda
             np.asarray(encoded["latent_std"], dtype=np.float32))
 
 
-def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bool = False,
+def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bool = False, loras: Sequence = (),
              **kwargs) -> GenerateResult:
-    """One picture from an output folder; writes it to `output` (PNG) when given."""
+    """One picture from an output folder (with run-time `loras`, as LitePipeline.set_loras takes
+    them); writes it to `output` (PNG) when given."""
     if output is not None:
         check_writable(output)
     with LitePipeline(out, backend=backend, low_memory=low_memory) as pipe:
+        pipe.set_loras(loras)
         result = pipe(prompt, **kwargs)
     if output is not None:
         result.save(output)
@@ -670,6 +708,11 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
               help="--control-preprocess canny: the lower hysteresis threshold.")
 @click.option("--canny-high", default=CANNY_HIGH, show_default=True, type=float,
               help="--control-preprocess canny: the upper hysteresis threshold.")
+@click.option("--lora", "loras", multiple=True, metavar="FILE[:SCALE]",
+              help="Apply a LoRA (diffusers/PEFT or kohya/A1111 .safetensors) at run time, scaled by SCALE (default "
+                   "1.0); repeatable, several add up. OUT must have LoRA slots (convert --lora-slots, the "
+                   "default) and the LoRA's rank, summed over the LoRAs given, at most its --lora-rank; the "
+                   "base weights are not changed (for baking a LoRA in, see convert --lora).")
 @click.option("--low-memory", is_flag=True,
               help="Trade load time for peak memory: load each model right before its stage and free it "
                    "right after (vae_encoder, text_encoder, unet, vae_decoder), so one is resident at a time "
@@ -679,7 +722,7 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
 def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, timestep_spacing,
                      backend, fallback, init_image, mask, strength, control_images, control_scales, control_starts,
-                     control_ends, control_preprocesses, canny_low, canny_high, low_memory, as_json):
+                     control_ends, control_preprocesses, canny_low, canny_high, loras, low_memory, as_json):
     """Make a picture from PROMPT with the .tflite files in OUT (txt2img, img2img with
     --init-image, inpainting with --init-image and --mask, steered by ControlNets with
     --control-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
@@ -706,6 +749,7 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     controls = [prepare_control(spec, i, pipe.height, pipe.width) for i, spec in enumerate(specs)]
     if init_image is not None:
         pipe.check_encoder(mask is not None)
+    pipe.set_loras(loras)  # every file read and checked before any model loads
     console = Console(stderr=True)
     with pipe, Progress(TextColumn("[difflite] denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True, disable=not console.is_terminal) as bar:

@@ -23,6 +23,7 @@ import numpy as np
 from difflite.core.errors import BadInput
 from difflite.folder.output_folder import ComponentEntry
 from difflite.runtime.litert_gpu_child import PREFIX
+from difflite.runtime.loras import SlotFactors
 
 PROBE_MODEL = Path(__file__).with_name("accelerator_probe.tflite")
 TIMEOUT_S = 900  # SD 1.5's UNet compiles its GPU programs in well under a minute on the H100
@@ -136,6 +137,11 @@ class LiteRtComponent:
                 raise BadInput(f"{entry.path}: no LiteRT GPU accelerator on this machine ({reason})") from exc
             raise BadInput(f"{entry.path}: LiteRT's GPU accelerator cannot load it: {reason}") from exc
         self.fully_accelerated = self.runner.fully_accelerated
+        self.lora = SlotFactors(entry)
+
+    def set_lora(self, factors: dict) -> None:
+        """As Component.set_lora: a --no-fuse file's factor inputs, fed at every call."""
+        self.lora.change(factors)
 
     @property
     def closed(self) -> bool:
@@ -152,7 +158,7 @@ class LiteRtComponent:
             raise RuntimeError(f"{self.path}: the component was closed")
         dtypes = {spec.name: spec.dtype for spec in self.entry.inputs}
         try:
-            outputs = self.runner(**self.entry.to_file_layout(inputs, dtypes))
+            outputs = self.runner(**self.entry.to_file_layout(inputs, dtypes), **self.lora.feeds())
         except Exception as exc:
             raise BadInput(f"{self.path}: failed while running on LiteRT's GPU accelerator "
                            f"({' '.join(str(exc).split())[:300]})") from exc

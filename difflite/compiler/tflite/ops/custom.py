@@ -178,3 +178,16 @@ def lower_winograd(ctx, node):
         w_index = ctx.constant(weights.astype(np.float32), w.name)
     emit_custom(ctx, contract.WINOGRAD_CONV3X3, [xi, w_index, ctx.constant(b.astype(np.float32), bias.name)],
                 [out], opts)
+
+
+@lowers(contract.LORA.name, domain=contract.DOMAIN)
+def lower_lora(ctx, node):
+    """A run-time LoRA slot (passes/lora.py writes it only where the file needs the op library):
+    always the custom op, features on the stored last axis (NHWC for a 1x1 convolution's)."""
+    opts = options_of(ctx, node, contract.LORA)
+    y, x = node.inputs
+    if ctx.rank(y) != ctx.rank(x) or ctx.rank(y) < 2:
+        raise ctx.unsupported(f"LoRA y and x must have one rank >= 2, got {ctx.shape(y)} and {ctx.shape(x)}")
+    perm = layout.channels_last(ctx.rank(y)) if ctx.rank(y) == 4 else layout.identity(ctx.rank(y))
+    yi, xi = ctx.input(y, perm), ctx.input(x, perm)
+    emit_custom(ctx, contract.LORA, [yi, xi], [ctx.output(node.outputs[0], perm)], opts)
