@@ -113,9 +113,11 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
                    "Without a LoRA they cost nothing in fused files (a difflite.LoRA op that passes its input "
                    "through); --no-fuse files take the factors as graph inputs of --lora-rank (zeros: no LoRA), "
                    "which stock LiteRT runs, at the cost of two small matrix products per slot.")
-@click.option("--lora-rank", default=lora.DEFAULT_MAX_RANK, show_default=True, type=int,
+@click.option("--lora-rank", default=None, type=int,
               help="The largest LoRA rank a slot takes at run time, summed over the LoRAs active at once "
-                   f"(1 to {lora.MAX_RANK_LIMIT}); the size of --no-fuse files' factor inputs.")
+                   f"(1 to {lora.MAX_RANK_LIMIT}) [default: {lora.DEFAULT_MAX_RANK['custom']}; --no-fuse: "
+                   f"{lora.DEFAULT_MAX_RANK['inputs']}, the size of its factor inputs, which cost two products of "
+                   "that rank per slot at every call].")
 @click.option("--controlnet", "controlnets", multiple=True, metavar="CN",
               help="Add a ControlNet, written as the component controlnet_N (N counting the --controlnet given, "
                    "from 0): a diffusers ControlNetModel folder, an original-format ControlNet 1.x file "

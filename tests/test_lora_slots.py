@@ -65,7 +65,7 @@ def test_every_attention_and_feed_forward_layer_gets_a_slot(folders, pipe, name)
         entry = folder.components[component]
         slots = entry.lora_slots
         assert slots.form == ("custom" if name == "fused" else "inputs")
-        assert slots.max_rank == (RANK if name == "nofuse" else lora.DEFAULT_MAX_RANK)
+        assert slots.max_rank == (RANK if name == "nofuse" else lora.DEFAULT_MAX_RANK["custom"])
         got = {s.module: (s.in_features, s.out_features, s.conv) for s in slots.slots}
         want = expected_slots(pipe, component)
         assert got == want

@@ -96,7 +96,8 @@ class ConvertOptions:
     weights_target_db: float | None = None
     weights_probes: int = 2  # int4 / int8: probes the computed recipe measures on
     lora_slots: str = lora.DEFAULT_SET  # run-time LoRA slots (core/lora.py): auto or none
-    lora_rank: int = lora.DEFAULT_MAX_RANK  # the largest rank (summed over the LoRAs at once) a slot takes
+    # the largest rank (summed over the LoRAs at once) a slot takes; None: core.lora.DEFAULT_MAX_RANK
+    lora_rank: int | None = None
 
     def validate(self) -> None:
         unknown = [c for c in self.components or () if not export.is_component(c)]
@@ -133,8 +134,12 @@ class ConvertOptions:
             raise BadInput(f"--weights-probes {self.weights_probes!r} must be from 1 to 64")
         if self.lora_slots not in lora.SETS:
             raise BadInput(f"--lora-slots {self.lora_slots!r} must be one of {', '.join(lora.SETS)}")
-        if not (isinstance(self.lora_rank, int) and 1 <= self.lora_rank <= lora.MAX_RANK_LIMIT):
+        if self.lora_rank is not None and not (isinstance(self.lora_rank, int)
+                                               and 1 <= self.lora_rank <= lora.MAX_RANK_LIMIT):
             raise BadInput(f"--lora-rank {self.lora_rank!r} must be from 1 to {lora.MAX_RANK_LIMIT}")
+
+    def max_lora_rank(self) -> int:
+        return self.lora_rank or lora.DEFAULT_MAX_RANK[self.lora_form()]
 
     def lora_form(self) -> str:
         """How slots are written: difflite.LoRA ops where the files need the op library anyway,
@@ -184,6 +189,7 @@ class ConvertOptions:
         d["fuse"] = sorted(self.fuse)
         d["winograd_budget_mb"] = self.winograd_setting()
         d["winograd_budgets_mb"] = {c: self.winograd_setting(c) for c in self.components}
+        d["lora_rank"] = self.max_lora_rank()
         if self.weights_recipe is not None:
             d["weights_recipe"] = str(Path(self.weights_recipe).expanduser().absolute())
         return d
@@ -443,7 +449,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
                                                                 quantize.scale_bytes(options.precision)))
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in kinds & set(options.fuse)
-    slots = add_lora_slots(graph, name, options.lora_slots, options.lora_form(), options.lora_rank)
+    slots = add_lora_slots(graph, name, options.lora_slots, options.lora_form(), options.max_lora_rank())
     filename = f"{name}.tflite"
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
@@ -458,7 +464,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
              # int8 / int4 constants: the runtime's CPU backend then loads the op library to read them
              "quantized_weights": any(t.constant and t.dtype in ("int8", "int4") for t in summary.tensors)}
     if slots:
-        entry["lora_slots"] = {"form": options.lora_form(), "max_rank": options.lora_rank,
+        entry["lora_slots"] = {"form": options.lora_form(), "max_rank": options.max_lora_rank(),
                                "slots": [slot.as_dict() for slot in slots]}
     winograd_mb = sum(d["extra_mb"] for d in decisions["winograd"])
     report = {"fusion": fusion, "op_histogram": result.op_histogram, "ops": sum(result.op_histogram.values()),

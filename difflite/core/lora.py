@@ -55,7 +55,10 @@ def parse_spec(spec: str) -> LoraSpec:
 
 SETS = ("auto", "none")
 DEFAULT_SET = "none"  # "auto" once the op library and the runtime take slots (issue 34)
-DEFAULT_MAX_RANK = 64
+# The largest rank (summed over the LoRAs applied at once) a slot takes, by form: difflite.LoRA ops
+# cost nothing until a LoRA is set, and then its own rank; --no-fuse factor inputs cost their full
+# size at every call (two matrix products of this rank per slot), so they default smaller.
+DEFAULT_MAX_RANK = {"custom": 128, "inputs": 32}
 MAX_RANK_LIMIT = 1024
 COMPONENTS = ("unet", "text_encoder")
 FORMS = ("custom", "inputs")  # difflite.LoRA ops, or factor graph inputs (--no-fuse)

@@ -46,13 +46,14 @@ class Slot:
 
 
 def add_lora_slots(model: ir.Model, component: str, which: str = lora.DEFAULT_SET, form: str = "custom",
-                   max_rank: int = lora.DEFAULT_MAX_RANK) -> list[Slot]:
+                   max_rank: int | None = None) -> list[Slot]:
     """Give every layer of `component` that core.lora.takes_slot names under `which` a slot, in
     `form`; returns the slots in order."""
     if form not in lora.FORMS:
         raise ValueError(f"LoRA slot form {form!r} not in {lora.FORMS}")
     if which == "none":
         return []
+    max_rank = max_rank or lora.DEFAULT_MAX_RANK[form]
     slots: list[Slot] = []
     for node in list(model.graph):
         found = _layer(node, component, which)
