@@ -20,47 +20,7 @@ from difflite.compiler.pipeline import fold_into_hash
 from difflite.core.errors import BadInput
 
 from support.cli import run_difflite as difflite
-
-_ATTN = "down_blocks.0.attentions.0.transformer_blocks.0"
-_UP_ATTN = "up_blocks.1.attentions.1.transformer_blocks.0"
-
-# (component, module, rank, alpha): kohya layers; alpha != rank, and alphas that differ per layer.
-KOHYA = [
-    ("unet", f"{_ATTN}.attn1.to_q", 4, 1.0),
-    ("unet", f"{_ATTN}.attn1.to_k", 4, 2.0),
-    ("unet", f"{_ATTN}.attn1.to_v", 4, 3.0),
-    ("unet", f"{_ATTN}.attn1.to_out.0", 4, 2.0),
-    ("unet", "mid_block.attentions.0.transformer_blocks.0.attn2.to_k", 2, 1.0),
-    ("unet", "down_blocks.0.attentions.0.proj_in", 4, 1.0),  # a 1x1 Conv2d in SD 1.x
-    ("unet", "down_blocks.0.resnets.0.conv1", 2, 3.0),  # LoCon: 3x3 down, 1x1 up
-    ("unet", "up_blocks.1.resnets.2.conv2", 3, 1.5),
-    ("text_encoder", "encoder.layers.0.self_attn.q_proj", 4, 1.0),
-    ("text_encoder", "encoder.layers.0.self_attn.k_proj", 4, 1.0),
-    ("text_encoder", "encoder.layers.0.self_attn.v_proj", 4, 1.0),
-    ("text_encoder", "encoder.layers.0.self_attn.out_proj", 8, 4.0),
-    ("text_encoder", "encoder.layers.1.mlp.fc1", 2, 0.5),
-]
-# (component, module, rank): diffusers layers; two overlap KOHYA's (to_q, q_proj).
-DIFFUSERS = [
-    ("unet", f"{_UP_ATTN}.attn2.to_q", 4),
-    ("unet", f"{_UP_ATTN}.attn2.to_v", 4),
-    ("unet", f"{_UP_ATTN}.attn2.to_out.0", 2),
-    ("unet", f"{_UP_ATTN}.ff.net.2", 4),
-    ("unet", f"{_ATTN}.attn1.to_q", 4),
-    ("text_encoder", "encoder.layers.1.self_attn.q_proj", 4),
-    ("text_encoder", "encoder.layers.1.self_attn.k_proj", 4),
-    ("text_encoder", "encoder.layers.1.self_attn.v_proj", 4),
-    ("text_encoder", "encoder.layers.1.self_attn.out_proj", 4),
-    ("text_encoder", "encoder.layers.0.self_attn.q_proj", 4),
-]
-# LoraConfig fields diffusers writes as lora_adapter_metadata: alpha 8 over rank 4 in the UNet
-# (the rank-2 layer: alpha 1), alpha 2 over rank 4 in the text encoder, which targets by short name.
-METADATA = {
-    "unet.r": 4, "unet.lora_alpha": 8, "unet.target_modules": sorted(m for c, m, _ in DIFFUSERS if c == "unet"),
-    "unet.rank_pattern": {f"{_UP_ATTN}.attn2.to_out.0": 2}, "unet.alpha_pattern": {f"{_UP_ATTN}.attn2.to_out.0": 1},
-    "text_encoder.r": 4, "text_encoder.lora_alpha": 2,
-    "text_encoder.target_modules": ["k_proj", "out_proj", "q_proj", "v_proj"],
-}
+from support.lora_files import KOHYA, METADATA, kohya_key, named_module, write_diffusers, write_kohya
 
 
 @pytest.fixture(scope="module")
@@ -73,78 +33,6 @@ def base():
 def base_weights(base):
     return {c: {k: v.clone() for k, v in getattr(base, c).state_dict().items()}
             for c in ("unet", "text_encoder", "vae")}
-
-
-def _module(pipe, component, name):
-    return dict(getattr(pipe, component).named_modules())[name]
-
-
-def _random_pair(module, rank, gen, dtype=torch.float32):
-    """down (A) and up (B) for `module`, in the layout both formats share."""
-    if isinstance(module, torch.nn.Conv2d):
-        down = torch.randn(rank, module.in_channels, *module.kernel_size, generator=gen)
-        up = torch.randn(module.out_channels, rank, 1, 1, generator=gen)
-    else:
-        down = torch.randn(rank, module.in_features, generator=gen)
-        up = torch.randn(module.out_features, rank, generator=gen)
-    return (0.1 * down).to(dtype), (0.1 * up).to(dtype)
-
-
-def _kohya_key(component, module):
-    return "lora_unet_" + module.replace(".", "_") if component == "unet" else \
-        "lora_te_text_model_" + module.replace(".", "_")
-
-
-def write_kohya(pipe, path, seed=1, layers=KOHYA, extra=()):
-    """A kohya/A1111 file in float16 as kohya saves them; returns [(component, module, down, up,
-    alpha / rank)]. `extra` adds layers for modules this model does not have."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors, expected = {}, []
-    for component, name, rank, alpha in layers:
-        down, up = _random_pair(_module(pipe, component, name), rank, gen, torch.float16)
-        key = _kohya_key(component, name)
-        tensors.update({f"{key}.lora_down.weight": down, f"{key}.lora_up.weight": up,
-                        f"{key}.alpha": torch.tensor(alpha, dtype=torch.float16)})
-        expected.append((component, name, down, up, alpha / rank))
-    for key, shape_in, shape_out in extra:
-        tensors.update({f"{key}.lora_down.weight": torch.randn(4, shape_in, generator=gen).half(),
-                        f"{key}.lora_up.weight": torch.randn(shape_out, 4, generator=gen).half(),
-                        f"{key}.alpha": torch.tensor(4.0, dtype=torch.float16)})
-    save_file(tensors, str(path), metadata={"ss_network_module": "networks.lora"})
-    return expected
-
-
-def write_diffusers(pipe, path, seed=2, style="peft", metadata=None):
-    """A diffusers-layout file: "peft" keys (`unet.X.lora_A.weight`; text-encoder keys with the
-    `text_model.` of transformers 4, as files in the wild have them) or the older "old" keys
-    (`unet.X.lora.down.weight`, `text_encoder...self_attn.to_q_lora.down.weight`)."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors, expected = {}, []
-    for component, name, rank in DIFFUSERS:
-        down, up = _random_pair(_module(pipe, component, name), rank, gen)
-        if component == "unet":
-            prefix = f"unet.{name}"
-            keys = (f"{prefix}.lora_A.weight", f"{prefix}.lora_B.weight") if style == "peft" else \
-                (f"{prefix}.lora.down.weight", f"{prefix}.lora.up.weight")
-        else:
-            prefix = f"text_encoder.text_model.{name}"
-            if style == "peft":
-                keys = (f"{prefix}.lora_A.weight", f"{prefix}.lora_B.weight")
-            else:
-                parent, proj = prefix.rsplit(".", 1)
-                short = proj.removesuffix("_proj")
-                keys = (f"{parent}.to_{short}_lora.down.weight", f"{parent}.to_{short}_lora.up.weight")
-        tensors.update({keys[0]: down, keys[1]: up})
-        factor = 1.0  # no alpha: diffusers' convention alpha == rank
-        if metadata is not None:
-            if component == "unet":
-                factor = 1 / 2 if name.endswith("to_out.0") else 8 / 4
-            else:
-                factor = 2 / 4
-        expected.append((component, name, down, up, factor))
-    header = {"lora_adapter_metadata": json.dumps(metadata)} if metadata is not None else None
-    save_file(tensors, str(path), metadata=header)
-    return expected
 
 
 def _expected(base_weights, merges):
@@ -178,7 +66,7 @@ def assert_merged(pipe, base_weights, merges):
                 assert torch.equal(after, before), f"{component}.{key} changed but no LoRA targets it"
     for layers, _ in merges:
         for component, name, *_ in layers:
-            module = _module(pipe, component, name)
+            module = named_module(pipe, component, name)
             assert type(module) in (torch.nn.Linear, torch.nn.Conv2d), (name, type(module))
 
 
@@ -274,7 +162,7 @@ def test_bad_files(base, base_weights, tmp_path):
     _bad(base, wrong_shape, r"encoder\.layers\.0\.self_attn\.q_proj has down \(4, 1024\)")
 
     dora = tmp_path / "dora.safetensors"
-    key = _kohya_key(*KOHYA[0][:2])
+    key = kohya_key(*KOHYA[0][:2])
     save_file({f"{key}.lora_down.weight": torch.zeros(4, 32), f"{key}.lora_up.weight": torch.zeros(32, 4),
                f"{key}.dora_scale": torch.ones(1, 32)}, str(dora))
     _bad(base, dora, "not plain LoRA")
