@@ -161,7 +161,7 @@ def slots_of(pipe, components=("unet", "text_encoder")):
     for component in components:
         for name, layer in getattr(pipe, component).named_modules():
             lora_name = lora_module_name(component, name)
-            if not takes_slot(component, lora_name):
+            if not takes_slot(component, lora_name, "auto"):
                 continue
             if isinstance(layer, torch.nn.Conv2d):
                 assert layer.kernel_size == (1, 1) and layer.groups == 1, name
