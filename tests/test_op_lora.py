@@ -322,7 +322,8 @@ class TestCpuBackend:
 
 
 CASES = [  # rows, K, N, rank: odd sizes; a row tile's tail; 64 ranks (one launch), 70 and 130 (more)
-    (1, 1, 1, 1), (37, 13, 9, 5), (33, 40, 130, 64), (45, 17, 200, 70), (9, 5, 7, 130), (70, 77, 33, 32)]
+    (1, 1, 1, 1), (37, 13, 9, 5), (33, 40, 130, 64), (45, 17, 200, 70), (9, 5, 7, 130), (70, 77, 33, 32),
+    (23, 30, 50, 33)]
 
 
 @pytest.mark.parametrize("rows,k,n,rank", CASES)

@@ -46,7 +46,9 @@ void lora(__global const DL_T* x, __global const DL_T* y, __global DL_T* out,
   const int ty = lid >> 5;
   const int m0 = get_group_id(0) * LORA_TM;
 
-  // 1. t = x[rows] . DT[:, r0 .. r0 + rc)
+  // 1. t = x[rows] . DT[:, r0 .. r0 + rc); the rank groups past rc (j >= rj) are left out, and
+  // ranks in [rc, 32 rj) come out 0 (their DT columns are staged as 0).
+  const int rj = (rc + 31) >> 5;
   float acc1[4][LORA_RJ];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -60,18 +62,21 @@ void lora(__global const DL_T* x, __global const DL_T* y, __global DL_T* out,
     }
     for (int e = lid; e < LORA_KC * LORA_RMAX; e += LORA_ITEMS) {
       const int k = k0 + e / LORA_RMAX, j = e % LORA_RMAX;
-      ds[e] = j < rc && k < K ? dt[k * R + r0 + j] : 0.0f;
+      if (j < 32 * rj) ds[e] = j < rc && k < K ? dt[k * R + r0 + j] : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < LORA_KC; ++kk) {
-      float xv[4];
+    for (int kk = 0; kk < LORA_KC; kk += 4) {
+      float4 xv[4];  // x[row i][kk .. kk + 3]: one read the 32 items of a row share
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xv[i] = xs[(ty + LORA_WY * i) * LORA_KC + kk];
+      for (int i = 0; i < 4; ++i) xv[i] = vload4(0, xs + (ty + LORA_WY * i) * LORA_KC + kk);
 #pragma unroll
       for (int j = 0; j < LORA_RJ; ++j) {
-        const float dv = ds[kk * LORA_RMAX + tx + 32 * j];
+        if (j >= rj) break;
+        const int c = tx + 32 * j;
+        const float4 dv = (float4)(ds[kk * LORA_RMAX + c], ds[(kk + 1) * LORA_RMAX + c],
+                                   ds[(kk + 2) * LORA_RMAX + c], ds[(kk + 3) * LORA_RMAX + c]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc1[i][j] = fma(xv[i], dv, acc1[i][j]);
+        for (int i = 0; i < 4; ++i) acc1[i][j] += dot(xv[i], dv);
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -83,7 +88,8 @@ void lora(__global const DL_T* x, __global const DL_T* y, __global DL_T* out,
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 
-  // 2. out[rows] = y[rows] + t . UT[r0 .. r0 + rc)
+  // 2. out[rows] = y[rows] + t . UT[r0 .. r0 + rc), ranks 4 at a time (those past rc are 0 in t
+  // and in the stage)
   for (int n0 = 0; n0 < N; n0 += LORA_NC) {
     float acc[4][4];
 #pragma unroll
@@ -97,16 +103,18 @@ void lora(__global const DL_T* x, __global const DL_T* y, __global DL_T* out,
         us[e] = j < rc && n < N ? ut[(r0 + j) * N + n] : 0.0f;
       }
       barrier(CLK_LOCAL_MEM_FENCE);
-      const int jn = min(LORA_JC, rc - j0);
-      for (int jj = 0; jj < jn; ++jj) {
-        float tv[4];
+      const int jn = min(LORA_JC, (rc - j0 + 3) & ~3);
+      for (int jj = 0; jj < jn; jj += 4) {
+        float4 tv[4];  // t[row i][j0 + jj .. + 3]: one read the 32 items of a row share
 #pragma unroll
-        for (int i = 0; i < 4; ++i) tv[i] = ts[(ty + LORA_WY * i) * LORA_RMAX + j0 + jj];
+        for (int i = 0; i < 4; ++i) tv[i] = vload4(0, ts + (ty + LORA_WY * i) * LORA_RMAX + j0 + jj);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const float uv = us[jj * LORA_NC + tx + 32 * c];
+          const int col = tx + 32 * c;
+          const float4 uv = (float4)(us[jj * LORA_NC + col], us[(jj + 1) * LORA_NC + col],
+                                     us[(jj + 2) * LORA_NC + col], us[(jj + 3) * LORA_NC + col]);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[i][c] = fma(tv[i], uv, acc[i][c]);
+          for (int i = 0; i < 4; ++i) acc[i][c] += dot(tv[i], uv);
         }
       }
       barrier(CLK_LOCAL_MEM_FENCE);
