@@ -264,14 +264,25 @@ DIFFLITE_EXPORT int difflite_lora_set(difflite::tfl::Delegate* delegate, int32_t
   std::string error;
   try {
     std::shared_ptr<LoraSlots> lora;
+    bool verbose = false;
     {
       std::lock_guard<std::mutex> lock(LiveMutex());
-      if (delegate != nullptr && Live().count(delegate) != 0) lora = StateOf(delegate)->lora;
+      if (delegate != nullptr && Live().count(delegate) != 0) {
+        lora = StateOf(delegate)->lora;
+        verbose = StateOf(delegate)->options.verbose;
+      }
     }
     if (lora == nullptr) {
       error = "not a difflite delegate";
     } else {
       error = lora->Set(slot, rank, in_features, out_features, down, up);
+      if (verbose) {
+        Log("lora: " +
+            (!error.empty() ? "refused: " + error
+             : rank == 0    ? "slot " + std::to_string(slot) + " cleared"
+                            : "slot " + std::to_string(slot) + " set to rank " + std::to_string(rank)) +
+            " (" + std::to_string(lora->FactorBytes()) + " bytes of factors held)");
+      }
     }
   } catch (...) {
     error = "setting LoRA factors failed: " + ExceptionText();
