@@ -2,9 +2,9 @@
 tests/test_op_*.py):
 
 * the Python plans of benchmarks/gpu_kernels_harness/launch.py mirror the C++ host code: every
-  constant and rule of group_norm_opencl.cc, attention_opencl.cc and builtins/matmul's GEMM tile
-  choice (gemm.cc, gemm.h) that the harness copies, and the 128x128 GEMM tile only where its kernel
-  spills nothing;
+  constant and rule of group_norm_opencl.cc, attention_opencl.cc, lora_opencl.cc and builtins/matmul's
+  GEMM tile choice (gemm.cc, gemm.h) that the harness copies, and the 128x128 GEMM tile only where its
+  kernel spills nothing;
 * every ops/*/*.cl builds standalone with only the backend's base options (as the program cache
   builds it) on PoCL, and `#include "NAME.cl"` is expanded once per program;
 * every program (ops, builtins, boundary conversions) compiles for half storage in each build
@@ -111,6 +111,16 @@ def test_plans_mirror_cxx(launch):
     # the harness runs the transformed form: U is the op's input 1 (the filter form's is wino_filter's
     # scratch, tested through the library in tests/test_op_winograd.py)
     assert "cl_mem u = in[1].mem;" in wino and "gemm_.Run(ctx, v, u, nullptr, m," in wino
+    # LoRA: lora.cl's slices, PickPlan's order and the launches per rank chunk (lora_plan, lora).
+    lora_cc, lora_cl = ops / "lora" / "lora_opencl.cc", (ops / "lora" / "lora.cl").read_text()
+    for name, macro, value in (("kDepthPerSlice", "LORA_KC", launch.LORA_KC),
+                               ("kColumnsPerSlice", "LORA_NC", launch.LORA_NC),
+                               ("kRanksPerStage", "LORA_JC", launch.LORA_JC)):
+        assert _cxx_constant(lora_cc, name) == value and f"#define {macro} {value}\n" in lora_cl, name
+    src = lora_cc.read_text()
+    assert "for (int rmax : {64, 32}) {\n    for (int wy : {8, 4, 2, 1}) {" in src
+    assert launch.LORA_PLANS[:5] == ((8, 64), (4, 64), (2, 64), (1, 64), (8, 32))
+    assert "r0 += plan_.rmax" in src and "r0 == 0 ? in[0].mem : out[0].mem" in src
 
 
 def test_every_program_builds_with_base_options(runner, launch):

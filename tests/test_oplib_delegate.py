@@ -405,13 +405,15 @@ def test_fp16_precision_option_accepted(lib, tmp_path):
     check(y, gelu_ref(x, "erf"))
 
 
-def test_exports_exactly_the_plugin_interface(lib):
+def test_exports_exactly_the_plugin_and_lora_interface(lib):
     nm = shutil.which("nm")
     if nm is None:
         pytest.fail("nm (binutils) is needed to list the library's exports")
     out = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
     names = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
-    assert names == ["tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate"], names
+    # The plugin interface and the run-time LoRA entry points (difflite.runtime.lora_factors).
+    assert names == ["difflite_lora_error", "difflite_lora_set", "tflite_plugin_create_delegate",
+                     "tflite_plugin_destroy_delegate"], names
 
 
 def test_loads_without_opencl(lib, tmp_path):

@@ -45,9 +45,10 @@ SANITIZER_ENV = {
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
 }
 CORE_FILES = ("test_op_group_norm.py", "test_op_gelu.py", "test_op_attention.py", "test_op_winograd.py",
-              "test_oplib_delegate.py")
+              "test_op_lora.py", "test_oplib_delegate.py")
 CORE_TESTS = ("litert and (test_group_norm or test_gelu or test_geglu or test_attention or "
-              "test_winograd_conv3x3 or test_chain or test_builtin_between) or test_refusal_does_not_crash or "
+              "test_winograd_conv3x3 or test_chain or test_builtin_between or test_fully_connected_rank_changes or "
+              "test_two_slots_independent or test_errors_leave_the_factors) or test_refusal_does_not_crash or "
               "test_corrupted_options_never_crash or test_resize_input_reprepares_partition")
 
 

@@ -1,4 +1,4 @@
-"""Run the OpenCL kernels of the five difflite ops (custom_ops/ops/*/*.cl) with pyopencl.
+"""Run the OpenCL kernels of the six difflite ops (custom_ops/ops/*/*.cl) with pyopencl.
 
 The launch plans here (work-group sizes, tile parameters, reduction splits, the attention variant
 that "auto" picks, scratch sizes) mirror the host code of the GPU side in
@@ -53,6 +53,18 @@ BASE_OPTIONS = "-DDL_T=float -DDL_T4=float4"
 HALF_IO_OPTIONS = "-DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1"
 
 GELU_MODES = {"erf": 0, "tanh": 1, "sigmoid": 2}
+
+# difflite.LoRA (lora_opencl.cc): lora.cl's slices (kDepthPerSlice, kColumnsPerSlice,
+# kRanksPerStage) and the plans PickPlan tries in order, (LORA_WY, LORA_RMAX): work-groups of
+# 32 x wy items over 4 x wy rows, at most rmax ranks a launch.
+LORA_KC, LORA_NC, LORA_JC = 32, 128, 16
+LORA_PLANS = tuple((wy, rmax) for rmax in (64, 32) for wy in (8, 4, 2, 1))
+
+
+def lora_local_bytes(wy: int, rmax: int) -> int:
+    """Plan::local_bytes: t [4 wy][rmax] plus the larger of step 1's x and D^T slices and step 2's
+    U^T stage, in float."""
+    return 4 * (4 * wy * rmax + max(4 * wy * LORA_KC + LORA_KC * rmax, LORA_JC * LORA_NC))
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -362,6 +374,7 @@ PROGRAM_VARIANTS = {
                    ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
     "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"]),
     "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+    "lora": ([], ["-DLORA_WY=4", "-DLORA_RMAX=32"], ["-DLORA_WY=1", "-DLORA_RMAX=64"]),
 }
 
 
@@ -739,6 +752,35 @@ class Runner:
         items = rows * ceil_div(d, 4)
         return [self.launch(self.kernel("geglu", "geglu"), (round_up(items, 256),), (256,), x, y,
                             np.int32(rows), np.int32(d), np.int32(GELU_MODES[approximate]))]
+
+    def lora_plan(self) -> tuple[int, int]:
+        """(LORA_WY, LORA_RMAX): the first of LORA_PLANS the device runs (lora_opencl.cc: PickPlan)."""
+        for wy, rmax in LORA_PLANS:
+            if 32 * wy > self.max_wg or lora_local_bytes(wy, rmax) > self.local_mem:
+                continue
+            if self.max_work_group(self.kernel("lora", "lora", f"-DLORA_WY={wy} -DLORA_RMAX={rmax}")) >= 32 * wy:
+                return wy, rmax
+        raise RuntimeError("no lora.cl plan fits the device")
+
+    def lora_factors(self, down: np.ndarray, up: np.ndarray) -> tuple[cl.Buffer, cl.Buffer]:
+        """D [r, K] and U [N, r] as StoreOnDevice holds them: D^T [K, r] and U^T [r, N], float in any
+        storage."""
+        flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
+        return (cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(down.T, np.float32)),
+                cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(up.T, np.float32)))
+
+    def lora(self, x, y, out, dt, ut, m: int, k: int, n: int, r: int,
+             plan: tuple[int, int] | None = None) -> list[cl.Event]:
+        """out = y + (x D^T) U^T over m rows (LoraGpu::Run): a launch per rmax ranks, the later ones
+        adding to out; y and out may be one buffer."""
+        wy, rmax = plan or self.lora_plan()
+        kernel = self.kernel("lora", "lora", f"-DLORA_WY={wy} -DLORA_RMAX={rmax}")
+        items, i32 = 32 * wy, np.int32
+        events = []
+        for r0 in range(0, r, rmax):
+            events.append(self.launch(kernel, (ceil_div(m, 4 * wy) * items,), (items,), x, y if r0 == 0 else out,
+                                      out, dt, ut, i32(m), i32(k), i32(n), i32(r), i32(r0), i32(min(rmax, r - r0))))
+        return events
 
     def flash_in_registers(self, dk: int, dv: int) -> bool:
         """FlashInRegisters: attn_flash with its plan's tiles builds for heads of at most

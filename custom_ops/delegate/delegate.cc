@@ -1,18 +1,23 @@
 // The TFLite external delegate of the op library: plugin entry points, options, and the
 // choice of backend. backend=cpu is delegate/cpu/ (backend.h), backend=opencl
 // delegate/opencl/ (executor.h); Delegate::Prepare goes to the one the options chose.
+// Also the run-time LoRA entry points (difflite_lora_set, difflite_lora_error): the factors of
+// a delegate's difflite.LoRA slots, kept in its LoraSlots (lora_slots.h) for either backend.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cpu/backend.h"
 #include "cpu/quantized_claim.h"
 #include "delegate_util.h"
+#include "difflite/lora_slots.h"
 #include "difflite/tflite_abi.h"
 #include "opencl/executor.h"
 
@@ -31,6 +36,20 @@ namespace {
 
 using tfl::Context;
 using tfl::Delegate;
+
+// The delegates this library made and has not destroyed: a pointer handed to difflite_lora_set is
+// looked up here before anything reads through it.
+std::mutex& LiveMutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::set<const Delegate*>& Live() {
+  static auto* s = new std::set<const Delegate*>();
+  return *s;
+}
+
+// difflite_lora_error's text: the last failure of difflite_lora_set on this thread.
+thread_local std::string lora_error;
 
 tfl::Status DelegatePrepare(Context* ctx, Delegate* delegate) {
   return NoThrow(ctx, "delegate prepare", tfl::kDelegateError, [&] {
@@ -173,9 +192,16 @@ DIFFLITE_EXPORT difflite::tfl::Delegate* tflite_plugin_create_delegate(
   }
   std::memset(&st->delegate, 0, sizeof(st->delegate));
   st->options = options;
+  try {
+    st->lora = std::make_shared<LoraSlots>();
+  } catch (...) {
+    delete st;
+    Report(report_error, "out of memory");
+    return nullptr;
+  }
   if (options.backend == "opencl") {
     try {
-      st->opencl = gpu::Backend::Create(options, &error);
+      st->opencl = gpu::Backend::Create(options, st->lora, &error);
     } catch (...) {
       error = "OpenCL backend failed: " + ExceptionText();
     }
@@ -188,6 +214,14 @@ DIFFLITE_EXPORT difflite::tfl::Delegate* tflite_plugin_create_delegate(
   st->delegate.data_ = st;
   st->delegate.Prepare = &DelegatePrepare;
   st->delegate.flags = tfl::kDelegateFlagsAllowDynamicTensors;
+  try {
+    std::lock_guard<std::mutex> lock(LiveMutex());
+    Live().insert(&st->delegate);
+  } catch (...) {
+    delete st;
+    Report(report_error, "out of memory");
+    return nullptr;
+  }
   if (options.verbose) {
     if (st->opencl != nullptr) {
       Log("delegate created: backend=opencl " + st->opencl->Describe());
@@ -205,8 +239,67 @@ DIFFLITE_EXPORT difflite::tfl::Delegate* tflite_plugin_create_delegate(
 
 DIFFLITE_EXPORT void tflite_plugin_destroy_delegate(
     difflite::tfl::Delegate* delegate) {
+  using namespace difflite;
   if (delegate == nullptr) return;
-  delete static_cast<difflite::DelegateState*>(delegate->data_);
+  {
+    std::lock_guard<std::mutex> lock(LiveMutex());
+    Live().erase(delegate);
+  }
+  auto* st = static_cast<DelegateState*>(delegate->data_);
+  // The factors go now, while the backend (and its device) is still there; ops that outlive the
+  // delegate keep the emptied table.
+  if (st->lora != nullptr) st->lora->Clear();
+  delete st;
+}
+
+// Sets the factors of slot `slot` of `delegate`'s difflite.LoRA ops (see lora_slots.h and
+// DESIGN.md §5): down = D [rank][in_features], up = U [out_features][rank], row-major float32,
+// copied; rank 0 clears the slot (the other arguments are not read). 0, or nonzero with a line
+// for difflite_lora_error; a failed call leaves the slot's factors in place. Call it between
+// Invokes, after the interpreter allocated its tensors.
+DIFFLITE_EXPORT int difflite_lora_set(difflite::tfl::Delegate* delegate, int32_t slot, int32_t rank,
+                                      int32_t in_features, int32_t out_features, const float* down,
+                                      const float* up) {
+  using namespace difflite;
+  std::string error;
+  try {
+    std::shared_ptr<LoraSlots> lora;
+    bool verbose = false;
+    {
+      std::lock_guard<std::mutex> lock(LiveMutex());
+      if (delegate != nullptr && Live().count(delegate) != 0) {
+        lora = StateOf(delegate)->lora;
+        verbose = StateOf(delegate)->options.verbose;
+      }
+    }
+    if (lora == nullptr) {
+      error = "not a difflite delegate";
+    } else {
+      error = lora->Set(slot, rank, in_features, out_features, down, up);
+      if (verbose) {
+        Log("lora: " +
+            (!error.empty() ? "refused: " + error
+             : rank == 0    ? "slot " + std::to_string(slot) + " cleared"
+                            : "slot " + std::to_string(slot) + " set to rank " + std::to_string(rank)) +
+            " (" + std::to_string(lora->FactorBytes()) + " bytes of factors held)");
+      }
+    }
+  } catch (...) {
+    error = "setting LoRA factors failed: " + ExceptionText();
+  }
+  try {
+    lora_error = Printable(error);
+  } catch (...) {
+    lora_error.clear();
+    return 1;
+  }
+  return error.empty() ? 0 : 1;
+}
+
+// The last error of difflite_lora_set on this thread ("" after a success), one line; valid until
+// this thread's next call.
+DIFFLITE_EXPORT const char* difflite_lora_error(void) {
+  return difflite::lora_error.c_str();
 }
 
 }  // extern "C"

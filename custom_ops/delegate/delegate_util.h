@@ -17,6 +17,7 @@ namespace gpu {
 class Backend;
 }
 struct CpuBuiltinNode;
+class LoraSlots;
 
 // The delegate's options (load_delegate's dict).
 struct Options {
@@ -48,6 +49,9 @@ struct DelegateState {
   // index, until the partition kernels that run them take them (cpu/partition.cc: Init, inside
   // ReplaceNodeSubsetsWithDelegateKernels).
   std::map<int, std::unique_ptr<CpuBuiltinNode>> cpu_builtins;
+  // The run-time LoRA factors of difflite.LoRA ops, per slot (lora_slots.h; difflite_lora_set).
+  // Shared with the ops that hold a slot, which may outlive the delegate.
+  std::shared_ptr<LoraSlots> lora;
   DelegateState();
   ~DelegateState();  // in delegate.cc, where gpu::Backend is complete
 };

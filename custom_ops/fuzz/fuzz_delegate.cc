@@ -10,7 +10,10 @@
 //   0  raw custom options (the rest of a length-prefixed blob) for every op, then tensor infos;
 //   1  options built as a FlexBuffer map from the input (known keys, values of every type);
 //   2+ a graph of 1..8 tensors and 1..6 nodes (difflite ops, an unknown difflite name, a builtin),
-//      each node's options raw or built, run through the delegate (backend=cpu).
+//      each node's options raw or built, run through the delegate (backend=cpu); between a
+//      partition's two Invokes, LoRA factors set (difflite_lora_set) for its difflite.LoRA nodes.
+// (Node kinds 240..247, difflite.LoRA, were ADD before the op existed; no corpus entry used them,
+// so the corpus still builds the graphs it was saved for.)
 // Built with -fsanitize=fuzzer,address,undefined (CMake: -DDIFFLITE_FUZZ=ON); run on files it
 // replays them once each (the regression corpus custom_ops/fuzz/corpus/).
 #include <algorithm>
@@ -33,6 +36,9 @@
 extern "C" difflite::tfl::Delegate* tflite_plugin_create_delegate(char** keys, char** values, size_t n,
                                                                   void (*report)(const char*));
 extern "C" void tflite_plugin_destroy_delegate(difflite::tfl::Delegate* delegate);
+extern "C" int difflite_lora_set(difflite::tfl::Delegate* delegate, int32_t slot, int32_t rank,
+                                 int32_t in_features, int32_t out_features, const float* down,
+                                 const float* up);
 
 namespace {
 
@@ -144,6 +150,22 @@ std::vector<uint8_t> Options(Input& in) {
   if (in.Flip()) return in.Bytes(in.Below(64));  // raw bytes
   flexbuffers::Builder fbb;
   BuildMap(in, fbb, 0);
+  fbb.Finish();
+  return fbb.GetBuffer();
+}
+
+// A difflite.LoRA node's options: mostly {slot: 0..3 or any int}, else any options.
+std::vector<uint8_t> LoraOptions(Input& in) {
+  if (in.Below(4) == 0) return Options(in);
+  flexbuffers::Builder fbb;
+  const size_t start = fbb.StartMap();
+  fbb.Key("slot");
+  if (in.Flip()) {
+    fbb.Int(in.Int());
+  } else {
+    fbb.Int(in.Below(4));
+  }
+  fbb.EndMap(start);
   fbb.Finish();
   return fbb.GetBuffer();
 }
@@ -312,11 +334,11 @@ void BuildGraph(Input& in, FakeRuntime* rt) {
     std::memset(&node, 0, sizeof(node));
     std::memset(&reg, 0, sizeof(reg));
     const uint8_t kind = in.Byte();
-    if (kind < 240) {
-      rt->names[i] = kNames[kind % 7];
+    if (kind < 248) {
+      rt->names[i] = kind < 240 ? kNames[kind % 7] : "difflite.LoRA";
       reg.builtin_code = tfl::kBuiltinCustom;
       reg.custom_name = rt->names[i].c_str();
-      rt->options[i] = Options(in);
+      rt->options[i] = kind < 240 ? Options(in) : LoraOptions(in);
       node.custom_initial_data = rt->options[i].empty() ? nullptr : rt->options[i].data();
       node.custom_initial_data_size = static_cast<int>(rt->options[i].size());
     } else {
@@ -367,6 +389,33 @@ std::vector<std::vector<int>> Partitions(const FakeRuntime& rt) {
   }
   if (!current.empty()) parts.push_back(current);
   return parts;
+}
+
+// Factors for the LoRA nodes of a prepared partition: slots 0..3 (the op's among them, or not),
+// the node's own K and N or others, ranks 0..4; arrays of exactly the size each call names, so
+// the library reads them only within bounds. Most calls fail (unknown slot, other features); they
+// must fail cleanly, and a success makes the next Invoke run the kernel with factors.
+void SetLoraFactors(Input& in, const FakeRuntime& rt, const std::vector<int>& part,
+                    tfl::Delegate* delegate) {
+  for (int i : part) {
+    if (rt.names[i] != "difflite.LoRA") continue;
+    const std::vector<int> ins = ToVector(rt.nodes[i].inputs);
+    Shape y, x;
+    if (ins.size() == 2 && ins[0] >= 0 && ins[1] >= 0 && static_cast<size_t>(ins[0]) < rt.tensors.size() &&
+        static_cast<size_t>(ins[1]) < rt.tensors.size()) {
+      y = ToVector(rt.tensors[ins[0]].dims);
+      x = ToVector(rt.tensors[ins[1]].dims);
+    }
+    const int n = y.empty() || in.Below(8) == 0 ? Dim(in) : y.back();
+    const int k = x.empty() || in.Below(8) == 0 ? Dim(in) : x.back();
+    const int rank = static_cast<int>(in.Below(5));
+    const int64_t down_count = int64_t{rank} * k, up_count = int64_t{n} * rank;
+    if (k <= 0 || n <= 0 || down_count > kMaxElements || up_count > kMaxElements) continue;
+    std::vector<float> down(static_cast<size_t>(down_count)), up(static_cast<size_t>(up_count));
+    for (size_t j = 0; j < down.size(); ++j) down[j] = 0.01f * static_cast<float>(j % 7) - 0.03f;
+    for (size_t j = 0; j < up.size(); ++j) up[j] = 0.02f * static_cast<float>(j % 5) - 0.04f;
+    difflite_lora_set(delegate, static_cast<int32_t>(in.Below(4)), rank, k, n, down.data(), up.data());
+  }
 }
 
 void FuzzModelWalk(Input& in) {
@@ -431,6 +480,7 @@ void FuzzModelWalk(Input& in) {
           }
         }
         rt.kernel.invoke(&rt.ctx, &macro);
+        SetLoraFactors(in, rt, part, delegate);
         rt.kernel.invoke(&rt.ctx, &macro);
       }
       if (rt.kernel.free != nullptr) rt.kernel.free(&rt.ctx, macro.user_data);

@@ -5,7 +5,7 @@ The seed (`seed_model()`), x [1,4,4,8] -> y [1,16,8]:
 
     GroupNorm(x, gamma, beta) -> WinogradConv3x3(., w, bias) -> RESHAPE [1,16,8] -> Gelu -> e
     DEQUANTIZE(int8 [16,8], per-axis scales) -> FULLY_CONNECTED(e, ., bias) -> f [1,16,16]
-    GeGLU(f) -> h;  Attention(q=h, k=h, v=e) -> a;  ADD(a, e) -> y
+    GeGLU(f) -> h;  Attention(q=h, k=h, v=e) -> a;  LoRA(y=a, x=h, slot 3) -> lo;  ADD(lo, e) -> y
 
 with a signature def, as the writer emits. Every case is a function of the seed's object form
 (schema.ModelT), or of its bytes, giving the hostile file's bytes; `CASES` lists them with what
@@ -157,9 +157,11 @@ def seed_model() -> schema.ModelT:
     a = b.tensor("a", [1, 16, 8])
     b.custom("difflite.Attention", [h, h, e], [a],
              {"heads": 2, "scale": 0.5, "causal": False, "variant": "auto"})
+    lo = b.tensor("lo", [1, 16, 8])
+    b.custom("difflite.LoRA", [a, h], [lo], {"slot": 3})  # no factors set: lo is a
     y = b.tensor("y", [1, 16, 8])
     add = schema.AddOptionsT()
-    b.builtin("ADD", [a, e], [y], schema.BuiltinOptions.AddOptions, add)
+    b.builtin("ADD", [lo, e], [y], schema.BuiltinOptions.AddOptions, add)
     b.sub.inputs, b.sub.outputs = [x], [y]
     sig = schema.SignatureDefT()
     sig.signatureKey, sig.subgraphIndex = SIGNATURE_KEY, 0
@@ -395,8 +397,8 @@ def _fail(id, make, tools="bad") -> Case:
     return Case(id, make, "fail", tools)
 
 
-GN, GELU, GEGLU, ATT, WINO = ("difflite.GroupNorm", "difflite.Gelu", "difflite.GeGLU", "difflite.Attention",
-                              "difflite.WinogradConv3x3")
+GN, GELU, GEGLU, ATT, WINO, LORA = ("difflite.GroupNorm", "difflite.Gelu", "difflite.GeGLU", "difflite.Attention",
+                                    "difflite.WinogradConv3x3", "difflite.LoRA")
 T = schema.TensorType
 HUGE = [65536, 65536, 65536, 65536]  # 2^64 elements: wraps a 64-bit count to 0
 OVERFLOW = [INT32_MAX, INT32_MAX, INT32_MAX, 8]
@@ -471,7 +473,7 @@ def _attribute_type_cases() -> list[Case]:
     attrs = {GN: {"groups": int, "epsilon": float, "activation": str},
              GELU: {"approximate": str}, GEGLU: {"approximate": str},
              ATT: {"heads": int, "scale": float, "causal": bool, "variant": str},
-             WINO: {"tile": int, "activation": str}}
+             WINO: {"tile": int, "activation": str}, LORA: {"slot": int}}
     cases = []
     for op, names in attrs.items():
         short = op.split(".")[1].lower()
@@ -504,6 +506,10 @@ def _attribute_value_cases() -> list[Case]:
         _refuse("winograd-tile-2", attribute(WINO, "tile", 2), WINO, "tile"),
         _refuse("winograd-tile-int64-max", attribute(WINO, "tile", 2**63 - 1), WINO, "tile"),
         _refuse("winograd-activation-silu", attribute(WINO, "activation", "silu"), WINO, "activation"),
+        _refuse("lora-slot-negative", attribute(LORA, "slot", -1), LORA, "slot"),
+        _refuse("lora-slot-65536", attribute(LORA, "slot", 65536), LORA, "slot"),
+        _refuse("lora-slot-int64-min", attribute(LORA, "slot", -2**63), LORA, "slot"),
+        _refuse("lora-unknown-attribute", attribute(LORA, "rank", 4), LORA, "unknown attribute 'rank'"),
         _refuse("options-not-a-flexbuffer", options(GN, b"\x07\xff\x13garbage\x00\x01"), GN, "custom options"),
         _refuse("options-a-vector", options(GN, bytes(flexbuffers.Dumps([2, 1e-5, "silu"]))), GN, "custom options"),
         _refuse("options-an-int", options(GN, bytes(flexbuffers.Dumps(2))), GN, "custom options"),
@@ -526,6 +532,23 @@ def graph_input(m: schema.ModelT, name: str, dims, ttype=schema.TensorType.FLOAT
 def attention_input(position: int, dims, ttype=schema.TensorType.FLOAT32) -> Mutation:
     """The Attention's input `position` fed by a new graph input of `dims` and `ttype`."""
     return edit(lambda m: op_of(m, ATT).inputs.__setitem__(position, graph_input(m, "fed", dims, ttype)))
+
+
+def lora_input(position: int, dims, ttype=schema.TensorType.FLOAT32) -> Mutation:
+    """The LoRA's input `position` (0: y, 1: x) fed by a new graph input of `dims` and `ttype`."""
+    return edit(lambda m: op_of(m, LORA).inputs.__setitem__(position, graph_input(m, "fed", dims, ttype)))
+
+
+def _second_lora_of_slot_3(m: schema.ModelT) -> None:
+    """A second LoRA of slot 3 (lo -> lo2, before the ADD, which then reads lo2): one layer's
+    factors would reach two ops. The readers refuse it; the delegate may run it (both ops are
+    layers of the same K and N)."""
+    lo2 = new_tensor(m, "lo2", [1, 16, 8])
+    first = op_of(m, LORA)
+    second = copy.deepcopy(first)
+    second.inputs, second.outputs = [tensor_index(m, "lo"), tensor_index(m, "h")], [lo2]
+    _sub(m).operators.insert(op_index(m, "ADD"), second)
+    op_of(m, "ADD").inputs[0] = lo2
 
 
 def _tensor_cases() -> list[Case]:
@@ -564,6 +587,18 @@ def _tensor_cases() -> list[Case]:
         _refuse("winograd-bias-long", recast("bias", _values(9), T.FLOAT32), WINO, "bias"),
         _refuse("winograd-x-rank-3", edit(lambda m: setattr(op_of(m, WINO), "inputs", [
             graph_input(m, "x3", [1, 16, 8]), tensor_index(m, "w"), tensor_index(m, "bias")])), WINO, "x must be"),
+        _refuse("lora-x-other-rows", lora_input(1, [1, 15, 8]), LORA, "same rows"),
+        _refuse("lora-x-rank-2", lora_input(1, [16, 8]), LORA, "same rows"),
+        _refuse("lora-y-rank-1", lora_input(0, [8]), LORA, "same rows"),
+        _refuse("lora-x-zero-dim", lora_input(1, [1, 16, 0]), LORA, "x"),
+        _refuse("lora-y-int32", lora_input(0, [1, 16, 8], T.INT32), LORA, "int32"),
+        Case("lora-x-float16", lora_input(1, [1, 16, 8], half), "refuse-on-cpu", "any", LORA, "float16"),
+        _refuse("lora-one-input", io_list(LORA, "inputs", ["a"]), LORA, "inputs"),
+        _refuse("lora-three-inputs", io_list(LORA, "inputs", ["a", "h", "h"]), LORA, "inputs"),
+        _refuse("lora-y-omitted", rewire(LORA, "inputs", 0, -1), LORA, ""),
+        # As the Attention's: the CPU backend gives the output the op's shape, OpenCL refuses the node.
+        Case("lora-output-shape-lies", shape("lo", [1, 16, 9]), "any"),
+        Case("lora-two-ops-of-one-slot", edit(_second_lora_of_slot_3), "any"),
     ]
 
 

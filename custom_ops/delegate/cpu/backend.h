@@ -72,6 +72,7 @@ struct OwnedTensor {
 
 struct Partition {
   DelegateState* state = nullptr;
+  std::shared_ptr<LoraSlots> lora;       // the delegate's (ops hold their LoRA slots there)
   std::vector<PartitionNode> nodes;
   std::set<int> outputs;                 // interpreter-visible outputs
   std::map<int, TensorInfo> produced;    // inferred infos, set in Prepare

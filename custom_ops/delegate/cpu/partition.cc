@@ -37,6 +37,7 @@ void* KernelInitImpl(Context* ctx, const char* buffer) {
     return p;
   }
   p->state = StateOf(params->delegate);
+  p->lora = p->state->lora;
   for (int idx : ToVector(params->output_tensors)) p->outputs.insert(idx);
   for (int node_index : ToVector(params->nodes_to_replace)) {
     Node* node = nullptr;

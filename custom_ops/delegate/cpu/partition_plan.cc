@@ -111,6 +111,11 @@ tfl::Status PlanPartition(Context* ctx, Node* node, Partition* p) {
       e = CheckElementCount(ins.back(), "input " + std::to_string(i));
     }
     if (e.empty()) e = pn.op->Infer(ins, &outs);
+    if (e.empty()) {
+      DelegateServices services;
+      services.lora = p->lora.get();
+      e = pn.op->BindDelegate(ins, services);
+    }
     for (size_t i = 0; e.empty() && i < outs.size(); ++i) {
       e = CheckElementCount(outs[i], "output " + std::to_string(i));
     }

@@ -158,7 +158,8 @@ std::string BackendImpl::Describe() const {
   return os.str();
 }
 
-std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* error) {
+std::unique_ptr<Backend> Backend::Create(const Options& options, std::shared_ptr<LoraSlots> lora,
+                                         std::string* error) {
   std::shared_ptr<Runtime> rt = Runtime::Get(options.device, options.profile > 0, error);
   if (rt == nullptr) return nullptr;
   std::unique_ptr<Backend> b(new Backend());
@@ -177,6 +178,7 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::string* er
   }
   impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat, impl.half_math, disk);
   impl.gctx->set_detail(options.profile >= 2);
+  impl.gctx->set_lora_slots(std::move(lora));
   return b;
 }
 

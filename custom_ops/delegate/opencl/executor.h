@@ -12,6 +12,10 @@
 #include "delegate_util.h"
 #include "difflite/tflite_abi.h"
 
+namespace difflite {
+class LoraSlots;
+}
+
 namespace difflite::gpu {
 
 struct BackendImpl;
@@ -19,8 +23,9 @@ struct BackendImpl;
 class Backend {
  public:
   // Loads OpenCL, picks the device, creates (or shares) the runtime. nullptr
-  // and a one-line *error when OpenCL or a device is missing.
-  static std::unique_ptr<Backend> Create(const Options& options,
+  // and a one-line *error when OpenCL or a device is missing. `lora`: the
+  // delegate's run-time LoRA factors, which the ops reach through their GpuContext.
+  static std::unique_ptr<Backend> Create(const Options& options, std::shared_ptr<LoraSlots> lora,
                                          std::string* error);
   ~Backend();
 

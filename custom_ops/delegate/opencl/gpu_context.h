@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "difflite/gpu_api.h"
+#include "difflite/lora_slots.h"
 #include "opencl/program_cache.h"
 #include "opencl/runtime.h"
 
@@ -33,6 +34,7 @@ class ContextImpl final : public GpuContext {
     return rt_->KernelWorkGroupSize(kernel);
   }
   bool PreferFlatKernels() const override { return flat_; }
+  LoraSlots* lora_slots() const override { return lora_.get(); }
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, std::string* error) override;
   std::string Enqueue(cl_kernel kernel, cl_uint dims, const size_t* global,
@@ -40,6 +42,7 @@ class ContextImpl final : public GpuContext {
   cl_mem Scratch(size_t bytes, int slot, std::string* error) override;
 
   void set_label(const std::string& l) { label_ = l; }
+  void set_lora_slots(std::shared_ptr<LoraSlots> lora) { lora_ = std::move(lora); }
   // profile=2: events keyed by node label and kernel label, not by op type alone.
   void set_detail(bool on) { detail_ = on; }
   std::vector<std::pair<std::string, cl_event>> TakeEvents();
@@ -51,6 +54,7 @@ class ContextImpl final : public GpuContext {
   bool half_math_;  // -DDL_FP16_MATH: half multiply-adds in the GEMM tiles and attention
   bool flat_;
   ProgramCache disk_;
+  std::shared_ptr<LoraSlots> lora_;  // the delegate's (delegate.cc)
   std::map<int, std::pair<cl_mem, size_t>> scratch_;
   std::vector<std::pair<std::string, cl_event>> events_;
   std::string label_;

@@ -91,6 +91,7 @@ class Partition {
   std::string ClassifyTensors(tfl::Context* ctx);
   std::string AddConstReader(const ClaimedNode& n, size_t i, Slot* s);
   void JoinAliases();
+  bool WritableInPlace(const ClaimedNode& n, size_t a, int step);
   std::string AllocateIntermediates();
   std::string AllocateStaging();
   void BindRunTensors();

@@ -122,8 +122,28 @@ std::string Partition::AddConstReader(const ClaimedNode& n, size_t i, Slot* s) {
   return "";
 }
 
+// Whether node `n` (at `step`) may write its input `a`'s buffer in place: no tensor sharing that
+// buffer (aliases joined so far: views made before this step) is read after this step or read
+// back as a partition output, and the node reads the buffer through no other input.
+bool Partition::WritableInPlace(const ClaimedNode& n, size_t a, int step) {
+  const int root = Root(n.inputs[a]);
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (i != a && n.inputs[i] >= 0 && slots_.at(n.inputs[i]).kind != Slot::kConst &&
+        Root(n.inputs[i]) == root) {
+      return false;
+    }
+  }
+  for (const auto& kv : slots_) {
+    const Slot& s = kv.second;
+    if (s.kind == Slot::kConst || Root(kv.first) != root) continue;
+    if (s.is_output || s.last > step) return false;
+  }
+  return true;
+}
+
 // An output sharing its input's buffer (same bytes); roots' lifetimes cover
-// their aliases.
+// their aliases. An op that writes the shared buffer (WritesAliasInPlace) gets it only where
+// that changes no value another reader sees (WritableInPlace).
 void Partition::JoinAliases() {
   for (size_t step = 0; step < exec_.size(); ++step) {
     ClaimedNode& n = *nodes_[exec_[step]];
@@ -133,6 +153,9 @@ void Partition::JoinAliases() {
       Slot& in = slots_.at(n.inputs[a]);
       Slot& out = slots_.at(n.outputs[o]);
       if (in.kind == Slot::kConst || in.bytes != out.bytes || in.storage != out.storage) {
+        continue;
+      }
+      if (n.op->WritesAliasInPlace(o) && !WritableInPlace(n, static_cast<size_t>(a), static_cast<int>(step))) {
         continue;
       }
       out.root = Root(n.inputs[a]);

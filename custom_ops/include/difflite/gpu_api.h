@@ -31,8 +31,9 @@
 // members CreateSubBuffer, GetPlatformInfo, GetKernelInfo, RetainMemObject,
 // CreateProgramWithBinary, GetProgramInfo;
 // DeviceInfo fields after has_fp16; GpuContext::device_id(),
-// KernelWorkGroupSize() and PreferFlatKernels(); GpuOp::AliasInput(), UsesInput(), WeightBytes(),
-// PacksInput(), PackWeights(), ReadsQuantized(); TensorInfo::is_constant, quant_bits,
+// KernelWorkGroupSize(), PreferFlatKernels() and lora_slots(); GpuOp::AliasInput(), UsesInput(),
+// WeightBytes(), PacksInput(), PackWeights(), ReadsQuantized(), WritesAliasInPlace();
+// TensorInfo::is_constant, quant_bits,
 // quant_group; GpuTensor::scales; DType kInt8 / kInt4;
 // the meaning of an omitted optional input in NodeView/Run.
 #ifndef DIFFLITE_GPU_API_H_
@@ -164,6 +165,9 @@ class GpuContext {
   // delegate option kernels=flat|tiled|auto overrides), false for tiled
   // local-memory kernels (GPUs).
   virtual bool PreferFlatKernels() const = 0;
+  // The delegate's run-time LoRA factors (lora_slots.h; difflite.LoRA's GPU side holds its slot
+  // there). nullptr where the backend has none.
+  virtual LoraSlots* lora_slots() const { return nullptr; }
 };
 
 // CL_KERNEL_PRIVATE_MEM_SIZE of a built kernel: on NVIDIA the registers it
@@ -195,6 +199,11 @@ class GpuOp {
   // Run gets the same cl_mem for both and must not copy; it may also decline
   // (then Run copies as usual), so Run checks `inputs[N].mem == outputs[i].mem`.
   virtual int AliasInput(size_t /*output*/) const { return -1; }
+  // True when Run may write output `output` while it shares input AliasInput(output)'s buffer
+  // (difflite.LoRA adds into it in place). The backend then honours the alias only where no other
+  // tensor in that buffer is read after this node, or read back as a partition output, and the
+  // node reads the buffer through no other input.
+  virtual bool WritesAliasInPlace(size_t /*output*/) const { return false; }
   // False when the op never reads input `input` at Run (e.g. it keeps its own
   // repacked copy of that weight): the backend then does not upload it.
   virtual bool UsesInput(size_t /*input*/) const { return true; }

@@ -66,6 +66,14 @@ struct ExecOptions {
   int num_threads = 1;
 };
 
+class LoraSlots;  // lora_slots.h
+
+// What an op may keep of the delegate that runs it, beyond its tensors (added for run-time LoRA
+// factors): the delegate's LoRA slots (lora_slots.h; owned by a shared_ptr, never null here).
+struct DelegateServices {
+  LoraSlots* lora = nullptr;
+};
+
 class OpInstance {
  public:
   virtual ~OpInstance() = default;
@@ -79,6 +87,14 @@ class OpInstance {
                           const ExecOptions& exec) const = 0;
   // The parsed attributes as "k=v, ..." for logs.
   virtual std::string Describe() const = 0;
+  // Added for ops that keep state on their delegate (difflite.LoRA: its slot's layer, in the
+  // delegate's LoraSlots): called by the CPU backend at every Prepare of the op's partition,
+  // after Infer accepted `inputs`. "" or a one-line reason (the partition does not prepare).
+  // Run must still work where it was never called (the fuzz harness runs ops without a delegate).
+  virtual std::string BindDelegate(const std::vector<TensorInfo>& /*inputs*/,
+                                   const DelegateServices& /*services*/) {
+    return "";
+  }
 };
 
 // The OpInstance of an op whose GPU side reads its parsed attributes, `Options`.
