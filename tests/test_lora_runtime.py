@@ -104,19 +104,21 @@ def test_scale_zero_and_no_lora_are_the_base_model_exactly(folders, loras, baked
 
 
 def test_diffusers_load_lora_weights_gives_the_same_picture(folders, loras):
+    """On the PEFT file: diffusers 0.42 loads a kohya file's per-layer alphas wrongly (most layers
+    get the most common alpha: compiler/lora.py's doc), which difflite does not copy."""
     from diffusers import PNDMScheduler, StableDiffusionPipeline
 
     s = load_pipeline("preset:tiny")
     pipe = StableDiffusionPipeline(vae=s.vae, text_encoder=s.text_encoder, tokenizer=s.tokenizer, unet=s.unet,
                                    scheduler=PNDMScheduler.from_config(s.scheduler_config), safety_checker=None,
                                    feature_extractor=None, requires_safety_checker=False)
-    pipe.load_lora_weights(str(loras["kohya"]), adapter_name="style")
+    pipe.load_lora_weights(str(loras["peft"]), adapter_name="style")
     pipe.set_adapters(["style"], adapter_weights=[0.8])
     pipe.set_progress_bar_config(disable=True)
     with torch.no_grad():
         expected = pipe(PROMPT, height=SIZE, width=SIZE, num_inference_steps=STEPS, guidance_scale=7.5,
                         generator=torch.Generator("cpu").manual_seed(SEED), output_type="np").images[0]
-    value = psnr(picture(folders["slots"], [f"{loras['kohya']}:0.8"]), expected)
+    value = psnr(picture(folders["slots"], [f"{loras['peft']}:0.8"]), expected)
     print(f"run-time LoRA against diffusers' load_lora_weights: {value:.1f} dB")
     assert value >= FP32_DB
 

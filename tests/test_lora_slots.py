@@ -19,6 +19,7 @@ from difflite.folder.output_folder import OutputFolder
 from difflite.folder.reader import read_tflite
 
 from support.cli import convert_side_by_side, run_difflite
+from support.lora_files import slots_of
 
 SIZE = 64
 RANK = 6  # the --no-fuse folder's factor inputs
@@ -46,16 +47,7 @@ def pipe():
 
 def expected_slots(pipe, component: str) -> dict[str, tuple[int, int, bool]]:
     """Every module of the torch model that core.lora gives a slot: (K, N, 1x1 conv)."""
-    found = {}
-    for name, module in getattr(pipe, component).named_modules():
-        module_name = lora.lora_module_name(component, name)
-        if not lora.takes_slot(component, module_name, "auto"):
-            continue
-        if isinstance(module, torch.nn.Linear):
-            found[module_name] = (module.in_features, module.out_features, False)
-        elif isinstance(module, torch.nn.Conv2d) and module.kernel_size == (1, 1):
-            found[module_name] = (module.in_channels, module.out_channels, True)
-    return found
+    return {s.module: (s.in_features, s.out_features, s.conv) for s in slots_of(pipe, (component,))}
 
 
 @pytest.mark.parametrize("name", ["fused", "nofuse"])

@@ -54,7 +54,7 @@ def parse_spec(spec: str) -> LoraSpec:
 
 
 SETS = ("auto", "none")
-DEFAULT_SET = "none"  # "auto" once the op library and the runtime take slots (issue 34)
+DEFAULT_SET = "auto"
 # The largest rank (summed over the LoRAs applied at once) a slot takes, by form: difflite.LoRA ops
 # cost nothing until a LoRA is set, and then its own rank; --no-fuse factor inputs cost their full
 # size at every call (two matrix products of this rank per slot), so they default smaller.
