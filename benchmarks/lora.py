@@ -171,6 +171,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=RANK)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--stock", action="store_true", help="also the --no-fuse files on stock LiteRT's GPU engine")
+    parser.add_argument("--convert-only", action="store_true", help="convert the folders and stop (a second run reuses them)")
     parser.add_argument("--save", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="print the table of a saved run")
     args = parser.parse_args()
@@ -182,6 +183,9 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     folders = {**FOLDERS, **(STOCK_FOLDERS if args.stock else {})}
     converted = convert(args.work, args.model, shlex.split(args.convert_args), args.timeout, folders)
+    if args.convert_only:
+        print(json.dumps(converted))
+        return
     sizes = [write_lora(args.work / "slots", args.work / f"{name}.safetensors", args.rank, seed)
              for seed, name in enumerate(LORAS)]
     data = {"machine": machine(), "date": datetime.date.today().isoformat(), "model": args.model,
