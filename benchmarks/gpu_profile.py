@@ -36,7 +36,8 @@ def random_feeds(entry: dict, rng) -> dict:
     return feeds
 
 
-def profile(folder: Path, component: str, runs: int, detail: bool = False, precision: str = "fp32") -> dict:
+def profile(folder: Path, component: str, runs: int, detail: bool = False, precision: str = "fp32",
+            loras: tuple[str, ...] = ()) -> dict:
     """Runs the component and returns the delegate's stats (stats_path) plus wall times."""
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
@@ -49,6 +50,8 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False, preci
                                                  "precision": precision, "stats_path": str(stats_path)})
     interpreter = Interpreter(model_path=str(folder / entry["file"]), experimental_delegates=[delegate])
     runner = interpreter.get_signature_runner("serving_default")
+    if loras:
+        set_loras(folder, component, interpreter, delegate, loras)
     feeds = random_feeds(entry, np.random.default_rng(0))
     runner(**feeds)  # warm-up: first-use allocations
     walls = []
@@ -66,6 +69,19 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False, preci
             "wall_ms_median": round(float(np.median(walls)) * 1e3, 2), "memory": memory, "ops_ms": ops}
 
 
+def set_loras(folder: Path, component: str, interpreter, delegate, loras: tuple[str, ...]) -> None:
+    """Run-time LoRA files (FILE[:SCALE]) set on the prepared model's difflite.LoRA slots."""
+    from difflite.folder.output_folder import OutputFolder
+    from difflite.runtime.component import find_oplib
+    from difflite.runtime.lora_factors import set_factors
+    from difflite.runtime.loras import plan_for_folder
+
+    interpreter.allocate_tensors()
+    plan = plan_for_folder(OutputFolder.read(folder), loras)
+    for slot, (down, up) in plan.for_component(component).items():
+        set_factors(find_oplib(), delegate, slot, down, up)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path)
@@ -76,8 +92,10 @@ def main() -> int:
                         help="per node shape and kernel (profile=2) instead of per op type")
     parser.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
                         help="the delegate's precision (fp16: half storage)")
+    parser.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
+                        help="a run-time LoRA set on the model's slots first (repeatable)")
     args = parser.parse_args()
-    result = profile(args.folder, args.component, args.runs, args.detail, args.precision)
+    result = profile(args.folder, args.component, args.runs, args.detail, args.precision, tuple(args.lora))
     result["precision"] = args.precision
     total = result["kernel_ms"]
     print(f"{args.component}: {result['wall_ms_median']} ms wall per invoke, {total:.2f} ms in kernels "
