@@ -47,7 +47,7 @@ def loras(tmp_path_factory) -> dict[str, Path]:
 
 CONVERSIONS = {  # name: convert flags beyond the model, size and components
     "slots": [],
-    "nofuse": ["--no-fuse"],
+    "nofuse": ["--no-fuse", "--lora-slots", "auto"],
     "fp16": ["--precision", "fp16"],
     "int8": ["--precision", "fp16", "--weights", "int8"],
     "int4": ["--precision", "fp16", "--weights", "int4"],

@@ -95,7 +95,8 @@ class ConvertOptions:
     # weight_recipe.TARGETS_DB; convert records the value used); 0: no recipe, all int4 / int8
     weights_target_db: float | None = None
     weights_probes: int = 2  # int4 / int8: probes the computed recipe measures on
-    lora_slots: str = lora.DEFAULT_SET  # run-time LoRA slots (core/lora.py): auto or none
+    # run-time LoRA slots (core/lora.py): auto or none; None: core.lora.DEFAULT_SET by form
+    lora_slots: str | None = None
     # the largest rank (summed over the LoRAs at once) a slot takes; None: core.lora.DEFAULT_MAX_RANK
     lora_rank: int | None = None
 
@@ -132,11 +133,14 @@ class ConvertOptions:
             raise BadInput("--weights-recipe and --weights-target-db 0 (no recipe) exclude each other")
         if not (isinstance(self.weights_probes, int) and 1 <= self.weights_probes <= 64):
             raise BadInput(f"--weights-probes {self.weights_probes!r} must be from 1 to 64")
-        if self.lora_slots not in lora.SETS:
+        if self.lora_slots is not None and self.lora_slots not in lora.SETS:
             raise BadInput(f"--lora-slots {self.lora_slots!r} must be one of {', '.join(lora.SETS)}")
         if self.lora_rank is not None and not (isinstance(self.lora_rank, int)
                                                and 1 <= self.lora_rank <= lora.MAX_RANK_LIMIT):
             raise BadInput(f"--lora-rank {self.lora_rank!r} must be from 1 to {lora.MAX_RANK_LIMIT}")
+
+    def lora_slot_set(self) -> str:
+        return self.lora_slots or lora.DEFAULT_SET[self.lora_form()]
 
     def max_lora_rank(self) -> int:
         return self.lora_rank or lora.DEFAULT_MAX_RANK[self.lora_form()]
@@ -189,6 +193,7 @@ class ConvertOptions:
         d["fuse"] = sorted(self.fuse)
         d["winograd_budget_mb"] = self.winograd_setting()
         d["winograd_budgets_mb"] = {c: self.winograd_setting(c) for c in self.components}
+        d["lora_slots"] = self.lora_slot_set()
         d["lora_rank"] = self.max_lora_rank()
         if self.weights_recipe is not None:
             d["weights_recipe"] = str(Path(self.weights_recipe).expanduser().absolute())
@@ -449,7 +454,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
                                                                 quantize.scale_bytes(options.precision)))
     for kind, counts in fusion.items():
         counts["custom_op"] = fuse_kind_of(kind) in kinds & set(options.fuse)
-    slots = add_lora_slots(graph, name, options.lora_slots, options.lora_form(), options.max_lora_rank())
+    slots = add_lora_slots(graph, name, options.lora_slot_set(), options.lora_form(), options.max_lora_rank())
     filename = f"{name}.tflite"
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),

@@ -54,7 +54,10 @@ def parse_spec(spec: str) -> LoraSpec:
 
 
 SETS = ("auto", "none")
-DEFAULT_SET = "auto"
+# By form (convert.ConvertOptions.lora_slot_set): fused files take slots that cost nothing without
+# a LoRA; --no-fuse files' factor inputs cost every call two products of their rank per slot (SD
+# 1.5's UNet on LiteRT's GPU engine, rank 32: 1.87x the step, H200 2026-11-29), so they are asked for.
+DEFAULT_SET = {"custom": "auto", "inputs": "none"}
 # The largest rank (summed over the LoRAs applied at once) a slot takes, by form: difflite.LoRA ops
 # cost nothing until a LoRA is set, and then its own rank; --no-fuse factor inputs cost their full
 # size at every call (two matrix products of this rank per slot), so they default smaller.
@@ -74,7 +77,7 @@ _PATTERNS = {
 }
 
 
-def takes_slot(component: str, module: str, which: str = DEFAULT_SET) -> bool:
+def takes_slot(component: str, module: str, which: str = "auto") -> bool:
     """Whether `module` (a LoRA file's name for it, see the module doc) of `component` gets a slot
     under --lora-slots `which`."""
     return which == "auto" and component in _PATTERNS and bool(_PATTERNS[component].search(module))

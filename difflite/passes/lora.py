@@ -45,7 +45,7 @@ class Slot:
         return asdict(self)
 
 
-def add_lora_slots(model: ir.Model, component: str, which: str = lora.DEFAULT_SET, form: str = "custom",
+def add_lora_slots(model: ir.Model, component: str, which: str = "auto", form: str = "custom",
                    max_rank: int | None = None) -> list[Slot]:
     """Give every layer of `component` that core.lora.takes_slot names under `which` a slot, in
     `form`; returns the slots in order."""
