@@ -54,6 +54,7 @@ void lora_down(__global const DL_T* x, __global const float* dt, __global float*
 #pragma unroll
   for (int i = 0; i < LORA_DR; ++i) rows[i] = min(m0 + i, M - 1) * K;
   if (nj == 8) {
+#pragma unroll 4
     for (int k = l; k < K; k += LORA_KL) {
       const float4 d0 = vload4(0, d + k * R), d1 = vload4(0, d + k * R + 4);
 #pragma unroll
