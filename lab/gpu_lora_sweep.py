@@ -1,10 +1,12 @@
-"""Probe: difflite.LoRA's kernel (custom_ops/ops/lora/lora.cl, through the harness's Runner.lora)
-at the SD 1.5 UNet's slot shapes (batch 2, 512x512, rank 32, half storage), every plan the device
-runs, against two-kernel candidates written here (t = x D^T into a float scratch, then
-out = y + t U^T, an item per (row, 4 ranks) and per (row, 4 columns)) and a copy of y (the bytes
-the op must move). Prints microseconds per slot shape and the UNet's sum (192 slots).
+"""Probe: difflite.LoRA's kernels (custom_ops/ops/lora/lora.cl, through the harness's Runner.lora)
+at the SD 1.5 UNet's slot shapes (batch 2, 512x512, rank 32, half storage): the plan the op picks
+on this device (lora_plan: rows per item and row slots of lora_down and lora_up), with --plans
+also every rows-per-item pair at the device's row slots, against a naive two-kernel candidate
+written here (t = x D^T into a float scratch, then out = y + t U^T, an item per (row, 4 ranks) and
+per (row, 4 columns)) and a copy of y (the bytes the op must move). Prints microseconds per slot
+shape (and lora.cl's error against float64) and the UNet's sum (192 slots).
 
-    python lab/gpu_lora_sweep.py [--rank 32] [--runs 20] [--small]
+    python lab/gpu_lora_sweep.py [--rank 32] [--runs 20] [--small] [--plans]
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pyopencl as cl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_kernels_harness.launch import LORA_PLANS, Runner, cl_source, lora_local_bytes  # noqa: E402
+from gpu_kernels_harness.launch import Runner, cl_source  # noqa: E402
 
 # (K, N, M, slots in the UNet): per transformer level 7 C->C layers, to_k/to_v from the text
 # (768 -> C over 2 x 77 rows), ff.net.0.proj C -> 8C, ff.net.2 4C -> C
@@ -75,6 +77,7 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--small", action="store_true", help="the two smallest levels only (PoCL)")
+    parser.add_argument("--plans", action="store_true", help="also every (rows per item) pair of the kernels")
     args = parser.parse_args()
     r = Runner(half_io=True)
     print(f"device: {r.device.name}; rank {args.rank}; half storage")
@@ -82,7 +85,6 @@ def main() -> int:
     program = cl.Program(r.ctx, common + TWO_KERNELS.replace('#include "dl_storage.cl"', "")).build(
         options=r.base_options.split())
     down_k, up_k = cl.Kernel(program, "lora_down"), cl.Kernel(program, "lora_up")
-    plans = [p for p in LORA_PLANS if 32 * p[0] <= r.max_wg and lora_local_bytes(*p) <= r.local_mem]
     rng = np.random.default_rng(0)
     totals = {}
     rows = []
@@ -96,11 +98,19 @@ def main() -> int:
         dt, ut = r.lora_factors(down, up)
         t = cl.Buffer(r.ctx, cl.mem_flags.READ_WRITE, m * rank * 4)
         row = {"shape": f"{m}x{k}->{n} x{count}"}
-        for plan in plans:
-            label = f"lora.cl wy{plan[0]} r{plan[1]}"
-            kernel = r.kernel("lora", "lora", f"-DLORA_WY={plan[0]} -DLORA_RMAX={plan[1]}")
+        picked = r.lora_plan(m, n)
+        plans = {"lora.cl": picked}
+        if args.plans:
+            for dr in (1, 2, 4, 8):
+                for ur in (1, 2, 4, 8):
+                    plans[f"dr{dr} ur{ur}"] = (dr, picked[1], ur, picked[3])
+        for label, plan in plans.items():
             row[label] = timed(lambda: r.lora(x, y, out, dt, ut, m, k, n, rank, plan), args.runs)
-            row[label + " spill"] = r.private_bytes(kernel)
+        row["plan"] = "dr{} ds{} ur{} us{}".format(*picked)
+        want = (r.download(y, (m, n)).astype(np.float64) +
+                (r.download(x, (m, k)).astype(np.float64) @ down.T) @ up.T)
+        r.lora(x, y, out, dt, ut, m, k, n, rank, picked)
+        row["err"] = float(np.abs(r.download(out, (m, n)) - want).max() / np.abs(want).max())
 
         def two_kernels():
             i32 = np.int32
@@ -111,18 +121,15 @@ def main() -> int:
             return [e1, e2]
 
         row["two kernels"] = timed(two_kernels, args.runs)
-        got = r.download(out, (m, n)) if hasattr(r, "download") else None
-        if got is not None:
-            want = r.download(y, (m, n)).astype(np.float64) + (r.download(x, (m, k)).astype(np.float64) @ down.T) @ up.T
-            row["two kernels err"] = float(np.abs(got - want).max() / np.abs(want).max())
+        row["two kernels err"] = float(np.abs(r.download(out, (m, n)) - want).max() / np.abs(want).max())
         row["copy y"] = timed(lambda: [cl.enqueue_copy(r.queue, out, y)], args.runs)
         rows.append(row)
         for key, value in row.items():
-            if isinstance(value, float) and "err" not in key and "spill" not in key:
+            if isinstance(value, float) and "err" not in key:
                 totals[key] = totals.get(key, 0.0) + value * count
     for row in rows:
         print(row["shape"] + ": " + ", ".join(f"{key} {value * 1e6:.1f} us" if isinstance(value, float) and
-                                               "err" not in key and "spill" not in key else f"{key} {value}"
+                                               "err" not in key else f"{key} {value}"
                                                for key, value in row.items() if key != "shape"))
     print("UNet sum (ms): " + ", ".join(f"{key} {value * 1e3:.2f}" for key, value in totals.items()))
     return 0

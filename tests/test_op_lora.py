@@ -321,9 +321,10 @@ class TestCpuBackend:
 # The OpenCL kernel, launched directly (pyopencl on PoCL)
 
 
-CASES = [  # rows, K, N, rank: odd sizes; a row tile's tail; 64 ranks (one launch), 70 and 130 (more)
+CASES = [  # rows, K, N, rank: odd sizes; row and column tails; ranks past a multiple of 4 or 8, a
+    # work-group's 32 (one pass), 130 and 300 (more passes of 128)
     (1, 1, 1, 1), (37, 13, 9, 5), (33, 40, 130, 64), (45, 17, 200, 70), (9, 5, 7, 130), (70, 77, 33, 32),
-    (23, 30, 50, 33)]
+    (23, 30, 50, 33), (5, 3, 6, 300)]
 
 
 @pytest.mark.parametrize("rows,k,n,rank", CASES)
@@ -336,11 +337,11 @@ def test_lora(runner, rows, k, n, rank):
     assert rel_err(runner.download(out, (rows, n)), lora_ref(y, x, d, u)) < TOL
 
 
-@pytest.mark.parametrize("plan", [(4, 32), (1, 64), (2, 32)])
-def test_lora_in_place_and_smaller_plans(runner, plan):
-    """y and out one buffer (the library's alias); the plans of devices with less local memory or
-    smaller work-groups; 70 ranks: several launches, the later ones adding to out."""
-    rows, k, n, rank = 29, 21, 150, 70
+@pytest.mark.parametrize("plan", [(1, 2, 1, 8), (8, 1, 8, 4), (2, 2, 4, 1), (4, 1, 2, 2)])
+def test_lora_in_place_and_other_plans(runner, plan):
+    """y and out one buffer (the library's alias); plans (LORA_DR, LORA_DS, LORA_UR, LORA_US) of other
+    layers and of devices with smaller work-groups; 170 ranks: two passes, the later adding to out."""
+    rows, k, n, rank = 29, 21, 150, 170
     r = rng(11)
     x, y = nonzero(r, (rows, k)), nonzero(r, (rows, n))
     d, u = factors(12, rank, k, n)

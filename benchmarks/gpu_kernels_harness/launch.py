@@ -54,17 +54,25 @@ HALF_IO_OPTIONS = "-DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1"
 
 GELU_MODES = {"erf": 0, "tanh": 1, "sigmoid": 2}
 
-# difflite.LoRA (lora_opencl.cc): lora.cl's slices (kDepthPerSlice, kColumnsPerSlice,
-# kRanksPerStage) and the plans PickPlan tries in order, (LORA_WY, LORA_RMAX): work-groups of
-# 32 x wy items over 4 x wy rows, at most rmax ranks a launch.
-LORA_KC, LORA_NC, LORA_JC = 32, 128, 16
-LORA_PLANS = tuple((wy, rmax) for rmax in (64, 32) for wy in (8, 4, 2, 1))
+# difflite.LoRA (lora_opencl.cc): ranks per pass (kRanksPerPass), lora.cl's lanes along k, ranks
+# per lora_down work-group and lora_up's items along N (kDownLanes, kRanksPerGroup,
+# kUpColumnItems), the work-groups per compute unit the rows per item leave (kGroupsPerUnit), and
+# the row slots PickPlan tries in order for each kernel.
+LORA_PASS, LORA_KL, LORA_RB, LORA_UC, LORA_GROUPS_PER_UNIT = 128, 32, 32, 32, 2
+LORA_DOWN_SLOTS, LORA_UP_SLOTS = (2, 1), (8, 4, 2, 1)
 
 
-def lora_local_bytes(wy: int, rmax: int) -> int:
-    """Plan::local_bytes: t [4 wy][rmax] plus the larger of step 1's x and D^T slices and step 2's
-    U^T stage, in float."""
-    return 4 * (4 * wy * rmax + max(4 * wy * LORA_KC + LORA_KC * rmax, LORA_JC * LORA_NC))
+def lora_rows_per_item(rows: int, slots: int, across: int, target: int) -> int:
+    """RowsPerItem: the largest of 8, 4, 2 that leaves `target` work-groups, else 1."""
+    for r in (8, 4, 2):
+        if ceil_div(rows, r * slots) * across >= target:
+            return r
+    return 1
+
+
+def lora_down_local_bytes(ds: int) -> int:
+    """Plan::down_local_bytes: lora_down's lane sums, [32][32 ds + 1] floats."""
+    return 4 * LORA_KL * (ds * LORA_RB + 1)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -374,7 +382,8 @@ PROGRAM_VARIANTS = {
                    ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
     "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"]),
     "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
-    "lora": ([], ["-DLORA_WY=4", "-DLORA_RMAX=32"], ["-DLORA_WY=1", "-DLORA_RMAX=64"]),
+    "lora": ([], ["-DLORA_DR=8", "-DLORA_DS=1", "-DLORA_UR=8", "-DLORA_US=4"],
+             ["-DLORA_DR=4", "-DLORA_UR=2", "-DLORA_US=1"]),
 }
 
 
@@ -753,14 +762,29 @@ class Runner:
         return [self.launch(self.kernel("geglu", "geglu"), (round_up(items, 256),), (256,), x, y,
                             np.int32(rows), np.int32(d), np.int32(GELU_MODES[approximate]))]
 
-    def lora_plan(self) -> tuple[int, int]:
-        """(LORA_WY, LORA_RMAX): the first of LORA_PLANS the device runs (lora_opencl.cc: PickPlan)."""
-        for wy, rmax in LORA_PLANS:
-            if 32 * wy > self.max_wg or lora_local_bytes(wy, rmax) > self.local_mem:
+    def lora_plan(self, m: int, n: int) -> tuple[int, int, int, int]:
+        """(LORA_DR, LORA_DS, LORA_UR, LORA_US) of an m-row layer of n outputs (lora_opencl.cc:
+        PickPlan): the most row slots the device takes, the most rows per item that leave
+        LORA_GROUPS_PER_UNIT work-groups per compute unit."""
+        target = LORA_GROUPS_PER_UNIT * max(self.device.max_compute_units, 1)
+        down = up = None
+        for ds in LORA_DOWN_SLOTS:
+            dr = lora_rows_per_item(m, ds, 1, target)
+            if 128 * ds > self.max_wg or lora_down_local_bytes(ds) > self.local_mem:
                 continue
-            if self.max_work_group(self.kernel("lora", "lora", f"-DLORA_WY={wy} -DLORA_RMAX={rmax}")) >= 32 * wy:
-                return wy, rmax
-        raise RuntimeError("no lora.cl plan fits the device")
+            if self.max_work_group(self.kernel("lora", "lora_down", f"-DLORA_DR={dr} -DLORA_DS={ds}")) >= 128 * ds:
+                down = dr, ds
+                break
+        for us in LORA_UP_SLOTS:
+            ur = lora_rows_per_item(m, us, ceil_div(n, 4 * LORA_UC), target)
+            if LORA_UC * us > self.max_wg:
+                continue
+            if self.max_work_group(self.kernel("lora", "lora_up", f"-DLORA_UR={ur} -DLORA_US={us}")) >= LORA_UC * us:
+                up = ur, us
+                break
+        if down is None or up is None:
+            raise RuntimeError("no lora.cl plan fits the device")
+        return (*down, *up)
 
     def lora_factors(self, down: np.ndarray, up: np.ndarray) -> tuple[cl.Buffer, cl.Buffer]:
         """D [r, K] and U [N, r] as StoreOnDevice holds them: D^T [K, r] and U^T [r, N], float in any
@@ -769,17 +793,33 @@ class Runner:
         return (cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(down.T, np.float32)),
                 cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(up.T, np.float32)))
 
+    def lora_scratch(self, nbytes: int) -> cl.Buffer:
+        """The scratch t (GpuContext::Scratch, slot 0): one buffer, grown on demand."""
+        have = getattr(self, "_lora_t", None)
+        if have is None or have.size < nbytes:
+            self._lora_t = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(nbytes, 4))
+        return self._lora_t
+
     def lora(self, x, y, out, dt, ut, m: int, k: int, n: int, r: int,
-             plan: tuple[int, int] | None = None) -> list[cl.Event]:
-        """out = y + (x D^T) U^T over m rows (LoraGpu::Run): a launch per rmax ranks, the later ones
-        adding to out; y and out may be one buffer."""
-        wy, rmax = plan or self.lora_plan()
-        kernel = self.kernel("lora", "lora", f"-DLORA_WY={wy} -DLORA_RMAX={rmax}")
-        items, i32 = 32 * wy, np.int32
+             plan: tuple[int, int, int, int] | None = None) -> list[cl.Event]:
+        """out = y + (x D^T) U^T over m rows (LoraGpu::Run): per pass of LORA_PASS ranks, lora_down
+        (t = x D^T into the scratch) then lora_up (out = y + t U^T), the later passes adding to out;
+        y and out may be one buffer."""
+        dr, ds, ur, us = plan or self.lora_plan(m, n)
+        down = self.kernel("lora", "lora_down", f"-DLORA_DR={dr} -DLORA_DS={ds}")
+        up = self.kernel("lora", "lora_up", f"-DLORA_UR={ur} -DLORA_US={us}")
+        ld = ceil_div(min(r, LORA_PASS), 4) * 4
+        t = self.lora_scratch(m * ld * 4)
+        i32 = np.int32
+        up_local = (LORA_UC, us)
+        up_global = (ceil_div(n, 4 * LORA_UC) * LORA_UC, ceil_div(m, ur * us) * us)
         events = []
-        for r0 in range(0, r, rmax):
-            events.append(self.launch(kernel, (ceil_div(m, 4 * wy) * items,), (items,), x, y if r0 == 0 else out,
-                                      out, dt, ut, i32(m), i32(k), i32(n), i32(r), i32(r0), i32(min(rmax, r - r0))))
+        for r0 in range(0, r, LORA_PASS):
+            rc = min(LORA_PASS, r - r0)
+            events.append(self.launch(down, (ceil_div(m, dr * ds) * 128 * ds, ceil_div(rc, LORA_RB)), (128 * ds, 1),
+                                      x, dt, t, i32(m), i32(k), i32(r), i32(r0), i32(rc), i32(ld)))
+            events.append(self.launch(up, up_global, up_local, y if r0 == 0 else out, out, t, ut, i32(m), i32(n),
+                                      i32(r), i32(r0), i32(rc), i32(ld)))
         return events
 
     def flash_in_registers(self, dk: int, dv: int) -> bool:

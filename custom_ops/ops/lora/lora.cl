@@ -1,133 +1,155 @@
 // difflite.LoRA on the GPU (host code: lora_opencl.cc): out = y + (x D^T) U^T over the rows m of
 // x [M, K] and y, out [M, N] (channels-last tensors flattened over their leading dims), with the
 // slot's factors as the op stored them: float, DT = D^T [K, R] and UT = U^T [R, N] (row-major).
-// One launch adds ranks r0 .. r0 + rc - 1 (rc <= LORA_RMAX; the host launches again for more
-// ranks, with out as y). A work-group takes LORA_TM rows:
-//   1. t [LORA_TM, rc] = x[rows] . DT[:, r0 ..], K in slices of LORA_KC staged in local memory;
-//      t is kept in local memory, in float;
-//   2. out[rows, n] = y[rows, n] + t . UT[r0 .., n], N in slices of LORA_NC columns whose ranks
-//      are staged LORA_JC at a time.
-// x and y are read once and out written once; y and out may be one buffer (the op then adds in
-// place: each element is read and written by the same work-item). Storage DL_T (float or half,
-// dl_storage.cl); arithmetic in float.
-// Work-group: LORA_ITEMS = 32 x LORA_WY items in one dimension, item (ty, tx) = (id / 32, id % 32)
-// takes rows ty + LORA_WY i (i < 4): in step 1 ranks tx + 32 j (j < LORA_RMAX / 32), in step 2
-// columns tx + 32 c (c < 4), so the 32 items of a row read 32 consecutive columns.
+// Two kernels per pass of at most kRanksPerPass ranks r0 .. r0 + rc - 1 (the host launches both
+// again for the next ranks, with out as y):
+//   1. lora_down: t [M, ld] = x . DT[:, r0 .. r0 + rc) into a float scratch (ld = rc rounded up
+//      to 4; the columns rc .. ld - 1 are written 0), K split over the items of a work-group;
+//   2. lora_up: out = y + t . UT[r0 .. r0 + rc), an item per (rows, 4 consecutive columns).
+// y and out may be one buffer (the op then adds in place: each element is read and written by
+// the same work-item). Storage DL_T (float or half, dl_storage.cl); arithmetic in float.
+// M * K, M * N, M * ld, K * R and R * N below 2^31.
 #include "dl_storage.cl"
 
-#ifndef LORA_WY
-#define LORA_WY 8
+#ifndef LORA_DR
+#define LORA_DR 1  // lora_down: rows per item
 #endif
-#ifndef LORA_RMAX
-#define LORA_RMAX 64  // a multiple of 32
+#ifndef LORA_DS
+#define LORA_DS 2  // lora_down: row slots of a work-group
 #endif
-#define LORA_ITEMS (32 * LORA_WY)
-#define LORA_TM (4 * LORA_WY)
-#define LORA_KC 32
-#define LORA_NC 128
-#define LORA_JC 16
-#define LORA_RJ (LORA_RMAX / 32)
-#define LORA_STEP1 (LORA_TM * LORA_KC + LORA_KC * LORA_RMAX)
-#define LORA_STEP2 (LORA_JC * LORA_NC)
-#define LORA_SHARED (LORA_STEP1 > LORA_STEP2 ? LORA_STEP1 : LORA_STEP2)
+#ifndef LORA_UR
+#define LORA_UR 1  // lora_up: rows per item
+#endif
+#ifndef LORA_US
+#define LORA_US 8  // lora_up: row slots of a work-group
+#endif
+#define LORA_KL 32  // lora_down: items along k (one warp's lanes: x read coalesced)
+#define LORA_RB 32  // lora_down: ranks of a work-group (4 rank groups of 8)
+#define LORA_UC 32  // lora_up: items along N (4 columns each)
+#define LORA_DOWN_ITEMS (LORA_KL * 4 * LORA_DS)
+#define LORA_UP_ITEMS (LORA_UC * LORA_US)
 
-// Global size: ceil(M / LORA_TM) * LORA_ITEMS. M * K, M * N, K * R and R * N below 2^31.
-__kernel __attribute__((reqd_work_group_size(LORA_ITEMS, 1, 1)))
-void lora(__global const DL_T* x, __global const DL_T* y, __global DL_T* out,
-          __global const float* dt, __global const float* ut, int M, int K, int N, int R, int r0,
-          int rc) {
-  __local float ts[LORA_TM * LORA_RMAX];  // t [row][rank]
-  __local float shared[LORA_SHARED];      // step 1: xs [LORA_TM][LORA_KC], ds [LORA_KC][LORA_RMAX]
-  __local float* xs = shared;              //         (x and DT slices);
-  __local float* ds = shared + LORA_TM * LORA_KC;
-  __local float* us = shared;              // step 2: us [LORA_JC][LORA_NC] (a UT slice)
+// 1. Work-group: LORA_DOWN_ITEMS items in one dimension, item (s, q, l) = (id / 128, id / 32 % 4,
+// id % 32) takes k = l, l + 32, ... for the rows m0 + LORA_DR s + i (i < LORA_DR) and the 8
+// ranks 32 b + 8 q .. + 7 of the pass (b = group id 1), summing in float; then the 32 lanes' sums
+// are added in local memory, a row of each slot at a time, by the first 32 LORA_DS items.
+// Global size: (ceil(M / (LORA_DR LORA_DS)) LORA_DOWN_ITEMS, ceil(rc / 32)).
+__kernel __attribute__((reqd_work_group_size(LORA_DOWN_ITEMS, 1, 1)))
+void lora_down(__global const DL_T* x, __global const float* dt, __global float* t, int M, int K,
+               int R, int r0, int rc, int ld) {
+  __local float red[LORA_KL * (LORA_DS * LORA_RB + 1)];  // [lane][slot, rank], padded: no conflicts
   const int lid = get_local_id(0);
-  const int tx = lid & 31;
-  const int ty = lid >> 5;
-  const int m0 = get_group_id(0) * LORA_TM;
-
-  // 1. t = x[rows] . DT[:, r0 .. r0 + rc); the rank groups past rc (j >= rj) are left out, and
-  // ranks in [rc, 32 rj) come out 0 (their DT columns are staged as 0).
-  const int rj = (rc + 31) >> 5;
-  float acc1[4][LORA_RJ];
+  const int l = lid % LORA_KL;
+  const int q = (lid / LORA_KL) % 4;
+  const int s = lid / (4 * LORA_KL);
+  const int m0 = get_group_id(0) * (LORA_DR * LORA_DS) + LORA_DR * s;
+  const int jb = get_group_id(1) * LORA_RB;  // the group's first rank in the pass
+  const int j0 = jb + 8 * q;                 // the item's
+  const int nj = clamp(rc - j0, 0, 8);       // its ranks that exist
+  __global const float* d = dt + r0 + j0;
+  float4 a0[LORA_DR], a1[LORA_DR];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < LORA_DR; ++i) a0[i] = a1[i] = (float4)(0.0f);
+  int rows[LORA_DR];  // clamped: a tail slot computes a real row's sums and writes none
 #pragma unroll
-    for (int j = 0; j < LORA_RJ; ++j) acc1[i][j] = 0.0f;
-  }
-  for (int k0 = 0; k0 < K; k0 += LORA_KC) {
-    for (int e = lid; e < LORA_TM * LORA_KC; e += LORA_ITEMS) {
-      const int m = m0 + e / LORA_KC, k = k0 + e % LORA_KC;
-      xs[e] = m < M && k < K ? DL_LOAD(x, m * K + k) : 0.0f;
+  for (int i = 0; i < LORA_DR; ++i) rows[i] = min(m0 + i, M - 1) * K;
+  if (nj == 8) {
+#pragma unroll 4
+    for (int k = l; k < K; k += LORA_KL) {
+      const float4 d0 = vload4(0, d + k * R), d1 = vload4(0, d + k * R + 4);
+#pragma unroll
+      for (int i = 0; i < LORA_DR; ++i) {
+        const float xv = DL_LOAD(x, rows[i] + k);
+        a0[i] += xv * d0;
+        a1[i] += xv * d1;
+      }
     }
-    for (int e = lid; e < LORA_KC * LORA_RMAX; e += LORA_ITEMS) {
-      const int k = k0 + e / LORA_RMAX, j = e % LORA_RMAX;
-      if (j < 32 * rj) ds[e] = j < rc && k < K ? dt[k * R + r0 + j] : 0.0f;
+  } else if (nj > 0) {
+    for (int k = l; k < K; k += LORA_KL) {
+      __global const float* dk = d + k * R;
+      const float4 d0 = (float4)(dk[0], nj > 1 ? dk[1] : 0.0f, nj > 2 ? dk[2] : 0.0f, nj > 3 ? dk[3] : 0.0f);
+      const float4 d1 = (float4)(nj > 4 ? dk[4] : 0.0f, nj > 5 ? dk[5] : 0.0f, nj > 6 ? dk[6] : 0.0f,
+                                 nj > 7 ? dk[7] : 0.0f);
+#pragma unroll
+      for (int i = 0; i < LORA_DR; ++i) {
+        const float xv = DL_LOAD(x, rows[i] + k);
+        a0[i] += xv * d0;
+        a1[i] += xv * d1;
+      }
+    }
+  }
+  // Sums over the lanes: row i of every slot at a time. Item o < 32 LORA_DS adds the 32 lanes'
+  // values of (slot o / 32, rank o % 32).
+  const int w = LORA_DS * LORA_RB + 1;
+  const int o = lid;
+  const int os = o / LORA_RB, oj = jb + o % LORA_RB;
+#pragma unroll
+  for (int i = 0; i < LORA_DR; ++i) {
+    __local float* mine = red + l * w + s * LORA_RB + 8 * q;
+    vstore4(a0[i], 0, mine);
+    vstore4(a1[i], 0, mine + 4);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (o < LORA_DS * LORA_RB) {
+      float sum = 0.0f;
+#pragma unroll 8
+      for (int e = 0; e < LORA_KL; ++e) sum += red[e * w + o];
+      const int m = get_group_id(0) * (LORA_DR * LORA_DS) + LORA_DR * os + i;
+      if (m < M && oj < ld) t[m * ld + oj] = sum;  // ranks rc .. ld - 1: 0
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < LORA_KC; kk += 4) {
-      float4 xv[4];  // x[row i][kk .. kk + 3]: one read the 32 items of a row share
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xv[i] = vload4(0, xs + (ty + LORA_WY * i) * LORA_KC + kk);
-#pragma unroll
-      for (int j = 0; j < LORA_RJ; ++j) {
-        if (j >= rj) break;
-        const int c = tx + 32 * j;
-        const float4 dv = (float4)(ds[kk * LORA_RMAX + c], ds[(kk + 1) * LORA_RMAX + c],
-                                   ds[(kk + 2) * LORA_RMAX + c], ds[(kk + 3) * LORA_RMAX + c]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc1[i][j] += dot(xv[i], dv);
-      }
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int j = 0; j < LORA_RJ; ++j) ts[(ty + LORA_WY * i) * LORA_RMAX + tx + 32 * j] = acc1[i][j];
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
+}
 
-  // 2. out[rows] = y[rows] + t . UT[r0 .. r0 + rc), ranks 4 at a time (those past rc are 0 in t
-  // and in the stage)
-  for (int n0 = 0; n0 < N; n0 += LORA_NC) {
-    float acc[4][4];
+// UT[j][n .. n + cols - 1] (cols <= 4 columns in the matrix), 0 past them.
+inline float4 lora_ut4(__global const float* u, int cols) {
+  if (cols >= 4) return vload4(0, u);
+  return (float4)(u[0], cols > 1 ? u[1] : 0.0f, cols > 2 ? u[2] : 0.0f, 0.0f);
+}
+
+// 2. Work-group: LORA_UC x LORA_US items (2 dimensions); item (c, s) takes the columns
+// n = 4 (LORA_UC group_id(0) + c) .. n + 3 of the rows LORA_UR (LORA_US group_id(1) + s) + i
+// (i < LORA_UR): t's rows are read through the cache (one address per row for the whole
+// group), UT as float4 along N, y read and out written once.
+// Global size: (ceil(N / (4 LORA_UC)) LORA_UC, ceil(M / (LORA_UR LORA_US)) LORA_US).
+__kernel __attribute__((reqd_work_group_size(LORA_UC, LORA_US, 1)))
+void lora_up(__global const DL_T* y, __global DL_T* out, __global const float* t,
+             __global const float* ut, int M, int N, int R, int r0, int rc, int ld) {
+  const int n = 4 * get_global_id(0);
+  const int m0 = LORA_UR * get_global_id(1);
+  if (n >= N || m0 >= M) return;
+  const int cols = min(4, N - n);
+  int rows[LORA_UR];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < LORA_UR; ++i) rows[i] = min(m0 + i, M - 1) * ld;
+  float4 acc[LORA_UR];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][c] = 0.0f;
+  for (int i = 0; i < LORA_UR; ++i) acc[i] = (float4)(0.0f);
+  __global const float* u = ut + r0 * N + n;
+  const int full = rc & ~3;
+  for (int j = 0; j < full; j += 4) {
+    const float4 u0 = lora_ut4(u + j * N, cols), u1 = lora_ut4(u + (j + 1) * N, cols);
+    const float4 u2 = lora_ut4(u + (j + 2) * N, cols), u3 = lora_ut4(u + (j + 3) * N, cols);
+#pragma unroll
+    for (int i = 0; i < LORA_UR; ++i) {
+      const float4 tv = vload4(0, t + rows[i] + j);
+      acc[i] += tv.x * u0 + tv.y * u1 + tv.z * u2 + tv.w * u3;
     }
-    for (int j0 = 0; j0 < rc; j0 += LORA_JC) {
-      for (int e = lid; e < LORA_JC * LORA_NC; e += LORA_ITEMS) {
-        const int j = j0 + e / LORA_NC, n = n0 + e % LORA_NC;
-        us[e] = j < rc && n < N ? ut[(r0 + j) * N + n] : 0.0f;
-      }
-      barrier(CLK_LOCAL_MEM_FENCE);
-      const int jn = min(LORA_JC, (rc - j0 + 3) & ~3);
-      for (int jj = 0; jj < jn; jj += 4) {
-        float4 tv[4];  // t[row i][j0 + jj .. + 3]: one read the 32 items of a row share
+  }
+  for (int j = full; j < rc; ++j) {
+    const float4 u0 = lora_ut4(u + j * N, cols);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) tv[i] = vload4(0, ts + (ty + LORA_WY * i) * LORA_RMAX + j0 + jj);
+    for (int i = 0; i < LORA_UR; ++i) acc[i] += t[rows[i] + j] * u0;
+  }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int col = tx + 32 * c;
-          const float4 uv = (float4)(us[jj * LORA_NC + col], us[(jj + 1) * LORA_NC + col],
-                                     us[(jj + 2) * LORA_NC + col], us[(jj + 3) * LORA_NC + col]);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[i][c] += dot(tv[i], uv);
-        }
-      }
-      barrier(CLK_LOCAL_MEM_FENCE);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int m = m0 + ty + LORA_WY * i;
-      if (m >= M) continue;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int n = n0 + tx + 32 * c;
-        if (n < N) DL_STORE(out, m * N + n, DL_LOAD(y, m * N + n) + acc[i][c]);
-      }
+  for (int i = 0; i < LORA_UR; ++i) {
+    const int m = m0 + i;
+    if (m >= M) break;
+    const int e = m * N + n;
+    if (cols == 4) {
+      DL_STORE4(out, e, DL_LOAD4(y, e) + acc[i]);
+    } else {
+      const float a[4] = {acc[i].x, acc[i].y, acc[i].z, acc[i].w};
+      for (int c = 0; c < cols; ++c) DL_STORE(out, e + c, DL_LOAD(y, e + c) + a[c]);
     }
   }
 }
