@@ -49,9 +49,9 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False, preci
     delegate = load_delegate(str(find_oplib()), {"backend": "opencl", "profile": "2" if detail else "1",
                                                  "precision": precision, "stats_path": str(stats_path)})
     interpreter = Interpreter(model_path=str(folder / entry["file"]), experimental_delegates=[delegate])
-    runner = interpreter.get_signature_runner("serving_default")
-    if loras:
+    if loras:  # before the signature runner, which holds the interpreter's tensors
         set_loras(folder, component, interpreter, delegate, loras)
+    runner = interpreter.get_signature_runner("serving_default")
     feeds = random_feeds(entry, np.random.default_rng(0))
     runner(**feeds)  # warm-up: first-use allocations
     walls = []
