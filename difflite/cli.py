@@ -277,13 +277,28 @@ def inspect(target, as_json):
                   f"({c['shared_buffers_mb']:.2f} MB as shared OpenCL buffers), {c['ops']} ops")
         for sig, io in c["signatures"].items():
             for kind in ("inputs", "outputs"):
-                for t in io[kind]:
+                tensors = [t for t in io[kind] if not lora.is_factor_input(t["name"])]
+                for t in tensors:
                     out.print(f"  {kind[:-1]:6} {t['name']:24} {t['dtype']:8} {t['shape']}")
+                if len(tensors) < len(io[kind]):
+                    out.print(f"  {kind[:-1]:6} lora_down_S, lora_up_S      {len(io[kind]) - len(tensors)} LoRA factor "
+                              f"inputs (zeros: no LoRA)")
         out.print("  ops: " + ", ".join(f"{k} x{v}" for k, v in c["op_histogram"].items()))
         out.print("  weights by stored type: " + ", ".join(
             f"{k} {v['tensors']} tensors {v['mb']:.2f} MB" for k, v in c["weight_widths"].items()))
-        for op in c["custom_ops"]:
-            out.print(f"  custom {op['name']} {op['options']}")
+        for (name, options), count in custom_op_lines(c["custom_ops"]).items():
+            out.print(f"  custom {name} {options}" + (f" x{count}" if count > 1 else ""))
+
+
+def custom_op_lines(ops: list[dict]) -> dict[tuple[str, str], int]:
+    """(name, options) -> how many ops have them, a LoRA slot's number left out (one line, not 192)."""
+    lines: dict[tuple[str, str], int] = {}
+    for op in ops:
+        options = {k: v for k, v in op["options"].items() if k != "slot"} if isinstance(op["options"], dict) \
+            else op["options"]
+        key = (op["name"], str(options))
+        lines[key] = lines.get(key, 0) + 1
+    return lines
 
 
 def parse_seeds(seeds: str) -> tuple[int, ...]:
