@@ -261,10 +261,17 @@ def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_ra
 @main.command()
 @click.argument("target", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def inspect(target, as_json):
+@click.option("--estimate", "estimate_profile", metavar="PROFILE", default=None,
+              help="Instead: estimate the time of one of OUT's pictures (20 guided steps) on a device "
+                   "profile (a name as --device-profile takes, or a profile .json), per component, from the "
+                   "kernels' FLOPs and bytes against its published peaks, with efficiencies fitted on the H200.")
+def inspect(target, as_json, estimate_profile):
     """Show ops, custom ops, signatures, weights and planned memory of OUT or FILE.tflite."""
     from difflite.runtime.inspect import inspect_target
 
+    if estimate_profile is not None:
+        print_estimate(target, estimate_profile, as_json)
+        return
     info = inspect_target(target)
     if as_json:
         print_json(info)
@@ -299,6 +306,27 @@ def custom_op_lines(ops: list[dict]) -> dict[tuple[str, str], int]:
         key = (op["name"], str(options))
         lines[key] = lines.get(key, 0) + 1
     return lines
+
+
+def print_estimate(target, profile: str, as_json: bool) -> None:
+    from difflite.runtime.estimate import estimate_folder
+
+    est = estimate_folder(target, profile)
+    if as_json:
+        print_json(est)
+        return
+    out = console()
+    out.print(f"[bold]estimate[/bold] for {est['gpu']} ({est['profile']}): {est['precision']} storage, "
+              f"{est['arithmetic']} arithmetic at {est['peak_gflops']:g} GFLOP/s, {est['bandwidth_gbps']:g} GB/s, "
+              f"{est['steps']} guided steps (UNet batch {est['unet_batch']})")
+    out.print(f"  {'component':14} {'calls':>5} {'ms/call':>10} {'s/picture':>10} {'memory-bound':>13}")
+    for name, c in est["components"].items():
+        out.print(f"  {name:14} {c['calls']:5d} {c['ms_per_call']:10.1f} {c['seconds_per_picture']:10.2f} "
+                  f"{c['memory_bound_share']:12.0%}")
+    out.print(f"  {'picture':14} {'':5} {'':10} {est['picture_seconds']:10.2f}")
+    cal = est["calibration"]
+    out.print(f"estimate: a roofline of the files' kernels at the profile's peaks, calibrated on the "
+              f"{cal['device']} ({cal['measured'].split(',')[0]}); not a measurement")
 
 
 def parse_seeds(seeds: str) -> tuple[int, ...]:
