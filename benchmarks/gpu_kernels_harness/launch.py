@@ -787,10 +787,10 @@ class Runner:
         return (*down, *up)
 
     def lora_factors(self, down: np.ndarray, up: np.ndarray) -> tuple[cl.Buffer, cl.Buffer]:
-        """D [r, K] and U [N, r] as StoreOnDevice holds them: D^T [K, r] and U^T [r, N], float in any
+        """D [r, K] and U [N, r] as StoreOnDevice holds them: D as given and U^T [r, N], float in any
         storage."""
         flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
-        return (cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(down.T, np.float32)),
+        return (cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(down, np.float32)),
                 cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(up.T, np.float32)))
 
     def lora_scratch(self, nbytes: int) -> cl.Buffer:

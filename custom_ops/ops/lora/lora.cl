@@ -1,9 +1,10 @@
 // difflite.LoRA on the GPU (host code: lora_opencl.cc): out = y + (x D^T) U^T over the rows m of
 // x [M, K] and y, out [M, N] (channels-last tensors flattened over their leading dims), with the
-// slot's factors as the op stored them: float, DT = D^T [K, R] and UT = U^T [R, N] (row-major).
+// slot's factors as the op stored them: float, D [R, K] (as given: a rank's row along k, so the 32
+// lanes of lora_down read it coalesced, as they read x) and UT = U^T [R, N] (row-major).
 // Two kernels per pass of at most kRanksPerPass ranks r0 .. r0 + rc - 1 (the host launches both
 // again for the next ranks, with out as y):
-//   1. lora_down: t [M, ld] = x . DT[:, r0 .. r0 + rc) into a float scratch (ld = rc rounded up
+//   1. lora_down: t [M, ld] = x . D[r0 .. r0 + rc)^T into a float scratch (ld = rc rounded up
 //      to 4; the columns rc .. ld - 1 are written 0), K split over the items of a work-group;
 //   2. lora_up: out = y + t . UT[r0 .. r0 + rc), an item per (rows, 4 consecutive columns).
 // y and out may be one buffer (the op then adds in place: each element is read and written by
@@ -35,7 +36,7 @@
 // are added in local memory, a row of each slot at a time, by the first 32 LORA_DS items.
 // Global size: (ceil(M / (LORA_DR LORA_DS)) LORA_DOWN_ITEMS, ceil(rc / 32)).
 __kernel __attribute__((reqd_work_group_size(LORA_DOWN_ITEMS, 1, 1)))
-void lora_down(__global const DL_T* x, __global const float* dt, __global float* t, int M, int K,
+void lora_down(__global const DL_T* x, __global const float* dk, __global float* t, int M, int K,
                int R, int r0, int rc, int ld) {
   __local float red[LORA_KL * (LORA_DS * LORA_RB + 1)];  // [lane][slot, rank], padded: no conflicts
   const int lid = get_local_id(0);
@@ -46,7 +47,7 @@ void lora_down(__global const DL_T* x, __global const float* dt, __global float*
   const int jb = get_group_id(1) * LORA_RB;  // the group's first rank in the pass
   const int j0 = jb + 8 * q;                 // the item's
   const int nj = clamp(rc - j0, 0, 8);       // its ranks that exist
-  __global const float* d = dt + r0 + j0;
+  __global const float* d = dk + (size_t)(r0 + j0) * K;  // the item's first rank's row of D
   float4 a0[LORA_DR], a1[LORA_DR];
 #pragma unroll
   for (int i = 0; i < LORA_DR; ++i) a0[i] = a1[i] = (float4)(0.0f);
@@ -56,7 +57,9 @@ void lora_down(__global const DL_T* x, __global const float* dt, __global float*
   if (nj == 8) {
 #pragma unroll 4
     for (int k = l; k < K; k += LORA_KL) {
-      const float4 d0 = vload4(0, d + k * R), d1 = vload4(0, d + k * R + 4);
+      // D[j][k] for the item's 8 ranks: each read is 32 consecutive floats across the lanes
+      const float4 d0 = (float4)(d[k], d[K + k], d[2 * K + k], d[3 * K + k]);
+      const float4 d1 = (float4)(d[4 * K + k], d[5 * K + k], d[6 * K + k], d[7 * K + k]);
 #pragma unroll
       for (int i = 0; i < LORA_DR; ++i) {
         const float xv = DL_LOAD(x, rows[i] + k);
@@ -66,10 +69,11 @@ void lora_down(__global const DL_T* x, __global const float* dt, __global float*
     }
   } else if (nj > 0) {
     for (int k = l; k < K; k += LORA_KL) {
-      __global const float* dk = d + k * R;
-      const float4 d0 = (float4)(dk[0], nj > 1 ? dk[1] : 0.0f, nj > 2 ? dk[2] : 0.0f, nj > 3 ? dk[3] : 0.0f);
-      const float4 d1 = (float4)(nj > 4 ? dk[4] : 0.0f, nj > 5 ? dk[5] : 0.0f, nj > 6 ? dk[6] : 0.0f,
-                                 nj > 7 ? dk[7] : 0.0f);
+      __global const float* dj = d + k;
+      const float4 d0 = (float4)(dj[0], nj > 1 ? dj[K] : 0.0f, nj > 2 ? dj[2 * K] : 0.0f,
+                                 nj > 3 ? dj[3 * K] : 0.0f);
+      const float4 d1 = (float4)(nj > 4 ? dj[4 * K] : 0.0f, nj > 5 ? dj[5 * K] : 0.0f,
+                                 nj > 6 ? dj[6 * K] : 0.0f, nj > 7 ? dj[7 * K] : 0.0f);
 #pragma unroll
       for (int i = 0; i < LORA_DR; ++i) {
         const float xv = DL_LOAD(x, rows[i] + k);
