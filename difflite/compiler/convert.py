@@ -26,6 +26,8 @@ from difflite.folder.reader import read_tflite
 DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 # An inpainting UNet's default adds the VAE encoder: generate --mask encodes the picture with it.
 INPAINT_COMPONENTS = (*DEFAULT_COMPONENTS, "vae_encoder")
+# SDXL (issue 32): both text encoders
+SDXL_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae_decoder")
 # Recognised even when not fused (the writer decomposes them). layernorm is not among them: an
 # unfused LayerNormalization keeps the writer's own lowering (no reshapes around it).
 CANONICAL_KINDS = ("gelu", "groupnorm", "attention")
@@ -68,7 +70,10 @@ def parse_winograd_budget(text: str | None) -> tuple[float | str | None, dict[st
 
 def default_components(pipe) -> tuple[str, ...]:
     """What convert writes without --components: the text-to-image components, and the VAE
-    encoder too for an inpainting UNet (which only generate --mask runs, and --mask needs it)."""
+    encoder too for an inpainting UNet (which only generate --mask runs, and --mask needs it);
+    SDXL's second text encoder for an SDXL pipeline."""
+    if pipe.family == "sdxl":
+        return SDXL_COMPONENTS
     return INPAINT_COMPONENTS if pipe.inpainting else DEFAULT_COMPONENTS
 
 
@@ -253,6 +258,8 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     if pipe.inpainting and "vae_encoder" not in options.components:
         log("note: an inpainting UNet: generate --mask needs vae_encoder, which --components leaves out")
     export.check_size(pipe, options.height, options.width, options.batch)
+    if "text_encoder_2" in options.components and pipe.text_encoder_2 is None:
+        raise BadInput(f"{model}: --components text_encoder_2 is SDXL's second text encoder; this pipeline has none")
     recipes = {}
     if options.weights in weight_recipe.HIGH and options.weights_target_db == 0:
         log(f"--weights-target-db 0: no {options.weights} mix recipe, every eligible layer {options.weights}")
@@ -262,6 +269,8 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
                                        given_recipes.get(name), log)
     with manifest.StagedFolder(Path(out)) as staged:
         pipe.save_tokenizer(staged.path("tokenizer"))
+        if pipe.tokenizer_2 is not None:
+            pipe.save_tokenizer(staged.path("tokenizer_2"), pipe.tokenizer_2)
         pipe.save_scheduler(staged.path("scheduler"))
         onnx_dir = staged.path("onnx")
         for name in options.components:
@@ -424,7 +433,22 @@ def latent_info(pipe, options: ConvertOptions) -> dict:
             "scaling_factor": float(pipe.vae.config.scaling_factor),
             "text_length": int(pipe.text_encoder.config.max_position_embeddings),
             "text_hidden": int(pipe.text_encoder.config.hidden_size),
-            "image_height": options.height, "image_width": options.width, "batch": options.batch}
+            "image_height": options.height, "image_width": options.width, "batch": options.batch,
+            **sdxl_latent_info(pipe)}
+
+
+def sdxl_latent_info(pipe) -> dict:
+    """What an SDXL folder's manifest adds to "latent": its family (generate and bench refuse
+    "sdxl" until SDXL generation exists), the UNet's context width (both encoders' hidden sizes),
+    text_encoder_2's width and its projection (the UNet's text_embeds), and the time ids."""
+    if pipe.family != "sdxl":
+        return {}
+    from difflite.compiler.presets import SDXL_TIME_IDS
+
+    return {"family": "sdxl", "context_hidden": int(pipe.unet.config.cross_attention_dim),
+            "text_hidden_2": int(pipe.text_encoder_2.config.hidden_size),
+            "text_embeds": int(pipe.text_encoder_2.config.projection_dim), "time_ids": SDXL_TIME_IDS,
+            "addition_time_embed_dim": int(pipe.unet.config.addition_time_embed_dim)}
 
 
 def conditioning_info(pipe, name: str, options: ConvertOptions) -> dict:

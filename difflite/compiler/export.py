@@ -19,7 +19,13 @@ import torch
 from difflite.core import control
 from difflite.core.errors import BadInput
 
-COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")  # and controlnet_N (is_component)
+# and controlnet_N (is_component); text_encoder_2: SDXL's second text encoder
+COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae_decoder", "vae_encoder")
+# SDXL's text encoders give their penultimate layer's hidden states (diffusers' StableDiffusionXLPipeline:
+# hidden_states[-2]); text_encoder_2 adds its pooled output projected (the UNet's text_embeds)
+PENULTIMATE = "penultimate_hidden_state"
+TEXT_EMBEDS = "text_embeds"
+TIME_IDS = "time_ids"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MIN_OPSET = 18  # the dynamo exporter writes invalid Split nodes at opset 17 (FACTS)
 MAX_TENSOR_ELEMENTS = 2**31 - 1  # TFLite's kernels and the op library's (kMaxIndex) index with int32
@@ -50,6 +56,49 @@ class TextEncoderModule(torch.nn.Module):
         return self.text_encoder(input_ids, return_dict=True).last_hidden_state
 
 
+class PenultimateTextEncoderModule(torch.nn.Module):
+    """SDXL's text_encoder: the hidden states before the last layer (hidden_states[-2], no final
+    layer norm), as diffusers' StableDiffusionXLPipeline.encode_prompt takes them."""
+
+    def __init__(self, text_encoder):
+        super().__init__()
+        self.text_encoder = text_encoder
+
+    def forward(self, input_ids):
+        return self.text_encoder(input_ids, output_hidden_states=True, return_dict=True).hidden_states[-2]
+
+
+class PooledTextEncoderModule(torch.nn.Module):
+    """SDXL's text_encoder_2 (CLIPTextModelWithProjection): the penultimate hidden states, and
+    text_embeds: the final-layer-normed hidden state at the first end-of-text token, projected.
+    transformers finds that token with an ArgMax and gathers its row (ArgMax / GatherND, which the
+    writer does not lower); here the row is picked by a one-hot product, the same values (position
+    0 where no end-of-text token is found, as ArgMax gives): tests/test_sdxl.py compares the two."""
+
+    def __init__(self, text_encoder):
+        super().__init__()
+        self.text_encoder = text_encoder
+        self.eos_token_id = int(text_encoder.config.eos_token_id)
+        length = int(text_encoder.config.max_position_embeddings)
+        # before[i, j] = 1 where i < j: (is_eos @ before)[j] counts end-of-text tokens before j
+        self.register_buffer("before", torch.triu(torch.ones(length, length), diagonal=1), persistent=False)
+        first = torch.zeros(length)
+        first[0] = 1.0
+        self.register_buffer("first", first, persistent=False)
+
+    def forward(self, input_ids):
+        out = self.text_encoder.text_model(input_ids, output_hidden_states=True, return_dict=True)
+        if self.eos_token_id == 2:  # transformers' legacy configs: the largest id marks the end
+            is_eos = (input_ids == input_ids.max(dim=-1, keepdim=True).values).to(torch.float32)
+        else:
+            is_eos = (input_ids == self.eos_token_id).to(torch.float32)
+        pick = is_eos * (torch.matmul(is_eos, self.before) == 0).to(torch.float32)  # the first one only
+        found = pick.sum(dim=-1, keepdim=True)
+        pick = pick + (1.0 - found) * self.first  # none: position 0
+        pooled = torch.matmul(pick.unsqueeze(1), out.last_hidden_state).squeeze(1)
+        return out.hidden_states[-2], self.text_encoder.text_projection(pooled)
+
+
 class UNetModule(torch.nn.Module):
     def __init__(self, unet):
         super().__init__()
@@ -57,6 +106,21 @@ class UNetModule(torch.nn.Module):
 
     def forward(self, sample, timestep, encoder_hidden_states):
         return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+
+
+class SDXLUNetModule(torch.nn.Module):
+    """An SDXL UNet (addition_embed_type "text_time"): after sample, timestep and
+    encoder_hidden_states (both text encoders' penultimate hidden states concatenated), diffusers'
+    added_cond_kwargs: text_embeds (text_encoder_2's projected pooled output) and time_ids (the
+    original size, crop top-left and target size: 6 numbers per sample)."""
+
+    def __init__(self, unet):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample, timestep, encoder_hidden_states, text_embeds, time_ids):
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states,
+                         added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, return_dict=False)[0]
 
 
 class ConditionedUNetModule(UNetModule):
@@ -209,8 +273,8 @@ def component_spec(pipe, name, height=512, width=512, batch=1, seed=0) -> Compon
     gen = torch.Generator().manual_seed(seed)
     h, w = latent_size(pipe, height, width)
     latent_channels = pipe.vae.config.latent_channels
-    if name == "text_encoder":
-        return _text_encoder_spec(pipe, gen)
+    if name in ("text_encoder", "text_encoder_2"):
+        return _text_encoder_spec(pipe, name, gen)
     if name == "unet":
         return _unet_spec(pipe, gen, batch, h, w)
     if control.controlnet_index(name) is not None:
@@ -222,20 +286,48 @@ def component_spec(pipe, name, height=512, width=512, batch=1, seed=0) -> Compon
     return ComponentSpec(name, VaeEncoderModule(pipe.vae).eval(), ("image",), ("latent_mean", "latent_std"), (image,))
 
 
-def _text_encoder_spec(pipe, gen) -> ComponentSpec:
-    config = pipe.text_encoder.config
+def _text_encoder_spec(pipe, name, gen) -> ComponentSpec:
+    sdxl = pipe.family == "sdxl"
+    if name == "text_encoder_2" and not sdxl:
+        raise BadInput(f"{pipe.source}: no text_encoder_2 (an SDXL component; this is an SD 1.x / 2.x pipeline)")
+    encoder, tokenizer = (pipe.text_encoder_2, pipe.tokenizer_2) if name == "text_encoder_2" else \
+        (pipe.text_encoder, pipe.tokenizer)
+    config = encoder.config
     length = config.max_position_embeddings
-    high = min(config.vocab_size, len(pipe.tokenizer))
+    high = min(config.vocab_size, len(tokenizer))
     input_ids = torch.randint(0, high, (1, length), generator=gen, dtype=torch.int64)
-    input_ids[0, 0] = pipe.tokenizer.bos_token_id
-    module = TextEncoderModule(pipe.text_encoder).eval()
-    return ComponentSpec("text_encoder", module, ("input_ids",), ("last_hidden_state",), (input_ids,))
+    input_ids[0, 0] = tokenizer.bos_token_id
+    if not sdxl:
+        module = TextEncoderModule(encoder).eval()
+        return ComponentSpec(name, module, ("input_ids",), ("last_hidden_state",), (input_ids,))
+    # A tokenized prompt's shape: the end-of-text token after a random number of words, then
+    # padding, so that text_encoder_2's pooled row is not always the same
+    end = int(torch.randint(1, length, (1,), generator=gen))
+    input_ids[0, 1:] = torch.where(input_ids[0, 1:] == tokenizer.eos_token_id, tokenizer.bos_token_id,
+                                   input_ids[0, 1:])
+    input_ids[0, end:] = tokenizer.pad_token_id
+    input_ids[0, end] = tokenizer.eos_token_id
+    if name == "text_encoder":
+        return ComponentSpec(name, PenultimateTextEncoderModule(encoder).eval(), ("input_ids",), (PENULTIMATE,),
+                             (input_ids,))
+    return ComponentSpec(name, PooledTextEncoderModule(encoder).eval(), ("input_ids",), (PENULTIMATE, TEXT_EMBEDS),
+                         (input_ids,))
 
 
 def _unet_spec(pipe, gen, batch, h, w) -> ComponentSpec:
     config = pipe.unet.config
     sample, timestep, context = _denoiser_inputs(pipe, gen, batch, h, w)
     names, inputs = ["sample", "timestep", "encoder_hidden_states"], [sample, timestep, context]
+    if pipe.family == "sdxl":
+        if pipe.controlnets or config.get("time_cond_proj_dim"):
+            raise BadInput(f"{pipe.source}: an SDXL UNet with ControlNets or timestep_cond is not supported yet")
+        text_embeds = torch.randn((batch, pipe.text_encoder_2.config.projection_dim), generator=gen)
+        # sizes as SDXL is called: original and target size in pixels, a crop offset
+        size = torch.tensor([h * pipe.vae_scale_factor, w * pipe.vae_scale_factor], dtype=torch.float32)
+        crop = torch.randint(0, 64, (batch, 2), generator=gen).to(torch.float32)
+        time_ids = torch.cat([size.expand(batch, 2), crop, size.expand(batch, 2)], dim=1)
+        return ComponentSpec("unet", SDXLUNetModule(pipe.unet).eval(), (*names, TEXT_EMBEDS, TIME_IDS), ("noise_pred",),
+                             (*inputs, text_embeds, time_ids))
     cond_dim = config.get("time_cond_proj_dim")
     if cond_dim:
         from difflite.core.conditioning import TIMESTEP_COND, guidance_embedding

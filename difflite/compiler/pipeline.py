@@ -42,6 +42,16 @@ class Pipeline:
     # diffusers ControlNetModels (--controlnet, difflite/compiler/controlnet.py): components
     # controlnet_0, controlnet_1, ... in this order; with any, the UNet takes their residuals
     controlnets: list = field(default_factory=list)
+    # SDXL (issue 32): the second text encoder (transformers.CLIPTextModelWithProjection, eager
+    # attention) and its tokenizer; None for SD 1.x / 2.x
+    text_encoder_2: object = None
+    tokenizer_2: object = None
+
+    @property
+    def family(self) -> str:
+        """"sdxl" for a UNet conditioned on text_time (SDXL's pooled text embedding and time ids,
+        diffusers' added_cond_kwargs), else "sd" (SD 1.x / 2.x)."""
+        return "sdxl" if self.unet.config.get("addition_embed_type") == "text_time" else "sd"
 
     @property
     def vae_scale_factor(self) -> int:
@@ -58,12 +68,13 @@ class Pipeline:
         """The image size the UNet was trained at (its config's sample_size, in pixels)."""
         return int(self.unet.config.sample_size) * self.vae_scale_factor
 
-    def save_tokenizer(self, folder: Path) -> None:
+    def save_tokenizer(self, folder: Path, tokenizer=None) -> None:
         """Write vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json (what
-        transformers loads), and tokenizer.json (what `generate` loads without transformers)."""
+        transformers loads), and tokenizer.json (what `generate` loads without transformers), of
+        `tokenizer` (default: the pipeline's first)."""
         from difflite.folder.tokenizer import save_pipeline
 
-        tok = self.tokenizer
+        tok = self.tokenizer if tokenizer is None else tokenizer
         pipeline_json, pipeline = tokenizer_pipeline(tok)
         model = pipeline["model"]
         merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
@@ -78,6 +89,8 @@ class Pipeline:
         write_json(folder / "scheduler_config.json", self.scheduler_config)
 
     def save_pretrained(self, folder: Path) -> None:
+        if self.family != "sd":
+            raise BadInput(f"{self.source}: saving an SDXL pipeline as a diffusers folder is not supported yet")
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for name in COMPONENTS:

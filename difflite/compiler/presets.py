@@ -11,7 +11,10 @@ import torch
 from difflite.compiler.pipeline import BOS, EOS, MAX_LENGTH, Pipeline
 from difflite.core.errors import BadInput
 
-PRESETS = ("tiny", "sd15", "sd21", "sd21-768", "sd15-inpaint", "tiny-inpaint")
+PRESETS = ("tiny", "sd15", "sd21", "sd21-768", "sd15-inpaint", "tiny-inpaint", "sdxl", "sdxl-tiny")
+# SDXL's UNet takes 6 time ids beside the pooled text embedding: the original size (h, w), the
+# crop's top-left (top, left) and the target size (h, w), each embedded in addition_time_embed_dim
+SDXL_TIME_IDS = 6
 # An inpainting UNet's sample: the latents (4), the mask (1) and the masked picture's latents (4)
 INPAINT_CHANNELS = 9
 _WEIGHTS_SCHEME = 1  # bump when preset weight generation changes, so preset hashes change too
@@ -110,6 +113,34 @@ _SD21_UNET = {**_SD15_UNET, "attention_head_dim": [5, 10, 20, 20], "cross_attent
 _SD21_CLIP = {**_SD15_CLIP, "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 23,
               "num_attention_heads": 16, "hidden_act": "gelu", "projection_dim": 512}
 
+# SDXL base 1.0: EulerDiscrete as diffusers' SDXL pipelines use (leading spacing, steps_offset 1).
+_SDXL_SCHEDULER = {
+    "_class_name": "EulerDiscreteScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085, "clip_sample": False, "interpolation_type": "linear", "num_train_timesteps": 1000,
+    "prediction_type": "epsilon", "sample_max_value": 1.0, "set_alpha_to_one": False, "skip_prk_steps": True,
+    "steps_offset": 1, "timestep_spacing": "leading", "trained_betas": None, "use_karras_sigmas": False,
+}
+# SDXL's UNet: three levels, no attention at the first, 1/2/10 transformer layers, text_time
+# conditioning on text_encoder_2's pooled projection (1280) and 6 time ids (6 x 256): 2816.
+_SDXL_UNET = {
+    "act_fn": "silu", "addition_embed_type": "text_time", "addition_embed_type_num_heads": 64,
+    "addition_time_embed_dim": 256, "attention_head_dim": [5, 10, 20], "block_out_channels": [320, 640, 1280],
+    "center_input_sample": False, "cross_attention_dim": 2048,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "downsample_padding": 1, "flip_sin_to_cos": True, "freq_shift": 0, "in_channels": 4,
+    "layers_per_block": 2, "mid_block_scale_factor": 1, "norm_eps": 1e-5, "norm_num_groups": 32,
+    "out_channels": 4, "projection_class_embeddings_input_dim": 2816, "sample_size": 128,
+    "transformer_layers_per_block": [1, 2, 10],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "upcast_attention": False, "use_linear_projection": True,
+}
+# SD's VAE retrained: scaling 0.13025; it overflows in float16 (force_upcast, issue 32 item 6).
+_SDXL_VAE = {**_SD_VAE, "sample_size": 1024, "scaling_factor": 0.13025, "force_upcast": True}
+# CLIP ViT-L (SDXL conditions on its penultimate layer) and OpenCLIP ViT-bigG with its projection.
+_SDXL_CLIP = {**_SD15_CLIP}
+_SDXL_CLIP_2 = {**_SD15_CLIP, "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                "num_attention_heads": 20, "hidden_act": "gelu", "projection_dim": 1280}
+
 _PRESET_CONFIGS = {
     "sd15": {"unet": _SD15_UNET, "vae": _SD_VAE, "text_encoder": _SD15_CLIP, "scheduler": _SD_SCHEDULER},
     "sd21": {"unet": _SD21_UNET, "vae": _SD_VAE, "text_encoder": _SD21_CLIP,
@@ -132,6 +163,25 @@ _PRESET_CONFIGS = {
         "scheduler": _SD_SCHEDULER,
     },
 }
+_PRESET_CONFIGS["sdxl"] = {"unet": _SDXL_UNET, "vae": _SDXL_VAE, "text_encoder": _SDXL_CLIP,
+                           "text_encoder_2": _SDXL_CLIP_2, "scheduler": _SDXL_SCHEDULER}
+# SDXL's shape at tiny widths: two text encoders of different widths (their penultimate hidden
+# states concatenated: cross_attention_dim 32 + 48), text_time conditioning (projection 24 + 6 x 8
+# time ids), two transformer layers at the second level, linear projections.
+_TINY = _PRESET_CONFIGS["tiny"]
+_PRESET_CONFIGS["sdxl-tiny"] = {
+    "unet": {**_SDXL_UNET, "addition_embed_type_num_heads": 4, "addition_time_embed_dim": 8,
+             "attention_head_dim": [2, 4], "block_out_channels": [32, 64], "cross_attention_dim": 80,
+             "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"], "norm_num_groups": 8,
+             "projection_class_embeddings_input_dim": 24 + SDXL_TIME_IDS * 8, "sample_size": 16,
+             "transformer_layers_per_block": [1, 2], "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"]},
+    "vae": {**_TINY["vae"], "sample_size": 128, "scaling_factor": 0.13025, "force_upcast": True},
+    "text_encoder": {**_TINY["text_encoder"], "num_hidden_layers": 3},
+    "text_encoder_2": {**_TINY["text_encoder"], "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 3,
+                       "num_attention_heads": 4, "hidden_act": "gelu", "projection_dim": 24},
+    "scheduler": _SDXL_SCHEDULER,
+}
+
 # SD 1.5's inpainting model (and the tiny one for tests): the same architecture whose UNet takes
 # INPAINT_CHANNELS input channels.
 for _name in ("sd15", "tiny"):
@@ -163,8 +213,19 @@ def build_preset(name: str, seed: int) -> Pipeline:
         text_encoder = _clip_from_config(configs["text_encoder"], tokenizer)
         unet = UNet2DConditionModel.from_config(configs["unet"])
         vae = AutoencoderKL.from_config(configs["vae"])
-    for part, module in (("text_encoder", text_encoder), ("unet", unet), ("vae", vae)):
+        # SDXL's second encoder, built after the others so SD presets keep their weights
+        text_encoder_2 = (_clip_from_config(configs["text_encoder_2"], tokenizer, projection=True)
+                          if "text_encoder_2" in configs else None)
+    parts = [("text_encoder", text_encoder), ("unet", unet), ("vae", vae)]
+    if text_encoder_2 is not None:
+        parts.append(("text_encoder_2", text_encoder_2))
+    for part, module in parts:
         _perturb(module, _derived_seed(seed, part))
+    extra = {}
+    if text_encoder_2 is not None:
+        # SDXL's tokenizer_2 differs from tokenizer only in its pad token ("!"); the preset's one
+        # tokenizer serves both (issue 32: the pad token is a generate-parity question)
+        extra = {"text_encoder_2": text_encoder_2.float().eval(), "tokenizer_2": tokenizer}
     return Pipeline(
         source=f"preset:{name}",
         source_hash=hashlib.sha256(key.encode()).hexdigest(),
@@ -173,6 +234,7 @@ def build_preset(name: str, seed: int) -> Pipeline:
         vae=vae.float().eval(),
         tokenizer=tokenizer,
         scheduler_config=configs["scheduler"],
+        **extra,
     )
 
 
@@ -195,12 +257,14 @@ def preset_hash(payload: dict) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _clip_from_config(config: dict, tokenizer):
-    from transformers import CLIPTextConfig, CLIPTextModel
+def _clip_from_config(config: dict, tokenizer, projection: bool = False):
+    """A CLIPTextModel, or with `projection` a CLIPTextModelWithProjection (SDXL's text_encoder_2:
+    the pooled output projected to projection_dim, text_embeds)."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
            "pad_token_id": tokenizer.pad_token_id}
-    model = CLIPTextModel(CLIPTextConfig(**config, **ids))
+    model = (CLIPTextModelWithProjection if projection else CLIPTextModel)(CLIPTextConfig(**config, **ids))
     model.set_attn_implementation("eager")
     return model
 

@@ -245,6 +245,20 @@ class OutputFolder:
         return entry
 
     @property
+    def family(self) -> str:
+        """"sdxl" for an SDXL conversion (the manifest's latent.family), else "sd" (SD 1.x / 2.x,
+        whose folders do not record it)."""
+        return str(self.latent_fields.get("family") or "sd")
+
+    def require_sd(self) -> None:
+        """BadInput (one line) for a folder the SD 1.x / 2.x runtime cannot run: SDXL, for now."""
+        if self.family == "sdxl":
+            raise BadInput(f"{self.path}: SDXL generation is not supported yet (issue 32); "
+                           f"verify and inspect read this folder")
+        if self.family != "sd":
+            raise BadInput(f"{self.path / manifest_file.MANIFEST}: unknown model family {self.family!r}")
+
+    @property
     def controlnets(self) -> list[ComponentEntry]:
         """The ControlNet components, controlnet_0, controlnet_1, ... in order (convert --controlnet)."""
         found = [(control.controlnet_index(name), entry) for name, entry in self.components.items()]

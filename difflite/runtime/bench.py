@@ -588,6 +588,7 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
     options.validate()
     out = Path(out)
     folder = OutputFolder.read(out, check_files=False)
+    folder.require_sd()
     if options.precision is None:
         options = replace(options, precision=folder.precision)
     names = select_components(folder, options.components)

@@ -228,6 +228,7 @@ class LitePipeline:
         check_fallback(fallback)
         self.out = Path(out)
         self.folder = OutputFolder.read(self.out)
+        self.folder.require_sd()
         self.backend = backend
         # "cpu": a model the OpenCL backend cannot load runs on the CPU backend, and so does every
         # later one (fallback_reason says why, once, on stderr and in the settings)
