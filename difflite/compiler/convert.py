@@ -108,7 +108,7 @@ class ConvertOptions:
     def validate(self) -> None:
         unknown = [c for c in self.components or () if not export.is_component(c)]
         if unknown or self.components == ():
-            raise BadInput(f"unknown component(s) {unknown} (choose from {', '.join(export.COMPONENTS)})")
+            raise BadInput(f"unknown component(s) {unknown} (choose from {', '.join(export.KNOWN)})")
         if self.precision not in PRECISIONS:
             raise BadInput(f"precision {self.precision!r} must be one of {', '.join(PRECISIONS)}")
         bad = [k for k in self.fuse if k not in FUSE_KINDS]
@@ -120,7 +120,7 @@ class ConvertOptions:
         for where, budget in [(None, self.winograd_budget_mb), *self.winograd_budgets_mb.items()]:
             if where is not None and not export.is_component(where):
                 raise BadInput(f"--winograd-budget-mb: unknown component {where!r} "
-                               f"(choose from {', '.join(export.COMPONENTS)}, controlnet_N)")
+                               f"(choose from {', '.join(export.KNOWN)}, controlnet_N)")
             if budget is not None and budget != WINOGRAD_OFF and not 0 <= budget < math.inf:
                 raise BadInput(f"--winograd-budget-mb {budget} must be a finite number >= 0")
         if self.weights not in quantize.WIDTHS:

@@ -19,8 +19,9 @@ import torch
 from difflite.core import control
 from difflite.core.errors import BadInput
 
-# and controlnet_N (is_component); text_encoder_2: SDXL's second text encoder
-COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae_decoder", "vae_encoder")
+COMPONENTS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")  # an SD 1.x / 2.x pipeline's
+SDXL_ONLY = ("text_encoder_2",)  # SDXL's second text encoder
+KNOWN = (*COMPONENTS[:1], *SDXL_ONLY, *COMPONENTS[1:])  # and controlnet_N (is_component)
 # SDXL's text encoders give their penultimate layer's hidden states (diffusers' StableDiffusionXLPipeline:
 # hidden_states[-2]); text_encoder_2 adds its pooled output projected (the UNet's text_embeds)
 PENULTIMATE = "penultimate_hidden_state"
@@ -188,8 +189,8 @@ class VaeEncoderModule(torch.nn.Module):
 
 
 def is_component(name: str) -> bool:
-    """A component convert can write: one of COMPONENTS, or a ControlNet's (controlnet_N)."""
-    return name in COMPONENTS or control.controlnet_index(name) is not None
+    """A component convert can write: one of KNOWN, or a ControlNet's (controlnet_N)."""
+    return name in KNOWN or control.controlnet_index(name) is not None
 
 
 def takes_batch(name: str) -> bool:
@@ -266,7 +267,7 @@ def latent_size(pipe, height, width) -> tuple[int, int]:
 def component_spec(pipe, name, height=512, width=512, batch=1, seed=0) -> ComponentSpec:
     """The wrapper module and seeded example inputs of one component at a static size."""
     if not is_component(name):
-        raise BadInput(f"{pipe.source}: unknown component {name!r} (known: {', '.join(COMPONENTS)}, controlnet_N)")
+        raise BadInput(f"{pipe.source}: unknown component {name!r} (known: {', '.join(KNOWN)}, controlnet_N)")
     if batch not in (1, 2):
         raise BadInput(f"{pipe.source}: batch {batch!r} must be 1 or 2")
     check_size(pipe, height, width)
