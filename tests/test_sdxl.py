@@ -173,3 +173,21 @@ def test_generate_and_bench_refuse_sdxl(sdxl_out, command):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "SDXL generation is not supported yet" in lines[0], result.stderr
     assert not (sdxl_out / "x.png").exists()
+
+
+def test_sdxl_diffusers_folder_is_refused_cleanly(tmp_path):
+    """Until issue 32 loads SDXL folders: one line, not a pipeline without its text_encoder_2."""
+    tiny = build_preset("tiny", 0)
+    tiny.save_pretrained(tmp_path / "f")
+    config_path = tmp_path / "f" / "unet" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "addition_embed_type": "text_time"}))
+    from difflite.compiler.models import load_pipeline
+
+    with pytest.raises(BadInput, match="an SDXL diffusers folder"):
+        load_pipeline(str(tmp_path / "f"))
+
+
+def test_sdxl_pipeline_is_not_saved_as_an_sd_folder(sdxl_tiny, tmp_path):
+    with pytest.raises(BadInput, match="not supported yet"):
+        sdxl_tiny.save_pretrained(tmp_path / "f")

@@ -180,7 +180,10 @@ def check_config_folder(folder: Path) -> dict:
             raise BadInput(f"{folder / 'model_index.json'}: expected {name} = {cls}, got {entry!r}")
         if not (folder / name / "config.json").is_file():
             raise BadInput(f"{folder / name / 'config.json'}: missing")
-        _read_json(folder / name / "config.json")
+        config = _read_json(folder / name / "config.json")
+        if name == "unet" and config.get("addition_embed_type") == "text_time":
+            raise BadInput(f"{folder}: an SDXL diffusers folder (text_time UNet); loading SDXL folders is not "
+                           f"supported yet (issue 32: preset:sdxl-tiny converts)")
     if not (folder / "scheduler" / "scheduler_config.json").is_file():
         raise BadInput(f"{folder / 'scheduler' / 'scheduler_config.json'}: missing")
     _read_json(folder / "scheduler" / "scheduler_config.json")
