@@ -207,8 +207,9 @@ def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_ra
     MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
     2.x, text-to-image or inpainting, inferred from its keys, or --config FOLDER), or preset:NAME
     (preset:tiny, preset:sd15, preset:sd21, preset:sd21-768, preset:sd15-inpaint,
-    preset:tiny-inpaint: real architectures, seeded random weights). Each --controlnet
-    adds a component controlnet_N and residual inputs to the UNet.
+    preset:tiny-inpaint: real architectures, seeded random weights; preset:sdxl and preset:sdxl-tiny:
+    SDXL, which converts (text_encoder_2 too) and verifies but does not generate yet). Each
+    --controlnet adds a component controlnet_N and residual inputs to the UNet.
     """
     from difflite.compiler.convert import ConvertOptions, parse_winograd_budget
     from difflite.compiler.convert import convert as run_convert
