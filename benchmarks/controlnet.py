@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import headline
-from benchmarks.headline import PROMPT, ROOT, machine, run_measured, summary
+from benchmarks.headline import PROMPT, machine, run_measured, summary
 
 FOLDERS = {  # name: convert flags
     "fp16": ["--precision", "fp16"],
@@ -136,19 +136,9 @@ def report(data: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=ROOT / "out" / "controlnet", help="folder for the conversions")
-    parser.add_argument("--model", default="preset:sd15")
+    headline.add_run_arguments(parser, "controlnet", "convert,generate,bench,diffusers")
     parser.add_argument("--controlnet", default="preset:controlnet")
-    parser.add_argument("--convert-args", default="", help="extra flags for every conversion (e.g. a smaller size)")
     parser.add_argument("--folders", default=",".join(FOLDERS), help="the folders the convert phase makes")
-    parser.add_argument("--phase", default="convert,generate,bench,diffusers",
-                        help="comma-separated: convert,generate,bench,diffusers")
-    parser.add_argument("--runs", type=int, default=5, help="processes per generate figure")
-    parser.add_argument("--bench-runs", type=int, default=20, help="timed calls per component in bench")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
-    parser.add_argument("--save", type=Path)
-    parser.add_argument("--report", type=Path, help="print the tables of a saved result and stop")
     args = parser.parse_args()
     if args.report:
         report(json.loads(args.report.read_text()))

@@ -204,18 +204,23 @@ def report(data: dict) -> None:
                 {"unet": "UNet step, ms", "vae_decoder": "VAE decode, ms"})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=ROOT / "out" / "headline", help="folder for the conversions")
+def add_run_arguments(parser: argparse.ArgumentParser, work: str, phases: str) -> None:
+    """The options of a benchmark built on these phases (this script, controlnet.py)."""
+    parser.add_argument("--work", type=Path, default=ROOT / "out" / work, help="folder for the conversions")
     parser.add_argument("--model", default="preset:sd15")
     parser.add_argument("--convert-args", default="", help="extra flags for every conversion (e.g. a smaller size)")
-    parser.add_argument("--phase", default="convert,generate,bench", help="comma-separated: convert,generate,bench")
+    parser.add_argument("--phase", default=phases, help=f"comma-separated: {phases}")
     parser.add_argument("--runs", type=int, default=5, help="processes per generate figure")
     parser.add_argument("--bench-runs", type=int, default=20, help="timed calls per component in bench")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
     parser.add_argument("--save", type=Path)
     parser.add_argument("--report", type=Path, help="print the tables of a saved result and stop")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_arguments(parser, "headline", "convert,generate,bench")
     args = parser.parse_args()
     if args.report:
         report(json.loads(args.report.read_text()))

@@ -71,12 +71,14 @@ def write_lora(folder: Path, path: Path, rank: int, seed: int) -> int:
 def unet_feeds(entry) -> dict:
     import numpy as np
 
+    from difflite.core import lora
+
     rng = np.random.default_rng(0)
     feeds = {}
     for spec in entry.inputs:
         if spec.name == "timestep":
             feeds[spec.name] = np.full(spec.onnx_shape, 500, spec.dtype)
-        elif not spec.name.startswith("lora_"):
+        elif not lora.is_factor_input(spec.name):
             feeds[spec.name] = rng.standard_normal(spec.onnx_shape).astype(spec.dtype)
     return feeds
 

@@ -67,7 +67,7 @@ def add_lora_slots(model: ir.Model, component: str, which: str = "auto", form: s
             nodes = [ir_utils.difflite_node(custom_ops.LORA, [y, x], {"slot": slot.slot}, y)]
         else:
             nodes = _builtin_sum(model.graph, slot, x, y, max_rank)
-        _insert_after(model.graph, y, nodes)
+        model.graph.insert_after(y.producer(), nodes)
         result = nodes[-1].outputs[0]
         result.name = ir_utils.unique_name(model.graph, f"{y.name}/lora")
         for usage in readers:
@@ -151,11 +151,6 @@ def _bias_added(out: ir.Value, n: int) -> ir.Value | None:
     if shape and shape[-1] != n:
         return out
     return reader.outputs[0]
-
-
-def _insert_after(graph: ir.Graph, y: ir.Value, nodes: list[ir.Node]) -> None:
-    producer = y.producer()
-    graph.insert_after(producer, nodes)
 
 
 def _builtin_sum(graph: ir.Graph, slot: Slot, x: ir.Value, y: ir.Value, max_rank: int) -> list[ir.Node]:

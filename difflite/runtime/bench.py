@@ -284,6 +284,8 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     call counts actually made (they must match the plan)."""
     import numpy as np
 
+    from difflite.runtime.loras import SlotFactors
+
     te, unet, vae = (entries[n] for n in PIPELINE)
     te_in, te_out = te.inputs[0], te.outputs[0].name
     unet_names = {spec.name: spec for spec in unet.inputs}
@@ -309,8 +311,7 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     # ControlNets themselves are measured per call (--components controlnet_0,...)
     residuals = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in unet.control_residuals}
     # a --no-fuse file's LoRA factor inputs: zeros (no LoRA), made once as a caller would
-    no_lora = {entry.name: {spec.name: np.zeros(spec.shape, spec.dtype) for spec in entry.inputs
-                            if lora.is_factor_input(spec.name)} for entry in (te, unet)}
+    no_lora = {entry.name: SlotFactors(entry).feeds() for entry in (te, unet)}
 
     def batched(rows: np.ndarray, size: int) -> np.ndarray:
         return np.concatenate([rows] + [rows[-1:]] * (size - len(rows)))[:size] if len(rows) < size else rows
