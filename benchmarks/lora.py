@@ -10,8 +10,9 @@ on `--backend`:
   round, in turn (side by side); each round's median is one run of the summary;
 - the switch: `LitePipeline.set_loras` of one LoRA (read the file, check it, set its factors on the
   loaded text encoder and UNet), alternating between two files, and back to none;
-- memory: this process's GPU memory (nvidia-smi) and resident memory after each state, against
-  the LoRA files' own bytes.
+- memory: this process's GPU memory (nvidia-smi) and resident memory after each state, and the
+  bytes the op library holds for the active LoRAs' factors (difflite_lora_bytes) against the LoRA
+  files' own bytes.
 
     python benchmarks/lora.py --work out/lora --rounds 5 --save benchmarks/results/lora_h200_2026-11.json
     python benchmarks/lora.py --work out/lora --model preset:tiny --convert-args "--height 64 --width 64"
@@ -107,6 +108,7 @@ def measure(work: Path, backend: str, rounds: int, calls: int) -> dict:
                "slots, 1 LoRA": (unet, [files["style_a"]]), "slots, 3 LoRAs": (unet, [files[n] for n in LORAS])}
     steps = {label: [] for label in configs}
     memory = {label: [] for label in configs}
+    held = {}  # bytes the op library holds for the active LoRAs, against the files' own bytes
     for _ in range(rounds):
         for label, (component, loras) in configs.items():
             if loras is not None:
@@ -120,6 +122,8 @@ def measure(work: Path, backend: str, rounds: int, calls: int) -> dict:
                 times.append((time.perf_counter() - start) * 1000)
             steps[label].append(statistics.median(times))
             memory[label].append(memory_now())
+            if loras is not None:
+                held[label] = {"bytes": pipe.lora_bytes(), "file_bytes": sum(f.stat().st_size for f in loras)}
     switches = {"none -> style_a": [], "style_a -> style_b": [], "style_b -> none": []}
     for _ in range(rounds):
         pipe.set_loras([])
@@ -135,6 +139,7 @@ def measure(work: Path, backend: str, rounds: int, calls: int) -> dict:
         "unet_step_ms": {label: summary(values) for label, values in steps.items()},
         "ratio_to_no_slots": {label: summary([v / b for v, b in zip(values, base)]) for label, values in steps.items()},
         "switch_s": {label: summary(values) for label, values in switches.items()},
+        "lora_bytes_held": held,
         "memory": {label: {key: summary([m[key] for m in values]) if all(m[key] is not None for m in values) else None
                            for key in ("rss_mib", "gpu_mib")} for label, values in memory.items()},
     }
@@ -142,7 +147,7 @@ def measure(work: Path, backend: str, rounds: int, calls: int) -> dict:
 
 def report(data: dict) -> None:
     m = data["measured"]
-    print(f"\n{data['machine'].get('gpu') or data['machine']['cpu']}, {data['date']}, backend {m['backend']}, "
+    print(f"\n{data['machine'].get('gpu') or data['machine'].get('host')}, {data['date']}, backend {m['backend']}, "
           f"{data['rounds']} rounds of {m['calls_per_round']} calls; LoRA rank {data['rank']}, "
           f"{data['lora_file_mib']:.1f} MiB a file")
     print("| UNet step (batch 2) | median ms | range | x no slots | GPU MiB | RSS MiB |")
@@ -156,6 +161,12 @@ def report(data: dict) -> None:
         unet = row.get("components", {}).get("unet")
         print(f"| {label} | " + (f"{unet['median_ms']:.1f} | {unet['min_ms']:.1f}-{unet['max_ms']:.1f} | | | |"
                                   if unet else f"{row.get('error')} | | | | |"))
+    if m.get("lora_bytes_held"):
+        print("| factors held by the op library | MiB | x the files' bytes |")
+        print("|---|---|---|")
+        for label, h in m["lora_bytes_held"].items():
+            ratio = f"{h['bytes'] / h['file_bytes']:.3f}" if h["file_bytes"] else "-"
+            print(f"| {label} | {h['bytes'] / 2**20:.1f} | {ratio} |")
     print("| switch (set_loras) | median s | range |")
     print("|---|---|---|")
     for label, s in m["switch_s"].items():

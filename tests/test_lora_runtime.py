@@ -159,10 +159,14 @@ def test_switching_in_one_process_changes_no_base_weight(folders, loras, baked):
         pipe.set_loras([f"{loras['kohya']}:0.8"])
         styled = draw()
         unet = pipe.component("unet")
+        # the library holds the factors once (float32 on the CPU backend), nothing per base weight
+        held = sum(d.nbytes + u.nbytes for name in ("text_encoder", "unet")
+                   for d, u in pipe.loras.for_component(name).values())
+        assert held > 0 and pipe.lora_bytes() == held
         pipe.set_loras([(loras["peft"], 1.0)])
         other = draw()
         pipe.set_loras([])
-        assert np.array_equal(draw(), base)
+        assert np.array_equal(draw(), base) and pipe.lora_bytes() == 0
         pipe.set_loras([f"{loras['kohya']}:0.8"])
         assert np.array_equal(draw(), styled)
         with pytest.raises(BadInput, match="locon.safetensors"):

@@ -321,10 +321,10 @@ class TestCpuBackend:
 # The OpenCL kernel, launched directly (pyopencl on PoCL)
 
 
-CASES = [  # rows, K, N, rank: odd sizes; row and column tails; ranks past a multiple of 4 or 8, a
-    # work-group's 32 (one pass), 130 and 300 (more passes of 128)
+CASES = [  # rows, K, N, rank: odd sizes; row and column tails of the GEMM tiles; ranks past a
+    # multiple of 4 and a tile's 16-deep k slice; few rows over a long K (the down GEMM split over K)
     (1, 1, 1, 1), (37, 13, 9, 5), (33, 40, 130, 64), (45, 17, 200, 70), (9, 5, 7, 130), (70, 77, 33, 32),
-    (23, 30, 50, 33), (5, 3, 6, 300)]
+    (23, 30, 50, 33), (5, 3, 6, 300), (20, 1100, 24, 8)]
 
 
 @pytest.mark.parametrize("rows,k,n,rank", CASES)
@@ -337,16 +337,15 @@ def test_lora(runner, rows, k, n, rank):
     assert rel_err(runner.download(out, (rows, n)), lora_ref(y, x, d, u)) < TOL
 
 
-@pytest.mark.parametrize("plan", [(1, 2, 1, 8), (8, 1, 8, 4), (2, 2, 4, 1), (4, 1, 2, 2)])
-def test_lora_in_place_and_other_plans(runner, plan):
-    """y and out one buffer (the library's alias); plans (LORA_DR, LORA_DS, LORA_UR, LORA_US) of other
-    layers and of devices with smaller work-groups; 170 ranks: two passes, the later adding to out."""
+def test_lora_in_place(runner):
+    """y and out one buffer (the library's alias): the accumulating GEMM reads each output where it
+    stores it."""
     rows, k, n, rank = 29, 21, 150, 170
     r = rng(11)
     x, y = nonzero(r, (rows, k)), nonzero(r, (rows, n))
     d, u = factors(12, rank, k, n)
     yo = runner.upload(y)
-    runner.lora(runner.upload(x), yo, yo, *runner.lora_factors(d, u), rows, k, n, rank, plan=plan)
+    runner.lora(runner.upload(x), yo, yo, *runner.lora_factors(d, u), rows, k, n, rank)
     assert rel_err(runner.download(yo, (rows, n)), lora_ref(y, x, d, u)) < TOL
 
 
@@ -366,17 +365,18 @@ def test_half_io_lora(half_runner):
 # (plan, slots, factor upload, launches) and the backend's memory plan on PoCL.
 
 
+@pytest.mark.parametrize("kernels", ["flat", "tiled"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_delegate_lora(tmp_path, opencl_lib, precision):
+def test_delegate_lora(tmp_path, opencl_lib, precision, kernels):
     """y and x fed to the op: no factors, the output is y (in half storage: y rounded to half) bit for
-    bit; rank 4, 16, 70 (two launches), then 0."""
+    bit; rank 4, 16, 70, then 0; with the CPU-like devices' flat GEMM and the GPUs' tiled one."""
     half = precision == "fp16"
     r = rng(20)
     y, x = nonzero(r, (2, 9, 11), 3.0), nonzero(r, (2, 9, 14))
     if half:
         y, x = halved(y), halved(x)
     loaded = Loaded(lora_only_model(tmp_path / "m.tflite", y.shape, x.shape, slot=1), opencl_lib,
-                    options={"backend": "opencl", "precision": precision})
+                    options={"backend": "opencl", "precision": precision, "kernels": kernels})
     (out,) = loaded.run(y, x)
     assert np.array_equal(out, y)
     for rank in (4, 16, 70):
@@ -385,6 +385,43 @@ def test_delegate_lora(tmp_path, opencl_lib, precision):
         assert rel_err(loaded.run(y, x)[0], lora_ref(y, x, d, u)) < (HALF_TOL if half else TOL), rank
     loaded.set(1, None, None)
     assert np.array_equal(loaded.run(y, x)[0], y)
+
+
+def test_delegate_half_factors(tmp_path, opencl_lib):
+    """Half storage keeps the factors in half: D and U are balanced first, so a LoRA whose up weights
+    lie in half's subnormals (5e-7) and whose down weights would overflow half's t (5e4) still adds
+    its delta to half's precision; factors whose balanced values pass half's range are refused in
+    one line, and the slot keeps what it had."""
+    r = rng(24)
+    y, x = halved(nonzero(r, (3, 7, 10))), halved(nonzero(r, (3, 7, 12)))
+    loaded = Loaded(lora_only_model(tmp_path / "m.tflite", y.shape, x.shape, slot=2), opencl_lib,
+                    options={"backend": "opencl", "precision": "fp16"})
+    d, u = factors(25, 8, 12, 10)
+    d, u = d * 1e5, u * 1e-6
+    loaded.set(2, d, u)
+    want = lora_ref(y, x, d, u)
+    assert rel_err(loaded.run(y, x)[0] - y, want - y) < 1e-2
+    with pytest.raises(BadInput, match="^slot 2's factors exceed half precision's range"):
+        loaded.set(2, d, u * 1e12)
+    assert rel_err(loaded.run(y, x)[0] - y, want - y) < 1e-2
+
+
+@pytest.mark.parametrize("precision,width", [("fp32", 4), ("fp16", 2)])
+def test_delegate_counts_its_factor_bytes(tmp_path, opencl_lib, precision, width):
+    """difflite_lora_bytes: the factors as the device holds them, in the storage type (half storage:
+    a half-precision LoRA file's own bytes), 0 once cleared; -1 (BadInput) for a pointer that is
+    not a live delegate."""
+    from difflite.runtime.lora_factors import factor_bytes
+
+    loaded = Loaded(lora_only_model(tmp_path / "m.tflite", (4, 11), (4, 14), slot=5), opencl_lib,
+                    options={"backend": "opencl", "precision": precision})
+    assert factor_bytes(opencl_lib, loaded.delegate) == 0
+    loaded.set(5, *factors(26, 6, 14, 11))
+    assert factor_bytes(opencl_lib, loaded.delegate) == (14 * 6 + 6 * 11) * width
+    loaded.set(5, None, None)
+    assert factor_bytes(opencl_lib, loaded.delegate) == 0
+    with pytest.raises(BadInput, match="not a live difflite delegate"):
+        factor_bytes(opencl_lib, 16)
 
 
 @pytest.mark.parametrize("model", [fc_model, conv_model])

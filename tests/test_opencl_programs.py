@@ -111,26 +111,20 @@ def test_plans_mirror_cxx(launch):
     # the harness runs the transformed form: U is the op's input 1 (the filter form's is wino_filter's
     # scratch, tested through the library in tests/test_op_winograd.py)
     assert "cl_mem u = in[1].mem;" in wino and "gemm_.Run(ctx, v, u, nullptr, m," in wino
-    # LoRA: lora.cl's shapes, PickPlan's rules and the launches per pass of ranks (lora_plan, lora).
-    lora_cc, lora_cl = ops / "lora" / "lora_opencl.cc", (ops / "lora" / "lora.cl").read_text()
-    for name, macro, value in (("kDownLanes", "LORA_KL", launch.LORA_KL),
-                               ("kRanksPerGroup", "LORA_RB", launch.LORA_RB),
-                               ("kUpColumnItems", "LORA_UC", launch.LORA_UC)):
-        assert _cxx_constant(lora_cc, name) == value and f"#define {macro} {value} " in lora_cl, name
-    assert _cxx_constant(lora_cc, "kRanksPerPass") == launch.LORA_PASS
-    assert _cxx_constant(lora_cc, "kGroupsPerUnit") == launch.LORA_GROUPS_PER_UNIT
-    src = lora_cc.read_text()
-    assert f"for (int ds : {{{', '.join(map(str, launch.LORA_DOWN_SLOTS))}}}) {{" in src
-    assert f"for (int us : {{{', '.join(map(str, launch.LORA_UP_SLOTS))}}}) {{" in src
-    assert "for (int r : {8, 4, 2}) {" in src and "for r in (8, 4, 2):" in Path(launch.__file__).read_text()
-    assert "p.dr = RowsPerItem(layer.rows, ds, 1, target);" in src
-    assert "p.ur = RowsPerItem(layer.rows, us, CeilDiv(layer.n, 4 * kUpColumnItems), target);" in src
-    assert "#define LORA_DOWN_ITEMS (LORA_KL * 4 * LORA_DS)" in lora_cl  # 128 ds items (lora_plan, lora)
-    assert "return sizeof(float) * kDownLanes * (static_cast<size_t>(ds) * kRanksPerGroup + 1);" in src
-    assert "r0 += kRanksPerPass" in src and "r0 == 0 ? in[0].mem : out[0].mem" in src
-    assert "CeilDiv(std::min<cl_int>(r, kRanksPerPass), 4) * 4" in src  # ld
-    assert [launch.lora_rows_per_item(*a) for a in ((8192, 2, 1, 264), (2048, 2, 1, 264), (154, 8, 3, 264),
-                                                     (100, 2, 1, 4))] == [8, 2, 1, 8]
+    # LoRA: the two GEMMs as the harness's lora launches them (t = x DT into slot 0, out += t UT
+    # accumulating), the factors balanced and transposed as StoreOnDevice stores them.
+    src = (ops / "lora" / "lora_opencl.cc").read_text()
+    assert _cxx_constant(ops / "lora" / "lora_opencl.cc", "kScratchSlot") == 0
+    assert "d.a_sm = layer.k, d.a_sk = 1, d.b_sk = r, d.b_sn = 1, d.ldc = r;" in src
+    assert "u.a_sm = r, u.a_sk = 1, u.b_sk = layer.n, u.b_sn = 1, u.ldc = layer.n;" in src
+    assert "u.accumulate = true;" in src and "std::sqrt(u_max / d_max)" in src
+    harness = Path(launch.__file__).read_text()
+    assert "a_sm=k, a_sk=1, b_sk=r, b_sn=1, ldc=r)" in harness
+    assert "a_sm=r, a_sk=1, b_sk=n, b_sn=1, ldc=n, accumulate=True)" in harness
+    assert "np.sqrt(u_max / d_max)" in harness
+    gemm_cc = (ROOT / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
+    assert "if (!e.empty() || !tile_.vec || s_.accumulate) return e;" in gemm_cc  # never split
+    assert "if tile.vec and not accumulate else 1" in harness
 
 
 def test_every_program_builds_with_base_options(runner, launch):

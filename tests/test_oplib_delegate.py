@@ -412,7 +412,7 @@ def test_exports_exactly_the_plugin_and_lora_interface(lib):
     out = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
     names = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
     # The plugin interface and the run-time LoRA entry points (difflite.runtime.lora_factors).
-    assert names == ["difflite_lora_error", "difflite_lora_set", "tflite_plugin_create_delegate",
+    assert names == ["difflite_lora_bytes", "difflite_lora_error", "difflite_lora_set", "tflite_plugin_create_delegate",
                      "tflite_plugin_destroy_delegate"], names
 
 

@@ -54,27 +54,6 @@ HALF_IO_OPTIONS = "-DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1"
 
 GELU_MODES = {"erf": 0, "tanh": 1, "sigmoid": 2}
 
-# difflite.LoRA (lora_opencl.cc): ranks per pass (kRanksPerPass), lora.cl's lanes along k, ranks
-# per lora_down work-group and lora_up's items along N (kDownLanes, kRanksPerGroup,
-# kUpColumnItems), the work-groups per compute unit the rows per item leave (kGroupsPerUnit), and
-# the row slots PickPlan tries in order for each kernel.
-LORA_PASS, LORA_KL, LORA_RB, LORA_UC, LORA_GROUPS_PER_UNIT = 128, 32, 32, 32, 2
-LORA_DOWN_SLOTS, LORA_UP_SLOTS = (2, 1), (8, 4, 2, 1)
-
-
-def lora_rows_per_item(rows: int, slots: int, across: int, target: int) -> int:
-    """RowsPerItem: the largest of 8, 4, 2 that leaves `target` work-groups, else 1."""
-    for r in (8, 4, 2):
-        if ceil_div(rows, r * slots) * across >= target:
-            return r
-    return 1
-
-
-def lora_down_local_bytes(ds: int) -> int:
-    """Plan::down_local_bytes: lora_down's lane sums, [32][32 ds + 1] floats."""
-    return 4 * LORA_KL * (ds * LORA_RB + 1)
-
-
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -380,10 +359,9 @@ PROGRAM_VARIANTS = {
                    ["-DGN_COOP=1", "-DGN_VW=4", "-DGN_LX=10", "-DGN_LY=12", "-DGN_GPW=4",
                     "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
                    ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
-    "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"]),
+    "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"],
+             ["-DGEMM_ACC=1"], ["-DVEC=1", "-DGEMM_ACC=1"], ["-DSK_M=2", "-DGEMM_ACC=1"]),
     "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
-    "lora": ([], ["-DLORA_DR=8", "-DLORA_DS=1", "-DLORA_UR=8", "-DLORA_US=4"],
-             ["-DLORA_DR=4", "-DLORA_UR=2", "-DLORA_US=1"]),
 }
 
 
@@ -598,12 +576,14 @@ class Runner:
         return kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
 
     def gemm_kernel(self, m: int, n: int, a_kmajor: bool, b_kmajor: bool,
-                    macs: int = 0, quads: tuple[bool, bool] = (False, False)) -> tuple[cl.Kernel, GemmTile]:
-        """gemm.cl's tiled `gemm` with the first candidate tile the device runs (gemm.h: PickTile)."""
+                    macs: int = 0, quads: tuple[bool, bool] = (False, False),
+                    extra: str = "") -> tuple[cl.Kernel, GemmTile]:
+        """gemm.cl's tiled `gemm` with the first candidate tile the device runs (gemm.h: PickTile);
+        `extra`: more build options (-DGEMM_ACC=1)."""
         for tile in gemm_tiles(m, n, macs):
             if tile.threads > self.max_wg:
                 continue
-            k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor, *quads))
+            k = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor, *quads) + extra)
             if tile.unspilled_only and self.private_bytes(k) != 0:
                 continue
             if self.max_work_group(k) >= tile.threads:
@@ -762,64 +742,22 @@ class Runner:
         return [self.launch(self.kernel("geglu", "geglu"), (round_up(items, 256),), (256,), x, y,
                             np.int32(rows), np.int32(d), np.int32(GELU_MODES[approximate]))]
 
-    def lora_plan(self, m: int, n: int) -> tuple[int, int, int, int]:
-        """(LORA_DR, LORA_DS, LORA_UR, LORA_US) of an m-row layer of n outputs (lora_opencl.cc:
-        PickPlan): the most row slots the device takes, the most rows per item that leave
-        LORA_GROUPS_PER_UNIT work-groups per compute unit."""
-        target = LORA_GROUPS_PER_UNIT * max(self.device.max_compute_units, 1)
-        down = up = None
-        for ds in LORA_DOWN_SLOTS:
-            dr = lora_rows_per_item(m, ds, 1, target)
-            if 128 * ds > self.max_wg or lora_down_local_bytes(ds) > self.local_mem:
-                continue
-            if self.max_work_group(self.kernel("lora", "lora_down", f"-DLORA_DR={dr} -DLORA_DS={ds}")) >= 128 * ds:
-                down = dr, ds
-                break
-        for us in LORA_UP_SLOTS:
-            ur = lora_rows_per_item(m, us, ceil_div(n, 4 * LORA_UC), target)
-            if LORA_UC * us > self.max_wg:
-                continue
-            if self.max_work_group(self.kernel("lora", "lora_up", f"-DLORA_UR={ur} -DLORA_US={us}")) >= LORA_UC * us:
-                up = ur, us
-                break
-        if down is None or up is None:
-            raise RuntimeError("no lora.cl plan fits the device")
-        return (*down, *up)
-
     def lora_factors(self, down: np.ndarray, up: np.ndarray) -> tuple[cl.Buffer, cl.Buffer]:
-        """D [r, K] and U [N, r] as StoreOnDevice holds them: D as given and U^T [r, N], float in any
-        storage."""
-        flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
-        return (cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(down, np.float32)),
-                cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(up.T, np.float32)))
+        """D [r, K] and U [N, r] as StoreOnDevice holds them: DT = D^T [K, r] and UT = U^T [r, N] in the
+        storage type, balanced (D s, U / s with s = sqrt(max|U| / max|D|))."""
+        d_max, u_max = float(np.abs(down).max()), float(np.abs(up).max())
+        s = np.sqrt(u_max / d_max) if d_max > 0 and u_max > 0 else 1.0
+        return self.upload(np.asarray(down, np.float32).T * s), self.upload(np.asarray(up, np.float32).T / s)
 
-    def lora_scratch(self, nbytes: int) -> cl.Buffer:
-        """The scratch t (GpuContext::Scratch, slot 0): one buffer, grown on demand."""
-        have = getattr(self, "_lora_t", None)
-        if have is None or have.size < nbytes:
-            self._lora_t = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(nbytes, 4))
-        return self._lora_t
-
-    def lora(self, x, y, out, dt, ut, m: int, k: int, n: int, r: int,
-             plan: tuple[int, int, int, int] | None = None) -> list[cl.Event]:
-        """out = y + (x D^T) U^T over m rows (LoraGpu::Run): per pass of LORA_PASS ranks, lora_down
-        (t = x D^T into the scratch) then lora_up (out = y + t U^T), the later passes adding to out;
-        y and out may be one buffer."""
-        dr, ds, ur, us = plan or self.lora_plan(m, n)
-        down = self.kernel("lora", "lora_down", f"-DLORA_DR={dr} -DLORA_DS={ds}")
-        up = self.kernel("lora", "lora_up", f"-DLORA_UR={ur} -DLORA_US={us}")
-        ld = ceil_div(min(r, LORA_PASS), 4) * 4
-        t = self.lora_scratch(m * ld * 4)
-        i32 = np.int32
-        up_local = (LORA_UC, us)
-        up_global = (ceil_div(n, 4 * LORA_UC) * LORA_UC, ceil_div(m, ur * us) * us)
+    def lora(self, x, y, out, dt, ut, m: int, k: int, n: int, r: int) -> list[cl.Event]:
+        """out = y + (x D^T) U^T over m rows (LoraGpu::Run): t = x DT into scratch slot 0, then
+        out += t UT (the accumulating GEMM); out starts as y (copied unless one buffer)."""
         events = []
-        for r0 in range(0, r, LORA_PASS):
-            rc = min(LORA_PASS, r - r0)
-            events.append(self.launch(down, (ceil_div(m, dr * ds) * 128 * ds, ceil_div(rc, LORA_RB)), (128 * ds, 1),
-                                      x, dt, t, i32(m), i32(k), i32(r), i32(r0), i32(rc), i32(ld)))
-            events.append(self.launch(up, up_global, up_local, y if r0 == 0 else out, out, t, ut, i32(m), i32(n),
-                                      i32(r), i32(r0), i32(rc), i32(ld)))
+        if out is not y:
+            events.append(cl.enqueue_copy(self.queue, out, y))
+        t = self.scratch(np.dtype(self.storage).itemsize * m * r, 0)
+        events += self.gemm(x, dt, t, m, r, k, a_sm=k, a_sk=1, b_sk=r, b_sn=1, ldc=r)
+        events += self.gemm(t, ut, out, m, n, r, a_sm=r, a_sk=1, b_sk=n, b_sn=1, ldc=n, accumulate=True)
         return events
 
     def flash_in_registers(self, dk: int, dv: int) -> bool:
@@ -900,10 +838,12 @@ class Runner:
 
     def gemm(self, a, b, c, m: int, n: int, k: int, a_sm: int, a_sk: int, b_sk: int, b_sn: int, ldc: int,
              bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None, tile: GemmTile | None = None,
-             quads: tuple[bool, bool] | None = None) -> list[cl.Event]:
+             quads: tuple[bool, bool] | None = None, accumulate: bool = False) -> list[cl.Event]:
         """The backend's tiled GEMM as gemm.cc's Gemm::Init / Run launch it on a GPU (tile, operand
-        layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) with element strides. `tile`
-        forces a tile (DIFFLITE_GEMM_TILE); `quads` (A, B) turns quad staging off where False."""
+        layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) (+ C[b][m][n] where `accumulate`:
+        GemmShape::accumulate, never split) with element strides. `tile` forces a tile
+        (DIFFLITE_GEMM_TILE); `quads` (A, B) turns quad staging off where False."""
+        extra = " -DGEMM_ACC=1" if accumulate else ""
         a_kmajor, b_kmajor = a_sk == 1, b_sk == 1 and b_sn != 1
         # gemm.cc: no quads with half storage and B n-major
         allowed = quads or ((True, True) if self.storage != np.float16 or b_kmajor else (False, False))
@@ -913,12 +853,12 @@ class Runner:
                                  else b_sn == 1 and stages_in_quads(n, b_sk, b_bs)))
         if tile is None:
             macs = (int(np.prod(bdims)) if bdims else 1) * m * n * k
-            kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor, macs, quads)
+            kernel, tile = self.gemm_kernel(m, n, a_kmajor, b_kmajor, macs, quads, extra)
         else:
-            kernel = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor, *quads))
+            kernel = self._cached_kernel(GEMM_CL, "gemm", tile.options(a_kmajor, b_kmajor, *quads) + extra)
         batches = int(np.prod(bdims)) if bdims else 1
         tiles = ceil_div(m, tile.tm) * ceil_div(n, tile.tn) * batches
-        splits = split_k(self.compute_units, tiles, k) if tile.vec else 1
+        splits = split_k(self.compute_units, tiles, k) if tile.vec and not accumulate else 1
         pad = 4 - len(bdims)  # right-aligned, innermost in .w; unused slots 1 / stride 0
         int4, i32 = cltypes.make_int4, np.int32
         out = self.scratch(4 * splits * batches * m * n, 2) if splits > 1 else c

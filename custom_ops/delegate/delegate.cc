@@ -296,6 +296,20 @@ DIFFLITE_EXPORT int difflite_lora_set(difflite::tfl::Delegate* delegate, int32_t
   return error.empty() ? 0 : 1;
 }
 
+// The bytes `delegate` holds for run-time LoRA factors, all slots together, as its backend keeps
+// them (OpenCL: device buffers in the storage type; CPU: float32 on the host); -1 where `delegate`
+// is not a live difflite delegate.
+DIFFLITE_EXPORT int64_t difflite_lora_bytes(difflite::tfl::Delegate* delegate) {
+  using namespace difflite;
+  std::shared_ptr<LoraSlots> lora;
+  {
+    std::lock_guard<std::mutex> lock(LiveMutex());
+    if (delegate == nullptr || Live().count(delegate) == 0) return -1;
+    lora = StateOf(delegate)->lora;
+  }
+  return lora == nullptr ? 0 : static_cast<int64_t>(lora->FactorBytes());
+}
+
 // The last error of difflite_lora_set on this thread ("" after a success), one line; valid until
 // this thread's next call.
 DIFFLITE_EXPORT const char* difflite_lora_error(void) {

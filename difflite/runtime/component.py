@@ -258,6 +258,16 @@ class Component:
             self._set_on_delegate({slot: previous.get(slot) for slot in changed})
             raise
 
+    def lora_bytes(self) -> int:
+        """Bytes held for run-time LoRAs: what the op library keeps for this model's slots (the
+        active LoRAs' factors), or the factor inputs fed at every call (--no-fuse files: held, as
+        zeros, with no LoRA too); 0 without slots."""
+        if self.lora.form != "custom":
+            return sum(a.nbytes for a in self.lora.feeds().values())
+        from difflite.runtime.lora_factors import factor_bytes
+
+        return factor_bytes(self.library, self.delegate)
+
     def _set_on_delegate(self, changed: dict) -> None:
         from difflite.runtime.lora_factors import set_factors
 

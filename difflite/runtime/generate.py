@@ -292,6 +292,10 @@ class LitePipeline:
             raise
         self.lora_seconds = time.perf_counter() - start
 
+    def lora_bytes(self) -> int:
+        """Bytes the loaded models hold for run-time LoRAs (Component.lora_bytes), all together."""
+        return sum(c.lora_bytes() for c in self._components.values())
+
     def _apply_loras(self, name: str, component) -> None:
         if component.lora.slots is not None:
             component.set_lora(self.loras.for_component(name))

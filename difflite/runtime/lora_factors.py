@@ -1,6 +1,7 @@
 """Run-time LoRA factors on the op library's delegate: the factors of each `difflite.LoRA` slot
 (DESIGN §2) of a model loaded with the library, set between calls through the library's C entry
-points `difflite_lora_set` / `difflite_lora_error` (DESIGN §5). numpy and ctypes only.
+points `difflite_lora_set` / `difflite_lora_error` / `difflite_lora_bytes` (DESIGN §5). numpy and
+ctypes only.
 
 The delegate is the object LiteRT's `load_delegate` (or tensorflow's `tf.lite.experimental.
 load_delegate`) returned for the library at `library` (`component.find_oplib()`), after the
@@ -41,6 +42,9 @@ def _library(library: Path) -> ctypes.CDLL:
             lib.difflite_lora_set.restype = ctypes.c_int
             lib.difflite_lora_error.argtypes = []
             lib.difflite_lora_error.restype = ctypes.c_char_p
+            if hasattr(lib, "difflite_lora_bytes"):
+                lib.difflite_lora_bytes.argtypes = [ctypes.c_void_p]
+                lib.difflite_lora_bytes.restype = ctypes.c_int64
             _libraries[key] = lib
         return lib
 
@@ -100,3 +104,16 @@ def set_factors(library: Path, delegate, slot: int, down: np.ndarray | None, up:
     if status != 0:
         message = lib.difflite_lora_error() or b"the op library refused the factors"
         raise BadInput(message.decode("utf-8", "replace"))
+
+
+def factor_bytes(library: Path, delegate) -> int:
+    """The bytes the library holds for `delegate`'s LoRA factors, all slots together, as its backend
+    keeps them (OpenCL: device buffers in the storage type); BadInput where the library has no such
+    count or `delegate` is not one of its live delegates."""
+    lib = _library(Path(library))
+    if not hasattr(lib, "difflite_lora_bytes"):
+        raise BadInput(f"{library}: an op library that does not count its LoRA bytes (no difflite_lora_bytes)")
+    held = lib.difflite_lora_bytes(ctypes.c_void_p(delegate_pointer(delegate)))
+    if held < 0:
+        raise BadInput("not a live difflite delegate")
+    return int(held)

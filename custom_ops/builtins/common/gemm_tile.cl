@@ -22,6 +22,17 @@
 #ifndef VEC
 #define VEC 0
 #endif
+// GEMM_ACC=1 (gemm.h: GemmShape::accumulate): C += A B (+ bias), each output read just before
+// it is stored (difflite.LoRA adds its up projection to y in place this way).
+#ifndef GEMM_ACC
+#define GEMM_ACC 0
+#endif
+// C's value at element i where the GEMM accumulates, else 0.
+#if GEMM_ACC
+#define GEMM_PRIOR(C, i) DL_LOAD(C, i)
+#else
+#define GEMM_PRIOR(C, i) 0.0f
+#endif
 #define TX (TN / WN)
 #define TY (TM / WM)
 #define NT (TX * TY)
@@ -59,7 +70,7 @@
     }                                                                           \
   } while (0)
 
-// C[m * ldc + n] = acc (+ bias[n] where has_bias) for the item's outputs inside M x N.
+// C[m * ldc + n] = acc (+ bias[n] where has_bias) (+ C[m * ldc + n] with GEMM_ACC) for the item's outputs inside M x N.
 #define ST_STORE(C, ldc, bias, has_bias, tx, ty, m0, n0, M, N, acc)                       \
   do {                                                                                    \
     _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                                   \
@@ -68,7 +79,8 @@
       _Pragma("unroll") for (int j_ = 0; j_ < WN; ++j_) {                                 \
         const int n_ = (n0) + (tx) + j_ * TX;                                             \
         if (n_ < (N)) {                                                                   \
-          DL_STORE(C, m_ * (ldc) + n_, acc[i_][j_] + ((has_bias) ? DL_LOAD(bias, n_) : 0.0f)); \
+          const int e_ = m_ * (ldc) + n_;                                                 \
+          DL_STORE(C, e_, acc[i_][j_] + ((has_bias) ? DL_LOAD(bias, n_) : 0.0f) + GEMM_PRIOR(C, e_)); \
         }                                                                                 \
       }                                                                                   \
     }                                                                                     \

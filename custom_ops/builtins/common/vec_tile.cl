@@ -68,7 +68,7 @@ inline float4 vt_bias4(__global const DL_T* bias, int has_bias, int n, int N) {
   return (float4)(t[0], t[1], t[2], t[3]);
 }
 
-// Stores acc (+ bias) of the item's block: rows m < M at ROW(m) (a pointer
+// Stores acc (+ bias) (+ the values there, with GEMM_ACC) of the item's block: rows m < M at ROW(m) (a pointer
 // expression in m), columns n < N; one aligned 4-vector store where `vec_c`
 // says rows are aligned to 4 elements.
 #define VT_STORE(acc, bias, has_bias, M, N, vec_c, ROW)                         \
@@ -86,10 +86,12 @@ inline float4 vt_bias4(__global const DL_T* bias, int has_bias, int n, int N) {
         const int n_ = n0 + 4 * (j_ * TX + tx);                                \
         const float4 v_ = acc[i_][j_] + bv_[j_];                               \
         if ((vec_c) && n_ + 4 <= (N)) {                                        \
-          DL_STORE4A(row_, n_, v_);                                            \
+          DL_STORE4A(row_, n_, GEMM_ACC ? v_ + DL_LOAD4A(row_, n_) : v_);      \
         } else {                                                               \
           _Pragma("unroll") for (int c_ = 0; c_ < 4; ++c_) {                   \
-            if (n_ + c_ < (N)) DL_STORE(row_, n_ + c_, C4(v_, c_));            \
+            if (n_ + c_ < (N)) {                                               \
+              DL_STORE(row_, n_ + c_, C4(v_, c_) + GEMM_PRIOR(row_, n_ + c_)); \
+            }                                                                  \
           }                                                                    \
         }                                                                      \
       }                                                                        \

@@ -185,6 +185,7 @@ Args& WeightQuant::AppendArgs(Args& args, cl_mem scales) const {
 
 std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   s_ = s;
+  const std::string acc = s_.accumulate ? " -DGEMM_ACC=1" : "";
   if (s_.bdims.size() > 4) return "more than 4 batch dims after collapsing";
   // Right-align the batch dims into 4 slots (padding with 1, stride 0).
   while (s_.bdims.size() < 4) {
@@ -218,7 +219,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
       s_.b_sn = 1;
     }
     std::string e = GetKernel(ctx, "gemm", "gemm_rows",
-                              "-DRM=" + std::to_string(kFlatRows) + s_.wq.Options(), &kernel_);
+                              "-DRM=" + std::to_string(kFlatRows) + s_.wq.Options() + acc, &kernel_);
     if (!e.empty()) return e;
     const size_t items = static_cast<size_t>((s_.n + 15) / 16);
     size_t l = 1;
@@ -242,7 +243,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   if (s_.m <= kSkinnyMaxRows && batches_ == 1 && b_kmajor && s_.a_sk == 1 &&
       s_.k % 4 == 0 && s_.a_sm % 4 == 0 && s_.b_sn % 4 == 0) {
     std::string e = GetKernel(ctx, "gemm", "gemm_skinny",
-                              "-DSK_M=" + std::to_string(s_.m) + s_.wq.Options(), &kernel_);
+                              "-DSK_M=" + std::to_string(s_.m) + s_.wq.Options() + acc, &kernel_);
     if (e.empty() && ctx.KernelWorkGroupSize(kernel_) >= kSkinnyGroup) {
       skinny_ = true;
       return "";
@@ -252,7 +253,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
                              (c.vec && a_quads ? " -DA_QUADS=1" : "") +
-                             (c.vec && b_quads ? " -DB_QUADS=1" : "") + s_.wq.Options();
+                             (c.vec && b_quads ? " -DB_QUADS=1" : "") + s_.wq.Options() + acc;
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
   const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;
@@ -261,7 +262,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
     s_.wq = WeightQuant();
     e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_);
   }
-  if (!e.empty() || !tile_.vec) return e;
+  if (!e.empty() || !tile_.vec || s_.accumulate) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
                         ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;
   return split_.Plan(ctx, tiles, s_.k, static_cast<int64_t>(batches_) * s_.m * s_.n);

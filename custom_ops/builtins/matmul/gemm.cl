@@ -1,4 +1,5 @@
-// Tiled GEMM: C[b][m][n] = sum_k A(b,m,k) * B(b,k,n) (+ bias[n]), float
+// Tiled GEMM: C[b][m][n] = sum_k A(b,m,k) * B(b,k,n) (+ bias[n]) (+ C[b][m][n] with
+// -DGEMM_ACC=1, gemm_tile.cl; never split over K), float
 // accumulation, operands in DL_T storage with arbitrary element strides:
 //   A(b,m,k) = A[a_off(b) + m*a_sm + k*a_sk], B(b,k,n) = B[b_off(b) + k*b_sk + n*b_sn]
 //   C[b*c_bs + m*ldc + n]
@@ -351,11 +352,11 @@ __kernel void gemm_rows(__global const DL_T* A, DL_ROWS_B_PTR B,
     if (m >= M) break;
     __global DL_T* cp = Cb + m * ldc + n0;
     if (lanes == 16) {
-      DL_STORE16(cp, 0, acc[i]);
+      DL_STORE16(cp, 0, GEMM_ACC ? acc[i] + DL_LOAD16(cp, 0) : acc[i]);
     } else {
       float av[16];
       vstore16(acc[i], 0, av);
-      for (int j = 0; j < lanes; ++j) DL_STORE(cp, j, av[j]);
+      for (int j = 0; j < lanes; ++j) DL_STORE(cp, j, av[j] + GEMM_PRIOR(cp, j));
     }
   }
 }
@@ -417,7 +418,7 @@ void gemm_skinny(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
   }
   if (t < SK_M * SK_NC) {
     const int m = t / SK_NC, n = n0 + t % SK_NC;
-    if (n < N) DL_STORE(C, m * ldc + n, red[0][t] + (has_bias ? DL_LOAD(bias, n) : 0.0f));
+    if (n < N) DL_STORE(C, m * ldc + n, red[0][t] + (has_bias ? DL_LOAD(bias, n) : 0.0f) + GEMM_PRIOR(C, m * ldc + n));
   }
 }
 #endif  // SK_M

@@ -137,6 +137,9 @@ struct GemmShape {
   std::vector<int> bdims, a_bs, b_bs;
   int c_bs = 0;
   bool has_bias = false;
+  // C += A B (+ bias): C's values are read where they are stored (gemm.cl's GEMM_ACC; never split
+  // over K, since the split planes would each add them).
+  bool accumulate = false;
   // B is this quantized weight [N][K] (k-major, one batch), or its packed [K][NP] int8 copy
   // on CPU-like devices (then kg is NP); off: B is float.
   WeightQuant wq;
