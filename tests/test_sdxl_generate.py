@@ -266,6 +266,31 @@ def test_unguided_generation_refuses_a_batch_2_unet(lite):
         lite[2](PROMPT, steps=1, guidance=0.0)
 
 
+def test_sd_guidance_rescale_matches_diffusers(folders):
+    """guidance_rescale runs in the one loop: SD 1.x's StableDiffusionPipeline takes it too."""
+    from diffusers import StableDiffusionPipeline
+
+    from difflite.diffusers_schedulers import diffusers_scheduler
+    from difflite.folder.output_folder import OutputFolder
+    from difflite.runtime.generate import LitePipeline
+    from difflite.verify import load_source
+
+    s = load_source(OutputFolder.read(folders["sd"]), None, None)
+    pipe = StableDiffusionPipeline(vae=s.vae, text_encoder=s.text_encoder, tokenizer=s.tokenizer, unet=s.unet,
+                                   scheduler=diffusers_scheduler("euler", s.scheduler_config), safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    expected = pipe(PROMPT, height=64, width=64, num_inference_steps=STEPS, guidance_scale=12.0, guidance_rescale=0.7,
+                    output_type="np", generator=torch.Generator("cpu").manual_seed(3)).images[0]
+    with LitePipeline(folders["sd"]) as lite_sd:
+        result = lite_sd(PROMPT, steps=STEPS, seed=3, guidance=12.0, guidance_rescale=0.7, scheduler="euler")
+        plain = lite_sd(PROMPT, steps=STEPS, seed=3, guidance=12.0, scheduler="euler")
+    value = psnr(result.image, expected)
+    print(f"SD guidance rescale: PSNR {value:.1f} dB")
+    assert value >= TINY_PSNR_DB and psnr(plain.image, expected) < TINY_PSNR_DB - 10
+    assert result.settings["guidance_rescale"] == 0.7 and result.settings["family"] == "sd"
+
+
 # ---------------------------------------------------------------------------------------------
 # --low-memory: five models, one resident at a time, the same picture
 
