@@ -129,10 +129,10 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
                    "down_residual_0 .. and mid_residual at conditioning scale 1, which the UNet then takes as "
                    "inputs. Needs the unet in --components (refused without it); repeatable.")
 @click.option("--components", default=None,
-              help="Comma-separated: text_encoder, unet, vae_decoder, vae_encoder [default: "
+              help="Comma-separated: text_encoder, text_encoder_2 (SDXL), unet, vae_decoder, vae_encoder [default: "
                    "text_encoder,unet,vae_decoder; for an inpainting model (a 9-channel UNet) vae_encoder too, "
-                   "which generate --mask needs; add vae_encoder for generate --init-image; each --controlnet "
-                   "adds controlnet_N].")
+                   "which generate --mask needs; add vae_encoder for generate --init-image; for SDXL "
+                   "text_encoder,text_encoder_2,unet,vae_decoder,vae_encoder; each --controlnet adds controlnet_N].")
 @click.option("--height", default=None, type=int,
               help="Image height in pixels [default: the model's own size: 512, 768 for SD 2.x 768 models].")
 @click.option("--width", default=None, type=int, help="Image width in pixels [default: the model's own size].")
@@ -208,7 +208,8 @@ def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_ra
     2.x, text-to-image or inpainting, inferred from its keys, or --config FOLDER), or preset:NAME
     (preset:tiny, preset:sd15, preset:sd21, preset:sd21-768, preset:sd15-inpaint,
     preset:tiny-inpaint: real architectures, seeded random weights; preset:sdxl and preset:sdxl-tiny:
-    SDXL, which converts (text_encoder_2 too) and verifies but does not generate yet). Each
+    SDXL, whose folder adds text_encoder_2 and vae_encoder and which generate runs as diffusers'
+    StableDiffusionXLPipeline). Each
     --controlnet adds a component controlnet_N and residual inputs to the UNet.
     """
     from difflite.compiler.convert import ConvertOptions, parse_winograd_budget

@@ -14,13 +14,15 @@ from difflite.core.errors import BadInput
 from difflite.runtime import schedulers
 
 
-def build(name: str, config: dict, timestep_spacing: str | None = None) -> "DiffusersAdapter":
+def build(name: str, config: dict, timestep_spacing: str | None = None,
+          pipeline_fixes: bool = True) -> "DiffusersAdapter":
     """The fallback make_scheduler calls: diffusers' scheduler behind the NumPy interface."""
-    return DiffusersAdapter(diffusers_scheduler(name, config, timestep_spacing))
+    return DiffusersAdapter(diffusers_scheduler(name, config, timestep_spacing, pipeline_fixes))
 
 
-def diffusers_scheduler(name: str, config: dict, timestep_spacing: str | None = None):
-    """The real diffusers scheduler for the same name and config rules (imports diffusers)."""
+def diffusers_scheduler(name: str, config: dict, timestep_spacing: str | None = None, pipeline_fixes: bool = True):
+    """The real diffusers scheduler for the same name and config rules (imports diffusers);
+    pipeline_fixes: StableDiffusionPipeline's config fixes (SDXL's pipelines make none)."""
     class_name, merged = schedulers.resolve(name, config, timestep_spacing)
     import diffusers
     from diffusers.utils import logging as diffusers_logging
@@ -33,7 +35,7 @@ def diffusers_scheduler(name: str, config: dict, timestep_spacing: str | None = 
     diffusers_logging.set_verbosity_error()  # "config attributes ... not expected" chatter
     try:
         scheduler = cls.from_config(merged)
-        fixes = schedulers.pipeline_fixes(scheduler.config)
+        fixes = schedulers.pipeline_fixes(scheduler.config) if pipeline_fixes else {}
         return cls.from_config({**merged, **fixes}) if fixes else scheduler
     except (ValueError, TypeError, NotImplementedError) as exc:
         raise BadInput(f"scheduler_config.json: cannot build {class_name} ({str(exc).splitlines()[0]})") from exc

@@ -1,7 +1,8 @@
 """SDXL (issue 32, items 1 and 2): the presets' architecture (two text encoders, text_time
 conditioning, transformer depth > 1), the SDXL wrapper modules against transformers / diffusers,
 the conversion of preset:sdxl-tiny (its manifest's new inputs and outputs, the fusion counts),
-verify against PyTorch, and generate's and bench's clean refusal of an SDXL folder."""
+verify against PyTorch, and bench's clean refusal of an SDXL folder (generate runs it:
+tests/test_sdxl_generate.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from difflite.compiler import convert, export
 from difflite.compiler.presets import SDXL_TIME_IDS, build_preset, preset_configs
 from difflite.core.errors import BadInput
 
-SDXL_COMPONENTS = ["text_encoder", "text_encoder_2", "unet", "vae_decoder"]
+SDXL_COMPONENTS = ["text_encoder", "text_encoder_2", "unet", "vae_decoder", "vae_encoder"]
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +121,15 @@ def test_text_encoder_2_of_an_sd_pipeline_is_refused():
 def test_convert_writes_sdxl_folder(sdxl_out):
     names = sorted(p.name for p in sdxl_out.iterdir())
     assert names == ["manifest.json", "report.json", "scheduler", *(f"{c}.tflite" for c in SDXL_COMPONENTS[:2]),
-                     "tokenizer", "tokenizer_2", "unet.tflite", "vae_decoder.tflite"]
+                     "tokenizer", "tokenizer_2", "unet.tflite", "vae_decoder.tflite", "vae_encoder.tflite"]
     manifest = json.loads((sdxl_out / "manifest.json").read_text())
     assert list(manifest["components"]) == SDXL_COMPONENTS
     latent = manifest["latent"]
     assert latent["family"] == "sdxl" and latent["scaling_factor"] == 0.13025
     assert (latent["context_hidden"], latent["text_hidden"], latent["text_hidden_2"]) == (80, 32, 48)
     assert (latent["text_embeds"], latent["time_ids"]) == (24, SDXL_TIME_IDS)
+    # diffusers' defaults for a source that does not say (a preset)
+    assert (latent["force_zeros_for_empty_prompt"], latent["requires_aesthetics_score"]) == (True, False)
 
     def tensors(component, kind):
         return {t["name"]: t["shape"] for t in manifest["components"][component][kind]
@@ -162,17 +165,26 @@ def test_verify_passes_against_pytorch(sdxl_out, lib):
     checks = verify(sdxl_out, seeds=(0,))
     assert {(c.component, c.output) for c in checks} == {
         ("text_encoder", "penultimate_hidden_state"), ("text_encoder_2", "penultimate_hidden_state"),
-        ("text_encoder_2", "text_embeds"), ("unet", "noise_pred"), ("vae_decoder", "image")}
+        ("text_encoder_2", "text_embeds"), ("unet", "noise_pred"), ("vae_decoder", "image"),
+        ("vae_encoder", "latent_mean"), ("vae_encoder", "latent_std")}
     assert all(c.passed for c in checks), [c for c in checks if not c.passed]
 
 
-@pytest.mark.parametrize("command", [["generate", "{out}", "a cat", "-o", "{out}/x.png"], ["bench", "{out}"]])
-def test_generate_and_bench_refuse_sdxl(sdxl_out, command):
-    result = run_difflite(*(part.format(out=sdxl_out) for part in command))
+def test_bench_refuses_sdxl(sdxl_out):
+    result = run_difflite("bench", sdxl_out)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "SDXL generation is not supported yet" in lines[0], result.stderr
-    assert not (sdxl_out / "x.png").exists()
+    assert len(lines) == 1 and "bench does not run SDXL folders yet" in lines[0], result.stderr
+
+
+def test_generate_runs_sdxl(sdxl_out, lib, tmp_path):
+    """The fused folder (op library ops) generates too; parity: tests/test_sdxl_generate.py."""
+    result = run_difflite("generate", sdxl_out, "a cat", "-o", tmp_path / "x.png", "--steps", "2", "--json",
+                          "--backend", "cpu", env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)["settings"]
+    assert settings["family"] == "sdxl" and settings["time_ids"] == [128, 128, 0, 0, 128, 128]
+    assert (tmp_path / "x.png").is_file()
 
 
 def test_sdxl_diffusers_folder_is_refused_cleanly(tmp_path):

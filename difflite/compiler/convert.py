@@ -26,8 +26,12 @@ from difflite.folder.reader import read_tflite
 DEFAULT_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 # An inpainting UNet's default adds the VAE encoder: generate --mask encodes the picture with it.
 INPAINT_COMPONENTS = (*DEFAULT_COMPONENTS, "vae_encoder")
-# SDXL (issue 32): both text encoders
-SDXL_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae_decoder")
+# SDXL (issue 32): both text encoders, and the VAE encoder (generate --init-image)
+SDXL_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae_decoder", "vae_encoder")
+# What diffusers' SDXL pipelines take from their own config (model_index.json), at diffusers'
+# defaults where the source says nothing (a loader may set Pipeline.pipeline_config): the zero
+# unconditional embeddings without a negative prompt, and img2img's aesthetic-score time ids
+SDXL_PIPELINE_FLAGS = {"force_zeros_for_empty_prompt": True, "requires_aesthetics_score": False}
 # Recognised even when not fused (the writer decomposes them). layernorm is not among them: an
 # unfused LayerNormalization keeps the writer's own lowering (no reshapes around it).
 CANONICAL_KINDS = ("gelu", "groupnorm", "attention")
@@ -71,7 +75,7 @@ def parse_winograd_budget(text: str | None) -> tuple[float | str | None, dict[st
 def default_components(pipe) -> tuple[str, ...]:
     """What convert writes without --components: the text-to-image components, and the VAE
     encoder too for an inpainting UNet (which only generate --mask runs, and --mask needs it);
-    SDXL's second text encoder for an SDXL pipeline."""
+    for an SDXL pipeline its second text encoder and the VAE encoder (generate --init-image)."""
     if pipe.family == "sdxl":
         return SDXL_COMPONENTS
     return INPAINT_COMPONENTS if pipe.inpainting else DEFAULT_COMPONENTS
@@ -438,17 +442,20 @@ def latent_info(pipe, options: ConvertOptions) -> dict:
 
 
 def sdxl_latent_info(pipe) -> dict:
-    """What an SDXL folder's manifest adds to "latent": its family (generate and bench refuse
-    "sdxl" until SDXL generation exists), the UNet's context width (both encoders' hidden sizes),
-    text_encoder_2's width and its projection (the UNet's text_embeds), and the time ids."""
+    """What an SDXL folder's manifest adds to "latent": its family (generate runs "sdxl" as
+    diffusers' SDXL pipelines; bench refuses it), the UNet's context width (both encoders' hidden
+    sizes), text_encoder_2's width and its projection (the UNet's text_embeds), the time ids, and
+    the pipeline's own flags (SDXL_PIPELINE_FLAGS)."""
     if pipe.family != "sdxl":
         return {}
     from difflite.compiler.presets import SDXL_TIME_IDS
 
+    given = getattr(pipe, "pipeline_config", None) or {}
+    flags = {name: bool(given.get(name, default)) for name, default in SDXL_PIPELINE_FLAGS.items()}
     return {"family": "sdxl", "context_hidden": int(pipe.unet.config.cross_attention_dim),
             "text_hidden_2": int(pipe.text_encoder_2.config.hidden_size),
             "text_embeds": int(pipe.text_encoder_2.config.projection_dim), "time_ids": SDXL_TIME_IDS,
-            "addition_time_embed_dim": int(pipe.unet.config.addition_time_embed_dim)}
+            "addition_time_embed_dim": int(pipe.unet.config.addition_time_embed_dim), **flags}
 
 
 def conditioning_info(pipe, name: str, options: ConvertOptions) -> dict:

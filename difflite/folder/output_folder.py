@@ -17,6 +17,7 @@ from difflite.core.errors import BadInput
 from difflite.folder import manifest as manifest_file
 
 QUANTIZED_WIDTHS = ("int8", "int4")
+FAMILIES = ("sd", "sdxl")  # the manifest's latent.family: SD 1.x / 2.x (unrecorded) and SDXL
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,25 @@ class Latent:
         return self.unet_channels == inpaint_channels(self.channels)
 
 
+@dataclass(frozen=True)
+class SDXLInfo:
+    """An SDXL folder's conditioning (convert's sdxl_latent_info): the width of text_encoder_2's
+    projection (the UNet's text_embeds), the number of time ids, and the source pipeline's flags
+    (diffusers' defaults for folders that do not record them): zero unconditional embeddings when
+    no negative prompt is given, and img2img's aesthetic-score time ids (an SDXL refiner)."""
+    text_embeds: int
+    time_ids: int
+    force_zeros_for_empty_prompt: bool = True
+    requires_aesthetics_score: bool = False
+
+
+def _flag(fields: dict, name: str, default: bool) -> bool:
+    value = fields.get(name, default)
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be true or false")
+    return value
+
+
 def inpaint_channels(latent_channels: int) -> int:
     """An inpainting UNet's sample channels: the latents, the mask (1) and the masked picture's latents."""
     return 2 * latent_channels + 1
@@ -250,13 +270,30 @@ class OutputFolder:
         whose folders do not record it)."""
         return str(self.latent_fields.get("family") or "sd")
 
-    def require_sd(self) -> None:
-        """BadInput (one line) for a folder the SD 1.x / 2.x runtime cannot run: SDXL, for now."""
-        if self.family == "sdxl":
-            raise BadInput(f"{self.path}: SDXL generation is not supported yet (issue 32); "
-                           f"verify and inspect read this folder")
-        if self.family != "sd":
+    def check_family(self) -> None:
+        """BadInput (one line) for a model family this difflite does not know."""
+        if self.family not in FAMILIES:
             raise BadInput(f"{self.path / manifest_file.MANIFEST}: unknown model family {self.family!r}")
+
+    def require_sd(self, command: str) -> None:
+        """BadInput (one line) where `command` runs SD 1.x / 2.x folders only (bench: not SDXL yet)."""
+        self.check_family()
+        if self.family == "sdxl":
+            raise BadInput(f"{self.path}: {command} does not run SDXL folders yet (issue 32); generate, verify "
+                           f"and inspect do")
+
+    @property
+    def sdxl(self) -> SDXLInfo | None:
+        """What an SDXL folder's manifest says beyond the latent geometry; None for SD 1.x / 2.x."""
+        if self.family != "sdxl":
+            return None
+        fields = self.latent_fields
+        try:
+            return SDXLInfo(int(fields["text_embeds"]), int(fields["time_ids"]),
+                            _flag(fields, "force_zeros_for_empty_prompt", True),
+                            _flag(fields, "requires_aesthetics_score", False))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"{self.path / manifest_file.MANIFEST}: no usable SDXL 'latent' fields ({exc})") from exc
 
     @property
     def controlnets(self) -> list[ComponentEntry]:

@@ -589,7 +589,7 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
     options.validate()
     out = Path(out)
     folder = OutputFolder.read(out, check_files=False)
-    folder.require_sd()
+    folder.require_sd("bench")
     if options.precision is None:
         options = replace(options, precision=folder.precision)
     names = select_components(folder, options.components)

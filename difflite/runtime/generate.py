@@ -29,9 +29,15 @@ step, so the same prompt, seed and weights give the same picture as PyTorch:
   and adds scale x its residuals to the UNet's (difflite.runtime.controlnet: the control image, the
   start / end schedule); a ControlNet whose weight at a step is 0 is not run (its residuals would
   be zeros); a UNet converted with ControlNets gets zero residuals when no control is given;
-- the stages run (img2img, inpainting: vae_encoder), text_encoder, unet, vae_decoder; the VAE
-  encoder's stage runs before any draw from the generator, so loading each model just for its
-  stage (low_memory) gives the same picture.
+- SDXL folders (latent.family "sdxl") run as StableDiffusionXLPipeline /
+  StableDiffusionXLImg2ImgPipeline: both text encoders, the UNet's text_embeds and time ids
+  (difflite.runtime.sdxl builds them, the one place), SDXL's defaults (guidance 5, img2img
+  strength 0.3); the same loop, the UNet's extra inputs riding with each branch's context;
+- guidance_rescale (> 0, with classifier-free guidance) rescales the guided prediction towards
+  the text branch's standard deviation, as diffusers' rescale_noise_cfg;
+- the stages run (img2img, inpainting: vae_encoder), text_encoder, (SDXL: text_encoder_2), unet,
+  vae_decoder; the VAE encoder's stage runs before any draw from the generator, so loading each
+  model just for its stage (low_memory) gives the same picture.
 
 Neither torch, diffusers nor transformers is imported to make a picture from a folder that
 `convert` wrote (only NumPy, the tokenizers library and LiteRT): a phone-sized process starts in
@@ -62,7 +68,7 @@ from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
 from difflite.folder.output_folder import OutputFolder, inpaint_channels
 from difflite.folder.tokenizer import PromptTokenizer, clean_prompt
-from difflite.runtime import inpaint
+from difflite.runtime import inpaint, sdxl
 from difflite.runtime.backend import CHOICES as BACKEND_CHOICES
 from difflite.runtime.backend import HELP as BACKEND_HELP
 from difflite.runtime.backend import choose as choose_backend
@@ -81,8 +87,11 @@ from difflite.runtime.images import read_image
 from difflite.runtime.loras import LoraPlan, plan_for_folder
 from difflite.runtime.noise import TorchGenerator, check_seed
 from difflite.runtime.schedulers import SCHEDULER_CHOICES, SPACINGS, make_scheduler
+from difflite.runtime.sdxl import CONTEXT, PENULTIMATE, SizeConditioning
 
 REQUIRED_COMPONENTS = ("text_encoder", "unet", "vae_decoder")
+SDXL_REQUIRED_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae_decoder")
+GUIDANCE = 7.5  # difflite's default for SD 1.x / 2.x (SDXL: sdxl.GUIDANCE, diffusers' 5.0)
 ENCODER_HINT = "convert with --components text_encoder,unet,vae_decoder,vae_encoder"
 
 
@@ -98,6 +107,27 @@ def img2img_timesteps(scheduler, steps: int, strength: float):
     if hasattr(scheduler, "set_begin_index"):
         scheduler.set_begin_index(t_start * scheduler.order)
     return timesteps
+
+
+def guide(noise: Sequence[np.ndarray], guidance: float, rescale: float = 0.0) -> np.ndarray:
+    """The prediction the scheduler steps with: noise = [cond] as it is, or [uncond, cond] guided
+    (uncond + guidance x (cond - uncond)), then rescaled by `rescale` > 0 as diffusers'
+    rescale_noise_cfg (towards the text branch's standard deviation, per sample)."""
+    if len(noise) == 1:
+        return noise[0]
+    uncond, cond = noise
+    guided = uncond + np.float32(guidance) * (cond - uncond)
+    if rescale <= 0.0:
+        return guided
+    axes = tuple(range(1, cond.ndim))
+    # torch's std: the unbiased estimate
+    rescaled = guided * (cond.std(axis=axes, keepdims=True, ddof=1) / guided.std(axis=axes, keepdims=True, ddof=1))
+    return (np.float32(rescale) * rescaled + np.float32(1.0 - rescale) * guided).astype(np.float32)
+
+
+def check_guidance_rescale(rescale) -> None:
+    if not isinstance(rescale, (int, float)) or isinstance(rescale, bool) or not 0.0 <= rescale <= 1.0:
+        raise BadInput(f"--guidance-rescale {rescale!r} must be in [0, 1]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +235,8 @@ class _Timer:
 
 
 class LitePipeline:
-    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting) on LiteRT.
+    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting; for an
+    SDXL folder txt2img and img2img) on LiteRT.
 
     >>> pipe = LitePipeline("out/tiny")
     >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
@@ -214,11 +245,15 @@ class LitePipeline:
     >>> pipe.set_loras(["style.safetensors:0.8", "detail.safetensors"])  # from the next picture on
     >>> pipe("a red car").save("styled.png")
     >>> pipe.set_loras([])  # the base model again
+    >>> xl = LitePipeline("out/sdxl")  # SDXL: a second prompt, size conditioning, guidance rescale
+    >>> xl("a castle", prompt_2="oil painting", negative_prompt="blurry", guidance_rescale=0.7,
+    ...    sizes=SizeConditioning(original_size=(512, 512), crops_coords_top_left=(0, 64)))
     >>> pipe.close()
 
     The models stay loaded across calls. With `low_memory`, each is loaded right before its
-    stage and freed right after it ((img2img, inpainting: vae_encoder), text_encoder, unet, vae_decoder):
-    one interpreter alive at a time, for the price of loading them again for every picture.
+    stage and freed right after it ((img2img, inpainting: vae_encoder), text_encoder, (SDXL:
+    text_encoder_2), unet, vae_decoder): one interpreter alive at a time, for the price of loading
+    them again for every picture.
     """
 
     def __init__(self, out, backend: str = "cpu", threads: int | None = None, low_memory: bool = False,
@@ -228,7 +263,10 @@ class LitePipeline:
         check_fallback(fallback)
         self.out = Path(out)
         self.folder = OutputFolder.read(self.out)
-        self.folder.require_sd()
+        self.folder.check_family()
+        # an SDXL folder: its conditioning (difflite.runtime.sdxl); None for SD 1.x / 2.x
+        self.sdxl = self.folder.sdxl
+        self.required = SDXL_REQUIRED_COMPONENTS if self.sdxl is not None else REQUIRED_COMPONENTS
         self.backend = backend
         # "cpu": a model the OpenCL backend cannot load runs on the CPU backend, and so does every
         # later one (fallback_reason says why, once, on stderr and in the settings)
@@ -236,10 +274,10 @@ class LitePipeline:
         self.fallback_reason: str | None = None
         self.threads = threads
         self.low_memory = low_memory
-        for name in REQUIRED_COMPONENTS:
+        for name in self.required:
             if name not in self.folder.components:
                 raise BadInput(f"{self.out / (name + '.tflite')}: not in this output folder "
-                               f"(convert with --components {','.join(REQUIRED_COMPONENTS)})")
+                               f"(convert with --components {','.join(self.required)})")
         latent = self.folder.latent
         self.channels, self.latent_height, self.latent_width = latent.channels, latent.height, latent.width
         self.height, self.width, self.text_length = latent.image_height, latent.image_width, latent.text_length
@@ -255,15 +293,18 @@ class LitePipeline:
         self.timestep_cond_dim = unet.timestep_cond_dim
         self.tokenizer_dir = self.out / "tokenizer"
         config_path = self.out / "scheduler" / "scheduler_config.json"
-        if not self.tokenizer_dir.is_dir():
-            raise BadInput(f"{self.tokenizer_dir}: missing (the output folder is incomplete: convert again)")
+        for folder in (self.tokenizer_dir, *((self.out / "tokenizer_2",) if self.sdxl is not None else ())):
+            if not folder.is_dir():
+                raise BadInput(f"{folder}: missing (the output folder is incomplete: convert again)")
+        if self.sdxl is not None:
+            self._check_sdxl_unet(unet)
         if not config_path.is_file():
             raise BadInput(f"{config_path}: missing (the output folder is incomplete: convert again)")
         self.scheduler_config = read_json(config_path, what="scheduler config")
         if not isinstance(self.scheduler_config, dict):
             raise BadInput(f"{config_path}: not a scheduler config (expected a JSON object)")
         self._components: dict = {}
-        self._tokenizer: PromptTokenizer | None = None
+        self._tokenizers: dict[str, PromptTokenizer] = {}
         self.load_seconds = 0.0
         self.controlnet_seconds, self.controlnet_calls = 0.0, 0
         self._zero_residuals: dict | None = None
@@ -359,21 +400,36 @@ class LitePipeline:
 
     @property
     def tokenizer(self) -> PromptTokenizer:
-        if self._tokenizer is None:
+        return self.tokenizer_of("text_encoder")
+
+    def tokenizer_of(self, encoder: str) -> PromptTokenizer:
+        """The tokenizer of text_encoder (OUT/tokenizer) or text_encoder_2 (OUT/tokenizer_2), its
+        ids checked against that encoder's token table; loaded once."""
+        if encoder not in self._tokenizers:
             start = time.perf_counter()
-            vocabulary = self.folder.components["text_encoder"].token_vocabulary()
-            self._tokenizer = PromptTokenizer(self.tokenizer_dir, self.text_length, vocabulary)
+            vocabulary = self.folder.components[encoder].token_vocabulary()
+            folder = self.tokenizer_dir if encoder == "text_encoder" else self.out / "tokenizer_2"
+            self._tokenizers[encoder] = PromptTokenizer(folder, self.text_length, vocabulary)
             self.load_seconds += time.perf_counter() - start
-        return self._tokenizer
+        return self._tokenizers[encoder]
 
     def encode_prompt(self, text: str) -> np.ndarray:
+        """text_encoder's hidden states of `text` (SD: the last layer's; SDXL: the penultimate)."""
         out = self.component("text_encoder")(input_ids=self.tokenizer(text))
-        return out["last_hidden_state"].astype(np.float32)
+        name = "last_hidden_state" if self.sdxl is None else PENULTIMATE
+        return out[name].astype(np.float32)
 
-    def predict_noise(self, sample: np.ndarray, t: float, cond: np.ndarray, uncond: np.ndarray | None,
-                      extra: dict | None = None, controls: Sequence[tuple[Control, float]] = ()):
+    def encode_prompt_2(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """SDXL's text_encoder_2 on `text`: (penultimate hidden states, text_embeds)."""
+        out = self.component("text_encoder_2")(input_ids=self.tokenizer_of("text_encoder_2")(text))
+        return out[PENULTIMATE].astype(np.float32), out[sdxl.TEXT_EMBEDS].astype(np.float32)
+
+    def predict_noise(self, sample: np.ndarray, t: float, cond: dict[str, np.ndarray],
+                      uncond: dict[str, np.ndarray] | None, extra: dict | None = None,
+                      controls: Sequence[tuple[Control, float]] = ()):
         """noise_pred for the [1,C,h,w] (already scaled) sample: [uncond, cond] when uncond is
-        given (classifier-free guidance), else cond alone; returns one array per branch. A batch-2
+        given (classifier-free guidance), else cond alone; returns one array per branch. A branch
+        is its UNet inputs: encoder_hidden_states (SDXL: text_embeds and time_ids too). A batch-2
         UNet only runs with guidance (_check_call). `extra`: further UNet inputs (timestep_cond);
         `controls`: (control, its weight at this step) for controlnet_0, controlnet_1, ..."""
         unet = self.component("unet")
@@ -382,15 +438,15 @@ class LitePipeline:
         if self.unet_batch == 2:
             sample2 = np.concatenate([sample, sample])
             timestep = np.full((2,), t, dtype=np.float32)
-            context = np.concatenate(branches)
-            residuals = self.control_residuals(sample2, timestep, context, controls)
-            noise = unet(sample=sample2, timestep=timestep, encoder_hidden_states=context, **residuals, **extra)
+            inputs = {name: np.concatenate([branch[name] for branch in branches]) for name in cond}
+            residuals = self.control_residuals(sample2, timestep, inputs[CONTEXT], controls)
+            noise = unet(sample=sample2, timestep=timestep, **inputs, **residuals, **extra)
             return [noise["noise_pred"][0:1], noise["noise_pred"][1:2]]
         timestep = np.full((1,), t, dtype=np.float32)
         single = sample[0:1]
-        return [unet(sample=single, timestep=timestep, encoder_hidden_states=c,
-                     **self.control_residuals(single, timestep, c, controls), **extra)["noise_pred"]
-                for c in branches]
+        return [unet(sample=single, timestep=timestep, **branch,
+                     **self.control_residuals(single, timestep, branch[CONTEXT], controls), **extra)["noise_pred"]
+                for branch in branches]
 
     def control_residuals(self, sample: np.ndarray, timestep: np.ndarray, context: np.ndarray,
                           controls: Sequence[tuple[Control, float]]) -> dict[str, np.ndarray]:
@@ -421,20 +477,32 @@ class LitePipeline:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def __call__(self, prompt: str, negative_prompt: str = "", steps: int = 20, seed: int = 0,
-                 guidance: float = 7.5, scheduler: str = "default", init_image=None, strength: float | None = None,
-                 timestep_spacing: str | None = None, progress: Callable[[int, int], None] | None = None,
-                 mask_image=None, controls: Sequence[ControlSpec | Control] = ()) -> GenerateResult:
+    def __call__(self, prompt: str, negative_prompt: str | None = None, steps: int = 20, seed: int = 0,
+                 guidance: float | None = None, scheduler: str = "default", init_image=None,
+                 strength: float | None = None, timestep_spacing: str | None = None,
+                 progress: Callable[[int, int], None] | None = None, mask_image=None,
+                 controls: Sequence[ControlSpec | Control] = (), guidance_rescale: float = 0.0,
+                 prompt_2: str | None = None, negative_prompt_2: str | None = None,
+                 sizes: SizeConditioning | None = None) -> GenerateResult:
         """txt2img; img2img with init_image; inpainting with init_image and mask_image (1 / white
-        repaints). strength None: diffusers' default, 1.0 for inpainting, 0.8 for img2img.
-        `controls`: one per ControlNet of the folder, in order (fewer leave the last ones out)."""
+        repaints). None takes diffusers' defaults: guidance 7.5 (SDXL 5.0); strength 1.0 for
+        inpainting, 0.8 for img2img (SDXL 0.3); the negative prompt "" (SDXL: zero embeddings where
+        the folder's pipeline forces them). `controls`: one per ControlNet of the folder, in order
+        (fewer leave the last ones out). SDXL only: prompt_2 and negative_prompt_2 (text_encoder_2's,
+        the first ones where None) and `sizes` (its time ids)."""
         inpainting = mask_image is not None
         img2img = init_image is not None and not inpainting
+        xl = self.sdxl is not None
+        if guidance is None:
+            guidance = sdxl.GUIDANCE if xl else GUIDANCE
         if strength is None:
-            strength = inpaint.default_strength(inpainting)
-        prompt, negative_prompt = clean_prompt(prompt), clean_prompt(negative_prompt)
-        self.check_inputs(init_image is not None, inpainting, len(controls))
+            strength = sdxl.IMG2IMG_STRENGTH if xl and img2img else inpaint.default_strength(inpainting)
+        prompts = sdxl.Prompts(*(None if text is None else clean_prompt(text)
+                                 for text in (prompt, prompt_2, negative_prompt, negative_prompt_2)))
+        sizes = sizes or SizeConditioning()
+        self.check_inputs(init_image is not None, inpainting, len(controls), prompts, sizes)
         self._check_call(steps, guidance, init_image is not None, strength, seed, inpainting)
+        check_guidance_rescale(guidance_rescale)
         # each control image at the UNet's batch, made once (the ControlNets run at that batch)
         controls = [replace(control, image=np.concatenate([control.image] * self.unet_batch))
                     for control in (prepare_control(c, i, self.height, self.width) for i, c in enumerate(controls))]
@@ -443,14 +511,16 @@ class LitePipeline:
         loaded_before = self.load_seconds
         seconds_before, calls_before = self.controlnet_seconds, self.controlnet_calls
         start = time.perf_counter()
-        sched = make_scheduler(scheduler, self.scheduler_config, timestep_spacing)
+        # SDXL's pipelines take the scheduler config as it is (no StableDiffusionPipeline fixes)
+        sched = make_scheduler(scheduler, self.scheduler_config, timestep_spacing, pipeline_fixes=not xl)
         timer.add("setup", start)
         cfg = guidance > 1.0 and self.timestep_cond_dim is None
         if not self.low_memory:
-            for name in (*REQUIRED_COMPONENTS, *(("vae_encoder",) if init_image is not None else ()),
+            for name in (*self.required, *(("vae_encoder",) if init_image is not None else ()),
                          *(controlnet_name(i) for i in range(len(controls)))):
                 self.component(name)
-        self.tokenizer  # noqa: B018 (loaded here so that text_encoder times the model alone)
+        for encoder in self.required[:2 if xl else 1]:  # loaded here so that each encoder times its model alone
+            self.tokenizer_of(encoder)
         image_in = load_init_image(init_image, self.height, self.width) if init_image is not None else None
         mask = inpaint.load_mask(mask_image, self.height, self.width) if inpainting else None
 
@@ -461,15 +531,19 @@ class LitePipeline:
             timesteps = img2img_timesteps(sched, steps, strength)
         else:
             timesteps = sched.timesteps
+            if xl and hasattr(sched, "set_begin_index"):
+                sched.set_begin_index(0)  # as StableDiffusionXLPipeline (a repeated first timestep counts as step 0)
         if inpainting:
             latents, painting = self._inpaint_latents(image_in, mask, sched, timesteps, strength, generator, timer)
         elif img2img:
             latents = self._image_latents(image_in, sched, timesteps, generator, timer)
         else:
             latents = self._noise_latents(sched, generator)
-        cond, uncond = self._encode_prompts(prompt, negative_prompt if cfg else None, timer)
+        ids = sdxl.time_ids(sizes, self.height, self.width, img2img, self.sdxl.requires_aesthetics_score) \
+            if xl else None
+        cond, uncond = self._encode_prompts(prompts, cfg, ids, timer)
         latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance, generator,
-                                            timer, progress, painting, controls)
+                                            timer, progress, painting, controls, guidance_rescale)
         image = self._decode(latents, timer)
 
         total = len(timesteps)
@@ -483,33 +557,87 @@ class LitePipeline:
         if self.loras.specs:
             timings["lora_switch"] = round(self.lora_seconds, 4)  # the last set_loras, before this picture
         settings = {
-            "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "seed": int(seed),
+            "prompt": prompts.prompt,
+            "negative_prompt": prompts.negative_prompt if xl else prompts.negative_prompt or "",
+            "steps": steps, "seed": int(seed),
             "guidance": guidance, "classifier_free_guidance": cfg, "scheduler": sched.class_name,
             "guidance_embedding": self.timestep_cond_dim is not None,
             "denoising_steps": total, "unet_batch": self.unet_batch, "unet_calls": unet_calls,
             "backend": self.backend, "fallback_reason": self.fallback_reason,
             "height": self.height, "width": self.width, "low_memory": self.low_memory,
-            "img2img": img2img, "inpaint": inpainting,
+            "img2img": img2img, "inpaint": inpainting, "family": self.folder.family,
+            **({"guidance_rescale": guidance_rescale} if guidance_rescale else {}),
             **({"strength": strength} if init_image is not None else {}),
             **({"inpainting_unet": self.inpainting_unet} if inpainting else {}),
             **({"controls": [{"scale": c.scale, "start": c.start, "end": c.end} for c in controls],
                 "controlnet_calls": self.controlnet_calls - calls_before} if controls else {}),
             **({"timestep_spacing": timestep_spacing} if timestep_spacing else {}),
             **({"loras": self.loras.describe(), "lora_layers": self.loras.layer_counts()} if self.loras.specs else {}),
+            **(self._sdxl_settings(prompts, ids, cfg) if xl else {}),
         }
         return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
 
-    def check_inputs(self, init_image: bool, mask: bool, controls: int = 0) -> None:
-        """What the folder can make from these pictures (before any is read): a mask needs the
-        picture it repaints; a 9-channel (inpainting) UNet runs only with both."""
+    def _sdxl_settings(self, prompts: sdxl.Prompts, ids, cfg: bool) -> dict:
+        zeros = cfg and prompts.zero_negative(self.sdxl.force_zeros_for_empty_prompt)
+        return {"prompt_2": prompts.prompt_2, "negative_prompt_2": prompts.negative_prompt_2,
+                "time_ids": ids[0], **({"negative_time_ids": ids[1]} if cfg else {}),
+                "zero_negative_embeddings": zeros}
+
+    def check_inputs(self, init_image: bool, mask: bool, controls: int = 0, prompts: sdxl.Prompts | None = None,
+                     sizes: SizeConditioning | None = None) -> None:
+        """What the folder can make from these pictures and options (before any picture is read): a
+        mask needs the picture it repaints; a 9-channel (inpainting) UNet runs only with both; the
+        second prompts and size conditioning are SDXL's; SDXL runs txt2img and img2img."""
         if mask and not init_image:
             raise BadInput("--mask needs --init-image (the picture whose masked part is repainted)")
         if self.inpainting_unet and not mask:
             raise BadInput(f"{self.out / 'unet.tflite'}: an inpainting UNet ({inpaint_channels(self.channels)} input "
                            f"channels: latents, mask, masked picture's latents) runs only with --init-image and "
                            f"--mask; for text-to-image and img2img convert a text-to-image model")
+        if self.sdxl is None:
+            self._check_sd_options(prompts, sizes)
+        else:
+            self._check_sdxl_options(init_image, mask, controls, sizes)
         if controls:
             self.check_controls(controls, mask)
+
+    def _check_sd_options(self, prompts: sdxl.Prompts | None, sizes: SizeConditioning | None) -> None:
+        """SDXL's options on an SD 1.x / 2.x folder: refused, naming the first."""
+        given = []
+        if prompts is not None:
+            given += [option for option, value in (("--prompt-2", prompts.prompt_2),
+                                                   ("--negative-prompt-2", prompts.negative_prompt_2))
+                      if value is not None]
+        if sizes is not None:
+            given += sizes.changed()
+        if given:
+            raise BadInput(f"{given[0]} is SDXL's (its second text encoder and size conditioning), but {self.out} "
+                           f"is an SD 1.x / 2.x folder")
+
+    def _check_sdxl_options(self, init_image: bool, mask: bool, controls: int, sizes: SizeConditioning | None) -> None:
+        if mask:
+            raise BadInput(f"--mask: {self.out} is an SDXL folder, and SDXL inpainting is not supported yet "
+                           f"(txt2img and img2img are)")
+        if controls:
+            raise BadInput(f"--control-image: {self.out} is an SDXL folder, and SDXL ControlNets are not supported yet")
+        if sizes is not None:
+            sizes.check()
+        aesthetics = self.sdxl.requires_aesthetics_score
+        if aesthetics and not init_image:
+            raise BadInput(f"{self.out}: its pipeline requires_aesthetics_score (an SDXL refiner): it runs "
+                           f"img2img only (--init-image)")
+        want = 5 if aesthetics else 6  # original size, crop, then the aesthetic score or the target size
+        if self.sdxl.time_ids != want:
+            raise BadInput(f"{self.out / 'unet.tflite'}: takes {self.sdxl.time_ids} time ids, but this pipeline "
+                           f"makes {want} (requires_aesthetics_score is {str(aesthetics).lower()} in the manifest)")
+
+    def _check_sdxl_unet(self, unet) -> None:
+        """An SDXL UNet takes text_embeds [B, projection] and time_ids [B, n] beside its context."""
+        embeds, ids = unet.input(sdxl.TEXT_EMBEDS), unet.input(sdxl.TIME_IDS)
+        if embeds is None or ids is None or len(embeds.shape) != 2 or len(ids.shape) != 2 or \
+                (embeds.shape[1], ids.shape[1]) != (self.sdxl.text_embeds, self.sdxl.time_ids):
+            raise BadInput(f"{unet.path}: an SDXL UNet takes text_embeds [batch, {self.sdxl.text_embeds}] and "
+                           f"time_ids [batch, {self.sdxl.time_ids}], as the manifest says (convert again)")
 
     def check_controls(self, count: int, mask: bool) -> None:
         """`count` control images need as many ControlNets in the folder (one image each, in order)."""
@@ -577,21 +705,36 @@ class LitePipeline:
             return inpaint.prepare(lambda picture: _encode_picture(encoder, picture, timer), image_in, mask, shape, self.inpainting_unet, sched, timesteps, strength,
                                    generator)
 
-    def _encode_prompts(self, prompt: str, negative_prompt: str | None, timer: _Timer):
-        """(cond, uncond); uncond is None without a negative prompt (no classifier-free guidance)."""
-        with self.stage("text_encoder"):
+    def _encode_prompts(self, prompts: sdxl.Prompts, cfg: bool, ids, timer: _Timer):
+        """(cond, uncond): each branch's UNet inputs besides the sample and timestep; uncond is None
+        without classifier-free guidance. SD: the text encoder's context of the prompt and of the
+        negative prompt ("" where None). SDXL: difflite.runtime.sdxl.conditioning with `ids` (the
+        time ids), each text encoder loaded for its stage once."""
+        if self.sdxl is None:
+            texts = [prompts.prompt, *([prompts.negative_prompt or ""] if cfg else [])]
+            contexts = self._run_encoder("text_encoder", self.encode_prompt, texts, timer)
+            branches = [{CONTEXT: context} for context in contexts]
+            return branches[0], branches[1] if cfg else None
+        return sdxl.conditioning(prompts, lambda texts: self._run_encoder("text_encoder", self.encode_prompt, texts, timer),
+                                 lambda texts: self._run_encoder("text_encoder_2", self.encode_prompt_2, texts, timer),
+                                 ids, cfg, self.sdxl.force_zeros_for_empty_prompt)
+
+    def _run_encoder(self, name: str, encode: Callable, texts: Sequence[str], timer: _Timer) -> list:
+        """encode(text) for each text in the stage of the text encoder `name`, timed under its name."""
+        with self.stage(name):
             start = time.perf_counter()
-            cond = self.encode_prompt(prompt)
-            uncond = None if negative_prompt is None else self.encode_prompt(negative_prompt)
-            timer.add("text_encoder", start)
-        return cond, uncond
+            outputs = [encode(text) for text in texts]
+            timer.add(name, start)
+        return outputs
 
     def _denoise(self, latents: np.ndarray, sched, timesteps, cond, uncond, guidance: float,
                  generator: TorchGenerator, timer: _Timer, progress: Callable[[int, int], None] | None,
-                 painting: inpaint.Inpainting | None = None, controls: Sequence[Control] = ()):
-        """The scheduler loop; returns the final latents and the number of UNet calls. `painting`:
-        inpainting's UNet input and blending (difflite.runtime.inpaint); `controls`: the
-        ControlNets' (controlnet_0, ...), which run in the UNet's stage (timings: controlnet)."""
+                 painting: inpaint.Inpainting | None = None, controls: Sequence[Control] = (),
+                 guidance_rescale: float = 0.0):
+        """The scheduler loop; returns the final latents and the number of UNet calls. cond and
+        uncond: each branch's UNet inputs (predict_noise); `painting`: inpainting's UNet input and
+        blending (difflite.runtime.inpaint); `controls`: the ControlNets' (controlnet_0, ...), which
+        run in the UNet's stage (timings: controlnet); guidance_rescale: guide's."""
         cfg = uncond is not None
         unet_seconds, unet_calls = 0.0, 0
         extra = {}
@@ -612,7 +755,7 @@ class LitePipeline:
                 unet_seconds += time.perf_counter() - start - (self.controlnet_seconds - control_before)
                 unet_calls += 1 if (self.unet_batch == 2 or not cfg) else 2
                 noise = [np.asarray(n, dtype=np.float32) for n in noise]
-                noise_pred = noise[0] + np.float32(guidance) * (noise[1] - noise[0]) if cfg else noise[0]
+                noise_pred = guide(noise, guidance, guidance_rescale)
                 latents = np.asarray(sched.step(noise_pred, t, latents, generator=generator), dtype=np.float32)
                 if painting is not None:
                     latents = painting.after_step(latents, sched, timesteps, i)
@@ -666,15 +809,44 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
 @click.option("--steps", default=20, show_default=True, type=int, help="Number of inference steps.")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of torch.Generator('cpu') for the initial noise, as diffusers draws it.")
-@click.option("--guidance", default=7.5, show_default=True, type=float,
-              help="Classifier-free guidance scale; <= 1 disables guidance. An LCM-distilled UNet (input "
-                   "timestep_cond) takes it as an embedding instead, in one pass.")
-@click.option("--negative-prompt", default="", show_default=True, help="The unconditional prompt.")
+@click.option("--guidance", default=None, type=float,
+              help="Classifier-free guidance scale; <= 1 disables guidance (one batch-1 UNet call a step, as "
+                   "SDXL-Turbo runs with 0). An LCM-distilled UNet (input timestep_cond) takes it as an embedding "
+                   "instead, in one pass. [default: 7.5; SDXL 5.0, diffusers' default]")
+@click.option("--guidance-rescale", default=0.0, show_default=True, type=float,
+              help="With guidance > 1: rescale the guided prediction towards the prompt's standard deviation by "
+                   "this fraction in [0, 1], as diffusers' guidance_rescale (against over-exposure; 0.7 is the "
+                   "paper's value); no effect without guidance.")
+@click.option("--negative-prompt", default=None,
+              help="The unconditional prompt [default: none, the empty prompt; SDXL: zero embeddings where the "
+                   "source pipeline has force_zeros_for_empty_prompt (SDXL base's, diffusers' default), else the "
+                   "empty prompt].")
+@click.option("--prompt-2", default=None,
+              help="SDXL: text_encoder_2's prompt [default: PROMPT].")
+@click.option("--negative-prompt-2", default=None,
+              help="SDXL: text_encoder_2's unconditional prompt [default: --negative-prompt].")
+@click.option("--original-size", default=None, metavar="H,W",
+              help="SDXL: the size conditioning's original size, height first, as diffusers' original_size "
+                   "[default: the picture's size].")
+@click.option("--crop", default="0,0", show_default=True, metavar="TOP,LEFT",
+              help="SDXL: the crop conditioning's top-left corner (diffusers' crops_coords_top_left).")
+@click.option("--target-size", default=None, metavar="H,W",
+              help="SDXL: the target size conditioning, height first [default: the picture's size].")
+@click.option("--negative-original-size", default=None, metavar="H,W",
+              help="SDXL: the unconditional branch's original size (txt2img: used with --negative-target-size; "
+                   "img2img: default --original-size).")
+@click.option("--negative-crop", default="0,0", show_default=True, metavar="TOP,LEFT",
+              help="SDXL: the unconditional branch's crop (txt2img, with both negative sizes; img2img takes "
+                   "--crop there, as diffusers does).")
+@click.option("--negative-target-size", default=None, metavar="H,W",
+              help="SDXL: the unconditional branch's target size (txt2img: used with --negative-original-size; "
+                   "img2img: default --target-size).")
 @click.option("--scheduler", "scheduler", type=click.Choice(SCHEDULER_CHOICES), default="default", show_default=True,
               help="default = the class in OUT/scheduler/scheduler_config.json; euler-a and lcm draw noise at "
                    "every step from the seed's generator.")
 @click.option("--timestep-spacing", type=click.Choice(SPACINGS), default=None,
-              help="Override the config's timestep spacing (trailing for Turbo-style few-step models).")
+              help="Override the config's timestep spacing (trailing for Turbo-style few-step models; default: "
+                   "OUT/scheduler/scheduler_config.json's).")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
               help=BACKEND_HELP)
 @click.option("--fallback", type=click.Choice(["none", "cpu"]), default="none", show_default=True,
@@ -692,7 +864,7 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "Needs OUT/vae_encoder.tflite.")
 @click.option("--strength", default=None, type=float,
               help="img2img and inpainting: how much of the picture is re-noised, in (0, 1] [default: 0.8; 1.0 "
-                   "with --mask, starting from pure noise: diffusers' defaults].")
+                   "with --mask, starting from pure noise; SDXL 0.3: diffusers' defaults].")
 @click.option("--control-image", "control_images", multiple=True, type=click.Path(),
               help="ControlNet: steer the picture by this image (an edge map, a pose, a depth map...), one per "
                    "ControlNet of OUT (convert --controlnet), in order; repeatable. Resized to the converted size "
@@ -720,17 +892,20 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "base weights are not changed (for baking a LoRA in, see convert --lora).")
 @click.option("--low-memory", is_flag=True,
               help="Trade load time for peak memory: load each model right before its stage and free it "
-                   "right after (vae_encoder, text_encoder, unet, vae_decoder), so one is resident at a time "
-                   "instead of all three, for phones that cannot hold them together (the ControlNets run beside "
-                   "the UNet, in its stage). Every picture then pays the loading (timings: load); the picture is "
-                   "the same.")
+                   "right after (vae_encoder, text_encoder, text_encoder_2 for SDXL, unet, vae_decoder), so one is "
+                   "resident at a time instead of all of them, for phones that cannot hold them together (the "
+                   "ControlNets run beside the UNet, in its stage). Every picture then pays the loading "
+                   "(timings: load); the picture is the same.")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
-def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt, scheduler, timestep_spacing,
-                     backend, fallback, init_image, mask, strength, control_images, control_scales, control_starts,
-                     control_ends, control_preprocesses, canny_low, canny_high, loras, low_memory, as_json):
+def generate_command(out, prompt, output, steps, seed, guidance, guidance_rescale, negative_prompt, prompt_2,
+                     negative_prompt_2, original_size, crop, target_size, negative_original_size, negative_crop,
+                     negative_target_size, scheduler, timestep_spacing, backend, fallback, init_image, mask, strength,
+                     control_images, control_scales, control_starts, control_ends, control_preprocesses, canny_low,
+                     canny_high, loras, low_memory, as_json):
     """Make a picture from PROMPT with the .tflite files in OUT (txt2img, img2img with
     --init-image, inpainting with --init-image and --mask, steered by ControlNets with
-    --control-image), the same picture diffusers' PyTorch pipeline makes from the same weights."""
+    --control-image; an SDXL folder: txt2img and img2img, with --prompt-2 and the size
+    conditioning), the same picture diffusers' PyTorch pipeline makes from the same weights."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -741,11 +916,16 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
     )
 
     output = check_writable(output)
+    sizes = SizeConditioning(*(sdxl.parse_pair(option, text) for option, text in (
+        ("--original-size", original_size), ("--crop", crop), ("--target-size", target_size),
+        ("--negative-original-size", negative_original_size), ("--negative-crop", negative_crop),
+        ("--negative-target-size", negative_target_size))))
     choice = choose_backend(backend)
     pipe = LitePipeline(out, backend=choice.backend, low_memory=low_memory, fallback=fallback)
     specs = specs_from_options(control_images, control_scales, control_starts, control_ends, control_preprocesses,
                                canny_low, canny_high)
-    pipe.check_inputs(init_image is not None, mask is not None, len(specs))
+    pipe.check_inputs(init_image is not None, mask is not None, len(specs),
+                      sdxl.Prompts(prompt, prompt_2, negative_prompt, negative_prompt_2), sizes)
     # the pictures are read (and refused) before any model loads; only their resized copies are kept
     if init_image is not None:
         init_image = fit_init_image(init_image, pipe.height, pipe.width)
@@ -767,7 +947,9 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
 
         result = pipe(prompt, negative_prompt=negative_prompt, steps=steps, seed=seed, guidance=guidance,
                       scheduler=scheduler, init_image=init_image, mask_image=mask, strength=strength,
-                      timestep_spacing=timestep_spacing, progress=progress, controls=controls)
+                      timestep_spacing=timestep_spacing, progress=progress, controls=controls,
+                      guidance_rescale=guidance_rescale, prompt_2=prompt_2, negative_prompt_2=negative_prompt_2,
+                      sizes=sizes)
     path = result.save(output)
     if as_json:
         click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings,
@@ -783,6 +965,7 @@ def generate_command(out, prompt, output, steps, seed, guidance, negative_prompt
 __all__ = [
     "GenerateResult",
     "LitePipeline",
+    "SizeConditioning",
     "generate",
     "generate_command",
     "load_init_image",

@@ -11,7 +11,7 @@ difflite/diffusers_schedulers.py, the real diffusers scheduler behind the same N
 
 The config goes through the fixes of diffusers' StableDiffusionPipeline constructor, which looks at
 the built scheduler's config (class defaults included): steps_offset != 1 -> 1, clip_sample True
--> False. Stochastic steps draw `generator.randn(shape)` (difflite.runtime.noise.TorchGenerator) where
+-> False; not for SDXL (pipeline_fixes=False), whose pipelines take the config as it is. Stochastic steps draw `generator.randn(shape)` (difflite.runtime.noise.TorchGenerator) where
 diffusers calls randn_tensor with a torch generator, in the same order and shape.
 
 Numerics follow diffusers' dtype path: float32 tensors, torch's cumprod (accumulates in double),
@@ -92,20 +92,21 @@ def use_fallback(build) -> None:
     _fallback = build
 
 
-def make_scheduler(name: str, config: dict, timestep_spacing: str | None = None):
-    """A NumPy port when one reproduces the class and config, else the installed fallback's."""
+def make_scheduler(name: str, config: dict, timestep_spacing: str | None = None, pipeline_fixes: bool = True):
+    """A NumPy port when one reproduces the class and config, else the installed fallback's.
+    pipeline_fixes: apply StableDiffusionPipeline's config fixes (SD 1.x / 2.x; SDXL: False)."""
     class_name, merged = resolve(name, config, timestep_spacing)
     port = PORTS.get(class_name)
     reason = "no NumPy port"
     if port is not None:
         try:
-            return port(merged)
+            return port(merged, pipeline_fixes)
         except (UnsupportedConfig, ValueError, TypeError) as exc:  # the fallback builds it or says why not
             reason = f"its NumPy port does not reproduce this config ({exc})"
     if _fallback is None:
         raise BadInput(f"scheduler_config.json: {class_name}: {reason}, and no diffusers fallback is installed "
                        f"(the difflite command installs one)")
-    return _fallback(name, config, timestep_spacing)
+    return _fallback(name, config, timestep_spacing, pipeline_fixes=pipeline_fixes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,9 +194,10 @@ class Scheduler:
     DEFAULTS = _DEFAULTS  # diffusers' __init__ defaults of the keys the port reads
     SUPPORTED = _PLAIN  # config key -> the values the port reproduces
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, fixes: bool = True):
         effective = {**self.DEFAULTS, **config}
-        effective.update(pipeline_fixes(effective))
+        if fixes:
+            effective.update(pipeline_fixes(effective))
         unsupported = [f"{key}={effective[key]!r}" for key, values in self.SUPPORTED.items()
                        if effective[key] not in values]
         if effective["trained_betas"] is None and effective["beta_schedule"] not in _BETA_SCHEDULES:
@@ -280,8 +282,8 @@ class _SigmaScheduler(Scheduler):
 
     karras = False
 
-    def __init__(self, config: dict):
-        super().__init__(config)
+    def __init__(self, config: dict, fixes: bool = True):
+        super().__init__(config, fixes)
         self.sigmas = np.concatenate([self._training_sigmas()[::-1], [F32(0)]])
 
     @property
