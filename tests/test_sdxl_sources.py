@@ -343,3 +343,149 @@ def test_refusals_exit_2_writing_nothing(kind, sdxl_tiny, folder, tmp_path):
 def test_config_folder_of_sdxl_is_refused(single, folder):
     with pytest.raises(BadInput, match="--config with an SDXL folder is not supported"):
         load_pipeline(str(single), config=str(folder))
+
+
+# ---- LoRAs merged at conversion ------------------------------------------------------------------
+
+# (component, module, rank) on sdxl-tiny: attention, cross-attention, feed-forward and proj_out in the
+# deep (depth 2) blocks, both text encoders (text_encoder_2 keeps transformers' text_model.)
+SDXL_LORA = [
+    ("unet", "down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q", 4),
+    ("unet", "down_blocks.1.attentions.1.transformer_blocks.0.attn2.to_k", 4),
+    ("unet", "mid_block.attentions.0.transformer_blocks.1.ff.net.2", 2),
+    ("unet", "up_blocks.0.attentions.2.proj_out", 3),
+    ("unet", "up_blocks.0.attentions.1.transformer_blocks.0.attn1.to_out.0", 4),
+    ("text_encoder", "encoder.layers.0.self_attn.q_proj", 4),
+    ("text_encoder", "encoder.layers.1.mlp.fc1", 2),
+    ("text_encoder_2", "text_model.encoder.layers.0.self_attn.v_proj", 4),
+    ("text_encoder_2", "text_model.encoder.layers.2.self_attn.out_proj", 2),
+    ("text_encoder_2", "text_model.encoder.layers.1.mlp.fc2", 3),
+]
+_ALPHA = 2.0  # one alpha for every kohya layer (diffusers 0.42 gives kohya attention layers the most
+# common alpha: tests/test_lora.py checks per-layer alphas against the arithmetic), over ranks 2..4
+
+
+def _kohya_name(pipe, component: str, name: str) -> str:
+    """kohya's names for SDXL: the UNet's in the original layout (input_blocks_4_1_...), text
+    encoders as lora_te1_ / lora_te2_ with transformers' text_model."""
+    if component == "unet":
+        return "lora_unet_" + L.unet_key(name + ".weight", pipe.unet.config).removesuffix(".weight").replace(".", "_")
+    full = name if name.startswith("text_model.") else "text_model." + name
+    return {"text_encoder": "lora_te1_", "text_encoder_2": "lora_te2_"}[component] + full.replace(".", "_")
+
+
+def _diffusers_name(component: str, name: str) -> str:
+    return f"{component}.{name if component != 'text_encoder' else 'text_model.' + name}"
+
+
+def _write_lora(pipe, path: Path, layout: str, seed: int = 4) -> list:
+    """A random LoRA for SDXL_LORA in `layout` ("kohya", float16; or "peft": diffusers' lora_A /
+    lora_B, no metadata: alpha == rank); returns [(component, module, down, up, factor)]."""
+    from safetensors.torch import save_file
+    from support.lora_files import named_module, random_pair
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors, expected = {}, []
+    for component, name, rank in SDXL_LORA:
+        dtype = torch.float16 if layout == "kohya" else torch.float32
+        down, up = random_pair(named_module(pipe, component, name), rank, gen, dtype)
+        if layout == "kohya":
+            key = _kohya_name(pipe, component, name)
+            tensors.update({f"{key}.lora_down.weight": down, f"{key}.lora_up.weight": up,
+                            f"{key}.alpha": torch.tensor(_ALPHA, dtype=dtype)})
+        else:
+            key = _diffusers_name(component, name)
+            tensors.update({f"{key}.lora_A.weight": down, f"{key}.lora_B.weight": up})
+        expected.append((component, name, down.float(), up.float(), _ALPHA / rank if layout == "kohya" else 1.0))
+    save_file(tensors, str(path))
+    return expected
+
+
+def _weights(pipe) -> dict:
+    return {c: {k: v.clone() for k, v in getattr(pipe, c).state_dict().items()} for c in SDXL_MODELS}
+
+
+@torch.no_grad()
+def _diffusers_fused(pipe, path: Path, scale: float) -> dict:
+    """diffusers' StableDiffusionXLPipeline on copies of the models: load_lora_weights, fuse_lora;
+    each model's weights with the fused layers' base weights in their place."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+    from safetensors.torch import load_file
+
+    models = {c: copy.deepcopy(getattr(pipe, c)) for c in SDXL_MODELS}
+    reference = StableDiffusionXLPipeline(**models, tokenizer=pipe.tokenizer, tokenizer_2=pipe.tokenizer_2,
+                                          scheduler=EulerDiscreteScheduler.from_config(pipe.scheduler_config))
+    reference.load_lora_weights(load_file(str(path)), adapter_name="test")
+    reference.fuse_lora(lora_scale=scale)
+    out = {}
+    for c in SDXL_MODELS:
+        state = getattr(reference, c).state_dict()
+        out[c] = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    return out
+
+
+@pytest.mark.parametrize("layout, scale", [("kohya", 0.75), ("peft", -0.5)])
+def test_sdxl_lora_merges_as_diffusers_fuses(layout, scale, sdxl_tiny, tmp_path):
+    from difflite.compiler.lora import merge_loras
+    from difflite.core.lora import LoraSpec
+
+    path = tmp_path / f"{layout}.safetensors"
+    expected = _write_lora(sdxl_tiny, path, layout)
+    want = _diffusers_fused(sdxl_tiny, path, scale)
+    pipe = copy.copy(sdxl_tiny)
+    for c in SDXL_MODELS:
+        setattr(pipe, c, copy.deepcopy(getattr(sdxl_tiny, c)))
+    before = _weights(pipe)
+    pipe.details = {}
+    merge_loras(pipe, (LoraSpec(str(path), scale),))
+    got = _weights(pipe)
+    # diffusers 0.42 under transformers 5 leaves kohya's text_encoder attention layers out
+    # (to_q_lora keys "UNEXPECTED" in the flattened CLIPTextModel): the arithmetic below checks them
+    skip = {("text_encoder", n + ".weight") for c, n, _ in SDXL_LORA
+            if layout == "kohya" and c == "text_encoder" and ".self_attn." in n}
+    for c in SDXL_MODELS:
+        assert got[c].keys() == want[c].keys(), c
+        for key in got[c]:
+            if (c, key) not in skip:
+                torch.testing.assert_close(got[c][key], want[c][key], rtol=1e-5, atol=1e-6, msg=f"{c}.{key}")
+    # the arithmetic: W + scale * alpha / rank * up @ down, in each listed layer and nowhere else
+    changed = {(c, k.removesuffix(".weight")) for c in SDXL_MODELS for k in got[c]
+               if not torch.equal(got[c][k], before[c][k])}
+    assert changed == {(c, n) for c, n, _ in SDXL_LORA}
+    for c, name, down, up, factor in expected:
+        delta = scale * factor * (up.flatten(1) @ down.flatten(1)).reshape(got[c][name + ".weight"].shape)
+        torch.testing.assert_close(got[c][name + ".weight"], before[c][name + ".weight"] + delta,
+                                   rtol=1e-5, atol=1e-6)
+    record = pipe.details["loras"][0]
+    assert record["layers"] == {"unet": 5, "text_encoder": 2, "text_encoder_2": 3}
+    assert record["summary"] == f"{'kohya' if layout == 'kohya' else 'diffusers'}, 5 UNet + 2 text encoder + " \
+                                f"3 text encoder 2 layers"
+
+
+def test_convert_with_an_sdxl_lora(single, sdxl_tiny, files, preset_out, tmp_path):
+    """`convert --lora` on the SDXL single file, text_encoder_2 alone: recorded, and the file differs
+    from the preset's by the merged layers."""
+    from difflite.core.lora import LoraSpec
+
+    path = tmp_path / "te2.safetensors"
+    _write_lora(sdxl_tiny, path, "kohya")
+    out = tmp_path / "out"
+    convert.convert(str(single), out, convert.ConvertOptions(components=("text_encoder_2",)),
+                    loras=(LoraSpec(str(path), 1.0),))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["components"]) == ["text_encoder_2"]
+    assert manifest["source"]["loras"][0]["layers"] == {"unet": 5, "text_encoder": 2, "text_encoder_2": 3}
+    assert (out / "text_encoder_2.tflite").read_bytes() != (preset_out / "text_encoder_2.tflite").read_bytes()
+
+
+def test_sdxl_lora_on_sd_is_refused(tmp_path):
+    """An SDXL-only LoRA (text_encoder_2 layers alone) matches nothing of an SD 1.x pipeline."""
+    from difflite.compiler.lora import merge_loras
+    from difflite.core.lora import LoraSpec
+    from safetensors.torch import save_file
+
+    path = tmp_path / "te2.safetensors"
+    save_file({"lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight": torch.zeros(2, 48),
+               "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight": torch.zeros(48, 2)}, str(path))
+    with pytest.raises(BadInput, match="is it a LoRA for Stable Diffusion 1.x/2.x"):
+        merge_loras(build_preset("tiny", 0), (LoraSpec(str(path), 1.0),))
