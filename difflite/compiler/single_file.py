@@ -8,7 +8,15 @@ from the text encoder's layout (CLIP under `cond_stage_model.transformer.` = SD 
 under `cond_stage_model.model.` = SD 2.x), everything a shape can tell from the shapes, the rest
 from the family's preset (models.py), and the tokenizer from the CLIP BPE merges that the
 open_clip_torch package ships. What was decided and why goes to `pipe.details["architecture"]`
-(the manifest's source, convert's summary)."""
+(the manifest's source, convert's summary).
+
+SDXL base files (CLIP ViT-L under `conditioner.embedders.0.transformer.`, OpenCLIP ViT-bigG under
+`conditioner.embedders.1.model.`) are inferred the same way: the UNet's transformer depth per
+level and its added (text_time) embedding from the shapes, text_encoder_2 as a
+CLIPTextModelWithProjection (every layer, text_projection transposed), SDXL's VAE scaling, 64-wide
+heads and 1024x1024; a file whose shapes are exactly preset:sdxl's or preset:sdxl-tiny's takes that
+preset's heads and image size (and, without CLIP's vocabulary, its tokenizer). The refiner (OpenCLIP
+alone as embedder 0, aesthetic-score time ids) and SDXL inpainting (a 9-channel UNet) are refused."""
 
 from __future__ import annotations
 
