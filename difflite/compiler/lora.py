@@ -181,7 +181,8 @@ def _check(pipe, spec) -> _Lora:
         lora.totals[head] = len(names)
     if not any(lora.layers[c] for c in components):
         sample = ", ".join(repr(k) for k in keys[:2])
-        models, family = ("UNet or text encoders", "SDXL") if sdxl else ("UNet or text encoder", "Stable Diffusion 1.x/2.x")
+        models, family = ("UNet or text encoders", "SDXL") if sdxl else \
+            ("UNet or text encoder", "Stable Diffusion 1.x/2.x")
         raise BadInput(f"{path}: none of its {sum(lora.totals.values())} LoRA layers matches a layer of this "
                        f"model's {models} (keys look like {sample}); is it a LoRA for {family}?")
     return lora

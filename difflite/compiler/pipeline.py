@@ -191,7 +191,8 @@ def check_config_folder(folder: Path) -> dict:
     classes = _MODEL_CLASSES
     if is_sdxl_folder(folder, index):
         classes = _SDXL_MODEL_CLASSES
-        if (index.get("text_encoder") or [None])[-1] is None:
+        entry = index.get("text_encoder")
+        if entry is None or (isinstance(entry, list) and entry[-1:] in ([], [None])):
             raise BadInput(f"{folder}: an SDXL refiner (no text_encoder: OpenCLIP's text_encoder_2 only, "
                            f"aesthetic-score time ids) is not supported: SDXL base only")
         encoder_2 = folder / "text_encoder_2" / "config.json"
@@ -222,7 +223,8 @@ def is_sdxl_folder(folder: Path, index: dict) -> bool:
     """An SDXL folder: its UNet is conditioned on text_time (SDXL's pooled text embedding and time
     ids); an SDXL refiner or inpainting folder (refused by check_sdxl_configs) too."""
     unet = folder / "unet" / "config.json"
-    if index.get("unet", [None, None])[-1:] != ["UNet2DConditionModel"] or not unet.is_file():
+    entry = index.get("unet")
+    if not isinstance(entry, list) or entry[-1:] != ["UNet2DConditionModel"] or not unet.is_file():
         return False
     return _read_json(unet).get("addition_embed_type") == "text_time"
 
@@ -241,15 +243,17 @@ def check_sdxl_configs(source: Path, unet: dict, text_encoder_2: dict) -> None:
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise BadInput(f"{source}: an SDXL UNet config needs projection_class_embeddings_input_dim and "
                        f"addition_time_embed_dim, and text_encoder_2 a projection_dim") from None
+    if not rest and ids == SDXL_TIME_IDS - 1:
+        raise BadInput(f"{source}: an SDXL refiner ({ids} time ids: the aesthetic score's) is not supported: "
+                       f"SDXL base's {SDXL_TIME_IDS} time ids only")
     if rest or ids != SDXL_TIME_IDS:
-        what = f"{ids} time ids" if not rest else "a time embedding that is not whole time ids"
-        raise BadInput(f"{source}: an SDXL refiner ({what}: the aesthetic score's) is not supported: SDXL base's "
-                       f"{SDXL_TIME_IDS} time ids only")
+        found = ids + rest / int(unet["addition_time_embed_dim"])
+        raise BadInput(f"{source}: the UNet's added embedding takes text_encoder_2's projection and {found:g} "
+                       f"time ids, not SDXL base's {SDXL_TIME_IDS}: not supported")
 
 
 def tokenizer_names(folder: Path, index: dict) -> tuple[str, ...]:
-    return ("tokenizer", "tokenizer_2") if "text_encoder_2" in index and is_sdxl_folder(folder, index) \
-        else ("tokenizer",)
+    return ("tokenizer", "tokenizer_2") if is_sdxl_folder(folder, index) else ("tokenizer",)
 
 
 def weight_files(component: Path) -> list[Path]:
