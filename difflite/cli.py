@@ -95,16 +95,18 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
               help="Output folder (created; existing difflite files in it are replaced).")
 @click.option("--config", type=click.Path(), default=None,
               help="Diffusers folder with the configs, for a single .safetensors/.ckpt MODEL [default: the "
-                   "architecture is inferred from the checkpoint's keys].")
+                   "architecture is inferred from the checkpoint's keys]; SD 1.x / 2.x only (SDXL files are "
+                   "inferred).")
 @click.option("--vae", type=click.Path(), default=None,
               help="A separate VAE to use instead of MODEL's: a diffusers vae folder or a .safetensors/.ckpt "
                    "file (original or diffusers keys).")
 @click.option("--prediction-type", type=click.Choice(["epsilon", "v_prediction"]), default=None,
               help="What the UNet predicts, for the scheduler [default: the config's; for a single file, "
-                   "inferred (SD 2.x: v_prediction at 768 unless the file says otherwise)].")
+                   "inferred (SD 2.x: v_prediction at 768 unless the file says otherwise; SDXL: epsilon unless "
+                   "it has a v_pred key)].")
 @click.option("--lora", "loras", multiple=True, metavar="FILE[:SCALE]",
-              help="Merge a LoRA (diffusers/PEFT or kohya/A1111 .safetensors) into the weights before export, "
-                   "scaled by SCALE (default 1.0; finite, from -1000 to 1000); repeatable. To choose LoRAs per "
+              help="Merge a LoRA (diffusers/PEFT or kohya/A1111 .safetensors; for SDXL its text_encoder_2 "
+                   "layers too) into the weights before export, scaled by SCALE (default 1.0; finite, from -1000 to 1000); repeatable. To choose LoRAs per "
                    "picture instead, see --lora-slots and generate --lora.")
 @click.option("--lora-slots", type=click.Choice(lora.SETS), default=None,
               help="Layers that take a LoRA at run time (generate --lora, LitePipeline.set_loras): auto, every "
@@ -134,7 +136,8 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
                    "which generate --mask needs; add vae_encoder for generate --init-image; for SDXL "
                    "text_encoder,text_encoder_2,unet,vae_decoder,vae_encoder; each --controlnet adds controlnet_N].")
 @click.option("--height", default=None, type=int,
-              help="Image height in pixels [default: the model's own size: 512, 768 for SD 2.x 768 models].")
+              help="Image height in pixels [default: the model's own size: 512, 768 for SD 2.x 768 "
+                   "models, 1024 for SDXL].")
 @click.option("--width", default=None, type=int, help="Image width in pixels [default: the model's own size].")
 @click.option("--batch", default=1, show_default=True, type=int,
               help="UNet batch (2 = classifier-free guidance in one call).")
@@ -204,8 +207,10 @@ def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_ra
             no_fuse, device_profile, winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
-    MODEL is a local diffusers folder, a .safetensors/.ckpt file (original LDM layout: SD 1.x or
-    2.x, text-to-image or inpainting, inferred from its keys, or --config FOLDER), or preset:NAME
+    MODEL is a local diffusers folder (SD 1.x / 2.x, or SDXL base: StableDiffusionXLPipeline's
+    layout), a .safetensors/.ckpt file (original LDM layout: SD 1.x or 2.x, text-to-image or
+    inpainting, or SDXL base, inferred from its keys and shapes; or --config FOLDER; the SDXL refiner
+    and SDXL inpainting are refused), or preset:NAME
     (preset:tiny, preset:sd15, preset:sd21, preset:sd21-768, preset:sd15-inpaint,
     preset:tiny-inpaint: real architectures, seeded random weights; preset:sdxl and preset:sdxl-tiny:
     SDXL, whose folder adds text_encoder_2 and vae_encoder and which generate runs as diffusers'

@@ -2,7 +2,8 @@
 conditioning, transformer depth > 1), the SDXL wrapper modules against transformers / diffusers,
 the conversion of preset:sdxl-tiny (its manifest's new inputs and outputs, the fusion counts),
 verify against PyTorch, and bench's clean refusal of an SDXL folder (generate runs it:
-tests/test_sdxl_generate.py)."""
+tests/test_sdxl_generate.py). SDXL's diffusers folders, single files and LoRAs:
+tests/test_sdxl_sources.py."""
 
 from __future__ import annotations
 
@@ -187,8 +188,9 @@ def test_generate_runs_sdxl(sdxl_out, lib, tmp_path):
     assert (tmp_path / "x.png").is_file()
 
 
-def test_sdxl_diffusers_folder_is_refused_cleanly(tmp_path):
-    """Until issue 32 loads SDXL folders: one line, not a pipeline without its text_encoder_2."""
+def test_sd_folder_with_a_text_time_unet_is_refused_cleanly(tmp_path):
+    """An SDXL UNet config in a folder without text_encoder_2: one line, not a pipeline without its
+    second text encoder (SDXL folders themselves: tests/test_sdxl_sources.py)."""
     tiny = build_preset("tiny", 0)
     tiny.save_pretrained(tmp_path / "f")
     config_path = tmp_path / "f" / "unet" / "config.json"
@@ -196,10 +198,11 @@ def test_sdxl_diffusers_folder_is_refused_cleanly(tmp_path):
     config_path.write_text(json.dumps({**config, "addition_embed_type": "text_time"}))
     from difflite.compiler.models import load_pipeline
 
-    with pytest.raises(BadInput, match="an SDXL diffusers folder"):
+    with pytest.raises(BadInput, match="text_encoder_2/config.json: missing \\(an SDXL folder's second text encoder"):
         load_pipeline(str(tmp_path / "f"))
 
 
-def test_sdxl_pipeline_is_not_saved_as_an_sd_folder(sdxl_tiny, tmp_path):
-    with pytest.raises(BadInput, match="not supported yet"):
-        sdxl_tiny.save_pretrained(tmp_path / "f")
+def test_sdxl_pipeline_saves_as_an_sdxl_folder(sdxl_tiny, tmp_path):
+    sdxl_tiny.save_pretrained(tmp_path / "f")
+    index = json.loads((tmp_path / "f" / "model_index.json").read_text())
+    assert index["_class_name"] == "StableDiffusionXLPipeline" and (tmp_path / "f" / "tokenizer_2").is_dir()

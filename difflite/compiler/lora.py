@@ -18,7 +18,12 @@ weights. What this module adds around that:
   module"). Without alphas diffusers uses alpha == rank, a factor of exactly 1.
 * transformers 5 flattened CLIPTextModel (no `text_model.` in its module names). diffusers 0.42
   strips `text_model.` from the LoRA keys itself when the model has no `text_model`; the alpha
-  folding above covers the alpha names it does not strip.
+  folding above covers the alpha names it does not strip. (SDXL's text_encoder_2, a
+  CLIPTextModelWithProjection, keeps its `text_model.`.)
+* SDXL pipelines take text_encoder_2 LoRA layers too (kohya `lora_te2_`, diffusers `text_encoder_2.`),
+  through StableDiffusionXLLoraLoaderMixin as diffusers' StableDiffusionXLPipeline.load_lora_weights
+  does: kohya UNet names in the original (SGM) layout (`lora_unet_input_blocks_4_1_...`) are mapped by
+  the UNet's config.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ _KOHYA_SUFFIXES = (".lora_down.weight", ".lora_up.weight", ".alpha")
 _UNSUPPORTED = ("dora_scale", "lora_magnitude_vector", "lora_B.bias")
 _PEFT_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
 COMPONENTS = ("unet", "text_encoder")
-_LABELS = {"unet": "UNet", "text_encoder": "text encoder"}
+SDXL_COMPONENTS = (*COMPONENTS, "text_encoder_2")
+_LABELS = {"unet": "UNet", "text_encoder": "text encoder", "text_encoder_2": "text encoder 2"}
 
 
 @dataclass
@@ -60,14 +66,15 @@ class _Lora:
 
 
 def merge_loras(pipe, loras) -> None:
-    """Merge each LoRA into pipe.unet / pipe.text_encoder in order, at its own scale; record it in
+    """Merge each LoRA into pipe.unet / pipe.text_encoder (/ pipe.text_encoder_2: SDXL) in order, at
+    its own scale; record it in
     pipe.details["loras"] and fold its sha256 and scale into pipe.source_hash."""
     _require_peft()
     checked = [_check(pipe, spec) for spec in loras]  # all files checked before any merge
     for index, lora in enumerate(checked):
         _warn_partial(lora)
         _merge(pipe, lora, f"difflite_lora_{index}")
-        counts = {name: len(lora.layers[name]) for name in COMPONENTS}
+        counts = {name: len(lora.layers[name]) for name in _components(pipe)}
         pipe.details.setdefault("loras", []).append({
             "file": lora.path.name, "path": str(lora.path), "sha256": lora.sha256, "scale": lora.scale,
             "format": lora.format, "layers": counts, "summary": _summary(lora.format, counts),
@@ -82,8 +89,13 @@ def _require_peft() -> None:
         raise BadInput("--lora needs the peft package (pip install peft==0.21.2)")
 
 
+def _components(pipe) -> tuple[str, ...]:
+    """The pipeline's LoRA-loadable models."""
+    return SDXL_COMPONENTS if pipe.family == "sdxl" else COMPONENTS
+
+
 def _summary(fmt: str, counts: dict) -> str:
-    parts = [f"{counts[name]} {_LABELS[name]}" for name in COMPONENTS if counts[name]]
+    parts = [f"{n} {_LABELS[name]}" for name, n in counts.items() if n]
     return f"{fmt}, {' + '.join(parts)} layer{'' if sum(counts.values()) == 1 else 's'}"
 
 
@@ -115,8 +127,13 @@ def _read(path: Path) -> tuple[bytes, dict[str, torch.Tensor], dict]:
 
 
 def _check(pipe, spec) -> _Lora:
-    from diffusers.loaders import StableDiffusionLoraLoaderMixin
+    from diffusers.loaders import (
+        StableDiffusionLoraLoaderMixin,
+        StableDiffusionXLLoraLoaderMixin,
+    )
 
+    components = _components(pipe)
+    sdxl = components == SDXL_COMPONENTS
     path = Path(spec.path).expanduser().absolute()
     scale = check_scale(float(spec.scale), str(path))
     data, tensors, file_metadata = _read(path)
@@ -131,7 +148,7 @@ def _check(pipe, spec) -> _Lora:
     # kohya layout: lora_unet_* / lora_te*_ keys, possibly beside others that are no LoRA layer of
     # ours (e.g. bundled textual-inversion embeddings), which are set aside and reported as skipped.
     is_kohya = any(k.startswith(_KOHYA_PREFIXES) for k in keys) and \
-        not any(k.startswith(tuple(f"{c}." for c in COMPONENTS)) for k in keys)
+        not any(k.startswith(tuple(f"{c}." for c in SDXL_COMPONENTS)) for k in keys)
     metadata, set_aside = None, []
     if is_kohya:
         set_aside = [k for k in keys if not k.startswith(_KOHYA_PREFIXES)]
@@ -141,28 +158,33 @@ def _check(pipe, spec) -> _Lora:
         if not isinstance(metadata, dict):
             raise BadInput(f"{path}: its lora_adapter_metadata is not a JSON object")
     try:
-        state_dict, _ = StableDiffusionLoraLoaderMixin.lora_state_dict(tensors)
+        if sdxl:  # kohya's SDXL UNet names follow the original layout: mapped by the UNet's config
+            state_dict, _ = StableDiffusionXLLoraLoaderMixin.lora_state_dict(tensors, unet_config=pipe.unet.config)
+        else:
+            state_dict, _ = StableDiffusionLoraLoaderMixin.lora_state_dict(tensors)
     except Exception as e:
         raise BadInput(f"{path}: diffusers cannot read this LoRA: {one_line(e)}") from e
     lora = _Lora(path, scale, hashlib.sha256(data).hexdigest(), "kohya" if is_kohya else "diffusers", metadata)
     unmatched: dict[str, set] = {}
-    for component in COMPONENTS:
+    for component in components:
         part = {k.removeprefix(f"{component}."): v for k, v in state_dict.items() if k.startswith(f"{component}.")}
-        layers, missing = _match(path, component, getattr(pipe, component), _to_peft(component, part, pipe))
+        model = getattr(pipe, component)
+        layers, missing = _match(path, component, model, _to_peft(component, part, model))
         lora.layers[component] = layers
         lora.totals[component] = len(layers) + len(missing)
-    # Keys for no component of ours (an SDXL text_encoder_2, another model's names).
-    others = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in COMPONENTS))] + set_aside
+    # Keys for no component of ours (an SDXL text_encoder_2 on SD 1.x / 2.x, another model's names).
+    others = [k for k in state_dict if not k.startswith(tuple(f"{c}." for c in components))] + set_aside
     for key in others:
         head = "text_encoder_2" if key.startswith("text_encoder_2.") else "other"
         unmatched.setdefault(head, set()).add(_layer_name(key))
     for head, names in unmatched.items():
         lora.totals[head] = len(names)
-    if not any(lora.layers[c] for c in COMPONENTS):
+    if not any(lora.layers[c] for c in components):
         sample = ", ".join(repr(k) for k in keys[:2])
+        models, family = ("UNet or text encoders", "SDXL") if sdxl else \
+            ("UNet or text encoder", "Stable Diffusion 1.x/2.x")
         raise BadInput(f"{path}: none of its {sum(lora.totals.values())} LoRA layers matches a layer of this "
-                       f"model's UNet or text encoder (keys look like {sample}); is it a LoRA for Stable "
-                       f"Diffusion 1.x/2.x?")
+                       f"model's {models} (keys look like {sample}); is it a LoRA for {family}?")
     return lora
 
 
@@ -194,7 +216,7 @@ def _fold_kohya_alphas(path: Path, tensors: dict) -> dict:
     return out
 
 
-def _to_peft(component: str, part: dict, pipe) -> dict:
+def _to_peft(component: str, part: dict, model) -> dict:
     """A component's LoRA keys in PEFT form (`<module>.lora_A.weight`), renamed by diffusers' own
     conversion tables as its loaders would (with the source layout named rather than guessed:
     its guess fails on, e.g., a text-encoder LoRA without out_proj layers)."""
@@ -211,7 +233,7 @@ def _to_peft(component: str, part: dict, pipe) -> dict:
         return convert_unet_state_dict_to_peft(part)
     part = convert_state_dict_to_diffusers(part, original_type=StateDictType.DIFFUSERS_OLD)
     part = convert_state_dict_to_peft(part, original_type=StateDictType.DIFFUSERS)
-    if not hasattr(pipe.text_encoder, "text_model"):  # transformers 5: flattened CLIPTextModel
+    if not hasattr(model, "text_model"):  # transformers 5: flattened CLIPTextModel
         part = {k.removeprefix("text_model."): v for k, v in part.items()}
     return part
 
@@ -270,7 +292,7 @@ def _check_shapes(path: Path, name: str, module, down: torch.Tensor, up: torch.T
 
 
 def _warn_partial(lora: _Lora) -> None:
-    matched = sum(len(lora.layers[c]) for c in COMPONENTS)
+    matched = sum(len(layers) for layers in lora.layers.values())
     total = sum(lora.totals.values())
     if matched == total:
         return
@@ -283,15 +305,20 @@ def _warn_partial(lora: _Lora) -> None:
 # Merging through diffusers + PEFT
 
 
-def _target_class():
-    from diffusers.loaders import StableDiffusionLoraLoaderMixin
+def _target_class(sdxl: bool):
+    from diffusers.loaders import (
+        StableDiffusionLoraLoaderMixin,
+        StableDiffusionXLLoraLoaderMixin,
+    )
 
-    class Target(StableDiffusionLoraLoaderMixin):
-        """The two LoRA-loadable modules of a pipeline, for the mixin's fuse/unload methods."""
+    class Target(StableDiffusionXLLoraLoaderMixin if sdxl else StableDiffusionLoraLoaderMixin):
+        """The LoRA-loadable modules of a pipeline, for the mixin's fuse/unload methods."""
 
-        def __init__(self, unet, text_encoder):
-            self.unet = unet
-            self.text_encoder = text_encoder
+        def __init__(self, pipe):
+            self.unet = pipe.unet
+            self.text_encoder = pipe.text_encoder
+            if sdxl:
+                self.text_encoder_2 = pipe.text_encoder_2
 
     return Target
 
@@ -299,15 +326,15 @@ def _target_class():
 def _merge(pipe, lora: _Lora, adapter: str) -> None:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    Target = _target_class()
-    target = Target(pipe.unet, pipe.text_encoder)
+    target = _target_class(pipe.family == "sdxl")(pipe)
     # UNet keys in PEFT form; text-encoder keys in diffusers' `lora_linear_layer` form, the one its
     # text-encoder loader converts to PEFT without guessing.
     unet_sd = {f"unet.{name}.lora_{p}.weight": t for name, (a, b) in lora.layers["unet"].items()
                for p, t in (("A", a), ("B", b))}
-    te_sd = {f"text_encoder.{name}.lora_linear_layer.{p}.weight": t
-             for name, (a, b) in lora.layers["text_encoder"].items() for p, t in (("down", a), ("up", b))}
-    components = [c for c, sd in (("unet", unet_sd), ("text_encoder", te_sd)) if sd]
+    encoders = {c: {f"{c}.{name}.lora_linear_layer.{p}.weight": t
+                    for name, (a, b) in layers.items() for p, t in (("down", a), ("up", b))}
+                for c, layers in lora.layers.items() if c != "unet"}
+    components = [c for c in lora.layers if (unet_sd if c == "unet" else encoders[c])]
     types = {c: {n: type(m) for n, m in getattr(pipe, c).named_modules() if n in lora.layers[c]}
              for c in components}
     try:
@@ -315,10 +342,11 @@ def _merge(pipe, lora: _Lora, adapter: str) -> None:
             if unet_sd:
                 target.load_lora_into_unet(unet_sd, network_alphas=None, unet=pipe.unet, adapter_name=adapter,
                                            metadata=_metadata(lora.metadata, "unet"))
-            if te_sd:
-                target.load_lora_into_text_encoder(te_sd, network_alphas=None, text_encoder=pipe.text_encoder,
-                                                   adapter_name=adapter,
-                                                   metadata=_metadata(lora.metadata, "text_encoder"))
+            for c, sd in encoders.items():
+                if sd:
+                    target.load_lora_into_text_encoder(sd, network_alphas=None, text_encoder=getattr(pipe, c),
+                                                       prefix=c, adapter_name=adapter,
+                                                       metadata=_metadata(lora.metadata, c))
             for c in components:
                 _check_injected(lora, c, getattr(pipe, c), adapter)
             target.fuse_lora(components=components, lora_scale=lora.scale, adapter_names=[adapter])

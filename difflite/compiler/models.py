@@ -1,7 +1,8 @@
-"""Load a Stable Diffusion pipeline: a preset (difflite/compiler/presets.py), a local diffusers
-folder, or a single-file checkpoint (difflite/compiler/single_file.py: architecture inferred, or a
-diffusers config folder); then a separate VAE, the prediction type, LoRAs
-(difflite/compiler/lora.py) and ControlNets (difflite/compiler/controlnet.py)."""
+"""Load a Stable Diffusion pipeline (SD 1.x / 2.x, or SDXL base): a preset
+(difflite/compiler/presets.py), a local diffusers folder, or a single-file checkpoint
+(difflite/compiler/single_file.py: architecture inferred, or a diffusers config folder); then a
+separate VAE, the prediction type, LoRAs (difflite/compiler/lora.py) and ControlNets
+(difflite/compiler/controlnet.py)."""
 
 from __future__ import annotations
 

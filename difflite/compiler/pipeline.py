@@ -18,7 +18,13 @@ from difflite.folder.output_folder import inpaint_channels
 from difflite.folder.tokenizer import check_token_ids
 
 COMPONENTS = ("text_encoder", "unet", "vae")
+# SDXL (a UNet with addition_embed_type "text_time") adds the second text encoder and tokenizer
+SDXL_COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae")
 _MODEL_CLASSES = {"text_encoder": "CLIPTextModel", "unet": "UNet2DConditionModel", "vae": "AutoencoderKL"}
+_SDXL_MODEL_CLASSES = {**_MODEL_CLASSES, "text_encoder_2": "CLIPTextModelWithProjection"}
+# SDXL base's UNet takes 6 time ids (original size, crop top-left, target size); the refiner 5
+# (original size, crop top-left, aesthetic score)
+SDXL_TIME_IDS = 6
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
 MAX_LENGTH = 77
 
@@ -89,26 +95,33 @@ class Pipeline:
         write_json(folder / "scheduler_config.json", self.scheduler_config)
 
     def save_pretrained(self, folder: Path) -> None:
-        if self.family != "sd":
-            raise BadInput(f"{self.source}: saving an SDXL pipeline as a diffusers folder is not supported yet")
+        """Write the pipeline as a diffusers folder: StableDiffusion(Inpaint)Pipeline's layout, or
+        StableDiffusionXLPipeline's for SDXL (text_encoder_2, tokenizer_2)."""
+        sdxl = self.family == "sdxl"
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        for name in COMPONENTS:
+        for name in SDXL_COMPONENTS if sdxl else COMPONENTS:
             getattr(self, name).save_pretrained(folder / name, safe_serialization=True)
         self.save_tokenizer(folder / "tokenizer")
         self.save_scheduler(folder / "scheduler")
         index = {
-            "_class_name": "StableDiffusionInpaintPipeline" if self.inpainting else "StableDiffusionPipeline",
             "feature_extractor": [None, None],
             "image_encoder": [None, None],
-            "requires_safety_checker": False,
-            "safety_checker": [None, None],
             "scheduler": ["diffusers", self.scheduler_config["_class_name"]],
             "text_encoder": ["transformers", "CLIPTextModel"],
             "tokenizer": ["transformers", "CLIPTokenizer"],
             "unet": ["diffusers", "UNet2DConditionModel"],
             "vae": ["diffusers", "AutoencoderKL"],
         }
+        if sdxl:
+            self.save_tokenizer(folder / "tokenizer_2", self.tokenizer_2)
+            index.update({"_class_name": "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
+                          "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+                          "tokenizer_2": ["transformers", "CLIPTokenizer"]})
+        else:
+            index.update({"requires_safety_checker": False, "safety_checker": [None, None],
+                          "_class_name": "StableDiffusionInpaintPipeline" if self.inpainting
+                          else "StableDiffusionPipeline"})
         write_json(folder / "model_index.json", index)
 
 
@@ -168,31 +181,79 @@ def _read_json(path: Path) -> dict:
 
 
 def check_config_folder(folder: Path) -> dict:
-    """Validate the layout of a diffusers Stable Diffusion folder; return model_index.json."""
+    """Validate the layout of a diffusers Stable Diffusion folder (StableDiffusionXLPipeline's too:
+    a text_time UNet); return model_index.json."""
     if not folder.is_dir():
         raise BadInput(f"{folder}: not a folder")
     if not (folder / "model_index.json").is_file():
         raise BadInput(f"{folder}: not a diffusers folder (no model_index.json)")
     index = _read_json(folder / "model_index.json")
-    for name, cls in _MODEL_CLASSES.items():
+    classes = _MODEL_CLASSES
+    if is_sdxl_folder(folder, index):
+        classes = _SDXL_MODEL_CLASSES
+        entry = index.get("text_encoder")
+        if entry is None or (isinstance(entry, list) and entry[-1:] in ([], [None])):
+            raise BadInput(f"{folder}: an SDXL refiner (no text_encoder: OpenCLIP's text_encoder_2 only, "
+                           f"aesthetic-score time ids) is not supported: SDXL base only")
+        encoder_2 = folder / "text_encoder_2" / "config.json"
+        if not encoder_2.is_file():
+            raise BadInput(f"{encoder_2}: missing (an SDXL folder's second text encoder)")
+        check_sdxl_configs(folder, _read_json(folder / "unet" / "config.json"), _read_json(encoder_2))
+    for name, cls in classes.items():
         entry = index.get(name)
         if not isinstance(entry, list) or len(entry) != 2 or entry[1] != cls:
             raise BadInput(f"{folder / 'model_index.json'}: expected {name} = {cls}, got {entry!r}")
         if not (folder / name / "config.json").is_file():
             raise BadInput(f"{folder / name / 'config.json'}: missing")
-        config = _read_json(folder / name / "config.json")
-        if name == "unet" and config.get("addition_embed_type") == "text_time":
-            raise BadInput(f"{folder}: an SDXL diffusers folder (text_time UNet); loading SDXL folders is not "
-                           f"supported yet (issue 32: preset:sdxl-tiny converts)")
+        _read_json(folder / name / "config.json")
     if not (folder / "scheduler" / "scheduler_config.json").is_file():
         raise BadInput(f"{folder / 'scheduler' / 'scheduler_config.json'}: missing")
     _read_json(folder / "scheduler" / "scheduler_config.json")
-    tok = folder / "tokenizer"
-    if not ((tok / "vocab.json").is_file() and (tok / "merges.txt").is_file()) and not (tok / "tokenizer.json").is_file():
-        raise BadInput(f"{tok}: missing tokenizer files (vocab.json + merges.txt or tokenizer.json)")
-    for path in sorted(tok.glob("*.json")):  # bounded here, before transformers parses them unbounded
-        read_json(path, what="tokenizer file")
+    for tokenizer in tokenizer_names(folder, index):
+        tok = folder / tokenizer
+        if not ((tok / "vocab.json").is_file() and (tok / "merges.txt").is_file()) and \
+                not (tok / "tokenizer.json").is_file():
+            raise BadInput(f"{tok}: missing tokenizer files (vocab.json + merges.txt or tokenizer.json)")
+        for path in sorted(tok.glob("*.json")):  # bounded here, before transformers parses them unbounded
+            read_json(path, what="tokenizer file")
     return index
+
+
+def is_sdxl_folder(folder: Path, index: dict) -> bool:
+    """An SDXL folder: its UNet is conditioned on text_time (SDXL's pooled text embedding and time
+    ids); an SDXL refiner or inpainting folder (refused by check_sdxl_configs) too."""
+    unet = folder / "unet" / "config.json"
+    entry = index.get("unet")
+    if not isinstance(entry, list) or entry[-1:] != ["UNet2DConditionModel"] or not unet.is_file():
+        return False
+    return _read_json(unet).get("addition_embed_type") == "text_time"
+
+
+def check_sdxl_configs(source: Path, unet: dict, text_encoder_2: dict) -> None:
+    """Refuse the SDXL variants difflite does not convert, in one line naming `source`: the refiner
+    (5 time ids: the aesthetic score in place of the target size; no CLIP-L text encoder) and
+    inpainting (a 9-channel UNet)."""
+    in_channels, out_channels = unet.get("in_channels"), unet.get("out_channels", 4)
+    if isinstance(in_channels, int) and isinstance(out_channels, int) and in_channels != out_channels:
+        raise BadInput(f"{source}: an SDXL inpainting model (a UNet of {in_channels} input channels) is not "
+                       f"supported: SDXL text-to-image only")
+    try:
+        ids, rest = divmod(int(unet["projection_class_embeddings_input_dim"]) - int(text_encoder_2["projection_dim"]),
+                           int(unet["addition_time_embed_dim"]))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise BadInput(f"{source}: an SDXL UNet config needs projection_class_embeddings_input_dim and "
+                       f"addition_time_embed_dim, and text_encoder_2 a projection_dim") from None
+    if not rest and ids == SDXL_TIME_IDS - 1:
+        raise BadInput(f"{source}: an SDXL refiner ({ids} time ids: the aesthetic score's) is not supported: "
+                       f"SDXL base's {SDXL_TIME_IDS} time ids only")
+    if rest or ids != SDXL_TIME_IDS:
+        found = ids + rest / int(unet["addition_time_embed_dim"])
+        raise BadInput(f"{source}: the UNet's added embedding takes text_encoder_2's projection and {found:g} "
+                       f"time ids, not SDXL base's {SDXL_TIME_IDS}: not supported")
+
+
+def tokenizer_names(folder: Path, index: dict) -> tuple[str, ...]:
+    return ("tokenizer", "tokenizer_2") if is_sdxl_folder(folder, index) else ("tokenizer",)
 
 
 def weight_files(component: Path) -> list[Path]:
@@ -216,20 +277,24 @@ def hash_files(files: list[tuple[str, Path]]) -> str:
 
 def config_files(folder: Path) -> list[tuple[str, Path]]:
     """Files other than weights that change the pipeline (configs, tokenizer)."""
+    index = _read_json(folder / "model_index.json")
+    sdxl = is_sdxl_folder(folder, index)
     names = ["model_index.json", "scheduler/scheduler_config.json"]
-    names += [f"{c}/config.json" for c in COMPONENTS]
-    names += sorted(f"tokenizer/{p.name}" for p in (folder / "tokenizer").iterdir() if p.is_file())
+    names += [f"{c}/config.json" for c in (SDXL_COMPONENTS if sdxl else COMPONENTS)]
+    for tokenizer in tokenizer_names(folder, index):
+        names += sorted(f"{tokenizer}/{p.name}" for p in (folder / tokenizer).iterdir() if p.is_file())
     return [(n, folder / n) for n in names]
 
 
 def load_folder(folder: Path) -> Pipeline:
     """A diffusers folder (save_pretrained's layout) as a Pipeline, its weight and config files hashed."""
-    check_config_folder(folder)  # before seconds of importing diffusers and transformers
+    index = check_config_folder(folder)  # before seconds of importing diffusers and transformers
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
+    sdxl = is_sdxl_folder(folder, index)
     files = config_files(folder)
-    for name in COMPONENTS:
+    for name in SDXL_COMPONENTS if sdxl else COMPONENTS:
         weights = weight_files(folder / name)
         if not weights:
             raise BadInput(f"{folder / name}: no weight file (.safetensors or .bin)")
@@ -238,14 +303,18 @@ def load_folder(folder: Path) -> Pipeline:
     vae = from_pretrained(AutoencoderKL, folder / "vae")
     text_encoder = from_pretrained(CLIPTextModel, folder / "text_encoder")
     text_encoder.set_attn_implementation("eager")
-    return assemble(str(folder), hash_files(files), folder, text_encoder, unet, vae)
+    text_encoder_2 = None
+    if sdxl:
+        text_encoder_2 = from_pretrained(CLIPTextModelWithProjection, folder / "text_encoder_2")
+        text_encoder_2.set_attn_implementation("eager")
+    return assemble(str(folder), hash_files(files), folder, text_encoder, unet, vae, text_encoder_2)
 
 
 def from_pretrained(cls, path: Path):
     _read_json(path / "config.json")  # bounded here, before the loaders parse it unbounded
     # Mismatched shapes are reported back rather than raised so the message can name the tensor.
     kwargs = {"local_files_only": True, "output_loading_info": True, "ignore_mismatched_sizes": True}
-    if cls.__name__ == "CLIPTextModel":
+    if cls.__name__ in ("CLIPTextModel", "CLIPTextModelWithProjection"):
         kwargs.update(attn_implementation="eager", dtype=torch.float32)
     else:
         kwargs.update(low_cpu_mem_usage=False)  # the default wants accelerate and warns without it
@@ -284,20 +353,18 @@ def quiet_loaders():
             transformers_logging.enable_progress_bar()
 
 
-def assemble(source: str, source_hash: str, config_folder: Path, text_encoder, unet, vae) -> Pipeline:
-    from transformers import CLIPTokenizer
-
-    try:
-        tokenizer = CLIPTokenizer.from_pretrained(str(config_folder / "tokenizer"), local_files_only=True)
-    except Exception as e:
-        raise BadInput(f"{config_folder / 'tokenizer'}: cannot load the tokenizer: {one_line(e)}") from e
-    vocab_size = text_encoder.config.vocab_size
-    if len(tokenizer) > vocab_size:
-        raise BadInput(f"{config_folder / 'tokenizer'}: {len(tokenizer)} tokens but the text encoder has {vocab_size}")
-    check_token_ids(config_folder / "tokenizer", tokenizer_pipeline(tokenizer)[1], vocab_size)
+def assemble(source: str, source_hash: str, config_folder: Path, text_encoder, unet, vae,
+             text_encoder_2=None) -> Pipeline:
+    """The Pipeline of loaded models and the folder's tokenizer(s) and scheduler config; with
+    `text_encoder_2` (SDXL) the folder's tokenizer_2 too."""
+    tokenizer = load_tokenizer(config_folder / "tokenizer", text_encoder)
     scheduler = _read_json(config_folder / "scheduler" / "scheduler_config.json")
     if "_class_name" not in scheduler:
         raise BadInput(f"{config_folder / 'scheduler' / 'scheduler_config.json'}: no _class_name")
+    extra = {}
+    if text_encoder_2 is not None:
+        extra = {"text_encoder_2": text_encoder_2.float().eval(),
+                 "tokenizer_2": load_tokenizer(config_folder / "tokenizer_2", text_encoder_2)}
     return Pipeline(
         source=source,
         source_hash=source_hash,
@@ -306,4 +373,20 @@ def assemble(source: str, source_hash: str, config_folder: Path, text_encoder, u
         vae=vae.float().eval(),
         tokenizer=tokenizer,
         scheduler_config=scheduler,
+        **extra,
     )
+
+
+def load_tokenizer(folder: Path, text_encoder):
+    """A CLIPTokenizer from `folder`, checked to fit `text_encoder`'s vocabulary."""
+    from transformers import CLIPTokenizer
+
+    try:
+        tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:
+        raise BadInput(f"{folder}: cannot load the tokenizer: {one_line(e)}") from e
+    vocab_size = text_encoder.config.vocab_size
+    if len(tokenizer) > vocab_size:
+        raise BadInput(f"{folder}: {len(tokenizer)} tokens but the text encoder has {vocab_size}")
+    check_token_ids(folder, tokenizer_pipeline(tokenizer)[1], vocab_size)
+    return tokenizer

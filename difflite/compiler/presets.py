@@ -8,13 +8,13 @@ import json
 
 import torch
 
-from difflite.compiler.pipeline import BOS, EOS, MAX_LENGTH, Pipeline
+from difflite.compiler.pipeline import BOS, EOS, MAX_LENGTH, SDXL_TIME_IDS, Pipeline
 from difflite.core.errors import BadInput
 
 PRESETS = ("tiny", "sd15", "sd21", "sd21-768", "sd15-inpaint", "tiny-inpaint", "sdxl", "sdxl-tiny")
-# SDXL's UNet takes 6 time ids beside the pooled text embedding: the original size (h, w), the
-# crop's top-left (top, left) and the target size (h, w), each embedded in addition_time_embed_dim
-SDXL_TIME_IDS = 6
+# SDXL's UNet takes SDXL_TIME_IDS (6) time ids beside the pooled text embedding: the original size
+# (h, w), the crop's top-left (top, left) and the target size (h, w), each embedded in
+# addition_time_embed_dim
 # An inpainting UNet's sample: the latents (4), the mask (1) and the masked picture's latents (4)
 INPAINT_CHANNELS = 9
 _WEIGHTS_SCHEME = 1  # bump when preset weight generation changes, so preset hashes change too
@@ -67,7 +67,8 @@ def tokenizer_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return {t: i for i, t in enumerate(tokens)}, merges
 
 
-def _make_tokenizer():
+def preset_tokenizer():
+    """The presets' CLIPTokenizer (tokenizer_vocab's tokens, padded with <|endoftext|>)."""
     from transformers import CLIPTokenizer
 
     vocab, merges = tokenizer_vocab()
@@ -206,7 +207,7 @@ def build_preset(name: str, seed: int) -> Pipeline:
 
     configs = preset_configs(name)
     key = json.dumps({"preset": name, "seed": seed, "configs": configs, "scheme": _WEIGHTS_SCHEME}, sort_keys=True)
-    tokenizer = _make_tokenizer()
+    tokenizer = preset_tokenizer()
     # Build on a forked RNG so loading a preset leaves the caller's torch RNG untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -8,7 +8,15 @@ from the text encoder's layout (CLIP under `cond_stage_model.transformer.` = SD 
 under `cond_stage_model.model.` = SD 2.x), everything a shape can tell from the shapes, the rest
 from the family's preset (models.py), and the tokenizer from the CLIP BPE merges that the
 open_clip_torch package ships. What was decided and why goes to `pipe.details["architecture"]`
-(the manifest's source, convert's summary)."""
+(the manifest's source, convert's summary).
+
+SDXL base files (CLIP ViT-L under `conditioner.embedders.0.transformer.`, OpenCLIP ViT-bigG under
+`conditioner.embedders.1.model.`) are inferred the same way: the UNet's transformer depth per
+level and its added (text_time) embedding from the shapes, text_encoder_2 as a
+CLIPTextModelWithProjection (every layer, text_projection transposed), SDXL's VAE scaling, 64-wide
+heads and 1024x1024; a file whose shapes are exactly preset:sdxl's or preset:sdxl-tiny's takes that
+preset's heads and image size (and, without CLIP's vocabulary, its tokenizer). The refiner (OpenCLIP
+alone as embedder 0, aesthetic-score time ids) and SDXL inpainting (a 9-channel UNet) are refused."""
 
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ from difflite.compiler.pipeline import (
     BOS,
     COMPONENTS,
     EOS,
+    SDXL_TIME_IDS,
     Pipeline,
     assemble,
     check_config_folder,
@@ -32,11 +41,12 @@ from difflite.compiler.pipeline import (
     fold_into_hash,
     from_pretrained,
     hash_files,
+    is_sdxl_folder,
     one_line,
     quiet_loaders,
     weight_files,
 )
-from difflite.compiler.presets import preset_configs
+from difflite.compiler.presets import preset_configs, preset_tokenizer, tokenizer_vocab
 from difflite.core.errors import BadInput
 from difflite.core.finite import check_finite
 from difflite.folder.output_folder import inpaint_channels
@@ -47,6 +57,9 @@ _CLIP = "cond_stage_model.transformer."  # SD 1.x: transformers' CLIPTextModel
 _OPEN_CLIP = "cond_stage_model.model."  # SD 2.x: OpenCLIP's text tower
 _EMA = "model_ema."
 _SDXL = "conditioner.embedders."
+_SDXL_CLIP = _SDXL + "0.transformer."  # SDXL: CLIP ViT-L (transformers' CLIPTextModel)
+_SDXL_OPEN_CLIP = _SDXL + "1.model."  # SDXL: OpenCLIP ViT-bigG's text tower with its projection
+_REFINER_OPEN_CLIP = _SDXL + "0.model."  # the SDXL refiner's one text encoder (OpenCLIP)
 _LAYOUTS = {"UNet": _UNET, "VAE": _VAE, "CLIP": _CLIP, "OpenCLIP": _OPEN_CLIP}
 
 # CLIP's tokenizer: 256 byte symbols, the same with "</w>", 48894 merges, <|startoftext|> and
@@ -58,6 +71,11 @@ _CLIP_HEAD_SIZE = 64  # CLIP ViT-L and OpenCLIP ViT-H text towers: hidden / 64 h
 _SD1_HEADS = 8  # SD 1.x UNet: 8 heads at every level
 _SD2_HEAD_SIZE = 64  # SD 2.x UNet: 64 channels a head (5, 10, 20, 20 heads at 320..1280)
 _SD2_512_STEP = 875000  # global_step of SD 2's 512-base-ema.ckpt (what diffusers' converter keys on)
+_SDXL_HEAD_SIZE = 64  # SDXL's UNet: 64 channels a head (5, 10, 20 heads at 320, 640, 1280)
+_SDXL_SIZE = 1024
+# SDXL architectures known by name: a file whose shapes are exactly one of these presets' takes
+# the preset's heads (no weight holds them) and, for a vocabulary other than CLIP's, its tokenizer
+_SDXL_PRESETS = ("sdxl", "sdxl-tiny")
 
 
 def save_single_file(pipe: Pipeline, path: Path) -> None:
@@ -111,7 +129,10 @@ def load_single_file(path: Path, config: Path | None, prediction_type: str | Non
     if config is not None:
         if not config.exists():
             raise BadInput(f"{config}: no such config folder")
-        check_config_folder(config)
+        index = check_config_folder(config)
+        if is_sdxl_folder(config, index):
+            raise BadInput(f"{config}: --config with an SDXL folder is not supported: an original-format SDXL "
+                           f"file's architecture is inferred without --config")
         state, _ = read_checkpoint(path)
         return _load_with_config(path, state, config)
     state, meta = read_checkpoint(path)
@@ -288,8 +309,7 @@ def _family(path: Path, state: dict) -> tuple[str, str]:
     counts = _layout_counts(state)
     what = _describe_keys(state, counts)
     if counts[_SDXL]:
-        raise BadInput(f"{path}: SDXL-style checkpoint ('{_SDXL}' text encoders) is not supported: "
-                       f"SD 1.x / 2.x only; {what}")
+        return _sdxl_family(path, state, counts, what)
     if not counts[_UNET]:
         if any(k.startswith(("unet.", "vae.", "text_encoder.")) for k in state):
             raise BadInput(f"{path}: diffusers keys ('unet.', 'vae.', 'text_encoder.'): inference reads the "
@@ -305,6 +325,31 @@ def _family(path: Path, state: dict) -> tuple[str, str]:
     if clip:
         return "sd1", f"{clip} '{_CLIP}' keys (CLIP text encoder): SD 1.x"
     return "sd2", f"{open_clip} '{_OPEN_CLIP}' keys (OpenCLIP text encoder): SD 2.x"
+
+
+def _sdxl_family(path: Path, state: dict, counts: dict, what: str) -> tuple[str, str]:
+    """"sdxl" and the reason for a file with SDXL base's layout (CLIP ViT-L as embedder 0, OpenCLIP
+    ViT-bigG as embedder 1, the UNet and the VAE); BadInput naming what else it is."""
+    found = {prefix: sum(k.startswith(prefix) for k in state)
+             for prefix in (_SDXL_CLIP, _SDXL_OPEN_CLIP, _REFINER_OPEN_CLIP)}
+    if found[_REFINER_OPEN_CLIP]:
+        raise BadInput(f"{path}: an SDXL refiner (OpenCLIP alone as '{_REFINER_OPEN_CLIP}', aesthetic-score time "
+                       f"ids) is not supported: SDXL base only")
+    if counts[_CLIP] or counts[_OPEN_CLIP]:
+        raise BadInput(f"{path}: ambiguous text encoders (SD 1.x / 2.x 'cond_stage_model.' and SDXL '{_SDXL}' "
+                       f"keys): {what}")
+    missing = [p for p in (_SDXL_CLIP, _SDXL_OPEN_CLIP) if not found[p]]
+    if missing:
+        raise BadInput(f"{path}: an SDXL checkpoint without its '{missing[0]}' text encoder: {what}")
+    other = [k for k in state if k.startswith(_SDXL) and not k.startswith((_SDXL_CLIP, _SDXL_OPEN_CLIP))]
+    if other:
+        raise BadInput(f"{path}: SDXL conditioner keys other than its two text encoders (e.g. {other[0]!r}) "
+                       f"are not supported: {what}")
+    for prefix, name in ((_UNET, "UNet"), (_VAE, "VAE")):
+        if not counts[prefix]:
+            raise BadInput(f"{path}: an SDXL checkpoint without '{prefix}' {name} keys: {what}")
+    return "sdxl", (f"{found[_SDXL_CLIP]} '{_SDXL_CLIP}' (CLIP) and {found[_SDXL_OPEN_CLIP]} '{_SDXL_OPEN_CLIP}' "
+                    f"(OpenCLIP) keys: SDXL")
 
 
 def indices(state: dict, prefix: str) -> list[int]:
@@ -344,15 +389,7 @@ def _infer_unet(path: Path, u: dict, family: str) -> tuple[dict, list[str]]:
     in_channels = shape("input_blocks.0.0.weight", 4)[1]
     out_channels = shape("out.2.weight", 4)[0]
     channels_reason = _input_channels_reason(shape, in_channels, out_channels)
-    inputs, outputs = indices(u, "input_blocks."), indices(u, "output_blocks.")
-    downsamples = _downsamplers(u, inputs)
-    levels = len(downsamples) + 1
-    layers = len(outputs) // levels - 1
-    ok = (layers >= 1 and len(outputs) == levels * (layers + 1) and outputs == list(range(len(outputs)))
-          and _input_blocks_fit(inputs, downsamples, levels, layers))
-    if not ok:
-        raise shape.refuse(f"unrecognised UNet block layout ({len(inputs)} input blocks, {len(outputs)} output "
-                           f"blocks, downsamplers at {downsamples})")
+    levels, layers = _unet_blocks(shape, u)
     config, down_attention = _encoder_fields(shape, u, levels, layers, "UNet")
     channels = config["block_out_channels"]
     up_attention = [f"output_blocks.{j * (layers + 1)}.1.proj_in.weight" in u for j in range(levels)]
@@ -373,6 +410,20 @@ def _infer_unet(path: Path, u: dict, family: str) -> tuple[dict, list[str]]:
     return config, [_encoder_summary("UNet", config, down_attention), channels_reason, head_reason]
 
 
+def _unet_blocks(shape: Shapes, u: dict) -> tuple[int, int]:
+    """(levels, layers per block) of LDM UNet weights `u`, from its input and output blocks."""
+    inputs, outputs = indices(u, "input_blocks."), indices(u, "output_blocks.")
+    downsamples = _downsamplers(u, inputs)
+    levels = len(downsamples) + 1
+    layers = len(outputs) // levels - 1
+    ok = (layers >= 1 and len(outputs) == levels * (layers + 1) and outputs == list(range(len(outputs)))
+          and _input_blocks_fit(inputs, downsamples, levels, layers))
+    if not ok:
+        raise shape.refuse(f"unrecognised UNet block layout ({len(inputs)} input blocks, {len(outputs)} output "
+                           f"blocks, downsamplers at {downsamples})")
+    return levels, layers
+
+
 def _downsamplers(u: dict, inputs: list[int]) -> list[int]:
     return [i for i in inputs if f"input_blocks.{i}.0.op.weight" in u]
 
@@ -383,18 +434,20 @@ def _input_blocks_fit(inputs: list[int], downsamples: list[int], levels: int, la
             and downsamples == [(b + 1) * (layers + 1) for b in range(levels - 1)])
 
 
-def _encoder_fields(shape: Shapes, u: dict, levels: int, layers: int, what: str) -> tuple[dict, list[bool]]:
+def _encoder_fields(shape: Shapes, u: dict, levels: int, layers: int, what: str,
+                    deep: bool = False) -> tuple[dict, list[bool]]:
     """The config fields the input blocks and the middle block determine (the part of the UNet a
-    ControlNet copies), and whether each level has attention."""
+    ControlNet copies), and whether each level has attention. `deep` (SDXL): the transformer
+    depth may be more than 1, one per level (transformer_layers_per_block)."""
     first = [1 + b * (layers + 1) for b in range(levels)]
     channels = [shape(f"input_blocks.{i}.0.out_layers.3.weight", 4)[0] for i in first]
     down_attention = [f"input_blocks.{i}.1.proj_in.weight" in u for i in first]
     blocks = sorted({k.rsplit(".proj_in.weight", 1)[0] + "." for k in u if k.endswith(".proj_in.weight")})
     if "middle_block.1." not in blocks:
-        raise shape.refuse(f"{what} without mid-block attention (middle_block.1) is not an SD 1.x/2.x {what}")
-    for block in blocks:
-        depth = len(indices(u, block + "transformer_blocks."))
-        if depth != 1:
+        raise shape.refuse(f"{what} without mid-block attention (middle_block.1) is not an SD 1.x/2.x/XL {what}")
+    depths = {block: len(indices(u, block + "transformer_blocks.")) for block in blocks}
+    for block, depth in depths.items():
+        if depth != 1 and not deep:
             raise shape.refuse(f"{what} transformer depth {depth} at {shape.prefix}{block[:-1]}: only depth 1 "
                                f"(SD 1.x / 2.x) is supported")
     ranks = {len(u[b + "proj_in.weight"].shape) for b in blocks}
@@ -407,7 +460,28 @@ def _encoder_fields(shape: Shapes, u: dict, levels: int, layers: int, what: str)
         "layers_per_block": layers, "cross_attention_dim": cross.pop(), "use_linear_projection": ranks == {2},
         "down_block_types": ["CrossAttnDownBlock2D" if a else "DownBlock2D" for a in down_attention],
     }
+    if deep:
+        config["transformer_layers_per_block"] = _level_depths(shape, depths, first, layers, down_attention)
     return config, down_attention
+
+
+def _level_depths(shape: Shapes, depths: dict, first: list[int], layers: int, attention: list[bool]) -> list[int]:
+    """The transformer depth of each level's input blocks (a level without attention: 1), which
+    diffusers also gives the mid block (the last level's) and the up blocks (reversed)."""
+    out = []
+    for level, start in enumerate(first):
+        found = {depths.get(f"input_blocks.{start + n}.1.", 0) for n in range(layers)} if attention[level] else {1}
+        if len(found) != 1 or 0 in found:
+            raise shape.refuse(f"UNet level {level}'s input blocks have transformer depths {sorted(found)}: "
+                               f"one depth a level expected")
+        out.append(found.pop())
+    mid = depths["middle_block.1."]
+    if not attention[-1]:
+        out[-1] = mid
+    elif mid != out[-1]:
+        raise shape.refuse(f"UNet mid-block transformer depth {mid} is not its last level's {out[-1]} "
+                           f"(diffusers builds the mid block at the last level's depth)")
+    return out
 
 
 def _encoder_summary(what: str, config: dict, down_attention: list[bool]) -> str:
@@ -496,6 +570,217 @@ def _infer_text_encoder(path: Path, state: dict, family: str) -> tuple[dict, dic
               "num_hidden_layers": layers, "num_attention_heads": hidden // _CLIP_HEAD_SIZE,
               "max_position_embeddings": positions, "hidden_act": "quick_gelu" if family == "sd1" else "gelu"}
     return config, weights, f"text encoder: {note}, width {hidden}, vocab {vocab}, {positions} positions"
+
+
+# ---------------------------------------------------------------------------------------------
+# SDXL base
+
+
+def _infer_sdxl(path: Path, state: dict, meta: dict, requested: str | None,
+                family_reason: str) -> tuple[dict, dict, dict]:
+    """infer_architecture for an SDXL base file: the components of StableDiffusionXLPipeline
+    (text_encoder_2 too). The shapes give everything but the heads, the VAE's scaling factor and
+    the image size: SDXL's (64-channel heads, 0.13025, 1024), or those of the SDXL preset whose
+    shapes the file has exactly (preset:sdxl-tiny's files round-trip)."""
+    unet_weights, ema, ema_reason = _unet_weights(state)
+    vae_weights = strip(state, _VAE)
+    unet_fields, unet_reasons = _infer_sdxl_unet(path, unet_weights)
+    vae_fields, vae_reason = _infer_vae(path, vae_weights)
+    clip = {k.removeprefix("text_model."): v for k, v in strip(state, _SDXL_CLIP).items()}
+    clip.pop("embeddings.position_ids", None)
+    text_fields = _clip_fields(Shapes(path, clip, _SDXL_CLIP + "text_model."), clip, "quick_gelu")
+    text_fields_2, text_weights_2 = _infer_open_clip_g(path, strip(state, _SDXL_OPEN_CLIP))
+    context = text_fields["hidden_size"] + text_fields_2["hidden_size"]
+    if unet_fields["cross_attention_dim"] != context:
+        raise BadInput(f"{path}: the UNet's cross-attention width {unet_fields['cross_attention_dim']} is not the "
+                       f"text encoders' widths {text_fields['hidden_size']} + {text_fields_2['hidden_size']}")
+    projection = text_fields_2["projection_dim"]
+    added = unet_fields["projection_class_embeddings_input_dim"] - projection
+    if added <= 0 or added % SDXL_TIME_IDS:
+        raise BadInput(f"{path}: the UNet's added embedding takes {added + projection} features: text_encoder_2's "
+                       f"projection {projection} and {added} more, not {SDXL_TIME_IDS} whole time ids (SDXL base)")
+    unet_fields["addition_time_embed_dim"] = added // SDXL_TIME_IDS
+    fields = {"unet": unet_fields, "vae": vae_fields, "text_encoder": text_fields, "text_encoder_2": text_fields_2}
+    known = next((name for name in _SDXL_PRESETS if _fits_preset(name, fields)), None)
+    base = preset_configs(known or "sdxl")
+    if known:
+        heads = {"attention_head_dim": base["unet"]["attention_head_dim"]}
+        heads_1 = base["text_encoder"]["num_attention_heads"]
+        heads_2 = base["text_encoder_2"]["num_attention_heads"]
+        head_reason = f"heads as preset:{known}'s (its shapes exactly)"
+    else:
+        heads = {"attention_head_dim": _sdxl_heads(path, unet_fields["block_out_channels"])}
+        heads_1, heads_2 = (_clip_heads(path, f["hidden_size"]) for f in (text_fields, text_fields_2))
+        head_reason = f"heads = channels / {_SDXL_HEAD_SIZE} = {heads['attention_head_dim']} (SDXL)"
+    tokenizer, ids_1, ids_2, tokenizer_reason = _sdxl_tokenizer(path, known, text_fields, text_fields_2)
+    predicts, prediction_reason = _sdxl_prediction(state, meta, requested)
+    scale = 2 ** (len(vae_fields["block_out_channels"]) - 1)
+    size = base["unet"]["sample_size"] * scale if known else _SDXL_SIZE
+    configs = {
+        "unet": {**base["unet"], **unet_fields, **heads, "sample_size": size // scale},
+        "vae": {**base["vae"], **vae_fields, "sample_size": size},
+        "text_encoder": {**base["text_encoder"], **text_fields, "num_attention_heads": heads_1, **ids_1},
+        "text_encoder_2": {**base["text_encoder_2"], **text_fields_2, "num_attention_heads": heads_2, **ids_2},
+        "scheduler": {**base["scheduler"], "prediction_type": predicts},
+    }
+    weights = {
+        "unet": convert_with(path, "UNet", _convert_unet, unet_weights, configs["unet"]),
+        "vae": convert_with(path, "VAE", _convert_vae, vae_weights, configs["vae"]),
+        "text_encoder": clip, "text_encoder_2": text_weights_2,
+    }
+    for name, source in (("unet", unet_weights), ("vae", vae_weights)):
+        if len(weights[name]) != len(source):  # the converters map one tensor to one tensor
+            raise BadInput(f"{path}: {len(source) - len(weights[name])} of the {len(source)} {name} tensors fit "
+                           f"no part of the inferred architecture (unrecognised layout)")
+    text_reasons = [
+        f"text encoder: CLIP, {text_fields['num_hidden_layers']} layers, width {text_fields['hidden_size']}",
+        (f"text encoder 2: OpenCLIP, {text_fields_2['num_hidden_layers']} layers, width "
+         f"{text_fields_2['hidden_size']}, projection {projection}"),
+        (f"added embedding: projection {projection} + {SDXL_TIME_IDS} time ids x "
+         f"{unet_fields['addition_time_embed_dim']}"),
+    ]
+    reasons = [family_reason, *unet_reasons, head_reason, vae_reason, *text_reasons, tokenizer_reason,
+               f"prediction: {prediction_reason}", ema_reason]
+    stored = dtype_reason(state)
+    if stored:
+        reasons.append(stored)
+    name = f"SDXL (preset:{known}'s architecture)" if known else "SDXL base (CLIP ViT-L + OpenCLIP ViT-bigG)"
+    architecture = {
+        "family": "sdxl", "prediction_type": predicts, "image_size": size, "ema": ema, "inpainting": False,
+        "tokenizer": tokenizer, "summary": f"{name}, {predicts} at {size}x{size}" + (", EMA weights" if ema else ""),
+        "reasons": reasons,
+    }
+    return configs, weights, architecture
+
+
+def _infer_sdxl_unet(path: Path, u: dict) -> tuple[dict, list[str]]:
+    """The config fields SDXL UNet weights `u` (LDM layout, prefix removed) determine: the SD
+    fields, the transformer depth per level and the added (text_time) embedding's input width."""
+    shape = Shapes(path, u, _UNET)
+    in_channels = shape("input_blocks.0.0.weight", 4)[1]
+    out_channels = shape("out.2.weight", 4)[0]
+    if in_channels != out_channels:
+        what = "inpainting model" if in_channels == inpaint_channels(out_channels) else "model"
+        raise shape.refuse(f"an SDXL {what} (a UNet of {in_channels} input channels) is not supported: SDXL "
+                           f"text-to-image only ({out_channels} input channels)")
+    if "label_emb.0.0.weight" not in u:
+        raise shape.refuse(f"an SDXL UNet without its added embedding ({_UNET}label_emb.0.0: the pooled text "
+                           f"and time ids) is not supported")
+    time_embed, added = shape("label_emb.0.0.weight", 2)
+    levels, layers = _unet_blocks(shape, u)
+    config, down_attention = _encoder_fields(shape, u, levels, layers, "UNet", deep=True)
+    depths = config["transformer_layers_per_block"]
+    up_attention = [f"output_blocks.{j * (layers + 1)}.1.proj_in.weight" in u for j in range(levels)]
+    for j, attention in enumerate(up_attention):
+        want = depths[levels - 1 - j]
+        for n in range(layers + 1) if attention else ():
+            block = f"output_blocks.{j * (layers + 1) + n}.1.transformer_blocks."
+            if len(indices(u, block)) != want:
+                raise shape.refuse(f"UNet {block[:-20]} has transformer depth {len(indices(u, block))}, not its "
+                                   f"level's {want} (diffusers mirrors the down levels' depths)")
+    config.update(out_channels=out_channels, addition_embed_type="text_time",
+                  projection_class_embeddings_input_dim=added,
+                  up_block_types=["CrossAttnUpBlock2D" if a else "UpBlock2D" for a in up_attention])
+    depth_reason = f"transformer depth per level {depths} (the mid block {depths[-1]})"
+    return config, [_encoder_summary("UNet", config, down_attention), depth_reason,
+                    f"added embedding: label_emb {added} -> {time_embed}"]
+
+
+def _fits_preset(name: str, fields: dict) -> bool:
+    configs = preset_configs(name)
+    return all(configs[part].get(key) == value for part, found in fields.items() for key, value in found.items())
+
+
+def _sdxl_heads(path: Path, channels: list[int]) -> list[int]:
+    if any(c % _SDXL_HEAD_SIZE for c in channels):
+        raise BadInput(f"{path}: SDXL UNet channels {channels} are not multiples of the head size {_SDXL_HEAD_SIZE}")
+    return [c // _SDXL_HEAD_SIZE for c in channels]
+
+
+def _clip_heads(path: Path, hidden: int) -> int:
+    if hidden % _CLIP_HEAD_SIZE:
+        raise BadInput(f"{path}: text encoder width {hidden} is not a multiple of CLIP's head size {_CLIP_HEAD_SIZE}")
+    return hidden // _CLIP_HEAD_SIZE
+
+
+def _clip_fields(shape: Shapes, weights: dict, act: str) -> dict:
+    """The CLIPTextConfig fields transformers' CLIPTextModel weights (keys without text_model.) give."""
+    vocab, hidden = shape("embeddings.token_embedding.weight", 2)
+    return {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": len(indices(weights, "encoder.layers.")),
+            "intermediate_size": shape("encoder.layers.0.mlp.fc1.weight", 2)[0],
+            "max_position_embeddings": shape("embeddings.position_embedding.weight", 2)[0], "hidden_act": act}
+
+
+# OpenCLIP resblock modules -> CLIPEncoderLayer's (the fused in_proj is split into q, k, v)
+_OPEN_CLIP_LAYER = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "attn.out_proj": "self_attn.out_proj",
+                    "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+_OPEN_CLIP_UNUSED = ("logit_scale", "attn_mask")  # the contrastive loss's scale; a buffer some files carry
+
+
+def _infer_open_clip_g(path: Path, o: dict) -> tuple[dict, dict]:
+    """SDXL's OpenCLIP ViT-bigG text tower (all its layers: the pooled output takes the last)
+    as CLIPTextModelWithProjection: its config fields and weights. text_projection is stored
+    [width, projection] (x @ P) and becomes the Linear's [projection, width] weight."""
+    shape = Shapes(path, o, _SDXL_OPEN_CLIP)
+    vocab, hidden = shape("token_embedding.weight", 2)
+    width, projection = shape("text_projection", 2)
+    if width != hidden:
+        raise shape.refuse(f"{_SDXL_OPEN_CLIP}text_projection has shape {(width, projection)}: its first dimension "
+                           f"is not the text width {hidden}")
+    fields = {"vocab_size": vocab, "hidden_size": hidden, "projection_dim": projection,
+              "num_hidden_layers": len(indices(o, "transformer.resblocks.")),
+              "intermediate_size": shape("transformer.resblocks.0.mlp.c_fc.weight", 2)[0],
+              "max_position_embeddings": shape("positional_embedding", 2)[0], "hidden_act": "gelu"}
+    weights = {}
+    for key, value in o.items():
+        if key in _OPEN_CLIP_UNUSED:
+            continue
+        if key == "text_projection":
+            weights["text_projection.weight"] = value.t().contiguous()
+            continue
+        name = {"token_embedding.weight": "embeddings.token_embedding.weight",
+                "positional_embedding": "embeddings.position_embedding.weight",
+                "ln_final.weight": "final_layer_norm.weight", "ln_final.bias": "final_layer_norm.bias"}.get(key)
+        if name is None and key.startswith("transformer.resblocks."):
+            layer, rest = key.removeprefix("transformer.resblocks.").split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            head = f"encoder.layers.{layer}."
+            if rest in ("attn.in_proj_weight", "attn.in_proj_bias"):
+                if value.shape[0] != 3 * hidden:
+                    raise shape.refuse(f"{_SDXL_OPEN_CLIP}{key} has shape {tuple(value.shape)}: not q, k and v of "
+                                       f"width {hidden}")
+                for part, chunk in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
+                    weights[f"text_model.{head}self_attn.{part}.{rest.rsplit('_', 1)[1]}"] = chunk.clone()
+                continue
+            if module in _OPEN_CLIP_LAYER:
+                name = f"{head}{_OPEN_CLIP_LAYER[module]}.{kind}"
+        if name is None:
+            raise shape.refuse(f"{_SDXL_OPEN_CLIP}{key} is not part of an OpenCLIP text tower (unrecognised layout)")
+        weights["text_model." + name] = value
+    return fields, weights
+
+
+def _sdxl_tokenizer(path: Path, known: str | None, text: dict, text_2: dict) -> tuple[str, dict, dict, str]:
+    """Which tokenizer the encoders take ("clip": CLIP's BPE, tokenizer_2 padding with "!" as
+    OpenCLIP does; "preset": the presets' own), the encoders' special token ids and the reason."""
+    if text["vocab_size"] == text_2["vocab_size"] == _CLIP_VOCAB_SIZE:
+        ids = {"bos_token_id": _CLIP_VOCAB_SIZE - 2, "eos_token_id": _CLIP_VOCAB_SIZE - 1}
+        return "clip", {**ids, "pad_token_id": ids["eos_token_id"]}, {**ids, "pad_token_id": 0}, \
+            f"tokenizers: CLIP's {_CLIP_VOCAB_SIZE} tokens (tokenizer_2 pads with '!')"
+    if known:
+        vocab, _ = tokenizer_vocab()
+        ids = {"bos_token_id": vocab[BOS], "eos_token_id": vocab[EOS], "pad_token_id": vocab[EOS]}
+        return "preset", ids, ids, f"tokenizers: the presets' ({len(vocab)} tokens), as preset:{known}"
+    raise BadInput(f"{path}: the text encoders have {text['vocab_size']} and {text_2['vocab_size']} tokens, not "
+                   f"CLIP's {_CLIP_VOCAB_SIZE}: no tokenizer for them")
+
+
+def _sdxl_prediction(state: dict, meta: dict, requested: str | None) -> tuple[str, str]:
+    if requested is not None:
+        return requested, f"--prediction-type {requested}"
+    if "v_pred" in state or "v_pred" in meta:
+        return "v_prediction", "'v_pred' key in the checkpoint"
+    return "epsilon", "SDXL base: epsilon"
 
 
 def _prediction(path: Path, state: dict, meta: dict, family: str, requested: str | None,
@@ -597,6 +882,8 @@ def infer_architecture(path: Path, state: dict, meta: dict | None = None,
     so it also runs on meta tensors."""
     meta = meta or {}
     family, family_reason = _family(path, state)
+    if family == "sdxl":
+        return _infer_sdxl(path, state, meta, prediction_type, family_reason)
     unet_weights, ema, ema_reason = _unet_weights(state)
     vae_weights = strip(state, _VAE)
     unet_fields, unet_reasons = _infer_unet(path, unet_weights, family)
@@ -643,31 +930,47 @@ def infer_architecture(path: Path, state: dict, meta: dict | None = None,
 
 def _load_inferred(path: Path, state: dict, meta: dict, requested: str | None) -> Pipeline:
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     configs, weights, architecture = infer_architecture(path, state, meta, requested)
-    pad = EOS if architecture["family"] == "sd1" else "!"
-    bpe = _bpe_path(path)
-    tokenizer = clip_tokenizer(bpe, pad, configs["text_encoder"]["max_position_embeddings"])
+    sdxl = architecture["family"] == "sdxl"
+    length = configs["text_encoder"]["max_position_embeddings"]
+    tokenizer_2 = None
+    if architecture.get("tokenizer") == "preset":
+        tokenizer = tokenizer_2 = preset_tokenizer()
+        tokenizer_sha, pad = hashlib.sha256(json.dumps(tokenizer_vocab()).encode()).hexdigest(), EOS
+    else:
+        pad = EOS if architecture["family"] in ("sd1", "sdxl") else "!"
+        bpe = _bpe_path(path)
+        tokenizer = clip_tokenizer(bpe, pad, length)
+        if sdxl:  # OpenCLIP pads with "!" (id 0), as SDXL's tokenizer_2
+            tokenizer_2 = clip_tokenizer(bpe, "!", configs["text_encoder_2"]["max_position_embeddings"])
+        tokenizer_sha = hashlib.sha256(bpe.read_bytes()).hexdigest()
     try:
         with quiet_loaders():
             unet = UNet2DConditionModel.from_config(configs["unet"])
             vae = AutoencoderKL.from_config(configs["vae"])
             text_encoder = CLIPTextModel(CLIPTextConfig(**configs["text_encoder"]))
+            text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**configs["text_encoder_2"])) if sdxl else None
     except Exception as e:  # an inferred config diffusers rejects: a layout we misread
         raise BadInput(f"{path}: cannot build the inferred architecture: {one_line(e)}") from e
-    text_encoder.set_attn_implementation("eager")
-    for name, model in (("unet", unet), ("vae", vae), ("text_encoder", text_encoder)):
+    models = {"unet": unet, "vae": vae, "text_encoder": text_encoder}
+    for encoder in (text_encoder, text_encoder_2):
+        if encoder is not None:
+            encoder.set_attn_implementation("eager")
+    if sdxl:
+        models["text_encoder_2"] = text_encoder_2
+    for name, model in models.items():
         load_state(path, name, model, weights[name], strict=True)
     # The hash covers the file, what was inferred from it and the tokenizer's source.
     digest = hashlib.sha256(hash_files([("checkpoint", path)]).encode())
-    bpe_sha = hashlib.sha256(bpe.read_bytes()).hexdigest()
-    digest.update(json.dumps({"configs": configs, "ema": architecture["ema"], "tokenizer": bpe_sha, "pad": pad},
+    digest.update(json.dumps({"configs": configs, "ema": architecture["ema"], "tokenizer": tokenizer_sha, "pad": pad},
                              sort_keys=True).encode())
+    extra = {"text_encoder_2": text_encoder_2.float().eval(), "tokenizer_2": tokenizer_2} if sdxl else {}
     return Pipeline(
         source=str(path), source_hash=digest.hexdigest(),
         text_encoder=text_encoder.float().eval(), unet=unet.float().eval(), vae=vae.float().eval(),
-        tokenizer=tokenizer, scheduler_config=configs["scheduler"], details={"architecture": architecture},
+        tokenizer=tokenizer, scheduler_config=configs["scheduler"], details={"architecture": architecture}, **extra,
     )
 
 

@@ -1,7 +1,8 @@
 """Test helper: tiny SD 1.x / 2.x style diffusers models (text-to-image, or inpainting: a 9-channel
 UNet) written as original-format (LDM / CompVis / A1111) single-file checkpoints, to exercise
-difflite.compiler.single_file's inference; and ControlNets in the layout of ControlNet 1.x files
-(difflite.compiler.controlnet's).
+difflite.compiler.single_file's inference; SDXL pipelines (preset:sdxl-tiny) in the layout of SDXL
+base files (`sdxl_to_ldm`: Stability's generative-models keys); and ControlNets in the layout of
+ControlNet 1.x files (difflite.compiler.controlnet's).
 
 The diffusers -> LDM key map here is written independently of diffusers' LDM -> diffusers
 converters that the loader uses, so a round trip through both checks each against the other."""
@@ -16,6 +17,8 @@ from difflite.compiler.presets import _perturb, preset_configs
 
 UNET, VAE, CLIP, OPEN_CLIP = "model.diffusion_model.", "first_stage_model.", "cond_stage_model.transformer.", \
     "cond_stage_model.model."
+# SDXL base: CLIP ViT-L (transformers' layout) and OpenCLIP ViT-bigG's text tower
+SDXL_CLIP, SDXL_OPEN_CLIP = "conditioner.embedders.0.transformer.", "conditioner.embedders.1.model."
 BOS, EOS = 49406, 49407
 
 # Shapes that obey the families' rules (SD 1.x: 8 heads; SD 2.x: 64-channel heads; 32 norm
@@ -81,7 +84,9 @@ def perturbed_copy(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 _RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "time_emb_proj": "emb_layers.1",
            "norm2": "out_layers.0", "conv2": "out_layers.3", "conv_shortcut": "skip_connection"}
 _UNET_TOP = {"conv_in": "input_blocks.0.0", "time_embedding.linear_1": "time_embed.0",
-             "time_embedding.linear_2": "time_embed.2", "conv_norm_out": "out.0", "conv_out": "out.2"}
+             "time_embedding.linear_2": "time_embed.2", "conv_norm_out": "out.0", "conv_out": "out.2",
+             # SDXL's text_time embedding (the pooled text embedding and the time ids)
+             "add_embedding.linear_1": "label_emb.0.0", "add_embedding.linear_2": "label_emb.0.2"}
 
 
 def _resnet(parts: list[str]) -> list[str]:
@@ -223,6 +228,30 @@ def open_clip_to_ldm(text_encoder, seed: int = 7) -> dict:
     sd = text_encoder.state_dict()
     config = text_encoder.config
     hidden, layers = config.hidden_size, config.num_hidden_layers
+    out = _open_clip_tower(sd, layers)
+    gen = torch.Generator().manual_seed(seed)
+    last = f"transformer.resblocks.{layers}."
+    for key in [k for k in out if k.startswith("transformer.resblocks.0.")]:
+        out[last + key.removeprefix("transformer.resblocks.0.")] = torch.randn(out[key].shape, generator=gen)
+    out["text_projection"] = torch.randn((hidden, hidden), generator=gen)
+    out["logit_scale"] = torch.tensor(4.6052)
+    return {OPEN_CLIP + k: v for k, v in out.items()}
+
+
+def open_clip_g_to_ldm(text_encoder_2) -> dict:
+    """SDXL: transformers' CLIPTextModelWithProjection as OpenCLIP ViT-bigG's text tower under
+    conditioner.embedders.1.model.: every layer, the projection stored [width, projection] (OpenCLIP
+    computes x @ text_projection), and the logit scale."""
+    sd = {k.removeprefix("text_model."): v for k, v in text_encoder_2.state_dict().items()}
+    out = _open_clip_tower(sd, text_encoder_2.config.num_hidden_layers)
+    out["text_projection"] = sd["text_projection.weight"].t().contiguous()
+    out["logit_scale"] = torch.tensor(4.6052)
+    return {SDXL_OPEN_CLIP + k: v for k, v in out.items()}
+
+
+def _open_clip_tower(sd: dict, layers: int) -> dict:
+    """OpenCLIP's names for a CLIPTextModel state dict's embeddings, `layers` resblocks (q, k and v
+    fused into in_proj) and final layer norm."""
     out = {
         "token_embedding.weight": sd["embeddings.token_embedding.weight"],
         "positional_embedding": sd["embeddings.position_embedding.weight"],
@@ -238,13 +267,7 @@ def open_clip_to_ldm(text_encoder, seed: int = 7) -> dict:
             out[dst + f"ln_2.{kind}"] = sd[src + f"layer_norm2.{kind}"]
             out[dst + f"mlp.c_fc.{kind}"] = sd[src + f"mlp.fc1.{kind}"]
             out[dst + f"mlp.c_proj.{kind}"] = sd[src + f"mlp.fc2.{kind}"]
-    gen = torch.Generator().manual_seed(seed)
-    last = f"transformer.resblocks.{layers}."
-    for key in [k for k in out if k.startswith("transformer.resblocks.0.")]:
-        out[last + key.removeprefix("transformer.resblocks.0.")] = torch.randn(out[key].shape, generator=gen)
-    out["text_projection"] = torch.randn((hidden, hidden), generator=gen)
-    out["logit_scale"] = torch.tensor(4.6052)
-    return {OPEN_CLIP + k: v for k, v in out.items()}
+    return out
 
 
 # ---- whole checkpoints ---------------------------------------------------------------------------
@@ -257,6 +280,15 @@ def to_ldm(models: dict, family: str, ema_unet=None) -> dict:
     tensors.update(clip_to_ldm(models["text_encoder"]) if family == "sd1" else open_clip_to_ldm(models["text_encoder"]))
     if ema_unet is not None:
         tensors.update(ema_copy(ema_unet))
+    return tensors
+
+
+def sdxl_to_ldm(pipe) -> dict:
+    """An SDXL pipeline (unet, vae, text_encoder, text_encoder_2) as an SDXL base single file's
+    state dict: model.diffusion_model. (label_emb for the added embedding), first_stage_model.,
+    and the two text encoders under conditioner.embedders.0 / .1."""
+    tensors = {**unet_to_ldm(pipe.unet), **vae_to_ldm(pipe.vae), **open_clip_g_to_ldm(pipe.text_encoder_2)}
+    tensors.update({SDXL_CLIP + "text_model." + k: v for k, v in pipe.text_encoder.state_dict().items()})
     return tensors
 
 
