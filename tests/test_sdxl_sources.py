@@ -158,7 +158,9 @@ def test_sdxl_single_file_converts_and_verifies_as_the_preset(single, files, pre
     source = json.loads((out / "manifest.json").read_text())["source"]
     assert source["architecture"]["summary"].startswith("SDXL (preset:sdxl-tiny's architecture)")
     checks = verify(out, seeds=(0,))  # the file read again as verify's PyTorch reference
-    assert len(checks) == 5 and all(c.passed for c in checks), [c for c in checks if not c.passed]
+    components = json.loads((out / "manifest.json").read_text())["components"]
+    assert {c.component for c in checks} == set(components) and all(c.passed for c in checks), \
+        [c for c in checks if not c.passed]
 
 
 def test_sdxl_base_shapes_give_sdxl_base_configs():
