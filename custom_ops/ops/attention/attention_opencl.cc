@@ -1,9 +1,36 @@
 // difflite.Attention on the OpenCL backend (kernels: attention.cl).
 //
-// Three variants; none writes the Lq x Lk score matrix:
-//   partial_softmax  attn_rowstats (row max and sum of exp, [N,H,Lq] float2
-//                    in scratch slot 0) + attn_output (scores recomputed,
-//                    normalisation fused into the product with V).
+// Three variants; only the partial softmax on GPUs writes scores:
+//   partial_softmax  on devices with tiled kernels (GPUs: !PreferFlatKernels,
+//                    or kernels=tiled), the paper's partially fused softmax as
+//                    GEMMs, chunk by chunk of query rows:
+//                      S[n][h][m][j] = q[n, m0+m, h*Dk + :] . k[n, j, h*Dk + :]
+//                    by one builtin::Gemm (batch dims [N, H]) into scratch
+//                    slot kScoresSlot (4), in the storage type;
+//                    attn_softmax_rows (a work-group per row: max and sum of
+//                    exp in float, reduced in local memory) overwrites each
+//                    row with its probabilities (causal: 0 past the query);
+//                      O[n, m0+m, h*Dv + :] = P[n][h][m][:] . v[n, :, h*Dv + :]
+//                    by a second Gemm: into o itself at N = 1 (a sub-buffer at
+//                    the chunk's rows), else into O' [N][H][rows][Dv] (slot
+//                    kOutSlot = 1) that attn_scatter_rows copies into o. The
+//                    chunk's rows keep S within kScoresBytes (16 MiB;
+//                    DIFFLITE_ATTN_SCORES_BYTES), multiples of 64 rows (and of
+//                    the device's base address alignment for q's and o's
+//                    sub-buffers), all of Lq where S fits. The GEMMs' own
+//                    scratch: slot 0 (transposed B, flat devices only) and 2
+//                    (split-K partials). Measured before it (H200, 2026-11):
+//                    the recompute kernels below took 21.8 ms for the VAE
+//                    decoder's 4096 x 4096 head of 512 and 18.6 of the batch-1
+//                    UNet's 47.4 ms; the same FLOPs through the tiled GEMM are
+//                    about 1 ms (lab/gpu_attention_partial.py times both).
+//                    On CPU-like devices (flat kernels, CI's PoCL by default)
+//                    and with DIFFLITE_ATTN_KERNEL=recompute: attn_rowstats
+//                    (row max and sum of exp, [N,H,Lq] float2 in scratch slot
+//                    0) + attn_output (scores recomputed, normalisation fused
+//                    into the product with V); no S (CI's default path stays
+//                    as it was; the GEMMs there would be gemm_rows with a
+//                    transposed copy of K per chunk).
 //   flash            attn_flash: one kernel, online softmax, K/V tiles in
 //                    local memory, q row and accumulator in registers.
 //   wide             attn_wide: FlashAttention-2 tiled per work-group (a
@@ -27,9 +54,11 @@
 //     tiles fit at all; otherwise, and whenever the flash kernel cannot be
 //     built with its work-group size, partial_softmax. CPU-like devices (flat
 //     kernels, e.g. PoCL) keep this rule for wide heads too.
-// DIFFLITE_ATTN_KERNEL=wide|flash|partial forces that kernel whatever the
-// hint and device (for tests and benchmarks); the node is refused when the
-// forced kernel's tiles do not fit.
+// DIFFLITE_ATTN_KERNEL=wide|flash|partial|recompute forces that kernel
+// whatever the hint and device (for tests and benchmarks; partial: the
+// partial softmax as the device runs it, GEMMs with tiled kernels; recompute:
+// attn_rowstats + attn_output anywhere); the node is refused when the forced
+// kernel's tiles do not fit.
 // Split keys (flash only; attn_flash with AT_SPLIT, then attn_merge): a launch
 // with too few work-items to fill a GPU gets 2 or 4 work-groups per row block
 // and head, each over a contiguous 1/splits of the keys, writing partials
