@@ -167,7 +167,7 @@ def test_attention_rows_per_item(runner, launch, case, variant, rq, causal):
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     scale = 1.0 / math.sqrt(dk)
     plan = launch.attention_plan(dk, dv, variant, min(runner.local_mem, 48 * 1024),  # H100-sized tiles
-                                 kernel=FORCE[variant])
+                                 kernel="recompute" if variant == "partial_softmax" else FORCE[variant])
     assert plan.variant == variant
     o = runner.empty((n, lq, heads * dv))
     _attention_rows(runner, launch, runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads,
@@ -557,12 +557,14 @@ def test_delegate_attention_wide(tmp_path, opencl_lib, monkeypatch, case):
 @pytest.mark.parametrize("env,dk,dv,variant,kernels,want", [
     (None, 80, 80, "auto", "tiled", "wide"),  # a wide head on a GPU-style device
     (None, 40, 96, "flash", "tiled", "wide"),
-    (None, 80, 80, "partial_softmax", "tiled", "partial"),
+    (None, 80, 80, "partial_softmax", "tiled", "gemm"),  # the partial softmax as GEMMs
     (None, 40, 40, "auto", "tiled", "flash"),
     (None, 80, 80, "auto", "auto", "partial"),  # PoCL (flat kernels): as before attn_wide
     (None, 80, 80, "flash", "auto", "flash"),
     ("flash", 80, 80, "partial_softmax", "tiled", "flash"),
-    ("partial", 40, 40, "flash", "tiled", "partial"),
+    ("partial", 40, 40, "flash", "tiled", "gemm"),
+    ("recompute", 40, 40, "partial_softmax", "tiled", "partial"),  # the recompute kernels
+    ("recompute", 80, 80, "partial_softmax", "auto", "partial"),
     ("wide", 40, 40, "partial_softmax", "auto", "wide"),
 ])
 def test_delegate_attention_plan(tmp_path, opencl_lib, runner, launch, monkeypatch, env, dk, dv, variant, kernels, want):
@@ -577,18 +579,21 @@ def test_delegate_attention_plan(tmp_path, opencl_lib, runner, launch, monkeypat
     plan = launch.attention_plan(dk, dv, variant, runner.local_mem, flat=kernels == "auto" and runner.flat,
                                  kernel=env, max_wg=runner.max_wg,  # kernels=auto is flat on a CPU device
                                  flash_in_registers=runner.flash_in_registers(dk, dv))
+    kind = "gemm" if plan.gemm else FORCE[plan.variant]
     if runner.flat:
-        assert FORCE[plan.variant] == want
-    want = FORCE[plan.variant]
+        assert kind == want
+    want = kind
     n, lq, lk, heads = 2, 37, 70, 2
     r = np.random.default_rng(dk + dv)
     q, k, v = qkv_inputs(r, n, lq, lk, heads, dk, dv)
     out, stats, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, True, variant, kernels)
     assert rel_err(out, attention_ref(q, k, v, heads, 0.3, True)) < TOL
     labels = {"wide": {"attention.wide"}, "flash": {"attention.flash"},
-              "partial": {"attention.rowstats", "attention.output"}}
+              "partial": {"attention.rowstats", "attention.output"},
+              "gemm": {"attention.scores", "attention.softmax", "attention.pv", "attention.scatter"}}  # n = 2
     assert ran == labels[want], (ran, stats)
-    assert stats.get("scratch_bytes") == (8 * n * heads * lq if want == "partial" else 0), stats
+    scratch = {"partial": 8 * n * heads * lq, "gemm": runner.attention_gemm_scratch(n, lq, lk, heads, dk, dv)}
+    assert stats.get("scratch_bytes") == scratch.get(want, 0), stats
 
 
 def test_delegate_attention_bad_kernel_env(tmp_path, opencl_lib, monkeypatch):

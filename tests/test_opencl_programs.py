@@ -45,6 +45,10 @@ def test_large_tile_only_unspilled(runner, launch):
     assert (tile.tm, tile.wm) == ((64, 4) if spills else (128, 8)), (spills, tile)
 
 
+def harness_src(launch) -> str:
+    return Path(launch.__file__).read_text()
+
+
 def test_plans_mirror_cxx(launch):
     ops = ROOT / "custom_ops" / "ops"
     gn = (ops / "group_norm" / "group_norm_opencl.cc").read_text()
@@ -87,8 +91,43 @@ def test_plans_mirror_cxx(launch):
     assert _cxx_constant(ops / "attention" / "attention_opencl.cc", "kWideMaxAcc") == launch.WIDE_MAX_ACC
     assert "w.dc = Round4(Chunk(dk, o[3]));" in src and "sx = nt / (bq < 16 ? bq : 16);" in src  # PlanWide
     assert "pad < best_pad || (pad == best_pad && side < best_side)" in src  # PickWideLayout
-    assert 'for (const char* k : {"wide", "flash", "partial"})' in src  # DIFFLITE_ATTN_KERNEL values
-    assert set(launch.ATTN_KERNELS) == {"wide", "flash", "partial"}
+    assert 'for (const char* k : {"wide", "flash", "partial", "recompute"})' in src  # DIFFLITE_ATTN_KERNEL
+    assert set(launch.ATTN_KERNELS) == {"wide", "flash", "partial", "recompute"}
+    # The partial softmax as GEMMs (InitGemm / RunGemm / GemmChunkRows; the harness's _attention_gemm).
+    cc = ops / "attention" / "attention_opencl.cc"
+    for name, value in (("kScoresBytes", launch.SCORES_BYTES), ("kChunkRowQuantum", launch.CHUNK_ROW_QUANTUM),
+                        ("kScoresSlot", launch.SCORES_SLOT), ("kSoftmaxGroup", launch.SOFTMAX_GROUP),
+                        ("kScatterGroup", launch.SCATTER_GROUP), ("kSplitSlot", launch.SPLIT_SLOT)):
+        assert _cxx_constant(cc, name) == value, name
+    assert "constexpr int kOutSlot = kSplitSlot;" in src
+    assert 'if (forced != "recompute" && !ctx.PreferFlatKernels()) {' in src  # tiled devices only
+    assert "gemm = not flat and kernel != \"recompute\"" in harness_src(launch)
+    for line in ("qk.a_sm = h * dk_, qk.a_sk = 1, qk.b_sk = 1, qk.b_sn = h * dk_, qk.ldc = lk_;",
+                 "qk.bdims = {n_, h};", "qk.a_bs = {lq_ * h * dk_, dk_};", "qk.b_bs = {lk_ * h * dk_, dk_};",
+                 "qk.c_bs = rows * lk_;", "pv.a_sm = lk_, pv.a_sk = 1, pv.b_sk = h * dv_, pv.b_sn = 1;",
+                 "pv.a_bs = {h * rows * lk_, rows * lk_};", "pv.b_bs = {lk_ * h * dv_, dv_};",
+                 "pv.ldc = n_ == 1 ? h * dv_ : dv_;", "pv.c_bs = n_ == 1 ? dv_ : rows * dv_;",
+                 "if (fit >= lq) return lq;", "quantum = std::lcm(quantum, a / std::gcd(a, width));",
+                 "const int64_t rows = std::max(quantum, fit / quantum * quantum);",
+                 "{Arg(s), Arg(r), Arg(lk), Arg(m0c), Arg(scale), Arg(causal)}",
+                 "{Arg(ob), Arg(o), Arg(r), Arg(lq), Arg(m0c), Arg(heads), Arg(dv)}"):
+        assert line in src, line
+    for line in ("a_sm=heads * dk, a_sk=1, b_sk=1, b_sn=heads * dk, ldc=lk,",
+                 "bdims=(n, heads), a_bs=(lq * heads * dk, dk), b_bs=(lk * heads * dk, dk),", "c_bs=rows * lk)",
+                 "pv = dict(a_sm=lk, a_sk=1, b_sk=heads * dv, b_sn=1, bdims=(n, heads),",
+                 "a_bs=(heads * rows * lk, rows * lk), b_bs=(lk * heads * dv, dv))",
+                 "ldc=heads * dv, c_bs=dv, **pv)", "ldc=dv, c_bs=rows * dv, **pv)",
+                 "s, i32(rows), i32(lk), i32(m0),",
+                 "ob, o, i32(rows), i32(lq), i32(m0), i32(heads), i32(dv)",
+                 "quantum = lcm(quantum, a // gcd(a, heads * d * elem))",
+                 "rows = max(quantum, fit // quantum * quantum)"):
+        assert line in harness_src(launch), line
+    # GemmChunkRows's rule, spot-checked: S of all rows fits; else multiples of 64 rows within the bound.
+    assert launch.attention_chunk_rows(2, 8, 4096, 77, 40, 40, 2, 512) == 4096
+    assert launch.attention_chunk_rows(2, 8, 4096, 4096, 40, 40, 2, 512) == 128
+    assert launch.attention_chunk_rows(1, 1, 4096, 4096, 512, 512, 2, 512) == 2048
+    assert launch.attention_chunk_rows(1, 1, 150, 150, 512, 512, 4, 128, 64 * 150 * 4) == 64
+    assert launch.attention_chunk_rows(1, 1, 150, 150, 512, 512, 4, 128, 10) == 64  # at least 64 rows
     # Winograd's GEMM: builtin::Gemm with gemm.cc's tile candidates.
     gemm = (ROOT / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
     wanted = ["if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true});",

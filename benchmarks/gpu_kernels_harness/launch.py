@@ -277,6 +277,7 @@ class AttentionPlan:
     sx: int = 0  # wide: work-items along the keys of the score tile
     ox: int = 0  # wide: work-items along the float4 columns of the output
     splits: int = 1  # flash: key ranges per row block and head (AT_SPLIT; attn_merge combines them)
+    gemm: bool = False  # partial_softmax as GEMMs (S = q k^T, attn_softmax_rows, O = P v; tiled devices)
 
     def work_group(self, dk: int, dv: int) -> int:
         """Work-items per work-group (each work-group owns bq query rows)."""
@@ -339,7 +340,15 @@ PARTIAL_LADDER = ((128, 64, 32, 64), (64, 64, 32, 64), (64, 32, 32, 64), (32, 32
 # V keys per chunk).
 WIDE_LADDER = ((32, 64, 256, 64, 16), (32, 64, 256, 32, 8), (16, 32, 128, 32, 8), (16, 32, 64, 16, 4))
 WIDE_MAX_ACC = 128
-ATTN_KERNELS = {"wide": "wide", "flash": "flash", "partial": "partial_softmax"}  # DIFFLITE_ATTN_KERNEL
+# DIFFLITE_ATTN_KERNEL: "partial" is the partial softmax as the device runs it (GEMMs with tiled
+# kernels), "recompute" its recompute kernels (attn_rowstats + attn_output) on any device.
+ATTN_KERNELS = {"wide": "wide", "flash": "flash", "partial": "partial_softmax", "recompute": "partial_softmax"}
+# The partial softmax as GEMMs (attention_opencl.cc: InitGemm, RunGemm, GemmChunkRows).
+SCORES_BYTES = 16777216  # kScoresBytes: bound on S's scratch (a chunk's N x H x rows x Lk elements)
+CHUNK_ROW_QUANTUM = 64  # kChunkRowQuantum
+SCORES_SLOT = 4  # kScoresSlot: S's scratch slot (O' at N > 1: SPLIT_SLOT)
+SOFTMAX_GROUP = 128  # kSoftmaxGroup: attn_softmax_rows' work-items per row (AT_SMW), halved to fit
+SCATTER_GROUP = 64  # kScatterGroup
 # Split keys (attn_flash with AT_SPLIT + attn_merge; attention_opencl.cc: PickSplits).
 SPLIT_ITEMS_PER_CU = 256  # kSplitItemsPerCu: work-items per compute unit that fill a GPU
 MIN_SPLIT_KEYS = 256  # kMinSplitKeys
@@ -392,6 +401,24 @@ def attention_splits(items: int, lk: int, causal: bool, compute_units: int, *, f
     return splits
 
 
+def attention_chunk_rows(n: int, heads: int, lq: int, lk: int, dk: int, dv: int, elem: int, align: int,
+                         bound: int = SCORES_BYTES) -> int:
+    """Query rows per chunk of the GEMM path (attention_opencl.cc: GemmChunkRows): all of lq where S of
+    all rows (n * heads * lk elements of `elem` bytes a row) fits `bound`; else the most rows within
+    it that are a multiple of CHUNK_ROW_QUANTUM and keep each chunk's offsets into q and o multiples of
+    `align` bytes (the device's base address alignment: sub-buffers), at least one such multiple."""
+    from math import gcd, lcm
+    fit = bound // max(n * heads * lk * elem, 1)
+    if fit >= lq:
+        return lq
+    quantum = CHUNK_ROW_QUANTUM
+    a = max(align, 1)
+    for d in (dk, dv):
+        quantum = lcm(quantum, a // gcd(a, heads * d * elem))
+    rows = max(quantum, fit // quantum * quantum)
+    return lq if rows >= lq else rows
+
+
 def wide_plans(dk: int, dv: int, local_mem_bytes: int, max_wg: int = 0) -> list[AttentionPlan]:
     """attn_wide's ladder entries that fit, in order (attention_opencl.cc: PlanWide, PickWideLayout);
     the C++ side takes the first that also builds with its work-group size."""
@@ -439,6 +466,7 @@ def _attention_tiles(dk: int, dv: int, variant: str, local_mem_bytes: int, flat:
                      max_wg: int, flash_in_registers: bool) -> AttentionPlan:
     """attention_plan without the key splits."""
     forced = ATTN_KERNELS[kernel] if kernel else None
+    gemm = not flat and kernel != "recompute"  # the partial softmax as GEMMs (InitGemm)
     wide_head = dk > FLASH_MAX_HEAD or dv > FLASH_MAX_HEAD
     hinted = forced is None and variant != "partial_softmax" and not flat
     item_head = (hinted and wide_head and flash_in_registers and dk <= FLASH_ITEM_MAX_HEAD
@@ -462,6 +490,8 @@ def _attention_tiles(dk: int, dv: int, variant: str, local_mem_bytes: int, flat:
                 return flash
         if forced:
             raise ValueError(f"attention: attn_flash does not fit head sizes {dk}/{dv}")
+    if gemm:  # no local-memory tiles of its own
+        return AttentionPlan("partial_softmax", bq=0, bk=0, gemm=True)
     for dvc_cap, bq, bk, dc_cap in PARTIAL_LADDER:
         plan = AttentionPlan("partial_softmax", bq=bq, bk=bk, dc=_chunk(dk, dc_cap), dvc=_chunk(dv, dvc_cap))
         if plan.local_bytes(dk, dv) <= local_mem_bytes:
@@ -543,6 +573,7 @@ class Runner:
         self.compute_units = int(self.device.max_compute_units)
         self.local_mem = int(self.device.local_mem_size)
         self.max_wg = int(self.device.max_work_group_size)
+        self.base_align = max(int(self.device.mem_base_addr_align) // 8, 4)  # sub-buffer offsets (bytes)
         self.flat = not self.device.type & cl.device_type.GPU  # kernels=auto: tiled kernels on GPUs only
         self._programs: dict[tuple[str, str], cl.Program] = {}
         self._scratch: dict[int, cl.Buffer] = {}
@@ -775,14 +806,19 @@ class Runner:
 
     def attention(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
                   scale: float, causal: bool, variant: str = "auto", kernel: str | None = None,
-                  splits: int | None = None, plan: AttentionPlan | None = None) -> list[cl.Event]:
-        """variant: the op's hint; kernel: "wide" | "flash" | "partial" forces one (DIFFLITE_ATTN_KERNEL);
-        splits: 1 | 2 | 4 forces flash's key splits (DIFFLITE_ATTN_SPLITS, clamped as the library does);
-        plan: launch these tiles as given instead (no rule applied; e.g. splits with too few keys)."""
+                  splits: int | None = None, plan: AttentionPlan | None = None,
+                  scores_bytes: int | None = None) -> list[cl.Event]:
+        """variant: the op's hint; kernel: "wide" | "flash" | "partial" | "recompute" forces one
+        (DIFFLITE_ATTN_KERNEL); splits: 1 | 2 | 4 forces flash's key splits (DIFFLITE_ATTN_SPLITS,
+        clamped as the library does); plan: launch these tiles as given instead (no rule applied; e.g.
+        splits with too few keys); scores_bytes: the GEMM path's bound on S (DIFFLITE_ATTN_SCORES_BYTES)."""
         if plan is None:
             plan = attention_plan(dk, dv, variant, self.local_mem, flat=self.flat, kernel=kernel, max_wg=self.max_wg,
                                   shape=(n, lq, lk, heads), causal=causal, compute_units=self.compute_units,
                                   splits=splits, flash_in_registers=self.flash_in_registers(dk, dv))
+        if plan.gemm:
+            return self._attention_gemm(q, k, v, o, n, lq, lk, heads, dk, dv, scale, causal,
+                                        scores_bytes or SCORES_BYTES)
         opts = plan.options(dk, dv)
         i32, f32 = np.int32, np.float32
         items = plan.work_group(dk, dv)  # a work-group owns bq rows
@@ -801,6 +837,65 @@ class Runner:
                          (items, 1, 1), q, k, v, stats, o, i32(lq), i32(lk), i32(heads), i32(dk), i32(dv),
                          f32(scale), i32(causal))
         return [e1, e2]
+
+    def softmax_group(self) -> int:
+        """attn_softmax_rows' work-items per row: SOFTMAX_GROUP, halved until the kernel takes it."""
+        smw = SOFTMAX_GROUP
+        while smw > 1 and self.max_work_group(self.kernel("attention", "attn_softmax_rows", f"-DAT_SMW={smw}")) < smw:
+            smw //= 2
+        return smw
+
+    def attention_gemm_scratch(self, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
+                               scores_bytes: int = SCORES_BYTES) -> int:
+        """AttentionGpu::ScratchBytes of the GEMM path: S and (N > 1) O' of a full chunk, plus the
+        largest split-K partials of its GEMMs (the tile PickTile takes here, split_k)."""
+        es = np.dtype(self.storage).itemsize
+        rows_c = attention_chunk_rows(n, heads, lq, lk, dk, dv, es, self.base_align, scores_bytes)
+        split = 0
+        for rows in {rows_c, lq % rows_c or rows_c}:
+            for m, nn, k, a_kmajor, b_kmajor in ((rows, lk, dk, True, True), (rows, dv, lk, True, False)):
+                macs = n * heads * m * nn * k
+                _, tile = self.gemm_kernel(m, nn, a_kmajor, b_kmajor, macs)
+                tiles = ceil_div(m, tile.tm) * ceil_div(nn, tile.tn) * n * heads
+                s = split_k(self.compute_units, tiles, k) if tile.vec else 1
+                split = max(split, s * n * heads * m * nn * es if s > 1 else 0)
+        return n * heads * rows_c * (lk + (dv if n > 1 else 0)) * es + split
+
+    def _attention_gemm(self, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
+                        scale: float, causal: bool, scores_bytes: int) -> list[cl.Event]:
+        """The partial softmax as GEMMs (AttentionGpu::RunGemm), chunk by chunk of query rows:
+        S [n][h][rows][lk] = q k^T (scratch SCORES_SLOT), attn_softmax_rows in place, then O = P v into
+        o (n = 1: a sub-buffer at the chunk's rows) or into O' [n][h][rows][dv] (SPLIT_SLOT) and
+        attn_scatter_rows."""
+        es = np.dtype(self.storage).itemsize
+        i32, f32 = np.int32, np.float32
+        rows_c = attention_chunk_rows(n, heads, lq, lk, dk, dv, es, self.base_align, scores_bytes)
+        s = self.scratch(n * heads * rows_c * lk * es, SCORES_SLOT)
+        ob = self.scratch(n * heads * rows_c * dv * es, SPLIT_SLOT) if n > 1 else None
+        smw = self.softmax_group()
+        softmax = self.kernel("attention", "attn_softmax_rows", f"-DAT_SMW={smw}")
+        events = []
+        for m0 in range(0, lq, rows_c):
+            rows = min(rows_c, lq - m0)
+            q_off = m0 * heads * dk * es
+            qa = q if q_off == 0 else q.get_sub_region(q_off, n * lq * heads * dk * es - q_off)
+            events += self.gemm(qa, k, s, rows, lk, dk, a_sm=heads * dk, a_sk=1, b_sk=1, b_sn=heads * dk, ldc=lk,
+                                bdims=(n, heads), a_bs=(lq * heads * dk, dk), b_bs=(lk * heads * dk, dk),
+                                c_bs=rows * lk)
+            events.append(self.launch(softmax, (smw, n * heads * rows), (smw, 1), s, i32(rows), i32(lk), i32(m0),
+                                      f32(scale), i32(causal)))
+            pv = dict(a_sm=lk, a_sk=1, b_sk=heads * dv, b_sn=1, bdims=(n, heads),
+                      a_bs=(heads * rows * lk, rows * lk), b_bs=(lk * heads * dv, dv))
+            if n == 1:
+                o_off = m0 * heads * dv * es
+                oc = o if o_off == 0 else o.get_sub_region(o_off, rows * heads * dv * es)
+                events += self.gemm(s, v, oc, rows, dv, lk, ldc=heads * dv, c_bs=dv, **pv)
+                continue
+            events += self.gemm(s, v, ob, rows, dv, lk, ldc=dv, c_bs=rows * dv, **pv)
+            events.append(self.launch(self.kernel("attention", "attn_scatter_rows"),
+                                      (round_up(rows * heads * dv, SCATTER_GROUP), n), (SCATTER_GROUP, 1),
+                                      ob, o, i32(rows), i32(lq), i32(m0), i32(heads), i32(dv)))
+        return events
 
     def _attention_split(self, plan: AttentionPlan, q, k, v, o, n: int, lq: int, lk: int, heads: int, dk: int,
                          dv: int, scale: float, causal: bool) -> list[cl.Event]:

@@ -7,10 +7,16 @@ sets an attribute. Shapes: q [N, Lq, H*Dk], k [N, Lk, H*Dk], v [N, Lk, H*Dv], e 
 (fp16 where the GPU has it, else fp32).
 
 The two kernels (the paper, §"attention"):
-  partial_softmax  scores S = scale q k^T are written once ([N, H, Lq, Lk]); a reduction keeps only
-                   the row max m and sum s (2 small [N, H, Lq] vectors); the second MATMUL reads S,
-                   applies exp(S - m) / s on the fly and multiplies by v. The normalized softmax T is
-                   never written. Needs no local memory and few registers: runs everywhere.
+  partial_softmax  scores S = q k^T are written once by a MATMUL; a reduction keeps each row's max m
+                   and sum s of exp(scale S - m); a second MATMUL multiplies the normalized scores by
+                   v. The op library (attention_opencl.cc) runs it so on GPUs (tiled kernels): the
+                   backend's tiled GEMM writes S for all heads at once, attn_softmax_rows normalizes
+                   each row in place (max and sum in float), a second GEMM multiplies by v; query
+                   rows go in chunks that keep S's scratch within 16 MiB (kScoresBytes: phone
+                   intermediate memory), so S is never whole. On CPU-like devices (flat kernels) it
+                   keeps two kernels that recompute q k^T instead (row statistics, then the
+                   normalized product with v) and write no S. Needs no local memory of its own and
+                   few registers: runs everywhere.
   flash            FlashAttention: a work-group holds `flash_block_q` query rows (one per work-item,
                    the q row and the Dv-wide output accumulator in registers) and streams K/V in
                    tiles of `flash_block_kv` rows through local memory with an online softmax; S is
@@ -36,7 +42,8 @@ Rule, first match wins:
      ("only works for SRAM with certain sizes"; narrow heads, per-work-item kernel)
   6. otherwise                                             -> flash
      (long self-attention, e.g. 4096 x 4096 at 64x64 latents: S would be N*H*Lq*Lk*e bytes,
-     268 MB in fp16 for SD 1.5's first level, written once and read twice by partial_softmax)
+     268 MB in fp16 for SD 1.5's first level, written once and read twice by partial_softmax,
+     chunk by chunk)
 
 Each decision: {node, n, lq, lk, heads, head_dim, head_dim_v, variant, reason, scores_mb,
 kv_tile_bytes}, in graph order.

@@ -355,6 +355,81 @@ __kernel void attn_output(__global const DL_T* q, __global const DL_T* k,
 }
 
 // ---------------------------------------------------------------------------
+// Partial softmax through the backend's GEMM (devices with tiled kernels; the
+// host, attention_opencl.cc, launches gemm.cl for S = q k^T and O = P v):
+//   attn_softmax_rows  S [rows][Lk] in place: per row the max m and the sum l
+//                      of exp2(c s - m) (c = scale * log2(e)) in float, then
+//                      each score replaced by its probability exp2(c s - m) / l
+//                      in the storage type (0 for keys the causal mask hides).
+//   attn_scatter_rows  O' [N][H][R][Dv] (the second GEMM's output for R query
+//                      rows) into o [N, Lq, H*Dv] at rows [m0, m0 + R).
+#ifndef AT_SMW
+#define AT_SMW 128  // work-items per row of attn_softmax_rows (a power of two)
+#endif
+
+// Global (AT_SMW, rows), local (AT_SMW, 1): rows = N * H * R of S (R query
+// rows per (n, head), the chunk's first query row at m0: row r of S is query
+// m0 + r % R). Each work-item keeps a running (max, sum) over keys lid,
+// lid + AT_SMW, ...; the pairs are merged in local memory.
+__kernel void attn_softmax_rows(__global DL_T* s, int R, int Lk, int m0, float scale,
+                                int causal) {
+  __local float ms[AT_SMW];
+  __local float ls[AT_SMW];
+  const int lid = get_local_id(0);
+  const long row = get_group_id(1);
+  const int i = m0 + (int)(row % R);  // the query position
+  const int kend = causal ? min(Lk, i + 1) : Lk;  // keys past the query are masked
+  __global DL_T* sr = s + row * Lk;
+  const float c = scale * AT_LOG2E;
+  float m = -INFINITY, l = 0.0f;
+  for (int j = lid; j < kend; j += AT_SMW) {
+    const float x = DL_LOAD(sr, j) * c;
+    if (x > m) {
+      l = l * exp2(m - x) + 1.0f;  // 0 * 0 + 1 on the first key
+      m = x;
+    } else {
+      l += exp2(x - m);
+    }
+  }
+  ms[lid] = m;
+  ls[lid] = l;
+  for (int half_ = AT_SMW / 2; half_ > 0; half_ /= 2) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < half_) {
+      const float m1 = ms[lid], m2 = ms[lid + half_];
+      const float mm = fmax(m1, m2);
+      if (mm > -INFINITY) {
+        ls[lid] = ls[lid] * exp2(m1 - mm) + ls[lid + half_] * exp2(m2 - mm);
+        ms[lid] = mm;
+      }
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const float mrow = ms[0];
+  const float inv = ls[0] > 0.0f ? 1.0f / ls[0] : 0.0f;
+  for (int j = lid; j < Lk; j += AT_SMW) {
+    const float p = j < kend ? exp2(DL_LOAD(sr, j) * c - mrow) * inv : 0.0f;
+    DL_STORE(sr, j, p);
+  }
+}
+
+// Global (R * H * Dv rounded up, N), any local: o[n][m0 + r][h * Dv + d] =
+// src[n][h][r][d] for r < R.
+__kernel void attn_scatter_rows(__global const DL_T* src, __global DL_T* o, int R, int Lq,
+                                int m0, int H, int Dv) {
+  const int e = get_global_id(0);
+  const int width = H * Dv;
+  if (e >= R * width) return;
+  const int n = get_global_id(1);
+  const int r = e / width;
+  const int c = e - r * width;  // h * Dv + d
+  const int h = c / Dv;
+  const int d = c - h * Dv;
+  const float x = DL_LOAD(src, (((long)n * H + h) * R + r) * Dv + d);
+  DL_STORE(o, ((long)n * Lq + m0 + r) * width + c, x);
+}
+
+// ---------------------------------------------------------------------------
 // FlashAttention (built only when the head sizes are given; attn_wide when
 // AT_NT is given too, else attn_flash).
 #if defined(AT_DK) && defined(AT_DV)

@@ -1,9 +1,36 @@
 // difflite.Attention on the OpenCL backend (kernels: attention.cl).
 //
-// Three variants; none writes the Lq x Lk score matrix:
-//   partial_softmax  attn_rowstats (row max and sum of exp, [N,H,Lq] float2
-//                    in scratch slot 0) + attn_output (scores recomputed,
-//                    normalisation fused into the product with V).
+// Three variants; only the partial softmax on GPUs writes scores:
+//   partial_softmax  on devices with tiled kernels (GPUs: !PreferFlatKernels,
+//                    or kernels=tiled), the paper's partially fused softmax as
+//                    GEMMs, chunk by chunk of query rows:
+//                      S[n][h][m][j] = q[n, m0+m, h*Dk + :] . k[n, j, h*Dk + :]
+//                    by one builtin::Gemm (batch dims [N, H]) into scratch
+//                    slot kScoresSlot (4), in the storage type;
+//                    attn_softmax_rows (a work-group per row: max and sum of
+//                    exp in float, reduced in local memory) overwrites each
+//                    row with its probabilities (causal: 0 past the query);
+//                      O[n, m0+m, h*Dv + :] = P[n][h][m][:] . v[n, :, h*Dv + :]
+//                    by a second Gemm: into o itself at N = 1 (a sub-buffer at
+//                    the chunk's rows), else into O' [N][H][rows][Dv] (slot
+//                    kOutSlot = 1) that attn_scatter_rows copies into o. The
+//                    chunk's rows keep S within kScoresBytes (16 MiB;
+//                    DIFFLITE_ATTN_SCORES_BYTES), multiples of 64 rows (and of
+//                    the device's base address alignment for q's and o's
+//                    sub-buffers), all of Lq where S fits. The GEMMs' own
+//                    scratch: slot 0 (transposed B, flat devices only) and 2
+//                    (split-K partials). Measured before it (H200, 2026-11):
+//                    the recompute kernels below took 21.8 ms for the VAE
+//                    decoder's 4096 x 4096 head of 512 and 18.6 of the batch-1
+//                    UNet's 47.4 ms; the same FLOPs through the tiled GEMM are
+//                    about 1 ms (lab/gpu_attention_partial.py times both).
+//                    On CPU-like devices (flat kernels, CI's PoCL by default)
+//                    and with DIFFLITE_ATTN_KERNEL=recompute: attn_rowstats
+//                    (row max and sum of exp, [N,H,Lq] float2 in scratch slot
+//                    0) + attn_output (scores recomputed, normalisation fused
+//                    into the product with V); no S (CI's default path stays
+//                    as it was; the GEMMs there would be gemm_rows with a
+//                    transposed copy of K per chunk).
 //   flash            attn_flash: one kernel, online softmax, K/V tiles in
 //                    local memory, q row and accumulator in registers.
 //   wide             attn_wide: FlashAttention-2 tiled per work-group (a
@@ -27,9 +54,11 @@
 //     tiles fit at all; otherwise, and whenever the flash kernel cannot be
 //     built with its work-group size, partial_softmax. CPU-like devices (flat
 //     kernels, e.g. PoCL) keep this rule for wide heads too.
-// DIFFLITE_ATTN_KERNEL=wide|flash|partial forces that kernel whatever the
-// hint and device (for tests and benchmarks); the node is refused when the
-// forced kernel's tiles do not fit.
+// DIFFLITE_ATTN_KERNEL=wide|flash|partial|recompute forces that kernel
+// whatever the hint and device (for tests and benchmarks; partial: the
+// partial softmax as the device runs it, GEMMs with tiled kernels; recompute:
+// attn_rowstats + attn_output anywhere); the node is refused when the forced
+// kernel's tiles do not fit.
 // Split keys (flash only; attn_flash with AT_SPLIT, then attn_merge): a launch
 // with too few work-items to fill a GPU gets 2 or 4 work-groups per row block
 // and head, each over a contiguous 1/splits of the keys, writing partials
@@ -61,14 +90,17 @@
 // work-group is `nt` work-items for bq rows.
 // The plan is mirrored by benchmarks/gpu_kernels_harness/launch.py
 // (attention_plan); keep the two in step.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/kernel_util.h"
 #include "attention.h"
+#include "matmul/gemm.h"
 #include "difflite/gpu_api.h"
 #include "difflite/registry.h"
 
@@ -88,6 +120,32 @@ constexpr int kMaxSplits = 4;
 // statistics; the two never run in one Run, but distinct slots keep it so).
 constexpr int kSplitSlot = 1;
 constexpr size_t kMergeGroup = 64;  // attn_merge's work-group
+
+// The partial softmax through the backend's GEMM (devices with tiled kernels;
+// see the header comment). The scores S of one chunk of query rows,
+// N x H x rows x Lk in the storage type, are the only large intermediate:
+// the chunk's rows are the most that keep S within kScoresBytes (a multiple
+// of kChunkRowQuantum rows, and of whatever keeps the chunks' sub-buffer
+// offsets aligned), all of Lq where it fits. 16 MiB: a phone's intermediate
+// memory is tight (the paper's whole SD 1.5 UNet ran in 84 MB of
+// intermediates), and 16 MiB already holds 128 rows of SD 1.5's largest
+// self-attention (batch 2, 8 heads, 4096 keys, half), enough work per GEMM to
+// fill a big GPU. DIFFLITE_ATTN_SCORES_BYTES=N replaces the bound (tests,
+// benchmarks).
+constexpr size_t kScoresBytes = 16777216;  // 16 MiB
+constexpr int kChunkRowQuantum = 64;
+// S lives in a scratch slot no other user touches while the op runs: slot 0
+// is the GEMM's transposed-B copy on flat devices (and the row statistics of
+// the recompute kernels), 1 the flash split partials (here: the second GEMM's
+// output O' before attn_scatter_rows), builtin::kSplitKSlot (2) the GEMMs'
+// split-K partials, 3 Winograd's filter.
+constexpr int kScoresSlot = 4;
+constexpr int kOutSlot = kSplitSlot;
+static_assert(kScoresSlot != builtin::kSplitKSlot && kScoresSlot != 0 && kScoresSlot != kSplitSlot,
+              "S would share a slot with another scratch of the op");
+static_assert(kOutSlot != builtin::kSplitKSlot && kOutSlot != 0, "O' would share a GEMM's slot");
+constexpr int kSoftmaxGroup = 128;  // attn_softmax_rows' work-items per row (AT_SMW), halved to fit
+constexpr size_t kScatterGroup = 64;  // attn_scatter_rows' work-group
 
 // Rows per work-item (AT_RQ), flash only: 2 when the two rows' q and
 // accumulator registers stay within kRowRegs floats, else 1. Measured on an
@@ -254,10 +312,11 @@ bool PlanWide(int dk, int dv, size_t local_mem, size_t max_wg, int first, Plan* 
 std::string ForcedKernel(std::string* error) {
   const char* env = std::getenv("DIFFLITE_ATTN_KERNEL");
   if (env == nullptr || *env == '\0') return "";
-  for (const char* k : {"wide", "flash", "partial"}) {
+  for (const char* k : {"wide", "flash", "partial", "recompute"}) {
     if (std::strcmp(env, k) == 0) return k;
   }
-  *error = std::string("DIFFLITE_ATTN_KERNEL=") + env + ": expected wide, flash or partial";
+  *error = std::string("DIFFLITE_ATTN_KERNEL=") + env +
+           ": expected wide, flash, partial or recompute";
   return "";
 }
 
@@ -272,6 +331,78 @@ int ForcedSplits(std::string* error) {
   *error = std::string("DIFFLITE_ATTN_SPLITS=") + env + ": expected 1, 2 or 4";
   return 0;
 }
+
+// DIFFLITE_ATTN_SCORES_BYTES: the bound on S's scratch (kScoresBytes when
+// unset or empty), or an error for a value that is not a positive integer.
+size_t ScoresBound(std::string* error) {
+  const char* env = std::getenv("DIFFLITE_ATTN_SCORES_BYTES");
+  if (env == nullptr || *env == '\0') return kScoresBytes;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v <= 0) {
+    *error = std::string("DIFFLITE_ATTN_SCORES_BYTES=") + env + ": expected a positive integer";
+    return 0;
+  }
+  return static_cast<size_t>(v);
+}
+
+// Query rows per chunk of the GEMM path: all of Lq where S of all rows
+// (n * h * lk elements of `es` bytes a row) fits `bound`; else the most
+// rows within it that are a multiple of kChunkRowQuantum and keep every
+// chunk's offset into q (rows * h * dk elements) and o (rows * h * dv) a
+// multiple of `align` bytes (sub-buffers), at least one such multiple.
+int GemmChunkRows(int n, int h, int lq, int lk, int dk, int dv, size_t es, size_t align,
+                  size_t bound) {
+  const int64_t row_bytes = static_cast<int64_t>(n) * h * lk * static_cast<int64_t>(es);
+  const int64_t fit = static_cast<int64_t>(bound) / std::max<int64_t>(row_bytes, 1);
+  if (fit >= lq) return lq;
+  int64_t quantum = kChunkRowQuantum;
+  const int64_t a = static_cast<int64_t>(std::max<size_t>(align, 1));
+  for (int d : {dk, dv}) {
+    const int64_t width = static_cast<int64_t>(h) * d * static_cast<int64_t>(es);
+    quantum = std::lcm(quantum, a / std::gcd(a, width));
+  }
+  const int64_t rows = std::max(quantum, fit / quantum * quantum);
+  return rows >= lq ? lq : static_cast<int>(rows);
+}
+
+// A view of `parent` from `offset` bytes on (`bytes` long): the buffer itself
+// at offset 0, else a sub-buffer, released with this object (OpenCL keeps it
+// until the commands enqueued on it complete).
+class Region {
+ public:
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  Region(GpuContext& ctx, cl_mem parent, size_t offset, size_t bytes, std::string* error)
+      : cl_(ctx.cl()) {
+    if (offset == 0) {
+      mem_ = parent;
+      return;
+    }
+    if (cl_.CreateSubBuffer == nullptr) {
+      *error = "no clCreateSubBuffer";
+      return;
+    }
+    cl_buffer_region r{offset, bytes};
+    cl_int err = CL_SUCCESS;
+    mem_ = cl_.CreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &r, &err);
+    if (mem_ == nullptr || err != CL_SUCCESS) {
+      *error = "clCreateSubBuffer at " + std::to_string(offset) + ": " + ClErrorName(err);
+      mem_ = nullptr;
+      return;
+    }
+    owned_ = true;
+  }
+  ~Region() {
+    if (owned_) cl_.ReleaseMemObject(mem_);
+  }
+  cl_mem mem() const { return mem_; }
+
+ private:
+  const gpu::ClApi& cl_;
+  cl_mem mem_ = nullptr;
+  bool owned_ = false;
+};
 
 // What PickSplits needs to know of the launch and device.
 struct SplitQuery {
@@ -351,6 +482,16 @@ class AttentionGpu final : public GpuOp {
       return "DIFFLITE_ATTN_KERNEL=flash: attn_flash does not fit head sizes " +
              std::to_string(dk_) + "/" + std::to_string(dv_) + " on this device";
     }
+    // The partial softmax: as GEMMs on devices with tiled kernels (unless
+    // DIFFLITE_ATTN_KERNEL=recompute), else (or where they cannot be set up)
+    // the recompute kernels.
+    plan_ = Plan{};
+    if (forced != "recompute" && !ctx.PreferFlatKernels()) {
+      const size_t bound = ScoresBound(&e);
+      if (!e.empty()) return e;
+      if (InitGemm(ctx, bound).empty()) return "";
+      gemm_ = false;
+    }
     if (!PlanPartial(dk_, dv_, local_mem, &plan_)) {
       return "attention tiles for head sizes " + std::to_string(dk_) + "/" +
              std::to_string(dv_) + " exceed the device's local memory";
@@ -366,6 +507,58 @@ class AttentionGpu final : public GpuOp {
                " (need " + std::to_string(plan_.WorkGroup()) + ")";
       }
     }
+    return "";
+  }
+
+  // The GEMM path (see the header comment): the chunk rows under `bound`, the
+  // two GEMMs of a full chunk and of the last, shorter one, attn_softmax_rows
+  // (its work-group halved until the kernel takes it) and, for N > 1,
+  // attn_scatter_rows. "" (gemm_ set), or the reason it cannot run here.
+  std::string InitGemm(GpuContext& ctx, size_t bound) {
+    chunk_rows_ = GemmChunkRows(n_, o_.heads, lq_, lk_, dk_, dv_, storage_bytes_,
+                                ctx.device().base_align_bytes, bound);
+    if (chunk_rows_ < lq_ && ctx.cl().CreateSubBuffer == nullptr) return "no clCreateSubBuffer";
+    const int h = o_.heads;
+    const int tail = lq_ % chunk_rows_;
+    for (int c = 0; c < (tail != 0 ? 2 : 1); ++c) {
+      const int rows = c == 0 ? chunk_rows_ : tail;
+      // S[n][h][m][j] = q[n, m0 + m, h*Dk + :] . k[n, j, h*Dk + :]
+      builtin::GemmShape qk;
+      qk.m = rows, qk.n = lk_, qk.k = dk_;
+      qk.a_sm = h * dk_, qk.a_sk = 1, qk.b_sk = 1, qk.b_sn = h * dk_, qk.ldc = lk_;
+      qk.bdims = {n_, h};
+      qk.a_bs = {lq_ * h * dk_, dk_};
+      qk.b_bs = {lk_ * h * dk_, dk_};
+      qk.c_bs = rows * lk_;
+      std::string e = scores_[c].Init(ctx, qk);
+      if (!e.empty()) return e;
+      // O[n, m0 + m, h*Dv + :] = P[n][h][m][:] . v[n, :, h*Dv + :]: into o
+      // itself when N = 1 (heads c_bs = Dv apart), else into O' [N][H][rows][Dv].
+      builtin::GemmShape pv;
+      pv.m = rows, pv.n = dv_, pv.k = lk_;
+      pv.a_sm = lk_, pv.a_sk = 1, pv.b_sk = h * dv_, pv.b_sn = 1;
+      pv.bdims = {n_, h};
+      pv.a_bs = {h * rows * lk_, rows * lk_};
+      pv.b_bs = {lk_ * h * dv_, dv_};
+      pv.ldc = n_ == 1 ? h * dv_ : dv_;
+      pv.c_bs = n_ == 1 ? dv_ : rows * dv_;
+      e = pv_[c].Init(ctx, pv);
+      if (!e.empty()) return e;
+    }
+    std::string e;
+    for (smw_ = kSoftmaxGroup; smw_ >= 1; smw_ /= 2) {
+      e = builtin::GetKernel(ctx, kProgram, "attn_softmax_rows",
+                             "-DAT_SMW=" + std::to_string(smw_), &softmax_k_);
+      if (!e.empty()) return e;
+      const size_t wg = ctx.KernelWorkGroupSize(softmax_k_);
+      if (wg == 0 || wg >= static_cast<size_t>(smw_)) break;
+    }
+    if (smw_ < 1) return "attn_softmax_rows takes no work-group";
+    if (n_ > 1) {
+      e = builtin::GetKernel(ctx, kProgram, "attn_scatter_rows", "", &scatter_k_);
+      if (!e.empty()) return e;
+    }
+    gemm_ = true;
     return "";
   }
 
@@ -438,6 +631,13 @@ class AttentionGpu final : public GpuOp {
   }
 
   size_t ScratchBytes() const override {
+    if (gemm_) {  // S, O' and the GEMMs' own (split-K partials), each in a slot of its own
+      size_t g = 0;
+      for (const builtin::Gemm* x : {&scores_[0], &scores_[1], &pv_[0], &pv_[1]}) {
+        g = std::max(g, x->ScratchBytes());
+      }
+      return ScoresBytes() + OutBytes() + g;
+    }
     if (plan_.kernel == Kernel::kPartial) return StatsBytes();
     return plan_.splits > 1 ? SplitBytes() : 0;
   }
@@ -454,6 +654,7 @@ class AttentionGpu final : public GpuOp {
     // ceil(Lq / bq) work-groups of bq / rq (wide: nt) work-items, bq rows each.
     const size_t rows = static_cast<size_t>(CeilDiv(lq_, plan_.bq)) * wg;
     const size_t local[3] = {wg, 1, 1};
+    if (gemm_) return RunGemm(ctx, in, out[0].mem);
     if (plan_.splits > 1) return RunSplit(ctx, in, out[0].mem, rows);
     if (plan_.kernel != Kernel::kPartial) {  // flash or wide: one kernel, same arguments
       const bool wide = plan_.kernel == Kernel::kWide;
@@ -485,6 +686,74 @@ class AttentionGpu final : public GpuOp {
   }
 
  private:
+  // The GEMM path, chunk by chunk of query rows: S = q k^T into kScoresSlot,
+  // attn_softmax_rows in place, O = P v (into o, or O' and attn_scatter_rows).
+  std::string RunGemm(GpuContext& ctx, const std::vector<GpuTensor>& in, cl_mem o) {
+    const gpu::ClApi& cl = ctx.cl();
+    std::string e;
+    cl_mem s = ctx.Scratch(ScoresBytes(), kScoresSlot, &e);
+    if (s == nullptr) return "attention scores: " + e;
+    cl_mem ob = nullptr;
+    if (n_ > 1) {
+      ob = ctx.Scratch(OutBytes(), kOutSlot, &e);
+      if (ob == nullptr) return "attention output rows: " + e;
+    }
+    const int h = o_.heads;
+    const size_t es = storage_bytes_;
+    const size_t q_bytes = static_cast<size_t>(n_) * lq_ * h * dk_ * es;
+    const cl_int lk = lk_, causal = o_.causal ? 1 : 0, lq = lq_, heads = h, dv = dv_;
+    const cl_float scale = o_.scale;
+    for (int m0 = 0; m0 < lq_; m0 += chunk_rows_) {
+      const int rows = std::min(chunk_rows_, lq_ - m0);
+      const int c = rows == chunk_rows_ ? 0 : 1;
+      const size_t q_off = static_cast<size_t>(m0) * h * dk_ * es;
+      Region qa(ctx, in[0].mem, q_off, q_bytes - q_off, &e);
+      if (qa.mem() == nullptr) return "attention q rows: " + e;
+      e = scores_[c].Run(ctx, qa.mem(), in[1].mem, nullptr, s, "attention.scores");
+      if (!e.empty()) return e;
+      const cl_int r = rows, m0c = m0;
+      e = SetArgs(cl, softmax_k_,
+                  {Arg(s), Arg(r), Arg(lk), Arg(m0c), Arg(scale), Arg(causal)});
+      if (!e.empty()) return e;
+      const size_t g1[2] = {static_cast<size_t>(smw_),
+                            static_cast<size_t>(n_) * h * static_cast<size_t>(rows)};
+      const size_t l1[2] = {static_cast<size_t>(smw_), 1};
+      e = ctx.Enqueue(softmax_k_, 2, g1, l1, "attention.softmax");
+      if (!e.empty()) return e;
+      if (n_ == 1) {
+        const size_t o_off = static_cast<size_t>(m0) * h * dv_ * es;
+        Region oc(ctx, o, o_off, static_cast<size_t>(rows) * h * dv_ * es, &e);
+        if (oc.mem() == nullptr) return "attention output rows: " + e;
+        e = pv_[c].Run(ctx, s, in[2].mem, nullptr, oc.mem(), "attention.pv");
+        if (!e.empty()) return e;
+        continue;
+      }
+      e = pv_[c].Run(ctx, s, in[2].mem, nullptr, ob, "attention.pv");
+      if (!e.empty()) return e;
+      e = SetArgs(cl, scatter_k_,
+                  {Arg(ob), Arg(o), Arg(r), Arg(lq), Arg(m0c), Arg(heads), Arg(dv)});
+      if (!e.empty()) return e;
+      const size_t items = static_cast<size_t>(rows) * h * dv_;
+      const size_t g2[2] = {static_cast<size_t>(CeilDiv(items, kScatterGroup)) * kScatterGroup,
+                            static_cast<size_t>(n_)};
+      const size_t l2[2] = {kScatterGroup, 1};
+      e = ctx.Enqueue(scatter_k_, 2, g2, l2, "attention.scatter");
+      if (!e.empty()) return e;
+    }
+    return "";
+  }
+
+  // S of a full chunk; O' (N > 1 only) of a full chunk.
+  size_t ScoresBytes() const {
+    return static_cast<size_t>(n_) * o_.heads * chunk_rows_ * static_cast<size_t>(lk_) *
+           storage_bytes_;
+  }
+  size_t OutBytes() const {
+    return n_ > 1 ? static_cast<size_t>(n_) * o_.heads * chunk_rows_ * static_cast<size_t>(dv_) *
+                        storage_bytes_
+                  : 0;
+  }
+
   // Split attn_flash into the partials' scratch, then attn_merge into `o`.
   // `row_items`: global dimension 0, as unsplit.
   std::string RunSplit(GpuContext& ctx, const std::vector<GpuTensor>& in, cl_mem o,
@@ -532,6 +801,12 @@ class AttentionGpu final : public GpuOp {
   Plan plan_;
   cl_kernel flash_k_ = nullptr, wide_k_ = nullptr, stats_k_ = nullptr, out_k_ = nullptr;
   cl_kernel merge_k_ = nullptr;
+  // The GEMM path (gemm_): chunk rows, [0] a full chunk's GEMMs, [1] the last chunk's.
+  bool gemm_ = false;
+  int chunk_rows_ = 0;
+  int smw_ = kSoftmaxGroup;
+  builtin::Gemm scores_[2], pv_[2];
+  cl_kernel softmax_k_ = nullptr, scatter_k_ = nullptr;
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
