@@ -558,6 +558,7 @@ def test_delegate_attention_wide(tmp_path, opencl_lib, monkeypatch, case):
     (None, 80, 80, "auto", "tiled", "wide"),  # a wide head on a GPU-style device
     (None, 40, 96, "flash", "tiled", "wide"),
     (None, 80, 80, "partial_softmax", "tiled", "gemm"),  # the partial softmax as GEMMs
+    (None, 40, 40, "partial_softmax", "tiled", "partial"),  # a narrow head: recomputed (kGemmMinHead)
     (None, 40, 40, "auto", "tiled", "flash"),
     (None, 80, 80, "auto", "auto", "partial"),  # PoCL (flat kernels): as before attn_wide
     (None, 80, 80, "flash", "auto", "flash"),

@@ -41,7 +41,7 @@ def _run(tmp_path, lib, monkeypatch, case, precision="fp32", inputs=None):
         monkeypatch.setenv("DIFFLITE_ATTN_SCORES_BYTES", str(bound * elem))
     else:
         monkeypatch.delenv("DIFFLITE_ATTN_SCORES_BYTES", raising=False)
-    monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
+    monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "partial")  # the GEMM form for narrow heads too
     r = np.random.default_rng(lq + lk + dv)
     q, k, v = inputs or qkv_inputs(r, n, lq, lk, heads, dk, dv)
     scale = 1.0 / math.sqrt(dk)
@@ -111,7 +111,7 @@ def test_delegate_attention_recompute(tmp_path, opencl_lib, monkeypatch):
 
 def test_delegate_attention_bad_scores_bytes(tmp_path, opencl_lib, monkeypatch):
     monkeypatch.setenv("DIFFLITE_ATTN_SCORES_BYTES", "lots")
-    monkeypatch.delenv("DIFFLITE_ATTN_KERNEL", raising=False)
+    monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "partial")
     q, k, v = qkv_inputs(np.random.default_rng(0), 1, 5, 6, 1, 8, 8)
     with pytest.raises(RuntimeError, match="DIFFLITE_ATTN_SCORES_BYTES=lots"):
         run_delegate(tmp_path, opencl_lib, "difflite.Attention",
@@ -127,8 +127,11 @@ def test_delegate_attention_bad_scores_bytes(tmp_path, opencl_lib, monkeypatch):
                                   "dk_ne_dv"])
 def test_harness_attention_gemm(runner, launch, case):
     n, lq, lk, heads, dk, dv, causal, bound = CASES[case]
-    plan = launch.attention_plan(dk, dv, "partial_softmax", runner.local_mem, flat=False, max_wg=runner.max_wg)
+    plan = launch.attention_plan(dk, dv, "partial_softmax", runner.local_mem, flat=False, max_wg=runner.max_wg,
+                                 kernel="partial")
     assert plan.variant == "partial_softmax" and plan.gemm
+    unforced = launch.attention_plan(dk, dv, "partial_softmax", runner.local_mem, flat=False, max_wg=runner.max_wg)
+    assert unforced.gemm == (max(dk, dv) >= launch.GEMM_MIN_HEAD)
     assert not launch.attention_plan(dk, dv, "partial_softmax", runner.local_mem, flat=True).gemm
     q, k, v = qkv_inputs(np.random.default_rng(lq + dv), n, lq, lk, heads, dk, dv)
     scale = 1.0 / math.sqrt(dk)

@@ -97,10 +97,12 @@ def test_plans_mirror_cxx(launch):
     cc = ops / "attention" / "attention_opencl.cc"
     for name, value in (("kScoresBytes", launch.SCORES_BYTES), ("kChunkRowQuantum", launch.CHUNK_ROW_QUANTUM),
                         ("kScoresSlot", launch.SCORES_SLOT), ("kSoftmaxGroup", launch.SOFTMAX_GROUP),
-                        ("kScatterGroup", launch.SCATTER_GROUP), ("kSplitSlot", launch.SPLIT_SLOT)):
+                        ("kScatterGroup", launch.SCATTER_GROUP), ("kSplitSlot", launch.SPLIT_SLOT),
+                        ("kGemmMinHead", launch.GEMM_MIN_HEAD)):
         assert _cxx_constant(cc, name) == value, name
+    assert '(forced == "partial" || std::max(dk_, dv_) >= kGemmMinHead)' in src
     assert "constexpr int kOutSlot = kSplitSlot;" in src
-    assert 'if (forced != "recompute" && !ctx.PreferFlatKernels()) {' in src  # tiled devices only
+    assert "if (forced != \"recompute\" && !ctx.PreferFlatKernels() &&" in src  # tiled devices only
     assert "gemm = not flat and kernel != \"recompute\"" in harness_src(launch)
     for line in ("qk.a_sm = h * dk_, qk.a_sk = 1, qk.b_sk = 1, qk.b_sn = h * dk_, qk.ldc = lk_;",
                  "qk.bdims = {n_, h};", "qk.a_bs = {lq_ * h * dk_, dk_};", "qk.b_bs = {lk_ * h * dk_, dk_};",

@@ -346,6 +346,7 @@ ATTN_KERNELS = {"wide": "wide", "flash": "flash", "partial": "partial_softmax", 
 # The partial softmax as GEMMs (attention_opencl.cc: InitGemm, RunGemm, GemmChunkRows).
 SCORES_BYTES = 16777216  # kScoresBytes: bound on S's scratch (a chunk's N x H x rows x Lk elements)
 CHUNK_ROW_QUANTUM = 64  # kChunkRowQuantum
+GEMM_MIN_HEAD = 64  # kGemmMinHead: narrower heads keep the recompute kernels unless kernel="partial"
 SCORES_SLOT = 4  # kScoresSlot: S's scratch slot (O' at N > 1: SPLIT_SLOT)
 SOFTMAX_GROUP = 128  # kSoftmaxGroup: attn_softmax_rows' work-items per row (AT_SMW), halved to fit
 SCATTER_GROUP = 64  # kScatterGroup
@@ -466,7 +467,8 @@ def _attention_tiles(dk: int, dv: int, variant: str, local_mem_bytes: int, flat:
                      max_wg: int, flash_in_registers: bool) -> AttentionPlan:
     """attention_plan without the key splits."""
     forced = ATTN_KERNELS[kernel] if kernel else None
-    gemm = not flat and kernel != "recompute"  # the partial softmax as GEMMs (InitGemm)
+    # the partial softmax as GEMMs (InitGemm): wide enough heads, or forced
+    gemm = not flat and kernel != "recompute" and (kernel == "partial" or max(dk, dv) >= GEMM_MIN_HEAD)
     wide_head = dk > FLASH_MAX_HEAD or dv > FLASH_MAX_HEAD
     hinted = forced is None and variant != "partial_softmax" and not flat
     item_head = (hinted and wide_head and flash_in_registers and dk <= FLASH_ITEM_MAX_HEAD

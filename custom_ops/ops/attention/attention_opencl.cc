@@ -133,6 +133,17 @@ constexpr size_t kMergeGroup = 64;  // attn_merge's work-group
 // fill a big GPU. DIFFLITE_ATTN_SCORES_BYTES=N replaces the bound (tests,
 // benchmarks).
 constexpr size_t kScoresBytes = 16777216;  // 16 MiB
+// The partial softmax takes the GEMM form for heads of at least this many
+// dims (either of Dk, Dv), or when DIFFLITE_ATTN_KERNEL=partial; narrower heads
+// keep the recompute kernels. Per score the GEMM form does 2 (Dk + Dv) FLOPs
+// and moves it ~5 times through memory (written, read for the row's max and
+// sum, rewritten as a probability, read by the second GEMM): at Dk = Dv = 40
+// that is 16 FLOPs per byte of half S, below a phone GPU's ratio of peak
+// arithmetic to bandwidth (Adreno 740 ~70) and about the H200's (~14), where
+// 2 x 4096 x 4096, 8 x 40 measured 4.30 ms as GEMMs against 3.23 recomputed,
+// while 8 x 80 took 0.40 against 0.97 and the VAE's 1 x 512 1.06 against 21.8
+// (lab/gpu_attention_partial.py, 2026-11-29).
+constexpr int kGemmMinHead = 64;
 constexpr int kChunkRowQuantum = 64;
 // S lives in a scratch slot no other user touches while the op runs: slot 0
 // is the GEMM's transposed-B copy on flat devices (and the row statistics of
@@ -482,11 +493,13 @@ class AttentionGpu final : public GpuOp {
       return "DIFFLITE_ATTN_KERNEL=flash: attn_flash does not fit head sizes " +
              std::to_string(dk_) + "/" + std::to_string(dv_) + " on this device";
     }
-    // The partial softmax: as GEMMs on devices with tiled kernels (unless
-    // DIFFLITE_ATTN_KERNEL=recompute), else (or where they cannot be set up)
-    // the recompute kernels.
+    // The partial softmax: as GEMMs on devices with tiled kernels for heads of
+    // kGemmMinHead or more (any head with DIFFLITE_ATTN_KERNEL=partial; none
+    // with =recompute), else (or where they cannot be set up) the recompute
+    // kernels.
     plan_ = Plan{};
-    if (forced != "recompute" && !ctx.PreferFlatKernels()) {
+    if (forced != "recompute" && !ctx.PreferFlatKernels() &&
+        (forced == "partial" || std::max(dk_, dv_) >= kGemmMinHead)) {
       const size_t bound = ScoresBound(&e);
       if (!e.empty()) return e;
       if (InitGemm(ctx, bound).empty()) return "";
