@@ -71,7 +71,7 @@ type=$($TRIPLE-readelf -h "$LIB" | sed -n 's/^ *Type: *//p')
 case "$type" in DYN*) ;; *) fail "$LIB is '$type', not a shared object" ;; esac
 
 exports=$($TRIPLE-nm -D --defined-only "$LIB" | awk '$2 == "T" {print $3}' | sort | tr '\n' ' ')
-expected="difflite_lora_error difflite_lora_set tflite_plugin_create_delegate tflite_plugin_destroy_delegate "
+expected="difflite_lora_bytes difflite_lora_error difflite_lora_set tflite_plugin_create_delegate tflite_plugin_destroy_delegate "
 [ "$exports" = "$expected" ] || fail "exported functions are '$exports', expected '$expected'"
 needed=$($TRIPLE-readelf -d "$LIB" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')
 

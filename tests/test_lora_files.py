@@ -53,7 +53,7 @@ def merge(base, specs):
     """What load_pipeline("preset:tiny", loras=specs) does after loading, on copies of the base's
     UNet and text encoder: merge_loras (test_merge_through_load_pipeline_is_the_same checks it)."""
     pipe = SimpleNamespace(unet=copy.deepcopy(base.unet), text_encoder=copy.deepcopy(base.text_encoder),
-                           details={}, source_hash=base.source_hash)
+                           details={}, source_hash=base.source_hash, family=base.family)
     merge_loras(pipe, tuple(specs))
     return pipe
 
