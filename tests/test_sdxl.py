@@ -1,8 +1,7 @@
 """SDXL (issue 32, items 1 and 2): the presets' architecture (two text encoders, text_time
 conditioning, transformer depth > 1), the SDXL wrapper modules against transformers / diffusers,
 the conversion of preset:sdxl-tiny (its manifest's new inputs and outputs, the fusion counts),
-verify against PyTorch, and bench's clean refusal of an SDXL folder (generate runs it:
-tests/test_sdxl_generate.py). SDXL's diffusers folders, single files and LoRAs:
+verify against PyTorch, and bench (generate: tests/test_sdxl_generate.py). SDXL's diffusers folders, single files and LoRAs:
 tests/test_sdxl_sources.py."""
 
 from __future__ import annotations
@@ -171,11 +170,13 @@ def test_verify_passes_against_pytorch(sdxl_out, lib):
     assert all(c.passed for c in checks), [c for c in checks if not c.passed]
 
 
-def test_bench_refuses_sdxl(sdxl_out):
-    result = run_difflite("bench", sdxl_out)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "bench does not run SDXL folders yet" in lines[0], result.stderr
+def test_bench_runs_the_fused_sdxl_folder(sdxl_out, lib):
+    """The fused folder's custom ops on the op library's CPU backend, one picture's pipeline run
+    included (the unfused folders: tests/test_sdxl_generate.py)."""
+    result = run_difflite("bench", sdxl_out, "--backend", "cpu", "--runs", 1, "--warmup", 0, "--steps", 1, "--json")
+    assert result.returncode == 0, result.stderr
+    pipeline = json.loads(result.stdout)["pipeline"]
+    assert pipeline["measured_calls"] == pipeline["calls"] and pipeline["calls"]["text_encoder_2"] >= 1
 
 
 def test_generate_runs_sdxl(sdxl_out, lib, tmp_path):

@@ -400,6 +400,16 @@ def test_a_missing_text_encoder_2_is_named(folders, tmp_path):
     one_line_exit_2(run, "text_encoder_2.tflite")
 
 
-def test_bench_still_refuses_sdxl(folders):
-    run = run_difflite("bench", folders[2], "--backend", "cpu")
-    one_line_exit_2(run, "bench does not run SDXL folders yet")
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bench_runs_sdxl(folders, batch):
+    """bench times every component and runs one guided picture through both text encoders, the
+    UNet (with text_embeds and time_ids) and the VAE decoder: the calls it made are the plan's."""
+    run = run_difflite("bench", folders[batch], "--backend", "cpu", "--runs", 1, "--warmup", 0, "--steps", 2, "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert {"text_encoder", "text_encoder_2", "unet", "vae_decoder"} <= set(report["components"])
+    pipeline = report["pipeline"]
+    assert pipeline["calls"]["text_encoder_2"] == pipeline["calls"]["text_encoder"] >= 1
+    assert pipeline["calls"]["unet"] == 2 * (2 // batch)  # guided: both branches, a batch-2 UNet in one call
+    assert pipeline["measured_ms"] > 0 and pipeline["measured_calls"] == pipeline["calls"]
+    assert pipeline["sum_of_medians_ms"] > 0

@@ -275,13 +275,6 @@ class OutputFolder:
         if self.family not in FAMILIES:
             raise BadInput(f"{self.path / manifest_file.MANIFEST}: unknown model family {self.family!r}")
 
-    def require_sd(self, command: str) -> None:
-        """BadInput (one line) where `command` runs SD 1.x / 2.x folders only (bench: not SDXL yet)."""
-        self.check_family()
-        if self.family == "sdxl":
-            raise BadInput(f"{self.path}: {command} does not run SDXL folders yet (issue 32); generate, verify "
-                           f"and inspect do")
-
     @property
     def sdxl(self) -> SDXLInfo | None:
         """What an SDXL folder's manifest says beyond the latent geometry; None for SD 1.x / 2.x."""

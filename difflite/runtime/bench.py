@@ -51,6 +51,7 @@ PHONE_OPENCL_LIBRARIES = ("/vendor/lib64/libOpenCL.so", "/system/vendor/lib64/li
 PRECISIONS = ("fp32", "fp16")
 MATHS = ("auto", "fp32")
 PIPELINE = ("text_encoder", "unet", "vae_decoder")
+SDXL_PIPELINE = ("text_encoder", "text_encoder_2", "unet", "vae_decoder")
 FALLBACK_VOCAB = 256
 LIBRARY_ON_DEVICE = "libdifflite_delegate.so"
 MIB = 1 << 20
@@ -133,6 +134,11 @@ def select_components(folder: OutputFolder, names: tuple[str, ...] | None) -> li
     return [n for n in available if n in names]
 
 
+def pipeline_components(folder: OutputFolder) -> tuple[str, ...]:
+    """The models one picture runs, in order (SDXL: both text encoders)."""
+    return SDXL_PIPELINE if folder.family == "sdxl" else PIPELINE
+
+
 def batch_of(entry: ComponentEntry, input_name: str) -> int:
     chosen = entry.input(input_name) or (entry.inputs[0] if entry.inputs else None)
     return chosen.shape[0] if chosen is not None and chosen.shape else 1
@@ -146,6 +152,8 @@ def pipeline_plan(entries: dict[str, ComponentEntry], steps: int, guided: bool) 
         notes.append("guidance enters the UNet as its timestep_cond embedding (LCM-distilled): no classifier-free "
                      "guidance")
     prompts = 2 if guided else 1
+    if "text_encoder_2" in entries:  # SDXL: the second encoder reads the same prompts
+        calls["text_encoder_2"] = math.ceil(prompts / batch_of(entries["text_encoder_2"], "input_ids"))
     if "text_encoder" in entries:
         te_batch = batch_of(entries["text_encoder"], "input_ids")
         calls["text_encoder"] = math.ceil(prompts / te_batch)
@@ -280,16 +288,20 @@ def time_runner(runner, feeds: dict, runs: int, warmup: int) -> dict:
 
 def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, guidance: float, rng,
                  vocab: int) -> dict:
-    """One image through text encoder, S UNet steps and the VAE decoder; wall time in ms and the
-    call counts actually made (they must match the plan)."""
+    """One image through the text encoder(s), S UNet steps and the VAE decoder; wall time in ms
+    and the call counts actually made (they must match the plan). An SDXL folder's context is both
+    encoders' hidden states side by side, with text_encoder_2's text_embeds and SDXL's default
+    time ids (the image size, no crop) as the UNet's other inputs."""
     import numpy as np
 
     from difflite.runtime.loras import SlotFactors
 
     te, unet, vae = (entries[n] for n in PIPELINE)
+    te2 = entries.get("text_encoder_2")
     te_in, te_out = te.inputs[0], te.outputs[0].name
     unet_names = {spec.name: spec for spec in unet.inputs}
-    for needed in ("sample", "timestep", "encoder_hidden_states"):
+    needs = ("sample", "timestep", "encoder_hidden_states") + ((SDXL_TEXT_EMBEDS, SDXL_TIME_IDS) if te2 else ())
+    for needed in needs:
         if needed not in unet_names:
             raise BadInput(f"unet: no input named {needed!r} in the manifest; cannot run the pipeline")
     unet_out, vae_in = unet.outputs[0].name, vae.inputs[0].name
@@ -306,12 +318,12 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     extra_shape[channel_axis] -= latents.shape[channel_axis]
     extra = rng.standard_normal(size=extra_shape).astype(sample_spec.dtype)
     timesteps = np.linspace(999, 0, plan["steps"], dtype=np.float32)
-    made = {name: 0 for name in PIPELINE}
+    made = {name: 0 for name in (SDXL_PIPELINE if te2 else PIPELINE)}
     # a UNet converted with ControlNets runs here as without a control image (zero residuals); the
     # ControlNets themselves are measured per call (--components controlnet_0,...)
     residuals = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in unet.control_residuals}
     # a --no-fuse file's LoRA factor inputs: zeros (no LoRA), made once as a caller would
-    no_lora = {entry.name: SlotFactors(entry).feeds() for entry in (te, unet)}
+    no_lora = {entry.name: SlotFactors(entry).feeds() for entry in (te, te2, unet) if entry is not None}
 
     def batched(rows: np.ndarray, size: int) -> np.ndarray:
         return np.concatenate([rows] + [rows[-1:]] * (size - len(rows)))[:size] if len(rows) < size else rows
@@ -324,6 +336,11 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
         embeddings.append(out[:len(chunk)])
         made["text_encoder"] += 1
     embeddings = np.concatenate(embeddings)
+    sdxl_inputs = {}
+    if te2 is not None:
+        embeddings, sdxl_inputs = sdxl_encode(runners["text_encoder_2"], te2, ids, embeddings, no_lora[te2.name],
+                                              unet_names)
+        made["text_encoder_2"] += math.ceil(prompts / te2.inputs[0].shape[0])
     for t in timesteps:
         predictions = []
         for first in range(0, prompts, unet_batch):
@@ -331,7 +348,9 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
             sample = np.concatenate([latents, extra], axis=channel_axis)
             feeds = {"sample": np.repeat(sample, unet_batch, axis=0),
                      "timestep": np.full((unet_batch,), t, dtype=unet_names["timestep"].dtype),
-                     "encoder_hidden_states": batched(rows, unet_batch)}
+                     "encoder_hidden_states": batched(rows, unet_batch),
+                     **{name: batched(value[first:first + unet_batch], unet_batch)
+                        for name, value in sdxl_inputs.items()}}
             if cond_dim:
                 feeds[TIMESTEP_COND] = np.repeat(guidance_embedding([guidance], cond_dim), unet_batch, axis=0)
             feeds.update(residuals)
@@ -348,6 +367,33 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     if not all(np.isfinite(v).all() for v in image.values()):
         raise BadInput("the pipeline run produced a non-finite image")
     return {"measured_ms": elapsed, "measured_calls": made}
+
+
+SDXL_TEXT_EMBEDS, SDXL_TIME_IDS = "text_embeds", "time_ids"
+
+
+def sdxl_encode(runner, entry: ComponentEntry, ids, hidden_1, no_lora: dict, unet_names: dict) -> tuple:
+    """text_encoder_2 over the prompts' ids (batched as its file takes them): the context (both
+    encoders' hidden states side by side) and the UNet's text_embeds and time_ids per prompt,
+    the time ids SDXL's defaults for the converted size (original = target = the image, no crop)."""
+    import numpy as np
+
+    ids_in = entry.inputs[0]
+    batch = ids_in.shape[0]
+    hidden_2, pooled = [], []
+    for first in range(0, len(ids), batch):
+        chunk = ids[first:first + batch]
+        rows = np.concatenate([chunk] + [chunk[-1:]] * (batch - len(chunk))) if len(chunk) < batch else chunk
+        out = runner(**{ids_in.name: rows.astype(ids_in.dtype)}, **no_lora)
+        hidden_2.append(out["penultimate_hidden_state"][:len(chunk)])
+        pooled.append(out[SDXL_TEXT_EMBEDS][:len(chunk)])
+    context = np.concatenate([hidden_1, np.concatenate(hidden_2)], axis=-1)
+    sample = unet_names["sample"]
+    height, width = (sample.shape[1:3] if sample.layout == "NHWC" else sample.shape[2:4])
+    size = [8 * height, 8 * width]
+    time_ids = np.tile(np.asarray([size + [0, 0] + size], unet_names[SDXL_TIME_IDS].dtype), (len(ids), 1))
+    return context, {SDXL_TEXT_EMBEDS: np.concatenate(pooled).astype(unet_names[SDXL_TEXT_EMBEDS].dtype),
+                     SDXL_TIME_IDS: time_ids}
 
 
 def device_memory(stats: dict | None) -> dict | None:
@@ -431,7 +477,7 @@ def bench_host(folder: OutputFolder, names: list[str], options: BenchOptions, lo
             runners[name], measured = bench_component(entry, feeds, options, stats_path)
             results[name] = {"file": entry.file, "custom_ops": list(entry.custom_ops), **measured}
         plan = pipeline_plan(entries, options.steps, options.guided)
-        if any(n not in runners for n in PIPELINE):
+        if any(n not in runners for n in pipeline_components(folder)):
             plan["measured_ms"] = None
         else:
             log(f"running the pipeline once: {options.steps} steps")
@@ -589,7 +635,7 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
     options.validate()
     out = Path(out)
     folder = OutputFolder.read(out, check_files=False)
-    folder.require_sd("bench")
+    folder.check_family()
     if options.precision is None:
         options = replace(options, precision=folder.precision)
     names = select_components(folder, options.components)
@@ -607,12 +653,13 @@ def bench(out, options: BenchOptions, log=lambda message: None) -> dict:
         result["backend_choice"] = choice.as_dict()
     plan = result["pipeline"]
     timed = result["components"]
-    missing = [n for n in PIPELINE if n not in timed]
+    needed = pipeline_components(folder)
+    missing = [n for n in needed if n not in timed]
     plan["sum_of_medians_ms"] = (None if missing else
                                  sum(timed[n]["median_ms"] * c for n, c in plan["calls"].items()))
     if missing:
         plan["notes"].append(f"no pipeline estimate: {', '.join(missing)} not benchmarked "
-                             f"(it needs {', '.join(PIPELINE)})")
+                             f"(it needs {', '.join(needed)})")
     for name, r in timed.items():
         r["calls_per_image"] = plan["calls"].get(name, 0)
     return {"out": str(out), "mode": "adb" if options.serial else "host", "backend": result["backend_choice"]["backend"],
