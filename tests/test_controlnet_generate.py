@@ -23,6 +23,7 @@ from difflite.runtime.controlnet import ControlSpec, canny_edges
 
 from support.cli import convert_side_by_side, run_difflite
 from support.numerics import psnr
+from support.torch_threads import one_torch_thread
 
 HEIGHT, WIDTH = 64, 96  # non-square: a control image read across its axes would show
 PROMPT = "a photo of an astronaut riding a horse"
@@ -117,15 +118,11 @@ class Reference:
                   "control_guidance_start": starts[0] if single else starts,
                   "control_guidance_end": ends[0] if single else ends}
         control = images[0] if single else images
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # far faster for these tiny modules on a shared machine
-        try:
+        with one_torch_thread():
             if init_image is None:
                 result = pipe(PROMPT, image=control, height=HEIGHT, width=WIDTH, **kwargs)
             else:
                 result = pipe(PROMPT, image=init_image, control_image=control, strength=strength, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
         return result.images[0]
 
 

@@ -23,6 +23,7 @@ from difflite.core.errors import BadInput
 from support import ROOT
 from support.cli import convert_side_by_side, difflite_command, run_difflite
 from support.numerics import psnr
+from support.torch_threads import one_torch_thread
 
 HEIGHT, WIDTH = 64, 96  # non-square on purpose
 PROMPT = "a photo of an astronaut riding a horse"
@@ -87,9 +88,7 @@ class Reference:
         key = (scheduler, steps, seed, guidance, prompt, None if image is None else image.tobytes(), strength,
                spacing)
         if key not in self.cache:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # far faster for these tiny modules on a shared machine
-            try:
+            with one_torch_thread():
                 kwargs = {"num_inference_steps": steps, "guidance_scale": guidance, "output_type": "np",
                           "generator": torch.Generator("cpu").manual_seed(seed)}
                 if image is None:
@@ -97,8 +96,6 @@ class Reference:
                 else:
                     result = self.pipeline(scheduler, True, spacing)(prompt, image=image, strength=strength,
                                                                      **kwargs)
-            finally:
-                torch.set_num_threads(threads)
             self.cache[key] = result.images[0]
         return self.cache[key]
 

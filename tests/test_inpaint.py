@@ -22,6 +22,7 @@ from support import hostile_images
 from support import ldm_layout as L
 from support.cli import convert_side_by_side, run_difflite
 from support.numerics import psnr
+from support.torch_threads import one_torch_thread
 
 HEIGHT, WIDTH = 64, 96  # non-square: a mask read across its axes would show
 PROMPT = "a red car on a street"
@@ -119,14 +120,10 @@ class Reference:
             scheduler=diffusers_scheduler(scheduler, s.scheduler_config), safety_checker=None,
             feature_extractor=None, requires_safety_checker=False)
         pipe.set_progress_bar_config(disable=True)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # far faster for these tiny modules on a shared machine
-        try:
+        with one_torch_thread():
             return pipe(prompt, image=image, mask_image=mask_image, height=HEIGHT, width=WIDTH, strength=strength,
                         num_inference_steps=STEPS, guidance_scale=guidance, output_type="np",
                         generator=torch.Generator("cpu").manual_seed(seed)).images[0]
-        finally:
-            torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from PIL import Image
 
 from support.cli import convert_side_by_side, run_difflite
 from support.numerics import psnr
+from support.torch_threads import one_torch_thread
 
 from difflite.core.errors import BadInput
 from difflite.runtime.sdxl import SizeConditioning, time_ids
@@ -87,9 +88,7 @@ class Reference:
                           None if image is None else image.tobytes().hex()[:64], sorted(kwargs.items())],
                          default=str)
         if key not in self.cache:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # far faster for these tiny modules on a shared machine
-            try:
+            with one_torch_thread():
                 pipe = self.pipeline(scheduler, image is not None, spacing, force_zeros)
                 call = {"num_inference_steps": steps, "guidance_scale": guidance, "output_type": "np",
                         "generator": torch.Generator("cpu").manual_seed(seed), **kwargs}
@@ -97,8 +96,6 @@ class Reference:
                     result = pipe(height=HEIGHT, width=WIDTH, **call)
                 else:
                     result = pipe(image=image, **call)
-            finally:
-                torch.set_num_threads(threads)
             self.cache[key] = result.images[0]
         return self.cache[key]
 

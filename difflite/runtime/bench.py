@@ -300,7 +300,7 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     te2 = entries.get("text_encoder_2")
     te_in, te_out = te.inputs[0], te.outputs[0].name
     unet_names = {spec.name: spec for spec in unet.inputs}
-    needs = ("sample", "timestep", "encoder_hidden_states") + ((SDXL_TEXT_EMBEDS, SDXL_TIME_IDS) if te2 else ())
+    needs = ("sample", "timestep", "encoder_hidden_states") + (("text_embeds", "time_ids") if te2 else ())
     for needed in needs:
         if needed not in unet_names:
             raise BadInput(f"unet: no input named {needed!r} in the manifest; cannot run the pipeline")
@@ -325,22 +325,18 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     # a --no-fuse file's LoRA factor inputs: zeros (no LoRA), made once as a caller would
     no_lora = {entry.name: SlotFactors(entry).feeds() for entry in (te, te2, unet) if entry is not None}
 
-    def batched(rows: np.ndarray, size: int) -> np.ndarray:
-        return np.concatenate([rows] + [rows[-1:]] * (size - len(rows)))[:size] if len(rows) < size else rows
-
     start = time.perf_counter()
     embeddings = []
     for first in range(0, prompts, te_batch):
         chunk = ids[first:first + te_batch]
-        out = runners["text_encoder"](**{te_in.name: batched(chunk, te_batch)}, **no_lora[te.name])[te_out]
+        out = runners["text_encoder"](**{te_in.name: pad_rows(chunk, te_batch)}, **no_lora[te.name])[te_out]
         embeddings.append(out[:len(chunk)])
         made["text_encoder"] += 1
     embeddings = np.concatenate(embeddings)
     sdxl_inputs = {}
     if te2 is not None:
-        embeddings, sdxl_inputs = sdxl_encode(runners["text_encoder_2"], te2, ids, embeddings, no_lora[te2.name],
-                                              unet_names)
-        made["text_encoder_2"] += math.ceil(prompts / te2.inputs[0].shape[0])
+        embeddings, sdxl_inputs, made["text_encoder_2"] = sdxl_encode(runners["text_encoder_2"], te2, ids, embeddings,
+                                                                      no_lora[te2.name], unet_names)
     for t in timesteps:
         predictions = []
         for first in range(0, prompts, unet_batch):
@@ -348,8 +344,8 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
             sample = np.concatenate([latents, extra], axis=channel_axis)
             feeds = {"sample": np.repeat(sample, unet_batch, axis=0),
                      "timestep": np.full((unet_batch,), t, dtype=unet_names["timestep"].dtype),
-                     "encoder_hidden_states": batched(rows, unet_batch),
-                     **{name: batched(value[first:first + unet_batch], unet_batch)
+                     "encoder_hidden_states": pad_rows(rows, unet_batch),
+                     **{name: pad_rows(value[first:first + unet_batch], unet_batch)
                         for name, value in sdxl_inputs.items()}}
             if cond_dim:
                 feeds[TIMESTEP_COND] = np.repeat(guidance_embedding([guidance], cond_dim), unet_batch, axis=0)
@@ -369,31 +365,37 @@ def run_pipeline(runners: dict, entries: dict[str, ComponentEntry], plan: dict, 
     return {"measured_ms": elapsed, "measured_calls": made}
 
 
-SDXL_TEXT_EMBEDS, SDXL_TIME_IDS = "text_embeds", "time_ids"
+def pad_rows(rows, size: int):
+    """`rows` filled up to a file's batch of `size` by repeating the last row."""
+    import numpy as np
+
+    return np.concatenate([rows] + [rows[-1:]] * (size - len(rows))) if len(rows) < size else rows
 
 
 def sdxl_encode(runner, entry: ComponentEntry, ids, hidden_1, no_lora: dict, unet_names: dict) -> tuple:
     """text_encoder_2 over the prompts' ids (batched as its file takes them): the context (both
     encoders' hidden states side by side) and the UNet's text_embeds and time_ids per prompt,
-    the time ids SDXL's defaults for the converted size (original = target = the image, no crop)."""
+    the time ids SDXL's defaults for the converted size (original = target = the image, no crop);
+    and the calls it made."""
     import numpy as np
+
+    from difflite.runtime.sdxl import PENULTIMATE, TEXT_EMBEDS, TIME_IDS
 
     ids_in = entry.inputs[0]
     batch = ids_in.shape[0]
     hidden_2, pooled = [], []
     for first in range(0, len(ids), batch):
         chunk = ids[first:first + batch]
-        rows = np.concatenate([chunk] + [chunk[-1:]] * (batch - len(chunk))) if len(chunk) < batch else chunk
-        out = runner(**{ids_in.name: rows.astype(ids_in.dtype)}, **no_lora)
-        hidden_2.append(out["penultimate_hidden_state"][:len(chunk)])
-        pooled.append(out[SDXL_TEXT_EMBEDS][:len(chunk)])
+        out = runner(**{ids_in.name: pad_rows(chunk, batch).astype(ids_in.dtype)}, **no_lora)
+        hidden_2.append(out[PENULTIMATE][:len(chunk)])
+        pooled.append(out[TEXT_EMBEDS][:len(chunk)])
     context = np.concatenate([hidden_1, np.concatenate(hidden_2)], axis=-1)
     sample = unet_names["sample"]
     height, width = (sample.shape[1:3] if sample.layout == "NHWC" else sample.shape[2:4])
     size = [8 * height, 8 * width]
-    time_ids = np.tile(np.asarray([size + [0, 0] + size], unet_names[SDXL_TIME_IDS].dtype), (len(ids), 1))
-    return context, {SDXL_TEXT_EMBEDS: np.concatenate(pooled).astype(unet_names[SDXL_TEXT_EMBEDS].dtype),
-                     SDXL_TIME_IDS: time_ids}
+    time_ids = np.tile(np.asarray([size + [0, 0] + size], unet_names[TIME_IDS].dtype), (len(ids), 1))
+    inputs = {TEXT_EMBEDS: np.concatenate(pooled).astype(unet_names[TEXT_EMBEDS].dtype), TIME_IDS: time_ids}
+    return context, inputs, len(pooled)
 
 
 def device_memory(stats: dict | None) -> dict | None:
