@@ -78,7 +78,7 @@ def set_loras(folder: Path, component: str, interpreter, delegate, loras: tuple[
 
     interpreter.allocate_tensors()
     plan = plan_for_folder(OutputFolder.read(folder), loras)
-    for slot, (down, up) in plan.for_component(component).items():
+    for slot, (down, up) in plan.take(component).items():
         set_factors(find_oplib(), delegate, slot, down, up)
 
 

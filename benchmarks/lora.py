@@ -12,10 +12,16 @@ on `--backend`:
   loaded text encoder and UNet), alternating between two files, and back to none;
 - memory: this process's GPU memory (nvidia-smi) and resident memory after each state, and the
   bytes the op library holds for the active LoRAs' factors (difflite_lora_bytes) against the LoRA
-  files' own bytes.
+  files' own bytes;
+- memory per state in fresh processes (`--memory-runs`, states interleaved): each loads the text
+  encoder and UNet with slots, sets 0, 1 or 3 LoRAs, runs both once, and reports resident memory
+  (and GPU memory where nvidia-smi sees the process); what 1 and 3 LoRAs add over 0 is set
+  against the files' bytes. On PoCL (or a phone) the GPU's buffers are the process's memory.
 
     python benchmarks/lora.py --work out/lora --rounds 5 --save benchmarks/results/lora_h200_2026-11.json
     python benchmarks/lora.py --work out/lora --model preset:tiny --convert-args "--height 64 --width 64"
+    python benchmarks/lora.py --work out/lora --convert-args "--height 256 --width 256" --backend opencl \
+        --rounds 0 --memory-runs 5   # the memory rows alone, e.g. on PoCL
     python benchmarks/lora.py --report benchmarks/results/lora_h200_2026-11.json
 """
 from __future__ import annotations
@@ -145,11 +151,82 @@ def measure(work: Path, backend: str, rounds: int, calls: int) -> dict:
     }
 
 
+MEMORY_STATES = {"0 LoRAs": (), "1 LoRA": ("style_a",), "3 LoRAs": LORAS}
+
+
+def memory_child(work: Path, backend: str, state: str) -> None:
+    """One fresh process's memory in `state` (printed as JSON): the text encoder and UNet loaded
+    with slots, the state's LoRAs set, both run once."""
+    import numpy as np
+
+    from difflite.core.procmem import high_water_mark_mb
+    from difflite.runtime.generate import LitePipeline
+
+    pipe = LitePipeline(work / "slots", backend=backend)
+    pipe.set_loras([work / f"{name}.safetensors" for name in MEMORY_STATES[state]])
+    unet, text_encoder = pipe.component("unet"), pipe.component("text_encoder")
+    unet(**unet_feeds(pipe.folder.components["unet"]))
+    spec = pipe.folder.components["text_encoder"].inputs[0]
+    text_encoder(**{spec.name: np.zeros(spec.onnx_shape, spec.dtype)})
+    print(json.dumps({**memory_now(), "peak_rss_mib": high_water_mark_mb(), "lora_bytes": pipe.lora_bytes(),
+                      "pipeline_held_bytes": pipe.loras.held_bytes(), "backend": pipe.backend}))
+
+
+def memory_states(work: Path, backend: str, runs: int, timeout: float) -> dict:
+    """`runs` fresh processes per state, the states in turn; what each state adds over no LoRA."""
+    import subprocess
+
+    from difflite.runtime.backend import choose
+
+    backend = choose(backend).backend
+    rows = {state: [] for state in MEMORY_STATES}
+    for _ in range(runs):
+        for state in MEMORY_STATES:
+            done = subprocess.run([sys.executable, __file__, "--work", str(work), "--backend", backend,
+                                   "--memory-child", state], capture_output=True, text=True, timeout=timeout)
+            if done.returncode != 0:
+                raise SystemExit(f"memory child ({state}) failed:\n{done.stderr[-2000:]}")
+            rows[state].append(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    def total(row: dict) -> float:
+        return row["rss_mib"] + (row["gpu_mib"] or 0)
+
+    base = statistics.median(total(r) for r in rows["0 LoRAs"])
+    result = {"backend": rows["0 LoRAs"][0]["backend"], "runs": runs, "states": {}}
+    for state, values in rows.items():
+        file_bytes = sum((work / f"{name}.safetensors").stat().st_size for name in MEMORY_STATES[state])
+        added = [total(r) - base for r in values]
+        result["states"][state] = {
+            "rss_mib": summary([r["rss_mib"] for r in values]),
+            "gpu_mib": summary([r["gpu_mib"] for r in values]) if all(r["gpu_mib"] is not None for r in values) else None,
+            "peak_rss_mib": summary([r["peak_rss_mib"] for r in values]),
+            "added_mib": summary(added), "file_mib": file_bytes / 2**20,
+            "added_x_files": summary([a * 2**20 / file_bytes for a in added]) if file_bytes else None,
+            "lora_bytes": values[0]["lora_bytes"], "pipeline_held_bytes": max(r["pipeline_held_bytes"] for r in values)}
+    return result
+
+
+def report_memory(m: dict) -> None:
+    print(f"| memory, fresh process each ({m['backend']}, {m['runs']} runs) | RSS MiB | GPU MiB | added MiB "
+          f"(range) | LoRA files MiB | added x files |")
+    print("|---|---|---|---|---|---|")
+    for state, r in m["states"].items():
+        gpu = f"{r['gpu_mib']['median']:.0f}" if r["gpu_mib"] else "-"
+        ratio = f"{r['added_x_files']['median']:.3f}" if r["added_x_files"] else "-"
+        print(f"| {state} | {r['rss_mib']['median']:.0f} | {gpu} | {r['added_mib']['median']:.1f} "
+              f"({r['added_mib']['min']:.1f}-{r['added_mib']['max']:.1f}) | {r['file_mib']:.1f} | {ratio} |")
+
+
 def report(data: dict) -> None:
-    m = data["measured"]
-    print(f"\n{data['machine'].get('gpu') or data['machine'].get('host')}, {data['date']}, backend {m['backend']}, "
-          f"{data['rounds']} rounds of {m['calls_per_round']} calls; LoRA rank {data['rank']}, "
+    print(f"\n{data['machine'].get('gpu') or data['machine'].get('host')}, {data['date']}, LoRA rank {data['rank']}, "
           f"{data['lora_file_mib']:.1f} MiB a file")
+    if data.get("memory_states"):
+        report_memory(data["memory_states"])
+    m = data["measured"]
+    if m is None:
+        return
+    print(f"backend {m['backend']}, "
+          f"{data['rounds']} rounds of {m['calls_per_round']} calls")
     print("| UNet step (batch 2) | median ms | range | x no slots | GPU MiB | RSS MiB |")
     print("|---|---|---|---|---|---|")
     for label, s in m["unet_step_ms"].items():
@@ -185,11 +262,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--stock", action="store_true", help="also the --no-fuse files on stock LiteRT's GPU engine")
     parser.add_argument("--convert-only", action="store_true", help="convert the folders and stop (a second run reuses them)")
+    parser.add_argument("--memory-runs", type=int, default=0,
+                        help="fresh processes per LoRA state for the memory rows (0: none)")
+    parser.add_argument("--memory-child", choices=list(MEMORY_STATES), help=argparse.SUPPRESS)
     parser.add_argument("--save", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="print the table of a saved run")
     args = parser.parse_args()
     if args.report:
         report(json.loads(args.report.read_text()))
+        return
+    if args.memory_child:
+        memory_child(args.work, args.backend, args.memory_child)
         return
     import datetime
 
@@ -203,7 +286,10 @@ def main() -> None:
              for seed, name in enumerate(LORAS)]
     data = {"machine": machine(), "date": datetime.date.today().isoformat(), "model": args.model,
             "convert": converted, "rounds": args.rounds, "rank": args.rank,
-            "lora_file_mib": sizes[0] / 2**20, "measured": measure(args.work, args.backend, args.rounds, args.calls)}
+            "lora_file_mib": sizes[0] / 2**20,
+            "measured": measure(args.work, args.backend, args.rounds, args.calls) if args.rounds else None}
+    if args.memory_runs:
+        data["memory_states"] = memory_states(args.work, args.backend, args.memory_runs, args.timeout)
     if args.stock:
         data["stock"] = bench(args.work, args.rounds * args.calls, args.timeout, STOCK_BENCH, ("unet",))
     report(data)

@@ -150,6 +150,7 @@ def test_opencl_backend_applies_the_lora(folders, loras, baked, tmp_path, precis
 
 def test_switching_in_one_process_changes_no_base_weight(folders, loras, baked):
     from difflite.runtime.generate import LitePipeline
+    from difflite.runtime.loras import plan_for_folder
 
     with LitePipeline(folders["slots"]) as pipe:
         def draw():
@@ -159,10 +160,10 @@ def test_switching_in_one_process_changes_no_base_weight(folders, loras, baked):
         pipe.set_loras([f"{loras['kohya']}:0.8"])
         styled = draw()
         unet = pipe.component("unet")
-        # the library holds the factors once (float32 on the CPU backend), nothing per base weight
-        held = sum(d.nbytes + u.nbytes for name in ("text_encoder", "unet")
-                   for d, u in pipe.loras.for_component(name).values())
-        assert held > 0 and pipe.lora_bytes() == held
+        # the library holds the factors once (float32 on the CPU backend), nothing per base weight,
+        # and the pipeline keeps no copy of its own once the loaded models have taken them
+        held = plan_for_folder(pipe.folder, [f"{loras['kohya']}:0.8"]).held_bytes()
+        assert held > 0 and pipe.lora_bytes() == held and pipe.loras.held_bytes() == 0
         pipe.set_loras([(loras["peft"], 1.0)])
         other = draw()
         pipe.set_loras([])
@@ -175,6 +176,28 @@ def test_switching_in_one_process_changes_no_base_weight(folders, loras, baked):
         assert pipe.component("unet") is unet  # never reloaded
     assert psnr(styled, baked["baked"]) >= FP32_DB
     assert psnr(other, styled) < FP32_DB - 10
+
+
+def test_a_model_loaded_again_reads_its_loras_again(folders, loras, baked, tmp_path):
+    """The pipeline keeps no factors once the models hold them: a released UNet that loads again
+    takes them from the files (same picture), and refuses a file changed in between."""
+    import shutil
+
+    from difflite.runtime.generate import LitePipeline
+
+    lora_file = tmp_path / "style.safetensors"
+    shutil.copy(loras["kohya"], lora_file)
+    with LitePipeline(folders["slots"]) as pipe:
+        pipe.set_loras([f"{lora_file}:0.8"])
+        first = pipe(PROMPT, steps=STEPS, seed=SEED, guidance=7.5).image
+        assert pipe.loras.held_bytes() == 0
+        pipe.release("unet")
+        assert np.array_equal(pipe(PROMPT, steps=STEPS, seed=SEED, guidance=7.5).image, first)
+        pipe.release("unet")
+        shutil.copy(loras["peft"], lora_file)
+        with pytest.raises(BadInput, match="style.safetensors: changed on disk"):
+            pipe.component("unet")
+    assert psnr(first, baked["baked"]) >= FP32_DB
 
 
 @pytest.fixture(scope="module")

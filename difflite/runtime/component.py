@@ -203,6 +203,7 @@ class Component:
         self._on_fallback = on_fallback
         self._settings = (custom, precision, threads)
         self.lora = SlotFactors(entry)
+        self._lora_source = None  # gives the active LoRAs' factors again (set_lora)
         try:
             self._load(backend, *self._settings)
         except BadInput as exc:
@@ -238,24 +239,27 @@ class Component:
         except (ValueError, RuntimeError) as exc:
             self.delegate = self.interpreter = None
             raise BadInput(f"{self.path}: cannot load ({runtime_error_text(exc)})") from exc
-        if self.lora.form == "custom":  # a delegate made again (a fallback) takes the active LoRAs again
-            self._set_on_delegate(dict(self.lora.active))
+        if self.lora.form == "custom" and self.lora.active:  # a delegate made again (a fallback)
+            self._set_on_delegate(self._lora_source())
 
-    def set_lora(self, factors: dict) -> None:
+    def set_lora(self, factors: dict, source=None) -> None:
         """Make `factors` ({slot: (down [r, K], up [N, r])}, runtime/loras.py) this model's LoRAs:
         set on the op library once (difflite.LoRA slots) or fed at every call (--no-fuse factor
-        inputs); {} is no LoRA. A BadInput leaves the previous LoRAs in place."""
+        inputs); {} is no LoRA. `source`, a callable giving the same factors again (for a new
+        delegate, or to restore them), lets the caller drop its arrays: without one this model
+        keeps `factors`. A BadInput leaves the previous LoRAs in place."""
         if self.closed:
             raise RuntimeError(f"{self.path}: the component was closed")
-        previous = dict(self.lora.active)
+        previous = self._lora_source
         changed = self.lora.change(factors)
+        self._lora_source = source if source is not None else (lambda: factors)
         if self.lora.form != "custom":
             return
         try:
             self._set_on_delegate(changed)
         except BadInput:
-            self.lora.change(previous)
-            self._set_on_delegate({slot: previous.get(slot) for slot in changed})
+            self._lora_source = previous
+            self._set_on_delegate(self.lora.change(previous() if previous is not None else {}))
             raise
 
     def lora_bytes(self) -> int:

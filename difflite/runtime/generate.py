@@ -338,8 +338,10 @@ class LitePipeline:
         return sum(c.lora_bytes() for c in self._components.values())
 
     def _apply_loras(self, name: str, component) -> None:
+        """Hand `component` its factors (the plan forgets them: the op library's copy is the one
+        kept, and the files are read again if this model loads again)."""
         if component.lora.slots is not None:
-            component.set_lora(self.loras.for_component(name))
+            component.set_lora(self.loras.take(name), source=self.loras.source(name))
 
     # -- parts, loaded on first use ------------------------------------------------------------
 

@@ -6,6 +6,10 @@ A folder converted with slots (convert --lora-slots, core/lora.py) holds, per sl
 two factor inputs (`--no-fuse` files), fed at every call: the factors padded with zeros to the
 folder's largest rank, all zeros without a LoRA. Several LoRAs at once are one LoRA of the summed
 rank (their factors side by side), which is exactly the sum of their deltas.
+
+The op library's copy is the only one kept: a plan hands each component its factors once and
+forgets them, and a model loaded later (--low-memory, a fallback's new delegate) reads the files
+again. On a phone the GPU's memory is the process's, so a host copy would be a second LoRA.
 """
 
 from __future__ import annotations
@@ -25,18 +29,55 @@ Pair = tuple[np.ndarray, np.ndarray]  # down [r, K], up [N, r] (scale folded in)
 
 @dataclass
 class LoraPlan:
-    """What a set of LoRA files applies: per component, {slot: (down, up)}; and what to report."""
+    """What a set of LoRA files applies. `pending` holds, per component, the {slot: (down, up)}
+    not yet handed over; `take` hands them over once, and reads the files again when a component
+    asks after that (a model loaded again)."""
     specs: tuple[lora.LoraSpec, ...] = ()
-    factors: dict[str, dict[int, Pair]] = field(default_factory=dict)
+    pending: dict[str, dict[int, Pair]] = field(default_factory=dict)
+    layers: dict[str, int] = field(default_factory=dict)  # per component, the layers given a LoRA
+    stamps: tuple[tuple[str, int, int], ...] = ()  # each file's (path, size, mtime_ns) when read
+    folder: OutputFolder | None = None
 
-    def for_component(self, name: str) -> dict[int, Pair]:
-        return self.factors.get(name, {})
+    def take(self, name: str) -> dict[int, Pair]:
+        """The factors of component `name`: the pending ones, else read from the files again."""
+        if name in self.pending:
+            return self.pending.pop(name)
+        if not self.layers.get(name):
+            return {}
+        self._check_unchanged()
+        return plan_for_folder(self.folder, self.specs, only=name).pending.get(name, {})
+
+    def source(self, name: str):
+        """A callable giving `name`'s factors again, read from the files (for a new delegate)."""
+        return lambda: self.take(name)
+
+    def held_bytes(self) -> int:
+        """Bytes of the factors still pending (0 once every loaded model has taken its own)."""
+        return sum(d.nbytes + u.nbytes for slots in self.pending.values() for d, u in slots.values())
 
     def describe(self) -> list[dict]:
         return [{"file": Path(spec.path).name, "path": str(spec.path), "scale": spec.scale} for spec in self.specs]
 
     def layer_counts(self) -> dict[str, int]:
-        return {name: len(slots) for name, slots in self.factors.items()}
+        return dict(self.layers)
+
+    def _check_unchanged(self) -> None:
+        if file_stamps(self.specs) != self.stamps:
+            changed = next(a[0] for a, b in zip(file_stamps(self.specs), self.stamps) if a != b)
+            raise BadInput(f"{changed}: changed on disk since its LoRAs were set; set them again")
+
+
+def file_stamps(specs: Sequence[lora.LoraSpec]) -> tuple[tuple[str, int, int], ...]:
+    stamps = []
+    for spec in specs:
+        path = Path(spec.path).expanduser().absolute()
+        try:
+            st = path.stat()
+        except OSError:
+            stamps.append((str(path), -1, -1))
+        else:
+            stamps.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
 
 
 def as_specs(loras: Sequence) -> tuple[lora.LoraSpec, ...]:
@@ -53,12 +94,14 @@ def as_specs(loras: Sequence) -> tuple[lora.LoraSpec, ...]:
     return tuple(specs)
 
 
-def plan_for_folder(folder: OutputFolder, loras: Sequence) -> LoraPlan:
+def plan_for_folder(folder: OutputFolder, loras: Sequence, only: str | None = None) -> LoraPlan:
     """Read and check every file against the folder's slots, then combine them: a BadInput names
-    the first file that does not fit, before anything is applied."""
+    the first file that does not fit, before anything is applied. `only`: keep that component's
+    factors alone (every layer is still checked)."""
     specs = as_specs(loras)
     if not specs:
         return LoraPlan()
+    stamps = file_stamps(specs)
     from difflite.runtime import lora_files
     entries = {name: e for name, e in folder.components.items() if e.lora_slots is not None}
     if not entries:
@@ -71,12 +114,15 @@ def plan_for_folder(folder: OutputFolder, loras: Sequence) -> LoraPlan:
     combined = lora_files.combine(per_file, max_rank) if len(per_file) > 1 else per_file[0]
     numbers = {(name, s.module): s.slot for name, entry in entries.items() for s in entry.lora_slots.slots}
     factors: dict[str, dict[int, Pair]] = {}
+    layers: dict[str, int] = {}
     for (component, module), pair in combined.items():
-        down, up = (np.ascontiguousarray(a, dtype=np.float32) for a in (pair.down, pair.up))
-        if not np.any(down) or not np.any(up):
+        if not np.any(pair.down) or not np.any(pair.up):
             continue  # a zero delta (scale 0): exactly no LoRA, nothing to apply
-        factors.setdefault(component, {})[numbers[(component, module)]] = (down, up)
-    return LoraPlan(specs, factors)
+        layers[component] = layers.get(component, 0) + 1
+        if only is None or component == only:
+            down, up = (np.ascontiguousarray(a, dtype=np.float32) for a in (pair.down, pair.up))
+            factors.setdefault(component, {})[numbers[(component, module)]] = (down, up)
+    return LoraPlan(specs, factors, layers, stamps, folder)
 
 
 class SlotFactors:
@@ -85,7 +131,7 @@ class SlotFactors:
 
     def __init__(self, entry: ComponentEntry):
         self.slots = entry.lora_slots
-        self.active: dict[int, Pair] = {}
+        self.active: set[int] = set()  # the slots with a LoRA (their factors live where they are set)
         self._feeds: dict[str, np.ndarray] = {}
         if self.slots is not None and self.slots.form == "inputs":
             self._zero_all()
@@ -99,8 +145,8 @@ class SlotFactors:
         if factors and self.slots is None:
             raise BadInput("this model has no LoRA slots")
         changed: dict[int, Pair | None] = {slot: None for slot in self.active if slot not in factors}
-        changed.update({slot: pair for slot, pair in factors.items() if self.active.get(slot) is not pair})
-        self.active = dict(factors)
+        changed.update(factors)
+        self.active = set(factors)
         if self.form == "inputs":
             for slot, pair in changed.items():
                 self._set_inputs(slot, pair)
