@@ -16,7 +16,8 @@ on `--backend`:
 - memory per state in fresh processes (`--memory-runs`, states interleaved): each loads the text
   encoder and UNet with slots, sets 0, 1 or 3 LoRAs, runs both once, and reports resident memory
   (and GPU memory where nvidia-smi sees the process); what 1 and 3 LoRAs add over 0 is set
-  against the files' bytes. On PoCL (or a phone) the GPU's buffers are the process's memory.
+  against the files' bytes: anonymous resident memory (the model files' mapped pages are page
+  cache) plus GPU memory. On PoCL (or a phone) the GPU's buffers are the process's memory.
 
     python benchmarks/lora.py --work out/lora --rounds 5 --save benchmarks/results/lora_h200_2026-11.json
     python benchmarks/lora.py --work out/lora --model preset:tiny --convert-args "--height 64 --width 64"
@@ -168,7 +169,10 @@ def memory_child(work: Path, backend: str, state: str) -> None:
     unet(**unet_feeds(pipe.folder.components["unet"]))
     spec = pipe.folder.components["text_encoder"].inputs[0]
     text_encoder(**{spec.name: np.zeros(spec.onnx_shape, spec.dtype)})
-    print(json.dumps({**memory_now(), "peak_rss_mib": high_water_mark_mb(), "lora_bytes": pipe.lora_bytes(),
+    from difflite.core.procmem import resident_mb
+
+    print(json.dumps({**memory_now(), "anon_mib": resident_mb()["anon"], "peak_rss_mib": high_water_mark_mb(),
+                      "lora_bytes": pipe.lora_bytes(),
                       "pipeline_held_bytes": pipe.loras.held_bytes(), "backend": pipe.backend}))
 
 
@@ -189,7 +193,9 @@ def memory_states(work: Path, backend: str, runs: int, timeout: float) -> dict:
             rows[state].append(json.loads(done.stdout.strip().splitlines()[-1]))
 
     def total(row: dict) -> float:
-        return row["rss_mib"] + (row["gpu_mib"] or 0)
+        # anonymous resident memory (what the process allocated; the model files' mapped pages are
+        # page cache, evictable and shared) plus the GPU's, where it has its own
+        return row["anon_mib"] + (row["gpu_mib"] or 0)
 
     base = statistics.median(total(r) for r in rows["0 LoRAs"])
     result = {"backend": rows["0 LoRAs"][0]["backend"], "runs": runs, "states": {}}
@@ -197,7 +203,7 @@ def memory_states(work: Path, backend: str, runs: int, timeout: float) -> dict:
         file_bytes = sum((work / f"{name}.safetensors").stat().st_size for name in MEMORY_STATES[state])
         added = [total(r) - base for r in values]
         result["states"][state] = {
-            "rss_mib": summary([r["rss_mib"] for r in values]),
+            "rss_mib": summary([r["rss_mib"] for r in values]), "anon_mib": summary([r["anon_mib"] for r in values]),
             "gpu_mib": summary([r["gpu_mib"] for r in values]) if all(r["gpu_mib"] is not None for r in values) else None,
             "peak_rss_mib": summary([r["peak_rss_mib"] for r in values]),
             "added_mib": summary(added), "file_mib": file_bytes / 2**20,
@@ -207,13 +213,14 @@ def memory_states(work: Path, backend: str, runs: int, timeout: float) -> dict:
 
 
 def report_memory(m: dict) -> None:
-    print(f"| memory, fresh process each ({m['backend']}, {m['runs']} runs) | RSS MiB | GPU MiB | added MiB "
-          f"(range) | LoRA files MiB | added x files |")
-    print("|---|---|---|---|---|---|")
+    print(f"| memory, fresh process each ({m['backend']}, {m['runs']} runs) | RSS MiB | anonymous MiB | GPU MiB "
+          f"| added MiB (range) | LoRA files MiB | added x files |")
+    print("|---|---|---|---|---|---|---|")
     for state, r in m["states"].items():
         gpu = f"{r['gpu_mib']['median']:.0f}" if r["gpu_mib"] else "-"
         ratio = f"{r['added_x_files']['median']:.3f}" if r["added_x_files"] else "-"
-        print(f"| {state} | {r['rss_mib']['median']:.0f} | {gpu} | {r['added_mib']['median']:.1f} "
+        print(f"| {state} | {r['rss_mib']['median']:.0f} | {r['anon_mib']['median']:.0f} | {gpu} | "
+              f"{r['added_mib']['median']:.1f} "
               f"({r['added_mib']['min']:.1f}-{r['added_mib']['max']:.1f}) | {r['file_mib']:.1f} | {ratio} |")
 
 

@@ -106,3 +106,37 @@ def test_nvidia_smi_memory_of_this_process(tmp_path, monkeypatch):
     assert procmem.nvidia_smi_mb(pid=1) == 999 and procmem.nvidia_smi_mb(pid=2) is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert procmem.nvidia_smi_mb() is None
+
+
+FREED_HEAP_CHILD = """
+import ctypes, ctypes.util, json
+from difflite.core import procmem
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+# 64 KiB chunks (below mmap's threshold: heap), each followed by a live 1 KiB one, so that the freed
+# ones cannot merge with each other or with the heap's top, which free() would give back itself
+chunks, pins = [], []
+for _ in range(1024):
+    chunks.append(libc.malloc(64 << 10))
+    pins.append(libc.malloc(1 << 10))
+for chunk in chunks:
+    ctypes.memset(chunk, 1, 64 << 10)
+for chunk in chunks:
+    libc.free(chunk)
+freed = procmem.resident_mb()["anon"]
+given = procmem.return_freed_heap()
+print(json.dumps({"freed": freed, "given_back": procmem.resident_mb()["anon"], "trimmed": given}))
+"""
+
+
+def test_freed_heap_memory_goes_back_to_the_system():
+    """64 MiB of freed heap chunks between live ones stay resident until return_freed_heap (which
+    the runtime calls after set_loras and after a model's first call)."""
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", FREED_HEAP_CHILD], capture_output=True, text=True, check=True)
+    row = json.loads(done.stdout)
+    assert row["trimmed"], "glibc has malloc_trim"
+    assert row["freed"] - row["given_back"] >= 48, row

@@ -20,7 +20,7 @@ from difflite.folder.output_folder import ComponentEntry
 from difflite.folder.schema import SIGNATURE_KEY
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
-from difflite.core.procmem import process_running
+from difflite.core.procmem import process_running, return_freed_heap
 from difflite.runtime.loras import SlotFactors
 
 BACKENDS = ("cpu", "opencl", "litert-gpu")
@@ -204,6 +204,7 @@ class Component:
         self._settings = (custom, precision, threads)
         self.lora = SlotFactors(entry)
         self._lora_source = None  # gives the active LoRAs' factors again (set_lora)
+        self._ran = False
         try:
             self._load(backend, *self._settings)
         except BadInput as exc:
@@ -317,4 +318,9 @@ class Component:
                 raise BadInput(reason) from exc
             self._fall_back(reason)
             outputs = self.runner(**feeds)
+        if not self._ran:
+            # the first call prepared the model (on OpenCL: built its programs); what that freed
+            # stays resident in the heap unless given back
+            self._ran = True
+            return_freed_heap()
         return self.entry.from_file_layout(outputs)

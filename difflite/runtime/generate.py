@@ -66,6 +66,7 @@ from difflite.core.conditioning import (
 from difflite.core.control import controlnet_name
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
+from difflite.core.procmem import return_freed_heap
 from difflite.folder.output_folder import OutputFolder, inpaint_channels
 from difflite.folder.tokenizer import PromptTokenizer, clean_prompt
 from difflite.runtime import inpaint, sdxl
@@ -331,6 +332,8 @@ class LitePipeline:
             for name in applied:
                 self._apply_loras(name, self._components[name])
             raise
+        finally:
+            return_freed_heap()  # the files' float32 read-out: the op library holds the factors now
         self.lora_seconds = time.perf_counter() - start
 
     def lora_bytes(self) -> int:
@@ -340,8 +343,11 @@ class LitePipeline:
     def _apply_loras(self, name: str, component) -> None:
         """Hand `component` its factors (the plan forgets them: the op library's copy is the one
         kept, and the files are read again if this model loads again)."""
-        if component.lora.slots is not None:
-            component.set_lora(self.loras.take(name), source=self.loras.source(name))
+        if component.lora.slots is None:
+            return
+        component.set_lora(self.loras.take(name), source=self.loras.source(name))
+        if self.loras.specs:
+            return_freed_heap()
 
     # -- parts, loaded on first use ------------------------------------------------------------
 
