@@ -600,6 +600,27 @@ def test_opencl_device_faults_fail_cleanly(folders, tmp_path, fault):
     assert "Traceback" not in run.stderr and not target.exists()
 
 
+def test_opencl_trace_names_every_launch_and_changes_nothing(folders, tmp_path):
+    """DIFFLITE_CL_TRACE=1 (cl_loader.cc): every buffer's creation and release and every kernel
+    launch, by kernel name and sizes, on stderr; the picture is the untraced one."""
+    pictures, traces = {}, {}
+    for traced in (False, True):
+        target = tmp_path / f"out_{traced}.png"
+        env = {**os.environ, **({"DIFFLITE_CL_TRACE": "1"} if traced else {})}
+        run = subprocess.run([*difflite_command(), "generate", str(folders[1]), PROMPT, "-o", str(target), "--steps",
+                              "2", "--seed", "3", "--backend", "opencl"], capture_output=True, text=True, cwd=ROOT,
+                             env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        traces[traced] = [line for line in run.stderr.splitlines() if line.startswith("difflite-cl: ")]
+        with Image.open(target) as png:
+            pictures[traced] = np.asarray(png)
+    assert traces[False] == [] and np.array_equal(pictures[True], pictures[False])
+    launches = [line.split()[2] for line in traces[True] if line.split()[1] == "launch"]
+    assert "binary_rows" in launches and "group_norm" in " ".join(launches), sorted(set(launches))
+    kinds = {line.split()[1] for line in traces[True]}
+    assert {"create", "release", "launch"} <= kinds, kinds
+
+
 def test_opencl_fault_mid_run_falls_back_to_the_cpu_picture(folders, lite, tmp_path):
     """A kernel launch failing while the text encoder runs, with --fallback cpu: one warning naming
     the reason, the call and every later model on the CPU backend, and the CPU backend's picture."""

@@ -31,11 +31,24 @@ bool Bind(void* handle, const char* name, F* slot, std::string* missing) {
   return true;
 }
 
-// DIFFLITE_CL_TRACE=1: log every buffer's creation and release on stderr, to find which
-// object a driver crash in clReleaseMemObject is about.
+// DIFFLITE_CL_TRACE=1: log every buffer's creation and release and every kernel launch on
+// stderr (flushed), to find which object a driver crash in clReleaseMemObject is about, or which
+// kernel a driver that aborts on a faulting launch (PoCL's CUDA driver) was running.
 ClApi g_real;
 using GetMemObjectInfoFn = cl_int (*)(cl_mem, cl_mem_info, size_t, void*, size_t*);
 GetMemObjectInfoFn g_mem_info = nullptr;
+
+cl_int TraceEnqueue(cl_command_queue q, cl_kernel k, cl_uint dims, const size_t* offset,
+                    const size_t* global, const size_t* local, cl_uint waits, const cl_event* wait,
+                    cl_event* event) {
+  char name[128] = "?";
+  g_real.GetKernelInfo(k, CL_KERNEL_FUNCTION_NAME, sizeof(name) - 1, name, nullptr);
+  std::fprintf(stderr, "difflite-cl: launch %s global=%zu,%zu,%zu local=%zu,%zu,%zu\n", name, global[0],
+               dims > 1 ? global[1] : 1, dims > 2 ? global[2] : 1, local ? local[0] : 0,
+               local && dims > 1 ? local[1] : 0, local && dims > 2 ? local[2] : 0);
+  std::fflush(stderr);
+  return g_real.EnqueueNDRangeKernel(q, k, dims, offset, global, local, waits, wait, event);
+}
 
 cl_mem TraceCreateBuffer(cl_context c, cl_mem_flags f, size_t n, void* host, cl_int* err) {
   cl_mem m = g_real.CreateBuffer(c, f, n, host, err);
@@ -67,6 +80,7 @@ void InstallTrace(ClApi* api, void* handle) {
   if (env == nullptr || *env == '\0' || *env == '0') return;
   g_real = *api;
   g_mem_info = reinterpret_cast<GetMemObjectInfoFn>(dlsym(handle, "clGetMemObjectInfo"));
+  api->EnqueueNDRangeKernel = &TraceEnqueue;
   api->CreateBuffer = &TraceCreateBuffer;
   api->CreateSubBuffer = &TraceCreateSubBuffer;
   api->ReleaseMemObject = &TraceRelease;
