@@ -69,7 +69,15 @@ if ! { [ -f "$POCL_TGZ" ] && echo "$POCL_SHA256  $POCL_TGZ" | sha256sum -c --qui
   curl -fsSL -o "$POCL_TGZ" "$POCL_URL"
   echo "$POCL_SHA256  $POCL_TGZ" | sha256sum -c --quiet
 fi
-[ -d pocl-$POCL_VER ] || tar xzf "$POCL_TGZ"        # used unmodified
+[ -d pocl-$POCL_VER ] || tar xzf "$POCL_TGZ"
+# One line added to PoCL, its only change: the CUDA driver maps the calls its kernel library leaves
+# to C math functions onto CUDA's libdevice (__nv_*), but its list (mapLibDeviceCalls in
+# pocl-ptx-gen.cc) lacks erf and erfc, so erf(float) stays a call to an undefined erff and the
+# driver's PTX JIT refuses every program with a GELU (cuModuleLoad fails; ptxas: "Unresolved extern
+# function 'erff'"). libdevice has both. Idempotent.
+PTXGEN=pocl-$POCL_VER/lib/CL/devices/cuda/pocl-ptx-gen.cc
+grep -q 'LDMAP("erf")' "$PTXGEN" || sed -i 's/^\( *\)LDMAP("cosh")$/&\n\1LDMAP("erf")\n\1LDMAP("erfc")/' "$PTXGEN"
+grep -q 'LDMAP("erfc")' "$PTXGEN" || { echo "pocl_cuda_build: could not add erf to $PTXGEN" >&2; exit 1; }
 
 # --- 3. configure, build, install --------------------------------------------------------------
 # ENABLE_HOST_CPU_DEVICES=OFF: CUDA only (no CPU driver, no host-CPU kernel libraries to build).

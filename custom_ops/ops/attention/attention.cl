@@ -107,6 +107,10 @@ inline float4 at_ld4(__global const DL_T* p, int d, int n) {
 inline float at_dot4(float4 a, float4 b, float s) {
   return mad(a.w, b.w, mad(a.z, b.z, mad(a.y, b.y, mad(a.x, b.x, s))));
 }
+#ifdef DL_FP16_MATH
+// dot(a, b) of half4, spelled out: PoCL's CUDA kernel library (6.0) has no half dot.
+inline half at_hdot4(half4 a, half4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+#endif
 
 // ---------------------------------------------------------------------------
 // Partially fused softmax.
@@ -175,7 +179,7 @@ inline void at_tile_scores(float s[AT_RQ][AT_BK], __local DL_C4* Qs, __local DL_
 #pragma unroll
         for (int r = 0; r < AT_RQ; ++r) {
 #ifdef DL_FP16_MATH
-          sc[r][u] = dot(qd[r], kd) + sc[r][u];
+          sc[r][u] = at_hdot4(qd[r], kd) + sc[r][u];
 #else
           s[r][u] = at_dot4(qd[r], kd, s[r][u]);
 #endif

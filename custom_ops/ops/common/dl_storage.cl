@@ -62,9 +62,18 @@ inline void dl_store4a_half(__global half* p, float4 v) {
 #define DL_LOAD(p, i) ((float)(p)[i])
 #define DL_STORE(p, i, v) ((p)[i] = (DL_T)(v))
 #define DL_LOAD4(p, i) convert_float4(vload4(0, (p) + (i)))
-#define DL_STORE4(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
 #define DL_LOAD16(p, i) convert_float16(vload16(0, (p) + (i)))
+#ifdef DL_FP16
+// Half's bits are stored as ushortN (p a __global half*): the same store, but PoCL's CUDA kernel
+// library (6.0) has no vstore4 / vstore16 of half, and NVIDIA's PTX JIT refuses the call left to
+// the missing function (cuModuleLoad fails).
+#define DL_STORE4(p, i, v) vstore4(as_ushort4(convert_half4(v)), 0, (__global ushort*)((p) + (i)))
+#define DL_STORE16(p, i, v) \
+  vstore16(as_ushort16(convert_half16(v)), 0, (__global ushort*)((p) + (i)))
+#else
+#define DL_STORE4(p, i, v) vstore4(DL_CAT(convert_, DL_T4)(v), 0, (p) + (i))
 #define DL_STORE16(p, i, v) vstore16(DL_CAT(convert_, DL_T16)(v), 0, (p) + (i))
+#endif
 #define DL_LOAD2A(p, i) convert_float2(*(__global const DL_T2*)((p) + (i)))
 #define DL_LOAD4A(p, i) convert_float4(*(__global const DL_T4*)((p) + (i)))
 #define DL_STORE2A(p, i, v) (*(__global DL_T2*)((p) + (i)) = DL_CAT(convert_, DL_T2)(v))
