@@ -10,14 +10,14 @@ lib/CL/devices/cuda/pocl-ptx-gen.cc) by hand:
      everything but kernels internalized, opt -O3
   -> llc-15 -mtriple=nvptx64-nvidia-cuda -mcpu=sm_XX -mattr=+ptxNN
   -> ptxas -arch=sm_XX (and any further --ptxas-arch).
-Checked against the H200 (driver 580, PoCL at sm_75 / PTX 6.3): in fp16_math mode it fails exactly
+Checked against the H200 (driver 580, PoCL at sm_75 / PTX 6.3): in cl_khr_fp16+math mode it fails exactly
 the programs that failed there at cuModuleLoad (attention, geglu, gelu, conv, elementwise, gemm,
 softmax) and passes the rest. ptxas stops at the first unresolved function; the last column lists
 every `.extern .func` the PTX leaves (PoCL resolves nothing after llc, so any is a load failure).
 On the GPU, POCL_DEBUG=cuda makes PoCL print the JIT's own log (cuModuleLoadDataEx).
 
     python lab/pocl_cuda_ptx_check.py [--pocl /work/pocl-build/install] [--ptxas ptxas]
-        [--programs elementwise,gelu] [--modes fp16_math,fp16,fp32] [--keep DIR] [--show-errors]
+        [--programs elementwise,gelu] [--modes cl_khr_fp16+math,cl_khr_fp16,float] [--keep DIR] [--show-errors]
 """
 from __future__ import annotations
 
@@ -34,13 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-PRELUDE = "#ifdef DL_FP16\n#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n#endif\n#line 1\n"
-MODES = {
-    "fp16_math": "-DDL_T=half -DDL_T4=half4 -DDL_FP16=1 -DDL_FP16_MATH=1",
-    "fp16": "-DDL_T=half -DDL_T4=half4 -DDL_FP16=1",
-    "half_io": "-DDL_T=half -DDL_T4=half4 -DDL_HALF_IO=1",
-    "fp32": "-DDL_T=float -DDL_T4=float4",
-}
+from gpu_build_check import PRELUDE, STORAGE as MODES  # noqa: E402  (the runtime's build options)
 # config.h CUDA_DEVICE_EXTENSIONS plus what pocl-cuda.c adds for PTX 6.0-6.3 on sm <= 75
 EXTENSIONS = ("cl_khr_byte_addressable_store cl_khr_global_int32_base_atomics "
               "cl_khr_global_int32_extended_atomics cl_khr_local_int32_base_atomics "
@@ -170,7 +164,7 @@ def main() -> int:
     ap.add_argument("--ptx", type=int, default=63, help="PoCL's PTX ISA version (6.3 with LLVM 15)")
     ap.add_argument("--ptxas-arch", default="sm_75,sm_90", help="ptxas -arch values, comma separated")
     ap.add_argument("--programs", default="", help="comma separated program stems (default all)")
-    ap.add_argument("--modes", default="fp16_math,fp16,fp32", help=f"of {', '.join(MODES)}")
+    ap.add_argument("--modes", default="cl_khr_fp16+math,cl_khr_fp16,float", help=f"of {', '.join(MODES)}")
     ap.add_argument("--llvm-suffix", default="-15")
     ap.add_argument("--keep", type=Path, default=None, help="write each PTX and ptxas log here")
     ap.add_argument("--show-errors", action="store_true", help="print the first ptxas errors of each failure")
