@@ -6,6 +6,7 @@ All sizes are MB of 2**20 bytes (the kernel reports kB of 1024 bytes)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -81,18 +82,24 @@ def return_freed_heap() -> bool:
     the C library has none. Large short-lived arrays freed in the heap otherwise stay resident:
     after set_loras, 60 MiB of a rank-32 SD 1.5 LoRA's float32 read-out stayed (PoCL, anonymous
     memory, fresh processes; docs/lab-notebook.md)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once (find_library runs ldconfig); None without one."""
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):
-        trim = None
-    if trim is None:
-        return False
-    trim(0)
-    return True
+        return None
 
 
 def larger(a: float | None, b: float | None) -> float | None:

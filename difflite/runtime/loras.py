@@ -62,9 +62,9 @@ class LoraPlan:
         return dict(self.layers)
 
     def _check_unchanged(self) -> None:
-        if file_stamps(self.specs) != self.stamps:
-            changed = next(a[0] for a, b in zip(file_stamps(self.specs), self.stamps) if a != b)
-            raise BadInput(f"{changed}: changed on disk since its LoRAs were set; set them again")
+        for now, then in zip(file_stamps(self.specs), self.stamps):
+            if now != then:
+                raise BadInput(f"{now[0]}: changed on disk since its LoRAs were set; set them again")
 
 
 def file_stamps(specs: Sequence[lora.LoraSpec]) -> tuple[tuple[str, int, int], ...]:
