@@ -46,6 +46,41 @@ def mixed(tmp_path_factory) -> Path:
     return out
 
 
+# -- the mix in the forward ------------------------------------------------------------------
+def test_stored_weights_hold_one_layers_copy_at_a_time_and_give_the_mix():
+    """A mix is measured with each layer's stored weight built as it runs: the output is the one
+    with every weight replaced at once (functional_call, what the recipe did before), at most one
+    layer holds a replacement at any time, and every original tensor is back afterwards, also when
+    the forward raises."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.SiLU(),
+                                torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Flatten(),
+                                torch.nn.Linear(64 * 16, 64)).eval()
+    quant = quantize.WeightQuantization("int4", min_elements=1)
+    layers = [weight_recipe.Layer(f"{i}.weight", model[i], quant) for i in (0, 2, 4)]
+    widths = {"0.weight": "int4", "2.weight": "int8", "4.weight": "int4"}
+    originals = {layer.name: layer.module.weight.data_ptr() for layer in layers}  # .data is a new object each time
+    x = torch.randn(2, 64, 4, 4)
+    with torch.no_grad():
+        want = torch.func.functional_call(model, {layer.name: layer.weight_at(widths[layer.name], 32)
+                                                  for layer in layers}, (x,), strict=False)
+    swapped_at_once = []
+
+    def count(module, args):  # registered after the swap's own pre-hook, so it runs after it
+        swapped_at_once.append(sum(layer.module.weight.data_ptr() != originals[layer.name] for layer in layers))
+    with torch.no_grad(), weight_recipe.stored_weights(layers, widths, 32):
+        counters = [layer.module.register_forward_pre_hook(count) for layer in layers]
+        got = model(x)
+    for hook in counters:
+        hook.remove()
+    assert torch.equal(got, want)
+    assert swapped_at_once == [1, 1, 1]
+    assert all(layer.module.weight.data_ptr() == originals[layer.name] for layer in layers)
+    with pytest.raises(RuntimeError), torch.no_grad(), weight_recipe.stored_weights(layers, widths, 32):
+        model(torch.randn(2, 32, 4, 4))  # the first conv raises with its weight swapped in
+    assert all(layer.module.weight.data_ptr() == originals[layer.name] for layer in layers)
+
+
 # -- layers by digest ------------------------------------------------------------------------
 def test_digest_maps_torch_layouts_to_the_writers():
     """A torch Linear [out, in] is the writer's [N, K] and a Conv2d [O, I, kh, kw] its OHWI: the
@@ -332,8 +367,8 @@ def test_sweep_runs_once_a_layer_and_scales_the_high_width_from_the_weights_erro
               if layer.fixed is None]
     assert len(layers) >= 4
     for layer in layers[:4]:
-        low = probe.error({layer.name: layer.weight_at("int4", 32)})
-        high = probe.error({layer.name: layer.weight_at("int8", 32)})
+        low = probe.error([layer], {layer.name: "int4"}, 32)
+        high = probe.error([layer], {layer.name: "int8"}, 32)
         estimate = low * layer.noise_ratio("int8", "int4", 32)
         measured_db, estimated_db = probe.relative_db(high), probe.relative_db(estimate)
         assert abs(measured_db - estimated_db) < 3.0, (layer.name, measured_db, estimated_db)

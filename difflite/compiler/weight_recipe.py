@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,38 @@ class Layer:
         return power[high] / power[low] if power[low] > 0 else 0.0
 
 
+@contextmanager
+def stored_weights(layers: list[Layer], widths: dict[str, str], block: int) -> Iterator[None]:
+    """Within: each layer's weight is what the file stores at `widths[name]`, built when the layer
+    runs and dropped when it returns, so one layer's copy exists at a time (all of the SDXL UNet's
+    at once were ~10 GB of float32 beside the loaded pipeline: issue 32's int8 conversion ran out
+    of memory)."""
+    saved: dict[int, torch.Tensor] = {}
+
+    def swap_in(layer: Layer, width: str):
+        def hook(module, args):
+            replacement = layer.weight_at(width, block)
+            saved[id(module)] = module.weight.data
+            module.weight.data = replacement
+        return hook
+
+    def swap_back(module, args, output):
+        module.weight.data = saved.pop(id(module))
+
+    hooks = []
+    try:
+        for layer in layers:
+            hooks.append(layer.module.register_forward_pre_hook(swap_in(layer, widths[layer.name])))
+            hooks.append(layer.module.register_forward_hook(swap_back))
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for layer in layers:  # a forward that raised leaves its layer swapped
+            if id(layer.module) in saved:
+                layer.module.weight.data = saved.pop(id(layer.module))
+
+
 def used_layers(module: torch.nn.Module, inputs: tuple) -> list[tuple[str, torch.nn.Module]]:
     """The nn.Linear / nn.Conv2d (groups 1) submodules one forward on `inputs` calls, in module
     order (the VAE decoder's wrapper holds the encoder too)."""
@@ -205,10 +238,10 @@ class Probes:
         per_output = [(o ** 2).reshape(self.count, -1).sum(dim=1) for o in outputs]
         return torch.stack(per_output, dim=1).reshape(-1).numpy()
 
-    def error(self, weights: dict[str, torch.Tensor]) -> np.ndarray:
-        """Error power per (probe, output) with `weights` (name -> tensor) in place of the module's."""
-        with torch.no_grad():
-            got = outputs_of(torch.func.functional_call(self.module, weights, self.inputs, strict=False))
+    def error(self, layers: list[Layer], widths: dict[str, str], block: int) -> np.ndarray:
+        """Error power per (probe, output) with each of `layers` stored at its width in `widths`."""
+        with torch.no_grad(), stored_weights(layers, widths, block):
+            got = outputs_of(self.module(*self.inputs))
         self.runs += 1
         return self._powers([g.to(torch.float64) - r for g, r in zip(got, self.reference)])
 
@@ -276,10 +309,6 @@ def predict_db(probes: Probes, layers: list[Layer], errors: dict, widths: dict[s
     return probes.snr_db(total)
 
 
-def mix_weights(layers: list[Layer], widths: dict[str, str], block: int) -> dict[str, torch.Tensor]:
-    return {layer.name: layer.weight_at(widths[layer.name], block) for layer in layers}
-
-
 def compute(pipe, component: str, quant: quantize.WeightQuantization, height: int, width: int,
             target_db: float | None = None, probes: int = DEFAULT_PROBES,
             margin_db: float = DEFAULT_MARGIN_DB, log: Callable[[str], None] = lambda message: None,
@@ -302,7 +331,7 @@ def compute(pipe, component: str, quant: quantize.WeightQuantization, height: in
     # Every layer at the low width first (one forward run): where that already meets the goal
     # (SD 1.5's UNet at int8), the per-layer sweep (two runs a layer) would only confirm it.
     widths = {layer.name: layer.fixed or low for layer in layers}
-    measured = probe.snr_db(probe.error(mix_weights(layers, widths, block))) if layers else math.inf
+    measured = probe.snr_db(probe.error(layers, widths, block)) if layers else math.inf
     predicted = measured
     rounds = [{f"{high}_layers": 0, "predicted_snr_db": None, "measured_snr_db": db(measured)}]
     chosen: set = set()
@@ -310,13 +339,13 @@ def compute(pipe, component: str, quant: quantize.WeightQuantization, height: in
         base = np.zeros_like(probe.signal)
         for layer in layers:
             if layer.fixed:
-                errors[layer.name] = {"int8": probe.error({layer.name: layer.weight_at("int8", block)})}
+                errors[layer.name] = {"int8": probe.error([layer], {layer.name: "int8"}, block)}
                 base = base + errors[layer.name]["int8"]
                 continue
             # One run a layer, at the low width; the high width's error is scaled from it by the
             # weight's rounding error (the mix is measured below, so an estimate off by a little
             # costs a promotion round, not quality).
-            error = probe.error({layer.name: layer.weight_at(low, block)})
+            error = probe.error([layer], {layer.name: low}, block)
             errors[layer.name] = {low: error, high: error * layer.noise_ratio(high, low, block)}
         costs = {layer.name: layer.bytes[high] - layer.bytes[low] for layer in free}
         free_errors = {layer.name: errors[layer.name] for layer in free}
@@ -324,7 +353,7 @@ def compute(pipe, component: str, quant: quantize.WeightQuantization, height: in
         while True:
             widths = {layer.name: layer.fixed or (high if layer.name in chosen else low) for layer in layers}
             predicted = predict_db(probe, layers, errors, widths)
-            measured = probe.snr_db(probe.error(mix_weights(layers, widths, block))) if layers else math.inf
+            measured = probe.snr_db(probe.error(layers, widths, block)) if layers else math.inf
             rounds.append({f"{high}_layers": sum(w == high for w in widths.values()),
                            "predicted_snr_db": db(predicted), "measured_snr_db": db(measured)})
             if measured >= goal or len(chosen) == len(free) or len(rounds) > MAX_ROUNDS:
@@ -463,8 +492,7 @@ def apply(pipe, component: str, recipe: dict, quant: quantize.WeightQuantization
     for layer in layers:
         width = wanted.get(layer.digest, low)
         widths[layer.name] = "int8" if layer.fixed and width == "int4" else width
-    measured = probe.snr_db(probe.error(
-        {layer.name: layer.weight_at(widths[layer.name], quant.block) for layer in layers})) if layers else math.inf
+    measured = probe.snr_db(probe.error(layers, widths, quant.block)) if layers else math.inf
     by_digest = {entry["digest"]: entry for entry in recipe["layers"]}
     applied = dict(recipe)
     complete = len(matched) == len(layers) and len({layer.digest for layer in matched}) == len(wanted)
