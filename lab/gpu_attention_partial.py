@@ -99,7 +99,7 @@ def main() -> int:
         for bound in bounds:
             label = f"gemm {bound / (1 << 20):g}MiB"
             run(label, gemm_plan, bound)
-            chunk = attention_chunk_rows(n, heads, lq, lk, d, d, es, r.base_align, bound)
+            chunk = attention_chunk_rows(n, heads, lq, lk, es, bound)
             notes[label] = f"{ceil_div(lq, chunk)} chunk(s) of {chunk} rows"
         flash = attention_plan(d, d, "auto", r.local_mem, flat=False, max_wg=r.max_wg, shape=(n, lq, lk, heads),
                                compute_units=r.compute_units, flash_in_registers=r.flash_in_registers(d, d))

@@ -10,6 +10,10 @@ tolerances)."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,8 +67,7 @@ def test_delegate_attention_gemm(tmp_path, opencl_lib, monkeypatch, runner, laun
     heads = CASES[case][3]
     assert rel_err(out, attention_ref(q, k, v, heads, scale, causal)) < TOL
     n, lq, lk, _, dk, dv, _, bound = CASES[case]
-    rows = launch.attention_chunk_rows(n, heads, lq, lk, dk, dv, 4, runner.base_align,
-                                       bound * 4 if bound else launch.SCORES_BYTES)
+    rows = launch.attention_chunk_rows(n, heads, lq, lk, 4, bound * 4 if bound else launch.SCORES_BYTES)
     if bound:
         assert rows < lq and rows % 64 == 0
     # S and O' of a chunk (O' only at N > 1), plus the GEMMs' split-K partials (slot 2)
@@ -109,6 +112,41 @@ def test_delegate_attention_recompute(tmp_path, opencl_lib, monkeypatch):
     assert stats["scratch_bytes"] == 8 * n * heads * lq
 
 
+CHILD = """
+import sys
+import numpy as np
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from support.opencl_helpers import run_delegate
+from test_op_attention import qkv_inputs
+q, k, v = qkv_inputs(np.random.default_rng(1), 1, 150, 150, 1, 512, 512)
+out, _ = run_delegate(Path({work!r}), Path({lib!r}), "difflite.Attention",
+                      {{"heads": 1, "scale": 0.05, "causal": False, "variant": "partial_softmax"}},
+                      [("q", q, False), ("k", k, False), ("v", v, False)], (1, 150, 512), [q, k, v], kernels="tiled")
+np.save({work!r} + "/out.npy", out)
+np.save({work!r} + "/qkv.npy", np.stack([q, k, v]))
+"""
+
+
+def test_delegate_attention_gemm_chunks_make_no_sub_buffer(tmp_path, opencl_lib):
+    """Each chunk's GEMMs read q and write o from the chunk's first row (builtin::GemmRows): the
+    driver trace (DIFFLITE_CL_TRACE=1, in a child process: the trace is installed when the
+    library loads) shows the chunked GEMMs and no clCreateSubBuffer at all (PoCL's CUDA driver
+    crashed on the sub-buffers the chunks used to take), and the output is right."""
+    env = {**os.environ, "DIFFLITE_CL_TRACE": "1", "DIFFLITE_ATTN_KERNEL": "partial",
+           "DIFFLITE_ATTN_SCORES_BYTES": str(64 * 150 * 4)}  # 3 chunks: 64, 64, 22 rows
+    code = CHILD.format(tests=str(Path(__file__).parent), work=str(tmp_path), lib=str(opencl_lib))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    trace = [line.split() for line in run.stderr.splitlines() if line.startswith("difflite-cl: ")]
+    launches = [t[2] for t in trace if t[1] == "launch"]
+    assert launches.count("attn_softmax_rows") == 3, launches
+    assert sum(name.startswith("gemm") for name in launches) >= 6, launches
+    assert [t for t in trace if t[1] == "sub"] == []
+    q, k, v = np.load(tmp_path / "qkv.npy")
+    assert rel_err(np.load(tmp_path / "out.npy"), attention_ref(q, k, v, 1, 0.05, False)) < TOL
+
+
 def test_delegate_attention_bad_scores_bytes(tmp_path, opencl_lib, monkeypatch):
     monkeypatch.setenv("DIFFLITE_ATTN_SCORES_BYTES", "lots")
     monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "partial")
@@ -138,7 +176,7 @@ def test_harness_attention_gemm(runner, launch, case):
     o = runner.empty((n, lq, heads * dv))
     events = runner.attention(runner.upload(q), runner.upload(k), runner.upload(v), o, n, lq, lk, heads, dk, dv,
                               scale, causal, plan=plan, scores_bytes=bound * 4 if bound else None)
-    chunks = math.ceil(lq / launch.attention_chunk_rows(n, heads, lq, lk, dk, dv, 4, runner.base_align,
+    chunks = math.ceil(lq / launch.attention_chunk_rows(n, heads, lq, lk, 4,
                                                        bound * 4 if bound else launch.SCORES_BYTES))
     assert chunks > 1 or not bound
     assert len(events) >= 3 * chunks

@@ -109,27 +109,28 @@ def test_plans_mirror_cxx(launch):
                  "qk.c_bs = rows * lk_;", "pv.a_sm = lk_, pv.a_sk = 1, pv.b_sk = h * dv_, pv.b_sn = 1;",
                  "pv.a_bs = {h * rows * lk_, rows * lk_};", "pv.b_bs = {lk_ * h * dv_, dv_};",
                  "pv.ldc = n_ == 1 ? h * dv_ : dv_;", "pv.c_bs = n_ == 1 ? dv_ : rows * dv_;",
-                 "if (fit >= lq) return lq;", "quantum = std::lcm(quantum, a / std::gcd(a, width));",
-                 "const int64_t rows = std::max(quantum, fit / quantum * quantum);",
+                 "if (fit >= lq) return lq;",
+                 "std::max<int64_t>(kChunkRowQuantum, fit / kChunkRowQuantum * kChunkRowQuantum);",
+                 "builtin::GemmRows{m0, 0});", "builtin::GemmRows{0, m0});",
                  "{Arg(s), Arg(r), Arg(lk), Arg(m0c), Arg(scale), Arg(causal)}",
                  "{Arg(ob), Arg(o), Arg(r), Arg(lq), Arg(m0c), Arg(heads), Arg(dv)}"):
         assert line in src, line
     for line in ("a_sm=heads * dk, a_sk=1, b_sk=1, b_sn=heads * dk, ldc=lk,",
-                 "bdims=(n, heads), a_bs=(lq * heads * dk, dk), b_bs=(lk * heads * dk, dk),", "c_bs=rows * lk)",
+                 "bdims=(n, heads), a_bs=(lq * heads * dk, dk), b_bs=(lk * heads * dk, dk),",
+                 "c_bs=rows * lk, a_row=m0)","ldc=heads * dv, c_bs=dv, c_row=m0, **pv)",
                  "pv = dict(a_sm=lk, a_sk=1, b_sk=heads * dv, b_sn=1, bdims=(n, heads),",
                  "a_bs=(heads * rows * lk, rows * lk), b_bs=(lk * heads * dv, dv))",
-                 "ldc=heads * dv, c_bs=dv, **pv)", "ldc=dv, c_bs=rows * dv, **pv)",
+                 "ldc=dv, c_bs=rows * dv, **pv)",
                  "s, i32(rows), i32(lk), i32(m0),",
                  "ob, o, i32(rows), i32(lq), i32(m0), i32(heads), i32(dv)",
-                 "quantum = lcm(quantum, a // gcd(a, heads * d * elem))",
-                 "rows = max(quantum, fit // quantum * quantum)"):
+                 "rows = max(CHUNK_ROW_QUANTUM, fit // CHUNK_ROW_QUANTUM * CHUNK_ROW_QUANTUM)"):
         assert line in harness_src(launch), line
     # GemmChunkRows's rule, spot-checked: S of all rows fits; else multiples of 64 rows within the bound.
-    assert launch.attention_chunk_rows(2, 8, 4096, 77, 40, 40, 2, 512) == 4096
-    assert launch.attention_chunk_rows(2, 8, 4096, 4096, 40, 40, 2, 512) == 128
-    assert launch.attention_chunk_rows(1, 1, 4096, 4096, 512, 512, 2, 512) == 2048
-    assert launch.attention_chunk_rows(1, 1, 150, 150, 512, 512, 4, 128, 64 * 150 * 4) == 64
-    assert launch.attention_chunk_rows(1, 1, 150, 150, 512, 512, 4, 128, 10) == 64  # at least 64 rows
+    assert launch.attention_chunk_rows(2, 8, 4096, 77, 2) == 4096
+    assert launch.attention_chunk_rows(2, 8, 4096, 4096, 2) == 128
+    assert launch.attention_chunk_rows(1, 1, 4096, 4096, 2) == 2048
+    assert launch.attention_chunk_rows(1, 1, 150, 150, 4, 64 * 150 * 4) == 64
+    assert launch.attention_chunk_rows(1, 1, 150, 150, 4, 10) == 64  # at least 64 rows
     # Winograd's GEMM: builtin::Gemm with gemm.cc's tile candidates.
     gemm = (ROOT / "custom_ops" / "builtins" / "matmul" / "gemm.cc").read_text()
     wanted = ["if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true});",

@@ -402,21 +402,14 @@ def attention_splits(items: int, lk: int, causal: bool, compute_units: int, *, f
     return splits
 
 
-def attention_chunk_rows(n: int, heads: int, lq: int, lk: int, dk: int, dv: int, elem: int, align: int,
-                         bound: int = SCORES_BYTES) -> int:
+def attention_chunk_rows(n: int, heads: int, lq: int, lk: int, elem: int, bound: int = SCORES_BYTES) -> int:
     """Query rows per chunk of the GEMM path (attention_opencl.cc: GemmChunkRows): all of lq where S of
     all rows (n * heads * lk elements of `elem` bytes a row) fits `bound`; else the most rows within
-    it that are a multiple of CHUNK_ROW_QUANTUM and keep each chunk's offsets into q and o multiples of
-    `align` bytes (the device's base address alignment: sub-buffers), at least one such multiple."""
-    from math import gcd, lcm
+    it that are a multiple of CHUNK_ROW_QUANTUM, at least one quantum."""
     fit = bound // max(n * heads * lk * elem, 1)
     if fit >= lq:
         return lq
-    quantum = CHUNK_ROW_QUANTUM
-    a = max(align, 1)
-    for d in (dk, dv):
-        quantum = lcm(quantum, a // gcd(a, heads * d * elem))
-    rows = max(quantum, fit // quantum * quantum)
+    rows = max(CHUNK_ROW_QUANTUM, fit // CHUNK_ROW_QUANTUM * CHUNK_ROW_QUANTUM)
     return lq if rows >= lq else rows
 
 
@@ -575,7 +568,6 @@ class Runner:
         self.compute_units = int(self.device.max_compute_units)
         self.local_mem = int(self.device.local_mem_size)
         self.max_wg = int(self.device.max_work_group_size)
-        self.base_align = max(int(self.device.mem_base_addr_align) // 8, 4)  # sub-buffer offsets (bytes)
         self.flat = not self.device.type & cl.device_type.GPU  # kernels=auto: tiled kernels on GPUs only
         self._programs: dict[tuple[str, str], cl.Program] = {}
         self._scratch: dict[int, cl.Buffer] = {}
@@ -852,7 +844,7 @@ class Runner:
         """AttentionGpu::ScratchBytes of the GEMM path: S and (N > 1) O' of a full chunk, plus the
         largest split-K partials of its GEMMs (the tile PickTile takes here, split_k)."""
         es = np.dtype(self.storage).itemsize
-        rows_c = attention_chunk_rows(n, heads, lq, lk, dk, dv, es, self.base_align, scores_bytes)
+        rows_c = attention_chunk_rows(n, heads, lq, lk, es, scores_bytes)
         split = 0
         for rows in {rows_c, lq % rows_c or rows_c}:
             for m, nn, k, a_kmajor, b_kmajor in ((rows, lk, dk, True, True), (rows, dv, lk, True, False)):
@@ -867,11 +859,11 @@ class Runner:
                         scale: float, causal: bool, scores_bytes: int) -> list[cl.Event]:
         """The partial softmax as GEMMs (AttentionGpu::RunGemm), chunk by chunk of query rows:
         S [n][h][rows][lk] = q k^T (scratch SCORES_SLOT), attn_softmax_rows in place, then O = P v into
-        o (n = 1: a sub-buffer at the chunk's rows) or into O' [n][h][rows][dv] (SPLIT_SLOT) and
-        attn_scatter_rows."""
+        o (n = 1: from the chunk's first row) or into O' [n][h][rows][dv] (SPLIT_SLOT) and
+        attn_scatter_rows; q's chunk is read from its first row too (no sub-buffers)."""
         es = np.dtype(self.storage).itemsize
         i32, f32 = np.int32, np.float32
-        rows_c = attention_chunk_rows(n, heads, lq, lk, dk, dv, es, self.base_align, scores_bytes)
+        rows_c = attention_chunk_rows(n, heads, lq, lk, es, scores_bytes)
         s = self.scratch(n * heads * rows_c * lk * es, SCORES_SLOT)
         ob = self.scratch(n * heads * rows_c * dv * es, SPLIT_SLOT) if n > 1 else None
         smw = self.softmax_group()
@@ -879,19 +871,15 @@ class Runner:
         events = []
         for m0 in range(0, lq, rows_c):
             rows = min(rows_c, lq - m0)
-            q_off = m0 * heads * dk * es
-            qa = q if q_off == 0 else q.get_sub_region(q_off, n * lq * heads * dk * es - q_off)
-            events += self.gemm(qa, k, s, rows, lk, dk, a_sm=heads * dk, a_sk=1, b_sk=1, b_sn=heads * dk, ldc=lk,
+            events += self.gemm(q, k, s, rows, lk, dk, a_sm=heads * dk, a_sk=1, b_sk=1, b_sn=heads * dk, ldc=lk,
                                 bdims=(n, heads), a_bs=(lq * heads * dk, dk), b_bs=(lk * heads * dk, dk),
-                                c_bs=rows * lk)
+                                c_bs=rows * lk, a_row=m0)
             events.append(self.launch(softmax, (smw, n * heads * rows), (smw, 1), s, i32(rows), i32(lk), i32(m0),
                                       f32(scale), i32(causal)))
             pv = dict(a_sm=lk, a_sk=1, b_sk=heads * dv, b_sn=1, bdims=(n, heads),
                       a_bs=(heads * rows * lk, rows * lk), b_bs=(lk * heads * dv, dv))
             if n == 1:
-                o_off = m0 * heads * dv * es
-                oc = o if o_off == 0 else o.get_sub_region(o_off, rows * heads * dv * es)
-                events += self.gemm(s, v, oc, rows, dv, lk, ldc=heads * dv, c_bs=dv, **pv)
+                events += self.gemm(s, v, o, rows, dv, lk, ldc=heads * dv, c_bs=dv, c_row=m0, **pv)
                 continue
             events += self.gemm(s, v, ob, rows, dv, lk, ldc=dv, c_bs=rows * dv, **pv)
             events.append(self.launch(self.kernel("attention", "attn_scatter_rows"),
@@ -935,11 +923,13 @@ class Runner:
 
     def gemm(self, a, b, c, m: int, n: int, k: int, a_sm: int, a_sk: int, b_sk: int, b_sn: int, ldc: int,
              bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None, tile: GemmTile | None = None,
-             quads: tuple[bool, bool] | None = None, accumulate: bool = False) -> list[cl.Event]:
+             quads: tuple[bool, bool] | None = None, accumulate: bool = False, a_row: int = 0,
+             c_row: int = 0) -> list[cl.Event]:
         """The backend's tiled GEMM as gemm.cc's Gemm::Init / Run launch it on a GPU (tile, operand
         layouts, split-K): C[b][m][n] = A(b,m,k) B(b,k,n) (+ bias) (+ C[b][m][n] where `accumulate`:
         GemmShape::accumulate, never split) with element strides. `tile` forces a tile
-        (DIFFLITE_GEMM_TILE); `quads` (A, B) turns quad staging off where False."""
+        (DIFFLITE_GEMM_TILE); `quads` (A, B) turns quad staging off where False. `a_row` / `c_row`:
+        A's and C's first row (gemm.h: GemmRows; each a multiple of 4 elements in)."""
         extra = " -DGEMM_ACC=1" if accumulate else ""
         a_kmajor, b_kmajor = a_sk == 1, b_sk == 1 and b_sn != 1
         # gemm.cc: no quads with half storage and B n-major
@@ -965,9 +955,10 @@ class Runner:
                               a, b, bias, out, i32(m), i32(n), i32(k), i32(a_sm), i32(a_sk), i32(b_sk), i32(b_sn),
                               i32(n if splits > 1 else ldc), int4(*([1] * pad), *bdims),
                               int4(*([0] * pad), *a_bs), int4(*([0] * pad), *b_bs),
-                              i32(m * n if splits > 1 else c_bs), i32(bias is not None and splits == 1))]
+                              i32(m * n if splits > 1 else c_bs), i32(bias is not None and splits == 1),
+                              i32(a_row * a_sm), i32(0 if splits > 1 else c_row * ldc))]
         if splits > 1:
-            events.append(self._splitk_sum(out, bias, c, m, n, ldc, c_bs, batches, splits))
+            events.append(self._splitk_sum(out, bias, c, m, n, ldc, c_bs, batches, splits, c_row * ldc))
         return events
 
     def _cached_kernel(self, path: Path, name: str, opts: str) -> cl.Kernel:
@@ -977,12 +968,12 @@ class Runner:
         return self._kernels[key]
 
     def _splitk_sum(self, partials, bias, c, m: int, n: int, ldc: int, c_bs: int, batches: int,
-                    splits: int) -> cl.Event:
+                    splits: int, c_base: int = 0) -> cl.Event:
         """gemm.cl's splitk_sum (gemm.cc: SplitKSum::Run)."""
         i32 = np.int32
         return self.launch(self._cached_kernel(GEMM_CL, "splitk_sum", ""), (round_up(n, 64), m, batches),
                            (64, 1, 1), partials, bias, c, i32(m), i32(n), i32(ldc), i32(c_bs), i32(splits),
-                           i32(bias is not None))
+                           i32(bias is not None), i32(c_base))
 
     def conv3x3(self, x, w_ohwi, bias, y, n: int, h: int, w: int, cin: int, cout: int,
                 tile: GemmTile | None = None) -> list[cl.Event]:

@@ -65,7 +65,7 @@ cl_mem SplitK::Target(GpuContext& ctx, cl_mem c, std::string* error) const {
 }
 
 std::string SplitK::Sum(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m, int n,
-                        int ldc, int c_bs, int batches, const char* label) const {
+                        int ldc, int c_bs, int batches, const char* label, int c_base) const {
   if (splits_ == 1) return "";
   std::string e = Args()
                       .Mem(partials)
@@ -77,6 +77,7 @@ std::string SplitK::Sum(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c,
                       .Int(c_bs)
                       .Int(splits_)
                       .Int(bias != nullptr ? 1 : 0)
+                      .Int(c_base)
                       .Set(ctx.cl(), sum_);
   if (!e.empty()) return e;
   const size_t local[3] = {std::min<size_t>(64, ctx.KernelWorkGroupSize(sum_)), 1, 1};
@@ -269,8 +270,15 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
 }
 
 std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
-                      const char* label, cl_mem b_scales) const {
+                      const char* label, cl_mem b_scales, GemmRows rows) const {
   if (s_.wq.on() && b_scales == nullptr) return "a quantized weight without its scales";
+  const int64_t a_base = static_cast<int64_t>(rows.a) * s_.a_sm;
+  const int64_t c_base = static_cast<int64_t>(rows.c) * s_.ldc;
+  if (a_base < 0 || c_base < 0 || a_base > kMaxIndex || c_base > kMaxIndex ||
+      ((a_base | c_base) & 3) != 0) {
+    return "GEMM row starts " + std::to_string(rows.a) + "/" + std::to_string(rows.c) +
+           " are not 4-element aligned offsets";
+  }
   if (transpose_b_) {
     std::string err;
     cl_mem t = ctx.Scratch(b_scratch_bytes_, 0, &err);
@@ -283,7 +291,7 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
   if (skinny_) {
     Args args;
     args.Mem(a).Mem(b).Mem(bias).Mem(c).Int(s_.n).Int(s_.k).Int(s_.a_sm).Int(s_.b_sn)
-        .Int(s_.ldc).Int(has_bias ? 1 : 0);
+        .Int(s_.ldc).Int(has_bias ? 1 : 0).Int(static_cast<int>(a_base)).Int(static_cast<int>(c_base));
     std::string e = s_.wq.AppendArgs(args, b_scales).Set(ctx.cl(), kernel_);
     if (!e.empty()) return e;
     const size_t local[1] = {kSkinnyGroup};
@@ -299,7 +307,8 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
   args.Mem(a).Mem(b).Mem(bias).Mem(out).Int(s_.m).Int(s_.n).Int(s_.k).Int(s_.a_sm)
       .Int(s_.a_sk).Int(s_.b_sk).Int(s_.b_sn).Int(split ? s_.n : s_.ldc).Int4(s_.bdims, 1)
       .Int4(s_.a_bs).Int4(s_.b_bs).Int(split ? s_.m * s_.n : s_.c_bs)
-      .Int(has_bias && !split ? 1 : 0);
+      .Int(has_bias && !split ? 1 : 0).Int(static_cast<int>(a_base))
+      .Int(split ? 0 : static_cast<int>(c_base));  // split: dense partial planes first
   e = s_.wq.AppendArgs(args, b_scales).Set(ctx.cl(), kernel_);
   if (!e.empty()) return e;
   if (flat_) {
@@ -317,7 +326,7 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
   e = ctx.Enqueue(kernel_, 3, global, local, label);
   if (!e.empty()) return e;
   return split_.Sum(ctx, out, has_bias ? bias : nullptr, c, s_.m, s_.n, s_.ldc, s_.c_bs, batches_,
-                    label);
+                    label, static_cast<int>(c_base));
 }
 
 }  // namespace difflite::gpu::builtin

@@ -3,6 +3,9 @@
 // accumulation, operands in DL_T storage with arbitrary element strides:
 //   A(b,m,k) = A[a_off(b) + m*a_sm + k*a_sk], B(b,k,n) = B[b_off(b) + k*b_sk + n*b_sn]
 //   C[b*c_bs + m*ldc + n]
+// a_base / c_base (elements, multiples of 4) move A and C to a window of rows (the attention's
+// query-row chunks) without a sub-buffer: one driver call less per chunk, and no sub-buffer
+// alignment rule on the chunk.
 // A work-group of (TN/WN) x (TM/WM) items computes a TM x TN tile of C,
 // walking K in TK-deep slices staged in local memory; each item owns WM x WN
 // outputs (rows ty + i*TY, cols tx + j*TX, so stores are coalesced along n).
@@ -56,7 +59,9 @@ inline int batch_offset(int batch, int4 bdims, int4 strides) {
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
-          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias) {
+          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base, int c_base) {
+  A += a_base;
+  C += c_base;
   __local float As[TK][TM + 1];
   __local float Bs[TK][TN + 1];
   TILE_ITEM(tx, ty, tid, n0, m0);
@@ -217,7 +222,10 @@ inline void stage_quad(__local DL_C* t, int ld, int buf, int kk, int rc, float4 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
-          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias DL_WQ_PARAMS) {
+          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base,
+          int c_base DL_WQ_PARAMS) {
+  A += a_base;
+  C += c_base;
   __local DL_C4 As[2][TK][LDA / 4];
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
@@ -260,7 +268,7 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
   }
 
   __global DL_T* Cb = C + (split * batches + batch) * c_bs;
-  const bool vec_c = ((ldc | c_bs) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
+  const bool vec_c = ((ldc | c_bs | c_base) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
   VT_STORE(acc, bias, has_bias, M, N, vec_c, Cb + m * ldc);
 }
 #endif  // VEC
@@ -269,7 +277,9 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
 // P[s][b][m][n] (dense [M][N] planes, batch-major within a split) + bias[n].
 // One item per element of C; global (N, M, batches).
 __kernel void splitk_sum(__global const DL_T* P, __global const DL_T* bias, __global DL_T* C,
-                         int M, int N, int ldc, int c_bs, int splits, int has_bias) {
+                         int M, int N, int ldc, int c_bs, int splits, int has_bias,
+                         int c_base) {
+  C += c_base;
   const int n = get_global_id(0);
   const int m = get_global_id(1);
   const int batch = get_global_id(2);
@@ -299,7 +309,10 @@ __kernel void splitk_sum(__global const DL_T* P, __global const DL_T* bias, __gl
 __kernel void gemm_rows(__global const DL_T* A, DL_ROWS_B_PTR B,
                         __global const DL_T* bias, __global DL_T* C, int M, int N, int K,
                         int a_sm, int a_sk, int b_sk, int b_sn, int ldc, int4 bdims,
-                        int4 a_bs, int4 b_bs, int c_bs, int has_bias DL_WQ_PARAMS) {
+                        int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base,
+                        int c_base DL_WQ_PARAMS) {
+  A += a_base;
+  C += c_base;
   const int n0 = get_global_id(0) * 16;
   const int m0 = get_global_id(1) * RM;
   const int batch = get_global_id(2);
@@ -376,7 +389,9 @@ __kernel void gemm_rows(__global const DL_T* A, DL_ROWS_B_PTR B,
 __kernel __attribute__((reqd_work_group_size(SK_WG, 1, 1)))
 void gemm_skinny(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
                  __global DL_T* C, int N, int K, int a_sm, int b_sn, int ldc,
-                 int has_bias DL_WQ_PARAMS) {
+                 int has_bias, int a_base, int c_base DL_WQ_PARAMS) {
+  A += a_base;
+  C += c_base;
   __local float red[SK_WG][SK_M * SK_NC + 1];
   const int t = get_local_id(0);
   const int n0 = get_group_id(0) * SK_NC;

@@ -94,9 +94,9 @@ class SplitK {
   size_t bytes() const { return partial_bytes_; }
   // Where the split kernel writes: the partial planes (kSplitKSlot), or `c` without splits.
   cl_mem Target(GpuContext& ctx, cl_mem c, std::string* error) const;
-  // Adds the planes into C[b*c_bs + m*ldc + n] (+ bias[n]); nothing without splits.
+  // Adds the planes into C[c_base + b*c_bs + m*ldc + n] (+ bias[n]); nothing without splits.
   std::string Sum(GpuContext& ctx, cl_mem partials, cl_mem bias, cl_mem c, int m, int n, int ldc,
-                  int c_bs, int batches, const char* label) const;
+                  int c_bs, int batches, const char* label, int c_base = 0) const;
 
  private:
   std::string InitSum(GpuContext& ctx);
@@ -145,6 +145,15 @@ struct GemmShape {
   WeightQuant wq;
 };
 
+// The first row of A and of C a GEMM reads and writes (rows of a_sm and ldc elements): a GEMM
+// over a window of larger tensors (the attention's query-row chunks) without a sub-buffer, which
+// costs a driver call per window and which PoCL's CUDA driver mishandles. Each row start must
+// fall on 4 elements (the vector kernels' alignment).
+struct GemmRows {
+  int a = 0;
+  int c = 0;
+};
+
 // Tiled local-memory kernel on GPUs; on CPU-like devices (PreferFlatKernels)
 // the barrier-free gemm_rows, whose items walk n: give it n-major B
 // (b_sn == 1) where possible.
@@ -153,7 +162,7 @@ class Gemm {
   std::string Init(GpuContext& ctx, const GemmShape& s);
   // `b_scales`: the scales of a quantized B (reads_quantized()).
   std::string Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
-                  const char* label, cl_mem b_scales = nullptr) const;
+                  const char* label, cl_mem b_scales = nullptr, GemmRows rows = {}) const;
   // Whether B is read quantized: Init turns the shape's wq off where no kernel reads it so.
   bool reads_quantized() const { return s_.wq.on(); }
   size_t ScratchBytes() const { return b_scratch_bytes_ + split_.bytes(); }

@@ -11,13 +11,14 @@
 //                    exp in float, reduced in local memory) overwrites each
 //                    row with its probabilities (causal: 0 past the query);
 //                      O[n, m0+m, h*Dv + :] = P[n][h][m][:] . v[n, :, h*Dv + :]
-//                    by a second Gemm: into o itself at N = 1 (a sub-buffer at
-//                    the chunk's rows), else into O' [N][H][rows][Dv] (slot
-//                    kOutSlot = 1) that attn_scatter_rows copies into o. The
-//                    chunk's rows keep S within kScoresBytes (16 MiB;
-//                    DIFFLITE_ATTN_SCORES_BYTES), multiples of 64 rows (and of
-//                    the device's base address alignment for q's and o's
-//                    sub-buffers), all of Lq where S fits. The GEMMs' own
+//                    by a second Gemm: into o itself at N = 1 (from the chunk's
+//                    first row, builtin::GemmRows), else into O' [N][H][rows][Dv]
+//                    (slot kOutSlot = 1) that attn_scatter_rows copies into o.
+//                    q's chunk is read from its first row the same way: no
+//                    sub-buffer is made while the model runs. The chunk's
+//                    rows keep S within kScoresBytes (16 MiB;
+//                    DIFFLITE_ATTN_SCORES_BYTES), multiples of 64 rows, all of
+//                    Lq where S fits. The GEMMs' own
 //                    scratch: slot 0 (transposed B, flat devices only) and 2
 //                    (split-K partials). Measured before it (H200, 2026-11):
 //                    the recompute kernels below took 21.8 ms for the VAE
@@ -93,7 +94,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,8 +125,7 @@ constexpr size_t kMergeGroup = 64;  // attn_merge's work-group
 // see the header comment). The scores S of one chunk of query rows,
 // N x H x rows x Lk in the storage type, are the only large intermediate:
 // the chunk's rows are the most that keep S within kScoresBytes (a multiple
-// of kChunkRowQuantum rows, and of whatever keeps the chunks' sub-buffer
-// offsets aligned), all of Lq where it fits. 16 MiB: a phone's intermediate
+// of kChunkRowQuantum rows), all of Lq where it fits. 16 MiB: a phone's intermediate
 // memory is tight (the paper's whole SD 1.5 UNet ran in 84 MB of
 // intermediates), and 16 MiB already holds 128 rows of SD 1.5's largest
 // self-attention (batch 2, 8 heads, 4096 keys, half), enough work per GEMM to
@@ -359,61 +358,16 @@ size_t ScoresBound(std::string* error) {
 
 // Query rows per chunk of the GEMM path: all of Lq where S of all rows
 // (n * h * lk elements of `es` bytes a row) fits `bound`; else the most
-// rows within it that are a multiple of kChunkRowQuantum and keep every
-// chunk's offset into q (rows * h * dk elements) and o (rows * h * dv) a
-// multiple of `align` bytes (sub-buffers), at least one such multiple.
-int GemmChunkRows(int n, int h, int lq, int lk, int dk, int dv, size_t es, size_t align,
-                  size_t bound) {
+// rows within it that are a multiple of kChunkRowQuantum, at least one
+// quantum. (A chunk's rows start at a multiple of the quantum, so its
+// offsets into q and o fall on 4 elements, as GemmRows needs.)
+int GemmChunkRows(int n, int h, int lq, int lk, size_t es, size_t bound) {
   const int64_t row_bytes = static_cast<int64_t>(n) * h * lk * static_cast<int64_t>(es);
   const int64_t fit = static_cast<int64_t>(bound) / std::max<int64_t>(row_bytes, 1);
   if (fit >= lq) return lq;
-  int64_t quantum = kChunkRowQuantum;
-  const int64_t a = static_cast<int64_t>(std::max<size_t>(align, 1));
-  for (int d : {dk, dv}) {
-    const int64_t width = static_cast<int64_t>(h) * d * static_cast<int64_t>(es);
-    quantum = std::lcm(quantum, a / std::gcd(a, width));
-  }
-  const int64_t rows = std::max(quantum, fit / quantum * quantum);
+  const int64_t rows = std::max<int64_t>(kChunkRowQuantum, fit / kChunkRowQuantum * kChunkRowQuantum);
   return rows >= lq ? lq : static_cast<int>(rows);
 }
-
-// A view of `parent` from `offset` bytes on (`bytes` long): the buffer itself
-// at offset 0, else a sub-buffer, released with this object (OpenCL keeps it
-// until the commands enqueued on it complete).
-class Region {
- public:
-  Region(const Region&) = delete;
-  Region& operator=(const Region&) = delete;
-  Region(GpuContext& ctx, cl_mem parent, size_t offset, size_t bytes, std::string* error)
-      : cl_(ctx.cl()) {
-    if (offset == 0) {
-      mem_ = parent;
-      return;
-    }
-    if (cl_.CreateSubBuffer == nullptr) {
-      *error = "no clCreateSubBuffer";
-      return;
-    }
-    cl_buffer_region r{offset, bytes};
-    cl_int err = CL_SUCCESS;
-    mem_ = cl_.CreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &r, &err);
-    if (mem_ == nullptr || err != CL_SUCCESS) {
-      *error = "clCreateSubBuffer at " + std::to_string(offset) + ": " + ClErrorName(err);
-      mem_ = nullptr;
-      return;
-    }
-    owned_ = true;
-  }
-  ~Region() {
-    if (owned_) cl_.ReleaseMemObject(mem_);
-  }
-  cl_mem mem() const { return mem_; }
-
- private:
-  const gpu::ClApi& cl_;
-  cl_mem mem_ = nullptr;
-  bool owned_ = false;
-};
 
 // What PickSplits needs to know of the launch and device.
 struct SplitQuery {
@@ -528,9 +482,7 @@ class AttentionGpu final : public GpuOp {
   // (its work-group halved until the kernel takes it) and, for N > 1,
   // attn_scatter_rows. "" (gemm_ set), or the reason it cannot run here.
   std::string InitGemm(GpuContext& ctx, size_t bound) {
-    chunk_rows_ = GemmChunkRows(n_, o_.heads, lq_, lk_, dk_, dv_, storage_bytes_,
-                                ctx.device().base_align_bytes, bound);
-    if (chunk_rows_ < lq_ && ctx.cl().CreateSubBuffer == nullptr) return "no clCreateSubBuffer";
+    chunk_rows_ = GemmChunkRows(n_, o_.heads, lq_, lk_, storage_bytes_, bound);
     const int h = o_.heads;
     const int tail = lq_ % chunk_rows_;
     for (int c = 0; c < (tail != 0 ? 2 : 1); ++c) {
@@ -712,17 +664,13 @@ class AttentionGpu final : public GpuOp {
       if (ob == nullptr) return "attention output rows: " + e;
     }
     const int h = o_.heads;
-    const size_t es = storage_bytes_;
-    const size_t q_bytes = static_cast<size_t>(n_) * lq_ * h * dk_ * es;
     const cl_int lk = lk_, causal = o_.causal ? 1 : 0, lq = lq_, heads = h, dv = dv_;
     const cl_float scale = o_.scale;
     for (int m0 = 0; m0 < lq_; m0 += chunk_rows_) {
       const int rows = std::min(chunk_rows_, lq_ - m0);
       const int c = rows == chunk_rows_ ? 0 : 1;
-      const size_t q_off = static_cast<size_t>(m0) * h * dk_ * es;
-      Region qa(ctx, in[0].mem, q_off, q_bytes - q_off, &e);
-      if (qa.mem() == nullptr) return "attention q rows: " + e;
-      e = scores_[c].Run(ctx, qa.mem(), in[1].mem, nullptr, s, "attention.scores");
+      e = scores_[c].Run(ctx, in[0].mem, in[1].mem, nullptr, s, "attention.scores", nullptr,
+                         builtin::GemmRows{m0, 0});
       if (!e.empty()) return e;
       const cl_int r = rows, m0c = m0;
       e = SetArgs(cl, softmax_k_,
@@ -734,10 +682,8 @@ class AttentionGpu final : public GpuOp {
       e = ctx.Enqueue(softmax_k_, 2, g1, l1, "attention.softmax");
       if (!e.empty()) return e;
       if (n_ == 1) {
-        const size_t o_off = static_cast<size_t>(m0) * h * dv_ * es;
-        Region oc(ctx, o, o_off, static_cast<size_t>(rows) * h * dv_ * es, &e);
-        if (oc.mem() == nullptr) return "attention output rows: " + e;
-        e = pv_[c].Run(ctx, s, in[2].mem, nullptr, oc.mem(), "attention.pv");
+        e = pv_[c].Run(ctx, s, in[2].mem, nullptr, o, "attention.pv", nullptr,
+                       builtin::GemmRows{0, m0});
         if (!e.empty()) return e;
         continue;
       }
