@@ -108,12 +108,25 @@ def relative_error(actual: np.ndarray, reference: np.ndarray) -> float:
     return float(np.abs(actual - reference).max() / max(np.abs(reference).max(), 1e-30))
 
 
+def delegate_options(spec: str) -> dict[str, str]:
+    """--precisions entry -> the delegate's options: PRECISION[:KEY=VALUE[:...]], e.g. fp16:math=fp32
+    (half storage, float arithmetic on a device with cl_khr_fp16)."""
+    precision, *extra = spec.split(":")
+    options = {"precision": precision}
+    for item in extra:
+        key, _, value = item.partition("=")
+        if not key or not value:
+            raise SystemExit(f"--precisions {spec}: {item!r} is not KEY=VALUE")
+        options[key] = value
+    return options
+
+
 def time_difflite(path: Path, entries: list[dict], runs: int, library: Path, precision: str) -> dict:
     from ai_edge_litert.interpreter import Interpreter, load_delegate
 
-    stats_path = Path(f"/tmp/difflite_stats_{path.stem}_{precision}.json")
+    stats_path = Path(f"/tmp/difflite_stats_{path.stem}_{precision.replace(':', '_').replace('=', '-')}.json")
     start = time.perf_counter()
-    delegate = load_delegate(str(library), {"backend": "opencl", "precision": precision,
+    delegate = load_delegate(str(library), {"backend": "opencl", **delegate_options(precision),
                                             "stats_path": str(stats_path)})
     interpreter = Interpreter(model_path=str(path), experimental_delegates=[delegate])
     _KEEP_ALIVE.append((interpreter, delegate))
@@ -209,7 +222,8 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma-separated: difflite,litert,torch")
     parser.add_argument("--precisions", default="fp32,fp16",
                         help="difflite's delegate precisions (fp16: half storage, float arithmetic "
-                             "where the GPU has no cl_khr_fp16)")
+                             "where the GPU has no cl_khr_fp16), each PRECISION[:KEY=VALUE...] with more "
+                             "delegate options, e.g. fp16:math=fp32")
     parser.add_argument("--convert-args", default="--device-profile nvidia-h100",
                         help="more `difflite convert` arguments for the fused files (default: the lent GPU's "
                              "device profile; the generic one hints the partial softmax and fewer Winograd layers)")

@@ -1,0 +1,35 @@
+# Issue 36's half-arithmetic comparison on a lent NVIDIA GPU, in one of two parts (each fits one
+# 10-minute device call): the generic (phone) profile's fp16 files through PoCL's CUDA driver with
+# half arithmetic and with float arithmetic (math=fp32: the same compiler, so the two columns
+# separate the arithmetic from PoCL's code generation), side by side with LiteRT's GPU engine at
+# fp16 and fp32 on the --no-fuse files of the same weights; the "te_vae" part also profiles the
+# VAE decoder per kernel under PoCL (half arithmetic) and, back on NVIDIA's OpenCL, the
+# nvidia-h100 profile's VAE decoder (float arithmetic).
+#
+#   bash benchmarks/pocl_cuda_peer.sh te_vae|unet      (repository root; carry .whl .gl .devcarry .pocl)
+#
+# Results under $OUT (default benchmarks/results): gpu_peer_<device>.json and, for te_vae,
+# gpu_profile_vae_decoder_{generic_pocl_half,nvidia_h100_nvidia_fp16}.json.
+set -e
+part=${1:?usage: bash benchmarks/pocl_cuda_peer.sh te_vae|unet}
+OUT=${OUT:-benchmarks/results}
+export OUT
+source benchmarks/device_setup.sh
+source benchmarks/pocl_cuda_setup.sh
+case "$part" in
+  te_vae) components=text_encoder,vae_decoder ;;
+  unet) components=unet ;;
+  *) echo "pocl_cuda_peer: part is te_vae or unet, not $part" >&2; exit 2 ;;
+esac
+work=/tmp/peer-$part
+python benchmarks/gpu_peer.py --work "$work" --runs 10 --components "$components" --skip torch \
+  --precisions fp16,fp16:math=fp32 --library "$DIFFLITE_OPLIB" --convert-args "--device-profile generic"
+if [ "$part" = te_vae ]; then
+  python benchmarks/gpu_profile.py "$work/fused" vae_decoder --runs 5 --detail --precision fp16 \
+    --json "$OUT/gpu_profile_vae_decoder_generic_pocl_half.json" | tail -40
+  export OCL_ICD_VENDORS=/tmp/icd  # back to NVIDIA's OpenCL
+  python -m difflite convert preset:sd15 -o /tmp/vae-h100 --components vae_decoder --precision fp16 \
+    --device-profile nvidia-h100 > /dev/null
+  python benchmarks/gpu_profile.py /tmp/vae-h100 vae_decoder --runs 5 --detail --precision fp16 \
+    --json "$OUT/gpu_profile_vae_decoder_nvidia_h100_nvidia_fp16.json" | tail -40
+fi
