@@ -372,3 +372,21 @@ def test_sweep_runs_once_a_layer_and_scales_the_high_width_from_the_weights_erro
         estimate = low * layer.noise_ratio("int8", "int4", 32)
         measured_db, estimated_db = probe.relative_db(high), probe.relative_db(estimate)
         assert abs(measured_db - estimated_db) < 3.0, (layer.name, measured_db, estimated_db)
+
+
+@pytest.mark.parametrize("width", ["int8", "int4"])
+def test_recipe_measures_the_token_table_the_writer_stores_as_int8_rows(width):
+    """The mixes store the token embedding as int8 rows (a GATHER by the ids), so the recipe counts
+    its error as a fixed int8 layer's, measured on its own; the position embedding, read at
+    constant rows (a constant to the writer, kept float), is not a recipe layer."""
+    from difflite.compiler.models import load_pipeline
+
+    torch.set_num_threads(1)
+    quant = quantize.WeightQuantization(width)
+    # a target no mix meets: every layer's error is measured on its own
+    recipe = weight_recipe.compute(load_pipeline("preset:tiny"), "text_encoder", quant, 64, 64, target_db=200)
+    tables = [layer for layer in recipe["layers"] if "embedding" in layer["name"]]
+    assert [layer["name"] for layer in tables] == ["text_encoder.embeddings.token_embedding.weight"], tables
+    (table,) = tables
+    assert table["width"] == "int8" and table["fixed"] == "a lookup table: int8 rows"
+    assert table["int8_error_db"] is not None and table["int8_error_db"] < -20

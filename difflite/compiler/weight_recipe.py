@@ -9,7 +9,9 @@ layers cause most of it. The recipe is computed on the torch component, before e
 
 1. Layers: the nn.Linear / nn.Conv2d (groups 1) weights the component's forward uses and the
    writer would quantize (WeightQuantization.applies; int4 only where its blocks tile the input
-   axis, else the writer stores int8 anyway: "fixed"). Each is known by quantize.weight_digest
+   axis, else the writer stores int8 anyway: "fixed"), and the nn.Embedding tables it reads rows
+   of that the writer stores as int8 rows (WeightQuantization.lookup_width: the token embedding;
+   "fixed" at int8, its error measured and counted like any fixed layer's). Each is known by quantize.weight_digest
    of its values in the writer's layout (torch Linear [out, in] is the writer's [N, K]; Conv2d
    [O, I, kh, kw] is stored OHWI = permute(0, 2, 3, 1)), so the writer finds it whatever name
    the exporter gave its tensor; the torch name is kept beside it for people.
@@ -118,16 +120,23 @@ class Layer:
         self.name = name  # the weight's name in the component module (torch FQN)
         self.module = module
         self.precision = precision  # how a float weight is stored
+        self.lookup = isinstance(module, torch.nn.Embedding)  # a table GATHER reads rows of
         array = writer_layout(module.weight)
         self.shape = tuple(array.shape)
         self.digest = quantize.weight_digest(array)
-        # the writer stores int8 where int4 blocks do not tile the input axis
+        # the writer stores int8 where int4 blocks do not tile the input axis, and tables as int8 rows
         fits = quant.width != "int4" or quantize.int4_blocks_fit(self.shape, quant.block)
-        self.fixed = None if fits else "int8"
+        self.fixed = "int8" if self.lookup or not fits else None
+        self.fixed_why = ("a lookup table: int8 rows" if self.lookup
+                          else "int4 blocks do not tile the input axis" if self.fixed else None)
         self.bytes = {w: stored_bytes(self.shape, w, quant.block, precision) for w in ("int4", "int8", "float")}
 
     def weight_at(self, width: str, block: int) -> torch.Tensor:
-        array = stored(writer_layout(self.module.weight), width, block, self.precision)
+        array = writer_layout(self.module.weight)
+        if self.lookup and width == "int8":  # context.lookup: per-row scales stored as the weights are
+            array = quantize.dequantize(quantize.quantize_int8(array, 0, quantize.scale_dtype(self.precision)))
+        else:
+            array = stored(array, width, block, self.precision)
         return torch_layout(array).to(self.module.weight.dtype)
 
     def noise_ratio(self, high: str, low: str, block: int) -> float:
@@ -173,12 +182,20 @@ def stored_weights(layers: list[Layer], widths: dict[str, str], block: int) -> I
 
 
 def used_layers(module: torch.nn.Module, inputs: tuple) -> list[tuple[str, torch.nn.Module]]:
-    """The nn.Linear / nn.Conv2d (groups 1) submodules one forward on `inputs` calls, in module
-    order (the VAE decoder's wrapper holds the encoder too)."""
+    """The nn.Linear / nn.Conv2d (groups 1) submodules one forward on `inputs` calls, and the
+    nn.Embedding ones it calls with rows chosen by an input (the token ids; a table read at fixed
+    rows, like the position embedding, is a constant to the writer, not a lookup), in module order
+    (the VAE decoder's wrapper holds the encoder too)."""
     candidates = {id(m): (n, m) for n, m in module.named_modules()
-                  if isinstance(m, torch.nn.Linear) or (isinstance(m, torch.nn.Conv2d) and m.groups == 1)}
+                  if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
+                  or (isinstance(m, torch.nn.Conv2d) and m.groups == 1)}
+    storages = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
     called: set[int] = set()
-    hooks = [m.register_forward_hook(lambda mod, args, out: called.add(id(mod))) for _, m in candidates.values()]
+
+    def record(mod, args, out):
+        if not isinstance(mod, torch.nn.Embedding) or args[0].untyped_storage().data_ptr() in storages:
+            called.add(id(mod))
+    hooks = [m.register_forward_hook(record) for _, m in candidates.values()]
     try:
         with torch.no_grad():
             module(*inputs)
@@ -194,7 +211,11 @@ def eligible_layers(module: torch.nn.Module, inputs: tuple, quant: quantize.Weig
     layers = []
     for name, m in used_layers(module, inputs):
         weight_name = f"{name}.weight"
-        if quant.applies(weight_name, m.weight.numel()):
+        if isinstance(m, torch.nn.Embedding):
+            quantized = quant.lookup_width(weight_name, m.weight.numel()) == "int8"
+        else:
+            quantized = quant.applies(weight_name, m.weight.numel())
+        if quantized:
             layers.append(Layer(weight_name, m, quant, precision))
     return layers
 
@@ -380,12 +401,10 @@ def compute(pipe, component: str, quant: quantize.WeightQuantization, height: in
         "probes": probe.describe(), "rounds": rounds, "forward_runs": probe.runs,
         "layers": [{"name": layer.name, "digest": layer.digest, "shape": list(layer.shape),
                     "width": widths[layer.name],
-                    f"{low}_error_db": None if layer.fixed or layer.name not in errors
-                    else db(probe.relative_db(errors[layer.name][low])),
-                    f"{high}_error_db": db(probe.relative_db(errors[layer.name][high]))
-                    if layer.name in errors else None,
+                    **{f"{w}_error_db": db(probe.relative_db(errors[layer.name][w]))
+                       if w in errors.get(layer.name, {}) else None for w in (low, high)},
                     "bytes": layer.bytes[widths[layer.name]],
-                    **({"fixed": "int4 blocks do not tile the input axis"} if layer.fixed else {})}
+                    **({"fixed": layer.fixed_why} if layer.fixed else {})}
                    for layer in layers],
         "seconds": round(seconds, 2),
     }

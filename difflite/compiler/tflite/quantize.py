@@ -67,10 +67,11 @@ class WeightQuantization:
 
     def lookup_width(self, name: str, size: int) -> str:
         """The storage of a table that GATHER reads rows of (the text encoder's token embedding):
-        int8 rows under the int4 mix; float otherwise. At int8 the table's own error (47 dB at SD
-        1.5's text encoder output) would take the int8 text encoder, at 36 dB, too near its 35 dB
-        bar for 36 MiB (measured on the H100, 2026-11)."""
-        return "int8" if self.width == "int4" and self.applies(name, size) else "float"
+        int8 rows under the int4 and int8 mixes; float otherwise. The mixes' recipes measure the
+        table's error with the layers' (weight_recipe), so a text encoder near its bar keeps more
+        layers float instead: at int8 the float table was the largest single cost over the int8
+        floor (SDXL's two encoders: 96 MiB, issue 32's 3.6 GB pipeline)."""
+        return "int8" if self.width in ("int4", "int8") and self.applies(name, size) else "float"
 
 
 def weight_digest(array: np.ndarray) -> str:
