@@ -244,3 +244,13 @@ def test_an_overflow_no_rescale_reaches_fails_in_one_line(sdxl_tiny):
         half_range.fit(pipe, "vae_decoder", 128, 128)
     assert "\n" not in str(error.value)
     assert state_bytes(pipe.vae) == before  # nothing rescaled
+
+
+def test_an_activation_infinite_in_float32_fails_in_one_line(sdxl_tiny):
+    pipe = copy.copy(sdxl_tiny)
+    pipe.vae = copy.deepcopy(sdxl_tiny.vae)
+    with torch.no_grad():
+        pipe.vae.encoder.conv_in.weight.mul_(1e38)  # finite; the first norm's variance is not
+    with pytest.raises(half_range.HalfRangeError,
+                       match=r"^vae_encoder: activation encoder\.down_blocks\.0\.resnets\.0\.norm1 is not finite"):
+        half_range.fit(pipe, "vae_encoder", 128, 128)

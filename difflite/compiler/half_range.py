@@ -328,6 +328,7 @@ def fit(pipe, component: str, height: int, width: int, log: Callable[[str], None
               "max_before": _largest(before), "exceeded": {k: _round(v) for k, v in sorted(over.items())}}
     if not over:
         return {**record, "scales": "none needed", "max_after": record["max_before"]}
+    _refuse_not_finite(component, over)
     try:
         parts = structure(pipe.vae, coder)
     except NotRescalable as exc:
@@ -342,6 +343,14 @@ def fit(pipe, component: str, height: int, width: int, log: Callable[[str], None
     log(f"{component}: activations up to {max(over.values()):.4g} over {threshold:g}: "
         f"{describe_plan(plan)}")
     return {**record, "scales": plan_record(plan), "max_after": _largest(after)}
+
+
+def _refuse_not_finite(component: str, over: dict[str, float]) -> None:
+    # the first in the order the hooks ran (a module's output before its parent's): where it began
+    infinite = [k for k, v in over.items() if not math.isfinite(v)]
+    if infinite:
+        raise HalfRangeError(f"{component}: activation {infinite[0]} is not finite even in float32: "
+                             f"no rescale keeps it in float16")
 
 
 def _refuse_unreachable(component: str, over: dict[str, float], parts: Parts, threshold: float,
