@@ -68,6 +68,13 @@ def compare(reference: np.ndarray, actual: np.ndarray, precision: str,
     return error, peak, relative, psnr, snr, finite and passed
 
 
+def recorded_vae(source: dict) -> str | None:
+    """The --vae a conversion recorded: the loader's {"path", "sha256"} (what the manifest holds),
+    or a bare path."""
+    vae = source.get("vae")
+    return vae.get("path") if isinstance(vae, dict) else vae
+
+
 def load_source(folder: OutputFolder, model: str | None, config: str | None):
     from difflite.compiler import models
 
@@ -77,7 +84,7 @@ def load_source(folder: OutputFolder, model: str | None, config: str | None):
     loras = tuple(models.LoraSpec(entry["path"], float(entry["scale"])) for entry in source.get("loras", []))
     controlnets = tuple(entry["model"] for entry in source.get("controlnets", []))
     pipe = models.load_pipeline(model or source["model"], config or source.get("config"),
-                                folder.options.get("seed", 0), vae=source.get("vae"),
+                                folder.options.get("seed", 0), vae=recorded_vae(source),
                                 prediction_type=source.get("prediction_type"), loras=loras,
                                 controlnets=controlnets)
     for recorded, loaded in zip(source.get("controlnets", []), pipe.details.get("controlnets", [])):

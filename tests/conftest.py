@@ -88,7 +88,7 @@ OPENCL_MODULES = {"test_opencl_models.py", "test_custom_ops_randomized.py"}
 
 # Modules whose tests take opencl_lib but run OpenCL in child processes only: grouped by module, as
 # any other, so that they run beside the "opencl" group rather than after it on its worker.
-CHILD_OPENCL_MODULES = {"test_runtime_memory.py", "test_hostile_program_cache.py"}
+CHILD_OPENCL_MODULES = {"test_runtime_memory.py", "test_hostile_program_cache.py", "test_half_range.py"}
 
 
 # The modules that take longest (minutes each: sanitized and cross builds, many conversions), queued

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from difflite.compiler import export, export_cache, models, weight_recipe
+from difflite.compiler import export, export_cache, half_range, models, weight_recipe
 from difflite.compiler.tflite import quantize
 from difflite.compiler.tflite.writer import load_onnx, write_tflite
 from difflite.core import control, lora, procmem, profiles
@@ -264,6 +264,8 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
     export.check_size(pipe, options.height, options.width, options.batch)
     if "text_encoder_2" in options.components and pipe.text_encoder_2 is None:
         raise BadInput(f"{model}: --components text_encoder_2 is SDXL's second text encoder; this pipeline has none")
+    # before the recipes and the exports: both must see the rescaled weights
+    half_ranges = fit_half_range(pipe, options, stages, log)
     recipes = {}
     if options.weights in weight_recipe.HIGH and options.weights_target_db == 0:
         log(f"--weights-target-db 0: no {options.weights} mix recipe, every eligible layer {options.weights}")
@@ -301,6 +303,9 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
                 raise NonFiniteWeights(f"{name}: {exc}{changed_by(source)}") from exc
             if name in conditioning:
                 entries[name]["conditioning"] = conditioning[name]
+            if name in half_ranges:
+                reports[name]["half_range"] = half_ranges[name]
+                entries[name].update(half_range.manifest_entry(half_ranges[name]))
         if not options.keep_onnx:
             shutil.rmtree(onnx_dir)
         for name in options.components:
@@ -320,6 +325,15 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
         staged.write_json(manifest.MANIFEST, man)
         staged.commit()
     return report
+
+
+def fit_half_range(pipe, options: ConvertOptions, stages: StageLog, log: Callable[[str], None]) -> dict:
+    """At fp16: each VAE component's activations measured and, where they pass half's range,
+    its weights rescaled in place (difflite/compiler/half_range.py); {component: report record}."""
+    if options.precision != "fp16":
+        return {}
+    return {name: stages.run(name, "half_range", half_range.fit, pipe, name, options.height, options.width, log=log)
+            for name in options.components if half_range.applies(name)}
 
 
 def check_controlnet_components(options: ConvertOptions, count: int) -> None:
@@ -345,8 +359,9 @@ def changed_by(source: dict) -> str:
     """What changed the source's weights (the LoRAs merged, the VAE swapped), as the end of an
     error's line."""
     changes = [f"the LoRA {merged['path']} merged at scale {merged['scale']:g}" for merged in source.get("loras", [])]
-    if source.get("vae"):
-        changes.append(f"the VAE {source['vae']}")
+    vae = source.get("vae")
+    if vae:
+        changes.append(f"the VAE {vae['path'] if isinstance(vae, dict) else vae}")
     return f" (the weights as changed by {' and '.join(changes)})" if changes else ""
 
 
