@@ -45,6 +45,18 @@
     DL_CARRY_PARTS(acc, part_, WM, WN / 4);     \
   } while (0)
 #endif
+// One multiply-add of the tile. Half arithmetic uses mad, not fma: OpenCL's fma
+// must round once, which a compiler may meet by giving up the vector form; PoCL's
+// LLVM (CUDA) turned each half4 fma into four scalar f16 FMAs, and mad into two
+// packed f16x2 ones (lab/pocl_cuda_ptx_check.py: the 128x128 tile's PTX,
+// fma.rn.f16 x1024 against fma.rn.f16x2 x512). Packed half multiply-adds are
+// where a phone GPU's (and the H200's) twice-float rate comes from. Float
+// keeps fma (the same instruction on GPUs; exact on CPU-like devices).
+#ifdef DL_FP16_MATH
+#define VT_MAD(a, b, c) mad(a, b, c)
+#else
+#define VT_MAD(a, b, c) fma(a, b, c)
+#endif
 // sum += the slice's products, in DL_C4.
 #define VT_SLICE_FMAS(As, Bs, cb, sum)                                                         \
   do {                                                                                        \
@@ -55,7 +67,7 @@
       _Pragma("unroll") for (int i_ = 0; i_ < WM; ++i_) {                                     \
         const DL_C4 ai_ = (DL_C4)(C4(a_[i_ / 4], i_ % 4));                                    \
         _Pragma("unroll") for (int j_ = 0; j_ < WN / 4; ++j_) {                               \
-          sum[i_][j_] = fma(ai_, b_[j_], sum[i_][j_]);                                        \
+          sum[i_][j_] = VT_MAD(ai_, b_[j_], sum[i_][j_]);                                     \
         }                                                                                     \
       }                                                                                       \
     }                                                                                         \
