@@ -8,6 +8,8 @@
 #
 #   bash benchmarks/pocl_cuda_peer.sh te_vae|unet      (repository root; carry .whl .gl .devcarry .pocl)
 #
+# PRECISIONS=fp16 leaves out the math=fp32 column (PoCL 6.0 crashed in it on the UNet, H200, 2026-11-29).
+#
 # Results under $OUT (default benchmarks/results): gpu_peer_<device>.json and, for te_vae,
 # gpu_profile_vae_decoder_{generic_pocl_half,nvidia_h100_nvidia_fp16}.json.
 set -e
@@ -23,7 +25,7 @@ case "$part" in
 esac
 work=/tmp/peer-$part
 python benchmarks/gpu_peer.py --work "$work" --runs 10 --components "$components" --skip torch \
-  --precisions fp16,fp16:math=fp32 --library "$DIFFLITE_OPLIB" --convert-args "--device-profile generic"
+  --precisions "${PRECISIONS:-fp16,fp16:math=fp32}" --library "$DIFFLITE_OPLIB" --convert-args "--device-profile generic"
 if [ "$part" = te_vae ]; then
   python benchmarks/gpu_profile.py "$work/fused" vae_decoder --runs 5 --detail --precision fp16 \
     --json "$OUT/gpu_profile_vae_decoder_generic_pocl_half.json" | tail -40
