@@ -254,3 +254,20 @@ def test_an_activation_infinite_in_float32_fails_in_one_line(sdxl_tiny):
     with pytest.raises(half_range.HalfRangeError,
                        match=r"^vae_encoder: activation encoder\.down_blocks\.0\.resnets\.0\.norm1 is not finite"):
         half_range.fit(pipe, "vae_encoder", 128, 128)
+
+
+def test_sdxl_tiny_at_fp16_verifies_at_40_db_in_half_storage(tmp_path, opencl_lib):
+    """Item 3's bar on the SDXL-shaped preset: all five components converted at fp16 and run in
+    half storage on OpenCL (PoCL) give every output >= 40 dB PSNR against PyTorch fp32; its VAE
+    needed no rescale (the report says so)."""
+    out = tmp_path / "sdxl16"
+    run = run_difflite("convert", "preset:sdxl-tiny", "-o", out, *SIZE, "--precision", "fp16")
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = verify(out, opencl_lib)
+    assert report["passed"], report["checks"]
+    components = {"text_encoder", "text_encoder_2", "unet", *VAE_COMPONENTS}
+    assert {c["component"] for c in report["checks"]} == components
+    assert all(check["psnr_db"] >= 40 for check in report["checks"]), report["checks"]
+    assert {report["gpu_memory"][name]["storage"] for name in components} == {"float16"}
+    records = json.loads((out / "report.json").read_text())["components"]
+    assert [records[name]["half_range"]["scales"] for name in VAE_COMPONENTS] == ["none needed"] * 2
