@@ -1,6 +1,6 @@
 """Each layer's output error at the mix's low width estimated from R random vector-Jacobian products
-(one forward and R backward passes for all layers together) against the weights recipe's exact sweep
-(one forward a layer: weight_recipe.compute), on a preset's component.
+(weight_recipe.vjp_errors: one forward and R backward passes for all layers together) against the
+exact per-layer runs the recipe made before (one forward a layer), on a preset's component.
 
 Why: the sweep is the recipe's cost. The SDXL UNet's int4 sweep is 794 forward runs, about 4 s each
 on a 2-core machine (issue 32 item 5 wants the whole UNet recipe within 30 minutes there). To first
@@ -18,14 +18,12 @@ Prints, per draw count R, how far the estimates are from the sweep's errors (the
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,55 +31,6 @@ sys.path.insert(0, str(ROOT))
 from difflite.compiler import weight_recipe  # noqa: E402
 from difflite.compiler.models import load_pipeline  # noqa: E402
 from difflite.compiler.tflite import quantize  # noqa: E402
-
-
-def layer_change(layer: weight_recipe.Layer, x: torch.Tensor, width: str, block: int) -> torch.Tensor:
-    """dY: the layer's output change when its weight is stored at `width` (no bias: it cancels)."""
-    module = layer.module
-    delta = layer.weight_at(width, block) - module.weight.detach()
-    if isinstance(module, torch.nn.Linear):
-        return F.linear(x, delta)
-    if isinstance(module, torch.nn.Embedding):
-        return F.embedding(x, delta)
-    return F.conv2d(x, delta, None, module.stride, module.padding, module.dilation, module.groups)
-
-
-def estimate(probe: weight_recipe.Probes, layers: list, width: str, block: int, draws: int, seed: int = 0):
-    """{layer name: error power per (probe, output), probe-major}, from `draws` VJPs per output."""
-    inputs, saved, outs = probe.inputs, {}, {}
-
-    def hook_for(layer):
-        def hook(module, args, out):
-            saved[layer.name] = args[0].detach()
-            if not out.requires_grad:  # fed by integer ids only: make what follows differentiable
-                out.requires_grad_(True)
-            outs[layer.name] = out
-        return hook
-
-    hooks = [layer.module.register_forward_hook(hook_for(layer)) for layer in layers]
-    try:
-        with torch.enable_grad():
-            grads_in = [x.detach().requires_grad_(True) if x.is_floating_point() else x for x in inputs]
-            outputs = weight_recipe.outputs_of(probe.module(*grads_in))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    names = [layer.name for layer in layers]
-    changes = {layer.name: layer_change(layer, saved[layer.name], width, block) for layer in layers}
-    gen = torch.Generator().manual_seed(seed)
-    count = probe.count
-    power = {name: np.zeros((count, len(outputs))) for name in names}
-    for o, output in enumerate(outputs):
-        for _ in range(draws):
-            r = torch.randn(output.shape, generator=gen, dtype=output.dtype)
-            grads = torch.autograd.grad(output, [outs[n] for n in names], grad_outputs=r, retain_graph=True,
-                                        allow_unused=True)
-            for name, g in zip(names, grads):
-                if g is None:
-                    continue
-                dots = (g * changes[name]).reshape(count, -1).sum(dim=1).double().numpy()
-                power[name][:, o] += dots ** 2 / draws
-    return {name: power[name].reshape(-1) for name in names}
 
 
 def exact(probe: weight_recipe.Probes, layers: list, width: str, block: int) -> dict:
@@ -114,7 +63,8 @@ def main() -> int:
     t = np.array([float(np.sum(truth[layer.name])) for layer in layers])
     for draws in [int(d) for d in args.draws.split(",")]:
         start = time.perf_counter()
-        est = estimate(probe, layers, args.width, quant.block, draws)
+        est = weight_recipe.vjp_errors(probe, layers, {layer.name: args.width for layer in layers}, quant.block,
+                                       draws)
         seconds = time.perf_counter() - start
         e = np.array([float(np.sum(est[layer.name])) for layer in layers])
         ratio_db = 10 * np.log10(np.maximum(e, 1e-300) / np.maximum(t, 1e-300))
