@@ -107,8 +107,11 @@ def state_bytes(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-@pytest.mark.parametrize("preset", ["tiny", "sdxl-tiny", "sd15"])
+@pytest.mark.parametrize("preset", ["tiny", "sdxl-tiny"])
 def test_presets_need_no_rescale_and_keep_their_weights(preset):
+    """The test presets' VAEs stay under the threshold: nothing is rescaled, no weight or eps
+    changes. (preset:sd15's seeded VAE peaks at 25: lab notebook §55; measuring it here cost 52 s
+    of CI for the same code path.)"""
     pipe = models.load_pipeline(f"preset:{preset}", None, 0)
     size = pipe.default_size
     before = state_bytes(pipe.vae)
