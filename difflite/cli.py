@@ -182,10 +182,11 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
                    "it picks Winograd convolutions and attention variants.")
 @click.option("--winograd-budget-mb", default=None,
               help="Extra weight memory Winograd may add per component (its transformed weights are 4x a 3x3 "
-                   "conv's; with --weights int8|int4 the convolutions whose filter is transformed at every "
-                   "call add none and need no budget): N MB for each, or per component, e.g. "
-                   "150,vae_decoder=0 (the UNet and text encoder 150, the VAE decoder none; a ControlNet: "
-                   "controlnet_0=N); 'off': no "
+                   "conv's; the candidates it does not buy keep their filter, transformed at every call where "
+                   "that still pays, which adds none; with --weights int8|int4 those come first): N MB for "
+                   "each, or per component, e.g. "
+                   "150,vae_decoder=0 (the UNet and text encoder 150, the VAE decoder no transformed "
+                   "filters; a ControlNet: controlnet_0=N); 'off': no "
                    "Winograd in either form, e.g. vae_decoder=off [default: the device profile's budget, "
                    "200 MB (4000 on nvidia-h100); with --weights int8|int4, 0, and off for the int8 VAE "
                    "decoder, whose filter-form Winograd measured under its 35 dB bar].")

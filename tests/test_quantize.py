@@ -297,14 +297,21 @@ def test_convert_int8_takes_winograds_filter_form(tmp_path):
     """--weights int8 at 512x512, where the tiny UNet's 64-channel convolutions are Winograd
     candidates: with no budget (int8's default is 0) the filter form takes them, storing no
     transformed filter; the file verifies on PoCL and on the CPU backend. `--winograd-budget-mb
-    unet=off` takes none."""
-    def convert(out, *flags):
+    unet=off` takes none. Float weights at budget 0 take the same filter form (float filters)."""
+    def convert(out, *flags, weights=("--weights", "int8", "--weights-target-db", "0")):
         run = subprocess.run([sys.executable, "-m", "difflite", "convert", "preset:tiny", "-o", str(out),
-                              "--components", "unet", "--weights", "int8", "--weights-target-db", "0",
+                              "--components", "unet", *weights,
                               "--height", "512", "--width", "512", "--export-cache", str(tmp_path / "cache"),
                               "--json", *flags], capture_output=True, text=True, cwd=ROOT)
         assert run.returncode == 0, run.stderr[-2000:]
         return json.loads(run.stdout)["components"]["unet"], json.loads((out / "manifest.json").read_text())
+
+    def verifies(folder, low_db, high_db=float("inf")):
+        for backend in ("opencl", "cpu"):
+            check = subprocess.run([sys.executable, "-m", "difflite", "verify", str(folder), "--backend",
+                                    backend, "--seeds", "0", "--json"], capture_output=True, text=True, cwd=ROOT)
+            assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
+            assert all(low_db <= c["snr_db"] < high_db for c in json.loads(check.stdout)["checks"])
 
     report, manifest = convert(tmp_path / "q8")
     assert manifest["options"]["winograd_budgets_mb"] == {"unet": 0.0}
@@ -313,11 +320,11 @@ def test_convert_int8_takes_winograds_filter_form(tmp_path):
     assert report["fusion"]["winograd"]["matched"] == len(filters) and report["fusion"]["winograd"]["custom_op"]
     layers = {tuple(w["shape"]): w["width"] for w in report["weight_widths"]["layers"]}
     assert all(layers[(c["cout"], 3, 3, c["cin"])] == "int8" for c in filters)  # stored as any conv's filter
-    for backend in ("opencl", "cpu"):  # PoCL's wino_filter; the CPU backend's quantized 3x3 CONV_2D
-        check = subprocess.run([sys.executable, "-m", "difflite", "verify", str(tmp_path / "q8"), "--backend",
-                                backend, "--seeds", "0", "--json"], capture_output=True, text=True, cwd=ROOT)
-        assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
-        assert all(35 <= c["snr_db"] < 80 for c in json.loads(check.stdout)["checks"])
+    verifies(tmp_path / "q8", 35, 80)  # PoCL's wino_filter; the CPU backend's quantized 3x3 CONV_2D
+    report, _ = convert(tmp_path / "f32", "--winograd-budget-mb", "0", weights=())
+    assert [c["form"] for c in report["winograd"]["convs"]] == ["filter"] * len(filters)
+    assert report["winograd"]["extra_weights_mb"] == 0
+    verifies(tmp_path / "f32", 60)  # wino_filter on float filters; the CPU kernel's per-call U
     report, manifest = convert(tmp_path / "off", "--winograd-budget-mb", "unet=off")
     assert manifest["options"]["winograd_budgets_mb"] == {"unet": "off"}
     assert report["winograd"]["convs"] == [] and not report["fusion"]["winograd"]["custom_op"]

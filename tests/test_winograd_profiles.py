@@ -303,17 +303,23 @@ def test_pass_rewrites_eligible_convs_equivalently():
 
 def test_budget_is_respected():
     proto = _small_net()
+    # Budget 0 buys no transformed filter: float convs left over take the filter form, which adds
+    # no weight (each keeps its 3x3 filter; w2 is shared by c2 and c9).
     model = ir.from_proto(copy.deepcopy(proto))
-    assert apply_winograd(model, TEST_PROFILE, budget_mb=0) == []
-    assert ir.to_proto(model).SerializeToString() == ir.to_proto(ir.from_proto(proto)).SerializeToString()
-    # The best ratio (saved time per extra MB) alone, then the best two.
+    decisions = apply_winograd(model, TEST_PROFILE, budget_mb=0)
+    assert [(d["node"], d["form"], d["extra_mb"]) for d in decisions] == [
+        ("c1", "filter", 0), ("c2", "filter", 0), ("c9", "filter", 0)]
+    assert_equivalent(proto, ir.to_proto(model), _feeds())
+    # The best ratio (saved time per extra MB) alone, then the best two, in the transformed form;
+    # the rest in the filter form.
     ranked = sorted((c for c in find_candidates(ir.from_proto(proto), TEST_PROFILE) if c.eligible),
                     key=lambda c: (-c.cost.saved_s / c.cost.extra_weight_bytes, c.index))
     for k in (1, 2):
         budget = sum(c.cost.extra_weight_bytes for c in ranked[:k]) / 1e6
         model = ir.from_proto(copy.deepcopy(proto))
         decisions = apply_winograd(model, TEST_PROFILE, budget_mb=budget)
-        assert sorted(d["node"] for d in decisions) == sorted(c.name for c in ranked[:k])
+        assert sorted(d["node"] for d in decisions if d["form"] == "transformed") == sorted(c.name for c in ranked[:k])
+        assert sorted(d["node"] for d in decisions if d["form"] == "filter") == sorted(c.name for c in ranked[k:])
         assert sum(d["extra_mb"] for d in decisions) <= budget + 1e-3
         assert_equivalent(proto, ir.to_proto(model), _feeds())
     for bad in (-1, float("nan"), "10"):
@@ -345,8 +351,9 @@ def test_quantized_weights_take_the_filter_form_free_of_the_budget():
     assert [nodes[c].input[1] for c in ("c1", "c2", "c9")] == ["w1", "w2", "w2"]
     assert inits["w1"].shape == (12, 8, 3, 3) and inits["w2.winograd4x4"].shape == (1,)  # nothing transformed
     assert_equivalent(before, after, _feeds())
-    # Float weights never take it: the same call without weight_value_bytes takes nothing at budget 0.
-    assert apply_winograd(ir.from_proto(before), TEST_PROFILE, budget_mb=0) == []
+    # Float weights: the budget buys the transformed form first, then the filter form takes the rest.
+    forms = [(d["node"], d["form"]) for d in apply_winograd(ir.from_proto(before), TEST_PROFILE, budget_mb=1000)]
+    assert forms == [("c1", "transformed"), ("c2", "transformed"), ("c9", "transformed")]
 
 
 def test_a_filter_larger_than_its_activations_stays_with_the_budget():
@@ -361,6 +368,7 @@ def test_a_filter_larger_than_its_activations_stays_with_the_budget():
                           [onnx.numpy_helper.from_array(w, "w")])
     proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=10)
     assert apply_winograd(ir.from_proto(proto), TEST_PROFILE, budget_mb=0, weight_value_bytes=1.0) == []
+    assert apply_winograd(ir.from_proto(proto), TEST_PROFILE, budget_mb=0) == []  # float weights alike
     model = ir.from_proto(copy.deepcopy(proto))
     decisions = apply_winograd(model, TEST_PROFILE, budget_mb=10, weight_value_bytes=1.0)
     assert [(d["node"], d["form"]) for d in decisions] == [("c", "transformed")]

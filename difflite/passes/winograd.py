@@ -28,11 +28,19 @@ A plain onnx-ir pass (weight packing is non-local: FACTS). Steps:
    file stores it (the "filter" form): a filter-transform kernel (reads 9 Cin Cout q, writes the
    36 Cin Cout float U into scratch) runs first at every call, so it costs no weight memory, the
    extra time of that kernel, and U's bytes of intermediates.
-4. Choice: with quantized weights, every eligible conv whose filter form saves time and whose U
-   is no larger than its own transformed activations (V + M: the transient at most doubles)
-   takes the filter form, free of the budget. The others, with saved > 0, greedily by saved time
-   per extra MB (ties: graph order), each taken if it still fits the remaining budget_mb.
-   Budget 0 chooses none of those (the filter form is not budgeted: it adds no weight).
+4. Choice. The filter form "pays" where it saves time and its U is no larger than the layer's
+   own transformed activations (V + M: the transient at most doubles); it adds no weight, so it
+   is never budgeted. The transformed form is bought with budget_mb: greedily by saved time per
+   extra MB (ties: graph order), each conv taken if it still fits the remaining budget.
+   - Quantized weights: every eligible conv whose filter form pays takes it first (the
+     transformed form would store a float U in place of a quantized filter: 4 / 0.28 = 14x an
+     int4 filter's bytes), then the budget buys the transformed form for the others.
+   - Float weights: the budget first (the transformed form spares the per-call filter transform
+     for the same weight bytes x 4), then every eligible conv left over takes the filter form
+     where it pays, instead of staying direct: on the SD 1.5 VAE decoder at the default 200 MB,
+     eight 64x64 x 512-channel convs (direct: 9 MACs a tap for Winograd's 2.25; the ranking puts
+     them last) that a phone runs at its arithmetic rate.
+   Budget 0 buys no transformed form; "off" (compiler/convert.py) skips the pass.
 5. Rewrite: each chosen Conv becomes WinogradConv3x3(x, U, bias) with U =
    difflite.core.winograd.transform_weights(W) (cast back to W's dtype) under a new, unique initializer
    name, or in the filter form WinogradConv3x3(x, W, bias) (W [Cout, Cin, 3, 3] itself, which the
@@ -166,8 +174,7 @@ def find_candidates(model: ir.Model, profile: Profile | str, precision: str | No
             cand.eligible = not cand.reason
             shape = (cand.n, cand.cin, cand.cout, cand.h, cand.w)
             cand.cost = conv_cost(*shape, profile, precision, weight_value_bytes)
-            if weight_value_bytes is not None:
-                cand.filter_cost = conv_cost(*shape, profile, precision, weight_value_bytes, FILTER)
+            cand.filter_cost = conv_cost(*shape, profile, precision, weight_value_bytes, FILTER)
         out.append(cand)
     return out
 
@@ -178,25 +185,37 @@ def _filter_form_pays(cand: Candidate) -> bool:
     return f is not None and f.saved_s > 0 and 2 * cand.cost.intermediate_bytes >= f.intermediate_bytes
 
 
-def choose(candidates: list[Candidate], budget_mb: float) -> list[Candidate]:
-    """The filter-form convs, then the greedy choice under the extra-weight budget, in graph order;
-    each chosen candidate's `cost` is that of the form it takes."""
+def choose(candidates: list[Candidate], budget_mb: float, quantized: bool = False) -> list[Candidate]:
+    """The chosen candidates in graph order (module docstring, step 4); each chosen candidate's
+    `cost` is that of the form it takes."""
     if not isinstance(budget_mb, (int, float)) or isinstance(budget_mb, bool) or math.isnan(budget_mb) \
             or budget_mb < 0:
         raise BadInput(f"Winograd budget {budget_mb!r} MB must be a number >= 0 (inf: no limit)")
     eligible = [c for c in candidates if c.eligible]
-    chosen = [c for c in eligible if _filter_form_pays(c)]
-    for cand in chosen:
+    chosen = _take_filter_form(eligible) if quantized else []
+    chosen += _buy_transformed([c for c in eligible if c not in chosen], budget_mb * MB)
+    if not quantized:
+        chosen += _take_filter_form([c for c in eligible if c not in chosen])
+    return sorted(chosen, key=lambda c: c.index)
+
+
+def _take_filter_form(candidates) -> list[Candidate]:
+    taken = [c for c in candidates if _filter_form_pays(c)]
+    for cand in taken:
         cand.cost = cand.filter_cost
-    worth = [c for c in eligible if c not in chosen and c.cost.saved_s > 0]
-    worth.sort(key=lambda c: (-c.cost.saved_s / c.cost.extra_weight_bytes, c.index))
-    used = 0
-    budget_bytes = budget_mb * MB
+    return taken
+
+
+def _buy_transformed(candidates, budget_bytes: float) -> list[Candidate]:
+    """Greedily by saved time per extra byte (ties: graph order), each while it fits."""
+    worth = sorted((c for c in candidates if c.cost.saved_s > 0),
+                   key=lambda c: (-c.cost.saved_s / c.cost.extra_weight_bytes, c.index))
+    bought, used = [], 0
     for cand in worth:
         if used + cand.cost.extra_weight_bytes <= budget_bytes:
-            chosen.append(cand)
+            bought.append(cand)
             used += cand.cost.extra_weight_bytes
-    return sorted(chosen, key=lambda c: c.index)
+    return bought
 
 
 def apply_winograd(model: ir.Model, profile: Profile | str, budget_mb: float,
@@ -204,7 +223,7 @@ def apply_winograd(model: ir.Model, profile: Profile | str, budget_mb: float,
     """Rewrite the chosen convs in place (see the module docstring); returns the decisions."""
     profile = load_profile(profile)
     candidates = find_candidates(model, profile, precision, weight_value_bytes)
-    chosen = choose(candidates, budget_mb)
+    chosen = choose(candidates, budget_mb, quantized=weight_value_bytes is not None)
     if chosen:
         ir_utils.ensure_domain(model)
     decisions = []

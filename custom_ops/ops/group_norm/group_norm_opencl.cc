@@ -215,6 +215,14 @@ struct ColsPlan {
   }
 };
 
+// kMaxPartials, or DIFFLITE_GN_PARTIALS=N (1..1024; an A/B of the split plan's stats launch on
+// a large GPU, where 64 partials a group leave compute units idle).
+int MaxPartials() {
+  const char* env = std::getenv("DIFFLITE_GN_PARTIALS");
+  const int forced = env != nullptr ? std::atoi(env) : 0;
+  return forced >= 1 && forced <= 1024 ? forced : kMaxPartials;
+}
+
 ColsPlan PlanCols(int64_t n, int groups, int64_t spatial, int c, uint32_t cus, int limit) {
   ColsPlan p;
   const int cg = c / groups;
@@ -233,7 +241,7 @@ ColsPlan PlanCols(int64_t n, int groups, int64_t spatial, int c, uint32_t cus, i
   const int64_t blocks = static_cast<int64_t>(p.cv / p.lx) * n;
   const int64_t want = CeilDiv(4 * std::max<int64_t>(1, cus), blocks);
   const int64_t by_rows = std::max<int64_t>(1, spatial / (p.ly * kStatsRows));
-  p.ys = static_cast<int>(std::max<int64_t>(1, std::min({want, by_rows, int64_t{kMaxPartials / p.xb}})));
+  p.ys = static_cast<int>(std::max<int64_t>(1, std::min({want, by_rows, int64_t{std::max(1, MaxPartials() / p.xb)}})));
   p.ya = static_cast<int>(std::max<int64_t>(1, CeilDiv(spatial, int64_t{p.ly} * kApplyRows)));
   return p;
 }
