@@ -69,7 +69,7 @@ COLS_GROUP = 256  # kColsGroup: the split plan's largest work-group
 COLS_MIN_WIDTH = 32  # kColsMinWidth
 STATS_ROWS = 8  # kStatsRows
 APPLY_ROWS = 16  # kApplyRows
-MAX_PARTIALS = 64  # kMaxPartials
+MAX_PARTIALS = 256  # kMaxPartials
 
 
 def gn_vector_width(cg: int) -> int:
