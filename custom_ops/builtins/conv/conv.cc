@@ -1,9 +1,12 @@
 // CONV_2D and DEPTHWISE_CONV_2D on the GPU (conv.cl): strides, dilations,
-// SAME/VALID padding, optional bias, no fused activation. A 1x1, stride-1,
-// unpadded CONV_2D is a plain GEMM (gemm.cl); every other CONV_2D runs as an
-// implicit GEMM over the filter taps. A CONV_2D reads an int8 / int4 filter
-// quantized (dl_qweights.cl) where its kernel can.
+// SAME/VALID padding, optional bias, no fused activation. On GPUs a CONV_2D of
+// few output channels and many output pixels with a float filter runs
+// conv2d_narrow (ChooseNarrow); otherwise a 1x1, stride-1, unpadded CONV_2D is a
+// plain GEMM (gemm.cl) and every other CONV_2D runs as an implicit GEMM over the
+// filter taps. A CONV_2D reads an int8 / int4 filter quantized (dl_qweights.cl)
+// where its kernel can.
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -146,6 +149,64 @@ class Conv2dOp final : public GpuOp {
   SplitK split_;
 };
 
+// conv2d_narrow (conv.cl): an item per kNarrowPixels(N) consecutive output pixels of a row, all
+// N <= kNarrowMaxCout output channels of them.
+constexpr int kNarrowMaxCout = 8;
+constexpr size_t kNarrowGroup = 64;
+constexpr int64_t kNarrowItemsPerCu = 256;
+int NarrowPixels(int cout) { return cout <= 4 ? 4 : 2; }  // at most 16 float4 accumulators
+
+int64_t NarrowItems(const ConvGeometry& g) {
+  const int per_row = (g.ow + NarrowPixels(g.cout) - 1) / NarrowPixels(g.cout);
+  return static_cast<int64_t>(g.n) * g.oh * per_row;
+}
+
+// Whether a CONV_2D takes conv2d_narrow: on GPUs (tiled kernels), at most kNarrowMaxCout output
+// channels, a float filter. The implicit GEMM's output tiles are 16 to 64 channels wide, so with
+// N = 3 (the VAE decoder's conv_out, 512x512 pixels) over 80% of a tile's multiply-adds and
+// local-memory staging is padding; that holds on any GPU, phones included. But an item of
+// conv2d_narrow walks all of K alone, so it needs many pixels to fill the device (at least
+// kNarrowItemsPerCu items per compute unit); with fewer, the GEMM, which splits K, stays (e.g.
+// the UNet's conv_out, 64x64 pixels). Quantized filters stay with the GEMM, which reads them so.
+// DIFFLITE_CONV_NARROW=1 takes it wherever it can run (any pixel count; tests), 0 never.
+bool ChooseNarrow(GpuContext& ctx, const ConvGeometry& g, const TensorInfo& w) {
+  if (ctx.PreferFlatKernels() || g.cout > kNarrowMaxCout || w.quant_bits != 0) return false;
+  if (NarrowItems(g) > kMaxIndex) return false;
+  const char* env = std::getenv("DIFFLITE_CONV_NARROW");
+  if (env != nullptr && *env != '\0') return std::atoi(env) != 0;
+  return NarrowItems(g) >= kNarrowItemsPerCu * static_cast<int64_t>(ctx.device().compute_units);
+}
+
+class NarrowConvOp final : public GpuOp {
+ public:
+  NarrowConvOp(cl_kernel k, size_t local, ConvGeometry g, bool has_bias)
+      : k_(k), local_(local), g_(g), has_bias_(has_bias) {}
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    const int items = static_cast<int>(NarrowItems(g_));
+    const int per_row = (g_.ow + NarrowPixels(g_.cout) - 1) / NarrowPixels(g_.cout);
+    std::string e = Args()
+                        .Mem(in[0].mem)
+                        .Mem(in[1].mem)
+                        .Mem(has_bias_ ? in[2].mem : nullptr)
+                        .Mem(out[0].mem)
+                        .Int4(g_.G0())
+                        .Int4(g_.G1())
+                        .Int4(g_.G2())
+                        .Int4({g_.kh, per_row, items, 0})
+                        .Int(has_bias_ ? 1 : 0)
+                        .Set(ctx.cl(), k_);
+    if (!e.empty()) return e;
+    return Launch1D(ctx, k_, static_cast<size_t>(items), local_, "conv2d_narrow");
+  }
+
+ private:
+  cl_kernel k_;
+  size_t local_;
+  ConvGeometry g_;
+  bool has_bias_;
+};
+
 std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::string* error) {
   const auto* p = Params<tfl::ConvParams>(node);
   if (p == nullptr) return Refuse(error, "CONV_2D without parameters");
@@ -158,6 +219,16 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   const int m = g.n * g.oh * g.ow;
   const int k = g.kh * g.kw * g.cin;
   const TensorInfo& w = node.inputs[1];
+  if (ChooseNarrow(ctx, g, w)) {
+    cl_kernel kn = nullptr;
+    e = GetKernel(ctx, "conv", "conv2d_narrow",
+                  TileConfig().Options() + " -DNW_N=" + std::to_string(g.cout) +
+                      " -DNW_PX=" + std::to_string(NarrowPixels(g.cout)) +
+                      (g.cin % 4 == 0 ? " -DNW_ALIGNED=1" : ""),
+                  &kn);
+    if (!e.empty()) return Refuse(error, e);
+    return std::make_unique<NarrowConvOp>(kn, Local1D(ctx, kn, kNarrowGroup), g, has_bias);
+  }
   if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0) {
     GemmShape s;  // a plain GEMM: B is the [N][K] filter, k-major
     s.m = m;

@@ -371,3 +371,99 @@ __kernel void conv2d_rows(__global const DL_T* x, DL_ROWS_W_PTR wt,
     }
   }
 }
+
+// conv2d for GPUs when the output has few channels (N = NW_N <= 8, e.g. the VAE's last
+// convolution, N = 3): the implicit GEMM's tiles are 16-64 channels wide, so most of their
+// multiply-adds and staging would be padding. Here an item owns NW_PX consecutive output pixels
+// of one row and all NW_N channels: for each filter tap and each run of 4 input channels it loads
+// one float4 of x per pixel and one float4 of each output channel's filter row (OHWI: the filter
+// is contiguous along Cin, read in place through the cache; every item of a work-group reads the
+// same filter elements), and keeps a float4 of partial sums per (pixel, channel), its 4 lanes
+// added at the end. Arithmetic in float (also with DL_FP16_MATH: K = KH*KW*Cin can be long).
+// NW_ALIGNED=1 (Cin % 4 == 0): every run of 4 starts on a multiple of 4, one aligned load each.
+// Taps outside the image add nothing. geometry as conv2d; g3 = (kh, items per output row, items).
+#ifndef NW_N
+#define NW_N 4
+#endif
+#ifndef NW_PX
+#define NW_PX 4
+#endif
+#ifndef NW_ALIGNED
+#define NW_ALIGNED 0
+#endif
+#if NW_ALIGNED
+#define NW_LOAD4(p, i) DL_LOAD4A(p, i)
+#else
+#define NW_LOAD4(p, i) DL_LOAD4(p, i)
+#endif
+__kernel void conv2d_narrow(__global const DL_T* x, __global const DL_T* w,
+                            __global const DL_T* bias, __global DL_T* y, int4 g0, int4 g1,
+                            int4 g2, int4 g3, int has_bias) {
+  const int i = get_global_id(0);
+  if (i >= g3.z) return;
+  CONV_GEOMETRY(g0, g1, g2);
+  const int kh = g3.x, row_items = g3.y;
+  const int K = kh * kw * cin;
+  const int ox0 = (i % row_items) * NW_PX;
+  const int t = i / row_items;
+  const int oy = t % oh;
+  const int b = t / oh;
+  float4 acc[NW_PX][NW_N];
+#pragma unroll
+  for (int p = 0; p < NW_PX; ++p) {
+#pragma unroll
+    for (int c = 0; c < NW_N; ++c) acc[p][c] = (float4)(0.0f);
+  }
+  for (int ky = 0; ky < kh; ++ky) {
+    const int iy = oy * sh - pt + ky * dh;
+    if (iy < 0 || iy >= ih) continue;
+    const int row = (b * ih + iy) * iw;
+    for (int kx = 0; kx < kw; ++kx) {
+      // each pixel's input offset at this tap; -1 outside the image or past the row's end
+      int off[NW_PX];
+#pragma unroll
+      for (int p = 0; p < NW_PX; ++p) {
+        const int ix = (ox0 + p) * sw - pl + kx * dw;
+        off[p] = (ox0 + p < ow && ix >= 0 && ix < iw) ? (row + ix) * cin : -1;
+      }
+      const int wk = (ky * kw + kx) * cin;  // the tap's start in a filter row
+      int ci = 0;
+      for (; ci + 4 <= cin; ci += 4) {
+        float4 xv[NW_PX];
+#pragma unroll
+        for (int p = 0; p < NW_PX; ++p) {
+          xv[p] = off[p] >= 0 ? NW_LOAD4(x, off[p] + ci) : (float4)(0.0f);
+        }
+#pragma unroll
+        for (int c = 0; c < NW_N; ++c) {
+          const float4 wv = NW_LOAD4(w, c * K + wk + ci);
+#pragma unroll
+          for (int p = 0; p < NW_PX; ++p) acc[p][c] = fma(xv[p], wv, acc[p][c]);
+        }
+      }
+      for (; ci < cin; ++ci) {  // Cin % 4 trailing channels
+        float xs[NW_PX];
+#pragma unroll
+        for (int p = 0; p < NW_PX; ++p) xs[p] = off[p] >= 0 ? DL_LOAD(x, off[p] + ci) : 0.0f;
+#pragma unroll
+        for (int c = 0; c < NW_N; ++c) {
+          const float ws = DL_LOAD(w, c * K + wk + ci);
+#pragma unroll
+          for (int p = 0; p < NW_PX; ++p) acc[p][c].x = fma(xs[p], ws, acc[p][c].x);
+        }
+      }
+    }
+  }
+  const int m0 = (b * oh + oy) * ow + ox0;  // the first pixel's output row
+#pragma unroll
+  for (int p = 0; p < NW_PX; ++p) {
+    if (ox0 + p < ow) {
+#pragma unroll
+      for (int c = 0; c < NW_N; ++c) {
+        const float4 a = acc[p][c];
+        const float v = (a.x + a.y) + (a.z + a.w) + (has_bias ? DL_LOAD(bias, c) : 0.0f);
+        DL_STORE(y, (m0 + p) * NW_N + c, v);
+      }
+    }
+  }
+}
