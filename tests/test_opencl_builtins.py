@@ -197,6 +197,86 @@ def test_conv_2d(opencl_lib, tmp_path, style, case):
     check(got, want)
 
 
+NARROW_CASES = {
+    # name: (N, H, W, Cin, Cout, KH, KW, stride, dilation, padding, bias), as CONV_CASES
+    "c3_cin128": (1, 9, 11, 128, 3, 3, 3, (1, 1), (1, 1), SAME, True),  # the VAE's conv_out, small
+    "c1_cin5_valid": (1, 8, 7, 5, 1, 3, 3, (1, 1), (1, 1), VALID, True),  # Cin % 4 == 1
+    "c4_cin3_s2": (2, 9, 10, 3, 4, 3, 3, (2, 2), (1, 1), SAME, False),  # Cin < 4: tail only
+    "c3_cin5_s2_valid": (1, 11, 13, 5, 3, 3, 3, (2, 2), (1, 1), VALID, False),
+    "c8_cin128_s2": (1, 7, 9, 128, 8, 3, 3, (2, 2), (1, 1), SAME, True),  # 2 pixels an item
+    "c5_mixed_5x3": (1, 10, 9, 12, 5, 5, 3, (1, 2), (2, 1), SAME, True),  # strides, dilations mixed
+    "c2_1x1": (2, 5, 7, 13, 2, 1, 1, (1, 1), (1, 1), VALID, True),  # otherwise a plain GEMM
+    "c7_cin6_1x3_s2": (1, 5, 17, 6, 7, 1, 3, (1, 2), (1, 1), SAME, True),  # Cin % 4 == 2
+}
+
+
+def conv_labels(stats) -> set[str]:
+    """The launch labels of the profile=2 stats' CONV_2D entries ("CONV_2D <shapes> <label>")."""
+    return {key.rsplit(" ", 1)[1] for key in stats["profile_ms_per_invoke"] if key.startswith("CONV_2D ")}
+
+
+def conv_model(x, wt, b, stride, dil, padding, out_shape):
+    def build(m):
+        xi = m.activation("x", x.shape)
+        y = m.activation("y", out_shape)
+        bi = m.constant("b", b) if b is not None else -1
+        m.builtin("CONV_2D", [xi, m.constant("w", wt), bi], [y], padding=padding,
+                  strideH=stride[0], strideW=stride[1], dilationHFactor=dil[0],
+                  dilationWFactor=dil[1])
+        return [xi], [y]
+    return build
+
+
+@pytest.mark.parametrize("kernels", ["tiled", "tiled+fp16", "flat", "flat+fp16"])
+@pytest.mark.parametrize("case", list(NARROW_CASES))
+def test_conv_2d_narrow(opencl_lib, tmp_path, monkeypatch, kernels, case):
+    """conv2d_narrow (conv.cc: ChooseNarrow), forced on for any pixel count with
+    DIFFLITE_CONV_NARROW=1: the GPU (tiled) kernels take it, the flat ones never; the profile
+    names the launch. Against a float64 reference of the values as stored (half storage rounds
+    the inputs, filter and bias), so with half storage only the output's rounding is allowed
+    for: the accumulation stays in float."""
+    monkeypatch.setenv("DIFFLITE_CONV_NARROW", "1")
+    n, h, w, cin, cout, kh, kw, stride, dil, padding, has_bias = NARROW_CASES[case]
+    r = rng(30)
+    x = nonzero(r, (n, h, w, cin))
+    wt = nonzero(r, (cout, kh, kw, cin))
+    b = nonzero(r, (cout,)) if has_bias else None
+    want = conv_ref(stored(kernels, x), stored(kernels, wt),
+                    stored(kernels, b) if has_bias else None, stride, dil, padding)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, b, stride, dil, padding, want.shape),
+                              [x], kernels, profile=2)
+    assert_close(got, want, 1e-3 if kernels.endswith("+fp16") else TOL)
+    assert conv_labels(stats) == ({"conv2d_narrow"} if kernels.startswith("tiled") else
+                                  {"conv2d_1x1" if kh == kw == 1 else "conv2d"}), stats
+
+
+def test_conv_2d_narrow_choice(opencl_lib, tmp_path, monkeypatch, capfd):
+    """Unforced, conv2d_narrow takes a float CONV_2D of <= 8 output channels on the tiled kernels
+    where it has at least 256 items (4 pixels each here) per compute unit, which the verbose log
+    names; fewer pixels, 9 channels or DIFFLITE_CONV_NARROW=0 keep the GEMM."""
+    monkeypatch.delenv("DIFFLITE_CONV_NARROW", raising=False)
+    r = rng(31)
+
+    def run(shape, cout, **opts):
+        x = nonzero(r, shape)
+        wt = nonzero(r, (cout, 3, 3, shape[-1]))
+        b = nonzero(r, (cout,))
+        want = conv_ref(x, wt, b, (1, 1), (1, 1), SAME)
+        (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, b, (1, 1), (1, 1), SAME, want.shape),
+                                  [x], "tiled", profile=2, verbose=1, **opts)
+        check(got, want)
+        return conv_labels(stats)
+
+    big = (1, 128, 128, 4)  # 128 * 32 = 4096 items
+    got = run(big, 3)
+    units = int(re.search(r"(\d+) compute units", capfd.readouterr().err).group(1))
+    assert got == ({"conv2d_narrow"} if 128 * 32 >= 256 * units else {"conv2d"}), (got, units)
+    assert run((1, 6, 7, 5), 3) == {"conv2d"}  # 12 items
+    assert run(big, 9) == {"conv2d"}
+    monkeypatch.setenv("DIFFLITE_CONV_NARROW", "0")
+    assert run(big, 3) == {"conv2d"}
+
+
 @pytest.mark.parametrize("case", [
     # N, H, W, C, mult, K, stride, dilation, padding
     (1, 9, 7, 5, 2, 3, (1, 1), (1, 1), SAME),

@@ -371,7 +371,8 @@ PROGRAM_VARIANTS = {
                    ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
     "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"],
              ["-DGEMM_ACC=1"], ["-DVEC=1", "-DGEMM_ACC=1"], ["-DSK_M=2", "-DGEMM_ACC=1"]),
-    "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+    "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"],
+             ["-DNW_N=3", "-DNW_ALIGNED=1"], ["-DNW_N=7", "-DNW_PX=2"]),  # conv2d_narrow
 }
 
 
