@@ -227,15 +227,10 @@ def conv_model(x, wt, b, stride, dil, padding, out_shape):
     return build
 
 
-@pytest.mark.parametrize("kernels", ["tiled", "tiled+fp16", "flat", "flat+fp16"])
-@pytest.mark.parametrize("case", list(NARROW_CASES))
-def test_conv_2d_narrow(opencl_lib, tmp_path, monkeypatch, kernels, case):
-    """conv2d_narrow (conv.cc: ChooseNarrow), forced on for any pixel count with
-    DIFFLITE_CONV_NARROW=1: the GPU (tiled) kernels take it, the flat ones never; the profile
-    names the launch. Against a float64 reference of the values as stored (half storage rounds
-    the inputs, filter and bias), so with half storage only the output's rounding is allowed
-    for: the accumulation stays in float."""
-    monkeypatch.setenv("DIFFLITE_CONV_NARROW", "1")
+def narrow_case(case, kernels, **opts):
+    """NARROW_CASES[case] against a float64 reference of the values as stored (half storage rounds
+    the inputs, filter and bias), so with half storage only the output's rounding is allowed for:
+    conv2d_narrow accumulates in float. Returns the CONV_2D launch labels."""
     n, h, w, cin, cout, kh, kw, stride, dil, padding, has_bias = NARROW_CASES[case]
     r = rng(30)
     x = nonzero(r, (n, h, w, cin))
@@ -243,38 +238,105 @@ def test_conv_2d_narrow(opencl_lib, tmp_path, monkeypatch, kernels, case):
     b = nonzero(r, (cout,)) if has_bias else None
     want = conv_ref(stored(kernels, x), stored(kernels, wt),
                     stored(kernels, b) if has_bias else None, stride, dil, padding)
-    (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, b, stride, dil, padding, want.shape),
-                              [x], kernels, profile=2)
+    tmp_path = opts.pop("tmp_path")
+    (got,), stats, _ = run_op(tmp_path, opts.pop("lib"), conv_model(x, wt, b, stride, dil, padding, want.shape),
+                              [x], kernels, profile=2, **opts)
     assert_close(got, want, 1e-3 if kernels.endswith("+fp16") else TOL)
-    assert conv_labels(stats) == ({"conv2d_narrow"} if kernels.startswith("tiled") else
-                                  {"conv2d_1x1" if kh == kw == 1 else "conv2d"}), stats
+    return conv_labels(stats), kh == kw == 1
 
 
-def test_conv_2d_narrow_choice(opencl_lib, tmp_path, monkeypatch, capfd):
-    """Unforced, conv2d_narrow takes a float CONV_2D of <= 8 output channels on the tiled kernels
-    where it has at least 256 items (4 pixels each here) per compute unit, which the verbose log
-    names; fewer pixels, 9 channels or DIFFLITE_CONV_NARROW=0 keep the GEMM."""
+@pytest.mark.parametrize("kernels", ["tiled", "tiled+fp16", "flat", "flat+fp16"])
+@pytest.mark.parametrize("case", list(NARROW_CASES))
+def test_conv_2d_narrow(opencl_lib, tmp_path, monkeypatch, kernels, case):
+    """conv2d_narrow (conv.cc: PlanNarrow) takes every float CONV_2D of <= 8 output channels on
+    the GPU (tiled) kernels, 1x1 ones too, never on the flat ones; the profile names the launch."""
     monkeypatch.delenv("DIFFLITE_CONV_NARROW", raising=False)
-    r = rng(31)
+    labels, one_by_one = narrow_case(case, kernels, tmp_path=tmp_path, lib=opencl_lib)
+    assert labels == ({"conv2d_narrow"} if kernels.startswith("tiled") else
+                      {"conv2d_1x1" if one_by_one else "conv2d"}), labels
 
-    def run(shape, cout, **opts):
-        x = nonzero(r, shape)
-        wt = nonzero(r, (cout, 3, 3, shape[-1]))
-        b = nonzero(r, (cout,))
-        want = conv_ref(x, wt, b, (1, 1), (1, 1), SAME)
-        (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, b, (1, 1), (1, 1), SAME, want.shape),
-                                  [x], "tiled", profile=2, verbose=1, **opts)
-        check(got, want)
-        return conv_labels(stats)
 
-    big = (1, 128, 128, 4)  # 128 * 32 = 4096 items
-    got = run(big, 3)
-    units = int(re.search(r"(\d+) compute units", capfd.readouterr().err).group(1))
-    assert got == ({"conv2d_narrow"} if 128 * 32 >= 256 * units else {"conv2d"}), (got, units)
-    assert run((1, 6, 7, 5), 3) == {"conv2d"}  # 12 items
-    assert run(big, 9) == {"conv2d"}
+@pytest.mark.parametrize("plan", ["4x1", "4x8", "2x4", "1x32", "2x16"])
+@pytest.mark.parametrize("case", list(NARROW_CASES))
+def test_conv_2d_narrow_plans(opencl_lib, tmp_path, monkeypatch, plan, case):
+    """DIFFLITE_CONV_NARROW=PxL forces P pixels and L lanes a group: lanes past Cin's runs of 4
+    (L = 32 at Cin 3..128), the Cin % 4 tail spread over lanes, rows ending mid-group."""
+    monkeypatch.setenv("DIFFLITE_CONV_NARROW", plan)
+    labels, _ = narrow_case(case, "tiled", tmp_path=tmp_path, lib=opencl_lib)
+    assert labels == {"conv2d_narrow"}, labels
+
+
+def test_conv_2d_narrow_off_and_bad_setting(opencl_lib, tmp_path, monkeypatch, capfd):
+    """DIFFLITE_CONV_NARROW=0 keeps the GEMM; 9 output channels keep it anyway; a malformed value
+    refuses the node with the reason (TFLite then runs it)."""
     monkeypatch.setenv("DIFFLITE_CONV_NARROW", "0")
-    assert run(big, 3) == {"conv2d"}
+    assert narrow_case("c3_cin128", "tiled", tmp_path=tmp_path, lib=opencl_lib)[0] == {"conv2d"}
+    monkeypatch.delenv("DIFFLITE_CONV_NARROW")
+    r = rng(31)
+    x = nonzero(r, (1, 6, 7, 5))
+    wt = nonzero(r, (9, 3, 3, 5))
+    want = conv_ref(x, wt, None, (1, 1), (1, 1), SAME)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, None, (1, 1), (1, 1), SAME, want.shape),
+                              [x], "tiled", profile=2)
+    check(got, want)
+    assert conv_labels(stats) == {"conv2d"}, stats
+    monkeypatch.setenv("DIFFLITE_CONV_NARROW", "4x3")
+    m = OpModel()
+    b = nonzero(r, (3,))  # TFLite's own CONV_2D wants a bias
+    path = m.save(tmp_path / "bad.tflite", *conv_model(x, wt[:3], b, (1, 1), (1, 1), SAME, want.shape[:3] + (3,))(m))
+    (got,), stats = run_model(path, opencl_lib, [x], style_options("tiled"), stats=True)
+    check(got, conv_ref(x, wt[:3], b, (1, 1), (1, 1), SAME))
+    assert stats["nodes_claimed"] == 0, stats
+    assert "DIFFLITE_CONV_NARROW=4x3: expected 0 or PxL" in capfd.readouterr().err
+
+
+NARROW_CHILD = """
+import sys
+import numpy as np
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from support.numerics import SAME, nonzero, rng
+from support.opencl_helpers import OpModel, run_model
+from test_opencl_builtins import conv_model, style_options
+r = rng(32)
+x = nonzero(r, {shape!r})
+wt = nonzero(r, (3, 3, 3, {shape!r}[-1]))
+m = OpModel()
+path = m.save(Path({work!r}) / "narrow.tflite", *conv_model(x, wt, None, (1, 1), (1, 1), SAME, {shape!r}[:3] + (3,))(m))
+run_model(path, Path({lib!r}), [x], style_options("tiled", verbose=1))
+"""
+
+
+@pytest.mark.parametrize("shape", [(1, 40, 44, 128), (1, 5, 6, 320)])
+def test_conv_2d_narrow_plan_in_trace(opencl_lib, tmp_path, shape):
+    """The driver trace (DIFFLITE_CL_TRACE=1, in a child process: the trace is installed when the
+    library loads) shows conv2d_narrow's launch with the automatic plan's work-group (L lanes x
+    64 / L pixel groups, conv.cc: PlanNarrow): Cin / 8 lanes (at most 16), then, while the launch
+    has fewer than 1024 items per compute unit, twice the lanes (at most 32 and Cin / 4), else
+    half the pixels (from 4)."""
+    env = {k: v for k, v in os.environ.items() if k != "DIFFLITE_CONV_NARROW"}
+    code = NARROW_CHILD.format(tests=str(os.path.dirname(__file__)), work=str(tmp_path), lib=str(opencl_lib),
+                               shape=shape)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "DIFFLITE_CL_TRACE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    units = int(re.search(r"(\d+) compute units", run.stderr).group(1))
+    (launch,) = {tuple(line.split()) for line in run.stderr.splitlines()
+                 if line.startswith("difflite-cl: launch conv2d_narrow ")}  # the same each invoke
+    _, h, w, cin = shape
+    px, lanes = 4, 1
+    while lanes < 16 and lanes * 16 <= cin:
+        lanes *= 2
+    while h * -(-w // px) * lanes < 1024 * units:
+        if lanes < 32 and lanes * 8 <= cin:
+            lanes *= 2
+        elif px > 1:
+            px //= 2
+        else:
+            break
+    groups = h * -(-w // px)
+    assert launch[3] == f"global={lanes},{-(-groups // (64 // lanes)) * (64 // lanes)},1", launch
+    assert launch[4] == f"local={lanes},{64 // lanes},0", launch
 
 
 @pytest.mark.parametrize("case", [
