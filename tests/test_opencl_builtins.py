@@ -197,6 +197,148 @@ def test_conv_2d(opencl_lib, tmp_path, style, case):
     check(got, want)
 
 
+NARROW_CASES = {
+    # name: (N, H, W, Cin, Cout, KH, KW, stride, dilation, padding, bias), as CONV_CASES
+    "c3_cin128": (1, 9, 11, 128, 3, 3, 3, (1, 1), (1, 1), SAME, True),  # the VAE's conv_out, small
+    "c1_cin5_valid": (1, 8, 7, 5, 1, 3, 3, (1, 1), (1, 1), VALID, True),  # Cin % 4 == 1
+    "c4_cin3_s2": (2, 9, 10, 3, 4, 3, 3, (2, 2), (1, 1), SAME, False),  # Cin < 4: tail only
+    "c3_cin5_s2_valid": (1, 11, 13, 5, 3, 3, 3, (2, 2), (1, 1), VALID, False),
+    "c8_cin128_s2": (1, 7, 9, 128, 8, 3, 3, (2, 2), (1, 1), SAME, True),  # 2 pixels an item
+    "c5_mixed_5x3": (1, 10, 9, 12, 5, 5, 3, (1, 2), (2, 1), SAME, True),  # strides, dilations mixed
+    "c2_1x1": (2, 5, 7, 13, 2, 1, 1, (1, 1), (1, 1), VALID, True),  # otherwise a plain GEMM
+    "c7_cin6_1x3_s2": (1, 5, 17, 6, 7, 1, 3, (1, 2), (1, 1), SAME, True),  # Cin % 4 == 2
+}
+
+
+def conv_labels(stats) -> set[str]:
+    """The launch labels of the profile=2 stats' CONV_2D entries ("CONV_2D <shapes> <label>")."""
+    return {key.rsplit(" ", 1)[1] for key in stats["profile_ms_per_invoke"] if key.startswith("CONV_2D ")}
+
+
+def conv_model(x, wt, b, stride, dil, padding, out_shape):
+    def build(m):
+        xi = m.activation("x", x.shape)
+        y = m.activation("y", out_shape)
+        bi = m.constant("b", b) if b is not None else -1
+        m.builtin("CONV_2D", [xi, m.constant("w", wt), bi], [y], padding=padding,
+                  strideH=stride[0], strideW=stride[1], dilationHFactor=dil[0],
+                  dilationWFactor=dil[1])
+        return [xi], [y]
+    return build
+
+
+def narrow_case(case, kernels, **opts):
+    """NARROW_CASES[case] against a float64 reference of the values as stored (half storage rounds
+    the inputs, filter and bias), so with half storage only the output's rounding is allowed for:
+    conv2d_narrow accumulates in float. Returns the CONV_2D launch labels."""
+    n, h, w, cin, cout, kh, kw, stride, dil, padding, has_bias = NARROW_CASES[case]
+    r = rng(30)
+    x = nonzero(r, (n, h, w, cin))
+    wt = nonzero(r, (cout, kh, kw, cin))
+    b = nonzero(r, (cout,)) if has_bias else None
+    want = conv_ref(stored(kernels, x), stored(kernels, wt),
+                    stored(kernels, b) if has_bias else None, stride, dil, padding)
+    tmp_path = opts.pop("tmp_path")
+    (got,), stats, _ = run_op(tmp_path, opts.pop("lib"), conv_model(x, wt, b, stride, dil, padding, want.shape),
+                              [x], kernels, profile=2, **opts)
+    assert_close(got, want, 1e-3 if kernels.endswith("+fp16") else TOL)
+    return conv_labels(stats), kh == kw == 1
+
+
+@pytest.mark.parametrize("kernels", ["tiled", "tiled+fp16", "flat", "flat+fp16"])
+@pytest.mark.parametrize("case", list(NARROW_CASES))
+def test_conv_2d_narrow(opencl_lib, tmp_path, monkeypatch, kernels, case):
+    """conv2d_narrow (conv.cc: PlanNarrow) takes every float CONV_2D of <= 8 output channels on
+    the GPU (tiled) kernels, 1x1 ones too, never on the flat ones; the profile names the launch."""
+    monkeypatch.delenv("DIFFLITE_CONV_NARROW", raising=False)
+    labels, one_by_one = narrow_case(case, kernels, tmp_path=tmp_path, lib=opencl_lib)
+    assert labels == ({"conv2d_narrow"} if kernels.startswith("tiled") else
+                      {"conv2d_1x1" if one_by_one else "conv2d"}), labels
+
+
+@pytest.mark.parametrize("plan", ["4x1", "4x8", "2x4", "1x32", "2x16"])
+@pytest.mark.parametrize("case", list(NARROW_CASES))
+def test_conv_2d_narrow_plans(opencl_lib, tmp_path, monkeypatch, plan, case):
+    """DIFFLITE_CONV_NARROW=PxL forces P pixels and L lanes a group: lanes past Cin's runs of 4
+    (L = 32 at Cin 3..128), the Cin % 4 tail spread over lanes, rows ending mid-group."""
+    monkeypatch.setenv("DIFFLITE_CONV_NARROW", plan)
+    labels, _ = narrow_case(case, "tiled", tmp_path=tmp_path, lib=opencl_lib)
+    assert labels == {"conv2d_narrow"}, labels
+
+
+def test_conv_2d_narrow_off_and_bad_setting(opencl_lib, tmp_path, monkeypatch, capfd):
+    """DIFFLITE_CONV_NARROW=0 keeps the GEMM; 9 output channels keep it anyway; a malformed value
+    refuses the node with the reason (TFLite then runs it)."""
+    monkeypatch.setenv("DIFFLITE_CONV_NARROW", "0")
+    assert narrow_case("c3_cin128", "tiled", tmp_path=tmp_path, lib=opencl_lib)[0] == {"conv2d"}
+    monkeypatch.delenv("DIFFLITE_CONV_NARROW")
+    r = rng(31)
+    x = nonzero(r, (1, 6, 7, 5))
+    wt = nonzero(r, (9, 3, 3, 5))
+    want = conv_ref(x, wt, None, (1, 1), (1, 1), SAME)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, None, (1, 1), (1, 1), SAME, want.shape),
+                              [x], "tiled", profile=2)
+    check(got, want)
+    assert conv_labels(stats) == {"conv2d"}, stats
+    monkeypatch.setenv("DIFFLITE_CONV_NARROW", "4x3")
+    m = OpModel()
+    b = nonzero(r, (3,))  # TFLite's own CONV_2D wants a bias
+    path = m.save(tmp_path / "bad.tflite", *conv_model(x, wt[:3], b, (1, 1), (1, 1), SAME, want.shape[:3] + (3,))(m))
+    (got,), stats = run_model(path, opencl_lib, [x], style_options("tiled"), stats=True)
+    check(got, conv_ref(x, wt[:3], b, (1, 1), (1, 1), SAME))
+    assert stats["nodes_claimed"] == 0, stats
+    assert "DIFFLITE_CONV_NARROW=4x3: expected 0 or PxL" in capfd.readouterr().err
+
+
+NARROW_CHILD = """
+import sys
+import numpy as np
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from support.numerics import SAME, nonzero, rng
+from support.opencl_helpers import OpModel, run_model
+from test_opencl_builtins import conv_model, style_options
+r = rng(32)
+x = nonzero(r, {shape!r})
+wt = nonzero(r, (3, 3, 3, {shape!r}[-1]))
+m = OpModel()
+path = m.save(Path({work!r}) / "narrow.tflite", *conv_model(x, wt, None, (1, 1), (1, 1), SAME, {shape!r}[:3] + (3,))(m))
+run_model(path, Path({lib!r}), [x], style_options("tiled", verbose=1))
+"""
+
+
+@pytest.mark.parametrize("shape", [(1, 40, 44, 128), (1, 5, 6, 320)])
+def test_conv_2d_narrow_plan_in_trace(opencl_lib, tmp_path, shape):
+    """The driver trace (DIFFLITE_CL_TRACE=1, in a child process: the trace is installed when the
+    library loads) shows conv2d_narrow's launch with the automatic plan's work-group (L lanes x
+    64 / L pixel groups, conv.cc: PlanNarrow): Cin / 8 lanes (at most 16), then, while the launch
+    has fewer than 1024 items per compute unit, twice the lanes (at most 32 and Cin / 4), else
+    half the pixels (from 4)."""
+    env = {k: v for k, v in os.environ.items() if k != "DIFFLITE_CONV_NARROW"}
+    code = NARROW_CHILD.format(tests=str(os.path.dirname(__file__)), work=str(tmp_path), lib=str(opencl_lib),
+                               shape=shape)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "DIFFLITE_CL_TRACE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    units = int(re.search(r"(\d+) compute units", run.stderr).group(1))
+    (launch,) = {tuple(line.split()) for line in run.stderr.splitlines()
+                 if line.startswith("difflite-cl: launch conv2d_narrow ")}  # the same each invoke
+    _, h, w, cin = shape
+    px, lanes = 4, 1
+    while lanes < 16 and lanes * 16 <= cin:
+        lanes *= 2
+    while h * -(-w // px) * lanes < 1024 * units:
+        if lanes < 32 and lanes * 8 <= cin:
+            lanes *= 2
+        elif px > 1:
+            px //= 2
+        else:
+            break
+    groups = h * -(-w // px)
+    assert launch[3] == f"global={lanes},{-(-groups // (64 // lanes)) * (64 // lanes)},1", launch
+    assert launch[4] == f"local={lanes},{64 // lanes},0", launch
+
+
 @pytest.mark.parametrize("case", [
     # N, H, W, C, mult, K, stride, dilation, padding
     (1, 9, 7, 5, 2, 3, (1, 1), (1, 1), SAME),

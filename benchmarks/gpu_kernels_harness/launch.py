@@ -371,7 +371,9 @@ PROGRAM_VARIANTS = {
                    ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
     "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"],
              ["-DGEMM_ACC=1"], ["-DVEC=1", "-DGEMM_ACC=1"], ["-DSK_M=2", "-DGEMM_ACC=1"]),
-    "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"]),
+    "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"],
+             ["-DNW_N=3", "-DNW_L=16", "-DNW_G=4", "-DNW_ALIGNED=1"],  # conv2d_narrow
+             ["-DNW_N=7", "-DNW_PX=2", "-DNW_L=1", "-DNW_G=64"], ["-DNW_N=8", "-DNW_PX=1", "-DNW_L=32", "-DNW_G=2"]),
 }
 
 

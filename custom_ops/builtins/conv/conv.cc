@@ -1,9 +1,12 @@
 // CONV_2D and DEPTHWISE_CONV_2D on the GPU (conv.cl): strides, dilations,
-// SAME/VALID padding, optional bias, no fused activation. A 1x1, stride-1,
-// unpadded CONV_2D is a plain GEMM (gemm.cl); every other CONV_2D runs as an
-// implicit GEMM over the filter taps. A CONV_2D reads an int8 / int4 filter
-// quantized (dl_qweights.cl) where its kernel can.
+// SAME/VALID padding, optional bias, no fused activation. On GPUs a CONV_2D of
+// few output channels with a float filter runs conv2d_narrow (PlanNarrow); otherwise a 1x1, stride-1, unpadded CONV_2D is a
+// plain GEMM (gemm.cl) and every other CONV_2D runs as an implicit GEMM over the
+// filter taps. A CONV_2D reads an int8 / int4 filter quantized (dl_qweights.cl)
+// where its kernel can.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -146,6 +149,97 @@ class Conv2dOp final : public GpuOp {
   SplitK split_;
 };
 
+// conv2d_narrow (conv.cl): NW_L lanes share NW_PX consecutive output pixels of a row (a pixel
+// group) and all its N <= kNarrowMaxCout output channels; work-groups of kNarrowGroup items.
+constexpr int kNarrowMaxCout = 8;
+constexpr int kNarrowGroup = 64;
+constexpr int kNarrowMaxLanes = 32;
+struct NarrowPlan {
+  int px = 4;     // pixels a group
+  int lanes = 1;  // lanes a group, along Cin
+  int64_t groups(const ConvGeometry& g) const { return int64_t{g.n} * g.oh * per_row(g); }
+  int per_row(const ConvGeometry& g) const { return (g.ow + px - 1) / px; }
+};
+
+// Whether a CONV_2D takes conv2d_narrow, and how: on GPUs (tiled kernels), at most
+// kNarrowMaxCout output channels, a float filter. The implicit GEMM's output tiles are 16 to 64
+// channels wide, so with N = 3 (the VAE decoder's conv_out) over 80% of a tile's multiply-adds
+// and local-memory staging is padding; that holds on any GPU, phones included. Quantized filters
+// stay with the GEMM, which reads them so. The plan: 4 pixels a group (2 for N > 4: at most 16
+// float4 accumulators), about 8 input channels a lane and tap (a lane per 8 channels, 1 to 16);
+// then, while the launch has fewer than 1024 items per compute unit (few pixels, a long K: a
+// float UNet's conv_out, 64x64 pixels and Cin = 320), twice the lanes (up to 32, 4 channels
+// each), else half the pixels. On the H200 (NVIDIA's OpenCL, half storage, the kernels timed
+// alone) this ran the VAE's conv_out (512x512x128 -> 3) in 140 us against the GEMM's 941 us,
+// 64x64x320 -> 4 in 21 us against 86 us. DIFFLITE_CONV_NARROW=0 keeps the GEMM (A/B);
+// DIFFLITE_CONV_NARROW=PxL (e.g. 4x8) forces P pixels and L lanes a group (tests). "" or a reason.
+std::string PlanNarrow(GpuContext& ctx, const ConvGeometry& g, const TensorInfo& w,
+                       NarrowPlan* plan, bool* narrow) {
+  *narrow = false;
+  if (ctx.PreferFlatKernels() || g.cout > kNarrowMaxCout || w.quant_bits != 0) return "";
+  const char* env = std::getenv("DIFFLITE_CONV_NARROW");
+  if (env != nullptr && *env != '\0') {
+    if (std::string(env) == "0") return "";
+    int px = 0, lanes = 0;
+    char end = 0;
+    if (std::sscanf(env, "%dx%d%c", &px, &lanes, &end) != 2 || (px != 1 && px != 2 && px != 4) ||
+        lanes < 1 || lanes > kNarrowMaxLanes || (lanes & (lanes - 1)) != 0) {
+      return std::string("DIFFLITE_CONV_NARROW=") + env +
+             ": expected 0 or PxL (P pixels 1, 2 or 4; L lanes a power of two <= 32)";
+    }
+    plan->px = px;
+    plan->lanes = lanes;
+  } else {
+    plan->px = g.cout <= 4 ? 4 : 2;
+    plan->lanes = 1;
+    while (plan->lanes < 16 && plan->lanes * 2 * 8 <= g.cin) plan->lanes *= 2;
+    const int64_t want = 1024 * static_cast<int64_t>(std::max<uint32_t>(ctx.device().compute_units, 1));
+    while (plan->groups(g) * plan->lanes < want) {
+      if (plan->lanes < kNarrowMaxLanes && plan->lanes * 2 * 4 <= g.cin) {
+        plan->lanes *= 2;
+      } else if (plan->px > 1) {
+        plan->px /= 2;
+      } else {
+        break;
+      }
+    }
+  }
+  *narrow = plan->groups(g) <= kMaxIndex;
+  return "";
+}
+
+class NarrowConvOp final : public GpuOp {
+ public:
+  NarrowConvOp(cl_kernel k, NarrowPlan plan, ConvGeometry g, bool has_bias)
+      : k_(k), plan_(plan), g_(g), has_bias_(has_bias) {}
+  std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
+                  const std::vector<GpuTensor>& out) override {
+    const int groups = static_cast<int>(plan_.groups(g_));
+    std::string e = Args()
+                        .Mem(in[0].mem)
+                        .Mem(in[1].mem)
+                        .Mem(has_bias_ ? in[2].mem : nullptr)
+                        .Mem(out[0].mem)
+                        .Int4(g_.G0())
+                        .Int4(g_.G1())
+                        .Int4(g_.G2())
+                        .Int4({g_.kh, plan_.per_row(g_), groups, 0})
+                        .Int(has_bias_ ? 1 : 0)
+                        .Set(ctx.cl(), k_);
+    if (!e.empty()) return e;
+    const size_t per_wg = static_cast<size_t>(kNarrowGroup / plan_.lanes);  // groups a work-group
+    const size_t local[2] = {static_cast<size_t>(plan_.lanes), per_wg};
+    const size_t global[2] = {local[0], RoundUp(static_cast<size_t>(groups), per_wg)};
+    return ctx.Enqueue(k_, 2, global, local, "conv2d_narrow");
+  }
+
+ private:
+  cl_kernel k_;
+  NarrowPlan plan_;
+  ConvGeometry g_;
+  bool has_bias_;
+};
+
 std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::string* error) {
   const auto* p = Params<tfl::ConvParams>(node);
   if (p == nullptr) return Refuse(error, "CONV_2D without parameters");
@@ -158,6 +252,25 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
   const int m = g.n * g.oh * g.ow;
   const int k = g.kh * g.kw * g.cin;
   const TensorInfo& w = node.inputs[1];
+  NarrowPlan narrow_plan;
+  bool narrow = false;
+  e = PlanNarrow(ctx, g, w, &narrow_plan, &narrow);
+  if (!e.empty()) return Refuse(error, e);
+  if (narrow) {
+    cl_kernel kn = nullptr;
+    e = GetKernel(ctx, "conv", "conv2d_narrow",
+                  TileConfig().Options() + " -DNW_N=" + std::to_string(g.cout) +
+                      " -DNW_PX=" + std::to_string(narrow_plan.px) +
+                      " -DNW_L=" + std::to_string(narrow_plan.lanes) +
+                      " -DNW_G=" + std::to_string(kNarrowGroup / narrow_plan.lanes) +
+                      (g.cin % 4 == 0 ? " -DNW_ALIGNED=1" : ""),
+                  &kn);
+    if (!e.empty()) return Refuse(error, e);
+    // a device whose limit is below the fixed work-group keeps the GEMM
+    if (ctx.KernelWorkGroupSize(kn) >= static_cast<size_t>(kNarrowGroup)) {
+      return std::make_unique<NarrowConvOp>(kn, narrow_plan, g, has_bias);
+    }
+  }
   if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0) {
     GemmShape s;  // a plain GEMM: B is the [N][K] filter, k-major
     s.m = m;

@@ -371,3 +371,119 @@ __kernel void conv2d_rows(__global const DL_T* x, DL_ROWS_W_PTR wt,
     }
   }
 }
+
+// conv2d for GPUs when the output has few channels (N = NW_N <= 8, e.g. the VAE's last
+// convolution, N = 3): the implicit GEMM's tiles are 16-64 channels wide, so most of their
+// multiply-adds and staging would be padding. Here NW_L lanes (local dimension 0, neighbours in
+// a warp / wave) share NW_PX consecutive output pixels of one row and all NW_N channels: lane l
+// takes the runs of 4 input channels l, l + NW_L, ... of each filter tap, so the lanes' loads of
+// one pixel's channels (NHWC) are contiguous; a lane per pixel instead reads 8-16 bytes of a
+// different cache line each, which bounded it at 4 TFLOP/s on the H200. For each run a lane
+// loads one float4 of x per pixel and one float4 of each output channel's filter row (OHWI: the
+// filter is contiguous along Cin, read in place through the cache; every pixel group reads the
+// same filter elements) and keeps a float4 of partial sums per (pixel, channel); at the end the
+// lanes' sums are added through local memory. Arithmetic in float (also with DL_FP16_MATH:
+// K = KH*KW*Cin can be long). NW_ALIGNED=1 (Cin % 4 == 0): every run starts on a multiple of
+// 4, one aligned load each. Taps outside the image add nothing.
+// geometry as conv2d; g3 = (kh, pixel groups per output row, pixel groups); local size
+// (NW_L, NW_G).
+#ifndef NW_N
+#define NW_N 4
+#endif
+#ifndef NW_PX
+#define NW_PX 4
+#endif
+#ifndef NW_L
+#define NW_L 8
+#endif
+#ifndef NW_G
+#define NW_G 8
+#endif
+#ifndef NW_ALIGNED
+#define NW_ALIGNED 0
+#endif
+#if NW_ALIGNED
+#define NW_LOAD4(p, i) DL_LOAD4A(p, i)
+#else
+#define NW_LOAD4(p, i) DL_LOAD4(p, i)
+#endif
+#define NW_OUT (NW_PX * NW_N)  // a pixel group's outputs
+__kernel __attribute__((reqd_work_group_size(NW_L, NW_G, 1)))
+void conv2d_narrow(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
+                   __global DL_T* y, int4 g0, int4 g1, int4 g2, int4 g3, int has_bias) {
+  __local float sums[NW_G][NW_L][NW_OUT + 1];
+  const int lane = get_local_id(0), lg = get_local_id(1);
+  const int i = get_global_id(1);  // the pixel group; past the last one: computes nothing
+  CONV_GEOMETRY(g0, g1, g2);
+  const int kh = g3.x, row_items = g3.y;
+  const bool live = i < g3.z;
+  const int K = kh * kw * cin;
+  const int ox0 = (i % row_items) * NW_PX;
+  const int t = i / row_items;
+  const int oy = t % oh;
+  const int b = t / oh;
+  float4 acc[NW_PX][NW_N];
+#pragma unroll
+  for (int p = 0; p < NW_PX; ++p) {
+#pragma unroll
+    for (int c = 0; c < NW_N; ++c) acc[p][c] = (float4)(0.0f);
+  }
+  for (int ky = 0; ky < kh; ++ky) {
+    const int iy = oy * sh - pt + ky * dh;
+    if (!live || iy < 0 || iy >= ih) continue;
+    const int row = (b * ih + iy) * iw;
+    for (int kx = 0; kx < kw; ++kx) {
+      // each pixel's input offset at this tap; -1 outside the image or past the row's end
+      int off[NW_PX];
+#pragma unroll
+      for (int p = 0; p < NW_PX; ++p) {
+        const int ix = (ox0 + p) * sw - pl + kx * dw;
+        off[p] = (ox0 + p < ow && ix >= 0 && ix < iw) ? (row + ix) * cin : -1;
+      }
+      const int wk = (ky * kw + kx) * cin;  // the tap's start in a filter row
+      for (int ci = 4 * lane; ci + 4 <= cin; ci += 4 * NW_L) {
+        float4 xv[NW_PX];
+#pragma unroll
+        for (int p = 0; p < NW_PX; ++p) {
+          xv[p] = off[p] >= 0 ? NW_LOAD4(x, off[p] + ci) : (float4)(0.0f);
+        }
+#pragma unroll
+        for (int c = 0; c < NW_N; ++c) {
+          const float4 wv = NW_LOAD4(w, c * K + wk + ci);
+#pragma unroll
+          for (int p = 0; p < NW_PX; ++p) acc[p][c] = fma(xv[p], wv, acc[p][c]);
+        }
+      }
+      for (int ci = (cin & ~3) + lane; ci < cin; ci += NW_L) {  // Cin % 4 trailing channels
+        float xs[NW_PX];
+#pragma unroll
+        for (int p = 0; p < NW_PX; ++p) xs[p] = off[p] >= 0 ? DL_LOAD(x, off[p] + ci) : 0.0f;
+#pragma unroll
+        for (int c = 0; c < NW_N; ++c) {
+          const float ws = DL_LOAD(w, c * K + wk + ci);
+#pragma unroll
+          for (int p = 0; p < NW_PX; ++p) acc[p][c].x = fma(xs[p], ws, acc[p][c].x);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < NW_PX; ++p) {
+#pragma unroll
+    for (int c = 0; c < NW_N; ++c) {
+      const float4 a = acc[p][c];
+      sums[lg][lane][p * NW_N + c] = (a.x + a.y) + (a.z + a.w);
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (!live) return;
+  // output j = p * NW_N + c of the group: y's element m0 * NW_N + j (consecutive lanes store
+  // consecutive elements)
+  const int m0 = (b * oh + oy) * ow + ox0;
+  const int outs = min(NW_PX, ow - ox0) * NW_N;
+  for (int j = lane; j < outs; j += NW_L) {
+    float v = has_bias ? DL_LOAD(bias, j % NW_N) : 0.0f;
+    for (int l = 0; l < NW_L; ++l) v += sums[lg][l][j];
+    DL_STORE(y, m0 * NW_N + j, v);
+  }
+}
