@@ -30,13 +30,16 @@ Rule, first match wins:
   3. Lk < profile.flash_min_kv_len                         -> partial_softmax
      (short keys, e.g. cross-attention over 77 tokens: S is only Lk/Dv times bigger than the output,
      one K/V tile pass has nothing to stream, and flash's per-tile rescaling is pure overhead)
-  4. max(Dk, Dv) > profile.flash_max_head_dim              -> flash, served by the work-group-tiled
-     kernel (attn_wide: a block of query rows per work-group, the head dim staged through local
-     memory in chunks, the output accumulator spread over the work-items), since a per-work-item
-     q row + accumulator would spill registers (the paper's "large number of registers"), e.g.
-     the VAE's single 512-wide head; the kernels pick their tiles from the device's local memory
-     (down to ~10 KB; below WIDE_MIN_LOCAL_BYTES -> partial_softmax). On the H100 it ran the VAE head in 2.3 ms against the partial softmax's
-     22.7 ms (2026-11).
+  4. max(Dk, Dv) > profile.flash_max_head_dim              -> partial_softmax
+     (a per-work-item q row + accumulator would spill registers, the paper's "large number of
+     registers", e.g. the VAE's single 512-wide head). On GPUs the partial softmax is then two
+     GEMMs with S in chunks: a score carries 2 (Dk + Dv) FLOPs (2048 at the VAE's 512) for ~10
+     bytes of half S written and read, far above any GPU's ratio of arithmetic to bandwidth, so
+     the GEMMs stay arithmetic-bound and S's traffic is cheap; the work-group-tiled FlashAttention
+     kernel (attn_wide, still taken for a "flash" or "auto" hint) rescales its whole Dv-wide
+     accumulator at every key block. On the H200 (NVIDIA's OpenCL, 2026-11-29) the SD 1.5 VAE's
+     head took 1.04 ms as GEMMs against attn_wide's 2.43 ms, the nvidia-h100 profile's decoder
+     25.5 against 26.9 ms of kernels.
   5. flash_block_q > max_work_group_size, or the K/V tile flash_block_kv * (Dk + Dv) * e bytes
      exceeds local_mem_bytes                               -> partial_softmax
      ("only works for SRAM with certain sizes"; narrow heads, per-work-item kernel)
@@ -58,9 +61,6 @@ from difflite.core.profiles import Profile, load_profile
 from difflite.passes import ir_utils
 
 MB = 1e6
-# Local memory below which the work-group-tiled kernel is not planned for wide heads (its smallest
-# tile takes ~10 KB at head dim 512: custom_ops/ops/attention/attention_opencl.cc, kWideLadder).
-WIDE_MIN_LOCAL_BYTES = 16384
 
 
 def choose_attention_variants(model: ir.Model, profile: Profile | str, precision: str | None = None) -> list[dict]:
@@ -100,13 +100,9 @@ def decide(node: ir.Node, profile: Profile, e: int) -> dict:
         variant, reason = "partial_softmax", f"no FlashAttention kernel on {profile.name}"
     elif lk < profile.flash_min_kv_len:
         variant, reason = "partial_softmax", f"short keys: Lk {lk} < {profile.flash_min_kv_len}"
-    elif max(dk, dv) > profile.flash_max_head_dim and profile.local_mem_bytes < WIDE_MIN_LOCAL_BYTES:
-        variant, reason = "partial_softmax", (f"head dim {max(dk, dv)} > {profile.flash_max_head_dim} and local "
-                                              f"memory {profile.local_mem_bytes} B < {WIDE_MIN_LOCAL_BYTES} B")
     elif max(dk, dv) > profile.flash_max_head_dim:
-        variant, reason = "flash", (f"head dim {max(dk, dv)} > {profile.flash_max_head_dim} (registers): "
-                                    f"FlashAttention tiled per work-group; avoids writing {out['scores_mb']} MB "
-                                    "of scores")
+        variant, reason = "partial_softmax", (f"head dim {max(dk, dv)} > {profile.flash_max_head_dim} (registers): "
+                                              f"two GEMMs, {2 * (dk + dv)} FLOPs a score against its bytes of S")
     elif profile.flash_block_q > profile.max_work_group_size:
         variant, reason = "partial_softmax", (f"query block {profile.flash_block_q} > work-group limit "
                                               f"{profile.max_work_group_size}")
