@@ -2,13 +2,15 @@
 least squared error, never worse than max|w| / 7 (the scale before), about 1 dB better on
 Gaussian weights, exactly what float16 stores at fp16, using -8; the stored integers are the
 nearest levels for the stored scales, so dequantize gives what every reader computes; zero, tiny
-and non-finite blocks keep their documented scales."""
+and non-finite blocks keep their documented scales; the recipe reuses a layer's scales."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+from difflite.compiler import weight_recipe
 from difflite.compiler.tflite import quantize
 
 BLOCK = 32
@@ -135,3 +137,23 @@ def test_zero_tiny_and_non_finite_blocks_keep_their_scales():
     assert np.isinf(half.scales[3])
     assert np.isfinite(quantize.quantize_int4(w, BLOCK, np.float32).scales[3])
 
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_recipe_layers_reuse_their_scales_and_store_what_the_writer_does(precision, monkeypatch):
+    """The recipe stores a layer at int4 several times: the first searches its scales, the later
+    ones reuse them, and each gives exactly what quantize_int4 (the writer's) gives."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 32, 3, padding=1)
+    layer = weight_recipe.Layer("conv.weight", conv, quantize.WeightQuantization("int4"), precision)
+    ohwi = weight_recipe.writer_layout(conv.weight)
+    want = quantize.dequantize(quantize.quantize_int4(ohwi, BLOCK, quantize.scale_dtype(precision))).reshape(ohwi.shape)
+    first = layer.weight_at("int4", BLOCK)
+    assert torch.equal(first, weight_recipe.torch_layout(want))
+    searches = []
+    real = quantize._int4_scales
+    monkeypatch.setattr(quantize, "_int4_scales", lambda *a: searches.append(1) or real(*a))
+    assert torch.equal(layer.weight_at("int4", BLOCK), first)
+    assert layer.noise_ratio("int8", "int4", BLOCK) > 0
+    assert searches == []
+    layer.weight_at("int4", 64)  # another block size is a search of its own
+    assert len(searches) > 0
