@@ -137,9 +137,9 @@ def _scales(magnitude: np.ndarray, top: float) -> np.ndarray:
 
 
 def _half_scales(magnitude: np.ndarray, top: float) -> np.ndarray:
-    """Symmetric scales magnitude / top that float16 holds exactly (as float32 values): rounded to float16, and
-    at least its smallest normal (a tinier block's values then round to a few steps of it;
-    an all-zero block quantizes to 0 either way). One beyond float16's range stays infinite (and
+    """Symmetric scales magnitude / top that float16 holds exactly (as float32 values): rounded
+    to float16, and at least its smallest normal (a tinier block's values then round to a few
+    steps of it; an all-zero block quantizes to 0 either way). One beyond float16's range stays infinite (and
     a NaN stays NaN): the builder refuses it, naming the weight."""
     with np.errstate(over="ignore"):
         scales = (magnitude / np.float64(top)).astype(np.float16)
@@ -170,9 +170,10 @@ def quantize_int4(weight: np.ndarray, block: int = DEFAULT_BLOCK, scales_as=np.f
 
     Each row's scale is the candidate, rounded as stored, whose integers clip(rint(w / scale),
     -8, 7) give the least squared error (_int4_scales): max|w| / t for t in INT4_DIVISORS, 7
-    first and kept on ties (the error is never above max / 7's), 8 using -8 for a negative
-    largest value, then INT4_REFINE least-squares refinements <w, q> / <q, q> of the best. Rows
-    are quantized INT4_CHUNK_ROWS at a time. As _scales / _half_scales round: an all-zero row
+    first and kept on ties (so never a larger error than max / 7's, but for the float32
+    rounding of the sums compared), 8 using -8 for a negative largest value, then INT4_REFINE
+    least-squares refinements <w, q> / <q, q> of the best. Rows are quantized INT4_CHUNK_ROWS
+    at a time. As _scales / _half_scales round: an all-zero row
     quantizes to 0; a float16 scale is at least float16's smallest normal; a row whose max / 7
     scale is not finite (a NaN, or past float16's range) keeps that scale (the builder refuses
     it, naming the weight).
