@@ -59,7 +59,12 @@ def test_int4_blockwise_and_zero_blocks():
     assert q.shape == (12, 32) and q.scales.shape == (12,) and np.all(q.scales > 0)
     back = quantize.dequantize(q).reshape(w.shape)
     assert np.all(back[2, :32] == 0.0)
-    assert np.all(np.abs(back - w) <= np.repeat(q.scales, 32).reshape(w.shape) / 2 + 1e-7)
+    # within half a step where the block's scale does not clip the value (a scale below max / 7
+    # may clip a block's largest ones when that lowers its error: tests/test_int4_scales.py)
+    step = np.repeat(q.scales, 32).reshape(w.shape)
+    inside = (w >= -8.5 * step) & (w <= 7.5 * step)
+    assert inside.mean() > 0.95
+    assert np.all((np.abs(back - w) <= step / 2 + 1e-7)[inside])
     with pytest.raises(ValueError):
         quantize.quantize_int4(rng.standard_normal((4, 48)).astype(np.float32), 32)
 
