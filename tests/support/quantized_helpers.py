@@ -110,13 +110,14 @@ class QModel(OpModel):
 
 
 def int4_blocks(w: np.ndarray, block: int = BLOCK):
-    """w (any shape, size a multiple of block) as int4 blocks: (q [n/B, B], scales [n/B]), the
-    scales rounded to float16 first (the compact form stores them so)."""
-    blocks = w.reshape(-1, block)
-    top = 7
-    scale = (np.abs(blocks).max(axis=1) / top).astype(np.float16).astype(np.float32)
-    q = np.clip(np.round(blocks / scale[:, None]), -top - 1, top).astype(np.int8)
-    return q, scale
+    """w (any shape, size a multiple of block) as int4 blocks: (q [n/B, B], scales [n/B]), as the
+    writer stores them (quantize_int4 with float16 scales: each block's least-error scale, so
+    some blocks use -8)."""
+    from difflite.compiler.tflite.quantize import quantize_int4, unpack_int4
+
+    stored = quantize_int4(np.ascontiguousarray(w, dtype=np.float32).reshape(-1, block), block, np.float16)
+    q = unpack_int4(stored.data, w.size).reshape(-1, block)
+    return q, stored.scales.astype(np.float32)
 
 
 def write_int4_lookup(path, precision: str, r, vocab: int = 1000, dim: int = 64) -> np.ndarray:
