@@ -91,13 +91,20 @@ def torch_layout(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def stored(array: np.ndarray, width: str, block: int, precision: str = "fp32") -> np.ndarray:
+def stored(array: np.ndarray, width: str, block: int, precision: str = "fp32",
+           int4_scales: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """What DEQUANTIZE gives back for a writer-layout weight stored at `width` (float: as
-    `precision` stores it)."""
+    `precision` stores it). `int4_scales` (block -> scales, a Layer's): the int4 block scales
+    quantize_int4 searched the first time for this weight, reused and kept there (a recipe stores
+    a layer at int4 four times or more; the weight does not change while its Layer lives)."""
     if width == "int8":
         return quantize.dequantize(quantize.quantize_int8(array, 0))
     if width == "int4":
-        stored4 = quantize.quantize_int4(array, block, quantize.scale_dtype(precision))
+        dtype = quantize.scale_dtype(precision)
+        known = int4_scales.get(block) if int4_scales is not None else None
+        stored4 = quantize.quantize_int4(array, block, dtype, known)
+        if int4_scales is not None:
+            int4_scales[block] = stored4.scales.astype(dtype)  # float16 holds float16 scales exactly
         return quantize.dequantize(stored4).reshape(array.shape)
     if precision == "fp16":  # the writer's float16 + DEQUANTIZE (every weight a recipe sees is large)
         return array.astype(np.float16).astype(np.float32)
@@ -134,25 +141,14 @@ class Layer:
         self.fixed_why = ("a lookup table: int8 rows" if self.lookup
                           else "int4 blocks do not tile the input axis" if self.fixed else None)
         self.bytes = {w: stored_bytes(self.shape, w, quant.block, precision) for w in ("int4", "int8", "float")}
-        self.int4_scales: dict[int, np.ndarray] = {}  # block -> the weight's int4 scales, as stored
-
-    def stored(self, array: np.ndarray, width: str, block: int) -> np.ndarray:
-        """stored() of this layer's weight (`array`, in the writer's layout): at int4, the block
-        scales quantize_int4 searched the first time are reused (a recipe stores a layer at int4
-        four times or more; the weight does not change while its Layer lives)."""
-        if width != "int4":
-            return stored(array, width, block, self.precision)
-        dtype = quantize.scale_dtype(self.precision)
-        stored4 = quantize.quantize_int4(array, block, dtype, self.int4_scales.get(block))
-        self.int4_scales[block] = stored4.scales.astype(dtype)  # float16 holds float16 scales exactly
-        return quantize.dequantize(stored4).reshape(array.shape)
+        self.int4_scales: dict[int, np.ndarray] = {}  # block -> the weight's int4 scales (stored())
 
     def weight_at(self, width: str, block: int) -> torch.Tensor:
         array = writer_layout(self.module.weight)
         if self.lookup and width == "int8":  # context.lookup: per-row scales stored as the weights are
             array = quantize.dequantize(quantize.quantize_int8(array, 0, quantize.scale_dtype(self.precision)))
         else:
-            array = self.stored(array, width, block)
+            array = stored(array, width, block, self.precision, self.int4_scales)
         return torch_layout(array).to(self.module.weight.dtype)
 
     def noise_ratio(self, high: str, low: str, block: int) -> float:
@@ -160,7 +156,8 @@ class Layer:
         `high` is, relative to `low`'s, where the error is linear in the weight's (small errors)."""
         weight = writer_layout(self.module.weight)
         exact = weight.astype(np.float64)
-        power = {w: float(np.sum((self.stored(weight, w, block).astype(np.float64) - exact) ** 2))
+        power = {w: float(np.sum((stored(weight, w, block, self.precision, self.int4_scales).astype(np.float64)
+                                 - exact) ** 2))
                  for w in (high, low)}
         return power[high] / power[low] if power[low] > 0 else 0.0
 
