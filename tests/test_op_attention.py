@@ -671,3 +671,30 @@ def test_delegate_attention_bad_splits_env(tmp_path, opencl_lib, monkeypatch, va
     with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention") as failure:
         _delegate_attention(tmp_path, opencl_lib, q, q, q, 1, 0.3, False, "partial_softmax")
     assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
+
+
+@pytest.mark.parametrize("tile", ["128,16,2", "32,8,4", "64,32,1"])
+def test_delegate_attention_partial_tile_env(tmp_path, opencl_lib, monkeypatch, tile):
+    """DIFFLITE_ATTN_PARTIAL_TILE=BQ,BK,RQ sets the recompute kernels' tile in the library (an A/B
+    knob): the rows, keys and rows per work-item given still compute attention, causal too."""
+    monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "recompute")
+    monkeypatch.setenv("DIFFLITE_ATTN_PARTIAL_TILE", tile)
+    n, lq, lk, heads, dk, dv = 2, 150, 77, 2, 40, 40  # ragged against every tile
+    q, k, v = qkv_inputs(np.random.default_rng(len(tile)), n, lq, lk, heads, dk, dv)
+    for causal in (False, True):
+        out, _, ran = _delegate_attention(tmp_path, opencl_lib, q, k, v, heads, 0.3, causal, "partial_softmax")
+        assert rel_err(out, attention_ref(q, k, v, heads, 0.3, causal)) < TOL, causal
+        assert ran == {"attention.rowstats", "attention.output"}, ran
+
+
+@pytest.mark.parametrize("value", ["64,32", "64,32,3", "0,32,1", "64,32,1x", "4096,1024,1"])
+def test_delegate_attention_bad_partial_tile_env(tmp_path, opencl_lib, monkeypatch, value):
+    """A malformed DIFFLITE_ATTN_PARTIAL_TILE, or one whose tiles exceed local memory, refuses the
+    node."""
+    monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "recompute")
+    monkeypatch.setenv("DIFFLITE_ATTN_PARTIAL_TILE", value)
+    q = nonzero(np.random.default_rng(0), (1, 5, 8))
+    with pytest.raises(RuntimeError, match="unresolved custom op: difflite.Attention") as failure:
+        _delegate_attention(tmp_path, opencl_lib, q, q, q, 1, 0.3, False, "partial_softmax")
+    assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
+    assert "DIFFLITE_ATTN_PARTIAL_TILE" in str(failure.value)

@@ -59,7 +59,9 @@
 // whatever the hint and device (for tests and benchmarks; partial: the
 // partial softmax as the device runs it, GEMMs with tiled kernels; recompute:
 // attn_rowstats + attn_output anywhere); the node is refused when the forced
-// kernel's tiles do not fit.
+// kernel's tiles do not fit. DIFFLITE_ATTN_PARTIAL_TILE=BQ,BK,RQ sets the
+// recompute kernels' tile (rows per work-group, keys per tile, rows per
+// work-item) for A/B runs.
 // Split keys (flash only; attn_flash with AT_SPLIT, then attn_merge): a launch
 // with too few work-items to fill a GPU gets 2 or 4 work-groups per row block
 // and head, each over a contiguous 1/splits of the keys, writing partials
@@ -293,6 +295,36 @@ bool PlanPartial(int dk, int dv, size_t local_mem, Plan* p) {
   return false;
 }
 
+// DIFFLITE_ATTN_PARTIAL_TILE=BQ,BK,RQ: the recompute kernels' rows per
+// work-group, keys per tile and rows per work-item instead of the ladder's
+// (for A/B runs; the Dk / Dv chunks stay the ladder's). false and `error`
+// set for a malformed value; false alone when unset.
+bool ForcedPartialTile(int* bq, int* bk, int* rq, std::string* error) {
+  const char* env = std::getenv("DIFFLITE_ATTN_PARTIAL_TILE");
+  if (env == nullptr || *env == '\0') return false;
+  int v[3] = {0, 0, 0};
+  const char* p = env;
+  for (int i = 0; i < 3; ++i) {
+    char* end = nullptr;
+    const long x = std::strtol(p, &end, 10);
+    if (end == p || x <= 0 || x > 1024 || *end != (i < 2 ? ',' : '\0')) {
+      *error = std::string("DIFFLITE_ATTN_PARTIAL_TILE=") + env +
+               ": expected BQ,BK,RQ (positive integers, RQ dividing BQ)";
+      return false;
+    }
+    v[i] = static_cast<int>(x);
+    p = end + 1;
+  }
+  if (v[0] % v[2] != 0) {
+    *error = std::string("DIFFLITE_ATTN_PARTIAL_TILE=") + env + ": RQ must divide BQ";
+    return false;
+  }
+  *bq = v[0];
+  *bk = v[1];
+  *rq = v[2];
+  return true;
+}
+
 // Wide tiles from kWideLadder, starting at entry `first`; false when none
 // fits. `max_wg`: the device's work-group limit (0: unknown).
 bool PlanWide(int dk, int dv, size_t local_mem, size_t max_wg, int first, Plan* p,
@@ -463,6 +495,12 @@ class AttentionGpu final : public GpuOp {
       return "attention tiles for head sizes " + std::to_string(dk_) + "/" +
              std::to_string(dv_) + " exceed the device's local memory";
     }
+    if (ForcedPartialTile(&plan_.bq, &plan_.bk, &plan_.rq, &e) &&
+        plan_.LocalBytes(dk_, dv_) > local_mem) {
+      return "DIFFLITE_ATTN_PARTIAL_TILE: the tiles take " +
+             std::to_string(plan_.LocalBytes(dk_, dv_)) + " bytes of local memory";
+    }
+    if (!e.empty()) return e;
     const std::string opts = plan_.Options(dk_, dv_);
     e = builtin::GetKernel(ctx, kProgram, "attn_rowstats", opts, &stats_k_);
     if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "attn_output", opts, &out_k_);

@@ -1,0 +1,335 @@
+"""Benchmark: SDXL at 1024x1024 on one NVIDIA GPU machine, side by side in one run (issue 32, item 7).
+
+preset:sdxl (SDXL base's architecture, seeded random weights), fp16 storage, the nvidia-h100 device
+profile. Steps, in this order, each result saved to WORK/sdxl_gpu.json as soon as it is measured:
+
+1. convert, two child processes at once: WORK/fp16 (every component, UNet batch 2, --keep-onnx)
+   and WORK/int4 (--weights int4, the recipe computed on this machine's cores, beside the other
+   conversion): each one's wall time, peak RSS, stage seconds and files' sizes;
+2. the --no-fuse UNet and VAE decoder written from WORK/fp16's ONNX graphs (the same weights, for
+   stock LiteRT's GPU engine), then that ONNX deleted; in the background, WORK/b1 (the UNet at
+   batch 1, for few-step and guidance-free pictures) and diffusers' fp16 folder of the same weights;
+3. benchmarks/gpu_peer.py on the UNet step (batch 2) and the VAE decoder: difflite's op library
+   (OpenCL) at fp32 and fp16 storage, PyTorch eager fp32 / fp16; then the int4 UNet; then stock
+   LiteRT's GPU engine fp32 / fp16 on the --no-fuse files (last: a crash there loses nothing else);
+4. pictures from the shell, each a fresh process (warm program caches, one untimed run first):
+   `difflite generate` 20 steps of the fp16 folder, and of the int4 one with --low-memory;
+   diffusers' StableDiffusionXLPipeline at fp16 (from its saved folder): wall time, peak RSS
+   (wait4) and the process's GPU memory (nvidia-smi, polled);
+5. the UNet step at batch 1 (difflite fp32 / fp16, PyTorch eager).
+
+    source benchmarks/device_setup.sh
+    python benchmarks/sdxl_gpu.py --work /tmp/sdxl [--runs 5] [--steps fp16,int4,peer,...]
+    python benchmarks/sdxl_gpu.py --report benchmarks/results/sdxl_gpu_h200_2026-11.json
+
+On a lent machine whose calls are capped at 10 minutes, start it detached (`setsid nohup ... &`)
+and wait for WORK/done in the following calls (benchmarks/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from headline import CLI, PROMPT, ROOT, machine, run_measured, summary
+
+sys.path.insert(0, str(ROOT))  # difflite itself, for the steps run in this process
+
+MODEL = "preset:sdxl"
+SIZE = 1024
+CONVERT = ["--precision", "fp16", "--device-profile", "nvidia-h100"]
+FOLDERS = {  # name: convert flags beyond CONVERT
+    "fp16": ["--batch", "2", "--keep-onnx"],
+    "int4": ["--batch", "2", "--weights", "int4"],
+    "int8": ["--batch", "2", "--weights", "int8"],
+    "b1": ["--batch", "1", "--components", "unet"],
+}
+# int8 and b1 start once fp16's ONNX is gone, where this much disk (GB) is free, else after int4 (the
+# full pipeline's ONNX graphs are ~14 GB at fp32 while a conversion runs, the fp16 files ~7 GB).
+LATER_FREE_GB = 40
+# While this file exists another job times the GPU: the timing steps wait for it to go.
+GPU_BUSY = Path("/tmp/gpu_busy")
+DIFFUSERS_CHILD = """
+import sys, time, torch
+from diffusers import StableDiffusionXLPipeline
+folder, prompt, steps, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+pipe = StableDiffusionXLPipeline.from_pretrained(folder, torch_dtype=torch.float16).to("cuda")
+pipe.set_progress_bar_config(disable=True)
+start = time.perf_counter()
+pipe(prompt, num_inference_steps=steps, height=size, width=size, output_type="np")
+torch.cuda.synchronize()
+print(time.perf_counter() - start)
+"""
+
+
+def log(message: str) -> None:
+    print(f"[sdxl_gpu {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def start_convert(work: Path, name: str, threads: int | None = None) -> subprocess.Popen:
+    """`difflite convert` into WORK/name in a child process; `threads` caps its torch threads (a
+    conversion that runs beside the GPU timings leaves them cores)."""
+    out = work / name
+    shutil.rmtree(out, ignore_errors=True)
+    command = [*CLI, "convert", MODEL, "-o", str(out), *CONVERT, "--height", str(SIZE), "--width", str(SIZE),
+               *FOLDERS[name]]
+    log(" ".join(command))
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(work / f"convert_{name}.log", "w"),
+                            stderr=subprocess.STDOUT)
+
+
+def finish_convert(work: Path, name: str, process: subprocess.Popen, started: float) -> dict:
+    """Wait for a conversion: its wall time, exit status and report (peak RSS as convert measured it
+    from /proc, stage seconds) and the files' sizes."""
+    code = process.wait()
+    result = {"wall_s": round(time.perf_counter() - started, 1), "exit": code}
+    report_path = work / name / "report.json"
+    if code == 0 and report_path.is_file():
+        report = json.loads(report_path.read_text())
+        result["peak_rss_mb"] = report.get("peak_rss_mb")
+        result["stages"] = {c: r.get("stages") for c, r in report["components"].items()}
+        result["files_mib"] = {p.name: round(p.stat().st_size / 2**20, 1) for p in (work / name).glob("*.tflite")}
+        result["total_mib"] = round(sum(result["files_mib"].values()), 1)
+    else:
+        result["log_tail"] = (work / f"convert_{name}.log").read_text()[-2000:]
+    log(f"converted {name}: {result['wall_s']} s, exit {code}")
+    return result
+
+
+def write_unfused(work: Path, components: tuple[str, ...] = ("unet", "vae_decoder")) -> dict:
+    """gpu_peer's layout (WORK/peer/fused -> WORK/fp16, WORK/peer/unfused/NAME.tflite) from the
+    fp16 conversion's ONNX graphs; the ONNX is deleted afterwards (disk)."""
+    from difflite.compiler.tflite.writer import load_onnx, write_tflite
+    from difflite.passes import run_passes
+
+    peer = work / "peer"
+    unfused = peer / "unfused"
+    unfused.mkdir(parents=True, exist_ok=True)
+    link(peer / "fused", work / "fp16")
+    ops = {}
+    for name in components:
+        graph = load_onnx(work / "fp16" / "onnx" / f"{name}.onnx")
+        run_passes(graph, {"gelu", "groupnorm", "attention"})
+        result = write_tflite(graph, precision="fp16", fuse=frozenset())
+        (unfused / f"{name}.tflite").write_bytes(result.data)
+        (unfused / f"{name}.json").write_text(json.dumps({"inputs": result.inputs, "outputs": result.outputs}))
+        ops[name] = sum(result.op_histogram.values())
+        del graph, result
+    shutil.rmtree(work / "fp16" / "onnx")
+    return ops
+
+
+def wait_for_gpu() -> None:
+    while GPU_BUSY.exists():
+        time.sleep(2)
+
+
+def link(path: Path, target: Path) -> None:
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.symlink_to(target)
+
+
+def save_diffusers_folder(work: Path) -> None:
+    """The fp16 conversion's source weights as StableDiffusionXLPipeline's folder, in float16."""
+    from difflite.folder.output_folder import OutputFolder
+    from difflite.verify import load_source
+
+    pipe = load_source(OutputFolder.read(work / "fp16"), None, None)
+    for name in ("text_encoder", "text_encoder_2", "unet", "vae"):
+        getattr(pipe, name).half()
+    pipe.save_pretrained(work / "diffusers")
+
+
+def peer(work: Path, name: str, fused: str, components: str, batch: int, skip: str, runs: int,
+         timeout: float) -> dict:
+    """benchmarks/gpu_peer.py on WORK/<name>/fused -> WORK/<fused>: its JSON. The batch-2 folders
+    share WORK/peer/unfused (the --no-fuse files: LiteRT's input and the CPU reference); the batch-1
+    UNet has none (no reference error)."""
+    folder = work / name
+    folder.mkdir(exist_ok=True)
+    link(folder / "fused", work / fused)
+    if name != "peer" and batch == 2:
+        link(folder / "unfused", work / "peer" / "unfused")
+    elif name != "peer":
+        (folder / "unfused").mkdir(exist_ok=True)
+    out = work / f"out_{name}_{skip.replace(',', '-') or 'all'}"
+    out.mkdir(exist_ok=True)
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_peer.py"), "--work", str(folder), "--model", MODEL,
+               "--size", str(SIZE), "--components", components, "--batch", str(batch), "--runs", str(runs),
+               "--skip", skip,
+               *(["--library", os.environ["DIFFLITE_OPLIB"]] if os.environ.get("DIFFLITE_OPLIB") else [])]
+    log(" ".join(command))
+    try:
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "OUT": str(out)}, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        done = subprocess.CompletedProcess(command, -9, "", f"timed out after {timeout} s: {exc.stderr!r}"[-2000:])
+    results = [json.loads(p.read_text()) for p in out.glob("gpu_peer_*.json")]
+    result = results[0] if results else {}
+    if done.returncode != 0:
+        result["exit"] = done.returncode
+        result["stderr_tail"] = done.stderr[-2000:]
+    return result
+
+
+def picture(command: list[str], runs: int, timeout: float, warm_up: bool = True) -> dict:
+    """One untimed process first (program caches filled) where `warm_up`, then `runs` timed ones."""
+    first = run_measured(command, timeout) if warm_up else None
+    timed = [run_measured(command, timeout) for _ in range(runs)]
+    result = {"first_run_s": round(first["wall_s"], 2) if first else None,
+              "wall_s": summary([round(t["wall_s"], 2) for t in timed]),
+              "peak_rss_mib": summary([round(t["peak_rss_mib"]) for t in timed]),
+              "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None}
+    try:
+        result["report"] = json.loads(timed[-1]["stdout"])
+    except ValueError:
+        result["stdout_tail"] = timed[-1]["stdout"][-500:]
+    return result
+
+
+def generate_command(work: Path, folder: str, flags: list[str]) -> list[str]:
+    return [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps", "20",
+            "--json", *flags]
+
+
+def main() -> int:
+    global MODEL, SIZE
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/sdxl_gpu"))
+    parser.add_argument("--model", default=MODEL, help="an SDXL model (preset:sdxl-tiny for a smoke run)")
+    parser.add_argument("--size", type=int, default=SIZE)
+    parser.add_argument("--runs", type=int, default=5, help="timed processes per picture")
+    parser.add_argument("--peer-runs", type=int, default=10, help="timed calls per component in gpu_peer")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    parser.add_argument("--report", type=Path, help="print the tables of a saved result and stop")
+    args = parser.parse_args()
+    if args.report:
+        report(json.loads(args.report.read_text()))
+        return 0
+    MODEL, SIZE = args.model, args.size
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "done").unlink(missing_ok=True)
+    free_gb = shutil.disk_usage(work).free / 1e9
+    data: dict = {"machine": machine(), "model": MODEL, "size": SIZE, "convert_flags": CONVERT, "convert": {},
+                  "free_disk_gb": round(free_gb)}
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+
+    def save() -> None:
+        (work / "sdxl_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
+
+    def step(key: str, fn, *fn_args) -> None:
+        log(f"step {key}")
+        started = time.perf_counter()
+        try:
+            data[key] = fn(*fn_args) or {}
+        except Exception as exc:  # keep the other steps when one fails
+            data[key] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+        data[key]["step_s"] = round(time.perf_counter() - started)
+        data[key]["conversions_running"] = [name for name, (p, _) in running.items() if p.poll() is None]
+        save()
+
+    def begin(name: str, threads: int | None = None) -> None:
+        running[name] = (start_convert(work, name, threads), time.perf_counter())
+
+    def finish(name: str) -> bool:
+        process, started = running.pop(name)
+        data["convert"][name] = finish_convert(work, name, process, started)
+        save()
+        return data["convert"][name]["exit"] == 0
+
+    started = time.perf_counter()
+    for name in ("fp16", "int4"):
+        begin(name)
+    later = ["int8", "b1"]
+
+    def begin_later() -> None:
+        for name in later:
+            if name not in running and name not in data["convert"]:
+                begin(name, threads=4)  # beside the GPU timings: leave them cores
+
+    if finish("fp16"):
+        step("unfused_ops", write_unfused, work, ("unet",))
+        if shutil.disk_usage(work).free / 1e9 >= LATER_FREE_GB:
+            begin_later()
+        wait_for_gpu()
+        step("peer_b2", peer, work, "peer", "fp16", "unet,vae_decoder", 2, "litert", args.peer_runs, args.timeout)
+        step("picture_fp16", picture, generate_command(work, "fp16", []), args.runs, args.timeout)
+    if finish("int4"):
+        begin_later()
+        step("peer_int4", peer, work, "peer_int4", "int4", "unet", 2, "litert,torch", args.peer_runs, args.timeout)
+        step("picture_int4_low_memory", picture, generate_command(work, "int4", ["--low-memory"]), args.runs,
+             args.timeout)
+    if (work / "peer" / "unfused" / "unet.tflite").is_file():
+        step("peer_litert", peer, work, "peer", "fp16", "unet", 2, "difflite,torch", args.peer_runs,
+             min(args.timeout, 240))
+    step("diffusers_saved", save_diffusers_folder, work)
+    step("picture_diffusers_fp16", picture,
+         [sys.executable, "-c", DIFFUSERS_CHILD, str(work / "diffusers"), PROMPT, "20", str(SIZE)], args.runs,
+         args.timeout, False)
+    if "int8" in running and finish("int8"):
+        step("peer_int8", peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", args.peer_runs, args.timeout)
+        step("picture_int8", picture, generate_command(work, "int8", []), args.runs, args.timeout)
+    step("picture_psnr_db", picture_psnr, work)
+    if "b1" in running and finish("b1"):
+        step("peer_b1", peer, work, "peer_b1", "b1", "unet", 1, "litert", args.peer_runs, args.timeout)
+    data["total_s"] = round(time.perf_counter() - started)
+    save()
+    (work / "done").write_text("done\n")
+    report(data)
+    return 0
+
+
+def picture_psnr(work: Path) -> dict:
+    """PSNR (dB, 8-bit) of the int8 and int4 folders' 20-step pictures against the fp16 folder's:
+    the same prompt, seed and scheduler; only the weights' storage differs."""
+    import numpy as np
+    from PIL import Image
+
+    reference = np.asarray(Image.open(work / "fp16.png").convert("RGB"), np.float64)
+    result = {}
+    for name in ("int8", "int4"):
+        if (work / f"{name}.png").is_file():
+            image = np.asarray(Image.open(work / f"{name}.png").convert("RGB"), np.float64)
+            mse = float(np.mean((image - reference) ** 2))
+            result[name] = round(float(10 * np.log10(255.0**2 / mse)), 2) if mse > 0 else float("inf")
+    return result
+
+
+def report(data: dict) -> None:
+    where = f"{data['machine'].get('gpu')}, {data['machine']['date']}"
+    print(f"\n| conversion ({where}) | wall, s | peak RSS, MB | files, MiB |\n|---|---|---|---|")
+    for name, r in data.get("convert", {}).items():
+        print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
+    print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
+    for key in ("peer_b2", "peer_int4", "peer_int8", "peer_b1", "peer_litert"):
+        for name, r in data.get(key, {}).items():
+            if isinstance(r, dict) and "median_ms" in r:
+                print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
+            elif isinstance(r, dict) and "error" in r:
+                print(f"| {key}: {name} | {r['error'][:120]} | | |")
+    print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB |\n|---|---|---|---|")
+    for key in ("picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16"):
+        r = data.get(key)
+        if r and "wall_s" in r:
+            gpu = r["gpu_mib"]
+            print(f"| {key} | {cell(r['wall_s'])} | {cell(r['peak_rss_mib'], 0)} | {cell(gpu, 0) if gpu else '-'} |")
+        elif r:
+            print(f"| {key} | {r.get('error', '')[:200]} | | |")
+    print(f"\npicture PSNR against the fp16 folder's, dB: {data.get('picture_psnr_db')}")
+
+
+def cell(s: dict, digits: int = 2) -> str:
+    return f"{s['median']:,.{digits}f} ({s['min']:,.{digits}f}-{s['max']:,.{digits}f}, {s['runs']} runs)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
