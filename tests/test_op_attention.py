@@ -673,9 +673,9 @@ def test_delegate_attention_bad_splits_env(tmp_path, opencl_lib, monkeypatch, va
     assert "(difflite.Attention) cannot run on the OpenCL backend" in str(failure.value)
 
 
-@pytest.mark.parametrize("tile", ["128,16,2", "32,8,4", "64,32,1"])
+@pytest.mark.parametrize("tile", ["128x16x2", "32x8x4", "64x32x1"])
 def test_delegate_attention_partial_tile_env(tmp_path, opencl_lib, monkeypatch, tile):
-    """DIFFLITE_ATTN_PARTIAL_TILE=BQ,BK,RQ sets the recompute kernels' tile in the library (an A/B
+    """DIFFLITE_ATTN_PARTIAL_TILE=BQxBKxRQ sets the recompute kernels' tile in the library (an A/B
     knob): the rows, keys and rows per work-item given still compute attention, causal too."""
     monkeypatch.setenv("DIFFLITE_ATTN_KERNEL", "recompute")
     monkeypatch.setenv("DIFFLITE_ATTN_PARTIAL_TILE", tile)
@@ -687,7 +687,7 @@ def test_delegate_attention_partial_tile_env(tmp_path, opencl_lib, monkeypatch, 
         assert ran == {"attention.rowstats", "attention.output"}, ran
 
 
-@pytest.mark.parametrize("value", ["64,32", "64,32,3", "0,32,1", "64,32,1x", "4096,1024,1"])
+@pytest.mark.parametrize("value", ["64x32", "64x32x3", "0x32x1", "64,32,1", "64x32x1x", "4096x1024x1"])
 def test_delegate_attention_bad_partial_tile_env(tmp_path, opencl_lib, monkeypatch, value):
     """A malformed DIFFLITE_ATTN_PARTIAL_TILE, or one whose tiles exceed local memory, refuses the
     node."""

@@ -59,7 +59,7 @@
 // whatever the hint and device (for tests and benchmarks; partial: the
 // partial softmax as the device runs it, GEMMs with tiled kernels; recompute:
 // attn_rowstats + attn_output anywhere); the node is refused when the forced
-// kernel's tiles do not fit. DIFFLITE_ATTN_PARTIAL_TILE=BQ,BK,RQ sets the
+// kernel's tiles do not fit. DIFFLITE_ATTN_PARTIAL_TILE=BQxBKxRQ sets the
 // recompute kernels' tile (rows per work-group, keys per tile, rows per
 // work-item) for A/B runs.
 // Split keys (flash only; attn_flash with AT_SPLIT, then attn_merge): a launch
@@ -295,7 +295,7 @@ bool PlanPartial(int dk, int dv, size_t local_mem, Plan* p) {
   return false;
 }
 
-// DIFFLITE_ATTN_PARTIAL_TILE=BQ,BK,RQ: the recompute kernels' rows per
+// DIFFLITE_ATTN_PARTIAL_TILE=BQxBKxRQ: the recompute kernels' rows per
 // work-group, keys per tile and rows per work-item instead of the ladder's
 // (for A/B runs; the Dk / Dv chunks stay the ladder's). false and `error`
 // set for a malformed value; false alone when unset.
@@ -307,9 +307,9 @@ bool ForcedPartialTile(int* bq, int* bk, int* rq, std::string* error) {
   for (int i = 0; i < 3; ++i) {
     char* end = nullptr;
     const long x = std::strtol(p, &end, 10);
-    if (end == p || x <= 0 || x > 1024 || *end != (i < 2 ? ',' : '\0')) {
+    if (end == p || x <= 0 || x > 1024 || *end != (i < 2 ? 'x' : '\0')) {
       *error = std::string("DIFFLITE_ATTN_PARTIAL_TILE=") + env +
-               ": expected BQ,BK,RQ (positive integers, RQ dividing BQ)";
+               ": expected BQxBKxRQ (positive integers, RQ dividing BQ)";
       return false;
     }
     v[i] = static_cast<int>(x);
