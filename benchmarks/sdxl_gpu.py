@@ -1,29 +1,31 @@
 """Benchmark: SDXL at 1024x1024 on one NVIDIA GPU machine, side by side in one run (issue 32, item 7).
 
 preset:sdxl (SDXL base's architecture, seeded random weights), fp16 storage, the nvidia-h100 device
-profile. Steps, in this order, each result saved to WORK/sdxl_gpu.json as soon as it is measured:
+profile. The conversions the chosen steps need start at once, each a child process with its share
+of the cores (WORK/fp16: every component, UNet batch 2; int4 and int8: --weights; b1: the UNet at
+batch 1): wall time, peak RSS, stage seconds, files' sizes. Each step runs as soon as its
+conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json at once:
 
-1. convert, two child processes at once: WORK/fp16 (every component, UNet batch 2, --keep-onnx)
-   and WORK/int4 (--weights int4, the recipe computed on this machine's cores, beside the other
-   conversion): each one's wall time, peak RSS, stage seconds and files' sizes;
-2. the --no-fuse UNet and VAE decoder written from WORK/fp16's ONNX graphs (the same weights, for
-   stock LiteRT's GPU engine), then that ONNX deleted; in the background, WORK/b1 (the UNet at
-   batch 1, for few-step and guidance-free pictures) and diffusers' fp16 folder of the same weights;
-3. benchmarks/gpu_peer.py on the UNet step (batch 2) and the VAE decoder: difflite's op library
-   (OpenCL) at fp32 and fp16 storage, PyTorch eager fp32 / fp16; then the int4 UNet; then stock
-   LiteRT's GPU engine fp32 / fp16 on the --no-fuse files (last: a crash there loses nothing else);
-4. pictures from the shell, each a fresh process (warm program caches, one untimed run first):
-   `difflite generate` 20 steps of the fp16 folder, and of the int4 one with --low-memory;
-   diffusers' StableDiffusionXLPipeline at fp16 (from its saved folder): wall time, peak RSS
-   (wait4) and the process's GPU memory (nvidia-smi, polled);
-5. the UNet step at batch 1 (difflite fp32 / fp16, PyTorch eager).
+- peer_b2: benchmarks/gpu_peer.py on the UNet step (batch 2) and the VAE decoder: difflite's op
+  library (OpenCL) at fp32 and fp16 storage, PyTorch eager fp32 / fp16;
+- picture_fp16: `difflite generate` 20 steps from the shell, a fresh process each (one untimed run
+  fills the program caches): wall time, peak RSS (wait4), the process's GPU memory (nvidia-smi);
+- peer_litert: stock LiteRT's GPU engine fp32 / fp16 on the --no-fuse UNet written from the fp16
+  conversion's ONNX (same weights), time-boxed (a crash there loses nothing else);
+- picture_diffusers_fp16: StableDiffusionXLPipeline at fp16 from a saved folder of the same
+  weights, a fresh process each;
+- peer_b1: the batch-1 UNet (difflite, PyTorch eager);
+- peer_int4, picture_int4_low_memory, peer_int8, picture_int8: the quantized UNets' step and
+  pictures (int4 with --low-memory: one model at a time);
+- picture_psnr_db: the int8 / int4 pictures against the fp16 one (same prompt and seed).
 
     source benchmarks/device_setup.sh
-    python benchmarks/sdxl_gpu.py --work /tmp/sdxl [--runs 5] [--steps fp16,int4,peer,...]
+    python benchmarks/sdxl_gpu.py --work /tmp/sdxl [--runs 5] [--steps peer_litert,peer_b1,...]
     python benchmarks/sdxl_gpu.py --report benchmarks/results/sdxl_gpu_h200_2026-11.json
 
 On a lent machine whose calls are capped at 10 minutes, start it detached (`setsid nohup ... &`)
-and wait for WORK/done in the following calls (benchmarks/README.md).
+and wait for WORK/done in the following calls; while /tmp/gpu_busy exists (another job timing
+the GPU) the steps wait.
 """
 from __future__ import annotations
 
@@ -45,15 +47,18 @@ MODEL = "preset:sdxl"
 SIZE = 1024
 CONVERT = ["--precision", "fp16", "--device-profile", "nvidia-h100"]
 FOLDERS = {  # name: convert flags beyond CONVERT
-    "fp16": ["--batch", "2", "--keep-onnx"],
+    "fp16": ["--batch", "2"],
     "int4": ["--batch", "2", "--weights", "int4"],
     "int8": ["--batch", "2", "--weights", "int8"],
     "b1": ["--batch", "1", "--components", "unet"],
 }
-# int8 and b1 start once fp16's ONNX is gone, where this much disk (GB) is free, else after int4 (the
-# full pipeline's ONNX graphs are ~14 GB at fp32 while a conversion runs, the fp16 files ~7 GB).
-LATER_FREE_GB = 40
-# While this file exists another job times the GPU: the timing steps wait for it to go.
+# step: the conversion it needs (in the order they run once their conversion is there)
+STEPS = {
+    "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "picture_diffusers_fp16": "fp16",
+    "peer_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
+    "picture_int8": "int8", "picture_psnr_db": "fp16",
+}
+# While this file exists another job times the GPU: the steps wait for it to go.
 GPU_BUSY = Path("/tmp/gpu_busy")
 DIFFUSERS_CHILD = """
 import sys, time, torch
@@ -72,15 +77,16 @@ def log(message: str) -> None:
     print(f"[sdxl_gpu {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def start_convert(work: Path, name: str, threads: int | None = None) -> subprocess.Popen:
-    """`difflite convert` into WORK/name in a child process; `threads` caps its torch threads (a
-    conversion that runs beside the GPU timings leaves them cores)."""
+def start_convert(work: Path, name: str, threads: int, keep_onnx: bool) -> subprocess.Popen:
+    """`difflite convert` into WORK/name in a child process of `threads` torch threads (conversions
+    side by side each take a share of the cores: on 32 cores, four of 32 threads each made the
+    int4 recipe 3x slower than on a 2-core machine)."""
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
     command = [*CLI, "convert", MODEL, "-o", str(out), *CONVERT, "--height", str(SIZE), "--width", str(SIZE),
-               *FOLDERS[name]]
+               *FOLDERS[name], *(["--keep-onnx"] if keep_onnx else [])]
     log(" ".join(command))
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(work / f"convert_{name}.log", "w"),
                             stderr=subprocess.STDOUT)
 
@@ -156,10 +162,10 @@ def peer(work: Path, name: str, fused: str, components: str, batch: int, skip: s
     folder = work / name
     folder.mkdir(exist_ok=True)
     link(folder / "fused", work / fused)
-    if name != "peer" and batch == 2:
+    if name != "peer" and batch == 2 and (work / "peer" / "unfused").is_dir():
         link(folder / "unfused", work / "peer" / "unfused")
-    elif name != "peer":
-        (folder / "unfused").mkdir(exist_ok=True)
+    else:
+        (folder / "unfused").mkdir(exist_ok=True)  # none: no CPU reference (gpu_peer converts nothing)
     out = work / f"out_{name}_{skip.replace(',', '-') or 'all'}"
     out.mkdir(exist_ok=True)
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_peer.py"), "--work", str(folder), "--model", MODEL,
@@ -206,6 +212,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/sdxl_gpu"))
     parser.add_argument("--model", default=MODEL, help="an SDXL model (preset:sdxl-tiny for a smoke run)")
     parser.add_argument("--size", type=int, default=SIZE)
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of: {', '.join(STEPS)}")
     parser.add_argument("--runs", type=int, default=5, help="timed processes per picture")
     parser.add_argument("--peer-runs", type=int, default=10, help="timed calls per component in gpu_peer")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
@@ -214,78 +221,86 @@ def main() -> int:
     if args.report:
         report(json.loads(args.report.read_text()))
         return 0
+    steps = [step for step in STEPS if step in args.steps.split(",")]
+    unknown = set(args.steps.split(",")) - set(STEPS)
+    if unknown:
+        parser.error(f"--steps: unknown {', '.join(sorted(unknown))}")
     MODEL, SIZE = args.model, args.size
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     (work / "done").unlink(missing_ok=True)
-    free_gb = shutil.disk_usage(work).free / 1e9
     data: dict = {"machine": machine(), "model": MODEL, "size": SIZE, "convert_flags": CONVERT, "convert": {},
-                  "free_disk_gb": round(free_gb)}
-    running: dict[str, tuple[subprocess.Popen, float]] = {}
-
-    def save() -> None:
-        (work / "sdxl_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
-
-    def step(key: str, fn, *fn_args) -> None:
-        log(f"step {key}")
-        started = time.perf_counter()
-        try:
-            data[key] = fn(*fn_args) or {}
-        except Exception as exc:  # keep the other steps when one fails
-            data[key] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
-        data[key]["step_s"] = round(time.perf_counter() - started)
-        data[key]["conversions_running"] = [name for name, (p, _) in running.items() if p.poll() is None]
-        save()
-
-    def begin(name: str, threads: int | None = None) -> None:
-        running[name] = (start_convert(work, name, threads), time.perf_counter())
-
-    def finish(name: str) -> bool:
-        process, started = running.pop(name)
-        data["convert"][name] = finish_convert(work, name, process, started)
-        save()
-        return data["convert"][name]["exit"] == 0
-
+                  "steps": steps}
+    save = lambda: (work / "sdxl_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
+    needed = sorted({STEPS[step] for step in steps} | ({"fp16"} if "picture_psnr_db" in steps else set()))
+    threads = max(1, (os.cpu_count() or 1) // len(needed))
+    running = {name: (start_convert(work, name, threads, name == "fp16" and "peer_litert" in steps),
+                      time.perf_counter()) for name in needed}
     started = time.perf_counter()
-    for name in ("fp16", "int4"):
-        begin(name)
-    later = ["int8", "b1"]
-
-    def begin_later() -> None:
-        for name in later:
-            if name not in running and name not in data["convert"]:
-                begin(name, threads=4)  # beside the GPU timings: leave them cores
-
-    if finish("fp16"):
-        step("unfused_ops", write_unfused, work, ("unet",))
-        if shutil.disk_usage(work).free / 1e9 >= LATER_FREE_GB:
-            begin_later()
+    while steps:
+        ready = [step for step in steps if STEPS[step] in data["convert"]
+                 and (step != "picture_psnr_db" or steps == [step])]  # after the pictures
+        if not ready:  # wait for the next conversion to end
+            while not any(p.poll() is not None for p, _ in running.values()):
+                time.sleep(2)
+            name = next(name for name, (p, _) in running.items() if p.poll() is not None)
+            process, began = running.pop(name)
+            data["convert"][name] = finish_convert(work, name, process, began)
+            if name == "fp16" and "peer_litert" in steps and data["convert"][name]["exit"] == 0:
+                run_step(data, "unfused_ops", running, write_unfused, work, ("unet",))
+            save()
+            continue
+        step = ready[0]
+        steps.remove(step)
+        if data["convert"][STEPS[step]]["exit"] != 0:
+            data[step] = {"error": f"the {STEPS[step]} conversion failed"}
+            continue
         wait_for_gpu()
-        step("peer_b2", peer, work, "peer", "fp16", "unet,vae_decoder", 2, "litert", args.peer_runs, args.timeout)
-        step("picture_fp16", picture, generate_command(work, "fp16", []), args.runs, args.timeout)
-    if finish("int4"):
-        begin_later()
-        step("peer_int4", peer, work, "peer_int4", "int4", "unet", 2, "litert,torch", args.peer_runs, args.timeout)
-        step("picture_int4_low_memory", picture, generate_command(work, "int4", ["--low-memory"]), args.runs,
-             args.timeout)
-    if (work / "peer" / "unfused" / "unet.tflite").is_file():
-        step("peer_litert", peer, work, "peer", "fp16", "unet", 2, "difflite,torch", args.peer_runs,
-             min(args.timeout, 240))
-    step("diffusers_saved", save_diffusers_folder, work)
-    step("picture_diffusers_fp16", picture,
-         [sys.executable, "-c", DIFFUSERS_CHILD, str(work / "diffusers"), PROMPT, "20", str(SIZE)], args.runs,
-         args.timeout, False)
-    if "int8" in running and finish("int8"):
-        step("peer_int8", peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", args.peer_runs, args.timeout)
-        step("picture_int8", picture, generate_command(work, "int8", []), args.runs, args.timeout)
-    step("picture_psnr_db", picture_psnr, work)
-    if "b1" in running and finish("b1"):
-        step("peer_b1", peer, work, "peer_b1", "b1", "unet", 1, "litert", args.peer_runs, args.timeout)
+        run_step(data, step, running, *step_call(step, work, args))
+        save()
     data["total_s"] = round(time.perf_counter() - started)
     save()
     (work / "done").write_text("done\n")
     report(data)
     return 0
+
+
+def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
+    """(function, arguments) of a step."""
+    runs, peer_runs, timeout = args.runs, args.peer_runs, args.timeout
+    return {
+        "peer_b2": (peer, work, "peer", "fp16", "unet,vae_decoder", 2, "litert", peer_runs, timeout),
+        "picture_fp16": (picture, generate_command(work, "fp16", []), runs, timeout),
+        "peer_litert": (peer, work, "peer", "fp16", "unet", 2, "difflite,torch", peer_runs, min(timeout, 240)),
+        "picture_diffusers_fp16": (diffusers_picture, work, runs, timeout),
+        "peer_b1": (peer, work, "peer_b1", "b1", "unet", 1, "litert", peer_runs, timeout),
+        "peer_int4": (peer, work, "peer_int4", "int4", "unet", 2, "litert,torch", peer_runs, timeout),
+        "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
+        "peer_int8": (peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", peer_runs, timeout),
+        "picture_int8": (picture, generate_command(work, "int8", []), runs, timeout),
+        "picture_psnr_db": (picture_psnr, work),
+    }[step]
+
+
+def run_step(data: dict, key: str, running: dict, fn, *fn_args) -> None:
+    """data[key] = fn(*fn_args), or the error it raised (the other steps go on), with its seconds
+    and the conversions running beside it."""
+    log(f"step {key}")
+    started = time.perf_counter()
+    try:
+        data[key] = fn(*fn_args) or {}
+    except Exception as exc:  # noqa: BLE001 (keep the other steps when one fails)
+        data[key] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+    data[key]["step_s"] = round(time.perf_counter() - started)
+    data[key]["conversions_running"] = [name for name, (p, _) in running.items() if p.poll() is None]
+
+
+def diffusers_picture(work: Path, runs: int, timeout: float) -> dict:
+    """diffusers' fp16 SDXL pipeline from its saved folder, `runs` fresh processes."""
+    if not (work / "diffusers" / "model_index.json").is_file():
+        save_diffusers_folder(work)
+    return picture([sys.executable, "-c", DIFFUSERS_CHILD, str(work / "diffusers"), PROMPT, "20", str(SIZE)],
+                   runs, timeout, warm_up=False)
 
 
 def picture_psnr(work: Path) -> dict:
@@ -310,7 +325,7 @@ def report(data: dict) -> None:
     for name, r in data.get("convert", {}).items():
         print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
     print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
-    for key in ("peer_b2", "peer_int4", "peer_int8", "peer_b1", "peer_litert"):
+    for key in ("peer_b2", "peer_litert", "peer_b1", "peer_int4", "peer_int8"):
         for name, r in data.get(key, {}).items():
             if isinstance(r, dict) and "median_ms" in r:
                 print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
