@@ -3,7 +3,7 @@
 preset:sdxl (SDXL base's architecture, seeded random weights), fp16 storage, the nvidia-h100 device
 profile. The conversions the chosen steps need start at once, each a child process with its share
 of the cores (WORK/fp16: every component, UNet batch 2; int4 and int8: --weights; b1: the UNet at
-batch 1): wall time, peak RSS, stage seconds, files' sizes. Each step runs as soon as its
+batch 1; turbo: every component at 512x512, UNet batch 1): wall time, peak RSS, stage seconds, files' sizes. Each step runs as soon as its
 conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json at once:
 
 - peer_b2: benchmarks/gpu_peer.py on the UNet step (batch 2) and the VAE decoder: difflite's op
@@ -17,10 +17,13 @@ conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json a
 - peer_b1: the batch-1 UNet (difflite, PyTorch eager);
 - peer_int4, picture_int4_low_memory, peer_int8, picture_int8: the quantized UNets' step and
   pictures (int4 with --low-memory: one model at a time);
+- picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
+  guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - picture_psnr_db: the int8 / int4 pictures against the fp16 one (same prompt and seed).
 
     source benchmarks/device_setup.sh
     python benchmarks/sdxl_gpu.py --work /tmp/sdxl [--runs 5] [--steps peer_litert,peer_b1,...]
+    python benchmarks/sdxl_gpu.py --work /tmp/tiny --model preset:sdxl-tiny --size 128 --runs 1  # a smoke run
     python benchmarks/sdxl_gpu.py --report benchmarks/results/sdxl_gpu_h200_2026-11.json
 
 On a lent machine whose calls are capped at 10 minutes, start it detached (`setsid nohup ... &`)
@@ -51,23 +54,29 @@ FOLDERS = {  # name: convert flags beyond CONVERT
     "int4": ["--batch", "2", "--weights", "int4"],
     "int8": ["--batch", "2", "--weights", "int8"],
     "b1": ["--batch", "1", "--components", "unet"],
+    "turbo": ["--batch", "1"],  # at half the size (SDXL-Turbo's 512x512): its architecture is SDXL's
 }
+TURBO_FLAGS = ["--steps", "4", "--guidance", "0", "--scheduler", "euler-a", "--timestep-spacing", "trailing"]
 # step: the conversion it needs (in the order they run once their conversion is there)
 STEPS = {
     "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "picture_diffusers_fp16": "fp16",
     "peer_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
-    "picture_int8": "int8", "picture_psnr_db": "fp16",
+    "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
+    "picture_psnr_db": "fp16",
 }
 # While this file exists another job times the GPU: the steps wait for it to go.
 GPU_BUSY = Path("/tmp/gpu_busy")
 DIFFUSERS_CHILD = """
 import sys, time, torch
 from diffusers import StableDiffusionXLPipeline
-folder, prompt, steps, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+from diffusers import EulerAncestralDiscreteScheduler
+folder, prompt, steps, size, guidance = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 pipe = StableDiffusionXLPipeline.from_pretrained(folder, torch_dtype=torch.float16).to("cuda")
+if guidance <= 1:  # SDXL-Turbo's settings: euler-a on trailing timesteps, no guidance
+    pipe.scheduler = EulerAncestralDiscreteScheduler.from_config(pipe.scheduler.config, timestep_spacing="trailing")
 pipe.set_progress_bar_config(disable=True)
 start = time.perf_counter()
-pipe(prompt, num_inference_steps=steps, height=size, width=size, output_type="np")
+pipe(prompt, num_inference_steps=steps, height=size, width=size, guidance_scale=guidance, output_type="np")
 torch.cuda.synchronize()
 print(time.perf_counter() - start)
 """
@@ -83,7 +92,8 @@ def start_convert(work: Path, name: str, threads: int, keep_onnx: bool) -> subpr
     int4 recipe 3x slower than on a 2-core machine)."""
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
-    command = [*CLI, "convert", MODEL, "-o", str(out), *CONVERT, "--height", str(SIZE), "--width", str(SIZE),
+    size = SIZE // 2 if name == "turbo" else SIZE
+    command = [*CLI, "convert", MODEL, "-o", str(out), *CONVERT, "--height", str(size), "--width", str(size),
                *FOLDERS[name], *(["--keep-onnx"] if keep_onnx else [])]
     log(" ".join(command))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -144,11 +154,13 @@ def link(path: Path, target: Path) -> None:
 
 
 def save_diffusers_folder(work: Path) -> None:
-    """The fp16 conversion's source weights as StableDiffusionXLPipeline's folder, in float16."""
+    """A conversion's source weights (the same in each) as StableDiffusionXLPipeline's folder, in
+    float16."""
     from difflite.folder.output_folder import OutputFolder
     from difflite.verify import load_source
 
-    pipe = load_source(OutputFolder.read(work / "fp16"), None, None)
+    folder = next(work / name for name in ("fp16", "turbo", "b1") if (work / name / "manifest.json").is_file())
+    pipe = load_source(OutputFolder.read(folder), None, None)
     for name in ("text_encoder", "text_encoder_2", "unet", "vae"):
         getattr(pipe, name).half()
     pipe.save_pretrained(work / "diffusers")
@@ -202,6 +214,7 @@ def picture(command: list[str], runs: int, timeout: float, warm_up: bool = True)
 
 
 def generate_command(work: Path, folder: str, flags: list[str]) -> list[str]:
+    """`difflite generate` of WORK/folder, 20 steps unless `flags` say otherwise (click takes the last)."""
     return [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps", "20",
             "--json", *flags]
 
@@ -278,6 +291,8 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
         "peer_int8": (peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", peer_runs, timeout),
         "picture_int8": (picture, generate_command(work, "int8", []), runs, timeout),
+        "picture_turbo": (picture, generate_command(work, "turbo", TURBO_FLAGS), runs, timeout),
+        "picture_diffusers_turbo": (diffusers_picture, work, runs, timeout, 4, SIZE // 2, 0.0),
         "picture_psnr_db": (picture_psnr, work),
     }[step]
 
@@ -295,12 +310,14 @@ def run_step(data: dict, key: str, running: dict, fn, *fn_args) -> None:
     data[key]["conversions_running"] = [name for name, (p, _) in running.items() if p.poll() is None]
 
 
-def diffusers_picture(work: Path, runs: int, timeout: float) -> dict:
-    """diffusers' fp16 SDXL pipeline from its saved folder, `runs` fresh processes."""
+def diffusers_picture(work: Path, runs: int, timeout: float, steps: int = 20, size: int | None = None,
+                      guidance: float = 5.0) -> dict:
+    """diffusers' fp16 SDXL pipeline from its saved folder, `runs` fresh processes (guidance 5, as
+    difflite's SDXL default; guidance <= 1 with SDXL-Turbo's scheduler)."""
     if not (work / "diffusers" / "model_index.json").is_file():
         save_diffusers_folder(work)
-    return picture([sys.executable, "-c", DIFFUSERS_CHILD, str(work / "diffusers"), PROMPT, "20", str(SIZE)],
-                   runs, timeout, warm_up=False)
+    return picture([sys.executable, "-c", DIFFUSERS_CHILD, str(work / "diffusers"), PROMPT, str(steps),
+                    str(size or SIZE), str(guidance)], runs, timeout, warm_up=False)
 
 
 def picture_psnr(work: Path) -> dict:
@@ -332,7 +349,8 @@ def report(data: dict) -> None:
             elif isinstance(r, dict) and "error" in r:
                 print(f"| {key}: {name} | {r['error'][:120]} | | |")
     print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB |\n|---|---|---|---|")
-    for key in ("picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16"):
+    for key in ("picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16", "picture_turbo",
+                "picture_diffusers_turbo"):
         r = data.get(key)
         if r and "wall_s" in r:
             gpu = r["gpu_mib"]
