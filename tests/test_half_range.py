@@ -99,6 +99,19 @@ def test_choose_scales_only_the_parts_that_exceed(sdxl_tiny):
     assert half_range.choose({"decoder.conv_in": 4000.0}, parts).empty()
 
 
+def test_unfused_groupnorm_inputs_take_the_limit_of_their_squares(sdxl_tiny):
+    """Where GroupNorm is decomposed (--no-fuse), its input counts against sqrt(threshold) / 2: a
+    GroupNorm input of 100 needs 2 halvings (100 / 4 = 25 < 32), another activation of 100 none."""
+    parts = half_range.structure(sdxl_tiny.vae, "decoder")
+    first = parts.resnets[0].name
+    limits = half_range.Limits(norm_input=half_range.DECOMPOSED_NORM_THRESHOLD)
+    assert 31.9 < half_range.DECOMPOSED_NORM_THRESHOLD < 32  # (2 x 32)^2 would pass 65504 / 16
+    peaks = {f"{first}.norm2{half_range.INPUT}": 100.0, "decoder.up_blocks.0": 100.0}
+    assert half_range.choose(peaks, parts, limits).conv1 == {first: 2}
+    assert half_range.choose(peaks, parts).empty()
+    assert half_range.choose({"decoder.up_blocks.0": 100.0}, parts, limits).empty()
+
+
 def state_bytes(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in module.state_dict().items():
@@ -235,6 +248,27 @@ def test_report_and_manifest_record_the_scales(rescaled_out):
     assert list(report["vae_decoder"]["half_range"]["scales"]["conv1_log2"]) == [CONV1_UP]
     assert report["vae_encoder"]["half_range"]["scales"]["conv1_log2"] == {}
     assert f"{CONV1_UP}.conv1" in report["vae_decoder"]["half_range"]["exceeded"]
+
+
+def test_no_fuse_files_keep_their_groupnorm_squares_in_half_range(overflow_vae, opencl_lib, tmp_path):
+    """--no-fuse fp16 files hold GroupNorm as builtins whose (x - mean)^2 is stored in half: the
+    rescale keeps GroupNorms' inputs under ~32 there (with the fused files' limit alone these
+    verified at 12.7-23.4 dB on PoCL), and verify passes both VAE components at the fp16 bar."""
+    out = tmp_path / "nofuse"
+    run = run_difflite("convert", "preset:sdxl-tiny", "--vae", overflow_vae, "-o", out, *SIZE, "--precision", "fp16",
+                       "--components", ",".join(VAE_COMPONENTS), "--no-fuse")
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = verify(out, opencl_lib)
+    assert report["passed"], report["checks"]
+    assert all(check["psnr_db"] >= 40 for check in report["checks"]), report["checks"]
+    records = json.loads((out / "report.json").read_text())["components"]
+    for name in VAE_COMPONENTS:
+        record = records[name]["half_range"]
+        assert record["norm_input_threshold"] == pytest.approx(half_range.DECOMPOSED_NORM_THRESHOLD, rel=1e-5)
+        norm_inputs = [k for k in record["exceeded"] if k.endswith(half_range.INPUT)]
+        assert norm_inputs and all(record["exceeded"][k] >= half_range.DECOMPOSED_NORM_THRESHOLD for k in norm_inputs)
+        manifest = json.loads((out / "manifest.json").read_text())["components"][name]["half_range"]
+        assert manifest["norm_input_threshold"] == record["norm_input_threshold"]
 
 
 def test_an_overflow_no_rescale_reaches_fails_in_one_line(sdxl_tiny):

@@ -328,11 +328,14 @@ def convert(model: str, out, options: ConvertOptions, config: str | None = None,
 
 
 def fit_half_range(pipe, options: ConvertOptions, stages: StageLog, log: Callable[[str], None]) -> dict:
-    """At fp16: each VAE component's activations measured and, where they pass half's range,
-    its weights rescaled in place (difflite/compiler/half_range.py); {component: report record}."""
+    """At fp16: each VAE component's activations measured and, where they pass half's range (for
+    unfused GroupNorms, the range of their squares), its weights rescaled in place
+    (difflite/compiler/half_range.py); {component: report record}."""
     if options.precision != "fp16":
         return {}
-    return {name: stages.run(name, "half_range", half_range.fit, pipe, name, options.height, options.width, log=log)
+    decomposed = "groupnorm" not in options.fuse  # the writer's builtins hold (x - mean)^2 in half
+    return {name: stages.run(name, "half_range", half_range.fit, pipe, name, options.height, options.width, log=log,
+                             decomposed_norms=decomposed)
             for name in options.components if half_range.applies(name)}
 
 

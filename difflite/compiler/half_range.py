@@ -47,6 +47,10 @@ from difflite.core.errors import BadInput
 HALF_MAX = 65504.0
 HEADROOM = 16  # a power of two: the rescales are powers of two, and so is the margin they keep
 THRESHOLD = HALF_MAX / HEADROOM
+# Where GroupNorm is not fused (--no-fuse: stock LiteRT's files), the writer decomposes it into
+# builtins that hold (x - mean)^2 in the storage type: |x - mean| <= 2 max|x|, so a GroupNorm's
+# input must stay under sqrt(THRESHOLD) / 2 (~32) for its squares to keep the same headroom.
+DECOMPOSED_NORM_THRESHOLD = math.sqrt(THRESHOLD) / 2
 PROBE_SEED = 3000  # probe seeds: neither verify's (0, 1) nor the weights recipe's (1000 + i)
 PROBES = 2
 DECODER_LATENT_GAINS = (1.0, 2.0)  # decoder probes: randn latents (scaled ones, as generate's) and twice them
@@ -274,11 +278,28 @@ def halvings(peak: float, threshold: float = THRESHOLD) -> int:
     return k
 
 
-def choose(peaks: dict[str, float], parts: Parts, threshold: float = THRESHOLD) -> Plan:
-    """The smallest halvings that bring each part's measured values under `threshold`."""
-    plan = Plan(stream=halvings(max((peaks.get(k, 0.0) for k in parts.stream_keys), default=0.0), threshold))
+@dataclass(frozen=True)
+class Limits:
+    """The bound each measured value must stay under: `threshold`, and `norm_input` for
+    GroupNorms' inputs where the file holds GroupNorm decomposed (None: fused, `threshold`)."""
+    threshold: float = THRESHOLD
+    norm_input: float | None = None
+
+    def of(self, key: str) -> float:
+        return self.norm_input if self.norm_input is not None and key.endswith(INPUT) else self.threshold
+
+    def over(self, peaks: dict[str, float]) -> dict[str, float]:
+        return {k: v for k, v in peaks.items() if v >= self.of(k)}
+
+
+def choose(peaks: dict[str, float], parts: Parts, limits: Limits = Limits()) -> Plan:
+    """The smallest halvings that bring each part's measured values under their limits."""
+    def needed(keys) -> int:
+        return max((halvings(peaks.get(key, 0.0), limits.of(key)) for key in keys), default=0)
+
+    plan = Plan(stream=needed(parts.stream_keys))
     for resnet in parts.resnets:
-        k = halvings(max(peaks.get(key, 0.0) for key in parts.conv1_keys(resnet)), threshold)
+        k = needed(parts.conv1_keys(resnet))
         if k:
             plan.conv1[resnet.name] = k
     return plan
@@ -315,17 +336,21 @@ def applies(component: str) -> bool:
 
 
 def fit(pipe, component: str, height: int, width: int, log: Callable[[str], None] = lambda m: None,
-        threshold: float = THRESHOLD) -> dict:
+        threshold: float = THRESHOLD, decomposed_norms: bool = False) -> dict:
     """Measure `component`'s activations (a VAE coder) on probes, rescale pipe.vae in place where
-    they pass `threshold`, measure again; the report's record. HalfRangeError where an activation
-    over the threshold is one no exact rescale reaches."""
+    they pass `threshold` (GroupNorms' inputs DECOMPOSED_NORM_THRESHOLD where `decomposed_norms`:
+    the file holds GroupNorm as builtins), measure again; the report's record. HalfRangeError where
+    an activation over its limit is one no exact rescale reaches."""
     coder = CODERS[component]
+    limits = Limits(threshold, DECOMPOSED_NORM_THRESHOLD if decomposed_norms else None)
     inputs = probe_inputs(pipe, component, height, width)
     module = export.component_spec(pipe, component, *weight_recipe.probe_size(pipe, height, width)).module
     before = measure(module, pipe.vae, inputs)
-    over = {k: v for k, v in before.items() if v >= threshold}
+    over = limits.over(before)
     record = {"threshold": threshold, "headroom": HEADROOM, "probes": describe_probes(component, inputs),
               "max_before": _largest(before), "exceeded": {k: _round(v) for k, v in sorted(over.items())}}
+    if decomposed_norms:
+        record["norm_input_threshold"] = _round(limits.norm_input)
     if not over:
         return {**record, "scales": "none needed", "max_after": record["max_before"]}
     _refuse_not_finite(component, over)
@@ -335,13 +360,13 @@ def fit(pipe, component: str, height: int, width: int, log: Callable[[str], None
         key, value = max(over.items(), key=lambda kv: kv[1])
         raise HalfRangeError(f"{component}: activation {key} reaches {value:.4g}, over half's range / {HEADROOM} "
                              f"({threshold:g}), and {exc}: no exact rescale keeps it in float16") from None
-    _refuse_unreachable(component, over, parts, threshold)
-    plan = choose(before, parts, threshold)
+    _refuse_unreachable(component, over, parts, limits)
+    plan = choose(before, parts, limits)
     apply(plan, parts)
     after = measure(module, pipe.vae, inputs)
-    _refuse_unreachable(component, {k: v for k, v in after.items() if v >= threshold}, parts, threshold, after=True)
-    log(f"{component}: activations up to {max(over.values()):.4g} over {threshold:g}: "
-        f"{describe_plan(plan)}")
+    _refuse_unreachable(component, limits.over(after), parts, limits, after=True)
+    log(f"{component}: activations up to {max(over.values()):.4g} over {threshold:g}"
+        f"{f' (GroupNorm inputs: {limits.norm_input:.4g})' if decomposed_norms else ''}: {describe_plan(plan)}")
     return {**record, "scales": plan_record(plan), "max_after": _largest(after)}
 
 
@@ -353,14 +378,14 @@ def _refuse_not_finite(component: str, over: dict[str, float]) -> None:
                              f"no rescale keeps it in float16")
 
 
-def _refuse_unreachable(component: str, over: dict[str, float], parts: Parts, threshold: float,
+def _refuse_unreachable(component: str, over: dict[str, float], parts: Parts, limits: Limits,
                         after: bool = False) -> None:
     rescalable = set(parts.stream_keys).union(*(parts.conv1_keys(r) for r in parts.resnets))
     stuck = {k: v for k, v in over.items() if after or k not in rescalable}
     if stuck:
-        key, value = max(stuck.items(), key=lambda kv: kv[1])
-        raise HalfRangeError(f"{component}: activation {key} reaches {value:.4g}, over half's range / {HEADROOM} "
-                             f"({threshold:g}), where no exact power-of-two rescale reaches it")
+        key, value = max(stuck.items(), key=lambda kv: kv[1] / limits.of(kv[0]))
+        raise HalfRangeError(f"{component}: activation {key} reaches {value:.4g}, over its limit in float16 "
+                             f"({limits.of(key):.4g}), where no exact power-of-two rescale reaches it")
 
 
 def manifest_entry(record: dict) -> dict:
@@ -368,7 +393,8 @@ def manifest_entry(record: dict) -> dict:
     the one an older difflite wrote), else the threshold and the scales, as the report has them."""
     if not isinstance(record.get("scales"), dict):
         return {}
-    return {"half_range": {"threshold": record["threshold"], "scales": record["scales"]}}
+    limits = {key: record[key] for key in ("threshold", "norm_input_threshold") if key in record}
+    return {"half_range": {**limits, "scales": record["scales"]}}
 
 
 def plan_record(plan: Plan) -> dict:
