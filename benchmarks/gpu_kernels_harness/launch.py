@@ -545,9 +545,23 @@ def split_k(compute_units: int, work_groups: int, k: int) -> int:
     return max(1, min(ceil_div(target, work_groups), k // SPLIT_K_MIN_DEPTH, SPLIT_K_MAX))
 
 
+WINOGRAD_SCRATCH_BYTES = 268435456  # kScratchBytes: bound on a band's V + M (DIFFLITE_WINOGRAD_SCRATCH_BYTES)
+
+
 def winograd_tiles(n: int, h: int, w: int) -> tuple[int, int, int]:
     th, tw = ceil_div(h, 4), ceil_div(w, 4)
     return th, tw, n * th * tw
+
+
+def winograd_band_tiles(n: int, h: int, w: int, cin: int, cout: int, elem: int,
+                        bound: int = WINOGRAD_SCRATCH_BYTES) -> int:
+    """Tiles per band (winograd_conv3x3_opencl.cc: BandTiles): all of T where V + M of all tiles
+    (36 (cin + cout) elements of `elem` bytes a tile) fit `bound`; else the most whole tile rows
+    (tiles_w tiles each, rows counted across n * tiles_h) within it, at least one row."""
+    th, tw, _ = winograd_tiles(n, h, w)
+    rows = n * th
+    fit = bound // (36 * tw * (cin + cout) * elem)
+    return rows * tw if fit >= rows else max(fit, 1) * tw
 
 
 # ---------------------------------------------------------------------------
@@ -905,23 +919,38 @@ class Runner:
                          (MERGE_WG,), part, o, i32(rows))
         return [e1, e2]
 
-    def winograd_scratch_bytes(self, n, h, w, cin, cout, elem: int = 4) -> int:
-        _, _, t = winograd_tiles(n, h, w)
-        return 36 * t * (cin + cout) * elem
+    def winograd_scratch_bytes(self, n, h, w, cin, cout, elem: int | None = None,
+                               bound: int = WINOGRAD_SCRATCH_BYTES) -> int:
+        """A full band's V and M (WinogradGpu::ScratchBytes without U and the GEMMs' own), in
+        bytes of `elem` (the storage type's where None)."""
+        elem = elem or np.dtype(self.storage).itemsize
+        tb = winograd_band_tiles(n, h, w, cin, cout, elem, bound)
+        return 36 * tb * (cin + cout) * elem
 
-    def winograd(self, x, u, bias, y, n: int, h: int, w: int, cin: int, cout: int) -> list[cl.Event]:
+    def winograd(self, x, u, bias, y, n: int, h: int, w: int, cin: int, cout: int,
+                 scratch_bytes: int = WINOGRAD_SCRATCH_BYTES) -> list[cl.Event]:
+        """WinogradGpu::Run of the transformed form, band by band of whole tile rows (tiles t0 ..
+        t0 + tb - 1; winograd_band_tiles under `scratch_bytes`): wino_input into V [36][tb][cin]
+        (scratch slot 0), the 36 GEMMs into M [36][tb][cout] (slot 1), wino_output into y."""
         th, tw, t = winograd_tiles(n, h, w)
-        vbuf = self.scratch(4 * 36 * t * cin, 0)
-        mbuf = self.scratch(4 * 36 * t * cout, 1)
+        es = np.dtype(self.storage).itemsize
+        band = winograd_band_tiles(n, h, w, cin, cout, es, scratch_bytes)
+        vbuf = self.scratch(es * 36 * band * cin, 0)
+        mbuf = self.scratch(es * 36 * band * cout, 1)
         i32 = np.int32
-        e1 = self.launch(self.kernel("winograd_conv3x3", "wino_input"), (round_up(t * cin, 128),), (128,),
-                         x, vbuf, i32(h), i32(w), i32(cin), i32(th), i32(tw), i32(t))
-        # M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p.
-        e2 = self.gemm(vbuf, u, mbuf, t, cout, cin, a_sm=cin, a_sk=1, b_sk=cout, b_sn=1, ldc=cout,
-                       bdims=(36,), a_bs=(t * cin,), b_bs=(cin * cout,), c_bs=t * cout)
-        e3 = self.launch(self.kernel("winograd_conv3x3", "wino_output"), (round_up(t * cout, 128),), (128,),
-                         mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(t))
-        return [e1, *e2, e3]
+        events = []
+        for t0 in range(0, t, band):
+            tb = min(band, t - t0)
+            events.append(self.launch(self.kernel("winograd_conv3x3", "wino_input"), (round_up(tb * cin, 128),),
+                                      (128,), x, vbuf, i32(h), i32(w), i32(cin), i32(th), i32(tw), i32(tb),
+                                      i32(t0)))
+            # M[p] (tb x Cout) = V[p] (tb x Cin) * U[p] (Cin x Cout) for the 36 p.
+            events += self.gemm(vbuf, u, mbuf, tb, cout, cin, a_sm=cin, a_sk=1, b_sk=cout, b_sn=1, ldc=cout,
+                                bdims=(36,), a_bs=(tb * cin,), b_bs=(cin * cout,), c_bs=tb * cout)
+            events.append(self.launch(self.kernel("winograd_conv3x3", "wino_output"), (round_up(tb * cout, 128),),
+                                      (128,), mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(tb),
+                                      i32(t0)))
+        return events
 
     def gemm(self, a, b, c, m: int, n: int, k: int, a_sm: int, a_sk: int, b_sk: int, b_sn: int, ldc: int,
              bdims=(), a_bs=(), b_bs=(), c_bs: int = 0, bias=None, tile: GemmTile | None = None,

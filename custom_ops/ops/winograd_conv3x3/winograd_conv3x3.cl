@@ -5,10 +5,13 @@
 // quantized with -DDL_WQ, dl_qweights.cl), and wino_filter writes U into
 // scratch first, at every call.
 //
-// T = N * ceil(H/4) * ceil(W/4) output tiles (border tiles read zeros and are
-// cropped, so H and W need not be multiples of 4). The kernels here
-// with the GEMM between them, two scratch tensors:
-//   wino_input   V[p][t][ci] = (B^T d B)[p] of the 6x6 input tile d of tile t
+// N * ceil(H/4) * ceil(W/4) output tiles (border tiles read zeros and are
+// cropped, so H and W need not be multiples of 4), taken in bands of T tiles
+// from tile t0 (winograd_conv3x3_opencl.cc: whole tile rows, V and M within a
+// bound): tile t of a band is the image's tile t0 + t, and V and M hold the
+// band's tiles only, from its first. The kernels here with the GEMM between
+// them, two scratch tensors:
+//   wino_input   V[p][t][ci] = (B^T d B)[p] of the 6x6 input tile d of tile t0 + t
 //                (one work-item per (tile, ci); coalesced over ci)
 //   GEMM         M[p] = V[p] (T x Cin) * U[p] (Cin x Cout) for the 36 p: not
 //                here, but builtins/matmul's gemm.cl (builtin::Gemm, batched
@@ -103,16 +106,17 @@ __kernel void wino_filter(DL_W_PTR w, __global DL_T* U, int Cin, int Cout DL_WQ_
     r3 = (m1) - (m2) + 8.0f * ((m3) - (m4)) + (m5);     \
   } while (0)
 
-// Global >= T * Cin (1-D). V: [36][T][Cin].
+// Global >= T * Cin (1-D). V: [36][T][Cin], tiles t0 .. t0 + T - 1 of the image.
 __kernel void wino_input(__global const DL_T* x, __global DL_T* V, int H, int W,
-                         int Cin, int tiles_h, int tiles_w, int T) {
+                         int Cin, int tiles_h, int tiles_w, int T, int t0) {
   const int idx = get_global_id(0);
   if (idx >= T * Cin) return;
   const int t = idx / Cin;
   const int ci = idx - t * Cin;
-  const int tx = t % tiles_w;
-  const int ty = (t / tiles_w) % tiles_h;
-  const int n = t / (tiles_w * tiles_h);
+  const int tg = t0 + t;  // the tile in the image
+  const int tx = tg % tiles_w;
+  const int ty = (tg / tiles_w) % tiles_h;
+  const int n = tg / (tiles_w * tiles_h);
   const int y0 = ty * 4 - 1;
   const int x0 = tx * 4 - 1;
   __global const DL_T* xn = x + (long)n * H * W * Cin + ci;
@@ -145,17 +149,19 @@ __kernel void wino_input(__global const DL_T* x, __global DL_T* V, int H, int W,
   }
 }
 
-// Global >= T * Cout (1-D). M: [36][T][Cout]; y: [N, H, W, Cout].
+// Global >= T * Cout (1-D). M: [36][T][Cout], tiles t0 .. t0 + T - 1 of the
+// image; y: [N, H, W, Cout].
 __kernel void wino_output(__global const DL_T* M, __global const DL_T* bias,
                           __global DL_T* y, int H, int W, int Cout, int tiles_h,
-                          int tiles_w, int T) {
+                          int tiles_w, int T, int t0) {
   const int idx = get_global_id(0);
   if (idx >= T * Cout) return;
   const int t = idx / Cout;
   const int co = idx - t * Cout;
-  const int tx = t % tiles_w;
-  const int ty = (t / tiles_w) % tiles_h;
-  const int n = t / (tiles_w * tiles_h);
+  const int tg = t0 + t;  // the tile in the image
+  const int tx = tg % tiles_w;
+  const int ty = (tg / tiles_w) % tiles_h;
+  const int n = tg / (tiles_w * tiles_h);
   const long plane = (long)T * Cout;
   __global const DL_T* src = M + (long)t * Cout + co;
   float tmp[4][6];  // tmp = A^T m (columns)

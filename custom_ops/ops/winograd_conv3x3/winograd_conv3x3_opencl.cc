@@ -1,15 +1,32 @@
 // difflite.WinogradConv3x3 on the OpenCL backend, F(4x4, 3x3):
 //   wino_filter  w -> U [36, Cin, Cout]       (the filter form only: w is the 3x3 filter
 //                OHWI, read as uploaded, quantized where the model stores it so; scratch
-//                slot 3, rewritten at every call: the weights stay as the file holds them)
-//   wino_input   x -> V [36, T, Cin]          (winograd_conv3x3.cl; scratch slot 0)
+//                slot 3, rewritten once at every call, before the bands: the weights stay as
+//                the file holds them)
+// then, band by band of output tiles (below):
+//   wino_input   x -> V [36, Tb, Cin]         (winograd_conv3x3.cl; scratch slot 0)
 //   GEMM         M[p] = V[p] U[p], 36 GEMMs   (builtins/matmul's builtin::Gemm, gemm.cl:
-//                tiled on GPUs, gemm_rows on CPU-like devices; scratch slot 1: M [36, T, Cout])
+//                tiled on GPUs, gemm_rows on CPU-like devices; scratch slot 1: M [36, Tb, Cout])
 //   wino_output  y = A^T M A + bias, NHWC, cropped to H x W (winograd_conv3x3.cl)
-// T = N * ceil(H/4) * ceil(W/4). U is the node's weight input [36, Cin, Cout]
-// as uploaded by the backend (already transformed by the compiler), or wino_filter's.
+// T = N * ceil(H/4) * ceil(W/4) tiles, numbered row-major over N * ceil(H/4) tile rows of
+// ceil(W/4) tiles. U is the node's weight input [36, Cin, Cout] as uploaded by the backend
+// (already transformed by the compiler), or wino_filter's.
+// Bands: V and M of all T tiles are 36 T (Cin + Cout) elements, 2.25x the input and output
+// together: SDXL's VAE decoder at 1024 x 1024 (a 1024 x 1024 conv, Cin 256, Cout 128: T = 65536)
+// would take 1.8 GB of them at fp16, far past a phone's memory, while the model's whole budget
+// there is ~2.6 GB. So the tiles go in bands of whole tile rows, t0 .. t0 + Tb - 1 (Tb a multiple
+// of ceil(W/4); a band may cross from one sample into the next), each band's V and M within
+// kScratchBytes (256 MiB, in the storage type's bytes; DIFFLITE_WINOGRAD_SCRATCH_BYTES=N
+// replaces it: tests, benchmarks, tighter devices; a value that is not a positive integer
+// refuses the node), at least one tile row a band whatever the bound; all of T in one band where
+// V + M fit (then the launches are those of an unbanded run). The kernels take the band's first
+// tile t0 and index V and M from the band's start (no sub-buffers); the GEMM is one
+// builtin::Gemm for a full band and a second one for the last, shorter band where T is not a
+// multiple of Tb. Only the bound's share of V and M is live at once; U is read once a band.
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +48,35 @@ constexpr const char* kProgram = "winograd_conv3x3";
 constexpr size_t kTransformGroup = 128;
 constexpr int kFilterSlot = 3;  // U of the filter form (V, M and split-K hold 0, 1 and 2)
 static_assert(builtin::kSplitKSlot != kFilterSlot, "split-K scratch would overwrite U");
+// The bound on a band's V + M, in bytes of the storage type (see the header comment).
+constexpr size_t kScratchBytes = 268435456;  // 256 MiB
+
+// DIFFLITE_WINOGRAD_SCRATCH_BYTES: the bound on a band's V + M (kScratchBytes when unset or
+// empty), or an error for a value that is not a positive integer.
+size_t ScratchBound(std::string* error) {
+  const char* env = std::getenv("DIFFLITE_WINOGRAD_SCRATCH_BYTES");
+  if (env == nullptr || *env == '\0') return kScratchBytes;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (end == env || *end != '\0' || v <= 0 || errno == ERANGE) {
+    *error = std::string("DIFFLITE_WINOGRAD_SCRATCH_BYTES=") + env +
+             ": expected a positive integer";
+    return 0;
+  }
+  return static_cast<size_t>(v);
+}
+
+// Tiles per band: all `rows` tile rows (of `tiles_w` tiles) where V + M of all of them, 36
+// (Cin + Cout) elements of `elem` bytes a tile, fit `bound`; else the most whole rows within
+// it, at least one.
+int64_t BandTiles(int64_t rows, int tiles_w, int cin, int cout, size_t elem, size_t bound) {
+  const int64_t row_bytes = static_cast<int64_t>(winograd::kPositions) * tiles_w *
+                            (static_cast<int64_t>(cin) + cout) * static_cast<int64_t>(elem);
+  const int64_t fit = static_cast<int64_t>(bound / static_cast<size_t>(row_bytes));
+  if (fit >= rows) return rows * tiles_w;
+  return std::max<int64_t>(fit, 1) * tiles_w;
+}
 
 class WinogradGpu final : public GpuOp {
  public:
@@ -45,52 +91,66 @@ class WinogradGpu final : public GpuOp {
     cout_ = cout;
     tiles_h_ = static_cast<int>(CeilDiv(h_, winograd::kTileOut));
     tiles_w_ = static_cast<int>(CeilDiv(w_, winograd::kTileOut));
-    const int64_t t = static_cast<int64_t>(n_) * tiles_h_ * tiles_w_;
+    const int64_t rows = static_cast<int64_t>(n_) * tiles_h_;
+    const int64_t t = rows * tiles_w_;
+    elem_ = DTypeSize(ctx.storage());
+    std::string e;
+    const size_t bound = ScratchBound(&e);
+    if (!e.empty()) return e;
+    const int64_t band = BandTiles(rows, tiles_w_, cin_, cout_, elem_, bound);
     const int64_t kMax = builtin::kMaxIndex;
-    // V and M are indexed with ints across all 36 positions (gemm.cl's batch offsets).
-    if (winograd::kPositions * t * std::max(cin_, cout_) > kMax ||
+    // A band's V and M are indexed with ints across all 36 positions (gemm.cl's batch offsets);
+    // the kernels' tile indices t0 + t with ints too (t < T, bounded by x's or y's elements).
+    if (winograd::kPositions * band * std::max(cin_, cout_) > kMax ||
         static_cast<int64_t>(n_) * h_ * w_ * std::max(cin_, cout_) > kMax) {
       return "tensors of more than 2^31-1 elements";
     }
     t_ = static_cast<int>(t);
-    elem_ = DTypeSize(ctx.storage());
+    band_ = static_cast<int>(band);
     if (filter_ && static_cast<int64_t>(winograd::kPositions) * cin_ * cout_ > kMax) {
       return "a filter of more than 2^31-1 transformed elements";
     }
-    std::string e = builtin::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
+    e = builtin::GetKernel(ctx, kProgram, "wino_input", "", &input_k_);
     if (e.empty()) e = builtin::GetKernel(ctx, kProgram, "wino_output", "", &output_k_);
     if (e.empty() && filter_) {
       e = builtin::GetKernel(ctx, kProgram, "wino_filter", wq_.Options(), &filter_k_);
     }
     if (!e.empty()) return e;
-    // M[p] (T x Cout) = V[p] (T x Cin) * U[p] (Cin x Cout), batched over the 36 positions p.
-    builtin::GemmShape s;
-    s.m = t_;
-    s.n = cout_;
-    s.k = cin_;
-    s.a_sm = cin_;
-    s.a_sk = 1;
-    s.b_sk = cout_;
-    s.b_sn = 1;
-    s.ldc = cout_;
-    s.bdims = {winograd::kPositions};
-    s.a_bs = {t_ * cin_};
-    s.b_bs = {cin_ * cout_};
-    s.c_bs = t_ * cout_;
-    e = gemm_.Init(ctx, s);
-    if (!e.empty()) return "winograd GEMM: " + e;
-    // Scratch slots 0 and 1 hold V and M. The GEMM's slot-0 copy of a k-major B (CPU-like
-    // devices) never happens here, U being n-major; its split-K partials use kSplitKSlot.
-    static_assert(builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
-    if (gemm_.TransposedBBytes() != 0) {
-      return "winograd GEMM: wants scratch slot 0, which holds V";
+    // M[p] (Tb x Cout) = V[p] (Tb x Cin) * U[p] (Cin x Cout), batched over the 36 positions p:
+    // gemm_[0] for a band of band_ tiles, gemm_[1] for the last, shorter one (T % band_).
+    const int tail = t_ % band_;
+    for (int c = 0; c < (tail != 0 ? 2 : 1); ++c) {
+      const int tiles = c == 0 ? band_ : tail;
+      builtin::GemmShape s;
+      s.m = tiles;
+      s.n = cout_;
+      s.k = cin_;
+      s.a_sm = cin_;
+      s.a_sk = 1;
+      s.b_sk = cout_;
+      s.b_sn = 1;
+      s.ldc = cout_;
+      s.bdims = {winograd::kPositions};
+      s.a_bs = {tiles * cin_};
+      s.b_bs = {cin_ * cout_};
+      s.c_bs = tiles * cout_;
+      e = gemm_[c].Init(ctx, s);
+      if (!e.empty()) return "winograd GEMM: " + e;
+      // Scratch slots 0 and 1 hold V and M. The GEMM's slot-0 copy of a k-major B (CPU-like
+      // devices) never happens here, U being n-major; its split-K partials use kSplitKSlot.
+      static_assert(builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
+      if (gemm_[c].TransposedBBytes() != 0) {
+        return "winograd GEMM: wants scratch slot 0, which holds V";
+      }
     }
     return "";
   }
 
   bool ReadsQuantized(size_t input) const override { return input == 1 && wq_.on(); }
+  // U (filter form), a full band's V and M, and the larger of the two GEMMs' own scratch.
   size_t ScratchBytes() const override {
-    return UBytes() + VBytes() + MBytes() + gemm_.ScratchBytes();
+    return UBytes() + VBytes() + MBytes() +
+           std::max(gemm_[0].ScratchBytes(), gemm_[1].ScratchBytes());
   }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
@@ -102,30 +162,35 @@ class WinogradGpu final : public GpuOp {
     cl_mem m = ctx.Scratch(MBytes(), 1, &e);
     if (m == nullptr) return "winograd M: " + e;
     cl_mem u = in[1].mem;
-    if (filter_) {
+    if (filter_) {  // once a call, for all the bands
       u = ctx.Scratch(UBytes(), kFilterSlot, &e);
       if (u == nullptr) return "winograd U: " + e;
       e = TransformFilter(ctx, in[1], u);
       if (!e.empty()) return e;
     }
     const gpu::ClApi& cl = ctx.cl();
-    const cl_int h = h_, w = w_, cin = cin_, cout = cout_, th = tiles_h_, tw = tiles_w_,
-                 t = t_;
-    e = SetArgs(cl, input_k_,
-                      {Arg(in[0].mem), Arg(v), Arg(h), Arg(w), Arg(cin), Arg(th), Arg(tw),
-                       Arg(t)});
-    if (!e.empty()) return e;
-    const size_t g1 = gpu::RoundUp(static_cast<size_t>(t_) * cin_, kTransformGroup);
-    e = ctx.Enqueue(input_k_, 1, &g1, &kTransformGroup, "winograd.input");
-    if (!e.empty()) return e;
-    e = gemm_.Run(ctx, v, u, nullptr, m, "winograd.gemm");
-    if (!e.empty()) return e;
-    e = SetArgs(cl, output_k_,
-                      {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout),
-                       Arg(th), Arg(tw), Arg(t)});
-    if (!e.empty()) return e;
-    const size_t g3 = gpu::RoundUp(static_cast<size_t>(t_) * cout_, kTransformGroup);
-    return ctx.Enqueue(output_k_, 1, &g3, &kTransformGroup, "winograd.output");
+    const cl_int h = h_, w = w_, cin = cin_, cout = cout_, th = tiles_h_, tw = tiles_w_;
+    for (int t0 = 0; t0 < t_; t0 += band_) {
+      const int tiles = std::min(band_, t_ - t0);
+      const cl_int tb = tiles, t0c = t0;
+      e = SetArgs(cl, input_k_,
+                  {Arg(in[0].mem), Arg(v), Arg(h), Arg(w), Arg(cin), Arg(th), Arg(tw), Arg(tb),
+                   Arg(t0c)});
+      if (!e.empty()) return e;
+      const size_t g1 = gpu::RoundUp(static_cast<size_t>(tiles) * cin_, kTransformGroup);
+      e = ctx.Enqueue(input_k_, 1, &g1, &kTransformGroup, "winograd.input");
+      if (!e.empty()) return e;
+      e = gemm_[tiles == band_ ? 0 : 1].Run(ctx, v, u, nullptr, m, "winograd.gemm");
+      if (!e.empty()) return e;
+      e = SetArgs(cl, output_k_,
+                  {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout), Arg(th),
+                   Arg(tw), Arg(tb), Arg(t0c)});
+      if (!e.empty()) return e;
+      const size_t g3 = gpu::RoundUp(static_cast<size_t>(tiles) * cout_, kTransformGroup);
+      e = ctx.Enqueue(output_k_, 1, &g3, &kTransformGroup, "winograd.output");
+      if (!e.empty()) return e;
+    }
+    return "";
   }
 
  private:
@@ -141,19 +206,21 @@ class WinogradGpu final : public GpuOp {
   size_t UBytes() const {
     return filter_ ? elem_ * winograd::kPositions * static_cast<size_t>(cin_) * cout_ : 0;
   }
+  // V and M of a full band.
   size_t VBytes() const {
-    return elem_ * winograd::kPositions * static_cast<size_t>(t_) * cin_;
+    return elem_ * winograd::kPositions * static_cast<size_t>(band_) * cin_;
   }
   size_t MBytes() const {
-    return elem_ * winograd::kPositions * static_cast<size_t>(t_) * cout_;
+    return elem_ * winograd::kPositions * static_cast<size_t>(band_) * cout_;
   }
 
   int n_ = 0, h_ = 0, w_ = 0, cin_ = 0, cout_ = 0, tiles_h_ = 0, tiles_w_ = 0, t_ = 0;
+  int band_ = 0;  // tiles per band (a multiple of tiles_w_, or T)
   size_t elem_ = 4;
   bool filter_ = false;
   WeightQuant wq_;
   cl_kernel input_k_ = nullptr, output_k_ = nullptr, filter_k_ = nullptr;
-  builtin::Gemm gemm_;
+  builtin::Gemm gemm_[2];  // [0] a full band's GEMMs, [1] the last, shorter band's
 };
 
 std::unique_ptr<GpuOp> Create(const NodeView& node, GpuContext& ctx, std::string* error) {
