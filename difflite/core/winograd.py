@@ -16,6 +16,10 @@ import numpy as np
 
 TILE = 4  # output tile (m); the input tile is TILE + 2
 POSITIONS = (TILE + 2) ** 2  # 36 transformed positions per tile
+# The OpenCL op's bound on the transformed tiles V + M it holds at once (winograd_conv3x3_opencl.cc:
+# kScratchBytes; DIFFLITE_WINOGRAD_SCRATCH_BYTES replaces it at run time): it runs the tiles in bands
+# of whole tile rows within it (band_tiles).
+SCRATCH_BYTES = 268435456  # 256 MiB
 
 # Input transform B^T (6x6).
 BT = np.array(
@@ -83,3 +87,14 @@ def filter_transform_macs() -> int:
     """Multiply-adds of U = G g G^T per (Cin, Cout) pair, as the filter-form kernel computes it:
     each of the 36 positions a weighted sum of the 9 taps, zero coefficients skipped."""
     return int(np.count_nonzero(np.einsum("ak,bl->abkl", G, G)))
+
+
+def band_tiles(n: int, h: int, w: int, cin: int, cout: int, elem: int, bound: int = SCRATCH_BYTES) -> int:
+    """Output tiles per band of the OpenCL op (winograd_conv3x3_opencl.cc: BandTiles): all
+    N ceil(H/4) ceil(W/4) tiles where their V + M (POSITIONS (cin + cout) elements of `elem` bytes a
+    tile) fit `bound`; else the most whole tile rows of ceil(W/4) tiles within it, at least one row.
+    Its V + M scratch is POSITIONS * band_tiles(...) * (cin + cout) * elem bytes."""
+    tiles_w = -(-w // TILE)
+    rows = n * -(-h // TILE)
+    fit = int(bound // (POSITIONS * tiles_w * (cin + cout) * elem))
+    return rows * tiles_w if fit >= rows else max(fit, 1) * tiles_w

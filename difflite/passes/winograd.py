@@ -22,6 +22,8 @@ A plain onnx-ir pass (weight packing is non-local: FACTS). Steps:
                                 36 T Cin Cout MACs (4x fewer than direct);
                output transform reads M, writes y (+ bias), A^T m A MACs per tile and channel.
    est_speedup = direct time / winograd time; saved = direct - winograd (seconds).
+   Intermediates (intermediate_mb) = V + M of the largest band of whole tile rows the OpenCL op
+   runs at once (difflite.core.winograd.band_tiles: all T where 36 T (Cin + Cout) e fits 256 MiB).
    Extra weight memory = 36 Cin Cout e - 9 Cin Cout q (q: bytes a value of the direct conv's
    weight takes, e for float, 1 for int8): the transformed weight replaces the 3x3 one.
    With quantized weights (`weight_value_bytes` given) a conv may instead keep its filter as the
@@ -81,7 +83,9 @@ class ConvCost:
     winograd_macs: int
     winograd_s: float
     extra_weight_bytes: int
-    intermediate_bytes: int  # V + M, the transformed activations (+ U in the filter form)
+    # V + M, the transformed activations of the OpenCL op's largest band of tiles (all of them where
+    # they fit its 256 MiB bound: wg.band_tiles), + U in the filter form
+    intermediate_bytes: int
     form: str = TRANSFORMED
 
     @property
@@ -153,7 +157,7 @@ def conv_cost(n: int, cin: int, cout: int, h: int, w: int, profile: Profile | st
         winograd_bytes=sum(el for el, _ in stages) * e, winograd_macs=sum(m for _, m in stages),
         winograd_s=sum(kernel(el, m) for el, m in stages),
         extra_weight_bytes=extra,
-        intermediate_bytes=p * tiles * (cin + cout) * e + filter_scratch,
+        intermediate_bytes=p * wg.band_tiles(n, h, w, cin, cout, e) * (cin + cout) * e + filter_scratch,
         form=form,
     )
 
