@@ -152,7 +152,31 @@ def test_plans_mirror_cxx(launch):
     wino = (ops / "winograd_conv3x3" / "winograd_conv3x3_opencl.cc").read_text()
     # the harness runs the transformed form: U is the op's input 1 (the filter form's is wino_filter's
     # scratch, tested through the library in tests/test_op_winograd.py)
-    assert "cl_mem u = in[1].mem;" in wino and "gemm_.Run(ctx, v, u, nullptr, m," in wino
+    assert "cl_mem u = in[1].mem;" in wino and "gemm_[tiles == band_ ? 0 : 1].Run(ctx, v, u, nullptr, m," in wino
+    # Bands of whole tile rows (BandTiles; the harness's winograd_band_tiles, the compiler's
+    # difflite.core.winograd.band_tiles) with the band's first tile t0 as the kernels' last argument.
+    from difflite.core import winograd as wg
+
+    wino_cc = ops / "winograd_conv3x3" / "winograd_conv3x3_opencl.cc"
+    assert _cxx_constant(wino_cc, "kScratchBytes") == launch.WINOGRAD_SCRATCH_BYTES == wg.SCRATCH_BYTES
+    for line in ("if (fit >= rows) return rows * tiles_w;", "return std::max<int64_t>(fit, 1) * tiles_w;",
+                 "s.a_bs = {tiles * cin_};", "s.c_bs = tiles * cout_;",
+                 "{Arg(in[0].mem), Arg(v), Arg(h), Arg(w), Arg(cin), Arg(th), Arg(tw), Arg(tb),",
+                 "Arg(tw), Arg(tb), Arg(t0c)});"):
+        assert line in wino, line
+    for line in ("return rows * tw if fit >= rows else max(fit, 1) * tw",
+                 "x, vbuf, i32(h), i32(w), i32(cin), i32(th), i32(tw), i32(tb),",
+                 "mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(tb),",
+                 "bdims=(36,), a_bs=(tb * cin,), b_bs=(cin * cout,), c_bs=tb * cout)"):
+        assert line in harness_src(launch), line
+    cl_src = (ops / "winograd_conv3x3" / "winograd_conv3x3.cl").read_text()
+    assert cl_src.count("int tiles_w, int T, int t0) {") == 2 and cl_src.count("const int tg = t0 + t;") == 2
+    for n, h, w, cin, cout, elem, bound in ((2, 13, 10, 24, 40, 4, 24192), (1, 1024, 1024, 256, 128, 2,
+                                                                            wg.SCRATCH_BYTES), (1, 8, 8, 4, 4, 2, 1)):
+        assert launch.winograd_band_tiles(n, h, w, cin, cout, elem, bound) == wg.band_tiles(n, h, w, cin, cout, elem,
+                                                                                            bound)
+    # SDXL's VAE decoder at 1024 x 1024 (Cin 256, Cout 128, fp16): 256 tiles a row of 7 MiB of V + M, 37 rows a band
+    assert wg.band_tiles(1, 1024, 1024, 256, 128, 2) == 37 * 256
     # LoRA: the two GEMMs as the harness's lora launches them (t = x DT into slot 0, out += t UT
     # accumulating), the factors balanced and transposed as StoreOnDevice stores them.
     src = (ops / "lora" / "lora_opencl.cc").read_text()
