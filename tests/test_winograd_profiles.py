@@ -28,7 +28,7 @@ from difflite.core import winograd as wg
 from difflite.core.errors import BadInput
 from difflite.core.profiles import PROFILE_NAMES, PROFILES_FILE, Profile, load_profile
 from difflite.passes.attention_variant import choose_attention_variants
-from difflite.passes.winograd import apply_winograd, census, conv_cost, find_candidates
+from difflite.passes.winograd import FILTER, apply_winograd, census, conv_cost, find_candidates
 
 from support.passes_helpers import snapshot
 
@@ -198,6 +198,21 @@ def test_cost_model_matches_the_paper_ratios():
     assert c.est_speedup > 1
     # Few tiles: the 36 weight planes dominate the traffic and Winograd loses.
     assert conv_cost(1, 1280, 1280, 8, 8, p).est_speedup < 1
+
+
+def test_intermediates_are_one_band():
+    """The OpenCL op holds V + M of one band of whole tile rows within 256 MiB (wg.band_tiles): SDXL's
+    VAE decoder at 1024 x 1024 (Cin 256, Cout 128, fp16; 256 x 256 tiles) takes bands of 37 tile rows,
+    262 MB of V + M instead of 1.8 GB; a conv whose V + M fit keeps them all."""
+    p = load_profile("adreno-740")
+    big = conv_cost(1, 256, 128, 1024, 1024, p, "fp16")
+    assert wg.band_tiles(1, 1024, 1024, 256, 128, 2) == 37 * 256
+    assert big.intermediate_bytes == 36 * 37 * 256 * (256 + 128) * 2 <= wg.SCRATCH_BYTES < 36 * 256 * 256 * 384 * 2
+    assert conv_cost(1, 256, 128, 1024, 1024, p, "fp16", 1, FILTER).intermediate_bytes == \
+        big.intermediate_bytes + 36 * 256 * 128 * 2  # + U
+    assert wg.band_tiles(2, 13, 10, 24, 40, 4) == 24  # all tiles
+    assert wg.band_tiles(2, 13, 10, 24, 40, 4, 36 * 3 * 64 * 4 * 3) == 9  # 3 rows of 3 tiles
+    assert wg.band_tiles(2, 13, 10, 24, 40, 4, 1) == 3  # at least a row
 
 
 # ---------------------------------------------------------------------------------------------
