@@ -13,8 +13,8 @@
 // (already transformed by the compiler), or wino_filter's.
 // Bands: V and M of all T tiles are 36 T (Cin + Cout) elements, 2.25x the input and output
 // together: SDXL's VAE decoder at 1024 x 1024 (a 1024 x 1024 conv, Cin 256, Cout 128: T = 65536)
-// would take 1.8 GB of them at fp16, far past a phone's memory, while the model's whole budget
-// there is ~2.6 GB. So the tiles go in bands of whole tile rows, t0 .. t0 + Tb - 1 (Tb a multiple
+// would take 1.8 GB of them at fp16 (the decoder 2.43 GB of op scratch in all, unbanded): the
+// main obstacle to SDXL at 1024 within ~2.6 GB on a phone. So the tiles go in bands of whole tile rows, t0 .. t0 + Tb - 1 (Tb a multiple
 // of ceil(W/4); a band may cross from one sample into the next), each band's V and M within
 // kScratchBytes (256 MiB, in the storage type's bytes; DIFFLITE_WINOGRAD_SCRATCH_BYTES=N
 // replaces it: tests, benchmarks, tighter devices; a value that is not a positive integer
