@@ -12,17 +12,18 @@
 // ceil(W/4) tiles. U is the node's weight input [36, Cin, Cout] as uploaded by the backend
 // (already transformed by the compiler), or wino_filter's.
 // Bands: V and M of all T tiles are 36 T (Cin + Cout) elements, 2.25x the input and output
-// together: SDXL's VAE decoder at 1024 x 1024 (a 1024 x 1024 conv, Cin 256, Cout 128: T = 65536)
-// would take 1.8 GB of them at fp16 (the decoder 2.43 GB of op scratch in all, unbanded): the
-// main obstacle to SDXL at 1024 within ~2.6 GB on a phone. So the tiles go in bands of whole tile rows, t0 .. t0 + Tb - 1 (Tb a multiple
-// of ceil(W/4); a band may cross from one sample into the next), each band's V and M within
-// kScratchBytes (256 MiB, in the storage type's bytes; DIFFLITE_WINOGRAD_SCRATCH_BYTES=N
-// replaces it: tests, benchmarks, tighter devices; a value that is not a positive integer
-// refuses the node), at least one tile row a band whatever the bound; all of T in one band where
-// V + M fit (then the launches are those of an unbanded run). The kernels take the band's first
-// tile t0 and index V and M from the band's start (no sub-buffers); the GEMM is one
-// builtin::Gemm for a full band and a second one for the last, shorter band where T is not a
-// multiple of Tb. Only the bound's share of V and M is live at once; U is read once a band.
+// together. SDXL's VAE decoder at 1024 x 1024 (a 1024 x 1024 conv, Cin 256, Cout 128:
+// T = 65536) would take 1.8 GB of them at fp16 (2.43 GB of op scratch in all, unbanded): the
+// main obstacle to SDXL at 1024 within ~2.6 GB on a phone. So the tiles go in bands of whole
+// tile rows, t0 .. t0 + Tb - 1 (Tb a multiple of ceil(W/4); a band may cross from one sample
+// into the next), each band's V and M within kScratchBytes (256 MiB, in the storage type's
+// bytes; DIFFLITE_WINOGRAD_SCRATCH_BYTES=N replaces it: tests, benchmarks, tighter devices; a
+// value that is not a positive integer refuses the node), at least one tile row a band
+// whatever the bound; all of T in one band where V + M fit (then the launches are those of an
+// unbanded run). The kernels take the band's first tile t0 and index V and M from the band's
+// start (no sub-buffers); the GEMM is one builtin::Gemm for a full band and a second one for
+// the last, shorter band where T is not a multiple of Tb. Only the bound's share of V and M is
+// live at once; U is read once a band.
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
 #include <cerrno>
