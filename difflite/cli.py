@@ -142,7 +142,9 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
 @click.option("--batch", default=1, show_default=True, type=int,
               help="UNet batch (2 = classifier-free guidance in one call).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="Weight storage: fp16 stores float16 weights + DEQUANTIZE.")
+              help="Weight storage: fp16 stores float16 weights + DEQUANTIZE. At fp16 the VAE's weights are "
+                   "rescaled by exact powers of two where its activations, measured on probes, would pass "
+                   "half's range / 16 (with --no-fuse: where GroupNorm's squares would; report.json's half_range).")
 @click.option("--weights", "weights", type=click.Choice(["float", "int8", "int4"]), default="float",
               show_default=True,
               help="Storage of the convolution and linear weights: float follows --precision; int8 (one scale per "
