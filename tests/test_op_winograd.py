@@ -124,14 +124,20 @@ def test_winograd(runner, launch, n, h, w, cin, cout):
 # backend refused would stay with TFLite, which cannot run a difflite op: the run would fail.
 
 
-def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels, form="transformed"):
-    """One WinogradConv3x3 through the delegate, checked against a direct 3x3 conv; its stats.
-    form "filter": the op's weight is the 3x3 filter itself (OHWI), which the kernels transform."""
+def _conv_inputs(r, n, h, w, cin, cout, form):
+    """x, the 3x3 filter, the bias and the op's weight input: U (form "transformed") or the filter
+    itself as OHWI (form "filter", which the kernels transform)."""
     x = nonzero(r, (n, h, w, cin))
     wt = nonzero(r, (cout, cin, 3, 3), 0.5)
     bias = nonzero(r, (cout,))
     weight = winograd_ref.transform_weights(wt) if form == "transformed" else np.ascontiguousarray(
         wt.transpose(0, 2, 3, 1))
+    return x, wt, bias, weight
+
+
+def _delegate_winograd(tmp_path, oplib, r, n, h, w, cin, cout, kernels, form="transformed"):
+    """One WinogradConv3x3 through the delegate, checked against a direct 3x3 conv; its stats."""
+    x, wt, bias, weight = _conv_inputs(r, n, h, w, cin, cout, form)
     out, stats = run_delegate(tmp_path, oplib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
                                [("x", x, False), ("w", weight, True), ("bias", bias, True)], (n, h, w, cout), [x],
                                stats=True, kernels=kernels)
@@ -196,12 +202,7 @@ def _banded_run(tmp_path, lib, monkeypatch, form, precision, kernels, bound):
     else:
         monkeypatch.setenv("DIFFLITE_WINOGRAD_SCRATCH_BYTES", str(bound))
     n, h, w, cin, cout = BAND_CASE
-    r = np.random.default_rng(17)
-    x = nonzero(r, (n, h, w, cin))
-    wt = nonzero(r, (cout, cin, 3, 3), 0.5)
-    bias = nonzero(r, (cout,))
-    weight = winograd_ref.transform_weights(wt) if form == "transformed" else np.ascontiguousarray(
-        wt.transpose(0, 2, 3, 1))
+    x, wt, bias, weight = _conv_inputs(np.random.default_rng(17), n, h, w, cin, cout, form)
     out, stats = run_delegate(tmp_path, lib, "difflite.WinogradConv3x3", {"tile": 4, "activation": "none"},
                               [("x", x, False), ("w", weight, True), ("bias", bias, True)], (n, h, w, cout), [x],
                               stats=True, kernels=kernels, precision=precision)
