@@ -159,12 +159,13 @@ def test_plans_mirror_cxx(launch):
 
     wino_cc = ops / "winograd_conv3x3" / "winograd_conv3x3_opencl.cc"
     assert _cxx_constant(wino_cc, "kScratchBytes") == launch.WINOGRAD_SCRATCH_BYTES == wg.SCRATCH_BYTES
-    for line in ("if (fit >= rows) return rows * tiles_w;", "return std::max<int64_t>(fit, 1) * tiles_w;",
+    for line in ("if (fit >= rows) return rows * tiles_w;", "const int64_t bands = CeilDiv(rows, std::max<int64_t>(fit, 1));",
+                 "return CeilDiv(rows, bands) * tiles_w;",
                  "s.a_bs = {tiles * cin_};", "s.c_bs = tiles * cout_;",
                  "{Arg(in[0].mem), Arg(v), Arg(h), Arg(w), Arg(cin), Arg(th), Arg(tw), Arg(tb),",
                  "Arg(tw), Arg(tb), Arg(t0c)});"):
         assert line in wino, line
-    for line in ("return rows * tw if fit >= rows else max(fit, 1) * tw",
+    for line in ("bands = ceil_div(rows, max(fit, 1))", "return ceil_div(rows, bands) * tw",
                  "x, vbuf, i32(h), i32(w), i32(cin), i32(th), i32(tw), i32(tb),",
                  "mbuf, bias, y, i32(h), i32(w), i32(cout), i32(th), i32(tw), i32(tb),",
                  "bdims=(36,), a_bs=(tb * cin,), b_bs=(cin * cout,), c_bs=tb * cout)"):
@@ -172,11 +173,15 @@ def test_plans_mirror_cxx(launch):
     cl_src = (ops / "winograd_conv3x3" / "winograd_conv3x3.cl").read_text()
     assert cl_src.count("int tiles_w, int T, int t0) {") == 2 and cl_src.count("const int tg = t0 + t;") == 2
     for n, h, w, cin, cout, elem, bound in ((2, 13, 10, 24, 40, 4, 24192), (1, 1024, 1024, 256, 128, 2,
-                                                                            wg.SCRATCH_BYTES), (1, 8, 8, 4, 4, 2, 1)):
+                                                                            wg.SCRATCH_BYTES), (1, 8, 8, 4, 4, 2, 1),
+                                            (1, 512, 512, 128, 128, 2, wg.SCRATCH_BYTES)):
         assert launch.winograd_band_tiles(n, h, w, cin, cout, elem, bound) == wg.band_tiles(n, h, w, cin, cout, elem,
                                                                                             bound)
     # SDXL's VAE decoder at 1024 x 1024 (Cin 256, Cout 128, fp16): 256 tiles a row of 7 MiB of V + M, 37 rows a band
     assert wg.band_tiles(1, 1024, 1024, 256, 128, 2) == 37 * 256
+    # SD 1.5's VAE decoder at 512 x 512, 128 -> 128 channels, fp16: 113 of its 128 rows fit; two even
+    # bands of 64 rows, not 113 and a short 15
+    assert wg.band_tiles(1, 512, 512, 128, 128, 2) == 64 * 128
     # LoRA: the two GEMMs as the harness's lora launches them (t = x DT into slot 0, out += t UT
     # accumulating), the factors balanced and transposed as StoreOnDevice stores them.
     src = (ops / "lora" / "lora_opencl.cc").read_text()

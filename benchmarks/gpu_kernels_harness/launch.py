@@ -556,12 +556,16 @@ def winograd_tiles(n: int, h: int, w: int) -> tuple[int, int, int]:
 def winograd_band_tiles(n: int, h: int, w: int, cin: int, cout: int, elem: int,
                         bound: int = WINOGRAD_SCRATCH_BYTES) -> int:
     """Tiles per band (winograd_conv3x3_opencl.cc: BandTiles): all of T where V + M of all tiles
-    (36 (cin + cout) elements of `elem` bytes a tile) fit `bound`; else the most whole tile rows
-    (tiles_w tiles each, rows counted across n * tiles_h) within it, at least one row."""
+    (36 (cin + cout) elements of `elem` bytes a tile) fit `bound`; else the fewest bands of whole
+    tile rows (tiles_w tiles each, rows counted across n * tiles_h) within it, at least one row a
+    band, the rows shared evenly."""
     th, tw, _ = winograd_tiles(n, h, w)
     rows = n * th
     fit = bound // (36 * tw * (cin + cout) * elem)
-    return rows * tw if fit >= rows else max(fit, 1) * tw
+    if fit >= rows:
+        return rows * tw
+    bands = ceil_div(rows, max(fit, 1))
+    return ceil_div(rows, bands) * tw
 
 
 # ---------------------------------------------------------------------------

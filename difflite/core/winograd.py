@@ -92,9 +92,13 @@ def filter_transform_macs() -> int:
 def band_tiles(n: int, h: int, w: int, cin: int, cout: int, elem: int, bound: int = SCRATCH_BYTES) -> int:
     """Output tiles per band of the OpenCL op (winograd_conv3x3_opencl.cc: BandTiles): all
     N ceil(H/4) ceil(W/4) tiles where their V + M (POSITIONS (cin + cout) elements of `elem` bytes a
-    tile) fit `bound`; else the most whole tile rows of ceil(W/4) tiles within it, at least one row.
-    Its V + M scratch is POSITIONS * band_tiles(...) * (cin + cout) * elem bytes."""
+    tile) fit `bound`; else the fewest bands of whole tile rows of ceil(W/4) tiles within it (at
+    least one row a band), the rows shared evenly. Its V + M scratch is
+    POSITIONS * band_tiles(...) * (cin + cout) * elem bytes."""
     tiles_w = -(-w // TILE)
     rows = n * -(-h // TILE)
     fit = int(bound // (POSITIONS * tiles_w * (cin + cout) * elem))
-    return rows * tiles_w if fit >= rows else max(fit, 1) * tiles_w
+    if fit >= rows:
+        return rows * tiles_w
+    bands = -(-rows // max(fit, 1))
+    return -(-rows // bands) * tiles_w

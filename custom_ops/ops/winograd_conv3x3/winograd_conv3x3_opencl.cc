@@ -69,14 +69,16 @@ size_t ScratchBound(std::string* error) {
 }
 
 // Tiles per band: all `rows` tile rows (of `tiles_w` tiles) where V + M of all of them, 36
-// (Cin + Cout) elements of `elem` bytes a tile, fit `bound`; else the most whole rows within
-// it, at least one.
+// (Cin + Cout) elements of `elem` bytes a tile, fit `bound`; else the fewest bands of whole rows
+// within it (at least one row a band), the rows shared evenly: no short last band of a few
+// rows, whose GEMMs would fill the GPU badly.
 int64_t BandTiles(int64_t rows, int tiles_w, int cin, int cout, size_t elem, size_t bound) {
   const int64_t row_bytes = static_cast<int64_t>(winograd::kPositions) * tiles_w *
                             (static_cast<int64_t>(cin) + cout) * static_cast<int64_t>(elem);
   const int64_t fit = static_cast<int64_t>(bound / static_cast<size_t>(row_bytes));
   if (fit >= rows) return rows * tiles_w;
-  return std::max<int64_t>(fit, 1) * tiles_w;
+  const int64_t bands = CeilDiv(rows, std::max<int64_t>(fit, 1));
+  return CeilDiv(rows, bands) * tiles_w;
 }
 
 class WinogradGpu final : public GpuOp {
