@@ -19,6 +19,8 @@ conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json a
   pictures (int4 with --low-memory: one model at a time);
 - picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
+- peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
+  against peer_b2's banded run: time and the delegate's scratch;
 - picture_psnr_db: the int8 / int4 pictures against the fp16 one (same prompt and seed).
 
     source benchmarks/device_setup.sh
@@ -62,8 +64,9 @@ STEPS = {
     "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "picture_diffusers_fp16": "fp16",
     "peer_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
     "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
-    "picture_psnr_db": "fp16",
+    "peer_vae_unbanded": "fp16", "picture_psnr_db": "fp16",
 }
+UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
 # While this file exists another job times the GPU: the steps wait for it to go.
 GPU_BUSY = Path("/tmp/gpu_busy")
 DIFFUSERS_CHILD = """
@@ -167,7 +170,7 @@ def save_diffusers_folder(work: Path) -> None:
 
 
 def peer(work: Path, name: str, fused: str, components: str, batch: int, skip: str, runs: int,
-         timeout: float) -> dict:
+         timeout: float, env: dict | None = None) -> dict:
     """benchmarks/gpu_peer.py on WORK/<name>/fused -> WORK/<fused>: its JSON. The batch-2 folders
     share WORK/peer/unfused (the --no-fuse files: LiteRT's input and the CPU reference); the batch-1
     UNet has none (no reference error)."""
@@ -186,8 +189,8 @@ def peer(work: Path, name: str, fused: str, components: str, batch: int, skip: s
                *(["--library", os.environ["DIFFLITE_OPLIB"]] if os.environ.get("DIFFLITE_OPLIB") else [])]
     log(" ".join(command))
     try:
-        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "OUT": str(out)}, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {}), "OUT": str(out)},
+                              capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         done = subprocess.CompletedProcess(command, -9, "", f"timed out after {timeout} s: {exc.stderr!r}"[-2000:])
     results = [json.loads(p.read_text()) for p in out.glob("gpu_peer_*.json")]
@@ -293,6 +296,8 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "picture_int8": (picture, generate_command(work, "int8", []), runs, timeout),
         "picture_turbo": (picture, generate_command(work, "turbo", TURBO_FLAGS), runs, timeout),
         "picture_diffusers_turbo": (diffusers_picture, work, runs, timeout, 4, SIZE // 2, 0.0),
+        "peer_vae_unbanded": (peer, work, "peer_vae_unbanded", "fp16", "vae_decoder", 2, "litert,torch", peer_runs,
+                              timeout, UNBANDED),
         "picture_psnr_db": (picture_psnr, work),
     }[step]
 
@@ -342,7 +347,7 @@ def report(data: dict) -> None:
     for name, r in data.get("convert", {}).items():
         print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
     print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
-    for key in ("peer_b2", "peer_litert", "peer_b1", "peer_int4", "peer_int8"):
+    for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_b1", "peer_int4", "peer_int8"):
         for name, r in data.get(key, {}).items():
             if isinstance(r, dict) and "median_ms" in r:
                 print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
