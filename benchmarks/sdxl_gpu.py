@@ -1,8 +1,8 @@
 """Benchmark: SDXL at 1024x1024 on one NVIDIA GPU machine, side by side in one run (issue 32, item 7).
 
 preset:sdxl (SDXL base's architecture, seeded random weights), fp16 storage, the nvidia-h100 device
-profile. The conversions the chosen steps need start at once, each a child process with its share
-of the cores (WORK/fp16: every component, UNet batch 2; int4 and int8: --weights; b1: the UNet at
+profile. The conversions the chosen steps need start at once where the disk holds them (else as
+others end: DISK_GB), each a child process with its share of the cores (WORK/fp16: every component, UNet batch 2; int4 and int8: --weights; b1: the UNet at
 batch 1; turbo: every component at 512x512, UNet batch 1): wall time, peak RSS, stage seconds, files' sizes. Each step runs as soon as its
 conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json at once:
 
@@ -66,6 +66,10 @@ STEPS = {
     "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "picture_psnr_db": "fp16",
 }
+# A conversion's peak disk, GB (its fp32 ONNX graphs while it writes, then its files): conversions
+# start in the order their steps come while the free disk keeps DISK_MARGIN_GB beside their peaks.
+DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "b1": 17, "turbo": 22}
+DISK_MARGIN_GB = 10
 UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
 # While this file exists another job times the GPU: the steps wait for it to go.
 GPU_BUSY = Path("/tmp/gpu_busy")
@@ -248,10 +252,24 @@ def main() -> int:
     data: dict = {"machine": machine(), "model": MODEL, "size": SIZE, "convert_flags": CONVERT, "convert": {},
                   "steps": steps}
     save = lambda: (work / "sdxl_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
-    needed = sorted({STEPS[step] for step in steps} | ({"fp16"} if "picture_psnr_db" in steps else set()))
-    threads = max(1, (os.cpu_count() or 1) // len(needed))
-    running = {name: (start_convert(work, name, threads, name == "fp16" and "peer_litert" in steps),
-                      time.perf_counter()) for name in needed}
+    pending = list(dict.fromkeys(STEPS[step] for step in [*steps, *(["picture_fp16"] if "picture_psnr_db" in steps
+                                                                 else [])]))
+    threads = max(1, (os.cpu_count() or 1) // len(pending))
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+
+    def start_what_fits() -> None:
+        """Starts pending conversions, in order, while the disk holds their peaks (the first always)."""
+        committed = sum(DISK_GB.get(name, 24) for name in running)
+        while pending:
+            free = shutil.disk_usage(work).free / 1e9 - committed - DISK_MARGIN_GB
+            if running and free < DISK_GB.get(pending[0], 24):
+                return
+            name = pending.pop(0)
+            running[name] = (start_convert(work, name, threads, name == "fp16" and "peer_litert" in steps),
+                             time.perf_counter())
+            committed += DISK_GB.get(name, 24)
+
+    start_what_fits()
     started = time.perf_counter()
     while steps:
         ready = [step for step in steps if STEPS[step] in data["convert"]
@@ -264,6 +282,7 @@ def main() -> int:
             data["convert"][name] = finish_convert(work, name, process, began)
             if name == "fp16" and "peer_litert" in steps and data["convert"][name]["exit"] == 0:
                 run_step(data, "unfused_ops", running, write_unfused, work, ("unet",))
+            start_what_fits()
             save()
             continue
         step = ready[0]
