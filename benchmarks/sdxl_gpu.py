@@ -255,6 +255,7 @@ def main() -> int:
     pending = list(dict.fromkeys(STEPS[step] for step in [*steps, *(["picture_fp16"] if "picture_psnr_db" in steps
                                                                  else [])]))
     threads = max(1, (os.cpu_count() or 1) // len(pending))
+    litert = "peer_litert" in steps  # fp16 keeps its ONNX for the --no-fuse UNet
     running: dict[str, tuple[subprocess.Popen, float]] = {}
 
     def start_what_fits() -> None:
@@ -265,8 +266,7 @@ def main() -> int:
             if running and free < DISK_GB.get(pending[0], 24):
                 return
             name = pending.pop(0)
-            running[name] = (start_convert(work, name, threads, name == "fp16" and "peer_litert" in steps),
-                             time.perf_counter())
+            running[name] = (start_convert(work, name, threads, name == "fp16" and litert), time.perf_counter())
             committed += DISK_GB.get(name, 24)
 
     start_what_fits()
@@ -280,7 +280,7 @@ def main() -> int:
             name = next(name for name, (p, _) in running.items() if p.poll() is not None)
             process, began = running.pop(name)
             data["convert"][name] = finish_convert(work, name, process, began)
-            if name == "fp16" and "peer_litert" in steps and data["convert"][name]["exit"] == 0:
+            if name == "fp16" and litert and data["convert"][name]["exit"] == 0:
                 run_step(data, "unfused_ops", running, write_unfused, work, ("unet",))
             start_what_fits()
             save()

@@ -1,6 +1,8 @@
 #include "common/kernel_util.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "opencl/half.h"
@@ -130,6 +132,19 @@ std::string Args::Set(const ClApi& cl, cl_kernel kernel) const {
   raw.reserve(args_.size());
   for (const auto& bytes : args_) raw.emplace_back(bytes.size(), bytes.data());
   return SetArgs(cl, kernel, raw);
+}
+
+size_t EnvBytes(const char* name, size_t fallback, std::string* error) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (end == env || *end != '\0' || v <= 0 || errno == ERANGE) {
+    *error = std::string(name) + "=" + env + ": expected a positive integer";
+    return 0;
+  }
+  return static_cast<size_t>(v);
 }
 
 std::string GetKernel(GpuContext& ctx, const char* program, const char* name,

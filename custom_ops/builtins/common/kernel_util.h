@@ -83,6 +83,11 @@ class Args {
   std::vector<std::vector<unsigned char>> args_;  // each argument's bytes
 };
 
+// A byte bound from the environment variable `name`: `fallback` when unset or empty, else its
+// value, which must be a positive integer (otherwise 0 and `error` says "NAME=VALUE: expected a
+// positive integer").
+size_t EnvBytes(const char* name, size_t fallback, std::string* error);
+
 // A kernel of the backend's program cache; "" or the reason.
 std::string GetKernel(GpuContext& ctx, const char* program, const char* name,
                       const std::string& options, cl_kernel* out);

@@ -374,20 +374,6 @@ int ForcedSplits(std::string* error) {
   return 0;
 }
 
-// DIFFLITE_ATTN_SCORES_BYTES: the bound on S's scratch (kScoresBytes when
-// unset or empty), or an error for a value that is not a positive integer.
-size_t ScoresBound(std::string* error) {
-  const char* env = std::getenv("DIFFLITE_ATTN_SCORES_BYTES");
-  if (env == nullptr || *env == '\0') return kScoresBytes;
-  char* end = nullptr;
-  const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v <= 0) {
-    *error = std::string("DIFFLITE_ATTN_SCORES_BYTES=") + env + ": expected a positive integer";
-    return 0;
-  }
-  return static_cast<size_t>(v);
-}
-
 // Query rows per chunk of the GEMM path: all of Lq where S of all rows
 // (n * h * lk elements of `es` bytes a row) fits `bound`; else the most
 // rows within it that are a multiple of kChunkRowQuantum, at least one
@@ -486,7 +472,7 @@ class AttentionGpu final : public GpuOp {
     plan_ = Plan{};
     if (forced != "recompute" && !ctx.PreferFlatKernels() &&
         (forced == "partial" || std::max(dk_, dv_) >= kGemmMinHead)) {
-      const size_t bound = ScoresBound(&e);
+      const size_t bound = builtin::EnvBytes("DIFFLITE_ATTN_SCORES_BYTES", kScoresBytes, &e);
       if (!e.empty()) return e;
       if (InitGemm(ctx, bound).empty()) return "";
       gemm_ = false;

@@ -26,8 +26,6 @@
 // live at once; U is read once a band.
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,22 +49,6 @@ constexpr int kFilterSlot = 3;  // U of the filter form (V, M and split-K hold 0
 static_assert(builtin::kSplitKSlot != kFilterSlot, "split-K scratch would overwrite U");
 // The bound on a band's V + M, in bytes of the storage type (see the header comment).
 constexpr size_t kScratchBytes = 268435456;  // 256 MiB
-
-// DIFFLITE_WINOGRAD_SCRATCH_BYTES: the bound on a band's V + M (kScratchBytes when unset or
-// empty), or an error for a value that is not a positive integer.
-size_t ScratchBound(std::string* error) {
-  const char* env = std::getenv("DIFFLITE_WINOGRAD_SCRATCH_BYTES");
-  if (env == nullptr || *env == '\0') return kScratchBytes;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(env, &end, 10);
-  if (end == env || *end != '\0' || v <= 0 || errno == ERANGE) {
-    *error = std::string("DIFFLITE_WINOGRAD_SCRATCH_BYTES=") + env +
-             ": expected a positive integer";
-    return 0;
-  }
-  return static_cast<size_t>(v);
-}
 
 // Tiles per band: all `rows` tile rows (of `tiles_w` tiles) where V + M of all of them, 36
 // (Cin + Cout) elements of `elem` bytes a tile, fit `bound`; else the fewest bands of whole rows
@@ -98,7 +80,8 @@ class WinogradGpu final : public GpuOp {
     const int64_t t = rows * tiles_w_;
     elem_ = DTypeSize(ctx.storage());
     std::string e;
-    const size_t bound = ScratchBound(&e);
+    const size_t bound =
+        builtin::EnvBytes("DIFFLITE_WINOGRAD_SCRATCH_BYTES", kScratchBytes, &e);
     if (!e.empty()) return e;
     const int64_t band = BandTiles(rows, tiles_w_, cin_, cout_, elem_, bound);
     const int64_t kMax = builtin::kMaxIndex;
