@@ -167,9 +167,9 @@ def time_litert_gpu(path: Path, runs: int, enforce_f32: bool) -> dict:
     model.run_by_index(0, inputs, outputs)
     first = outputs[0].read(out_size, np.float32)
     compile_s = time.perf_counter() - start
-    # Queued runs, then one read that waits for the GPU: the mean per run.
+    # Queued runs, then one read that waits for the GPU: the mean per run, five times.
     per_run = []
-    for _ in range(3):
+    for _ in range(5):
         t = time.perf_counter()
         for _ in range(runs):
             model.run_by_index(0, inputs, outputs)

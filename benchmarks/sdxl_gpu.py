@@ -10,8 +10,9 @@ conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json a
   library (OpenCL) at fp32 and fp16 storage, PyTorch eager fp32 / fp16;
 - picture_fp16: `difflite generate` 20 steps from the shell, a fresh process each (one untimed run
   fills the program caches): wall time, peak RSS (wait4), the process's GPU memory (nvidia-smi);
-- peer_litert: stock LiteRT's GPU engine fp32 / fp16 on the --no-fuse UNet written from the fp16
-  conversion's ONNX (same weights), time-boxed (a crash there loses nothing else);
+- peer_litert, peer_litert_vae: stock LiteRT's GPU engine fp32 / fp16 on the --no-fuse UNet and VAE
+  decoder written from the fp16 conversion's ONNX (same weights), time-boxed (a crash there loses
+  nothing else);
 - picture_diffusers_fp16: StableDiffusionXLPipeline at fp16 from a saved folder of the same
   weights, a fresh process each;
 - peer_b1: the batch-1 UNet (difflite, PyTorch eager);
@@ -61,7 +62,8 @@ FOLDERS = {  # name: convert flags beyond CONVERT
 TURBO_FLAGS = ["--steps", "4", "--guidance", "0", "--scheduler", "euler-a", "--timestep-spacing", "trailing"]
 # step: the conversion it needs (in the order they run once their conversion is there)
 STEPS = {
-    "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "picture_diffusers_fp16": "fp16",
+    "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "peer_litert_vae": "fp16",
+    "picture_diffusers_fp16": "fp16",
     "peer_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
     "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "picture_psnr_db": "fp16",
@@ -255,7 +257,7 @@ def main() -> int:
     pending = list(dict.fromkeys(STEPS[step] for step in [*steps, *(["picture_fp16"] if "picture_psnr_db" in steps
                                                                  else [])]))
     threads = max(1, (os.cpu_count() or 1) // len(pending))
-    litert = "peer_litert" in steps  # fp16 keeps its ONNX for the --no-fuse UNet
+    litert = "peer_litert" in steps or "peer_litert_vae" in steps  # fp16 keeps its ONNX for the --no-fuse UNet
     running: dict[str, tuple[subprocess.Popen, float]] = {}
 
     def start_what_fits() -> None:
@@ -281,7 +283,8 @@ def main() -> int:
             process, began = running.pop(name)
             data["convert"][name] = finish_convert(work, name, process, began)
             if name == "fp16" and litert and data["convert"][name]["exit"] == 0:
-                run_step(data, "unfused_ops", running, write_unfused, work, ("unet",))
+                unfused = [c for c, step in (("unet", "peer_litert"), ("vae_decoder", "peer_litert_vae")) if step in steps]
+                run_step(data, "unfused_ops", running, write_unfused, work, tuple(unfused))
             start_what_fits()
             save()
             continue
@@ -306,7 +309,10 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
     return {
         "peer_b2": (peer, work, "peer", "fp16", "unet,vae_decoder", 2, "litert", peer_runs, timeout),
         "picture_fp16": (picture, generate_command(work, "fp16", []), runs, timeout),
-        "peer_litert": (peer, work, "peer", "fp16", "unet", 2, "difflite,torch", peer_runs, min(timeout, 240)),
+        # LiteRT's first fp32 UNet call (its kernels compiled) took 107 s on the H200 (2026-11-29)
+        "peer_litert": (peer, work, "peer", "fp16", "unet", 2, "difflite,torch", peer_runs, min(timeout, 540)),
+        "peer_litert_vae": (peer, work, "peer_litert_vae", "fp16", "vae_decoder", 2, "difflite,torch", peer_runs,
+                            min(timeout, 420)),
         "picture_diffusers_fp16": (diffusers_picture, work, runs, timeout),
         "peer_b1": (peer, work, "peer_b1", "b1", "unet", 1, "litert", peer_runs, timeout),
         "peer_int4": (peer, work, "peer_int4", "int4", "unet", 2, "litert,torch", peer_runs, timeout),
@@ -366,7 +372,7 @@ def report(data: dict) -> None:
     for name, r in data.get("convert", {}).items():
         print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
     print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
-    for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_b1", "peer_int4", "peer_int8"):
+    for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_litert_vae", "peer_b1", "peer_int4", "peer_int8"):
         for name, r in data.get(key, {}).items():
             if isinstance(r, dict) and "median_ms" in r:
                 print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
