@@ -14,6 +14,7 @@ For an output folder (measured so far: SD 1.5 fp16 at 512x512, default profile, 
 The targets of the runtime issue are evaluated into the JSON ("targets") and printed as a table.
 
     python benchmarks/runtime_memory.py /work/out/sd15 --steps 2 --runs 1 --save benchmarks/results/runtime_memory_pocl_$(date +%Y-%m).json
+    DIFFLITE_KERNELS=tiled python benchmarks/runtime_memory.py OUT --components "" --generate-modes low_memory --steps 1  # a phone's peak, on PoCL
     python benchmarks/runtime_memory.py OUT --diffusers-folder F --save benchmarks/results/runtime_memory_h100_$(date +%Y-%m).json  # GPU
 """
 from __future__ import annotations
@@ -177,7 +178,9 @@ def smallest_component(result: dict) -> str:
 def context_mb(result: dict) -> float | None:
     """The GPU memory a process holds beyond what the op library allocated (the driver's context,
     ~0.6 GB on an H100): nvidia-smi's figure for the smallest component minus its allocations
-    (so that component is the reference, not checked)."""
+    (so that component is the reference, not checked); None without components."""
+    if not result["components"]:
+        return None
     device = result["components"][smallest_component(result)]["warm"]["device_mb"]
     return None if device["nvidia_smi_mb"] is None else device["nvidia_smi_mb"] - device["total_mb"]
 
@@ -221,7 +224,7 @@ def targets(result: dict, pocl: bool) -> list[dict]:
 
 
 def print_tables(result: dict) -> None:
-    print(f"\n{result['device']}, {result['out']}\n")
+    print(f"\n{result.get('device', 'device not read')}, {result['out']}, kernels {result.get('kernels', 'auto')}\n")
     print("| component | start | load s | first call s | steady s | peak RSS MB (anon / file) | device MB "
           "(weights + intermediates + scratch) | nvidia-smi MB | programs compiled / from cache |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -280,7 +283,7 @@ def main() -> int:
     result = {"out": str(args.out), "components": {}, "generate": {}}
     with tempfile.TemporaryDirectory(prefix="difflite-caches-") as scratch:
         caches = Path(scratch)
-        for name in args.components.split(","):
+        for name in [c for c in args.components.split(",") if c]:  # --components "": generate alone
             shutil.rmtree(caches, ignore_errors=True)
             caches.mkdir()
             print(f"[runtime_memory] {name}: cold", file=sys.stderr)
@@ -289,7 +292,9 @@ def main() -> int:
             warm = bench_component(args.out, name, caches, args.runs, warmup=args.warmup)
             result["components"][name] = {"cold": cold, "warm": warm}
             save(result, args.save)  # what is measured so far survives a stopped run
-        result["device"] = warm["device_name"]
+        if result["components"]:
+            result["device"] = warm["device_name"]
+        result["kernels"] = os.environ.get("DIFFLITE_KERNELS", "auto")  # tiled on PoCL: a GPU's kernels
         if args.baseline_oplib:
             shutil.rmtree(caches, ignore_errors=True)
             caches.mkdir()

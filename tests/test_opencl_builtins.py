@@ -1134,6 +1134,30 @@ def test_bad_opencl_options(opencl_lib, opts, msg):
         load_delegate(str(opencl_lib), opts)
 
 
+@pytest.mark.parametrize("env,option,want", [
+    ("tiled", None, "tiled"),   # the environment picks the style where the caller left it auto
+    ("flat", None, "flat"),
+    ("tiled", "flat", "flat"),  # an explicit option wins
+])
+def test_kernel_style_from_the_environment(tmp_path, opencl_lib, monkeypatch, env, option, want):
+    r = rng(31)
+    x, wt, b = nonzero(r, (1, 9, 7, 6)), nonzero(r, (5, 3, 3, 6)), nonzero(r, (5,))
+    monkeypatch.setenv("DIFFLITE_KERNELS", env)
+    (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, b, (1, 1), (1, 1), SAME, (1, 9, 7, 5)), [x],
+                           option or "auto")
+    check(got, conv_ref(x, wt, b, (1, 1), (1, 1), SAME))
+    assert stats["kernels"] == want, stats
+
+
+def test_a_bad_kernel_style_in_the_environment_is_refused(opencl_lib, monkeypatch):
+    from ai_edge_litert.interpreter import load_delegate
+
+    monkeypatch.setenv("DIFFLITE_KERNELS", "fast")
+    with pytest.raises(ValueError, match=re.escape("DIFFLITE_KERNELS must be auto, tiled or flat, got 'fast'")):
+        load_delegate(str(opencl_lib), {"backend": "opencl"})
+    load_delegate(str(opencl_lib), {"backend": "cpu"})  # the CPU backend has no kernel styles: not read
+
+
 _NO_OPENCL = textwrap.dedent("""
     import sys
     from ai_edge_litert.interpreter import load_delegate

@@ -159,6 +159,13 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       return false;
     }
   }
+  // A run's kernel style without code: phone-like (tiled) kernels on a CPU OpenCL device, whose
+  // memory then stands in for a phone's (PoCL's buffers are host memory).
+  const char* env_kernels = std::getenv("DIFFLITE_KERNELS");
+  if (o->backend == "opencl" && o->kernels == "auto" && env_kernels != nullptr &&
+      !ParseChoice("DIFFLITE_KERNELS", env_kernels, {"auto", "tiled", "flat"}, &o->kernels, error)) {
+    return false;
+  }
   if (o->backend == "cpu" && (o->device != -1 || o->profile || !o->stats_path.empty() ||
                               o->kernels != "auto" || o->math != "auto" ||
                               !o->cache_dir.empty() || o->zero_copy != "auto")) {
