@@ -2,14 +2,16 @@
 
 preset:sdxl (SDXL base's architecture, seeded random weights), fp16 storage, the nvidia-h100 device
 profile. The conversions the chosen steps need start at once where the disk holds them (else as
-others end: DISK_GB), each a child process with its share of the cores (WORK/fp16: every component, UNet batch 2; int4 and int8: --weights; b1: the UNet at
-batch 1; turbo: every component at 512x512, UNet batch 1): wall time, peak RSS, stage seconds, files' sizes. Each step runs as soon as its
-conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json at once:
+others end: DISK_GB), each a child process with its share of the cores (WORK/fp16: every
+component, UNet batch 2; int8: --weights int8; int4: --weights int4, generic profile, batch 1;
+b1: the UNet at batch 1; turbo: every component at 512x512, UNet batch 1): wall time, peak RSS,
+stage seconds, files' sizes. Each step runs as soon as its conversion is there, in the order of
+STEPS, and is saved to WORK/sdxl_gpu.json at once:
 
 - peer_b2: benchmarks/gpu_peer.py on the UNet step (batch 2) and the VAE decoder: difflite's op
   library (OpenCL) at fp32 and fp16 storage, PyTorch eager fp32 / fp16;
 - picture_fp16: `difflite generate` 20 steps from the shell, a fresh process each (one untimed run
-  fills the program caches): wall time, peak RSS (wait4), the process's GPU memory (nvidia-smi);
+  fills the program caches): wall time, peak RSS (its VmHWM), the process's GPU memory (nvidia-smi);
 - peer_litert, peer_litert_vae: stock LiteRT's GPU engine fp32 / fp16 on the --no-fuse UNet and VAE
   decoder written from the fp16 conversion's ONNX (same weights), time-boxed (a crash there loses
   nothing else);
@@ -17,7 +19,8 @@ conversion is there, in the order of STEPS, and is saved to WORK/sdxl_gpu.json a
   weights, a fresh process each;
 - peer_b1: the batch-1 UNet (difflite, PyTorch eager);
 - peer_int4, picture_int4_low_memory, peer_int8, picture_int8: the quantized UNets' step and
-  pictures (int4 with --low-memory: one model at a time);
+  pictures (int4 as a phone gets it: the generic profile, batch 1, and --low-memory: one model at
+  a time);
 - picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
@@ -54,7 +57,8 @@ SIZE = 1024
 CONVERT = ["--precision", "fp16", "--device-profile", "nvidia-h100"]
 FOLDERS = {  # name: convert flags beyond CONVERT
     "fp16": ["--batch", "2"],
-    "int4": ["--batch", "2", "--weights", "int4"],
+    # int4 as a phone gets it (the generic profile, batch 1): the --low-memory picture's memory
+    "int4": ["--batch", "1", "--weights", "int4", "--device-profile", "generic"],
     "int8": ["--batch", "2", "--weights", "int8"],
     "b1": ["--batch", "1", "--components", "unet"],
     "turbo": ["--batch", "1"],  # at half the size (SDXL-Turbo's 512x512): its architecture is SDXL's
@@ -315,7 +319,7 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
                             min(timeout, 420)),
         "picture_diffusers_fp16": (diffusers_picture, work, runs, timeout),
         "peer_b1": (peer, work, "peer_b1", "b1", "unet", 1, "litert", peer_runs, timeout),
-        "peer_int4": (peer, work, "peer_int4", "int4", "unet", 2, "litert,torch", peer_runs, timeout),
+        "peer_int4": (peer, work, "peer_int4", "int4", "unet", 1, "litert,torch", peer_runs, timeout),
         "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
         "peer_int8": (peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", peer_runs, timeout),
         "picture_int8": (picture, generate_command(work, "int8", []), runs, timeout),
