@@ -124,7 +124,8 @@ def run_generate(out: Path, caches: Path, steps: int, prompt: str, low_memory: b
         raise SystemExit(f"generate failed:\n{done['stderr']}")
     report = json.loads(done["stdout"])
     return {"wall_s": done["wall_s"], "timings": report["timings"], "low_memory": low_memory, "steps": steps,
-            "peak_rss_mb": done["peak_rss_mb"], "gpu_peak_mb": done["gpu_peak_mb"]}
+            "peak_rss_mb": done["peak_rss_mb"], "gpu_peak_mb": done["gpu_peak_mb"],
+            "memory_mb": report.get("memory_mb")}  # generate's own: the peak so far after each stage
 
 
 DIFFUSERS_CHILD = """
@@ -243,6 +244,8 @@ def print_tables(result: dict) -> None:
     for label, g in result.get("generate", {}).items():
         print(f"\ngenerate ({label}, {g['steps']} steps): {g['wall_s']:.2f} s wall, peak RSS {g['peak_rss_mb']} MB, "
               f"GPU {g['gpu_peak_mb']} MB; timings {g['timings']}")
+        for stage, m in (g.get("memory_mb") or {}).items():
+            print(f"  after {stage}: peak {m['peak_rss_mb']} MB, resident {m['rss_after_mb']} MB")
     if "diffusers" in result:
         print(f"\ndiffusers fp16, cold process: {result['diffusers']}")
     print("\n| target | value | limit | met |\n|---|---|---|---|")

@@ -472,6 +472,22 @@ def test_cli_low_memory_writes_the_same_png(folders, tmp_path):
     assert "--low-memory" in help_text and "peak memory" in help_text
 
 
+@pytest.mark.parametrize("flags", [[], ["--low-memory"]], ids=["default", "low-memory"])
+def test_cli_json_reports_the_memory_after_each_stage(folders, tmp_path, flags):
+    """--json's memory_mb: per stage, in the order they ran, the process's peak resident MB so far
+    (never falling) and what stayed resident after it; the last stage's peak is the process's own
+    peak (VmHWM read at exit: only the PNG's encoding and the report come after it)."""
+    run, process_peak = peak_mb_of_generate(folders[1], PROMPT, "-o", tmp_path / "out.png", "--steps", "2",
+                                            "--json", *flags)
+    assert run.returncode == 0, run.stderr[-3000:]
+    memory = json.loads(run.stdout)["memory_mb"]
+    assert list(memory) == ["text_encoder", "unet", "vae_decoder"], memory
+    peaks = [stage["peak_rss_mb"] for stage in memory.values()]
+    assert peaks == sorted(peaks) and peaks[0] > 0, memory
+    assert all(stage["rss_after_mb"] <= stage["peak_rss_mb"] for stage in memory.values()), memory
+    assert 0.9 * process_peak <= peaks[-1] <= process_peak + 0.05, (memory, process_peak)  # rounded to 0.1 MB
+
+
 def test_closed_component(folders):
     from difflite.folder.output_folder import OutputFolder
     from difflite.runtime.component import Component

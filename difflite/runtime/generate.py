@@ -66,7 +66,7 @@ from difflite.core.conditioning import (
 from difflite.core.control import controlnet_name
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import read_json
-from difflite.core.procmem import return_freed_heap
+from difflite.core.procmem import read_status, return_freed_heap
 from difflite.folder.output_folder import OutputFolder, inpaint_channels
 from difflite.folder.tokenizer import PromptTokenizer, clean_prompt
 from difflite.runtime import inpaint, sdxl
@@ -218,6 +218,9 @@ class GenerateResult:
     timings: dict  # seconds per stage
     settings: dict  # what was run (scheduler class, steps, UNet calls, ...)
     latents: np.ndarray | None = None  # the final latents [1, C, h, w]
+    # per stage, in order: the process's peak resident MB so far and its resident MB after the
+    # stage (with low_memory: after freeing its model), from /proc; {} where /proc has neither
+    memory: dict = field(default_factory=dict)
 
     @property
     def uint8(self) -> np.ndarray:
@@ -275,6 +278,7 @@ class LitePipeline:
         self.fallback_reason: str | None = None
         self.threads = threads
         self.low_memory = low_memory
+        self._memory: dict = {}  # the picture being made's per-stage memory (GenerateResult.memory)
         for name in self.required:
             if name not in self.folder.components:
                 raise BadInput(f"{self.out / (name + '.tflite')}: not in this output folder "
@@ -405,6 +409,14 @@ class LitePipeline:
         finally:
             if self.low_memory:
                 self.release(name)
+            self._note_memory(name)
+
+    def _note_memory(self, stage: str) -> None:
+        """The process's high-water mark after `stage` (it rises in the stage that sets the peak:
+        VmHWM is never lowered here, so other tools' readings of it stay true) and what stays."""
+        status = read_status()
+        if "VmHWM" in status and "VmRSS" in status:
+            self._memory[stage] = {"peak_rss_mb": round(status["VmHWM"], 1), "rss_after_mb": round(status["VmRSS"], 1)}
 
     @property
     def tokenizer(self) -> PromptTokenizer:
@@ -515,6 +527,7 @@ class LitePipeline:
         controls = [replace(control, image=np.concatenate([control.image] * self.unet_batch))
                     for control in (prepare_control(c, i, self.height, self.width) for i, c in enumerate(controls))]
         timer = _Timer()
+        self._memory = {}
         started = time.perf_counter()
         loaded_before = self.load_seconds
         seconds_before, calls_before = self.controlnet_seconds, self.controlnet_calls
@@ -583,7 +596,7 @@ class LitePipeline:
             **({"loras": self.loras.describe(), "lora_layers": self.loras.layer_counts()} if self.loras.specs else {}),
             **(self._sdxl_settings(prompts, ids, cfg) if xl else {}),
         }
-        return GenerateResult(image=image, timings=timings, settings=settings, latents=latents)
+        return GenerateResult(image=image, timings=timings, settings=settings, latents=latents, memory=self._memory)
 
     def _sdxl_settings(self, prompts: sdxl.Prompts, ids, cfg: bool) -> dict:
         zeros = cfg and prompts.zero_negative(self.sdxl.force_zeros_for_empty_prompt)
@@ -904,7 +917,8 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "resident at a time instead of all of them, for phones that cannot hold them together (the "
                    "ControlNets run beside the UNet, in its stage). Every picture then pays the loading "
                    "(timings: load); the picture is the same.")
-@click.option("--json", "as_json", is_flag=True, help="Print the settings and timings as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the settings, timings and memory (the peak resident MB after each stage) as JSON.")
 def generate_command(out, prompt, output, steps, seed, guidance, guidance_rescale, negative_prompt, prompt_2,
                      negative_prompt_2, original_size, crop, target_size, negative_original_size, negative_crop,
                      negative_target_size, scheduler, timestep_spacing, backend, fallback, init_image, mask, strength,
@@ -961,7 +975,7 @@ def generate_command(out, prompt, output, steps, seed, guidance, guidance_rescal
     path = result.save(output)
     if as_json:
         click.echo(json.dumps({"output": str(path), "settings": result.settings, "timings": result.timings,
-                               "backend_choice": choice.as_dict()},
+                               "memory_mb": result.memory, "backend_choice": choice.as_dict()},
                               indent=2, sort_keys=True))
     else:
         t = result.timings
