@@ -103,6 +103,7 @@ WeightQuant WeightQuant::Of(const TensorInfo& w, int n, int k, bool quads) {
     return q;
   }
   q.bits = w.quant_bits;
+  q.half_scales = w.quant_half_scales;
   return q;
 }
 
@@ -111,12 +112,14 @@ WeightQuant WeightQuant::PackedCopy(int np) const {
   if (on()) {
     q.bits = 8;
     q.kg = np;
+    q.half_scales = false;  // pack_scales widens them
   }
   return q;
 }
 
 std::string WeightQuant::Options() const {
-  return on() ? " -DDL_WQ=" + std::to_string(bits) : "";
+  if (!on()) return "";
+  return " -DDL_WQ=" + std::to_string(bits) + (half_scales ? " -DDL_WQ_HALF_SCALES=1" : "");
 }
 
 void PackedWeight::Plan(GpuContext& ctx, const TensorInfo& w, int n, int k, int pad_to,

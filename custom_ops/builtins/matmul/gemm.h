@@ -118,13 +118,14 @@ struct WeightQuant {
   int kg = 0;        // scales per row: 0 per tensor, 1 per output channel, K >> shift blocks
   int shift = 31;
   int blocks = 1;    // distinct k >> shift values: rows of the packed scales
+  bool half_scales = false;  // float16 scales (int4 blocks), read with vload_half
   // For the constant `w` read as [n][k]; `quads`: the kernel reads k in aligned runs of 4.
   static WeightQuant Of(const TensorInfo& w, int n, int k, bool quads);
   bool on() const { return bits != 0; }
   // How the flat kernels read the int8 copy PackedWeight makes of it (int4 widened; the packed
   // scales' row length `np` in kg); off stays off.
   WeightQuant PackedCopy(int np) const;
-  // Build options: -DDL_WQ=<bits>, or "" when off.
+  // Build options: -DDL_WQ=<bits> (and -DDL_WQ_HALF_SCALES=1), or "" when off.
   std::string Options() const;
   // The kernels' last arguments (dl_qweights.cl's DL_WQ_PARAMS) where on.
   Args& AppendArgs(Args& args, cl_mem scales) const;

@@ -77,6 +77,13 @@ struct HostConst {
   // covering that many consecutive elements: per tensor, or per axis with the axis outermost
   // once reshaped); 0 otherwise.
   size_t ScaleGroup() const;
+  // An int4 weight whose block scales the model stores as float16: the device holds them as
+  // stored (half the bytes of float32 scales; the kernels read them with vload_half).
+  bool HalfScales() const {
+    return model_type == tfl::kInt4 && quant.block_scales != nullptr &&
+           quant.block_scales_type == tfl::kFloat16;
+  }
+  size_t ScaleBytes() const { return elements() / ScaleGroup() * (HalfScales() ? 2 : sizeof(float)); }
   size_t model_bytes() const {
     switch (model_type) {
       case tfl::kInt4: return (elements() + 1) / 2;

@@ -259,6 +259,7 @@ std::string BackendImpl::ClaimInputs(Context* ctx, ClaimedNode* cn) {
       if (group > 0 && group <= INT32_MAX) {
         info.quant_bits = h->model_type == tfl::kInt4 ? 4 : 8;
         info.quant_group = static_cast<int>(group);
+        info.quant_half_scales = h->HalfScales();
       }
       cn->consts[idx] = h;
     } else {

@@ -89,7 +89,7 @@ std::string Partition::ClassifyTensors(tfl::Context* ctx) {
     const size_t elements = s.host->elements();
     s.bytes = s.host->model_type == tfl::kInt4 ? (elements + 1) / 2 : elements;
     s.storage = s.host->model_type == tfl::kInt4 ? DType::kInt4 : DType::kInt8;
-    s.scale_bytes = elements / s.host->ScaleGroup() * sizeof(float);
+    s.scale_bytes = s.host->ScaleBytes();
   }
   for (int idx : outputs_) {
     auto it = slots_.find(idx);

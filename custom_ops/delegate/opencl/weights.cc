@@ -213,9 +213,10 @@ class WeightUploader {
   // ScaleGroup() elements, in that order: the runtime's own array, or block scales widened).
   std::string UploadScales(const HostConst& c, cl_mem* out) {
     const QuantScales& qs = c.quant;
+    if (c.HalfScales() && WrapBytes(qs.block_scales, c.ScaleBytes(), out)) return "";
     const size_t count = c.elements() / c.ScaleGroup();
     std::vector<float> widened;
-    const float* host = qs.scale;
+    const void* host = c.HalfScales() ? qs.block_scales : qs.scale;
     if (host == nullptr) {
       widened.resize(count);
       for (size_t i = 0; i < count; ++i) widened[i] = qs.Scale(i);
@@ -223,7 +224,7 @@ class WeightUploader {
     }
     cl_int err = CL_SUCCESS;
     *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                 count * sizeof(float), const_cast<float*>(host), &err);
+                                 c.ScaleBytes(), const_cast<void*>(host), &err);
     if (*out == nullptr || err != CL_SUCCESS) {
       *out = nullptr;
       return "cannot allocate " + std::to_string(count) + " scales: " + ClErrorName(err);
@@ -253,20 +254,24 @@ class WeightUploader {
   // A read-only buffer over the model's own pages, where the device shares memory with the host
   // and the bytes need no conversion; false (nothing made) otherwise or where the driver refuses.
   bool Wrap(const HostConst& c, DType storage, cl_mem* out) {
-    const size_t bytes = StorageBytes(c, storage);
+    return SameEncoding(c.model_type, storage) && WrapBytes(c.bytes, StorageBytes(c, storage), out);
+  }
+
+  // A read-only buffer over [bytes, bytes + size) of the model's own pages, as Wrap.
+  bool WrapBytes(const void* bytes, size_t size, cl_mem* out) {
     const size_t align = std::max<size_t>(rt_.info().base_align_bytes, 64);
-    if (!zero_copy_ || !SameEncoding(c.model_type, storage) || bytes < 4 || bytes % 4 != 0 ||
-        reinterpret_cast<uintptr_t>(c.bytes) % align != 0 || !files_.Contains(c.bytes, bytes)) {
+    if (!zero_copy_ || size < 4 || size % 4 != 0 || reinterpret_cast<uintptr_t>(bytes) % align != 0 ||
+        !files_.Contains(bytes, size)) {
       return false;
     }
     cl_int err = CL_SUCCESS;
-    *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, bytes,
-                                 const_cast<void*>(c.bytes), &err);
+    *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, size,
+                                 const_cast<void*>(bytes), &err);
     if (*out == nullptr || err != CL_SUCCESS) {
       *out = nullptr;
       return false;
     }
-    report_->zero_copy_bytes += bytes;
+    report_->zero_copy_bytes += size;
     return true;
   }
 

@@ -48,6 +48,9 @@ struct TensorInfo {
   // that reads it quantized says so (GpuOp::ReadsQuantized); otherwise it is dequantized.
   int quant_bits = 0;
   int quant_group = 0;
+  // Added by the OpenCL backend: its scales are float16 (int4 blocks at --precision fp16), else
+  // float32.
+  bool quant_half_scales = false;
 };
 
 // What Run sees of one tensor (shape already checked by Infer).

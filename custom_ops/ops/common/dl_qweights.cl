@@ -3,6 +3,7 @@
 // nibble, each sign-extended from 4 bits). The weight is W[N][K], k contiguous, and
 //   W(n, k) = q(n*K + k) * wq_scale[n*wq_kg + (k >> wq_shift)]
 // per tensor: wq_kg 0, wq_shift 31; per output channel: 1, 31; blocks of 2^s along k: K >> s, s.
+// The scales are float, or half with -DDL_WQ_HALF_SCALES=1 (int4 blocks stored float16).
 // The flat kernels read the copy packed [K][NP] as int8 (int4 widened to a byte) with its
 // scales packed [KB][NP] (row k >> wq_shift; wq_kg then carries NP).
 // Values are dequantized in registers, where a tile is staged: the integers are loaded raw
@@ -13,9 +14,17 @@
 #ifndef DL_WQ
 #define DL_WQ 0
 #endif
+#if DL_WQ && DL_WQ_HALF_SCALES
+// int4 blocks' float16 scales as the model stores them (vload_half needs no cl_khr_fp16)
+#define DL_WQ_SCALE_PTR __global const half*
+#define DL_WQ_SCALE_AT(i) vload_half((i), wq_scale)
+#elif DL_WQ
+#define DL_WQ_SCALE_PTR __global const float*
+#define DL_WQ_SCALE_AT(i) wq_scale[i]
+#endif
 #if DL_WQ
-#define DL_WQ_PARAMS , __global const float* wq_scale, int wq_kg, int wq_shift
-#define DL_WQ_SCALE(n, k) wq_scale[(n) * wq_kg + ((k) >> wq_shift)]
+#define DL_WQ_PARAMS , DL_WQ_SCALE_PTR wq_scale, int wq_kg, int wq_shift
+#define DL_WQ_SCALE(n, k) DL_WQ_SCALE_AT((n) * wq_kg + ((k) >> wq_shift))
 #endif
 #if DL_WQ == 8
 #define DL_WQ_PTR __global const char*
