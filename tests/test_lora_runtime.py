@@ -57,6 +57,11 @@ CONVERSIONS = {  # name: convert flags beyond the model, size and components
 }
 
 
+# The conversions with exports of their own (the others take slots' from the export cache: the LoRA
+# slots, precision and weights are applied after the export); converted first.
+EXPORTS = ("slots", "baked", "baked2")
+
+
 @pytest.fixture(scope="module")
 def folders(loras, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("lora_runtime")
@@ -64,7 +69,7 @@ def folders(loras, tmp_path_factory) -> dict[str, Path]:
     convert_side_by_side({name: ["preset:tiny", *[a.format(**{k: str(v) for k, v in loras.items()}) for a in args],
                                  "-o", out[name], "--height", SIZE, "--width", SIZE, "--components", COMPONENTS,
                                  "--json"]
-                          for name, args in CONVERSIONS.items()})
+                          for name, args in CONVERSIONS.items()}, first=EXPORTS)
     return out
 
 
