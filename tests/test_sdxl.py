@@ -7,6 +7,7 @@ tests/test_sdxl_sources.py."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,12 @@ def sdxl_tiny():
 
 @pytest.fixture(scope="module")
 def sdxl_out(tmp_path_factory) -> Path:
+    """The whole folder at the preset's size, exports shared through the tests' export cache
+    (tests/conftest.py): test_sdxl_sources.py converts this same preset, and whichever module
+    comes second reuses the other's exports."""
     out = tmp_path_factory.mktemp("sdxl") / "sdxl-tiny"
-    convert.convert("preset:sdxl-tiny", out, convert.ConvertOptions(components=None))
+    convert.convert("preset:sdxl-tiny", out, convert.ConvertOptions(components=None),
+                    export_cache_dir=os.environ.get("DIFFLITE_EXPORT_CACHE"))
     return out
 
 
