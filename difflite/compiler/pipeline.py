@@ -377,15 +377,27 @@ def assemble(source: str, source_hash: str, config_folder: Path, text_encoder, u
     )
 
 
+def check_tokenizer_files(folder: Path, vocabulary: int) -> None:
+    """The token ids of `folder`'s vocab.json and tokenizer.json, checked before the tokenizers
+    library reads them: an id near 2**31 there costs it time and memory in proportion (~37 s)."""
+    for name in ("vocab.json", "tokenizer.json"):
+        path = folder / name
+        if path.is_file():
+            data = read_json(path, what="tokenizer file")
+            pipeline = {"model": {"vocab": data}} if name == "vocab.json" and isinstance(data, dict) else data
+            check_token_ids(path, pipeline, vocabulary)
+
+
 def load_tokenizer(folder: Path, text_encoder):
     """A CLIPTokenizer from `folder`, checked to fit `text_encoder`'s vocabulary."""
     from transformers import CLIPTokenizer
 
+    vocab_size = text_encoder.config.vocab_size
+    check_tokenizer_files(folder, vocab_size)
     try:
         tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:
         raise BadInput(f"{folder}: cannot load the tokenizer: {one_line(e)}") from e
-    vocab_size = text_encoder.config.vocab_size
     if len(tokenizer) > vocab_size:
         raise BadInput(f"{folder}: {len(tokenizer)} tokens but the text encoder has {vocab_size}")
     check_token_ids(folder, tokenizer_pipeline(tokenizer)[1], vocab_size)
