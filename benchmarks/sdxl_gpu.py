@@ -220,9 +220,14 @@ def picture(command: list[str], runs: int, timeout: float, warm_up: bool = True)
               "peak_rss_mib": summary([round(t["peak_rss_mib"]) for t in timed]),
               "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None}
     try:
-        result["report"] = json.loads(timed[-1]["stdout"])
+        said = json.loads(timed[-1]["stdout"])
     except ValueError:
         result["stdout_tail"] = timed[-1]["stdout"][-500:]
+        return result
+    if isinstance(said, dict):
+        result["report"] = said  # difflite generate --json
+    else:  # DIFFUSERS_CHILD prints its pipeline call's seconds
+        result["pipeline_call_s"] = summary([round(float(t["stdout"]), 2) for t in timed])
     return result
 
 
@@ -349,7 +354,10 @@ def diffusers_picture(work: Path, runs: int, timeout: float, steps: int = 20, si
     """diffusers' fp16 SDXL pipeline from its saved folder, `runs` fresh processes (guidance 5, as
     difflite's SDXL default; guidance <= 1 with SDXL-Turbo's scheduler)."""
     if not (work / "diffusers" / "model_index.json").is_file():
-        save_diffusers_folder(work)
+        # in a child: building the preset here would leave this process ~10 GB for the rest of the run
+        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+                        "import sdxl_gpu; sdxl_gpu.save_diffusers_folder(Path(sys.argv[2]))",
+                        str(Path(__file__).resolve().parent), str(work)], cwd=ROOT, check=True, timeout=timeout)
     return picture([sys.executable, "-c", DIFFUSERS_CHILD, str(work / "diffusers"), PROMPT, str(steps),
                     str(size or SIZE), str(guidance)], runs, timeout, warm_up=False)
 
