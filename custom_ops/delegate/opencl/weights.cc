@@ -209,15 +209,19 @@ class WeightUploader {
     return "";
   }
 
-  // A new read-only buffer of the float32 scales of the quantized constant `c` (one per
-  // ScaleGroup() elements, in that order: the runtime's own array, or block scales widened).
+  // A read-only buffer of the scales of the quantized constant `c` (one per ScaleGroup()
+  // elements, in that order): float16 block scales as the model stores them (HalfScales: over the
+  // model's pages where Wrap could, else copied), otherwise float32 (the runtime's own array, or
+  // block scales widened).
   std::string UploadScales(const HostConst& c, cl_mem* out) {
     const QuantScales& qs = c.quant;
-    if (c.HalfScales() && WrapBytes(qs.block_scales, c.ScaleBytes(), out)) return "";
     const size_t count = c.elements() / c.ScaleGroup();
     std::vector<float> widened;
-    const void* host = c.HalfScales() ? qs.block_scales : qs.scale;
-    if (host == nullptr) {
+    const void* host = qs.scale;
+    if (c.HalfScales()) {
+      if (WrapBytes(qs.block_scales, c.ScaleBytes(), out)) return "";
+      host = qs.block_scales;
+    } else if (host == nullptr) {
       widened.resize(count);
       for (size_t i = 0; i < count; ++i) widened[i] = qs.Scale(i);
       host = widened.data();
