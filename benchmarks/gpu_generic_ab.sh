@@ -17,6 +17,8 @@ mkdir -p "$OUT"
 source benchmarks/device_setup.sh
 component=${COMPONENT:-vae_decoder}
 profile=${PROFILE:-generic}
+# A phone profile's own kernels: no tensor cores on NVIDIA (a variant may set them back on).
+if [ "$profile" != nvidia-h100 ]; then export DIFFLITE_TENSOR_CORES=${DIFFLITE_TENSOR_CORES:-off}; fi
 work=/tmp/$profile-$component
 [ -f "$work/manifest.json" ] || python -m difflite convert preset:sd15 -o "$work" --components "$component" \
   --precision fp16 --device-profile "$profile" > /dev/null

@@ -3,7 +3,8 @@ in one run:
 
 - difflite: the fused .tflite through libdifflite_delegate.so, backend=opencl (ai-edge-litert's
   interpreter; each invoke includes copying inputs to and outputs from the GPU), precision=fp32
-  and fp16 (half storage);
+  and fp16 (half storage; on NVIDIA's OpenCL its GEMMs take tensor cores, unless
+  DIFFLITE_TENSOR_CORES=off in the environment: how a phone profile's own kernels are timed);
 - Google's LiteRT GPU accelerator (ML Drift over WebGPU/Vulkan) on the unfused difflite .tflite of
   the same weights, fp32 (enforce_f32) and fp16; its run_by_index returns before the GPU is done,
   so N queued runs are timed up to one final read;

@@ -242,7 +242,10 @@ def test_delegate_winograd_bands(tmp_path, opencl_lib, monkeypatch, launch, form
         assert 20 * np.log10(np.abs(ref).max() / rmse) >= FP16_MIN_PSNR_DB
     assert stats["scratch_bytes"] == _scratch(BAND_TILES, form, elem, staging), stats
     # The default bound: one band of all 24 tiles, the scratch as before bands, the very same output
-    # (the same kernels and summation order per tile).
+    # (the same kernels and summation order per tile). Tensor cores off: their tiles are chosen
+    # by a GEMM's rows, the tiles of a band or of the whole image.
+    monkeypatch.setenv("DIFFLITE_TENSOR_CORES", "off")
+    out, _, _, _ = _banded_run(tmp_path, opencl_lib, monkeypatch, form, precision, kernels, bound)
     whole, stats_whole, _, _ = _banded_run(tmp_path, opencl_lib, monkeypatch, form, precision, kernels, None)
     assert stats_whole["scratch_bytes"] == _scratch(24, form, elem, staging) > stats["scratch_bytes"], stats_whole
     np.testing.assert_array_equal(out, whole)

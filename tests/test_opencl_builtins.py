@@ -471,6 +471,53 @@ def test_forced_split_k(opencl_lib, tmp_path, monkeypatch, splits):
     test_conv_2d(opencl_lib, tmp_path, "tiled", "3x3_s2_valid_nobias")
 
 
+@pytest.mark.parametrize("mode", ["device", "emulate"])
+@pytest.mark.parametrize("env", ["", "64x64x32x8x8m", "128x128x32x8x8m", "split3"])
+def test_tensor_cores(opencl_lib, tmp_path, monkeypatch, mode, env):
+    """GEMMs on tensor cores (gemm_mma.cl) where the device has them (NVIDIA's OpenCL, compute
+    capability >= 8.0) and the storage is half, or with the instruction emulated in OpenCL C
+    (DIFFLITE_TENSOR_CORES=emulate: the same tiles, fragments and epilogue on any device, PoCL in
+    CI): the results agree with float64 as the float tiles' do (tensor_cores=off), through both
+    tensor-core tiles (128x128x16 for m, n > 64; 64x64x32 and 128x128x32 forced), split-K, ragged m, n and k,
+    both staging layouts of each operand and a bias."""
+    if mode == "emulate":
+        monkeypatch.setenv("DIFFLITE_TENSOR_CORES", "emulate")
+    if env == "split3":
+        monkeypatch.setenv("DIFFLITE_SPLIT_K", "3")
+    elif env:
+        monkeypatch.setenv("DIFFLITE_GEMM_TILE", env)
+    r = rng(47)
+    x, wt, b = nonzero(r, (2, 150, 300)), nonzero(r, (270, 300)), nonzero(r, (270,))
+    want = x.astype(np.float64) @ wt.T.astype(np.float64) + b
+
+    def build(m):
+        xi = m.activation("x", x.shape)
+        y = m.activation("y", want.shape)
+        m.builtin("FULLY_CONNECTED", [xi, m.constant("w", wt), m.constant("b", b)], [y], keepNumDims=True)
+        return [xi], [y]
+
+    for tc in ("auto", "off"):
+        (got,), stats, _ = run_op(tmp_path, opencl_lib, build, [x], "tiled+fp16", tensor_cores=tc)
+        assert_close(got, want, HALF_TOL)
+        has_them = mode == "emulate" or stats["nv_compute_capability"] >= 80
+        assert stats["tensor_cores"] == (tc == "auto" and has_them), stats
+    _tolerance_floor[0] = HALF_TOL
+    try:
+        for case in (((2, 33, 300), (2, 270, 33), True, True), ((2, 300, 36), (2, 36, 272), False, False),
+                     ((3, 200, 90), (90, 97), False, False)):
+            test_batch_matmul(opencl_lib, tmp_path, "tiled+fp16", case)
+    finally:
+        _tolerance_floor[0] = 0.0
+
+
+def test_a_bad_tensor_core_choice_in_the_environment_is_refused(opencl_lib, monkeypatch):
+    from ai_edge_litert.interpreter import load_delegate
+
+    monkeypatch.setenv("DIFFLITE_TENSOR_CORES", "on")
+    with pytest.raises(ValueError, match=re.escape("DIFFLITE_TENSOR_CORES must be auto, off or emulate, got 'on'")):
+        load_delegate(str(opencl_lib), {"backend": "opencl"})
+
+
 def test_automatic_split_k(opencl_lib, tmp_path, monkeypatch):
     """One output tile and a long K on a device of few compute units: split-K is chosen without
     the override (2 work-groups per compute unit wanted, K / 256 at most)."""
@@ -1126,6 +1173,8 @@ def test_unsupported_nodes_stay_with_tflite(opencl_lib, tmp_path, capfd):
     ({"backend": "opencl", "math": "fp16"}, "math must be auto or fp32"),
     ({"backend": "cpu", "math": "fp32"}, "apply to backend=opencl only"),
     ({"backend": "opencl", "device": "-7"}, "device must be an integer"),
+    ({"backend": "opencl", "tensor_cores": "on"}, "tensor_cores must be auto or off"),
+    ({"backend": "cpu", "tensor_cores": "off"}, "apply to backend=opencl only"),
 ])
 def test_bad_opencl_options(opencl_lib, opts, msg):
     from ai_edge_litert.interpreter import load_delegate

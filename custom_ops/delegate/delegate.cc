@@ -152,10 +152,12 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       o->cache_dir = val;
     } else if (key == "zero_copy") {
       if (!ParseChoice(key, val, {"auto", "off"}, &o->zero_copy, error)) return false;
+    } else if (key == "tensor_cores") {
+      if (!ParseChoice(key, val, {"auto", "off"}, &o->tensor_cores, error)) return false;
     } else {
       *error = "unknown option '" + key +
                "' (known: backend, precision, verbose, num_threads, device, "
-               "profile, stats_path, kernels, math, cache_dir, zero_copy)";
+               "profile, stats_path, kernels, math, cache_dir, zero_copy, tensor_cores)";
       return false;
     }
   }
@@ -166,11 +168,20 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       !ParseChoice("DIFFLITE_KERNELS", env_kernels, {"auto", "tiled", "flat"}, &o->kernels, error)) {
     return false;
   }
+  // Tensor cores off without code (benchmarks that time the phone profile's own kernels on an
+  // NVIDIA GPU), or emulated (tests of the tensor-core tiles' indexing on any OpenCL device).
+  const char* env_tc = std::getenv("DIFFLITE_TENSOR_CORES");
+  if (o->backend == "opencl" && o->tensor_cores == "auto" && env_tc != nullptr &&
+      !ParseChoice("DIFFLITE_TENSOR_CORES", env_tc, {"auto", "off", "emulate"}, &o->tensor_cores,
+                   error)) {
+    return false;
+  }
   if (o->backend == "cpu" && (o->device != -1 || o->profile || !o->stats_path.empty() ||
                               o->kernels != "auto" || o->math != "auto" ||
-                              !o->cache_dir.empty() || o->zero_copy != "auto")) {
-    *error = "device, profile, stats_path, kernels, math, cache_dir and zero_copy apply to "
-             "backend=opencl only";
+                              !o->cache_dir.empty() || o->zero_copy != "auto" ||
+                              o->tensor_cores != "auto")) {
+    *error = "device, profile, stats_path, kernels, math, cache_dir, zero_copy and tensor_cores "
+             "apply to backend=opencl only";
     return false;
   }
   return true;

@@ -7,13 +7,28 @@
 
 namespace difflite::gpu::builtin {
 
+// DIFFLITE_TENSOR_CORES=emulate (checked by the delegate's options): the tensor-core tiles with
+// the instruction emulated in OpenCL C (gemm_mma.cl's MMA_EMULATE), for tests on any device.
+static bool MmaEmulated() {
+  const char* env = std::getenv("DIFFLITE_TENSOR_CORES");
+  return env != nullptr && std::string(env) == "emulate";
+}
+
 std::string TileConfig::Options() const {
   return "-DTM=" + std::to_string(tm) + " -DTN=" + std::to_string(tn) +
          " -DTK=" + std::to_string(tk) + " -DWM=" + std::to_string(wm) +
-         " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "");
+         " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "") + (mma ? " -DMMA=1" : "") +
+         (mma && MmaEmulated() ? " -DMMA_EMULATE=1" : "");
 }
 
-std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs) {
+bool TileConfig::MmaFits() const {
+  const int warps = threads() / 32;
+  if (threads() % 64 != 0 || tk % 16 != 0 || tn % 16 != 0) return false;
+  const int warp_rows = tm / (warps / 2);
+  return tm % (warps / 2) == 0 && warp_rows % 16 == 0;
+}
+
+std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs, bool mma) {
   std::vector<TileConfig> configs;
   const char* env = std::getenv("DIFFLITE_GEMM_TILE");
   TileConfig forced;
@@ -21,13 +36,20 @@ std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs) {
   if (env != nullptr && std::sscanf(env, "%dx%dx%dx%dx%d%n", &forced.tm, &forced.tn, &forced.tk,
                                     &forced.wm, &forced.wn, &used) == 5) {
     const std::string rest = env + used;
-    forced.vec = rest == "v";
+    forced.mma = rest == "m";
+    forced.vec = rest == "v" || forced.mma;
     if ((rest.empty() || forced.vec) && forced.wm > 0 && forced.wn > 0 && forced.tk > 0 &&
         forced.tm % forced.wm == 0 && forced.tn % forced.wn == 0 &&
-        (!forced.vec || (forced.wm % 4 == 0 && forced.wn % 4 == 0))) {
+        (!forced.vec || (forced.wm % 4 == 0 && forced.wn % 4 == 0)) &&
+        (!forced.mma || (mma && forced.MmaFits()))) {
       configs.push_back(forced);
     }
   }
+  // Tensor cores. On the H200 (2026-11-30, SD 1.5 nvidia-h100 profile, kernels a call) the
+  // 128x128 tile 16 deep ran the VAE decoder in 13.5 ms against 16.2 ms 32 deep, 17.9 for
+  // 128x64 and 17.4 for 64x128 (float tiles: 25.9); the UNet (batch 1) 22.0 against 22.7.
+  if (mma && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true, true});
+  if (mma && m > 16 && n > 16) configs.push_back({64, 64, 32, 8, 8, true, false, true});
   // Vectorised by default: on the H100 it ran the SD 1.5 UNet's convolutions and projections
   // 2x faster than the scalar kernel, and larger tiles did not help (2026-11).
   if (macs >= kLargeTileMacs && m > 64 && n > 64) configs.push_back({128, 128, 16, 8, 8, true, true});
@@ -237,13 +259,12 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   // Half storage with B n-major (the Winograd GEMMs' U): quads made the H100 slower (VAE
   // 128x128x512: 0.608 ms with both operands in quads, 0.537 with none; float 0.464 with both;
   // 2026-11), where with B k-major (FULLY_CONNECTED) both in quads is fastest.
+  // The tensor-core tiles copy the stored bits, so quads cost them nothing to convert.
   const bool quads_allowed = DTypeSize(ctx.storage()) != 2 || b_kmajor;
-  const bool a_quads = quads_allowed &&
-                       (a_kmajor ? StagesInQuads(s_.k, s_.a_sm, s_.a_bs)
-                                 : s_.a_sm == 1 && StagesInQuads(s_.m, s_.a_sk, s_.a_bs));
-  const bool b_quads = quads_allowed &&
-                       (b_kmajor ? StagesInQuads(s_.k, s_.b_sn, s_.b_bs)
-                                 : s_.b_sn == 1 && StagesInQuads(s_.n, s_.b_sk, s_.b_bs));
+  const bool a_in_quads = a_kmajor ? StagesInQuads(s_.k, s_.a_sm, s_.a_bs)
+                                   : s_.a_sm == 1 && StagesInQuads(s_.m, s_.a_sk, s_.a_bs);
+  const bool b_in_quads = b_kmajor ? StagesInQuads(s_.k, s_.b_sn, s_.b_bs)
+                                   : s_.b_sn == 1 && StagesInQuads(s_.n, s_.b_sk, s_.b_bs);
   if (s_.m <= kSkinnyMaxRows && batches_ == 1 && b_kmajor && s_.a_sk == 1 &&
       s_.k % 4 == 0 && s_.a_sm % 4 == 0 && s_.b_sn % 4 == 0) {
     std::string e = GetKernel(ctx, "gemm", "gemm_skinny",
@@ -254,17 +275,20 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
     }
   }
   auto kernel_of = [&](const TileConfig& c, cl_kernel* k) {
+    const bool quads = c.vec && (quads_allowed || c.mma);
     const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
-                             (c.vec && a_quads ? " -DA_QUADS=1" : "") +
-                             (c.vec && b_quads ? " -DB_QUADS=1" : "") + s_.wq.Options() + acc;
+                             (quads && a_in_quads ? " -DA_QUADS=1" : "") +
+                             (quads && b_in_quads ? " -DB_QUADS=1" : "") + s_.wq.Options() + acc;
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
   const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;
-  std::string e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, s_.wq.on());
+  const bool mma = ctx.TensorCores();
+  std::string e =
+      PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, s_.wq.on(), mma);
   if (!e.empty() && s_.wq.on()) {  // no vectorised tile fits: B dequantized at upload
     s_.wq = WeightQuant();
-    e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_);
+    e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, false, mma);
   }
   if (!e.empty() || !tile_.vec || s_.accumulate) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *

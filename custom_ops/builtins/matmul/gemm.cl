@@ -31,6 +31,11 @@
 #ifndef B_KMAJOR
 #define B_KMAJOR 0
 #endif
+// -DMMA=1 (with -DVEC=1): the vectorised kernel's tile walk on NVIDIA's tensor cores
+// (gemm_mma.cl).
+#ifndef MMA
+#define MMA 0
+#endif
 // Element e of a staged TK-deep slice of A (TM rows) or B (TN columns):
 // its k index and row / column, walking the operand's contiguous index first.
 #if A_KMAJOR
@@ -218,6 +223,9 @@ inline void stage_quad(__local DL_C* t, int ld, int buf, int kk, int rc, float4 
 #define STAGE_B STAGE_ELEMS(rb, B_SLICE_INDEX, TN, bs, LDB)
 #endif
 #include "vec_tile.cl"
+#if MMA
+#include "gemm_mma.cl"
+#else
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
@@ -271,6 +279,7 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
   const bool vec_c = ((ldc | c_bs | c_base) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
   VT_STORE(acc, bias, has_bias, M, N, vec_c, Cb + m * ldc);
 }
+#endif  // MMA
 #endif  // VEC
 
 // The split-K epilogue: C[b][m][n] = sum over the `splits` partial planes

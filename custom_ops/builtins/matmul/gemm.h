@@ -21,8 +21,13 @@ struct TileConfig {
   // large tile's 64 accumulators a work-item fit an H100's registers, not
   // necessarily a phone GPU's.
   bool unspilled_only = false;
+  // The vectorised tile walk on tensor cores (gemm_mma.cl, -DMMA=1; vec too): warps of 32
+  // items in two columns, each owning whole 16 x 8 fragments.
+  bool mma = false;
   int threads() const { return (tm / wm) * (tn / wn); }
-  std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1]
+  // Whether gemm_mma.cl can lay its warps over this tile.
+  bool MmaFits() const;
+  std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1 [-DMMA=1]]
 };
 
 // Candidate tiles, best first, for a GEMM of m x n outputs per batch and
@@ -32,22 +37,28 @@ struct TileConfig {
 // 0.8 G-MAC ones: too few tiles; lab/gpu_gemm_sweep.py, 2026-11),
 // then 64x64 (for m, n > 32), 32x32, 16x16. DIFFLITE_GEMM_TILE=TMxTNxTKxWMxWN
 // (e.g. 128x128x16x8x8) puts one tile first, a trailing v (128x128x16x8x8v)
-// selects the vectorised variant; for benchmarking.
+// selects the vectorised variant, a trailing m (128x128x32x8x8m) the tensor-core one where
+// `mma` allows it; for benchmarking.
+// `mma` (GpuContext::TensorCores(), for gemm.cl's GEMMs): tensor-core tiles first, 128x128x16
+// (8 warps of 32 x 64 outputs) for m, n > 64, then 64x64x32 (2 warps of 64 x 32).
 constexpr int64_t kLargeTileMacs = 1073741824;  // 2^30
-std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs);
+std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs, bool mma = false);
 
 // The first candidate tile that `kernel_of(config)` can run on this device.
 // kernel_of returns "" and the kernel, or a reason.
 // `vec_only`: the vectorised tiles only (those that read quantized weights).
+// `mma`: tensor-core tiles first (their kernel_of must build -DMMA=1 where config.mma); a
+// tensor-core tile that does not build is passed over, not an error.
 template <typename F>
 std::string PickTile(GpuContext& ctx, int m, int n, int64_t macs, F kernel_of, TileConfig* out,
-                     cl_kernel* kernel, bool vec_only = false) {
+                     cl_kernel* kernel, bool vec_only = false, bool mma = false) {
   std::string last;
-  for (const TileConfig& c : TileCandidates(m, n, macs)) {
+  for (const TileConfig& c : TileCandidates(m, n, macs, mma)) {
     if (static_cast<size_t>(c.threads()) > ctx.device().max_work_group_size) continue;
     if (vec_only && !c.vec) continue;
     cl_kernel k = nullptr;
     last = kernel_of(c, &k);
+    if (!last.empty() && c.mma) continue;
     if (!last.empty()) return last;  // a build error is not a size problem
     if (c.unspilled_only && KernelPrivateBytes(ctx, k) != 0) {
       last = "tile spills registers on the device";

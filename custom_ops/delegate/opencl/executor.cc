@@ -88,6 +88,8 @@ void BackendImpl::WriteStats() {
      << ", \"storage\": " << JsonString(DTypeName(storage))
      << ", \"arithmetic\": " << JsonString(half_math ? "float16" : "float32")
      << ", \"kernels\": " << JsonString(gctx->PreferFlatKernels() ? "flat" : "tiled")
+     << ", \"tensor_cores\": " << (tensor_cores ? "true" : "false")
+     << ", \"nv_compute_capability\": " << rt->info().nv_compute_capability
      << ", \"weights_zero_copy_bytes\": " << up.zero_copy_bytes
      << ", \"weights_quantized_bytes\": " << up.quantized_bytes
      << ", \"weights_dequantized_bytes\": " << up.dequantized_bytes
@@ -154,6 +156,7 @@ std::string BackendImpl::Describe() const {
          : half_math                 ? " (half multiply-adds in GEMMs and attention)"
                                      : " (float arithmetic: math=fp32)")
      << " kernels=" << (gctx->PreferFlatKernels() ? "flat" : "tiled")
+     << (tensor_cores ? " tensor_cores" : "")
      << (rt->profiling() ? " profile=1" : "");
   return os.str();
 }
@@ -176,7 +179,13 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::shared_ptr
     Log("program cache: not using " + disk.dir() + ": " + disk.refused() +
         "; every program is compiled from source");
   }
-  impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat, impl.half_math, disk);
+  // Tensor cores read half operands: only where the storage is half already, so that they
+  // round nothing float storage would keep (mma.sync m16n8k16 needs compute capability 8.0).
+  impl.tensor_cores = impl.storage == DType::kFloat16 && !flat &&
+                      ((rt->info().nv_compute_capability >= 80 && options.tensor_cores == "auto") ||
+                       options.tensor_cores == "emulate");
+  impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat, impl.half_math,
+                                            impl.tensor_cores, disk);
   impl.gctx->set_detail(options.profile >= 2);
   impl.gctx->set_lora_slots(std::move(lora));
   return b;

@@ -19,9 +19,9 @@ namespace difflite::gpu {
 class ContextImpl final : public GpuContext {
  public:
   ContextImpl(std::shared_ptr<Runtime> rt, DType storage, bool flat, bool half_math,
-              ProgramCache disk)
+              bool tensor_cores, ProgramCache disk)
       : rt_(std::move(rt)), storage_(storage), half_math_(half_math), flat_(flat),
-        disk_(std::move(disk)) {}
+        tensor_cores_(tensor_cores), disk_(std::move(disk)) {}
   ~ContextImpl() override;
 
   const ClApi& cl() const override { return rt_->cl(); }
@@ -34,6 +34,7 @@ class ContextImpl final : public GpuContext {
     return rt_->KernelWorkGroupSize(kernel);
   }
   bool PreferFlatKernels() const override { return flat_; }
+  bool TensorCores() const override { return tensor_cores_; }
   LoraSlots* lora_slots() const override { return lora_.get(); }
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, std::string* error) override;
@@ -53,6 +54,7 @@ class ContextImpl final : public GpuContext {
   DType storage_;
   bool half_math_;  // -DDL_FP16_MATH: half multiply-adds in the GEMM tiles and attention
   bool flat_;
+  bool tensor_cores_;
   ProgramCache disk_;
   std::shared_ptr<LoraSlots> lora_;  // the delegate's (delegate.cc)
   std::map<int, std::pair<cl_mem, size_t>> scratch_;

@@ -238,6 +238,13 @@ std::string Runtime::Init(const ClApi* cl, const DeviceEntry& entry,
   }
   const std::string ext = DeviceString(*cl, device_, CL_DEVICE_EXTENSIONS);
   d.has_fp16 = (" " + ext + " ").find(" cl_khr_fp16 ") != std::string::npos;
+  if ((" " + ext + " ").find(" cl_nv_device_attribute_query ") != std::string::npos) {
+    constexpr cl_device_info kComputeCapabilityMajorNv = 0x4000;  // cl_ext.h's names
+    constexpr cl_device_info kComputeCapabilityMinorNv = 0x4001;
+    const cl_uint major = DeviceValue<cl_uint>(*cl, device_, kComputeCapabilityMajorNv);
+    const cl_uint minor = DeviceValue<cl_uint>(*cl, device_, kComputeCapabilityMinorNv);
+    d.nv_compute_capability = static_cast<int>(10 * major + minor);
+  }
   if (d.max_work_group_size == 0) d.max_work_group_size = 1;
 
   cl_int err = CL_SUCCESS;

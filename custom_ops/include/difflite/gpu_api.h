@@ -31,7 +31,7 @@
 // members CreateSubBuffer, GetPlatformInfo, GetKernelInfo, RetainMemObject,
 // CreateProgramWithBinary, GetProgramInfo;
 // DeviceInfo fields after has_fp16; GpuContext::device_id(),
-// KernelWorkGroupSize(), PreferFlatKernels() and lora_slots(); GpuOp::AliasInput(), UsesInput(),
+// KernelWorkGroupSize(), PreferFlatKernels(), lora_slots() and TensorCores(); GpuOp::AliasInput(), UsesInput(),
 // WeightBytes(), PacksInput(), PackWeights(), ReadsQuantized(), WritesAliasInPlace();
 // TensorInfo::is_constant, quant_bits,
 // quant_group; GpuTensor::scales; DType kInt8 / kInt4;
@@ -111,6 +111,9 @@ struct DeviceInfo {
   size_t base_align_bytes = 0;     // CL_DEVICE_MEM_BASE_ADDR_ALIGN, in bytes
   bool host_unified_memory = false;  // CL_DEVICE_HOST_UNIFIED_MEMORY (phones, CPUs, iGPUs)
   std::string driver_version;      // CL_DRIVER_VERSION
+  // NVIDIA's compute capability as 10 * major + minor (cl_nv_device_attribute_query; 90 on
+  // an H100 or H200); 0 on every other device.
+  int nv_compute_capability = 0;
 };
 
 // One device tensor: its own cl_mem (possibly a sub-buffer of the planned
@@ -168,6 +171,10 @@ class GpuContext {
   // The delegate's run-time LoRA factors (lora_slots.h; difflite.LoRA's GPU side holds its slot
   // there). nullptr where the backend has none.
   virtual LoraSlots* lora_slots() const { return nullptr; }
+  // Whether the GEMMs may run on tensor cores (builtins/matmul/gemm_mma.cl): half storage on
+  // NVIDIA's OpenCL with compute capability 8.0 or later, unless the delegate's
+  // tensor_cores=off.
+  virtual bool TensorCores() const { return false; }
 };
 
 // CL_KERNEL_PRIVATE_MEM_SIZE of a built kernel: on NVIDIA the registers it

@@ -1,0 +1,291 @@
+// gemm.cl's tiled GEMM on NVIDIA tensor cores (-DMMA=1, with -DVEC=1): the same arguments, tile
+// walk, split-K and epilogue as the vectorised kernel, but each K slice is multiplied by
+// PTX's mma.sync.m16n8k16 (half operands, float accumulators), issued by inline assembly,
+// which NVIDIA's OpenCL compiler passes to ptxas. Only for half storage (DL_HALF_IO or DL_FP16):
+// the staged operands are the stored half bits, so nothing is rounded that was not already.
+// The host (gemm.cc) builds it only where GpuContext::TensorCores() says the device runs it
+// (NVIDIA's OpenCL, compute capability 8.0 or later); anywhere else this source does not build.
+//
+// The work-group's NT items are NT / 32 warps, in MMA_WARPS_M x 2; each warp owns an
+// MMA_WTM x MMA_WTN block of the TM x TN tile: MMA_MI x MMA_NI fragments of 16 x 8 outputs,
+// four floats a lane each. The slices are staged in local memory as half bits: A as [m][k]
+// and a k-major B as [n][k], the fragments' order (a lane's operands are 32-bit reads of two
+// neighbouring k; rows padded to MMA_LD = TK + 8 halves so that the eight row groups of a
+// fragment read fall in distinct banks), an n-major B as [k][n] (MMA_B_AT).
+#if !defined(DL_HALF_IO) && !defined(DL_FP16)
+#error "gemm_mma.cl needs half storage"
+#endif
+#if TK % 16 != 0
+#error "gemm_mma.cl needs TK a multiple of 16"
+#endif
+#define MMA_WARPS (NT / 32)
+#define MMA_WARPS_N 2
+#define MMA_WARPS_M (MMA_WARPS / MMA_WARPS_N)
+#define MMA_WTM (TM / MMA_WARPS_M)
+#define MMA_WTN (TN / MMA_WARPS_N)
+#define MMA_MI (MMA_WTM / 16)
+#define MMA_NI (MMA_WTN / 8)
+#define MMA_LD (TK + 8)
+#ifndef MMA_EMULATE
+#define MMA_EMULATE 0
+#endif
+// The fragment loops are unrolled so that the accumulators stay registers; the emulation keeps
+// them rolled (a CPU compiler spends minutes on the unrolled emulation).
+#if MMA_EMULATE
+#define MMA_UNROLL _Pragma("unroll 1")
+#else
+#define MMA_UNROLL _Pragma("unroll")
+#endif
+
+// The stored bits of a raw element or quad (dl_storage.cl's DL_RAW).
+#ifdef DL_HALF_IO
+#define MMA_BITS(r) (r)
+#define MMA_BITS4(r) (r)
+#else
+#define MMA_BITS(r) as_ushort(r)
+#define MMA_BITS4(r) as_ushort4(r)
+#endif
+
+// A float quad rounded to half bits (a dequantized weight quad).
+inline ushort4 mma_half_bits4(float4 v) {
+  ushort4 bits;
+  vstore_half4_rte(v, 0, (__private half*)&bits);
+  return bits;
+}
+
+// Element (row, k) of buffer buf of A, staged [m][k].
+#define MMA_A_AT(buf, row, k) (as + ((buf) * TM + (row)) * MMA_LD + (k))
+// Element (n, k) of buffer buf of B: staged [n][k] where B is k-major (a weight [N][K]), else
+// [k][n] as stored (the Winograd GEMMs' U): transposing an n-major B while staging it wrote
+// rows 4 apart from neighbouring items, 16 of a warp's stores to one bank. Its fragments are
+// then two 16-bit reads a register, which fall in distinct banks with rows of TN + 8 halves.
+#if B_KMAJOR
+#define MMA_B_AT(buf, n, k) (bs + ((buf) * TN + (n)) * MMA_LD + (k))
+#define MMA_B_HALVES (2 * TN * MMA_LD)
+#else
+#define MMA_LDN (TN + 8)
+#define MMA_B_AT(buf, n, k) (bs + ((buf) * TK + (k)) * MMA_LDN + (n))
+#define MMA_B_HALVES (2 * TK * MMA_LDN)
+#endif
+
+// A quad of A from p: along k (one 8-byte store) or down 4 rows (A m-major).
+inline void mma_stage_quad(__local ushort* p, ushort4 q, int along_k) {
+  if (along_k) {
+    *(__local ushort4*)p = q;
+  } else {
+    p[0] = q.x;
+    p[MMA_LD] = q.y;
+    p[2 * MMA_LD] = q.z;
+    p[3 * MMA_LD] = q.w;
+  }
+}
+
+#if A_QUADS
+#define MMA_STAGE_A                                                                          \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(TM * TK / 4); ++l_) {                  \
+    const int e_ = tid + l_ * NT;                                                            \
+    A_QUAD_INDEX(e_, kk_, rr_);                                                              \
+    if (e_ < TM * TK / 4) mma_stage_quad(MMA_A_AT(buf, rr_, kk_), MMA_BITS4(ra[l_]), A_KMAJOR); \
+  }
+#else
+#define MMA_STAGE_A                                                                          \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(TM * TK); ++l_) {                      \
+    const int e_ = tid + l_ * NT;                                                            \
+    A_SLICE_INDEX(e_, kk_, rr_);                                                             \
+    if (e_ < TM * TK) *MMA_A_AT(buf, rr_, kk_) = MMA_BITS(ra[l_]);                     \
+  }
+#endif
+#if DL_WQ
+#define MMA_STAGE_B                                                                          \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(TN * TK / 4); ++l_) {                  \
+    const int e_ = tid + l_ * NT;                                                            \
+    B_QUAD_INDEX(e_, kk_, rr_);                                                              \
+    if (e_ < TN * TK / 4) {                                                                  \
+      *(__local ushort4*)MMA_B_AT(buf, rr_, kk_) =                                           \
+          mma_half_bits4(DL_WQ_FROM_RAW4(rb[l_]) * rbs[l_]);                                 \
+    }                                                                                        \
+  }
+#elif B_QUADS
+#define MMA_STAGE_B                                                                          \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(TN * TK / 4); ++l_) {                  \
+    const int e_ = tid + l_ * NT;                                                            \
+    B_QUAD_INDEX(e_, kk_, rr_);                                                              \
+    if (e_ < TN * TK / 4) *(__local ushort4*)MMA_B_AT(buf, rr_, kk_) = MMA_BITS4(rb[l_]);  \
+  }
+#else
+#define MMA_STAGE_B                                                                          \
+  _Pragma("unroll") for (int l_ = 0; l_ < SLICE_REGS(TN * TK); ++l_) {                      \
+    const int e_ = tid + l_ * NT;                                                            \
+    B_SLICE_INDEX(e_, kk_, rr_);                                                             \
+    if (e_ < TN * TK) *MMA_B_AT(buf, rr_, kk_) = MMA_BITS(rb[l_]);                           \
+  }
+#endif
+
+// d (4 floats) += a (16 x 16 halves, 4 registers) * b (16 x 8, 2 registers).
+#if !MMA_EMULATE
+#define MMA_16816(d, a, b)                                                                 \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "                        \
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                     \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+#else
+// -DMMA_EMULATE=1 (DIFFLITE_TENSOR_CORES=emulate, for tests on any OpenCL device): the same
+// instruction in plain OpenCL C, the lanes of a warp trading fragments through local memory
+// (`mma_x`, MMA_XW floats a warp), so the tile's indexing can be checked where no tensor core
+// is. Every item of the work-group calls it together (uniform control flow), so it can
+// use the work-group barrier.
+#define MMA_XW (16 * 16 + 16 * 8)
+inline float mma_half(uint bits, int hi) {
+  const ushort h = (ushort)(hi ? bits >> 16 : bits & 0xffff);
+  return vload_half(0, (__private const half*)&h);
+}
+inline void mma_emulate(float* d, const uint* a, const uint* b, __local float* x, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  __local float* xa = x;            // A [16][16]
+  __local float* xb = x + 16 * 16;  // B [16 k][8 n]
+  for (int h = 0; h < 2; ++h) {
+    xa[g * 16 + 2 * t + h] = mma_half(a[0], h);
+    xa[(g + 8) * 16 + 2 * t + h] = mma_half(a[1], h);
+    xa[g * 16 + 2 * t + 8 + h] = mma_half(a[2], h);
+    xa[(g + 8) * 16 + 2 * t + 8 + h] = mma_half(a[3], h);
+    xb[(2 * t + h) * 8 + g] = mma_half(b[0], h);
+    xb[(2 * t + 8 + h) * 8 + g] = mma_half(b[1], h);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int c = 0; c < 4; ++c) {
+    const int row = g + (c >> 1) * 8, col = 2 * t + (c & 1);
+    float s = 0.0f;
+    for (int k = 0; k < 16; ++k) s += xa[row * 16 + k] * xb[k * 8 + col];
+    d[c] += s;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define MMA_16816(d, a, b) mma_emulate(d, a, b, mma_x + (tid >> 5) * MMA_XW, tid & 31)
+#endif
+
+// B's registers for column n, k pairs (k, k + 1) and (k + 8, k + 9).
+#if B_KMAJOR
+#define MMA_B_FRAGMENT(r, cb, n, k)                                 \
+  do {                                                              \
+    __local const uint* q_ = (__local const uint*)MMA_B_AT(cb, n, k); \
+    r[0] = q_[0];                                                   \
+    r[1] = q_[4];                                                   \
+  } while (0)
+#else
+#define MMA_B_FRAGMENT(r, cb, n, k)                                          \
+  do {                                                                       \
+    __local const ushort* q_ = MMA_B_AT(cb, n, k);                           \
+    r[0] = (uint)q_[0] | ((uint)q_[MMA_LDN] << 16);                          \
+    r[1] = (uint)q_[8 * MMA_LDN] | ((uint)q_[9 * MMA_LDN] << 16);            \
+  } while (0)
+#endif
+
+// acc += the TK-deep slice in buffer cb. Lane (g, t) = (lane / 4, lane % 4) holds A's rows
+// g and g + 8 at k pairs 2t and 2t + 8, and B's column g at the same k pairs.
+#define MMA_SLICE(cb)                                                                        \
+  MMA_UNROLL for (int ks_ = 0; ks_ < TK; ks_ += 16) {                                \
+    uint a_[MMA_MI][4], b_[MMA_NI][2];                                                       \
+    MMA_UNROLL for (int i_ = 0; i_ < MMA_MI; ++i_) {                                 \
+      __local const uint* p_ = (__local const uint*)MMA_A_AT(cb, wm0 + i_ * 16 + g, ks_) + t; \
+      a_[i_][0] = p_[0];                                                                     \
+      a_[i_][1] = p_[4 * MMA_LD];                                                            \
+      a_[i_][2] = p_[4];                                                                     \
+      a_[i_][3] = p_[4 * MMA_LD + 4];                                                        \
+    }                                                                                        \
+    MMA_UNROLL for (int j_ = 0; j_ < MMA_NI; ++j_) {                                 \
+      MMA_B_FRAGMENT(b_[j_], cb, wn0 + j_ * 8 + g, ks_ + 2 * t);                             \
+    }                                                                                        \
+    MMA_UNROLL for (int i_ = 0; i_ < MMA_MI; ++i_) {                                 \
+      MMA_UNROLL for (int j_ = 0; j_ < MMA_NI; ++j_) MMA_16816(acc[i_][j_], a_[i_], b_[j_]); \
+    }                                                                                        \
+  }
+
+// Two neighbouring outputs (m, n) and (m, n + 1) of C (+ bias) (+ C's values with GEMM_ACC),
+// those inside M x N; one 2-vector store where `vec_c` says rows are aligned to 2 elements.
+inline void mma_store2(__global DL_T* row, __global const DL_T* bias, int has_bias, int n, int N,
+                       int vec_c, float v0, float v1) {
+  float2 v = (float2)(v0, v1);
+  if (vec_c && n + 2 <= N) {
+    if (has_bias) v += DL_LOAD2A(bias, n);
+    DL_STORE2A(row, n, GEMM_ACC ? v + DL_LOAD2A(row, n) : v);
+    return;
+  }
+  for (int c = 0; c < 2 && n + c < N; ++c) {
+    const float x = (c == 0 ? v.x : v.y) + (has_bias ? DL_LOAD(bias, n + c) : 0.0f);
+    DL_STORE(row, n + c, x + GEMM_PRIOR(row, n + c));
+  }
+}
+
+__kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
+void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
+          __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
+          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base,
+          int c_base DL_WQ_PARAMS) {
+  A += a_base;
+  C += c_base;
+  // ushort4 arrays: the staged quads are 8-byte stores, which need the 8-byte alignment a uint
+  // array would not promise (a misaligned shared-memory access faults on NVIDIA).
+  __local ushort4 As[2 * TM * MMA_LD / 4];
+  __local ushort4 Bs[MMA_B_HALVES / 4];
+  __local ushort* as = (__local ushort*)As;
+  __local ushort* bs = (__local ushort*)Bs;
+#if MMA_EMULATE
+  __local float mma_x[MMA_WARPS * MMA_XW];
+#endif
+  TILE_ITEM(tx, ty, tid, n0, m0);
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int wm0 = (warp / MMA_WARPS_N) * MMA_WTM;
+  const int wn0 = (warp % MMA_WARPS_N) * MMA_WTN;
+  const int batches = bdims.x * bdims.y * bdims.z * bdims.w;
+  const int splits = get_num_groups(2) / batches;
+  const int batch = get_group_id(2) / splits;
+  const int split = get_group_id(2) % splits;
+  VT_SPLIT_RANGE(K, split, splits, kbeg, kend);
+  __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
+#if !DL_WQ
+  __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
+#endif
+
+  float acc[MMA_MI][MMA_NI][4];
+  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
+    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
+      MMA_UNROLL for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+    }
+  }
+
+  // As the vectorised kernel: iteration k0 fetches slice k0 into registers, multiplies slice
+  // k0 - TK from buffer buf ^ 1, then stages the registers into buffer buf.
+  A_REGS;
+  B_REGS;
+  int buf = 0;
+  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
+    if (k0 < kend) {
+      FETCH_A;
+      FETCH_B;
+    }
+    if (k0 > kbeg) {
+      const int cb = buf ^ 1;
+      MMA_SLICE(cb);
+    }
+    if (k0 < kend) {
+      MMA_STAGE_A;
+      MMA_STAGE_B;
+      barrier(CLK_LOCAL_MEM_FENCE);
+      buf ^= 1;
+    }
+  }
+
+  __global DL_T* Cb = C + (split * batches + batch) * c_bs;
+  const int vec_c = ((ldc | c_bs | c_base) & 1) == 0;
+  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
+    const int m = m0 + wm0 + i * 16 + g;
+    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
+      const int n = n0 + wn0 + j * 8 + 2 * t;
+      if (m < M) mma_store2(Cb + m * ldc, bias, has_bias, n, N, vec_c, acc[i][j][0], acc[i][j][1]);
+      if (m + 8 < M) {
+        mma_store2(Cb + (m + 8) * ldc, bias, has_bias, n, N, vec_c, acc[i][j][2], acc[i][j][3]);
+      }
+    }
+  }
+}
