@@ -223,6 +223,48 @@ inline void stage_quad(__local DL_C* t, int ld, int buf, int kk, int rc, float4 
 #define STAGE_B STAGE_ELEMS(rb, B_SLICE_INDEX, TN, bs, LDB)
 #endif
 #include "vec_tile.cl"
+
+// The vectorised kernels' work-group in its launch. Split-K (splits > 1): dimension 2 is
+// batch * splits + split; split s sums its K range [kbeg, kend) into partial plane s of C
+// (splitk_sum adds them). Ab / Bb: the batch's A and B.
+#if DL_WQ
+#define GEMM_B_OF_BATCH
+#else
+#define GEMM_B_OF_BATCH __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs)
+#endif
+#define GEMM_SPLIT_PROLOGUE                                                 \
+  const int batches = bdims.x * bdims.y * bdims.z * bdims.w;               \
+  const int splits = get_num_groups(2) / batches;                          \
+  const int batch = get_group_id(2) / splits;                              \
+  const int split = get_group_id(2) % splits;                              \
+  VT_SPLIT_RANGE(K, split, splits, kbeg, kend);                            \
+  __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);          \
+  GEMM_B_OF_BATCH
+
+// The double-buffered walk over K: iteration k0 fetches slice k0 into registers (ra / rb),
+// multiplies slice k0 - TK from local buffer buf ^ 1 (MULTIPLY(cb)), then stages the registers
+// into buffer buf. The barrier that ends an iteration also separates the reads of a buffer from
+// the next writes to it.
+#define GEMM_SLICE_WALK(MULTIPLY, STAGE_A_, STAGE_B_) \
+  A_REGS;                                             \
+  B_REGS;                                             \
+  int buf = 0;                                        \
+  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {     \
+    if (k0 < kend) {                                  \
+      FETCH_A;                                        \
+      FETCH_B;                                        \
+    }                                                 \
+    if (k0 > kbeg) {                                  \
+      MULTIPLY(buf ^ 1);                              \
+    }                                                 \
+    if (k0 < kend) {                                  \
+      STAGE_A_;                                       \
+      STAGE_B_;                                       \
+      barrier(CLK_LOCAL_MEM_FENCE);                   \
+      buf ^= 1;                                       \
+    }                                                 \
+  }
+
 #if MMA
 #include "gemm_mma.cl"
 #else
@@ -239,41 +281,12 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
   __local DL_C* as = (__local DL_C*)As;
   __local DL_C* bs = (__local DL_C*)Bs;
   TILE_ITEM(tx, ty, tid, n0, m0);
-  // Split-K (splits > 1): dimension 2 is batch * splits + split; split s sums
-  // its K range [kbeg, kend) into partial plane s of C (splitk_sum adds them).
-  const int batches = bdims.x * bdims.y * bdims.z * bdims.w;
-  const int splits = get_num_groups(2) / batches;
-  const int batch = get_group_id(2) / splits;
-  const int split = get_group_id(2) % splits;
-  VT_SPLIT_RANGE(K, split, splits, kbeg, kend);
-  __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
-#if !DL_WQ
-  __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
-#endif
+  GEMM_SPLIT_PROLOGUE;
 
   float4 acc[WM][WN / 4];
   VT_ZERO(acc);
-
-  // Iteration k0 fetches slice k0 into ra/rb, computes slice k0 - TK from
-  // local buffer buf ^ 1, then stages ra/rb into buffer buf. The barrier
-  // that ends an iteration also separates the reads of a buffer from the
-  // next writes to it.
-  A_REGS;
-  B_REGS;
-  int buf = 0;
-  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
-    if (k0 < kend) {
-      FETCH_A;
-      FETCH_B;
-    }
-    if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
-    if (k0 < kend) {
-      STAGE_A;
-      STAGE_B;
-      barrier(CLK_LOCAL_MEM_FENCE);
-      buf ^= 1;
-    }
-  }
+#define VEC_MULTIPLY(cb) VT_FMA_SLICE(As, Bs, cb, acc)
+  GEMM_SLICE_WALK(VEC_MULTIPLY, STAGE_A, STAGE_B)
 
   __global DL_T* Cb = C + (split * batches + batch) * c_bs;
   const bool vec_c = ((ldc | c_bs | c_base) & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows

@@ -237,15 +237,7 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
   const int g = lane >> 2, t = lane & 3;
   const int wm0 = (warp / MMA_WARPS_N) * MMA_WTM;
   const int wn0 = (warp % MMA_WARPS_N) * MMA_WTN;
-  const int batches = bdims.x * bdims.y * bdims.z * bdims.w;
-  const int splits = get_num_groups(2) / batches;
-  const int batch = get_group_id(2) / splits;
-  const int split = get_group_id(2) % splits;
-  VT_SPLIT_RANGE(K, split, splits, kbeg, kend);
-  __global const DL_T* Ab = A + batch_offset(batch, bdims, a_bs);
-#if !DL_WQ
-  __global const DL_T* Bb = B + batch_offset(batch, bdims, b_bs);
-#endif
+  GEMM_SPLIT_PROLOGUE;
 
   float acc[MMA_MI][MMA_NI][4];
   MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
@@ -254,27 +246,8 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
     }
   }
 
-  // As the vectorised kernel: iteration k0 fetches slice k0 into registers, multiplies slice
-  // k0 - TK from buffer buf ^ 1, then stages the registers into buffer buf.
-  A_REGS;
-  B_REGS;
-  int buf = 0;
-  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
-    if (k0 < kend) {
-      FETCH_A;
-      FETCH_B;
-    }
-    if (k0 > kbeg) {
-      const int cb = buf ^ 1;
-      MMA_SLICE(cb);
-    }
-    if (k0 < kend) {
-      MMA_STAGE_A;
-      MMA_STAGE_B;
-      barrier(CLK_LOCAL_MEM_FENCE);
-      buf ^= 1;
-    }
-  }
+  // gemm.cl's walk over K, each slice multiplied on the tensor cores.
+  GEMM_SLICE_WALK(MMA_SLICE, MMA_STAGE_A, MMA_STAGE_B)
 
   __global DL_T* Cb = C + (split * batches + batch) * c_bs;
   const int vec_c = ((ldc | c_bs | c_base) & 1) == 0;
