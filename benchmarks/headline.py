@@ -5,7 +5,7 @@ three folders (fused fp16, fused int8, --no-fuse fp16 for stock LiteRT), then me
 fresh process from the shell as a user runs it:
 
 - `difflite generate` 20 steps with warm program caches: wall time, the process's peak resident
-  memory (its own VmHWM: run_measured) and its GPU memory (nvidia-smi, polled), with all models
+  memory (its own, measured through a launcher: run_measured) and its GPU memory (nvidia-smi, polled), with all models
   resident and with --low-memory; the first run of each folder (empty caches) is reported apart;
 - `difflite bench` of the UNet and VAE decoder: per-call median and range in one process, the
   fused files on the op library's backend (--backend auto) and the --no-fuse files on stock
@@ -24,18 +24,18 @@ import datetime
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from difflite.core.childmem import measure_command  # noqa: E402
+
 CLI = [sys.executable, "-m", "difflite"]
-RSS_POLL_S = 0.05  # how often run_measured reads a process's VmHWM
 PROMPT = "a photo of an astronaut riding a horse on mars"
 FOLDERS = {  # name: convert flags
     "fp16": ["--precision", "fp16"],
@@ -59,53 +59,16 @@ def summary(values: list[float]) -> dict:
             "values": values}
 
 
-def gpu_mb(pid: int) -> float | None:
-    from difflite.core.procmem import nvidia_smi_mb
-    return nvidia_smi_mb(pid)
-
-
 def run_measured(command: list[str], timeout: float) -> dict:
-    """One process: wall seconds, its peak RSS MiB and its peak GPU MiB (nvidia-smi, polled).
-
-    The peak RSS is the process's own high-water mark (VmHWM in /proc/PID/status, polled; it
-    belongs to the image exec started). wait4's ru_maxrss counts only where it exceeds this
-    process's own peak: Linux carries the parent's high-water mark into a spawned child at exec,
-    so a child of a large benchmark process would otherwise report the parent's size."""
-    from difflite.core.procmem import read_status
-
-    own_peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = {"gpu": None, "rss": 0.0}
-    done = threading.Event()
-
-    def poll_rss():
-        while not done.wait(RSS_POLL_S):
-            peak["rss"] = max(peak["rss"], read_status(f"/proc/{process.pid}/status").get("VmHWM", 0.0))
-
-    def poll_gpu():
-        while not done.wait(0.5):
-            used = gpu_mb(process.pid) if shutil.which("nvidia-smi") else None
-            if used is not None:
-                peak["gpu"] = max(peak["gpu"] or 0.0, used)
-
-    pollers = [threading.Thread(target=poll, daemon=True) for poll in (poll_rss, poll_gpu)]
-    for poller in pollers:
-        poller.start()
-    timer = threading.Timer(timeout, process.kill)
-    timer.start()
-    stdout = process.stdout.read()
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    timer.cancel()
-    done.set()
-    if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {process.returncode}:\n{stderr[-3000:]}")
-    child_peak_mib = usage.ru_maxrss / 1024
-    rss = max(peak["rss"], child_peak_mib if child_peak_mib > own_peak_mib else 0.0)
-    return {"wall_s": wall, "peak_rss_mib": rss, "gpu_mib": peak["gpu"], "stdout": stdout, "stderr": stderr}
+    """One process from the repository root: wall seconds, its own peak RSS MiB and its peak GPU
+    MiB (difflite.core.childmem: a small launcher, so that the peak is the command's own and not
+    this benchmark's). A failure or a timeout raises with the command's stderr."""
+    run = measure_command(command, cwd=ROOT, timeout=timeout)
+    if run.returncode != 0:
+        status = "timed out" if run.timed_out else f"exited {run.returncode}"
+        raise RuntimeError(f"{' '.join(command)} {status}:\n{run.stderr[-3000:]}")
+    return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mb, "gpu_mib": run.gpu_peak_mb,
+            "stdout": run.stdout, "stderr": run.stderr}
 
 
 def convert(work: Path, model: str, extra: list[str], timeout: float, folders: dict = FOLDERS) -> dict:

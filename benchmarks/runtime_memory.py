@@ -23,14 +23,15 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from difflite.core.childmem import measure_command  # noqa: E402
+
 CLI = [sys.executable, "-m", "difflite"]
 COMPONENTS = ("text_encoder", "unet", "vae_decoder")
 MIB = 1 << 20
@@ -42,50 +43,12 @@ def cache_env(folder: Path) -> dict:
             "CUDA_CACHE_PATH": str(folder / "cuda")}
 
 
-class GpuPoller:
-    """The largest GPU memory nvidia-smi lists for a process while it runs (None without nvidia-smi)."""
-
-    def __init__(self, pid: int):
-        self.pid, self.peak_mb, self._stop = pid, None, threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        from difflite.core.procmem import nvidia_smi_mb
-        while not self._stop.wait(0.5):
-            used = nvidia_smi_mb(self.pid)
-            if used is not None:
-                self.peak_mb = max(self.peak_mb or 0.0, used)
-
-    def __enter__(self):
-        if shutil.which("nvidia-smi"):
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-# Runs argv[1:] and prints its peak RSS (kB) last on stderr: RUSAGE_CHILDREN of a process with
-# one child is that child's own peak.
-LAUNCHER = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
-            "print('maxrss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
-            "sys.exit(r.returncode)")
-
-
 def timed_child(command: list[str], env: dict) -> dict:
-    """Runs `command`; wall seconds, exit status, output, its peak RSS (MB) and GPU memory."""
-    start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-c", LAUNCHER, *command], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    with GpuPoller(child.pid) as gpu:
-        out, err = child.communicate()
-    wall = time.perf_counter() - start
-    lines = err.rstrip().splitlines()
-    peak_kb = int(lines[-1].split()[1]) if lines and lines[-1].startswith("maxrss_kb") else None
-    return {"wall_s": wall, "returncode": child.returncode, "stdout": out, "stderr": err[-4000:],
-            "peak_rss_mb": peak_kb / 1024 if peak_kb else None, "gpu_peak_mb": gpu.peak_mb}
+    """Runs `command`; wall seconds, exit status, output, its own peak RSS (MB) and GPU memory
+    (difflite.core.childmem)."""
+    run = measure_command(command, env=env)
+    return {"wall_s": run.wall_s, "returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr[-4000:],
+            "peak_rss_mb": run.peak_rss_mb, "gpu_peak_mb": run.gpu_peak_mb}
 
 
 def bench_component(out: Path, name: str, caches: Path, runs: int, oplib: Path | None = None,

@@ -5,12 +5,10 @@ UNet exports, img2img; the console script end to end; and the error paths."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -231,16 +229,15 @@ def smooth_picture(width: int, height: int) -> Image.Image:
     return Image.fromarray((pixels * 255).round().astype(np.uint8))
 
 
-def peak_mb_of_generate(*args) -> tuple[subprocess.CompletedProcess, float]:
-    """`difflite generate ARGS` in a fresh process, and its own peak resident set (VmHWM) in MB."""
-    from support import SUPPORT, child_env
+def peak_mb_of_generate(*args):
+    """`difflite generate ARGS` in a fresh process (difflite.core.childmem): its run, with its own
+    peak resident set in MB."""
+    from support import child_env
 
-    with tempfile.TemporaryDirectory() as folder:
-        report = Path(folder) / "peak.json"
-        run = subprocess.run([sys.executable, str(SUPPORT / "peak_child.py"), str(report), "generate",
-                              *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                             env=child_env(TF_CPP_MIN_LOG_LEVEL="2"), check=False)
-        return run, json.loads(report.read_text()) if report.exists() else math.nan
+    from difflite.core.childmem import measure_command
+
+    return measure_command([sys.executable, "-m", "difflite", "generate", *map(str, args)], cwd=ROOT,
+                           env=child_env(TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 LARGE_PICTURE = (4000, 3000)  # 12 Mpx: a camera's photo
@@ -258,9 +255,10 @@ def test_cli_img2img_from_a_large_picture_in_bounded_memory(folders, lite, tmp_p
     options = ("--steps", "2", "--strength", "0.5", "--scheduler", "euler")
     peaks = {}
     for name, source in (("small", small), ("large", large)):
-        run, peaks[name] = peak_mb_of_generate(folders[1], "a red car", "-o", tmp_path / f"{name}-out.png",
-                                               "--init-image", source, *options)
+        run = peak_mb_of_generate(folders[1], "a red car", "-o", tmp_path / f"{name}-out.png",
+                                  "--init-image", source, *options)
         assert run.returncode == 0, run.stderr[-3000:]
+        peaks[name] = run.peak_rss_mb
     assert peaks["large"] <= peaks["small"] + 2 * DECODED_MB, peaks
     with Image.open(tmp_path / "large-out.png") as png:
         pixels = np.asarray(png)
