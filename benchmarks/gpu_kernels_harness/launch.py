@@ -356,7 +356,9 @@ MIN_SPLIT_KEYS = 256  # kMinSplitKeys
 MAX_SPLITS = 4  # kMaxSplits
 ATTN_SPLITS = (1, 2, 4)  # DIFFLITE_ATTN_SPLITS values
 # Build variants per program (defines past the defaults), as the runtime's plans pick them: what
-# the half-storage compile test and benchmarks/gpu_build_check.py build.
+# the half-storage compile test and benchmarks/gpu_build_check.py build. Variants with -DMMA=1
+# need half storage (needs_half_storage).
+_MMA = ["-DVEC=1", "-DMMA=1", "-DMMA_EMULATE=1", "-DTM=128", "-DTN=128", "-DTK=16", "-DWM=8", "-DWN=8"]
 PROGRAM_VARIANTS = {
     "attention": ([], ["-DAT_DK=40", "-DAT_DV=24"],  # flash
                   ["-DAT_DK=40", "-DAT_DV=24", "-DAT_RQ=2", "-DAT_SPLIT=2"],  # split flash + merge
@@ -370,11 +372,26 @@ PROGRAM_VARIANTS = {
                     "-DGN_ITEMS=7"],  # gn_coop at 64x64x320
                    ["-DGN_VW=4", "-DGN_LX=32", "-DGN_LY=4", "-DGN_RV=3"]),  # gn_rows at 320
     "gemm": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"], ["-DSK_M=2"],
-             ["-DGEMM_ACC=1"], ["-DVEC=1", "-DGEMM_ACC=1"], ["-DSK_M=2", "-DGEMM_ACC=1"]),
+             ["-DGEMM_ACC=1"], ["-DVEC=1", "-DGEMM_ACC=1"], ["-DSK_M=2", "-DGEMM_ACC=1"],
+             # the tensor-core tiles (gemm_mma.cl), with the instruction emulated (the PTX is NVIDIA's
+             # only): both B layouts, quads and elements, a quantized B, accumulation
+             [*_MMA, "-DB_KMAJOR=1", "-DA_QUADS=1", "-DB_QUADS=1"], [*_MMA, "-DB_KMAJOR=0", "-DB_QUADS=1"],
+             [*_MMA, "-DA_KMAJOR=0", "-DB_KMAJOR=0", "-DTM=64", "-DTN=64", "-DTK=32"],
+             [*_MMA, "-DB_KMAJOR=1", "-DDL_WQ=4", "-DGEMM_ACC=1"]),
     "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"],
              ["-DNW_N=3", "-DNW_L=16", "-DNW_G=4", "-DNW_ALIGNED=1"],  # conv2d_narrow
              ["-DNW_N=7", "-DNW_PX=2", "-DNW_L=1", "-DNW_G=64"], ["-DNW_N=8", "-DNW_PX=1", "-DNW_L=32", "-DNW_G=2"]),
 }
+
+
+# Sources that are part of another program (#included there and built with its variants), never
+# a program of their own.
+INCLUDED_ONLY = {"gemm_mma"}
+
+
+def needs_half_storage(variant: list[str]) -> bool:
+    """Whether a PROGRAM_VARIANTS entry builds only for half storage (the tensor-core tiles)."""
+    return "-DMMA=1" in variant
 
 
 SPLIT_SLOT = 1  # kSplitSlot: scratch slot of the partials
