@@ -387,6 +387,21 @@ def test_delegate_lora(tmp_path, opencl_lib, precision, kernels):
     assert np.array_equal(loaded.run(y, x)[0], y)
 
 
+def test_delegate_lora_on_tensor_core_tiles(tmp_path, opencl_lib, monkeypatch):
+    """At half storage the two GEMMs, the up one adding into y in place (GEMM_ACC), take the
+    tensor-core tiles (gemm_mma.cl; emulated in OpenCL C where the device has none): rows and
+    columns past 16, ranks past one 32-deep slice."""
+    monkeypatch.setenv("DIFFLITE_TENSOR_CORES", "emulate")
+    r = rng(21)
+    y, x = halved(nonzero(r, (2, 40, 36), 3.0)), halved(nonzero(r, (2, 40, 48)))
+    loaded = Loaded(lora_only_model(tmp_path / "m.tflite", y.shape, x.shape, slot=1), opencl_lib,
+                    options={"backend": "opencl", "precision": "fp16", "kernels": "tiled"})
+    for rank in (24, 70):
+        d, u = factors(rank, rank, 48, 36)
+        loaded.set(1, d, u)
+        assert rel_err(loaded.run(y, x)[0], lora_ref(y, x, d, u)) < HALF_TOL, rank
+
+
 def test_delegate_half_factors(tmp_path, opencl_lib):
     """Half storage keeps the factors in half: D and U are balanced first, so a LoRA whose up weights
     lie in half's subnormals (5e-7) and whose down weights would overflow half's t (5e4) still adds
