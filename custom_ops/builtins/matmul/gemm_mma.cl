@@ -4,7 +4,8 @@
 // which NVIDIA's OpenCL compiler passes to ptxas. Only for half storage (DL_HALF_IO or DL_FP16):
 // the staged operands are the stored half bits, so nothing is rounded that was not already.
 // The host (gemm.cc) builds it only where GpuContext::TensorCores() says the device runs it
-// (NVIDIA's OpenCL, compute capability 8.0 or later); anywhere else this source does not build.
+// (NVIDIA's OpenCL, compute capability 8.0 or later), or with the instruction emulated
+// (-DMMA_EMULATE=1, below), which builds anywhere: how tests check the tiles without the hardware.
 //
 // The work-group's NT items are NT / 32 warps, in MMA_WARPS_M x 2; each warp owns an
 // MMA_WTM x MMA_WTN block of the TM x TN tile: MMA_MI x MMA_NI fragments of 16 x 8 outputs,
