@@ -484,7 +484,9 @@ def test_cli_json_reports_the_memory_after_each_stage(folders, tmp_path, flags):
     peaks = [stage["peak_rss_mb"] for stage in memory.values()]
     assert peaks == sorted(peaks) and peaks[0] > 0, memory
     assert all(stage["rss_after_mb"] <= stage["peak_rss_mb"] for stage in memory.values()), memory
-    assert 0.9 * process_peak <= peaks[-1] <= process_peak + 0.05, (memory, process_peak)  # rounded to 0.1 MB
+    # generate rounds to 0.1 MB; the kernel's RSS counters are per-CPU batched, so the VmHWM read
+    # inside and the ru_maxrss taken at exit may differ by a fraction of a MB (seen: 0.07 MB)
+    assert 0.9 * process_peak <= peaks[-1] <= 1.005 * process_peak + 0.05, (memory, process_peak)
 
 
 def test_closed_component(folders):
