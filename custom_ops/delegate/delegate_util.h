@@ -38,7 +38,8 @@ struct Options {
   // opencl: auto (on devices sharing memory with the host, weights whose model
   // bytes need no conversion become buffers over the model file's pages) | off.
   std::string zero_copy = "auto";
-  // opencl: auto (GEMMs on tensor cores where GpuContext::TensorCores() allows) | off.
+  // opencl: auto (GEMMs on tensor cores where GpuContext::TensorCores() allows) | off; emulate
+  // (DIFFLITE_TENSOR_CORES only: the tiles with the instruction in OpenCL C, for tests).
   std::string tensor_cores = "auto";
 };
 

@@ -7,18 +7,10 @@
 
 namespace difflite::gpu::builtin {
 
-// DIFFLITE_TENSOR_CORES=emulate (checked by the delegate's options): the tensor-core tiles with
-// the instruction emulated in OpenCL C (gemm_mma.cl's MMA_EMULATE), for tests on any device.
-static bool MmaEmulated() {
-  const char* env = std::getenv("DIFFLITE_TENSOR_CORES");
-  return env != nullptr && std::string(env) == "emulate";
-}
-
 std::string TileConfig::Options() const {
   return "-DTM=" + std::to_string(tm) + " -DTN=" + std::to_string(tn) +
          " -DTK=" + std::to_string(tk) + " -DWM=" + std::to_string(wm) +
-         " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "") + (mma ? " -DMMA=1" : "") +
-         (mma && MmaEmulated() ? " -DMMA_EMULATE=1" : "");
+         " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "") + (mma ? " -DMMA=1" : "");
 }
 
 bool TileConfig::MmaFits() const {
@@ -276,7 +268,9 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   }
   auto kernel_of = [&](const TileConfig& c, cl_kernel* k) {
     const bool quads = c.vec && (quads_allowed || c.mma);
-    const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
+    const std::string opts = c.Options() +
+                             (c.mma && ctx.TensorCoresEmulated() ? " -DMMA_EMULATE=1" : "") +
+                             " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
                              (quads && a_in_quads ? " -DA_QUADS=1" : "") +
                              (quads && b_in_quads ? " -DB_QUADS=1" : "") + s_.wq.Options() + acc;

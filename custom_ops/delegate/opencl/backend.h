@@ -141,7 +141,6 @@ struct BackendImpl : std::enable_shared_from_this<BackendImpl> {
   std::unique_ptr<ContextImpl> gctx;
   DType storage = DType::kFloat32;
   bool half_math = false;  // see Runtime::BaseOptions
-  bool tensor_cores = false;  // GEMMs on tensor cores (GpuContext::TensorCores)
   std::map<int, std::unique_ptr<ClaimedNode>> pending;
   std::map<int, std::shared_ptr<HostConst>> host_consts;  // during claiming
   std::mutex host_consts_mutex;

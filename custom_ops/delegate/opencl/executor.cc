@@ -88,7 +88,7 @@ void BackendImpl::WriteStats() {
      << ", \"storage\": " << JsonString(DTypeName(storage))
      << ", \"arithmetic\": " << JsonString(half_math ? "float16" : "float32")
      << ", \"kernels\": " << JsonString(gctx->PreferFlatKernels() ? "flat" : "tiled")
-     << ", \"tensor_cores\": " << (tensor_cores ? "true" : "false")
+     << ", \"tensor_cores\": " << (gctx->TensorCores() ? "true" : "false")
      << ", \"nv_compute_capability\": " << rt->info().nv_compute_capability
      << ", \"weights_zero_copy_bytes\": " << up.zero_copy_bytes
      << ", \"weights_quantized_bytes\": " << up.quantized_bytes
@@ -156,7 +156,7 @@ std::string BackendImpl::Describe() const {
          : half_math                 ? " (half multiply-adds in GEMMs and attention)"
                                      : " (float arithmetic: math=fp32)")
      << " kernels=" << (gctx->PreferFlatKernels() ? "flat" : "tiled")
-     << (tensor_cores ? " tensor_cores" : "")
+     << (gctx->TensorCores() ? " tensor_cores" : "")
      << (rt->profiling() ? " profile=1" : "");
   return os.str();
 }
@@ -181,11 +181,12 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::shared_ptr
   }
   // Tensor cores read half operands: only where the storage is half already, so that they
   // round nothing float storage would keep (mma.sync m16n8k16 needs compute capability 8.0).
-  impl.tensor_cores = impl.storage == DType::kFloat16 && !flat &&
-                      ((rt->info().nv_compute_capability >= 80 && options.tensor_cores == "auto") ||
-                       options.tensor_cores == "emulate");
+  const bool emulated = options.tensor_cores == "emulate";
+  const bool tensor_cores =
+      impl.storage == DType::kFloat16 && !flat &&
+      ((rt->info().nv_compute_capability >= 80 && options.tensor_cores == "auto") || emulated);
   impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat, impl.half_math,
-                                            impl.tensor_cores, disk);
+                                            tensor_cores, tensor_cores && emulated, disk);
   impl.gctx->set_detail(options.profile >= 2);
   impl.gctx->set_lora_slots(std::move(lora));
   return b;

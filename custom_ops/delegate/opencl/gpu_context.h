@@ -19,9 +19,10 @@ namespace difflite::gpu {
 class ContextImpl final : public GpuContext {
  public:
   ContextImpl(std::shared_ptr<Runtime> rt, DType storage, bool flat, bool half_math,
-              bool tensor_cores, ProgramCache disk)
+              bool tensor_cores, bool tensor_cores_emulated, ProgramCache disk)
       : rt_(std::move(rt)), storage_(storage), half_math_(half_math), flat_(flat),
-        tensor_cores_(tensor_cores), disk_(std::move(disk)) {}
+        tensor_cores_(tensor_cores), tensor_cores_emulated_(tensor_cores_emulated),
+        disk_(std::move(disk)) {}
   ~ContextImpl() override;
 
   const ClApi& cl() const override { return rt_->cl(); }
@@ -35,6 +36,7 @@ class ContextImpl final : public GpuContext {
   }
   bool PreferFlatKernels() const override { return flat_; }
   bool TensorCores() const override { return tensor_cores_; }
+  bool TensorCoresEmulated() const override { return tensor_cores_emulated_; }
   LoraSlots* lora_slots() const override { return lora_.get(); }
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, std::string* error) override;
@@ -55,6 +57,7 @@ class ContextImpl final : public GpuContext {
   bool half_math_;  // -DDL_FP16_MATH: half multiply-adds in the GEMM tiles and attention
   bool flat_;
   bool tensor_cores_;
+  bool tensor_cores_emulated_;  // tensor_cores=emulate (DIFFLITE_TENSOR_CORES): for tests
   ProgramCache disk_;
   std::shared_ptr<LoraSlots> lora_;  // the delegate's (delegate.cc)
   std::map<int, std::pair<cl_mem, size_t>> scratch_;

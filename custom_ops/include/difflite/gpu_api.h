@@ -31,7 +31,8 @@
 // members CreateSubBuffer, GetPlatformInfo, GetKernelInfo, RetainMemObject,
 // CreateProgramWithBinary, GetProgramInfo;
 // DeviceInfo fields after has_fp16; GpuContext::device_id(),
-// KernelWorkGroupSize(), PreferFlatKernels(), lora_slots() and TensorCores(); GpuOp::AliasInput(), UsesInput(),
+// KernelWorkGroupSize(), PreferFlatKernels(), lora_slots(), TensorCores() and
+// TensorCoresEmulated(); GpuOp::AliasInput(), UsesInput(),
 // WeightBytes(), PacksInput(), PackWeights(), ReadsQuantized(), WritesAliasInPlace();
 // TensorInfo::is_constant, quant_bits,
 // quant_group; GpuTensor::scales; DType kInt8 / kInt4;
@@ -175,6 +176,9 @@ class GpuContext {
   // NVIDIA's OpenCL with compute capability 8.0 or later, unless the delegate's
   // tensor_cores=off.
   virtual bool TensorCores() const { return false; }
+  // With the instruction emulated in OpenCL C (DIFFLITE_TENSOR_CORES=emulate; gemm_mma.cl's
+  // -DMMA_EMULATE=1): how tests check the tensor-core tiles on any device.
+  virtual bool TensorCoresEmulated() const { return false; }
 };
 
 // CL_KERNEL_PRIVATE_MEM_SIZE of a built kernel: on NVIDIA the registers it
