@@ -11,7 +11,7 @@ in one run:
 - PyTorch eager on CUDA: fp32 with TF32 off, and fp16 (SDPA).
 
     python benchmarks/gpu_peer.py --work /tmp/peer [--runs 10] [--components unet,vae_decoder]
-        [--precisions fp32,fp16] [--skip difflite,litert,torch]
+        [--precisions fp32,fp16] [--litert-precisions fp32,fp16] [--skip difflite,litert,torch]
 
 Writes benchmarks/results/gpu_peer_<device>.json (or $OUT/...) and prints a markdown table.
 """
@@ -227,10 +227,14 @@ def main() -> int:
                         help="difflite's delegate precisions (fp16: half storage, float arithmetic "
                              "where the GPU has no cl_khr_fp16), each PRECISION[:KEY=VALUE...] with more "
                              "delegate options, e.g. fp16:math=fp32")
+    parser.add_argument("--litert-precisions", default="fp32,fp16",
+                        help="LiteRT GPU precisions: fp32 (enforce_f32) and/or fp16")
     parser.add_argument("--convert-args", default="--device-profile nvidia-h100",
                         help="more `difflite convert` arguments for the fused files (default: the lent GPU's "
                              "device profile; the generic one hints the partial softmax and fewer Winograd layers)")
     args = parser.parse_args()
+    if not set(args.litert_precisions.split(",")) <= {"fp32", "fp16"}:
+        parser.error(f"--litert-precisions {args.litert_precisions}: each of fp32, fp16")
     skip = set(filter(None, args.skip.split(",")))
     components = args.components.split(",")
     results: dict = {"components": components, "batch": args.batch, "convert_args": args.convert_args}
@@ -260,7 +264,8 @@ def main() -> int:
                 results[key] = {"error": f"{type(exc).__name__}: {exc}"}
             save()
         if "litert" not in skip:
-            for label, enforce in (("fp32", True), ("fp16", False)):
+            for label in args.litert_precisions.split(","):
+                enforce = {"fp32": True, "fp16": False}[label]
                 try:
                     log(f"LiteRT GPU {label} {name}")
                     results[f"{name}/litert_gpu_{label}"] = time_litert_gpu(unfused / f"{name}.tflite", args.runs, enforce)
