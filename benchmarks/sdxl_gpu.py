@@ -25,7 +25,14 @@ STEPS, and is saved to WORK/sdxl_gpu.json at once:
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
   against peer_b2's banded run: time and the delegate's scratch;
-- picture_psnr_db: the int8 / int4 pictures against the fp16 one (same prompt and seed).
+- picture_fp32: the same 20-step picture from fp32 files (the reference of item 5's picture PSNR);
+- picture_psnr_db: the fp16 / int8 / int4 pictures against the fp32 one and the int8 / int4 ones
+  against the fp16 one (same prompt, seed and scheduler).
+
+--recipes DIR reuses the per-layer int8 / int4 choices of earlier conversions of the same model
+(DIR/sdxl_int8.json, DIR/sdxl_int4.json: `convert --weights-recipe`), so the quantized conversions
+skip the recipes' probes (the SDXL UNet's int4 recipe: 290 s on 2 cores, 819 s on the device's
+shared cores); benchmarks/recipes holds preset:sdxl's.
 
     source benchmarks/device_setup.sh
     python benchmarks/sdxl_gpu.py --work /tmp/sdxl [--runs 5] [--steps peer_litert,peer_b1,...]
@@ -62,6 +69,7 @@ FOLDERS = {  # name: convert flags beyond CONVERT
     "int8": ["--batch", "2", "--weights", "int8"],
     "b1": ["--batch", "1", "--components", "unet"],
     "turbo": ["--batch", "1"],  # at half the size (SDXL-Turbo's 512x512): its architecture is SDXL's
+    "fp32": ["--batch", "2", "--precision", "fp32"],  # the picture PSNR's reference
 }
 TURBO_FLAGS = ["--steps", "4", "--guidance", "0", "--scheduler", "euler-a", "--timestep-spacing", "trailing"]
 # step: the conversion it needs (in the order they run once their conversion is there)
@@ -70,11 +78,11 @@ STEPS = {
     "picture_diffusers_fp16": "fp16",
     "peer_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
     "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
-    "peer_vae_unbanded": "fp16", "picture_psnr_db": "fp16",
+    "peer_vae_unbanded": "fp16", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
 # A conversion's peak disk, GB (its fp32 ONNX graphs while it writes, then its files): conversions
 # start in the order their steps come while the free disk keeps DISK_MARGIN_GB beside their peaks.
-DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "b1": 17, "turbo": 22}
+DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "b1": 17, "turbo": 22, "fp32": 40}
 DISK_MARGIN_GB = 10
 UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
 # While this file exists another job times the GPU: the steps wait for it to go.
@@ -99,7 +107,7 @@ def log(message: str) -> None:
     print(f"[sdxl_gpu {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def start_convert(work: Path, name: str, threads: int, keep_onnx: bool) -> subprocess.Popen:
+def start_convert(work: Path, name: str, threads: int, keep_onnx: bool, recipes: Path | None = None) -> subprocess.Popen:
     """`difflite convert` into WORK/name in a child process of `threads` torch threads (conversions
     side by side each take a share of the cores: on 32 cores, four of 32 threads each made the
     int4 recipe 3x slower than on a 2-core machine)."""
@@ -107,11 +115,18 @@ def start_convert(work: Path, name: str, threads: int, keep_onnx: bool) -> subpr
     shutil.rmtree(out, ignore_errors=True)
     size = SIZE // 2 if name == "turbo" else SIZE
     command = [*CLI, "convert", MODEL, "-o", str(out), *CONVERT, "--height", str(size), "--width", str(size),
-               *FOLDERS[name], *(["--keep-onnx"] if keep_onnx else [])]
+               *FOLDERS[name], *(["--keep-onnx"] if keep_onnx else []), *recipe_flags(name, recipes)]
     log(" ".join(command))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(work / f"convert_{name}.log", "w"),
                             stderr=subprocess.STDOUT)
+
+
+def recipe_flags(name: str, recipes: Path | None) -> list[str]:
+    """`--weights-recipe` for a quantized folder whose recipe DIR holds (none otherwise: computed)."""
+    weights = dict(zip(FOLDERS[name][::2], FOLDERS[name][1::2])).get("--weights")
+    recipe = recipes / f"sdxl_{weights}.json" if recipes and weights else None
+    return ["--weights-recipe", str(recipe)] if recipe and recipe.is_file() else []
 
 
 def finish_convert(work: Path, name: str, process: subprocess.Popen, started: float) -> dict:
@@ -248,6 +263,7 @@ def main() -> int:
     parser.add_argument("--peer-runs", type=int, default=10, help="timed calls per component in gpu_peer")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
     parser.add_argument("--report", type=Path, help="print the tables of a saved result and stop")
+    parser.add_argument("--recipes", type=Path, help="a folder of sdxl_int8.json / sdxl_int4.json weight recipes")
     args = parser.parse_args()
     if args.report:
         report(json.loads(args.report.read_text()))
@@ -263,8 +279,7 @@ def main() -> int:
     data: dict = {"machine": machine(), "model": MODEL, "size": SIZE, "convert_flags": CONVERT, "convert": {},
                   "steps": steps}
     save = lambda: (work / "sdxl_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
-    pending = list(dict.fromkeys(STEPS[step] for step in [*steps, *(["picture_fp16"] if "picture_psnr_db" in steps
-                                                                 else [])]))
+    pending = list(dict.fromkeys(STEPS[step] for step in steps))
     threads = max(1, (os.cpu_count() or 1) // len(pending))
     litert = "peer_litert" in steps or "peer_litert_vae" in steps  # fp16 keeps its ONNX for the --no-fuse UNet
     running: dict[str, tuple[subprocess.Popen, float]] = {}
@@ -277,7 +292,8 @@ def main() -> int:
             if running and free < DISK_GB.get(pending[0], 24):
                 return
             name = pending.pop(0)
-            running[name] = (start_convert(work, name, threads, name == "fp16" and litert), time.perf_counter())
+            running[name] = (start_convert(work, name, threads, name == "fp16" and litert, args.recipes),
+                             time.perf_counter())
             committed += DISK_GB.get(name, 24)
 
     start_what_fits()
@@ -334,6 +350,7 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "picture_diffusers_turbo": (diffusers_picture, work, runs, timeout, 4, SIZE // 2, 0.0),
         "peer_vae_unbanded": (peer, work, "peer_vae_unbanded", "fp16", "vae_decoder", 2, "litert,torch", peer_runs,
                               timeout, UNBANDED),
+        "picture_fp32": (picture, generate_command(work, "fp32", []), 1, timeout, False),
         "picture_psnr_db": (picture_psnr, work),
     }[step]
 
@@ -365,18 +382,27 @@ def diffusers_picture(work: Path, runs: int, timeout: float, steps: int = 20, si
 
 
 def picture_psnr(work: Path) -> dict:
-    """PSNR (dB, 8-bit) of the int8 and int4 folders' 20-step pictures against the fp16 folder's:
-    the same prompt, seed and scheduler; only the weights' storage differs."""
+    """PSNR (dB, 8-bit) of the folders' 20-step pictures: fp16 / int8 / int4 against the fp32 files'
+    picture ("vs_fp32", issue 32 item 5's reference) and int8 / int4 against the fp16 one
+    ("vs_fp16"); the same prompt, seed and scheduler, only the weights' storage differs."""
     import numpy as np
     from PIL import Image
 
-    reference = np.asarray(Image.open(work / "fp16.png").convert("RGB"), np.float64)
+    def pixels(name: str):
+        path = work / f"{name}.png"
+        return np.asarray(Image.open(path).convert("RGB"), np.float64) if path.is_file() else None
+
+    def psnr(image, reference) -> float:
+        mse = float(np.mean((image - reference) ** 2))
+        return round(float(10 * np.log10(255.0**2 / mse)), 2) if mse > 0 else float("inf")
+
     result = {}
-    for name in ("int8", "int4"):
-        if (work / f"{name}.png").is_file():
-            image = np.asarray(Image.open(work / f"{name}.png").convert("RGB"), np.float64)
-            mse = float(np.mean((image - reference) ** 2))
-            result[name] = round(float(10 * np.log10(255.0**2 / mse)), 2) if mse > 0 else float("inf")
+    for reference_name, names in (("fp32", ("fp16", "int8", "int4")), ("fp16", ("int8", "int4"))):
+        reference = pixels(reference_name)
+        if reference is not None:
+            scores = {name: psnr(image, reference) for name in names if (image := pixels(name)) is not None}
+            if scores:
+                result[f"vs_{reference_name}"] = scores
     return result
 
 
@@ -393,7 +419,7 @@ def report(data: dict) -> None:
             elif isinstance(r, dict) and "error" in r:
                 print(f"| {key}: {name} | {r['error'][:120]} | | |")
     print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB |\n|---|---|---|---|")
-    for key in ("picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16", "picture_turbo",
+    for key in ("picture_fp32", "picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16", "picture_turbo",
                 "picture_diffusers_turbo"):
         r = data.get(key)
         if r and "wall_s" in r:
@@ -401,7 +427,7 @@ def report(data: dict) -> None:
             print(f"| {key} | {cell(r['wall_s'])} | {cell(r['peak_rss_mib'], 0)} | {cell(gpu, 0) if gpu else '-'} |")
         elif r:
             print(f"| {key} | {r.get('error', '')[:200]} | | |")
-    print(f"\npicture PSNR against the fp16 folder's, dB: {data.get('picture_psnr_db')}")
+    print(f"\npicture PSNR, dB: {data.get('picture_psnr_db')}")
 
 
 def cell(s: dict, digits: int = 2) -> str:
