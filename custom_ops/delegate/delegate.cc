@@ -169,10 +169,11 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
     return false;
   }
   // Tensor cores off without code (benchmarks that time the phone profile's own kernels on an
-  // NVIDIA GPU), or emulated (tests of the tensor-core tiles' indexing on any OpenCL device).
+  // NVIDIA GPU), on without asking the device (PoCL's CUDA driver targeting sm_80, which answers
+  // no cl_nv_device_attribute_query), or emulated (tests of the tiles' indexing on any device).
   const char* env_tc = std::getenv("DIFFLITE_TENSOR_CORES");
   if (o->backend == "opencl" && o->tensor_cores == "auto" && env_tc != nullptr &&
-      !ParseChoice("DIFFLITE_TENSOR_CORES", env_tc, {"auto", "off", "emulate"}, &o->tensor_cores,
+      !ParseChoice("DIFFLITE_TENSOR_CORES", env_tc, {"auto", "off", "on", "emulate"}, &o->tensor_cores,
                    error)) {
     return false;
   }

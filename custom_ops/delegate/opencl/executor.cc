@@ -181,10 +181,13 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::shared_ptr
   }
   // Tensor cores read half operands: only where the storage is half already, so that they
   // round nothing float storage would keep (mma.sync m16n8k16 needs compute capability 8.0).
+  // "on" skips the capability check: a device that cannot build the instruction fails the
+  // tensor-core tiles' programs, and PickTile then takes the float tiles.
   const bool emulated = options.tensor_cores == "emulate";
   const bool tensor_cores =
       impl.storage == DType::kFloat16 && !flat &&
-      ((rt->info().nv_compute_capability >= 80 && options.tensor_cores == "auto") || emulated);
+      ((rt->info().nv_compute_capability >= 80 && options.tensor_cores == "auto") ||
+       options.tensor_cores == "on" || emulated);
   impl.gctx = std::make_unique<ContextImpl>(rt, impl.storage, flat, impl.half_math,
                                             tensor_cores, tensor_cores && emulated, disk);
   impl.gctx->set_detail(options.profile >= 2);
