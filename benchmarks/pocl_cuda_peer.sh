@@ -9,6 +9,9 @@
 #   bash benchmarks/pocl_cuda_peer.sh te_vae|unet      (repository root; carry .whl .gl .devcarry .pocl)
 #
 # PRECISIONS=fp16 leaves out the math=fp32 column (PoCL 6.0 crashed in it on the UNet, H200, 2026-11-29).
+# TENSOR_CORES=1: PoCL targets sm_80 and the GEMMs take the tensor-core tiles
+# (POCL_CUDA_GPU_ARCH=sm_80 DIFFLITE_TENSOR_CORES=on): half arithmetic elsewhere, the matrix units
+# for the GEMMs, as LiteRT's fp16 engine runs on this GPU (docs/lab-notebook.md §68).
 #
 # Results under $OUT (default benchmarks/results): gpu_peer_<device>.json and, for te_vae,
 # gpu_profile_vae_decoder_{generic_pocl_half,nvidia_h100_nvidia_fp16}.json.
@@ -18,6 +21,7 @@ OUT=${OUT:-benchmarks/results}
 export OUT
 source benchmarks/device_setup.sh
 source benchmarks/pocl_cuda_setup.sh
+if [ -n "${TENSOR_CORES:-}" ]; then export POCL_CUDA_GPU_ARCH=sm_80 DIFFLITE_TENSOR_CORES=on; fi
 case "$part" in
   te_vae) components=text_encoder,vae_decoder ;;
   unet) components=unet ;;
