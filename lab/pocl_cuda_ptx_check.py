@@ -18,6 +18,7 @@ On the GPU, POCL_DEBUG=cuda makes PoCL print the JIT's own log (cuModuleLoadData
 
     python lab/pocl_cuda_ptx_check.py [--pocl /work/pocl-build/install] [--ptxas ptxas]
         [--programs elementwise,gelu] [--modes cl_khr_fp16+math,cl_khr_fp16,float] [--keep DIR] [--show-errors]
+        [--sm 80 --ptx 80 --real-mma]   # PoCL with POCL_CUDA_GPU_ARCH=sm_80 and the tensor-core tiles
 """
 from __future__ import annotations
 
@@ -168,6 +169,9 @@ def main() -> int:
     ap.add_argument("--llvm-suffix", default="-15")
     ap.add_argument("--keep", type=Path, default=None, help="write each PTX and ptxas log here")
     ap.add_argument("--show-errors", action="store_true", help="print the first ptxas errors of each failure")
+    ap.add_argument("--real-mma", action="store_true",
+                    help="the tensor-core variants with PTX's mma.sync itself, not its OpenCL C emulation "
+                         "(what DIFFLITE_TENSOR_CORES=on builds; needs --sm 80 or newer)")
     ap.add_argument("-j", type=int, default=os.cpu_count() or 4)
     args = ap.parse_args()
 
@@ -183,6 +187,8 @@ def main() -> int:
             continue
         text = PRELUDE + launch.cl_source(path)
         for vi, extra in enumerate(launch.PROGRAM_VARIANTS.get(path.stem, ([],))):
+            if args.real_mma:
+                extra = [option for option in extra if option != "-DMMA_EMULATE=1"]
             for mode in modes:
                 jobs.append((path.stem, vi, " ".join(extra), mode, text,
                              f"-cl-std=CL1.2 {MODES[mode]} {' '.join(extra)}"))

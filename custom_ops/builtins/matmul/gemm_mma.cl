@@ -124,8 +124,17 @@ inline void mma_stage_quad(__local ushort* p, ushort4 q, int along_k) {
 
 // d (4 floats) += a (16 x 16 halves, 4 registers) * b (16 x 8, 2 registers).
 #if !MMA_EMULATE
+// NVIDIA's OpenCL compiler takes `asm`; clang's OpenCL C only the GNU spelling, and clang
+// defines __NVPTX__ when it compiles for NVIDIA GPUs (PoCL's CUDA driver). Elsewhere (PoCL's CPU
+// device) `asm` stays a front-end error, a failed build, where an x86 assembler refusing the
+// instruction would abort the process.
+#ifdef __NVPTX__
+#define MMA_ASM __asm__
+#else
+#define MMA_ASM asm
+#endif
 #define MMA_16816(d, a, b)                                                                 \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "                        \
+  MMA_ASM volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "                    \
                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                     \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
