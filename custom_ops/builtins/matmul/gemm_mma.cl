@@ -124,11 +124,12 @@ inline void mma_stage_quad(__local ushort* p, ushort4 q, int along_k) {
 
 // d (4 floats) += a (16 x 16 halves, 4 registers) * b (16 x 8, 2 registers).
 #if !MMA_EMULATE
-// NVIDIA's OpenCL compiler takes `asm`; clang's OpenCL C only the GNU spelling, and clang
-// defines __NVPTX__ when it compiles for NVIDIA GPUs (PoCL's CUDA driver). Elsewhere (PoCL's CPU
-// device) `asm` stays a front-end error, a failed build, where an x86 assembler refusing the
-// instruction would abort the process.
-#ifdef __NVPTX__
+// NVIDIA's OpenCL compiler takes `asm` (checked on the H200); clang's OpenCL C only the GNU
+// spelling: PoCL's CUDA driver (clang targeting NVPTX, __NVPTX__, with PoCL's own
+// POCL_DEVICE_ADDRESS_BITS) gets `__asm__`. Elsewhere (PoCL's CPU device) `asm` stays a
+// front-end error, a failed build, where an x86 assembler refusing the instruction would abort
+// the process.
+#if defined(__NVPTX__) && defined(POCL_DEVICE_ADDRESS_BITS)
 #define MMA_ASM __asm__
 #else
 #define MMA_ASM asm
