@@ -126,7 +126,7 @@ def recipe_flags(name: str, recipes: Path | None) -> list[str]:
     """`--weights-recipe` for a quantized folder whose recipe DIR holds (none otherwise: computed)."""
     weights = dict(zip(FOLDERS[name][::2], FOLDERS[name][1::2])).get("--weights")
     recipe = recipes / f"sdxl_{weights}.json" if recipes and weights else None
-    return ["--weights-recipe", str(recipe)] if recipe and recipe.is_file() else []
+    return ["--weights-recipe", str(recipe.resolve())] if recipe and recipe.is_file() else []
 
 
 def finish_convert(work: Path, name: str, process: subprocess.Popen, started: float) -> dict:
