@@ -484,7 +484,8 @@ def test_tensor_cores(opencl_lib, tmp_path, monkeypatch, mode, env):
     tensor-core tiles (128x128x16 for m, n > 64; 64x64x32 and 128x128x32 forced), split-K, ragged m, n and k,
     both staging layouts of each operand and a bias. DIFFLITE_TENSOR_CORES=on asks for the tiles
     without the device's answer: where the PTX instruction cannot be built (PoCL's CPU device) the
-    tensor-core programs fail and the float tiles run, with the same results."""
+    tensor-core programs fail and the float tiles run, with the same results. The stats' gemm_tiles
+    say which tiles the GEMMs took: tensor-core ones (a trailing m) exactly where they can build."""
     if mode in ("emulate", "on"):
         monkeypatch.setenv("DIFFLITE_TENSOR_CORES", mode)
     if env == "split3":
@@ -506,6 +507,9 @@ def test_tensor_cores(opencl_lib, tmp_path, monkeypatch, mode, env):
         assert_close(got, want, HALF_TOL)
         has_them = mode in ("emulate", "on") or stats["nv_compute_capability"] >= 80
         assert stats["tensor_cores"] == (tc == "auto" and has_them), stats
+        builds_them = mode == "emulate" or stats["nv_compute_capability"] >= 80
+        took = [tile for tile in stats["gemm_tiles"] if tile.endswith("m")]
+        assert bool(took) == (tc == "auto" and builds_them), stats["gemm_tiles"]
     _tolerance_floor[0] = HALF_TOL
     try:
         for case in (((2, 33, 300), (2, 270, 33), True, True), ((2, 300, 36), (2, 36, 272), False, False),

@@ -13,6 +13,11 @@ std::string TileConfig::Options() const {
          " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "") + (mma ? " -DMMA=1" : "");
 }
 
+std::string TileConfig::Name() const {
+  return std::to_string(tm) + "x" + std::to_string(tn) + "x" + std::to_string(tk) + "x" +
+         std::to_string(wm) + "x" + std::to_string(wn) + (mma ? "m" : vec ? "v" : "");
+}
+
 bool TileConfig::MmaFits() const {
   const int warps = threads() / 32;
   if (threads() % 64 != 0 || tk % 16 != 0 || tn % 16 != 0) return false;
@@ -263,6 +268,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
                               "-DSK_M=" + std::to_string(s_.m) + s_.wq.Options() + acc, &kernel_);
     if (e.empty() && ctx.KernelWorkGroupSize(kernel_) >= kSkinnyGroup) {
       skinny_ = true;
+      ctx.NoteGemmTile("skinny");
       return "";
     }
   }
@@ -284,6 +290,7 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
     s_.wq = WeightQuant();
     e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, false, mma);
   }
+  if (e.empty()) ctx.NoteGemmTile(tile_.Name());
   if (!e.empty() || !tile_.vec || s_.accumulate) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
                         ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;

@@ -28,6 +28,7 @@ struct TileConfig {
   // Whether gemm_mma.cl can lay its warps over this tile.
   bool MmaFits() const;
   std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1 [-DMMA=1]]
+  std::string Name() const;     // DIFFLITE_GEMM_TILE's form: TMxTNxTKxWMxWN[v|m]
 };
 
 // Candidate tiles, best first, for a GEMM of m x n outputs per batch and

@@ -90,6 +90,13 @@ void BackendImpl::WriteStats() {
      << ", \"kernels\": " << JsonString(gctx->PreferFlatKernels() ? "flat" : "tiled")
      << ", \"tensor_cores\": " << (gctx->TensorCores() ? "true" : "false")
      << ", \"nv_compute_capability\": " << rt->info().nv_compute_capability
+     << ", \"gemm_tiles\": {";
+  const char* sep = "";
+  for (const auto& [tile, count] : gctx->gemm_tiles()) {
+    os << sep << JsonString(tile) << ": " << count;
+    sep = ", ";
+  }
+  os << "}"
      << ", \"weights_zero_copy_bytes\": " << up.zero_copy_bytes
      << ", \"weights_quantized_bytes\": " << up.quantized_bytes
      << ", \"weights_dequantized_bytes\": " << up.dequantized_bytes

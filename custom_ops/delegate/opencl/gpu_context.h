@@ -37,6 +37,8 @@ class ContextImpl final : public GpuContext {
   bool PreferFlatKernels() const override { return flat_; }
   bool TensorCores() const override { return tensor_cores_; }
   bool TensorCoresEmulated() const override { return tensor_cores_emulated_; }
+  void NoteGemmTile(const std::string& tile) override { ++gemm_tiles_[tile]; }
+  const std::map<std::string, int>& gemm_tiles() const { return gemm_tiles_; }
   LoraSlots* lora_slots() const override { return lora_.get(); }
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, std::string* error) override;
@@ -58,6 +60,7 @@ class ContextImpl final : public GpuContext {
   bool flat_;
   bool tensor_cores_;
   bool tensor_cores_emulated_;  // tensor_cores=emulate (DIFFLITE_TENSOR_CORES): for tests
+  std::map<std::string, int> gemm_tiles_;  // NoteGemmTile: tile name -> GEMMs that took it
   ProgramCache disk_;
   std::shared_ptr<LoraSlots> lora_;  // the delegate's (delegate.cc)
   std::map<int, std::pair<cl_mem, size_t>> scratch_;

@@ -173,12 +173,16 @@ class GpuContext {
   // there). nullptr where the backend has none.
   virtual LoraSlots* lora_slots() const { return nullptr; }
   // Whether the GEMMs may run on tensor cores (builtins/matmul/gemm_mma.cl): half storage on
-  // NVIDIA's OpenCL with compute capability 8.0 or later, unless the delegate's
-  // tensor_cores=off.
+  // NVIDIA's OpenCL with compute capability 8.0 or later (or DIFFLITE_TENSOR_CORES=on), unless
+  // the delegate's tensor_cores=off.
   virtual bool TensorCores() const { return false; }
   // With the instruction emulated in OpenCL C (DIFFLITE_TENSOR_CORES=emulate; gemm_mma.cl's
   // -DMMA_EMULATE=1): how tests check the tensor-core tiles on any device.
   virtual bool TensorCoresEmulated() const { return false; }
+  // The tile a GEMM took at Prepare (TileConfig::Name(), "skinny"): counted for the stats JSON's
+  // gemm_tiles, which show whether tensor-core tiles ran (a tile that did not build falls back
+  // to the float tiles with the same results).
+  virtual void NoteGemmTile(const std::string& tile) { (void)tile; }
 };
 
 // CL_KERNEL_PRIVATE_MEM_SIZE of a built kernel: on NVIDIA the registers it
