@@ -13,6 +13,7 @@ fresh process from the shell as a user runs it:
 
     python benchmarks/headline.py --work out/headline --runs 5 --save results/headline_h200_2026-11.json
     python benchmarks/headline.py --work out/headline --phase convert      # one phase at a time
+    python benchmarks/headline.py --work out/headline --folders fp16        # the fp16 rows alone
     python benchmarks/headline.py --report results/headline_h200_2026-11.json
 
 Every figure in the JSON carries its runs, median, min and max, the machine and the date.
@@ -198,10 +199,20 @@ def add_run_arguments(parser: argparse.ArgumentParser, work: str, phases: str) -
     parser.add_argument("--report", type=Path, help="print the tables of a saved result and stop")
 
 
+def only_folders(table: dict, folders: set[str]) -> dict:
+    """The rows of a GENERATE / BENCH table (label: (folder, flags)) whose folder is in `folders`."""
+    return {label: row for label, row in table.items() if row[0] in folders}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_arguments(parser, "headline", "convert,generate,bench")
+    parser.add_argument("--folders", default=",".join(FOLDERS),
+                        help=f"comma-separated, of {', '.join(FOLDERS)}: the conversions and the rows that use them")
     args = parser.parse_args()
+    folders = set(args.folders.split(","))
+    if not folders <= set(FOLDERS):
+        parser.error(f"--folders: unknown {', '.join(sorted(folders - set(FOLDERS)))}")
     if args.report:
         report(json.loads(args.report.read_text()))
         return
@@ -210,13 +221,14 @@ def main() -> None:
     data["machine"] = machine()
     args.work.mkdir(parents=True, exist_ok=True)
     if "convert" in phases:
-        data["convert"] = convert(args.work, args.model, args.convert_args.split(), args.timeout)
+        data["convert"] = convert(args.work, args.model, args.convert_args.split(), args.timeout,
+                                  {name: flags for name, flags in FOLDERS.items() if name in folders})
     if "generate" in phases:
-        data["generate"] = generate(args.work, args.runs, args.steps, args.timeout)
+        data["generate"] = generate(args.work, args.runs, args.steps, args.timeout, only_folders(GENERATE, folders))
         if args.save:
             args.save.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     if "bench" in phases:
-        data["bench"] = bench(args.work, args.bench_runs, args.timeout)
+        data["bench"] = bench(args.work, args.bench_runs, args.timeout, only_folders(BENCH, folders))
     if args.save:
         args.save.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     report(data)
