@@ -149,6 +149,10 @@ def time_difflite(path: Path, entries: list[dict], runs: int, library: Path, pre
     return result
 
 
+# LiteRT GPU precision: GpuOptions' enforce_f32 (fp16: half arithmetic allowed).
+LITERT_PRECISIONS = {"fp32": True, "fp16": False}
+
+
 def time_litert_gpu(path: Path, runs: int, enforce_f32: bool) -> dict:
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.options import GpuOptions, HardwareAccelerator, Options
@@ -227,13 +231,13 @@ def main() -> int:
                         help="difflite's delegate precisions (fp16: half storage, float arithmetic "
                              "where the GPU has no cl_khr_fp16), each PRECISION[:KEY=VALUE...] with more "
                              "delegate options, e.g. fp16:math=fp32")
-    parser.add_argument("--litert-precisions", default="fp32,fp16",
+    parser.add_argument("--litert-precisions", default=",".join(LITERT_PRECISIONS),
                         help="LiteRT GPU precisions: fp32 (enforce_f32) and/or fp16")
     parser.add_argument("--convert-args", default="--device-profile nvidia-h100",
                         help="more `difflite convert` arguments for the fused files (default: the lent GPU's "
                              "device profile; the generic one hints the partial softmax and fewer Winograd layers)")
     args = parser.parse_args()
-    if not set(args.litert_precisions.split(",")) <= {"fp32", "fp16"}:
+    if not set(args.litert_precisions.split(",")) <= set(LITERT_PRECISIONS):
         parser.error(f"--litert-precisions {args.litert_precisions}: each of fp32, fp16")
     skip = set(filter(None, args.skip.split(",")))
     components = args.components.split(",")
@@ -265,7 +269,7 @@ def main() -> int:
             save()
         if "litert" not in skip:
             for label in args.litert_precisions.split(","):
-                enforce = {"fp32": True, "fp16": False}[label]
+                enforce = LITERT_PRECISIONS[label]
                 try:
                     log(f"LiteRT GPU {label} {name}")
                     results[f"{name}/litert_gpu_{label}"] = time_litert_gpu(unfused / f"{name}.tflite", args.runs, enforce)

@@ -1,17 +1,18 @@
-"""Probe: the multiply-add rate stock LiteRT's GPU engine reaches on one FULLY_CONNECTED (issue 36,
-item 2: what LiteRT's fp16 engine is made of).
+"""Probe: the multiply-add rate stock LiteRT's GPU engine reaches on chained FULLY_CONNECTEDs (issue
+36, item 2: what LiteRT's fp16 engine is made of).
 
 Whether LiteRT's fp16 engine (ML Drift over WebGPU / Vulkan) runs on a GPU's matrix units decides
 what its fp16 columns measure: NVIDIA's H200 does ~67 TFLOP/s of float FMAs, ~134 of packed half
 ones and several hundred on its tensor cores. A rate above packed half's can only come from the
-tensor cores. Each shape is one FULLY_CONNECTED y = x W^T (x [M, K], W [N, K] constant, seeded)
-written with difflite's own TFLite builder; LiteRT at fp32 (enforce_f32) and fp16, timed as
+tensor cores. Each shape is DEPTH chained FULLY_CONNECTEDs y = x W^T (x [M, K], W [N, K], then
+N x N; constant, seeded) written with difflite's own TFLite builder; the time of depth 9 less that
+of depth 1 is the added layers' compute alone; LiteRT at fp32 (enforce_f32) and fp16, timed as
 gpu_peer.py times it (queued runs up to one read, the inputs written once). difflite's own GEMM
 rates come from its kernel profile (benchmarks/gpu_profile.py): a TFLite invoke copies the float32
 input and output each call, which at these sizes would time the copies, not the GEMM.
 
     source benchmarks/device_setup.sh
-    python benchmarks/litert_gemm_rate.py [--shapes 4096x4096x4096,4096x320x2560] [--runs 20]
+    python benchmarks/litert_gemm_rate.py [--shapes 4096x4096x4096x1,4096x4096x4096x9] [--runs 20]
 
 Writes $OUT/litert_gemm_rate.json (or benchmarks/results/) and prints a table.
 """
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_peer import time_litert_gpu  # noqa: E402
+from gpu_peer import LITERT_PRECISIONS, time_litert_gpu  # noqa: E402
 
 from difflite.compiler.tflite.builder import ModelBuilder  # noqa: E402
 
@@ -65,13 +66,11 @@ def tflops(work: float, ms: float) -> float:
     return round(work / (ms * 1e-3) / 1e12, 1)
 
 
-def added_layers_rate(shapes: dict) -> None:
+def added_layers_rate(shapes: dict) -> dict:
     """Per pair of depths of one MxKxN, the rate of the layers the deeper model adds (its time less
-    the shallower one's): printed, and stored under "added_layers"."""
+    the shallower one's), printed as table rows."""
     by_shape: dict = {}
     for shape in shapes:
-        if shape == "added_layers":
-            continue
         m, k, n, depth = (int(v) for v in shape.split("x"))
         by_shape.setdefault((m, k, n), []).append(depth)
     added = {}
@@ -79,7 +78,7 @@ def added_layers_rate(shapes: dict) -> None:
         low, high = min(depths), max(depths)
         if low == high:
             continue
-        for engine in ("litert_gpu_fp32", "litert_gpu_fp16"):
+        for engine in (f"litert_gpu_{label}" for label in LITERT_PRECISIONS):
             a, b = shapes[f"{m}x{k}x{n}x{low}"].get(engine, {}), shapes[f"{m}x{k}x{n}x{high}"].get(engine, {})
             if "median_ms" in a and "median_ms" in b and b["median_ms"] > a["median_ms"]:
                 ms = b["median_ms"] - a["median_ms"]
@@ -88,7 +87,7 @@ def added_layers_rate(shapes: dict) -> None:
                                                   "tflops": tflops(work, ms)}
                 print(f"| {m}x{k}x{n}, depth {low} -> {high} | {engine} | {ms / (high - low):.3f} a layer | "
                       f"{tflops(work, ms)} |", flush=True)
-    shapes["added_layers"] = added
+    return added
 
 
 def main() -> int:
@@ -106,7 +105,8 @@ def main() -> int:
             m, k, n, depth = (int(v) for v in shape.split("x"))
             path = fc_model(Path(work), m, k, n, depth)
             rows = {}
-            for label, enforce_f32 in (("litert_gpu_fp32", True), ("litert_gpu_fp16", False)):
+            for precision, enforce_f32 in LITERT_PRECISIONS.items():
+                label = f"litert_gpu_{precision}"
                 try:
                     timed = time_litert_gpu(path, args.runs, enforce_f32)
                     rows[label] = {**timed, "tflops": tflops(flops(m, k, n, depth), timed["median_ms"])}
@@ -116,7 +116,7 @@ def main() -> int:
                     print(f"| {shape} | {label} | {rows[label]['error'][:100]} | |", flush=True)
             result["shapes"][shape] = rows
             (out_dir / "litert_gemm_rate.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    added_layers_rate(result["shapes"])
+    result["shapes"]["added_layers"] = added_layers_rate(result["shapes"])
     (out_dir / "litert_gemm_rate.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     sys.stdout.flush()
     os._exit(0)  # as gpu_peer: skip the interpreters' teardown

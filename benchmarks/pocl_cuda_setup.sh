@@ -12,7 +12,7 @@
 # No GPU arch is set: PoCL targets the device's compute capability capped at sm_75 with PTX 6.3
 # (LLVM 15 emits nothing newer than sm_86 / PTX 7.5), and the driver JIT-compiles that for sm_90.
 # POCL_CUDA_GPU_ARCH=sm_80 (what pocl_cuda_peer.sh's TENSOR_CORES=1 sets) makes PoCL ask LLVM 15
-# for PTX 8.0, which it lacks and ignores: clang-15 then writes PTX 7.5 for sm_80, whose
+# for PTX 8.0, which it lacks and ignores: LLVM 15 then writes PTX 7.0 for sm_80, whose
 # mma.sync.m16n8k16 the tensor-core GEMM tiles need (with DIFFLITE_TENSOR_CORES=on: PoCL answers
 # no compute capability).
 if ! (return 0 2>/dev/null); then

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +38,15 @@ class ContextImpl final : public GpuContext {
   bool PreferFlatKernels() const override { return flat_; }
   bool TensorCores() const override { return tensor_cores_; }
   bool TensorCoresEmulated() const override { return tensor_cores_emulated_; }
-  void NoteGemmTile(const std::string& tile) override { ++gemm_tiles_[tile]; }
-  const std::map<std::string, int>& gemm_tiles() const { return gemm_tiles_; }
+  // The op factories run on a pool of threads (BackendImpl::ClaimAll).
+  void NoteGemmTile(const std::string& tile) override {
+    std::lock_guard<std::mutex> lock(gemm_tiles_mu_);
+    ++gemm_tiles_[tile];
+  }
+  std::map<std::string, int> gemm_tiles() const {
+    std::lock_guard<std::mutex> lock(gemm_tiles_mu_);
+    return gemm_tiles_;
+  }
   LoraSlots* lora_slots() const override { return lora_.get(); }
   cl_kernel Kernel(const std::string& program, const std::string& kernel_name,
                    const std::string& options, std::string* error) override;
@@ -60,6 +68,7 @@ class ContextImpl final : public GpuContext {
   bool flat_;
   bool tensor_cores_;
   bool tensor_cores_emulated_;  // tensor_cores=emulate (DIFFLITE_TENSOR_CORES): for tests
+  mutable std::mutex gemm_tiles_mu_;
   std::map<std::string, int> gemm_tiles_;  // NoteGemmTile: tile name -> GEMMs that took it
   ProgramCache disk_;
   std::shared_ptr<LoraSlots> lora_;  // the delegate's (delegate.cc)
