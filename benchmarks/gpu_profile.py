@@ -65,8 +65,12 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False, preci
     stats_path.unlink()
     ops = {name: round(ms, 4) for name, ms in stats["profile_ms_per_invoke"].items()}
     memory = {key: stats[key] for key in ("arena_bytes", "scratch_bytes", "weights_bytes", "storage")}
+    # which OpenCL platform and kernels ran: two ICDs on one machine (NVIDIA's, PoCL's) give the same
+    # device name, so a profile says which one it timed
+    ran_on = {key: stats.get(key) for key in ("platform", "device", "arithmetic", "tensor_cores", "gemm_tiles")}
     return {"component": component, "invokes": stats["invokes"], "kernel_ms": round(sum(ops.values()), 3),
-            "wall_ms_median": round(float(np.median(walls)) * 1e3, 2), "memory": memory, "ops_ms": ops}
+            "wall_ms_median": round(float(np.median(walls)) * 1e3, 2), "ran_on": ran_on, "memory": memory,
+            "ops_ms": ops}
 
 
 def set_loras(folder: Path, component: str, interpreter, delegate, loras: tuple[str, ...]) -> None:
@@ -99,7 +103,8 @@ def main() -> int:
     result["precision"] = args.precision
     total = result["kernel_ms"]
     print(f"{args.component}: {result['wall_ms_median']} ms wall per invoke, {total:.2f} ms in kernels "
-          f"({result['invokes']} profiled invokes incl. warm-up); device memory {result['memory']}")
+          f"({result['invokes']} profiled invokes incl. warm-up); device memory {result['memory']}; "
+          f"ran on {result['ran_on']}")
     print("| op | ms per invoke | share |")
     print("|---|---|---|")
     for name, ms in sorted(result["ops_ms"].items(), key=lambda kv: -kv[1]):

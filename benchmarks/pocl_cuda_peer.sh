@@ -11,7 +11,10 @@
 # PRECISIONS=fp16 leaves out the math=fp32 column (PoCL 6.0 crashed in it on the UNet, H200, 2026-11-29).
 # TENSOR_CORES=1: PoCL targets sm_80 and the GEMMs take the tensor-core tiles
 # (POCL_CUDA_GPU_ARCH=sm_80 DIFFLITE_TENSOR_CORES=on): half arithmetic elsewhere, the matrix units
-# for the GEMMs, as LiteRT's fp16 engine runs on this GPU (docs/lab-notebook.md §68).
+# for the GEMMs, as LiteRT's fp16 engine runs on this GPU (docs/lab-notebook.md §68). With it,
+# MIN_BLOCKS (default 2; 0: none) work-groups a compute unit bound every kernel's registers
+# (POCL_CUDA_MIN_BLOCKS_PER_SM, the launch bounds benchmarks/pocl_cuda_build.sh adds to PoCL;
+# §70: the tensor-core tile 160 -> 128 registers, the VAE decoder 28.3 -> 19.8 ms).
 #
 # Results under $OUT (default benchmarks/results): gpu_peer_<device>.json and, for te_vae,
 # gpu_profile_vae_decoder_{generic_pocl_half,nvidia_h100_nvidia_fp16}.json.
@@ -20,22 +23,30 @@ part=${1:?usage: bash benchmarks/pocl_cuda_peer.sh te_vae|unet}
 OUT=${OUT:-benchmarks/results}
 export OUT
 source benchmarks/device_setup.sh
-source benchmarks/pocl_cuda_setup.sh
-if [ -n "${TENSOR_CORES:-}" ]; then export POCL_CUDA_GPU_ARCH=sm_80 DIFFLITE_TENSOR_CORES=on; fi
 case "$part" in
   te_vae) components=text_encoder,vae_decoder ;;
   unet) components=unet ;;
   *) echo "pocl_cuda_peer: part is te_vae or unet, not $part" >&2; exit 2 ;;
 esac
+if [ "$part" = te_vae ]; then
+  # on NVIDIA's OpenCL, before PoCL becomes the ICD (run after it, on 2026-11-30 this profile
+  # timed PoCL: its ran_on now says which platform it timed)
+  python -m difflite convert preset:sd15 -o /tmp/vae-h100 --components vae_decoder --precision fp16 \
+    --device-profile nvidia-h100 > /dev/null
+  python benchmarks/gpu_profile.py /tmp/vae-h100 vae_decoder --runs 5 --detail --precision fp16 \
+    --json "$OUT/gpu_profile_vae_decoder_nvidia_h100_nvidia_fp16.json" > /tmp/vae-h100.log
+  tail -40 /tmp/vae-h100.log
+fi
+source benchmarks/pocl_cuda_setup.sh
+if [ -n "${TENSOR_CORES:-}" ]; then
+  export POCL_CUDA_GPU_ARCH=sm_80 DIFFLITE_TENSOR_CORES=on
+  [ "${MIN_BLOCKS:-2}" = 0 ] || export POCL_CUDA_MIN_BLOCKS_PER_SM=${MIN_BLOCKS:-2}
+fi
 work=/tmp/peer-$part
 python benchmarks/gpu_peer.py --work "$work" --runs 10 --components "$components" --skip torch \
   --precisions "${PRECISIONS:-fp16,fp16:math=fp32}" --library "$DIFFLITE_OPLIB" --convert-args "--device-profile generic"
 if [ "$part" = te_vae ]; then
   python benchmarks/gpu_profile.py "$work/fused" vae_decoder --runs 5 --detail --precision fp16 \
-    --json "$OUT/gpu_profile_vae_decoder_generic_pocl_half.json" | tail -40
-  export OCL_ICD_VENDORS=/tmp/icd  # back to NVIDIA's OpenCL
-  python -m difflite convert preset:sd15 -o /tmp/vae-h100 --components vae_decoder --precision fp16 \
-    --device-profile nvidia-h100 > /dev/null
-  python benchmarks/gpu_profile.py /tmp/vae-h100 vae_decoder --runs 5 --detail --precision fp16 \
-    --json "$OUT/gpu_profile_vae_decoder_nvidia_h100_nvidia_fp16.json" | tail -40
+    --json "$OUT/gpu_profile_vae_decoder_generic_pocl_half.json" > /tmp/vae-pocl.log
+  tail -40 /tmp/vae-pocl.log
 fi

@@ -14,7 +14,8 @@
 # POCL_CUDA_GPU_ARCH=sm_80 (what pocl_cuda_peer.sh's TENSOR_CORES=1 sets) makes PoCL ask LLVM 15
 # for PTX 8.0, which it lacks and ignores: LLVM 15 then writes PTX 7.0 for sm_80, whose
 # mma.sync.m16n8k16 the tensor-core GEMM tiles need (with DIFFLITE_TENSOR_CORES=on: PoCL answers
-# no compute capability).
+# no compute capability). POCL_CUDA_MIN_BLOCKS_PER_SM=N (our build's launch bounds) has ptxas keep
+# each fixed-size work-group's registers to what N of them a compute unit leave.
 if ! (return 0 2>/dev/null); then
   echo "pocl_cuda_setup: source this file (source benchmarks/pocl_cuda_setup.sh), don't run it" >&2
   exit 1
