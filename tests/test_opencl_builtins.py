@@ -519,6 +519,49 @@ def test_tensor_cores(opencl_lib, tmp_path, monkeypatch, mode, env):
         _tolerance_floor[0] = 0.0
 
 
+TC_CONV_CASES = {
+    # name: as CONV_CASES. m = 180 pixels, 130 channels: the 128x128 tile with ragged edges, K = 360
+    "tc_3x3": (2, 9, 10, 40, 130, 3, 3, (1, 1), (1, 1), SAME, True),
+    # stride 2, no padding, no bias, K = 5 * 9 (not a multiple of the 16-deep slice)
+    "tc_3x3_s2_valid_nobias": (1, 23, 21, 5, 36, 3, 3, (2, 2), (1, 1), VALID, False),
+    "tc_3x3_dilated": (1, 14, 13, 24, 33, 3, 3, (1, 1), (2, 2), SAME, True),
+}
+
+
+@pytest.mark.parametrize("mode,env", [(mode, env) for mode in ("device", "emulate")
+                                      for env in ("", "128x128x32x8x8m", "128x128x32x8x8m+split3")])
+def test_tensor_cores_in_convolutions(opencl_lib, tmp_path, monkeypatch, mode, env):
+    """The implicit-GEMM convolution on the tensor-core tiles (conv.cl's -DMMA=1, with
+    common/mma_tile.cl's fragments): where the device has them, or emulated in OpenCL C
+    (DIFFLITE_TENSOR_CORES=emulate, PoCL in CI), the results agree with float64 as the float
+    tiles' do (tensor_cores=off) through a forced tile 32 deep, split-K, strides, dilations,
+    padding, ragged pixels, channels and depth. The stats' gemm_tiles name a tensor-core tile
+    where the forced one is emulated, or on NVIDIA with compute capability >= 8.0 (the first case
+    is large enough for the 128x128 tiles; PoCL's CPU device spills the default 16-deep one, which
+    is then passed over, as is the 64-item 64x64x32 tile for convolutions)."""
+    if mode == "emulate":
+        monkeypatch.setenv("DIFFLITE_TENSOR_CORES", mode)
+    tile, _, split = env.partition("+")
+    if tile:
+        monkeypatch.setenv("DIFFLITE_GEMM_TILE", tile)
+    if split:
+        monkeypatch.setenv("DIFFLITE_SPLIT_K", "3")
+    for case, (n, h, w, cin, cout, kh, kw, stride, dil, padding, has_bias) in TC_CONV_CASES.items():
+        r = rng(48)
+        x = nonzero(r, (n, h, w, cin))
+        wt = nonzero(r, (cout, kh, kw, cin))
+        b = nonzero(r, (cout,)) if has_bias else None
+        want = conv_ref(x, wt, b, stride, dil, padding)
+        for tc in ("auto", "off"):
+            (got,), stats, _ = run_op(tmp_path, opencl_lib, conv_model(x, wt, b, stride, dil, padding, want.shape),
+                                      [x], "tiled+fp16", tensor_cores=tc)
+            assert_close(got, want, HALF_TOL)
+            if case == "tc_3x3":
+                takes_them = (mode == "emulate" and bool(tile)) or stats["nv_compute_capability"] >= 80
+                took = [name for name in stats["gemm_tiles"] if name.endswith("m")]
+                assert bool(took) == (tc == "auto" and takes_them), stats["gemm_tiles"]
+
+
 def test_a_bad_tensor_core_choice_in_the_environment_is_refused(opencl_lib, monkeypatch):
     from ai_edge_litert.interpreter import load_delegate
 

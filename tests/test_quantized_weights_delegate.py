@@ -417,6 +417,34 @@ def test_kernels_read_quantized_weights_in_half_storage(opencl_lib, tmp_path, bi
     assert stats["weights_quantized_bytes"] > 0 and stats["weights_dequantized_bytes"] == 0
 
 
+@pytest.mark.parametrize("bits,cin", [(8, 32), (4, 32), (8, 5)], ids=["int8_quads", "int4_quads", "int8_elements"])
+def test_quantized_convolution_on_tensor_cores(opencl_lib, tmp_path, monkeypatch, bits, cin):
+    """The implicit-GEMM convolution on the tensor-core tiles (conv.cl's -DMMA=1; emulated in
+    OpenCL C here: DIFFLITE_TENSOR_CORES=emulate) reads a quantized filter's integers as the
+    float tiles do, dequantized where staged and rounded to half: in aligned quads of k (int8 per
+    output channel, int4 blocks) or element by element (K = 9 x 5, not a multiple of 4). The
+    stats name a tensor-core tile, and nothing was dequantized at upload. The 32-deep tile is
+    forced: PoCL's CPU device spills the default one, which is then passed over."""
+    monkeypatch.setenv("DIFFLITE_TENSOR_CORES", "emulate")
+    monkeypatch.setenv("DIFFLITE_GEMM_TILE", "128x128x32x8x8m")
+    r = rng(300 + bits + cin)
+    m = QModel()
+    x = nonzero(r, (2, 9, 10, cin))
+    w, wd = _quantized_weight(m, r, "w", (70, 3, 3, cin), bits)
+    b = nonzero(r, (70,))
+    want = conv_ref(x, wd, b, padding=SAME)
+    xi, y = m.activation("x", x.shape), m.activation("y", want.shape)
+    m.builtin("CONV_2D", [xi, w, m.constant("b", b)], [y], padding=SAME, strideH=1, strideW=1,
+              dilationHFactor=1, dilationWFactor=1)
+    path = m.save(tmp_path / f"tc_conv_int{bits}.tflite", [xi], [y])
+    got, stats, stock = run_both(opencl_lib, path, x, "fp16", kernels="tiled")
+    assert stats["nodes_claimed"] == n_nodes(path) and stats["partitions"] == 1, stats
+    assert stats["storage"] == "float16", stats
+    check_values(got, stock, want, "fp16")
+    assert any(tile.endswith("m") for tile in stats["gemm_tiles"]), stats["gemm_tiles"]
+    assert stats["weights_quantized_bytes"] > 0 and stats["weights_dequantized_bytes"] == 0, stats
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_dequantized_weights_read_back_exactly(opencl_lib, tmp_path, precision):
     """A folded DEQUANTIZE (int8) and a folded RESHAPE of one (int4) whose outputs are also graph

@@ -379,6 +379,9 @@ PROGRAM_VARIANTS = {
              [*_MMA, "-DA_KMAJOR=0", "-DB_KMAJOR=0", "-DTM=64", "-DTN=64", "-DTK=32"],
              [*_MMA, "-DB_KMAJOR=1", "-DDL_WQ=4", "-DGEMM_ACC=1"]),
     "conv": ([], ["-DVEC=1"], ["-DVEC=1", "-DTM=128", "-DTN=128", "-DWM=8", "-DWN=8"],
+             # the tensor-core implicit GEMM (common/mma_tile.cl), emulated: float16 and quantized
+             # filters, elements and quads, the 32-deep tile
+             _MMA, [*_MMA, "-DDL_WQ=8", "-DWQ_QUADS=1"], [*_MMA, "-DDL_WQ=4"], [*_MMA, "-DTK=32"],
              ["-DNW_N=3", "-DNW_L=16", "-DNW_G=4", "-DNW_ALIGNED=1"],  # conv2d_narrow
              ["-DNW_N=7", "-DNW_PX=2", "-DNW_L=1", "-DNW_G=64"], ["-DNW_N=8", "-DNW_PX=1", "-DNW_L=32", "-DNW_G=2"]),
 }
@@ -386,7 +389,7 @@ PROGRAM_VARIANTS = {
 
 # Sources that are part of another program (#included there and built with its variants), never
 # a program of their own.
-INCLUDED_ONLY = {"gemm_mma"}
+INCLUDED_ONLY = {"gemm_mma", "mma_tile"}
 
 
 def needs_half_storage(variant: list[str]) -> bool:

@@ -23,6 +23,11 @@
 #define DL_WQ_PARAMS
 #endif
 #define RA ((TM * TK + NT - 1) / NT)
+// -DMMA=1 (with -DVEC=1): the vectorised kernel's walk with each slice multiplied on NVIDIA's
+// tensor cores (common/mma_tile.cl).
+#ifndef MMA
+#define MMA 0
+#endif
 
 // The output pixels of the A rows this item stages (fixed over K since NT % TK == 0): the
 // batch's base offset (-1: outside M) and the top-left input coordinates of the window.
@@ -141,6 +146,150 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
 #define WQ_QUADS 0
 #endif
 #define LB4 ((TN * TK / 4 + NT - 1) / NT)  // filter quads staged per item (WQ_QUADS)
+
+// The fetch of slice k0 into registers, as both vectorised kernels do it: ra[RA] (the item's
+// patch elements at column a_kk, raw: see dl_storage.cl's DL_RAW), and the filter's rb (raw
+// integers and their scales rbs where quantized; quads along k with WQ_QUADS).
+#if DL_WQ && WQ_QUADS
+#define CONV_B_REGS DL_WQ_RAW4 rb[LB4]; float rbs[LB4]
+#elif DL_WQ
+#define CONV_B_REGS W_RAW rb[LB]; float rbs[LB]
+#else
+#define CONV_B_REGS W_RAW rb[LB]
+#endif
+#define CONV_FETCH_A                                                           \
+  do {                                                                         \
+    const int k = k0 + a_kk;                                                   \
+    const int3 tap = conv_tap(k, cin, kw, dh, dw);                             \
+    _Pragma("unroll") for (int r = 0; r < RA; ++r) {                           \
+      const int o = patch_offset(a_base[r], a_y[r], a_x[r], tap, ih, iw, cin); \
+      ra[r] = (o >= 0 && k < kend) ? DL_LOAD_RAW(x, o) : (DL_RAW)0;            \
+    }                                                                          \
+  } while (0)
+#if DL_WQ && WQ_QUADS
+#define CONV_FETCH_B                                                           \
+  _Pragma("unroll") for (int l = 0; l < LB4; ++l) {                            \
+    const int e = tid + l * NT;                                                \
+    const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);                      \
+    const int n = n0 + nn, kb = k0 + kk;                                       \
+    const bool in = n < N && kb < kend && e < TN * TK / 4;                     \
+    rb[l] = in ? DL_WQ_LOAD4_RAW(w, n * K + kb) : (DL_WQ_RAW4)(0);             \
+    rbs[l] = in ? DL_WQ_SCALE(n, kb) : 0.0f;                                   \
+  }
+#elif DL_WQ
+#define CONV_FETCH_B                                                           \
+  _Pragma("unroll") for (int l = 0; l < LB; ++l) {                             \
+    const int e = tid + l * NT;                                                \
+    const int kk = e % TK, nn = e / TK;                                        \
+    const int n = n0 + nn, kb = k0 + kk;                                       \
+    const bool in = n < N && kb < kend && nn < TN;                             \
+    rb[l] = in ? DL_WQ_LOAD_RAW(w, n * K + kb) : (DL_WQ_RAW)0;                 \
+    rbs[l] = in ? DL_WQ_SCALE(n, kb) : 0.0f;                                   \
+  }
+#else
+#define CONV_FETCH_B                                                           \
+  _Pragma("unroll") for (int l = 0; l < LB; ++l) {                             \
+    const int e = tid + l * NT;                                                \
+    const int kk = e % TK, nn = e / TK;                                        \
+    const int n = n0 + nn, kb = k0 + kk;                                       \
+    rb[l] = (n < N && kb < kend && nn < TN) ? DL_LOAD_RAW(w, n * K + kb) : (DL_RAW)0; \
+  }
+#endif
+
+#if MMA
+// The filter is a k-major B ([N][K] rows), staged [n][k] as mma_tile.cl reads it.
+#define B_KMAJOR 1
+#include "mma_tile.cl"
+__kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
+void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
+            __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2,
+            int has_bias DL_WQ_PARAMS) {
+  // ushort4 arrays: 8-byte aligned, for the quantized filter's quad stores
+  __local ushort4 As[2 * TM * MMA_LD / 4];
+  __local ushort4 Bs[MMA_B_HALVES / 4];
+  __local ushort* as = (__local ushort*)As;
+  __local ushort* bs = (__local ushort*)Bs;
+#if MMA_EMULATE
+  __local float mma_x[MMA_WARPS * MMA_XW];
+#endif
+  CONV_GEOMETRY(g0, g1, g2);
+  TILE_ITEM(tx, ty, tid, n0, m0);
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int wm0 = (warp / MMA_WARPS_N) * MMA_WTM;
+  const int wn0 = (warp % MMA_WARPS_N) * MMA_WTN;
+  const int split = get_group_id(2);  // split-K, as the vectorised kernel
+  VT_SPLIT_RANGE(K, split, (int)get_num_groups(2), kbeg, kend);
+  const int a_kk = tid % TK;
+  int a_base[RA], a_y[RA], a_x[RA];
+  conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
+
+  float acc[MMA_MI][MMA_NI][4];
+  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
+    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
+      MMA_UNROLL for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+    }
+  }
+
+  // The vectorised kernel's double-buffered walk: fetch slice k0, multiply slice k0 - TK, stage.
+  DL_RAW ra[RA];
+  CONV_B_REGS;
+  int buf = 0;
+  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
+    if (k0 < kend) {
+      CONV_FETCH_A;
+      CONV_FETCH_B;
+    }
+    if (k0 > kbeg) {
+      MMA_SLICE(buf ^ 1);
+    }
+    if (k0 < kend) {
+#pragma unroll
+      for (int r = 0; r < RA; ++r) {
+        const int mm = tid / TK + r * (NT / TK);
+        if (mm < TM) *MMA_A_AT(buf, mm, a_kk) = MMA_BITS(ra[r]);
+      }
+#if DL_WQ && WQ_QUADS
+#pragma unroll
+      for (int l = 0; l < LB4; ++l) {
+        const int e = tid + l * NT;
+        const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);
+        if (e < TN * TK / 4) {
+          *(__local ushort4*)MMA_B_AT(buf, nn, kk) = mma_half_bits4(DL_WQ_FROM_RAW4(rb[l]) * rbs[l]);
+        }
+      }
+#else
+#pragma unroll
+      for (int l = 0; l < LB; ++l) {
+        const int e = tid + l * NT;
+        const int kk = e % TK, nn = e / TK;
+#if DL_WQ
+        const int wi = (n0 + nn) * K + k0 + kk;  // its element index: the int4 nibble
+        if (nn < TN) *MMA_B_AT(buf, nn, kk) = mma_half_bits(DL_WQ_FROM_RAW(rb[l], wi) * rbs[l]);
+#else
+        if (nn < TN) *MMA_B_AT(buf, nn, kk) = MMA_BITS(rb[l]);
+#endif
+      }
+#endif
+      barrier(CLK_LOCAL_MEM_FENCE);
+      buf ^= 1;
+    }
+  }
+
+  __global DL_T* Cb = y + split * M * N;
+  const int vec_c = (N & 1) == 0;  // rows of N elements: 2-vector stores where N is even
+  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
+    const int m = m0 + wm0 + i * 16 + g;
+    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
+      const int n = n0 + wn0 + j * 8 + 2 * t;
+      if (m < M) mma_store2(Cb + m * N, bias, has_bias, n, N, vec_c, acc[i][j][0], acc[i][j][1]);
+      if (m + 8 < M) {
+        mma_store2(Cb + (m + 8) * N, bias, has_bias, n, N, vec_c, acc[i][j][2], acc[i][j][3]);
+      }
+    }
+  }
+}
+#else  // MMA
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2,
@@ -168,50 +317,12 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   // As in gemm.cl: iteration k0 fetches slice k0, computes slice k0 - TK
   // from buffer buf ^ 1 and stages slice k0 into buffer buf.
   DL_RAW ra[RA];  // raw (as stored) until staged: see dl_storage.cl's DL_RAW
-#if DL_WQ && WQ_QUADS
-  DL_WQ_RAW4 rb[LB4];
-  float rbs[LB4];  // the scale of each staged quad
-#else
-  W_RAW rb[LB];
-#if DL_WQ
-  float rbs[LB];  // the scale of each staged filter element
-#endif
-#endif
+  CONV_B_REGS;
   int buf = 0;
   for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
     if (k0 < kend) {
-      const int k = k0 + a_kk;
-      const int3 tap = conv_tap(k, cin, kw, dh, dw);
-#pragma unroll
-      for (int r = 0; r < RA; ++r) {
-        const int o = patch_offset(a_base[r], a_y[r], a_x[r], tap, ih, iw, cin);
-        ra[r] = (o >= 0 && k < kend) ? DL_LOAD_RAW(x, o) : (DL_RAW)0;
-      }
-#if DL_WQ && WQ_QUADS
-#pragma unroll
-      for (int l = 0; l < LB4; ++l) {
-        const int e = tid + l * NT;
-        const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);
-        const int n = n0 + nn, kb = k0 + kk;
-        const bool in = n < N && kb < kend && e < TN * TK / 4;
-        rb[l] = in ? DL_WQ_LOAD4_RAW(w, n * K + kb) : (DL_WQ_RAW4)(0);
-        rbs[l] = in ? DL_WQ_SCALE(n, kb) : 0.0f;
-      }
-#else
-#pragma unroll
-      for (int l = 0; l < LB; ++l) {
-        const int e = tid + l * NT;
-        const int kk = e % TK, nn = e / TK;
-        const int n = n0 + nn, kb = k0 + kk;
-#if DL_WQ
-        const bool in = n < N && kb < kend && nn < TN;
-        rb[l] = in ? DL_WQ_LOAD_RAW(w, n * K + kb) : (DL_WQ_RAW)0;
-        rbs[l] = in ? DL_WQ_SCALE(n, kb) : 0.0f;
-#else
-        rb[l] = (n < N && kb < kend && nn < TN) ? DL_LOAD_RAW(w, n * K + kb) : (DL_RAW)0;
-#endif
-      }
-#endif
+      CONV_FETCH_A;
+      CONV_FETCH_B;
     }
     if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
     if (k0 < kend) {
@@ -255,6 +366,7 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   const bool vec_c = (N & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
   VT_STORE(acc, bias, has_bias, M, N, vec_c, y + (split * M + m) * N);
 }
+#endif  // MMA
 #endif  // VEC
 
 // DEPTHWISE_CONV_2D: one item per output element; filter [1, KH, KW, C*mult],
