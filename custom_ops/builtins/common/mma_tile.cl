@@ -184,3 +184,43 @@ inline void mma_store2(__global DL_T* row, __global const DL_T* bias, int has_bi
   }
 }
 
+
+// The kernel's staged slices: `as` and `bs` (ushort4 arrays underneath: the staged quads are
+// 8-byte stores, which need the 8-byte alignment a uint array would not promise; a misaligned
+// shared-memory access faults on NVIDIA), and the emulation's `mma_x`.
+#if MMA_EMULATE
+#define MMA_EMULATION_LOCALS __local float mma_x[MMA_WARPS * MMA_XW]
+#else
+#define MMA_EMULATION_LOCALS
+#endif
+#define MMA_TILE_LOCALS                            \
+  __local ushort4 As[2 * TM * MMA_LD / 4];         \
+  __local ushort4 Bs[MMA_B_HALVES / 4];            \
+  __local ushort* as = (__local ushort*)As;        \
+  __local ushort* bs = (__local ushort*)Bs;        \
+  MMA_EMULATION_LOCALS
+
+// Item tid's warp block (wm0, wn0), its lane (g, t), and its accumulators, zeroed.
+#define MMA_ITEM_AND_ACC(tid)                                               \
+  const int g = ((tid) & 31) >> 2, t = (tid) & 3;                           \
+  const int wm0 = (((tid) >> 5) / MMA_WARPS_N) * MMA_WTM;                   \
+  const int wn0 = (((tid) >> 5) % MMA_WARPS_N) * MMA_WTN;                   \
+  float acc[MMA_MI][MMA_NI][4];                                             \
+  MMA_UNROLL for (int i_ = 0; i_ < MMA_MI; ++i_) {                          \
+    MMA_UNROLL for (int j_ = 0; j_ < MMA_NI; ++j_) {                        \
+      MMA_UNROLL for (int c_ = 0; c_ < 4; ++c_) acc[i_][j_][c_] = 0.0f;     \
+    }                                                                       \
+  }
+
+// The item's outputs into Cb (rows of ldc elements; `vec_c`: rows aligned to 2 elements), + bias.
+#define MMA_STORE_TILE(Cb, ldc, vec_c)                                                           \
+  MMA_UNROLL for (int i_ = 0; i_ < MMA_MI; ++i_) {                                               \
+    const int m_ = m0 + wm0 + i_ * 16 + g;                                                       \
+    MMA_UNROLL for (int j_ = 0; j_ < MMA_NI; ++j_) {                                             \
+      const int n_ = n0 + wn0 + j_ * 8 + 2 * t;                                                  \
+      if (m_ < M) mma_store2((Cb) + m_ * (ldc), bias, has_bias, n_, N, vec_c, acc[i_][j_][0], acc[i_][j_][1]); \
+      if (m_ + 8 < M) {                                                                          \
+        mma_store2((Cb) + (m_ + 8) * (ldc), bias, has_bias, n_, N, vec_c, acc[i_][j_][2], acc[i_][j_][3]); \
+      }                                                                                          \
+    }                                                                                            \
+  }

@@ -196,98 +196,107 @@ void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T*
   }
 #endif
 
+// Split-K (as in gemm.cl): work-group dimension 2 is the split (1 when the NDRange has two
+// dimensions); it sums K range [kbeg, kend) into partial plane `split` of y ([M][N] each). The A
+// rows this item loads are fixed over K (NT % TK == 0): conv_rows.
+#define CONV_SPLIT_AND_ROWS                                           \
+  const int split = get_group_id(2);                                  \
+  VT_SPLIT_RANGE(K, split, (int)get_num_groups(2), kbeg, kend);       \
+  const int a_kk = tid % TK;                                          \
+  int a_base[RA], a_y[RA], a_x[RA];                                   \
+  conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x)
+
+// Where a staged element goes, per kernel: A's patch element of row mm (at column a_kk), the
+// filter's element (nn, kk) as stored (raw) or dequantized (a float), and a dequantized quad of
+// 4 k; and the multiply of a staged slice.
 #if MMA
 // The filter is a k-major B ([N][K] rows), staged [n][k] as mma_tile.cl reads it.
 #define B_KMAJOR 1
 #include "mma_tile.cl"
+#define CONV_PUT_A(mm, r) (*MMA_A_AT(buf, mm, a_kk) = MMA_BITS(r))
+#define CONV_PUT_B_RAW(nn, kk, r) (*MMA_B_AT(buf, nn, kk) = MMA_BITS(r))
+#define CONV_PUT_B(nn, kk, f) (*MMA_B_AT(buf, nn, kk) = mma_half_bits(f))
+#define CONV_PUT_B4(nn, kk, q) (*(__local ushort4*)MMA_B_AT(buf, nn, kk) = mma_half_bits4(q))
+#define CONV_MULTIPLY(cb) MMA_SLICE(cb)
+#else
+// A quad of 4 k goes down 4 rows of the k-major tile.
+inline void conv_put_quad_down(__local DL_C* p, float4 q) {
+  p[0] = DL_TO_C(q.x);
+  p[LDB] = DL_TO_C(q.y);
+  p[2 * LDB] = DL_TO_C(q.z);
+  p[3 * LDB] = DL_TO_C(q.w);
+}
+#define CONV_PUT_A(mm, r) (as[(buf * TK + a_kk) * LDA + (mm)] = DL_TO_C(DL_FROM_RAW(r)))
+#define CONV_PUT_B_RAW(nn, kk, r) (bs[(buf * TK + (kk)) * LDB + (nn)] = DL_TO_C(DL_FROM_RAW(r)))
+#define CONV_PUT_B(nn, kk, f) (bs[(buf * TK + (kk)) * LDB + (nn)] = DL_TO_C(f))
+#define CONV_PUT_B4(nn, kk, q) conv_put_quad_down(bs + (buf * TK + (kk)) * LDB + (nn), q)
+#define CONV_MULTIPLY(cb) VT_FMA_SLICE(As, Bs, cb, acc)
+#endif
+
+#define CONV_STAGE_A                                                           \
+  _Pragma("unroll") for (int r = 0; r < RA; ++r) {                             \
+    const int mm = tid / TK + r * (NT / TK);                                   \
+    if (mm < TM) CONV_PUT_A(mm, ra[r]);                                        \
+  }
+#if DL_WQ && WQ_QUADS
+#define CONV_STAGE_B                                                           \
+  _Pragma("unroll") for (int l = 0; l < LB4; ++l) {                            \
+    const int e = tid + l * NT;                                                \
+    const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);                      \
+    if (e < TN * TK / 4) CONV_PUT_B4(nn, kk, DL_WQ_FROM_RAW4(rb[l]) * rbs[l]); \
+  }
+#elif DL_WQ
+#define CONV_STAGE_B                                                           \
+  _Pragma("unroll") for (int l = 0; l < LB; ++l) {                             \
+    const int e = tid + l * NT;                                                \
+    const int kk = e % TK, nn = e / TK;                                        \
+    const int wi = (n0 + nn) * K + k0 + kk; /* its element index: the int4 nibble */ \
+    if (nn < TN) CONV_PUT_B(nn, kk, DL_WQ_FROM_RAW(rb[l], wi) * rbs[l]);       \
+  }
+#else
+#define CONV_STAGE_B                                                           \
+  _Pragma("unroll") for (int l = 0; l < LB; ++l) {                             \
+    const int e = tid + l * NT;                                                \
+    const int kk = e % TK, nn = e / TK;                                        \
+    if (nn < TN) CONV_PUT_B_RAW(nn, kk, rb[l]);                                \
+  }
+#endif
+
+// As in gemm.cl: iteration k0 fetches slice k0 into registers, multiplies slice k0 - TK from
+// buffer buf ^ 1 and stages slice k0 into buffer buf; one barrier a slice.
+#define CONV_SLICE_WALK                                                        \
+  DL_RAW ra[RA];                                                               \
+  CONV_B_REGS;                                                                 \
+  int buf = 0;                                                                 \
+  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {                              \
+    if (k0 < kend) {                                                           \
+      CONV_FETCH_A;                                                            \
+      CONV_FETCH_B;                                                            \
+    }                                                                          \
+    if (k0 > kbeg) {                                                           \
+      CONV_MULTIPLY(buf ^ 1);                                                  \
+    }                                                                          \
+    if (k0 < kend) {                                                           \
+      CONV_STAGE_A;                                                            \
+      CONV_STAGE_B;                                                            \
+      barrier(CLK_LOCAL_MEM_FENCE);                                            \
+      buf ^= 1;                                                                \
+    }                                                                          \
+  }
+
+#if MMA
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2,
             int has_bias DL_WQ_PARAMS) {
-  // ushort4 arrays: 8-byte aligned, for the quantized filter's quad stores
-  __local ushort4 As[2 * TM * MMA_LD / 4];
-  __local ushort4 Bs[MMA_B_HALVES / 4];
-  __local ushort* as = (__local ushort*)As;
-  __local ushort* bs = (__local ushort*)Bs;
-#if MMA_EMULATE
-  __local float mma_x[MMA_WARPS * MMA_XW];
-#endif
+  MMA_TILE_LOCALS;
   CONV_GEOMETRY(g0, g1, g2);
   TILE_ITEM(tx, ty, tid, n0, m0);
-  const int warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int wm0 = (warp / MMA_WARPS_N) * MMA_WTM;
-  const int wn0 = (warp % MMA_WARPS_N) * MMA_WTN;
-  const int split = get_group_id(2);  // split-K, as the vectorised kernel
-  VT_SPLIT_RANGE(K, split, (int)get_num_groups(2), kbeg, kend);
-  const int a_kk = tid % TK;
-  int a_base[RA], a_y[RA], a_x[RA];
-  conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
-
-  float acc[MMA_MI][MMA_NI][4];
-  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
-    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
-      MMA_UNROLL for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-    }
-  }
-
-  // The vectorised kernel's double-buffered walk: fetch slice k0, multiply slice k0 - TK, stage.
-  DL_RAW ra[RA];
-  CONV_B_REGS;
-  int buf = 0;
-  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
-    if (k0 < kend) {
-      CONV_FETCH_A;
-      CONV_FETCH_B;
-    }
-    if (k0 > kbeg) {
-      MMA_SLICE(buf ^ 1);
-    }
-    if (k0 < kend) {
-#pragma unroll
-      for (int r = 0; r < RA; ++r) {
-        const int mm = tid / TK + r * (NT / TK);
-        if (mm < TM) *MMA_A_AT(buf, mm, a_kk) = MMA_BITS(ra[r]);
-      }
-#if DL_WQ && WQ_QUADS
-#pragma unroll
-      for (int l = 0; l < LB4; ++l) {
-        const int e = tid + l * NT;
-        const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);
-        if (e < TN * TK / 4) {
-          *(__local ushort4*)MMA_B_AT(buf, nn, kk) = mma_half_bits4(DL_WQ_FROM_RAW4(rb[l]) * rbs[l]);
-        }
-      }
-#else
-#pragma unroll
-      for (int l = 0; l < LB; ++l) {
-        const int e = tid + l * NT;
-        const int kk = e % TK, nn = e / TK;
-#if DL_WQ
-        const int wi = (n0 + nn) * K + k0 + kk;  // its element index: the int4 nibble
-        if (nn < TN) *MMA_B_AT(buf, nn, kk) = mma_half_bits(DL_WQ_FROM_RAW(rb[l], wi) * rbs[l]);
-#else
-        if (nn < TN) *MMA_B_AT(buf, nn, kk) = MMA_BITS(rb[l]);
-#endif
-      }
-#endif
-      barrier(CLK_LOCAL_MEM_FENCE);
-      buf ^= 1;
-    }
-  }
-
-  __global DL_T* Cb = y + split * M * N;
+  MMA_ITEM_AND_ACC(tid);
+  CONV_SPLIT_AND_ROWS;
+  CONV_SLICE_WALK
   const int vec_c = (N & 1) == 0;  // rows of N elements: 2-vector stores where N is even
-  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
-    const int m = m0 + wm0 + i * 16 + g;
-    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
-      const int n = n0 + wn0 + j * 8 + 2 * t;
-      if (m < M) mma_store2(Cb + m * N, bias, has_bias, n, N, vec_c, acc[i][j][0], acc[i][j][1]);
-      if (m + 8 < M) {
-        mma_store2(Cb + (m + 8) * N, bias, has_bias, n, N, vec_c, acc[i][j][2], acc[i][j][3]);
-      }
-    }
-  }
+  MMA_STORE_TILE(y + split * M * N, N, vec_c);
 }
 #else  // MMA
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
@@ -300,69 +309,10 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
   __local DL_C* bs = (__local DL_C*)Bs;
   CONV_GEOMETRY(g0, g1, g2);
   TILE_ITEM(tx, ty, tid, n0, m0);
-  // Split-K (as in gemm.cl): work-group dimension 2 is the split (1 when the
-  // NDRange has two dimensions); it sums K range [kbeg, kend) into partial
-  // plane `split` of y ([M][N] each).
-  const int split = get_group_id(2);
-  VT_SPLIT_RANGE(K, split, (int)get_num_groups(2), kbeg, kend);
-
-  // The A rows this item loads: fixed over K (NT % TK == 0).
-  const int a_kk = tid % TK;
-  int a_base[RA], a_y[RA], a_x[RA];
-  conv_rows(m0, M, tid, g0, g1, g2, a_base, a_y, a_x);
-
+  CONV_SPLIT_AND_ROWS;
   float4 acc[WM][WN / 4];
   VT_ZERO(acc);
-
-  // As in gemm.cl: iteration k0 fetches slice k0, computes slice k0 - TK
-  // from buffer buf ^ 1 and stages slice k0 into buffer buf.
-  DL_RAW ra[RA];  // raw (as stored) until staged: see dl_storage.cl's DL_RAW
-  CONV_B_REGS;
-  int buf = 0;
-  for (int k0 = kbeg; k0 < kend + TK; k0 += TK) {
-    if (k0 < kend) {
-      CONV_FETCH_A;
-      CONV_FETCH_B;
-    }
-    if (k0 > kbeg) VT_FMA_SLICE(As, Bs, buf ^ 1, acc);
-    if (k0 < kend) {
-#pragma unroll
-      for (int r = 0; r < RA; ++r) {
-        const int mm = tid / TK + r * (NT / TK);
-        if (mm < TM) as[(buf * TK + a_kk) * LDA + mm] = DL_TO_C(DL_FROM_RAW(ra[r]));
-      }
-#if DL_WQ && WQ_QUADS
-#pragma unroll
-      for (int l = 0; l < LB4; ++l) {  // a quad goes down 4 k rows of the k-major tile
-        const int e = tid + l * NT;
-        const int kk = 4 * (e % (TK / 4)), nn = e / (TK / 4);
-        if (e < TN * TK / 4) {
-          const float4 q = DL_WQ_FROM_RAW4(rb[l]) * rbs[l];
-          __local DL_C* p = bs + (buf * TK + kk) * LDB + nn;
-          p[0] = DL_TO_C(q.x);
-          p[LDB] = DL_TO_C(q.y);
-          p[2 * LDB] = DL_TO_C(q.z);
-          p[3 * LDB] = DL_TO_C(q.w);
-        }
-      }
-#else
-#pragma unroll
-      for (int l = 0; l < LB; ++l) {
-        const int e = tid + l * NT;
-        const int kk = e % TK, nn = e / TK;
-#if DL_WQ
-        const int wi = (n0 + nn) * K + k0 + kk;  // its element index: the int4 nibble
-        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_TO_C(DL_WQ_FROM_RAW(rb[l], wi) * rbs[l]);
-#else
-        if (nn < TN) bs[(buf * TK + kk) * LDB + nn] = DL_TO_C(DL_FROM_RAW(rb[l]));
-#endif
-      }
-#endif
-      barrier(CLK_LOCAL_MEM_FENCE);
-      buf ^= 1;
-    }
-  }
-
+  CONV_SLICE_WALK
   const bool vec_c = (N & 3) == 0;  // with n % 4 == 0: 16-byte aligned rows
   VT_STORE(acc, bias, has_bias, M, N, vec_c, y + (split * M + m) * N);
 }

@@ -66,42 +66,15 @@ void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
           int c_base DL_WQ_PARAMS) {
   A += a_base;
   C += c_base;
-  // ushort4 arrays: the staged quads are 8-byte stores, which need the 8-byte alignment a uint
-  // array would not promise (a misaligned shared-memory access faults on NVIDIA).
-  __local ushort4 As[2 * TM * MMA_LD / 4];
-  __local ushort4 Bs[MMA_B_HALVES / 4];
-  __local ushort* as = (__local ushort*)As;
-  __local ushort* bs = (__local ushort*)Bs;
-#if MMA_EMULATE
-  __local float mma_x[MMA_WARPS * MMA_XW];
-#endif
+  MMA_TILE_LOCALS;
   TILE_ITEM(tx, ty, tid, n0, m0);
-  const int warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int wm0 = (warp / MMA_WARPS_N) * MMA_WTM;
-  const int wn0 = (warp % MMA_WARPS_N) * MMA_WTN;
+  MMA_ITEM_AND_ACC(tid);
   GEMM_SPLIT_PROLOGUE;
-
-  float acc[MMA_MI][MMA_NI][4];
-  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
-    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
-      MMA_UNROLL for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-    }
-  }
 
   // gemm.cl's walk over K, each slice multiplied on the tensor cores.
   GEMM_SLICE_WALK(MMA_SLICE, MMA_STAGE_A, MMA_STAGE_B)
 
   __global DL_T* Cb = C + (split * batches + batch) * c_bs;
   const int vec_c = ((ldc | c_bs | c_base) & 1) == 0;
-  MMA_UNROLL for (int i = 0; i < MMA_MI; ++i) {
-    const int m = m0 + wm0 + i * 16 + g;
-    MMA_UNROLL for (int j = 0; j < MMA_NI; ++j) {
-      const int n = n0 + wn0 + j * 8 + 2 * t;
-      if (m < M) mma_store2(Cb + m * ldc, bias, has_bias, n, N, vec_c, acc[i][j][0], acc[i][j][1]);
-      if (m + 8 < M) {
-        mma_store2(Cb + (m + 8) * ldc, bias, has_bias, n, N, vec_c, acc[i][j][2], acc[i][j][3]);
-      }
-    }
-  }
+  MMA_STORE_TILE(Cb, ldc, vec_c);
 }
