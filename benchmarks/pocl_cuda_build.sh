@@ -70,25 +70,30 @@ if ! { [ -f "$POCL_TGZ" ] && echo "$POCL_SHA256  $POCL_TGZ" | sha256sum -c --qui
   echo "$POCL_SHA256  $POCL_TGZ" | sha256sum -c --quiet
 fi
 [ -d pocl-$POCL_VER ] || tar xzf "$POCL_TGZ"
-# Two changes to PoCL. First, two lines: the CUDA driver maps the calls its kernel library leaves
-# to C math functions onto CUDA's libdevice (__nv_*), but its list (mapLibDeviceCalls in
-# pocl-ptx-gen.cc) lacks erf and erfc, so erf(float) stays a call to an undefined erff and the
-# driver's PTX JIT refuses every program with a GELU (cuModuleLoad fails; ptxas: "Unresolved extern
-# function 'erff'"). libdevice has both. Idempotent.
+# Our two changes to PoCL, both in pocl-ptx-gen.cc, made to a fresh copy of that file from the
+# tarball each run (tar -m: newer than its object, so make rebuilds it).
 PTXGEN=pocl-$POCL_VER/lib/CL/devices/cuda/pocl-ptx-gen.cc
-grep -q 'LDMAP("erf")' "$PTXGEN" || sed -i 's/^\( *\)LDMAP("cosh")$/&\n\1LDMAP("erf")\n\1LDMAP("erfc")/' "$PTXGEN"
+tar xzmf "$POCL_TGZ" "$PTXGEN"
+# First, two lines: the CUDA driver maps the calls its kernel library leaves to C math functions
+# onto CUDA's libdevice (__nv_*), but its list (mapLibDeviceCalls) lacks erf and erfc, so
+# erf(float) stays a call to an undefined erff and the driver's PTX JIT refuses every program
+# with a GELU (cuModuleLoad fails; ptxas: "Unresolved extern function 'erff'"). libdevice has both.
+sed -i 's/^\( *\)LDMAP("cosh")$/&\n\1LDMAP("erf")\n\1LDMAP("erfc")/' "$PTXGEN"
 grep -q 'LDMAP("erfc")' "$PTXGEN" || { echo "pocl_cuda_build: could not add erf to $PTXGEN" >&2; exit 1; }
-# The second change, opt-in: PoCL marks each kernel for NVPTX with "kernel" alone and drops its
+# Second, opt-in launch bounds: PoCL marks each kernel for NVPTX with "kernel" alone and drops its
 # reqd_work_group_size, so ptxas never learns the work-group size and sizes registers for any.
 # The tensor-core GEMM tile then took 160 registers where NVIDIA's compiler gives the same source
 # 125: one 256-item work-group a compute unit instead of two, and 2.8x NVIDIA's time
 # (docs/lab-notebook.md §70). With POCL_CUDA_MIN_BLOCKS_PER_SM=N set at run time, a kernel with a
 # reqd_work_group_size gets it as .maxntid and N as .minnctapersm (CUDA's __launch_bounds__), so
-# ptxas holds registers to what N work-groups a compute unit leave. Idempotent.
-if ! grep -q POCL_CUDA_MIN_BLOCKS_PER_SM "$PTXGEN"; then
-  cat > launch_bounds.inc <<'CPP'
+# ptxas holds registers to what N work-groups a compute unit leave; POCL_CUDA_LAUNCH_BOUNDS_KERNELS
+# (kernel names, comma separated) limits that to those kernels.
+cat > launch_bounds.inc <<'CPP'
     // difflite's pocl_cuda_build.sh: launch bounds from reqd_work_group_size (opt-in).
-    if (const char *MinBlocks = getenv("POCL_CUDA_MIN_BLOCKS_PER_SM")) {
+    const char *BoundsKernels = getenv("POCL_CUDA_LAUNCH_BOUNDS_KERNELS");
+    const std::string Listed = "," + std::string(BoundsKernels ? BoundsKernels : "") + ",";
+    const bool Chosen = !BoundsKernels || Listed.find("," + Function->getName().str() + ",") != std::string::npos;
+    if (const char *MinBlocks = Chosen ? getenv("POCL_CUDA_MIN_BLOCKS_PER_SM") : nullptr) {
       if (llvm::MDNode *Reqd = Function->getMetadata("reqd_work_group_size")) {
         auto Annotate = [&](const char *Key, uint64_t Value) {
           Annotations->addOperand(llvm::MDNode::get(
@@ -104,10 +109,9 @@ if ! grep -q POCL_CUDA_MIN_BLOCKS_PER_SM "$PTXGEN"; then
       }
     }
 CPP
-  # after the line that adds the kernel's "kernel" annotation
-  sed -i '/^    Annotations->addOperand(Node);$/r launch_bounds.inc' "$PTXGEN"
-fi
-grep -q POCL_CUDA_MIN_BLOCKS_PER_SM "$PTXGEN" || { echo "pocl_cuda_build: could not add launch bounds to $PTXGEN" >&2; exit 1; }
+# after the line that adds the kernel's "kernel" annotation
+sed -i '/^    Annotations->addOperand(Node);$/r launch_bounds.inc' "$PTXGEN"
+grep -q POCL_CUDA_LAUNCH_BOUNDS_KERNELS "$PTXGEN" || { echo "pocl_cuda_build: could not add launch bounds to $PTXGEN" >&2; exit 1; }
 
 # --- 3. configure, build, install --------------------------------------------------------------
 # ENABLE_HOST_CPU_DEVICES=OFF: CUDA only (no CPU driver, no host-CPU kernel libraries to build).
@@ -196,7 +200,7 @@ max_glibcxx() {
   objdump -T "$@" 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1
 }
 {
-  echo "PoCL $POCL_VER ($POCL_URL, sha256 $POCL_SHA256), with erf/erfc mapped to libdevice and opt-in launch bounds (POCL_CUDA_MIN_BLOCKS_PER_SM)"
+  echo "PoCL $POCL_VER ($POCL_URL, sha256 $POCL_SHA256), with erf/erfc mapped to libdevice and opt-in launch bounds (POCL_CUDA_MIN_BLOCKS_PER_SM, POCL_CUDA_LAUNCH_BOUNDS_KERNELS)"
   echo "LLVM: $(llvm-config-$LLVM_VER --version) (Debian $(dpkg-query -W -f '${Version}' llvm-$LLVM_VER-dev)), static"
   echo "CUDA headers/libdevice: Debian nvidia-cuda-dev $(dpkg-query -W -f '${Version}' nvidia-cuda-dev)"
   echo "built on: $(. /etc/os-release; echo "$PRETTY_NAME"), $(ldd --version | head -1)"

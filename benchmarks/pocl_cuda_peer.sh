@@ -12,9 +12,11 @@
 # TENSOR_CORES=1: PoCL targets sm_80 and the GEMMs take the tensor-core tiles
 # (POCL_CUDA_GPU_ARCH=sm_80 DIFFLITE_TENSOR_CORES=on): half arithmetic elsewhere, the matrix units
 # for the GEMMs, as LiteRT's fp16 engine runs on this GPU (docs/lab-notebook.md §68). With it,
-# MIN_BLOCKS (default 2; 0: none) work-groups a compute unit bound every kernel's registers
+# MIN_BLOCKS (default 2; 0: none) work-groups a compute unit bound the kernels' registers
 # (POCL_CUDA_MIN_BLOCKS_PER_SM, the launch bounds benchmarks/pocl_cuda_build.sh adds to PoCL;
-# §70: the tensor-core tile 160 -> 128 registers, the VAE decoder 28.3 -> 19.8 ms).
+# §70: the tensor-core tile 160 -> 128 registers, the VAE decoder 28.3 -> 19.8 ms), every
+# kernel's or those BOUNDS_KERNELS names (comma separated, e.g. gemm: the convolution's
+# tensor-core tile takes 200 registers in PoCL's PTX and would spill under 128).
 #
 # Results under $OUT (default benchmarks/results): gpu_peer_<device>.json and, for te_vae,
 # gpu_profile_vae_decoder_{generic_pocl_half,nvidia_h100_nvidia_fp16}.json.
@@ -41,6 +43,7 @@ source benchmarks/pocl_cuda_setup.sh
 if [ -n "${TENSOR_CORES:-}" ]; then
   export POCL_CUDA_GPU_ARCH=sm_80 DIFFLITE_TENSOR_CORES=on
   [ "${MIN_BLOCKS:-2}" = 0 ] || export POCL_CUDA_MIN_BLOCKS_PER_SM=${MIN_BLOCKS:-2}
+  [ -z "${BOUNDS_KERNELS:-}" ] || export POCL_CUDA_LAUNCH_BOUNDS_KERNELS=$BOUNDS_KERNELS
 fi
 work=/tmp/peer-$part
 python benchmarks/gpu_peer.py --work "$work" --runs 10 --components "$components" --skip torch \
