@@ -13,9 +13,10 @@
 // neighbouring k; rows padded to MMA_LD = TK + 8 halves so that the eight row groups of a
 // fragment read fall in distinct banks), an n-major B as [k][n] (MMA_B_AT).
 //
-// The including kernel names: `as` and `bs` (the staged slices, two buffers each), `acc`
-// (float [MMA_MI][MMA_NI][4]), `tid`, the item's warp block (wm0, wn0) and lane (g, t) =
-// (lane / 4, lane % 4), and under MMA_EMULATE `mma_x` (MMA_WARPS * MMA_XW floats of local memory).
+// A kernel declares its slices with MMA_TILE_LOCALS (`as`, `bs`: two buffers each; `mma_x`
+// under MMA_EMULATE) and its item with MMA_ITEM_AND_ACC(tid) (the warp block wm0, wn0, the lane
+// g, t = lane / 4, lane % 4, and `acc`), stages each slice at MMA_A_AT / MMA_B_AT, multiplies it
+// with MMA_SLICE and stores with MMA_STORE_TILE, which reads its m0, n0, M, N, bias and has_bias.
 #if !defined(DL_HALF_IO) && !defined(DL_FP16)
 #error "mma_tile.cl needs half storage"
 #endif
