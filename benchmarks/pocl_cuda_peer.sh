@@ -36,8 +36,7 @@ if [ "$part" = te_vae ]; then
   python -m difflite convert preset:sd15 -o /tmp/vae-h100 --components vae_decoder --precision fp16 \
     --device-profile nvidia-h100 > /dev/null
   python benchmarks/gpu_profile.py /tmp/vae-h100 vae_decoder --runs 5 --detail --precision fp16 \
-    --json "$OUT/gpu_profile_vae_decoder_nvidia_h100_nvidia_fp16.json" > /tmp/vae-h100.log
-  tail -40 /tmp/vae-h100.log
+    --json "$OUT/gpu_profile_vae_decoder_nvidia_h100_nvidia_fp16.json" | tail -40
 fi
 source benchmarks/pocl_cuda_setup.sh
 if [ -n "${TENSOR_CORES:-}" ]; then
@@ -50,6 +49,5 @@ python benchmarks/gpu_peer.py --work "$work" --runs 10 --components "$components
   --precisions "${PRECISIONS:-fp16,fp16:math=fp32}" --library "$DIFFLITE_OPLIB" --convert-args "--device-profile generic"
 if [ "$part" = te_vae ]; then
   python benchmarks/gpu_profile.py "$work/fused" vae_decoder --runs 5 --detail --precision fp16 \
-    --json "$OUT/gpu_profile_vae_decoder_generic_pocl_half.json" > /tmp/vae-pocl.log
-  tail -40 /tmp/vae-pocl.log
+    --json "$OUT/gpu_profile_vae_decoder_generic_pocl_half.json" | tail -40
 fi

@@ -313,23 +313,18 @@ std::unique_ptr<GpuOp> CreateConv2d(const NodeView& node, GpuContext& ctx, std::
     if (c.mma && c.threads() < 256) return std::string("tensor-core tile of too few items for a convolution");
     // quantized filters in aligned quads of k where K allows (a scale already covers >= 4 k)
     const bool quads = wq.on() && k % 4 == 0;
-    return GetKernel(ctx, "conv", "conv2d",
-                     c.Options() + (c.mma && ctx.TensorCoresEmulated() ? " -DMMA_EMULATE=1" : "") +
-                         wq.Options() + (quads ? " -DWQ_QUADS=1" : ""),
-                     out);
+    return GetKernel(ctx, "conv", "conv2d", c.Options() + wq.Options() + (quads ? " -DWQ_QUADS=1" : ""), out);
   };
   const int64_t macs = static_cast<int64_t>(m) * g.cout * k;
-  // The implicit GEMM takes the tensor-core tiles as gemm.cl's GEMMs do (half storage, where the
+  // The implicit GEMM takes the tensor-core tiles as gemm.cl's GEMMs do (PickTile, where the
   // context allows them): the generic profile's direct 3x3 convolutions (the UNet's 16x16 and
   // 8x8 levels, below its Winograd minimum) are most of its convolution time.
-  const bool mma = ctx.TensorCores();
-  e = PickTile(ctx, m, g.cout, macs, kernel_of, &tile, &kernel, wq.on(), mma);
+  e = PickTile(ctx, m, g.cout, macs, kernel_of, &tile, &kernel, wq.on());
   if (!e.empty() && wq.on()) {  // no vectorised tile fits: the filter dequantized at upload
     wq = WeightQuant();
-    e = PickTile(ctx, m, g.cout, macs, kernel_of, &tile, &kernel, false, mma);
+    e = PickTile(ctx, m, g.cout, macs, kernel_of, &tile, &kernel);
   }
   if (!e.empty()) return Refuse(error, e);
-  ctx.NoteGemmTile(tile.Name());
   SplitK split;
   if (tile.vec) {
     const int64_t tiles = static_cast<int64_t>((m + tile.tm - 1) / tile.tm) *

@@ -10,7 +10,8 @@ namespace difflite::gpu::builtin {
 std::string TileConfig::Options() const {
   return "-DTM=" + std::to_string(tm) + " -DTN=" + std::to_string(tn) +
          " -DTK=" + std::to_string(tk) + " -DWM=" + std::to_string(wm) +
-         " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "") + (mma ? " -DMMA=1" : "");
+         " -DWN=" + std::to_string(wn) + (vec ? " -DVEC=1" : "") + (mma ? " -DMMA=1" : "") +
+         (mma && mma_emulated ? " -DMMA_EMULATE=1" : "");
 }
 
 std::string TileConfig::Name() const {
@@ -274,23 +275,18 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
   }
   auto kernel_of = [&](const TileConfig& c, cl_kernel* k) {
     const bool quads = c.vec && (quads_allowed || c.mma);
-    const std::string opts = c.Options() +
-                             (c.mma && ctx.TensorCoresEmulated() ? " -DMMA_EMULATE=1" : "") +
-                             " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
+    const std::string opts = c.Options() + " -DA_KMAJOR=" + (a_kmajor ? "1" : "0") +
                              " -DB_KMAJOR=" + (b_kmajor ? "1" : "0") +
                              (quads && a_in_quads ? " -DA_QUADS=1" : "") +
                              (quads && b_in_quads ? " -DB_QUADS=1" : "") + s_.wq.Options() + acc;
     return GetKernel(ctx, "gemm", "gemm", opts, k);
   };
   const int64_t macs = static_cast<int64_t>(batches_) * s_.m * s_.n * s_.k;
-  const bool mma = ctx.TensorCores();
-  std::string e =
-      PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, s_.wq.on(), mma);
+  std::string e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, s_.wq.on());
   if (!e.empty() && s_.wq.on()) {  // no vectorised tile fits: B dequantized at upload
     s_.wq = WeightQuant();
-    e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_, false, mma);
+    e = PickTile(ctx, s_.m, s_.n, macs, kernel_of, &tile_, &kernel_);
   }
-  if (e.empty()) ctx.NoteGemmTile(tile_.Name());
   if (!e.empty() || !tile_.vec || s_.accumulate) return e;
   const int64_t tiles = static_cast<int64_t>((s_.m + tile_.tm - 1) / tile_.tm) *
                         ((s_.n + tile_.tn - 1) / tile_.tn) * batches_;

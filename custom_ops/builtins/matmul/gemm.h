@@ -24,10 +24,14 @@ struct TileConfig {
   // The vectorised tile walk on tensor cores (gemm_mma.cl, -DMMA=1; vec too): warps of 32
   // items in two columns, each owning whole 16 x 8 fragments.
   bool mma = false;
+  // The instruction emulated in OpenCL C (-DMMA_EMULATE=1): set by PickTile where
+  // GpuContext::TensorCoresEmulated().
+  bool mma_emulated = false;
   int threads() const { return (tm / wm) * (tn / wn); }
   // Whether gemm_mma.cl can lay its warps over this tile.
   bool MmaFits() const;
-  std::string Options() const;  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1 [-DMMA=1]]
+  // -DTM=... -DTN=... -DTK=... -DWM=... -DWN=... [-DVEC=1 [-DMMA=1 [-DMMA_EMULATE=1]]]
+  std::string Options() const;
   std::string Name() const;     // DIFFLITE_GEMM_TILE's form: TMxTNxTKxWMxWN[v|m]
 };
 
@@ -48,13 +52,15 @@ std::vector<TileConfig> TileCandidates(int m, int n, int64_t macs, bool mma = fa
 // The first candidate tile that `kernel_of(config)` can run on this device.
 // kernel_of returns "" and the kernel, or a reason.
 // `vec_only`: the vectorised tiles only (those that read quantized weights).
-// `mma`: tensor-core tiles first (their kernel_of must build -DMMA=1 where config.mma); a
-// tensor-core tile that does not build is passed over, not an error.
+// Where GpuContext::TensorCores() allows them, tensor-core tiles come first (kernel_of builds
+// config.Options(), which carries -DMMA=1 and its emulation); one that does not build is passed
+// over, not an error. The tile taken is noted for the stats (GpuContext::NoteGemmTile).
 template <typename F>
 std::string PickTile(GpuContext& ctx, int m, int n, int64_t macs, F kernel_of, TileConfig* out,
-                     cl_kernel* kernel, bool vec_only = false, bool mma = false) {
+                     cl_kernel* kernel, bool vec_only = false) {
   std::string last;
-  for (const TileConfig& c : TileCandidates(m, n, macs, mma)) {
+  for (TileConfig c : TileCandidates(m, n, macs, ctx.TensorCores())) {
+    c.mma_emulated = c.mma && ctx.TensorCoresEmulated();
     if (static_cast<size_t>(c.threads()) > ctx.device().max_work_group_size) continue;
     if (vec_only && !c.vec) continue;
     cl_kernel k = nullptr;
@@ -68,6 +74,7 @@ std::string PickTile(GpuContext& ctx, int m, int n, int64_t macs, F kernel_of, T
     if (ctx.KernelWorkGroupSize(k) >= static_cast<size_t>(c.threads())) {
       *out = c;
       *kernel = k;
+      ctx.NoteGemmTile(c.Name());
       return "";
     }
     last = "work-group of " + std::to_string(c.threads()) + " items too large for the device";
