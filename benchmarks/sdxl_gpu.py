@@ -18,6 +18,8 @@ STEPS, and is saved to WORK/sdxl_gpu.json at once:
 - picture_diffusers_fp16: StableDiffusionXLPipeline at fp16 from a saved folder of the same
   weights, a fresh process each;
 - peer_b1: the batch-1 UNet (difflite, PyTorch eager);
+- peer_litert_b1: the batch-1 UNet, difflite against stock LiteRT's GPU engine at fp16 in one call,
+  on the --no-fuse UNet written from the batch-1 conversion's ONNX (same weights);
 - peer_int4, picture_int4_low_memory, peer_int8, picture_int8: the quantized UNets' step and
   pictures (int4 as a phone gets it: the generic profile, batch 1, and --low-memory: one model at
   a time);
@@ -76,7 +78,7 @@ TURBO_FLAGS = ["--steps", "4", "--guidance", "0", "--scheduler", "euler-a", "--t
 STEPS = {
     "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "peer_litert_vae": "fp16",
     "picture_diffusers_fp16": "fp16",
-    "peer_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
+    "peer_b1": "b1", "peer_litert_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
     "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
@@ -147,26 +149,27 @@ def finish_convert(work: Path, name: str, process: subprocess.Popen, started: fl
     return result
 
 
-def write_unfused(work: Path, components: tuple[str, ...] = ("unet", "vae_decoder")) -> dict:
-    """gpu_peer's layout (WORK/peer/fused -> WORK/fp16, WORK/peer/unfused/NAME.tflite) from the
-    fp16 conversion's ONNX graphs; the ONNX is deleted afterwards (disk)."""
+def write_unfused(work: Path, components: tuple[str, ...] = ("unet", "vae_decoder"), source: str = "fp16",
+                  peer_name: str = "peer") -> dict:
+    """gpu_peer's layout (WORK/<peer_name>/fused -> WORK/<source>, WORK/<peer_name>/unfused/NAME.tflite)
+    from the source conversion's ONNX graphs; the ONNX is deleted afterwards (disk)."""
     from difflite.compiler.tflite.writer import load_onnx, write_tflite
     from difflite.passes import run_passes
 
-    peer = work / "peer"
+    peer = work / peer_name
     unfused = peer / "unfused"
     unfused.mkdir(parents=True, exist_ok=True)
-    link(peer / "fused", work / "fp16")
+    link(peer / "fused", work / source)
     ops = {}
     for name in components:
-        graph = load_onnx(work / "fp16" / "onnx" / f"{name}.onnx")
+        graph = load_onnx(work / source / "onnx" / f"{name}.onnx")
         run_passes(graph, {"gelu", "groupnorm", "attention"})
         result = write_tflite(graph, precision="fp16", fuse=frozenset())
         (unfused / f"{name}.tflite").write_bytes(result.data)
         (unfused / f"{name}.json").write_text(json.dumps({"inputs": result.inputs, "outputs": result.outputs}))
         ops[name] = sum(result.op_histogram.values())
         del graph, result
-    shutil.rmtree(work / "fp16" / "onnx")
+    shutil.rmtree(work / source / "onnx")
     return ops
 
 
@@ -281,7 +284,9 @@ def main() -> int:
     save = lambda: (work / "sdxl_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
     pending = list(dict.fromkeys(STEPS[step] for step in steps))
     threads = max(1, (os.cpu_count() or 1) // len(pending))
-    litert = "peer_litert" in steps or "peer_litert_vae" in steps  # fp16 keeps its ONNX for the --no-fuse UNet
+    # the conversions whose ONNX the --no-fuse files for LiteRT are written from
+    keep_onnx = {name for name, wanted in (("fp16", ("peer_litert", "peer_litert_vae")), ("b1", ("peer_litert_b1",)))
+                 if any(step in steps for step in wanted)}
     running: dict[str, tuple[subprocess.Popen, float]] = {}
 
     def start_what_fits() -> None:
@@ -292,7 +297,7 @@ def main() -> int:
             if running and free < DISK_GB.get(pending[0], 24):
                 return
             name = pending.pop(0)
-            running[name] = (start_convert(work, name, threads, name == "fp16" and litert, args.recipes),
+            running[name] = (start_convert(work, name, threads, name in keep_onnx, args.recipes),
                              time.perf_counter())
             committed += DISK_GB.get(name, 24)
 
@@ -307,9 +312,11 @@ def main() -> int:
             name = next(name for name, (p, _) in running.items() if p.poll() is not None)
             process, began = running.pop(name)
             data["convert"][name] = finish_convert(work, name, process, began)
-            if name == "fp16" and litert and data["convert"][name]["exit"] == 0:
+            if name == "fp16" and name in keep_onnx and data["convert"][name]["exit"] == 0:
                 unfused = [c for c, step in (("unet", "peer_litert"), ("vae_decoder", "peer_litert_vae")) if step in steps]
                 run_step(data, "unfused_ops", running, write_unfused, work, tuple(unfused))
+            if name == "b1" and name in keep_onnx and data["convert"][name]["exit"] == 0:
+                run_step(data, "unfused_ops_b1", running, write_unfused, work, ("unet",), "b1", "peer_litert_b1")
             start_what_fits()
             save()
             continue
@@ -342,6 +349,10 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
                             min(timeout, 420)),
         "picture_diffusers_fp16": (diffusers_picture, work, runs, timeout),
         "peer_b1": (peer, work, "peer_b1", "b1", "unet", 1, "litert", peer_runs, timeout),
+        # LiteRT's fp16 UNet at batch 1 beside difflite's (its unfused folder is written after the b1
+        # conversion); fp32 left out as in peer_litert
+        "peer_litert_b1": (peer, work, "peer_litert_b1", "b1", "unet", 1, "torch", peer_runs, min(timeout, 540), None,
+                           "fp16"),
         "peer_int4": (peer, work, "peer_int4", "int4", "unet", 1, "litert,torch", peer_runs, timeout),
         "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
         "peer_int8": (peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", peer_runs, timeout),
@@ -412,7 +423,8 @@ def report(data: dict) -> None:
     for name, r in data.get("convert", {}).items():
         print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
     print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
-    for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_litert_vae", "peer_b1", "peer_int4", "peer_int8"):
+    for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_litert_vae", "peer_b1", "peer_litert_b1", "peer_int4",
+                "peer_int8"):
         for name, r in data.get(key, {}).items():
             if isinstance(r, dict) and "median_ms" in r:
                 print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
