@@ -1,7 +1,8 @@
 """Benchmark: the README's headline figures, each the median and range of several runs.
 
 For SD 1.5 (preset weights, 512x512, fp16 storage, convert's defaults: batch 1, the generic profile) it converts
-three folders (fused fp16, fused int8, --no-fuse fp16 for stock LiteRT), then measures, each in a
+four folders (fused fp16, fused int8, --no-fuse fp16 for stock LiteRT, and fused fp16 with its
+weights appended after each flatbuffer: `convert --weights-layout appended`), then measures, each in a
 fresh process from the shell as a user runs it:
 
 - `difflite generate` 20 steps with warm program caches: wall time, the process's peak resident
@@ -42,11 +43,16 @@ FOLDERS = {  # name: convert flags
     "fp16": ["--precision", "fp16"],
     "int8": ["--precision", "fp16", "--weights", "int8"],
     "stock": ["--precision", "fp16", "--no-fuse"],
+    # the weights after each flatbuffer: loading maps almost none of their pages (the host's peak
+    # where the GPU has its own memory)
+    "fp16-appended": ["--precision", "fp16", "--weights-layout", "appended"],
 }
 GENERATE = {  # label: (folder, generate flags)
     "fp16": ("fp16", []),
     "fp16 --low-memory": ("fp16", ["--low-memory"]),
     "int8 --low-memory": ("int8", ["--low-memory"]),
+    "fp16 appended": ("fp16-appended", []),
+    "fp16 appended --low-memory": ("fp16-appended", ["--low-memory"]),
 }
 BENCH = {  # label: (folder, bench flags)
     "fp16 difflite (auto)": ("fp16", []),
@@ -104,7 +110,8 @@ def generate(work: Path, runs: int, steps: int, timeout: float, table: dict = GE
             "peak_rss_mib": summary([t["peak_rss_mib"] for t in timed]),
             "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None,
             "backend_choice": report.get("backend_choice"),
-            "unet_per_step_s": report["timings"].get("unet_per_step"), "timings": report["timings"]}
+            "unet_per_step_s": report["timings"].get("unet_per_step"), "timings": report["timings"],
+            "memory_mb": report.get("memory_mb")}
         print(f"generate {label}: median {result[label]['wall_s']['median']:.2f} s "
               f"({result[label]['wall_s']['min']:.2f}-{result[label]['wall_s']['max']:.2f}, {runs} runs)", flush=True)
     return result

@@ -175,6 +175,13 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
 @click.option("--weights-probes", default=2, show_default=True, type=int,
               help="int4 / int8: seeded random inputs the recipe measures each layer's sensitivity on (at latents of at "
                    "most 16x16); more is slower and steadier.")
+@click.option("--weights-layout", type=click.Choice(["auto", "inline", "appended"]), default="auto",
+              show_default=True,
+              help="Where each .tflite keeps its weights: inline (inside the flatbuffer: every TFLite runtime "
+                   "reads it), appended (after the flatbuffer, located by Buffer.offset: runtimes that read "
+                   "offset buffers, as files past 2 GiB need; building an interpreter then maps almost none of the "
+                   "weights' pages, which keeps them out of the host's peak where the GPU has its own memory) "
+                   "or auto (inline, appended past the flatbuffer's 2 GiB limit).")
 @click.option("--fuse", default=None,
               help="Comma-separated fusions into difflite custom ops: gelu, groupnorm, layernorm, attention, "
                    "winograd [default: all five; layernorm runs as GroupNorm(groups=1); winograd only where "
@@ -206,8 +213,8 @@ def parse_fuse(fuse: str | None, no_fuse: bool) -> tuple[str, ...]:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of a preset's random weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_rank, controlnets, components, height,
-            width, batch, precision, weights, weights_block, weights_recipe, weights_target_db, weights_probes, fuse,
-            no_fuse, device_profile, winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
+            width, batch, precision, weights, weights_block, weights_recipe, weights_target_db, weights_probes,
+            weights_layout, fuse, no_fuse, device_profile, winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
     MODEL is a local diffusers folder (SD 1.x / 2.x, or SDXL base: StableDiffusionXLPipeline's
@@ -231,7 +238,8 @@ def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_ra
         fuse=parse_fuse(fuse, no_fuse), device_profile=device_profile, winograd_budget_mb=budget,
         winograd_budgets_mb=budgets,
         keep_onnx=keep_onnx, seed=seed, weights=weights, weights_block=weights_block, weights_recipe=weights_recipe,
-        weights_target_db=weights_target_db, weights_probes=weights_probes, lora_slots=lora_slots,
+        weights_target_db=weights_target_db, weights_probes=weights_probes, weights_layout=weights_layout,
+        lora_slots=lora_slots,
         lora_rank=lora_rank)
     quiet = as_json
 

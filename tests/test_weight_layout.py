@@ -4,6 +4,8 @@ writer never keeps the ONNX weight file mapped."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -12,6 +14,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from difflite.compiler.tflite.builder import APPENDED_ALIGNMENT, ModelBuilder
 from difflite.compiler.tflite.writer import load_onnx, write_tflite
+from difflite.core.errors import BadInput
 from difflite.folder.reader import read_tflite
 
 from support.lowering_helpers import (
@@ -100,6 +103,35 @@ def test_auto_layout_appends_when_the_weights_would_not_fit(monkeypatch):
     assert builder.weight_layout("auto") == "appended"
     with pytest.raises(ValueError, match="weight layout"):
         builder.weight_layout("sideways")
+    # inline asked for weights that cannot fit: refused in one line (convert exits 2), not written
+    with pytest.raises(BadInput, match=r"--weights-layout inline: .* do not fit inside a flatbuffer"):
+        builder.weight_layout("inline")
+    assert builder.weight_layout("appended") == "appended"
+
+
+def test_convert_writes_the_weights_layout_asked_for(tmp_path):
+    """`convert --weights-layout appended`: every component's file keeps its weights after the
+    flatbuffer, the manifest says so, and verify passes against PyTorch; a layout convert does not
+    know is refused by the command line."""
+    from click.testing import CliRunner
+
+    from difflite.cli import main
+
+    out = tmp_path / "appended"
+    done = CliRunner().invoke(main, ["convert", "preset:tiny", "-o", str(out), "--weights-layout", "appended",
+                                     "--components", "text_encoder,vae_decoder", "--json"])
+    assert done.exit_code == 0, done.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    for name in ("text_encoder", "vae_decoder"):
+        entry = manifest["components"][name]
+        assert entry["weights"] == "appended"
+        located = buffer_locations(out / entry["file"])
+        assert all(inline == 0 for inline, _, _ in located) and any(size for _, _, size in located)
+    verified = CliRunner().invoke(main, ["verify", str(out), "--backend", "cpu", "--json"])
+    assert verified.exit_code == 0, verified.output
+    refused = CliRunner().invoke(main, ["convert", "preset:tiny", "-o", str(tmp_path / "x"),
+                                        "--weights-layout", "sideways"])
+    assert refused.exit_code == 2 and "--weights-layout" in refused.output and not (tmp_path / "x").exists()
 
 
 def test_writer_releases_the_onnx_weight_file(tmp_path):

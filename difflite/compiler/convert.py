@@ -15,6 +15,7 @@ from typing import Callable
 
 from difflite.compiler import export, export_cache, half_range, models, weight_recipe
 from difflite.compiler.tflite import quantize
+from difflite.compiler.tflite.builder import WEIGHT_LAYOUTS
 from difflite.compiler.tflite.writer import load_onnx, write_tflite
 from difflite.core import control, lora, procmem, profiles
 from difflite.core.custom_ops import FUSE_KINDS
@@ -104,6 +105,8 @@ class ConvertOptions:
     # weight_recipe.TARGETS_DB; convert records the value used); 0: no recipe, all int4 / int8
     weights_target_db: float | None = None
     weights_probes: int = 2  # int4 / int8: probes the computed recipe measures on
+    # where each file keeps its weights (tflite/builder.py WEIGHT_LAYOUTS): auto, inline or appended
+    weights_layout: str = "auto"
     # run-time LoRA slots (core/lora.py): auto or none; None: core.lora.DEFAULT_SET by form
     lora_slots: str | None = None
     # the largest rank (summed over the LoRAs at once) a slot takes; None: core.lora.DEFAULT_MAX_RANK
@@ -132,6 +135,8 @@ class ConvertOptions:
         if not (isinstance(self.weights_block, int) and 2 <= self.weights_block <= 4096
                 and self.weights_block % 2 == 0):
             raise BadInput(f"--weights-block {self.weights_block!r} must be an even number from 2 to 4096")
+        if self.weights_layout not in WEIGHT_LAYOUTS:
+            raise BadInput(f"--weights-layout {self.weights_layout!r} must be one of {', '.join(WEIGHT_LAYOUTS)}")
         if self.weights_recipe is not None and self.weights not in weight_recipe.HIGH:
             raise BadInput(f"--weights-recipe {self.weights_recipe}: a recipe is for --weights int4 or int8 "
                            f"(not {self.weights})")
@@ -507,7 +512,7 @@ def write_component(name: str, onnx_path: Path, staged: manifest.StagedFolder,
     filename = f"{name}.tflite"
     path = staged.path(filename)
     result = write_tflite(graph, precision=options.precision, fuse=frozenset(options.fuse),
-                          description=f"difflite {VERSION} {name}", path=path,
+                          description=f"difflite {VERSION} {name}", path=path, weights=options.weights_layout,
                           quantization=options.quantization(name, recipe), stock_gpu_forms=not options.fuse)
     del graph
     summary = read_tflite(path)

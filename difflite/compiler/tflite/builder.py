@@ -21,6 +21,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import flexbuffers
 
+from difflite.core.errors import BadInput
 from difflite.core.finite import check_finite, check_no_nan
 from difflite.folder.schema import NUMPY_TYPES, SIGNATURE_KEY, TFLITE_TYPES
 
@@ -153,13 +154,18 @@ class ModelBuilder:
         return self._constant_bytes
 
     def weight_layout(self, requested: str = "auto") -> str:
-        """"inline" when the weights fit inside the flatbuffer, else "appended"."""
+        """`requested`, or for "auto" "inline" when the weights fit inside the flatbuffer, else
+        "appended". "inline" for weights that cannot fit is refused (BadInput), naming the size."""
         if requested not in WEIGHT_LAYOUTS:
             raise ValueError(f"weight layout {requested!r} is not one of {WEIGHT_LAYOUTS}")
+        inline_bytes = self._constant_bytes + BUFFER_ALIGNMENT * len(self.buffers) + INLINE_HEADROOM
+        fits = inline_bytes < FLATBUFFER_LIMIT
+        if requested == "inline" and not fits:
+            raise BadInput(f"--weights-layout inline: {self.description}'s {self._constant_bytes / 2**30:.2f} GiB "
+                           f"of weights do not fit inside a flatbuffer (2 GiB); use appended or auto")
         if requested != "auto":
             return requested
-        inline_bytes = self._constant_bytes + BUFFER_ALIGNMENT * len(self.buffers) + INLINE_HEADROOM
-        return "inline" if inline_bytes < FLATBUFFER_LIMIT else "appended"
+        return "inline" if fits else "appended"
 
     # -- operators -------------------------------------------------------------------------
     def _opcode(self, builtin: int, custom_code: str | None) -> int:
