@@ -87,7 +87,7 @@ STEPS = {
 }
 # A conversion's peak disk, GB (its fp32 ONNX graphs while it writes, then its files): conversions
 # start in the order their steps come while the free disk keeps DISK_MARGIN_GB beside their peaks.
-DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "b1": 17, "turbo": 22, "fp32": 40}
+DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "b1": 22, "turbo": 22, "fp32": 40}  # b1: with its ONNX and --no-fuse UNet
 DISK_MARGIN_GB = 10
 UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
 # While this file exists another job times the GPU: the steps wait for it to go.
