@@ -28,6 +28,8 @@ STEPS, and is saved to WORK/sdxl_gpu.json at once:
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
   against peer_b2's banded run: time and the delegate's scratch;
+- gpu_context: a process that only opens an OpenCL context on the GPU and holds a 4-byte buffer:
+  the GPU memory every other row's figure includes before any weight (the driver's own);
 - picture_fp32: the same 20-step picture from fp32 files (the reference of item 5's picture PSNR);
 - picture_psnr_db: the fp16 / int8 / int4 pictures against the fp32 one and the int8 / int4 ones
   against the fp16 one (same prompt, seed and scheduler).
@@ -83,7 +85,7 @@ STEPS = {
     "picture_diffusers_fp16": "fp16",
     "peer_b1": "b1", "peer_litert_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
     "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
-    "peer_vae_unbanded": "fp16", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
+    "peer_vae_unbanded": "fp16", "gpu_context": "int4", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
 # A conversion's peak disk, GB (its fp32 ONNX graphs while it writes, then its files): conversions
 # start in the order their steps come while the free disk keeps DISK_MARGIN_GB beside their peaks.
@@ -252,6 +254,25 @@ def picture(command: list[str], runs: int, timeout: float, warm_up: bool = True)
     return result
 
 
+BARE_CONTEXT = """
+import time
+import numpy as np
+import pyopencl as cl
+devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+gpu = next((d for d in devices if d.type & cl.device_type.GPU), devices[0])
+context = cl.Context([gpu])
+buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(1, np.float32))
+cl.CommandQueue(context).finish()
+time.sleep(3)  # held while the GPU memory is polled
+print(gpu.name)
+"""
+
+
+def gpu_context(runs: int, timeout: float) -> dict:
+    """The GPU memory and host peak of a process holding only an OpenCL context and a 4-byte buffer."""
+    return picture([sys.executable, "-c", BARE_CONTEXT], runs, timeout, warm_up=False)
+
+
 def generate_command(work: Path, folder: str, flags: list[str]) -> list[str]:
     """`difflite generate` of WORK/folder, 20 steps unless `flags` say otherwise (click takes the last)."""
     return [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps", "20",
@@ -364,6 +385,7 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "picture_diffusers_turbo": (diffusers_picture, work, runs, timeout, 4, SIZE // 2, 0.0),
         "peer_vae_unbanded": (peer, work, "peer_vae_unbanded", "fp16", "vae_decoder", 2, "litert,torch", peer_runs,
                               timeout, UNBANDED),
+        "gpu_context": (gpu_context, runs, timeout),
         "picture_fp32": (picture, generate_command(work, "fp32", []), 1, timeout, False),
         "picture_psnr_db": (picture_psnr, work),
     }[step]
@@ -435,7 +457,7 @@ def report(data: dict) -> None:
                 print(f"| {key}: {name} | {r['error'][:120]} | | |")
     print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB |\n|---|---|---|---|")
     for key in ("picture_fp32", "picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16", "picture_turbo",
-                "picture_diffusers_turbo"):
+                "picture_diffusers_turbo", "gpu_context"):
         r = data.get(key)
         if r and "wall_s" in r:
             gpu = r["gpu_mib"]
