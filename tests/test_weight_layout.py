@@ -170,3 +170,20 @@ def test_truncated_appended_model_is_a_clear_error(tmp_path):
     path.write_bytes(path.read_bytes()[:-100])
     cut = CliRunner().invoke(main, ["inspect", str(path)])
     assert cut.exit_code == 2 and "truncated .tflite" in cut.output
+
+
+def test_convert_refuses_inline_weights_past_the_flatbuffer_limit(tmp_path, monkeypatch):
+    """`--weights-layout inline` for weights a flatbuffer cannot hold (the limit lowered to 1 MiB
+    here, as SDXL's fp16 UNet passes 2 GiB): exit 2 with one line naming the component, and no
+    output folder."""
+    from click.testing import CliRunner
+
+    from difflite.cli import main
+
+    monkeypatch.setattr("difflite.compiler.tflite.builder.FLATBUFFER_LIMIT", 1 << 20)
+    out = tmp_path / "inline"
+    done = CliRunner().invoke(main, ["convert", "preset:tiny", "-o", str(out), "--weights-layout", "inline",
+                                     "--components", "text_encoder"])
+    assert done.exit_code == 2, done.output
+    assert "--weights-layout inline" in done.output and "text_encoder" in done.output
+    assert "use appended or auto" in done.output and not out.exists()
