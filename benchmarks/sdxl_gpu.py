@@ -87,6 +87,10 @@ STEPS = {
     "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "gpu_context": "int4", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
+# The conversions whose ONNX the --no-fuse files for LiteRT are written from (write_unfused):
+# conversion: (gpu_peer folder, {component: the step that times it}), kept where a step is chosen.
+UNFUSED_FROM = {"fp16": ("peer", {"unet": "peer_litert", "vae_decoder": "peer_litert_vae"}),
+                "b1": ("peer_litert_b1", {"unet": "peer_litert_b1"})}
 # A conversion's peak disk, GB (its fp32 ONNX graphs while it writes, then its files): conversions
 # start in the order their steps come while the free disk keeps DISK_MARGIN_GB beside their peaks.
 DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "b1": 22, "turbo": 22, "fp32": 40}  # b1: with its ONNX and --no-fuse UNet
@@ -154,8 +158,7 @@ def finish_convert(work: Path, name: str, process: subprocess.Popen, started: fl
     return result
 
 
-def write_unfused(work: Path, components: tuple[str, ...] = ("unet", "vae_decoder"), source: str = "fp16",
-                  peer_name: str = "peer") -> dict:
+def write_unfused(work: Path, components: tuple[str, ...], source: str, peer_name: str) -> dict:
     """gpu_peer's layout (WORK/<peer_name>/fused -> WORK/<source>, WORK/<peer_name>/unfused/NAME.tflite)
     from the source conversion's ONNX graphs; the ONNX is deleted afterwards (disk)."""
     from difflite.compiler.tflite.writer import load_onnx, write_tflite
@@ -308,9 +311,10 @@ def main() -> int:
     save = lambda: (work / "sdxl_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
     pending = list(dict.fromkeys(STEPS[step] for step in steps))
     threads = max(1, (os.cpu_count() or 1) // len(pending))
-    # the conversions whose ONNX the --no-fuse files for LiteRT are written from
-    keep_onnx = {name for name, wanted in (("fp16", ("peer_litert", "peer_litert_vae")), ("b1", ("peer_litert_b1",)))
-                 if any(step in steps for step in wanted)}
+    # conversion: the components whose --no-fuse files its ONNX gives
+    unfused = {name: tuple(c for c, step in timed_by.items() if step in steps)
+               for name, (_, timed_by) in UNFUSED_FROM.items()}
+    keep_onnx = {name: components for name, components in unfused.items() if components}
     running: dict[str, tuple[subprocess.Popen, float]] = {}
 
     def start_what_fits() -> None:
@@ -336,11 +340,9 @@ def main() -> int:
             name = next(name for name, (p, _) in running.items() if p.poll() is not None)
             process, began = running.pop(name)
             data["convert"][name] = finish_convert(work, name, process, began)
-            if name == "fp16" and name in keep_onnx and data["convert"][name]["exit"] == 0:
-                unfused = [c for c, step in (("unet", "peer_litert"), ("vae_decoder", "peer_litert_vae")) if step in steps]
-                run_step(data, "unfused_ops", running, write_unfused, work, tuple(unfused))
-            if name == "b1" and name in keep_onnx and data["convert"][name]["exit"] == 0:
-                run_step(data, "unfused_ops_b1", running, write_unfused, work, ("unet",), "b1", "peer_litert_b1")
+            if name in keep_onnx and data["convert"][name]["exit"] == 0:
+                key = "unfused_ops" if name == "fp16" else f"unfused_ops_{name}"
+                run_step(data, key, running, write_unfused, work, keep_onnx[name], name, UNFUSED_FROM[name][0])
             start_what_fits()
             save()
             continue
