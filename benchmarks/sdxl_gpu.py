@@ -5,7 +5,7 @@ profile. The conversions the chosen steps need start at once where the disk hold
 others end: DISK_GB), each a child process with its share of the cores (WORK/fp16: every
 component, UNet batch 2; int8: --weights int8; int4: --weights int4, generic profile, batch 1,
 --weights-layout appended;
-b1: the UNet at batch 1; turbo: every component at 512x512, UNet batch 1): wall time, peak RSS,
+b1: the UNet at batch 1; int8_b1: its int8 UNet; turbo: every component at 512x512, UNet batch 1): wall time, peak RSS,
 stage seconds, files' sizes. Each step runs as soon as its conversion is there, in the order of
 STEPS, and is saved to WORK/sdxl_gpu.json at once:
 
@@ -21,9 +21,9 @@ STEPS, and is saved to WORK/sdxl_gpu.json at once:
 - peer_b1: the batch-1 UNet (difflite, PyTorch eager);
 - peer_litert_b1: the batch-1 UNet, difflite against stock LiteRT's GPU engine at fp16 in one call,
   on the --no-fuse UNet written from the batch-1 conversion's ONNX (same weights);
-- peer_int4, picture_int4_low_memory, peer_int8, picture_int8: the quantized UNets' step and
-  pictures (int4 as a phone gets it: the generic profile, batch 1, and --low-memory: one model at
-  a time);
+- peer_int4, picture_int4_low_memory, peer_int8, peer_int8_b1, picture_int8: the quantized UNets'
+  step and pictures (int4 as a phone gets it: the generic profile, batch 1, and --low-memory: one
+  model at a time; int8 at batch 2 and, beside peer_litert_b1, batch 1);
 - picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
@@ -74,6 +74,7 @@ FOLDERS = {  # name: convert flags beyond CONVERT
     # its own memory (notebook §73; on a phone the layout changes nothing)
     "int4": ["--batch", "1", "--weights", "int4", "--device-profile", "generic", "--weights-layout", "appended"],
     "int8": ["--batch", "2", "--weights", "int8"],
+    "int8_b1": ["--batch", "1", "--weights", "int8", "--components", "unet"],  # beside LiteRT's batch-1 UNet
     "b1": ["--batch", "1", "--components", "unet"],
     "turbo": ["--batch", "1"],  # at half the size (SDXL-Turbo's 512x512): its architecture is SDXL's
     "fp32": ["--batch", "2", "--precision", "fp32"],  # the picture PSNR's reference
@@ -84,7 +85,7 @@ STEPS = {
     "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "peer_litert_vae": "fp16",
     "picture_diffusers_fp16": "fp16",
     "peer_b1": "b1", "peer_litert_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
-    "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
+    "peer_int8_b1": "int8_b1", "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "gpu_context": "int4", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
 # The conversions whose ONNX the --no-fuse files for LiteRT are written from (write_unfused):
@@ -93,7 +94,7 @@ UNFUSED_FROM = {"fp16": ("peer", {"unet": "peer_litert", "vae_decoder": "peer_li
                 "b1": ("peer_litert_b1", {"unet": "peer_litert_b1"})}
 # A conversion's peak disk, GB (its fp32 ONNX graphs while it writes, then its files): conversions
 # start in the order their steps come while the free disk keeps DISK_MARGIN_GB beside their peaks.
-DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "b1": 22, "turbo": 22, "fp32": 40}  # b1: with its ONNX and --no-fuse UNet
+DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "int8_b1": 16, "b1": 22, "turbo": 22, "fp32": 40}  # b1: with its ONNX and --no-fuse UNet
 DISK_MARGIN_GB = 10
 UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
 # While this file exists another job times the GPU: the steps wait for it to go.
@@ -244,7 +245,10 @@ def picture(command: list[str], runs: int, timeout: float, warm_up: bool = True)
     result = {"first_run_s": round(first["wall_s"], 2) if first else None,
               "wall_s": summary([round(t["wall_s"], 2) for t in timed]),
               "peak_rss_mib": summary([round(t["peak_rss_mib"]) for t in timed]),
-              "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None}
+              "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None,
+              # host + GPU read at the same poll (what unified memory would hold at once)
+              "host_plus_gpu_mib": summary([round(t["host_plus_gpu_mib"]) for t in timed])
+              if all(t["host_plus_gpu_mib"] for t in timed) else None}
     try:
         said = json.loads(timed[-1]["stdout"])
     except ValueError:
@@ -382,6 +386,7 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "peer_int4": (peer, work, "peer_int4", "int4", "unet", 1, "litert,torch", peer_runs, timeout),
         "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
         "peer_int8": (peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", peer_runs, timeout),
+        "peer_int8_b1": (peer, work, "peer_int8_b1", "int8_b1", "unet", 1, "litert,torch", peer_runs, timeout),
         "picture_int8": (picture, generate_command(work, "int8", []), runs, timeout),
         "picture_turbo": (picture, generate_command(work, "turbo", TURBO_FLAGS), runs, timeout),
         "picture_diffusers_turbo": (diffusers_picture, work, runs, timeout, 4, SIZE // 2, 0.0),
@@ -451,19 +456,21 @@ def report(data: dict) -> None:
         print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
     print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
     for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_litert_vae", "peer_b1", "peer_litert_b1", "peer_int4",
-                "peer_int8"):
+                "peer_int8", "peer_int8_b1"):
         for name, r in data.get(key, {}).items():
             if isinstance(r, dict) and "median_ms" in r:
                 print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
             elif isinstance(r, dict) and "error" in r:
                 print(f"| {key}: {name} | {r['error'][:120]} | | |")
-    print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB |\n|---|---|---|---|")
+    print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB | host + GPU at once, MiB |"
+          "\n|---|---|---|---|---|")
     for key in ("picture_fp32", "picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16", "picture_turbo",
                 "picture_diffusers_turbo", "gpu_context"):
         r = data.get(key)
         if r and "wall_s" in r:
-            gpu = r["gpu_mib"]
-            print(f"| {key} | {cell(r['wall_s'])} | {cell(r['peak_rss_mib'], 0)} | {cell(gpu, 0) if gpu else '-'} |")
+            gpu, both = r["gpu_mib"], r.get("host_plus_gpu_mib")
+            print(f"| {key} | {cell(r['wall_s'])} | {cell(r['peak_rss_mib'], 0)} | {cell(gpu, 0) if gpu else '-'} "
+                  f"| {cell(both, 0) if both else '-'} |")
         elif r:
             print(f"| {key} | {r.get('error', '')[:200]} | | |")
     print(f"\npicture PSNR, dB: {data.get('picture_psnr_db')}")

@@ -69,6 +69,22 @@ def test_the_gpu_is_polled_for_the_command_not_its_launcher(tmp_path, monkeypatc
     assert run.gpu_peak_mb == 777
 
 
+def test_host_and_gpu_are_read_at_the_same_poll(tmp_path, monkeypatch):
+    """The combined peak is the resident set beside the GPU's figure of the same poll: above the GPU
+    figure by the ~300 MB the command holds while it sleeps, not above the two peaks' sum."""
+    marker = "#gpu-poll-marker"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(FAKE_NVIDIA_SMI.format(python=sys.executable, marker=marker))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    program = f"{marker}\nimport time; held = bytearray(300 * 2**20); held[::4096] = b'x' * len(held[::4096]); time.sleep(3)"
+    run = measure_command([sys.executable, "-c", program])
+    assert run.returncode == 0, run.stderr
+    assert run.gpu_peak_mb == 777
+    # VmRSS and ru_maxrss count a few hundred kB differently (seen: 313.42 against 313.34 MB)
+    assert 777 + 300 <= run.combined_peak_mb <= 777 + run.peak_rss_mb + 1
+
+
 def status_of(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/status") as f:

@@ -44,6 +44,9 @@ class CommandRun:
     peak_rss_mb: float | None  # the command's own VmHWM at its peak (ru_maxrss), MB of 2**20 bytes
     gpu_peak_mb: float | None  # the largest GPU memory nvidia-smi listed for it; None without
     timed_out: bool = False
+    # The largest resident set + GPU memory read at the same poll: what a unified-memory device would
+    # hold at once, where the two peaks' sum (above) is an upper bound. None without nvidia-smi.
+    combined_peak_mb: float | None = None
 
 
 class _Reports:
@@ -52,6 +55,7 @@ class _Reports:
     def __init__(self, fd: int):
         self.values: dict[str, str] = {}
         self.gpu_peak_mb: float | None = None
+        self.combined_peak_mb: float | None = None
         self._fd = fd
         self._done = threading.Event()
         self._threads = [threading.Thread(target=self._read, daemon=True)]
@@ -68,12 +72,16 @@ class _Reports:
                     poller.start()
 
     def _poll_gpu(self, pid: int) -> None:
-        from difflite.core.procmem import nvidia_smi_mb
+        from difflite.core.procmem import nvidia_smi_mb, read_status
 
         while not self._done.wait(GPU_POLL_S):
             used = nvidia_smi_mb(pid)
-            if used is not None:
-                self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, used)
+            if used is None:
+                continue
+            self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, used)
+            resident = read_status(f"/proc/{pid}/status").get("VmRSS")
+            if resident is not None:
+                self.combined_peak_mb = max(self.combined_peak_mb or 0.0, used + resident)
 
     def finish(self) -> None:
         self._done.set()
@@ -111,4 +119,4 @@ def measure_command(command: list[str], env: dict | None = None, cwd=None,
         wall_s=float(values["wall_s"]) if "wall_s" in values else None,
         stdout=stdout, stderr=stderr,
         peak_rss_mb=int(peak_kb) / 1024 if peak_kb else None,
-        gpu_peak_mb=reports.gpu_peak_mb, timed_out=timed_out)
+        gpu_peak_mb=reports.gpu_peak_mb, timed_out=timed_out, combined_peak_mb=reports.combined_peak_mb)
