@@ -61,6 +61,22 @@ BENCH = {  # label: (folder, bench flags)
 }
 
 
+# A process that only opens an OpenCL context on the GPU and holds a 4-byte buffer: the GPU memory
+# the driver gives any process before its first weight (sdxl_gpu.py, gpu_memory_parts.py).
+BARE_CONTEXT = """
+import time
+import numpy as np
+import pyopencl as cl
+devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+gpu = next((d for d in devices if d.type & cl.device_type.GPU), devices[0])
+context = cl.Context([gpu])
+buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(1, np.float32))
+cl.CommandQueue(context).finish()
+time.sleep(3)  # held while the GPU memory is polled
+print(gpu.name)
+"""
+
+
 def summary(values: list[float]) -> dict:
     return {"runs": len(values), "median": statistics.median(values), "min": min(values), "max": max(values),
             "values": values}

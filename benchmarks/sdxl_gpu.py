@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from headline import CLI, PROMPT, ROOT, machine, run_measured, summary
+from headline import BARE_CONTEXT, CLI, PROMPT, ROOT, machine, run_measured, summary
 
 sys.path.insert(0, str(ROOT))  # difflite itself, for the steps run in this process
 
@@ -259,20 +259,6 @@ def picture(command: list[str], runs: int, timeout: float, warm_up: bool = True)
     else:  # DIFFUSERS_CHILD prints its pipeline call's seconds
         result["pipeline_call_s"] = summary([round(float(t["stdout"]), 2) for t in timed])
     return result
-
-
-BARE_CONTEXT = """
-import time
-import numpy as np
-import pyopencl as cl
-devices = [d for p in cl.get_platforms() for d in p.get_devices()]
-gpu = next((d for d in devices if d.type & cl.device_type.GPU), devices[0])
-context = cl.Context([gpu])
-buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.zeros(1, np.float32))
-cl.CommandQueue(context).finish()
-time.sleep(3)  # held while the GPU memory is polled
-print(gpu.name)
-"""
 
 
 def gpu_context(runs: int, timeout: float) -> dict:
