@@ -22,8 +22,9 @@ STEPS, and is saved to WORK/sdxl_gpu.json at once:
 - peer_litert_b1: the batch-1 UNet, difflite against stock LiteRT's GPU engine at fp16 in one call,
   on the --no-fuse UNet written from the batch-1 conversion's ONNX (same weights);
 - peer_int4, picture_int4_low_memory, peer_int8, peer_int8_b1, picture_int8: the quantized UNets'
-  step and pictures (int4 as a phone gets it: the generic profile, batch 1, and --low-memory: one
-  model at a time; int8 at batch 2 and, beside peer_litert_b1, batch 1);
+  step (peer_int4, peer_int8: and VAE decoders') and pictures (int4 as a phone gets it: the
+  generic profile, batch 1, and --low-memory: one model at a time; int8 at batch 2 and, beside
+  peer_litert_b1, batch 1);
 - picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
@@ -369,9 +370,9 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         # conversion); fp32 left out as in peer_litert
         "peer_litert_b1": (peer, work, "peer_litert_b1", "b1", "unet", 1, "torch", peer_runs, min(timeout, 540), None,
                            "fp16"),
-        "peer_int4": (peer, work, "peer_int4", "int4", "unet", 1, "litert,torch", peer_runs, timeout),
+        "peer_int4": (peer, work, "peer_int4", "int4", "unet,vae_decoder", 1, "litert,torch", peer_runs, timeout),
         "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
-        "peer_int8": (peer, work, "peer_int8", "int8", "unet", 2, "litert,torch", peer_runs, timeout),
+        "peer_int8": (peer, work, "peer_int8", "int8", "unet,vae_decoder", 2, "litert,torch", peer_runs, timeout),
         "peer_int8_b1": (peer, work, "peer_int8_b1", "int8_b1", "unet", 1, "litert,torch", peer_runs, timeout),
         "picture_int8": (picture, generate_command(work, "int8", []), runs, timeout),
         "picture_turbo": (picture, generate_command(work, "turbo", TURBO_FLAGS), runs, timeout),
