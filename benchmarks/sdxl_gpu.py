@@ -4,10 +4,10 @@ preset:sdxl (SDXL base's architecture, seeded random weights), fp16 storage, the
 profile. The conversions the chosen steps need start at once where the disk holds them (else as
 others end: DISK_GB), each a child process with its share of the cores (WORK/fp16: every
 component, UNet batch 2; int8: --weights int8; int4: --weights int4, generic profile, batch 1,
---weights-layout appended;
-b1: the UNet at batch 1; int8_b1: its int8 UNet; turbo: every component at 512x512, UNet batch 1): wall time, peak RSS,
-stage seconds, files' sizes. Each step runs as soon as its conversion is there, in the order of
-STEPS, and is saved to WORK/sdxl_gpu.json at once:
+--weights-layout appended; b1: the UNet at batch 1; int8_b1: its int8 UNet; turbo: every
+component at 512x512, UNet batch 1): wall time, peak RSS, stage seconds, files' sizes. Each step
+runs as soon as its conversion is there, in the order of STEPS, and is saved to
+WORK/sdxl_gpu.json at once:
 
 - peer_b2: benchmarks/gpu_peer.py on the UNet step (batch 2) and the VAE decoder: difflite's op
   library (OpenCL) at fp32 and fp16 storage, PyTorch eager fp32 / fp16;

@@ -58,26 +58,28 @@ FAKE_NVIDIA_SMI = textwrap.dedent("""\
     """)
 
 
-def test_the_gpu_is_polled_for_the_command_not_its_launcher(tmp_path, monkeypatch):
-    marker = "#gpu-poll-marker"
+MARKER = "#gpu-poll-marker"
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch) -> None:
+    """FAKE_NVIDIA_SMI first on PATH."""
     fake = tmp_path / "nvidia-smi"
-    fake.write_text(FAKE_NVIDIA_SMI.format(python=sys.executable, marker=marker))
+    fake.write_text(FAKE_NVIDIA_SMI.format(python=sys.executable, marker=MARKER))
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    run = measure_command([sys.executable, "-c", f"{marker}\nimport time; time.sleep(2)"])
+
+
+def test_the_gpu_is_polled_for_the_command_not_its_launcher(fake_nvidia_smi):
+    run = measure_command([sys.executable, "-c", f"{MARKER}\nimport time; time.sleep(2)"])
     assert run.returncode == 0, run.stderr
     assert run.gpu_peak_mb == 777
 
 
-def test_host_and_gpu_are_read_at_the_same_poll(tmp_path, monkeypatch):
+def test_host_and_gpu_are_read_at_the_same_poll(fake_nvidia_smi):
     """The combined peak is the resident set beside the GPU's figure of the same poll: above the GPU
     figure by the ~300 MB the command holds while it sleeps, not above the two peaks' sum."""
-    marker = "#gpu-poll-marker"
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(FAKE_NVIDIA_SMI.format(python=sys.executable, marker=marker))
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    program = f"{marker}\nimport time; held = bytearray(300 * 2**20); held[::4096] = b'x' * len(held[::4096]); time.sleep(3)"
+    program = f"{MARKER}\nimport time; held = bytearray(300 * 2**20); held[::4096] = b'x' * len(held[::4096]); time.sleep(3)"
     run = measure_command([sys.executable, "-c", program])
     assert run.returncode == 0, run.stderr
     assert run.gpu_peak_mb == 777
