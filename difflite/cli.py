@@ -220,7 +220,7 @@ def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_ra
     MODEL is a local diffusers folder (SD 1.x / 2.x, or SDXL base: StableDiffusionXLPipeline's
     layout), a .safetensors/.ckpt file (original LDM layout: SD 1.x or 2.x, text-to-image or
     inpainting, or SDXL base, inferred from its keys and shapes; or --config FOLDER; the SDXL refiner
-    and SDXL inpainting are refused), or preset:NAME
+    and 9-channel SDXL inpainting models are refused), or preset:NAME
     (preset:tiny, preset:sd15, preset:sd21, preset:sd21-768, preset:sd15-inpaint,
     preset:tiny-inpaint: real architectures, seeded random weights; preset:sdxl and preset:sdxl-tiny:
     SDXL, whose folder adds text_encoder_2 and vae_encoder and which generate runs as diffusers'

@@ -1,9 +1,10 @@
 """`difflite generate` on an SDXL folder (issue 32, item 6) against diffusers' own
-StableDiffusionXLPipeline / StableDiffusionXLImg2ImgPipeline on the same preset weights: txt2img
+StableDiffusionXLPipeline / StableDiffusionXLImg2ImgPipeline / StableDiffusionXLInpaintPipeline on the
+same preset weights: txt2img
 with several schedulers, both prompts and negative prompts (and the zero unconditional embeddings
 diffusers uses without one), non-default time ids, guidance rescale, batch-1 and batch-2 UNets,
-img2img, SDXL-Turbo-style unguided 1-2 step runs; --low-memory; the command line and its
-refusals."""
+img2img, inpainting with the base UNet (StableDiffusionXLInpaintPipeline), SDXL-Turbo-style
+unguided 1-2 step runs; --low-memory; the command line and its refusals."""
 
 from __future__ import annotations
 
@@ -68,13 +69,18 @@ class Reference:
         assert self.source.family == "sdxl"
         self.cache: dict = {}
 
-    def pipeline(self, scheduler: str, img2img: bool, spacing: str | None, force_zeros: bool):
-        from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
+    def pipeline(self, scheduler: str, kind: str, spacing: str | None, force_zeros: bool):
+        from diffusers import (
+            StableDiffusionXLImg2ImgPipeline,
+            StableDiffusionXLInpaintPipeline,
+            StableDiffusionXLPipeline,
+        )
 
         from difflite.diffusers_schedulers import diffusers_scheduler
 
         s = self.source
-        cls = StableDiffusionXLImg2ImgPipeline if img2img else StableDiffusionXLPipeline
+        cls = {"txt2img": StableDiffusionXLPipeline, "img2img": StableDiffusionXLImg2ImgPipeline,
+               "inpaint": StableDiffusionXLInpaintPipeline}[kind]
         pipe = cls(vae=s.vae, text_encoder=s.text_encoder, text_encoder_2=s.text_encoder_2, tokenizer=s.tokenizer,
                    tokenizer_2=s.tokenizer_2, unet=s.unet,
                    scheduler=diffusers_scheduler(scheduler, s.scheduler_config, spacing, pipeline_fixes=False),
@@ -83,17 +89,22 @@ class Reference:
         return pipe
 
     def __call__(self, scheduler="default", steps=STEPS, seed=3, guidance=5.0, spacing=None, force_zeros=True,
-                 image=None, **kwargs) -> np.ndarray:
-        key = json.dumps([scheduler, steps, seed, guidance, spacing, force_zeros,
-                          None if image is None else image.tobytes().hex()[:64], sorted(kwargs.items())],
+                 image=None, mask_image=None, **kwargs) -> np.ndarray:
+        pictures = [None if p is None else p.tobytes().hex()[:64] for p in (image, mask_image)]
+        key = json.dumps([scheduler, steps, seed, guidance, spacing, force_zeros, pictures, sorted(kwargs.items())],
                          default=str)
         if key not in self.cache:
+            kind = "txt2img" if image is None else "img2img" if mask_image is None else "inpaint"
+            if mask_image is not None:
+                kwargs["mask_image"] = mask_image
             with one_torch_thread():
-                pipe = self.pipeline(scheduler, image is not None, spacing, force_zeros)
+                pipe = self.pipeline(scheduler, kind, spacing, force_zeros)
                 call = {"num_inference_steps": steps, "guidance_scale": guidance, "output_type": "np",
                         "generator": torch.Generator("cpu").manual_seed(seed), **kwargs}
                 if image is None:
                     result = pipe(height=HEIGHT, width=WIDTH, **call)
+                elif kind == "inpaint":  # its size is the model's default unless given
+                    result = pipe(image=image, height=HEIGHT, width=WIDTH, **call)
                 else:
                     result = pipe(image=image, **call)
             self.cache[key] = result.images[0]
@@ -247,6 +258,50 @@ def test_img2img_matches_diffusers(lite, reference, scheduler, strength, kwargs)
     assert result.settings["denoising_steps"] == int(steps * result.settings["strength"])
 
 
+def mask_image(rows=slice(20, 90), cols=slice(30, 150)) -> Image.Image:
+    """White (repaint) over a rectangle, black (keep) elsewhere, at twice the converted size:
+    resized like the picture."""
+    mask = np.zeros((2 * HEIGHT, 2 * WIDTH), np.uint8)
+    mask[rows, cols] = 255
+    return Image.fromarray(mask, "L")
+
+
+@pytest.mark.parametrize("scheduler,strength,kwargs", [
+    ("euler", None, {}),
+    ("ddim", 1.0, {"negative_prompt": "blurry", "prompt_2": "an oil painting"}),
+    ("dpm++-2m-karras", 0.6, {"sizes": replace(SIZES, negative_original_size=(48, 48)), "guidance_rescale": 0.5}),
+])
+def test_inpainting_matches_diffusers(lite, reference, scheduler, strength, kwargs):
+    """StableDiffusionXLInpaintPipeline with the base (4-channel) UNet: the kept part blended back
+    after each step. strength None is its default, 0.9999 (the picture's latents noised, one step
+    fewer); 1.0 starts from pure noise."""
+    steps = 5
+    ours, theirs = ours_and_diffusers(kwargs)
+    result = lite[1]("a red car", steps=steps, seed=11, scheduler=scheduler, init_image=init_image(),
+                     mask_image=mask_image(), strength=strength, **ours)
+    expected = reference(scheduler, steps=steps, seed=11, image=init_image(), mask_image=mask_image(),
+                         prompt="a red car", strength=0.9999 if strength is None else strength, **theirs)
+    check_parity(result, expected, f"inpainting {scheduler} strength {strength}")
+    assert result.settings["inpaint"] and result.settings["strength"] == (0.9999 if strength is None else strength)
+    assert result.settings["denoising_steps"] == int(steps * result.settings["strength"])
+
+
+def test_inpainting_keeps_the_unmasked_part(lite):
+    """After the last step the kept part's latents are the picture's own (blended back, no noise
+    left), whatever the prompt; the repainted part follows the prompt. The mask's edges fall on
+    the latents' grid (16 pixels at twice the size: one latent), so the repainted latents are
+    rows 2-5 and columns 3-8."""
+    mask = mask_image(slice(32, 96), slice(48, 144))
+    runs = [lite[1](prompt, steps=4, seed=2, init_image=init_image(), mask_image=mask)
+            for prompt in ("a red car", "a green forest")]
+    repaint = np.zeros(runs[0].latents.shape[-2:], bool)
+    repaint[2:6, 3:9] = True
+    kept = [run.latents[0][:, ~repaint] for run in runs]
+    painted = [run.latents[0][:, repaint] for run in runs]
+    assert np.array_equal(kept[0], kept[1])
+    assert np.abs(painted[0] - painted[1]).mean() > 0.05
+
+
 @pytest.mark.parametrize("steps", [1, 2])
 def test_turbo_style_unguided_few_steps(lite, reference, steps):
     """SDXL-Turbo's recipe: guidance 0 (one batch-1 UNet call a step, no unconditional branch),
@@ -357,6 +412,23 @@ def test_cli_end_to_end(folders, lite, tmp_path):
     assert np.array_equal(pixels, expected.uint8)
 
 
+def test_cli_inpainting(folders, lite, tmp_path):
+    """`generate --init-image --mask` on an SDXL folder: diffusers' inpainting default strength, the
+    same picture as the pipeline's."""
+    picture, mask, target = tmp_path / "in.png", tmp_path / "mask.png", tmp_path / "out.png"
+    init_image().save(picture)
+    mask_image().save(mask)
+    run = run_difflite("generate", folders[1], "a red car", "-o", target, "--steps", "3", "--seed", "4",
+                       "--init-image", picture, "--mask", mask, "--backend", "cpu", "--json",
+                       env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert run.returncode == 0, run.stderr
+    settings = json.loads(run.stdout)["settings"]
+    assert settings["inpaint"] and settings["strength"] == 0.9999 and settings["denoising_steps"] == 2
+    expected = lite[1]("a red car", steps=3, seed=4, init_image=init_image(), mask_image=mask_image())
+    with Image.open(target) as png:
+        assert np.array_equal(np.asarray(png), expected.uint8)
+
+
 def one_line_exit_2(run, *words) -> None:
     assert run.returncode == 2, (run.stdout, run.stderr)
     lines = run.stderr.strip().splitlines()
@@ -380,7 +452,7 @@ def test_sdxl_options_on_an_sd_folder_are_refused(folders, tmp_path, args, words
     (["--target-size", "0,64"], ["--target-size 0,64", "[1, "]),
     (["--crop", "-1,0"], ["--crop -1,0", "[0, "]),
     (["--guidance-rescale", "1.5"], ["--guidance-rescale 1.5", "[0, 1]"]),
-    (["--mask", "m.png", "--init-image", "i.png"], ["--mask", "SDXL inpainting is not supported yet"]),
+    (["--mask", "m.png"], ["--mask needs --init-image"]),
 ])
 def test_bad_sdxl_options_are_refused(folders, tmp_path, args, words):
     run = run_difflite("generate", folders[1], "a cat", "-o", tmp_path / "x.png", *args, "--backend", "cpu")

@@ -239,8 +239,8 @@ class _Timer:
 
 
 class LitePipeline:
-    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting; for an
-    SDXL folder txt2img and img2img) on LiteRT.
+    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting; an SDXL
+    folder's inpainting blends with its 4-channel UNet) on LiteRT.
 
     >>> pipe = LitePipeline("out/tiny")
     >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
@@ -516,7 +516,7 @@ class LitePipeline:
         if guidance is None:
             guidance = sdxl.GUIDANCE if xl else GUIDANCE
         if strength is None:
-            strength = sdxl.IMG2IMG_STRENGTH if xl and img2img else inpaint.default_strength(inpainting)
+            strength = sdxl.default_strength(inpainting) if xl else inpaint.default_strength(inpainting)
         prompts = sdxl.Prompts(*(None if text is None else clean_prompt(text)
                                  for text in (prompt, prompt_2, negative_prompt, negative_prompt_2)))
         sizes = sizes or SizeConditioning()
@@ -560,8 +560,8 @@ class LitePipeline:
             latents = self._image_latents(image_in, sched, timesteps, generator, timer)
         else:
             latents = self._noise_latents(sched, generator)
-        ids = sdxl.time_ids(sizes, self.height, self.width, img2img, self.sdxl.requires_aesthetics_score) \
-            if xl else None
+        ids = sdxl.time_ids(sizes, self.height, self.width, init_image is not None,
+                            self.sdxl.requires_aesthetics_score) if xl else None
         cond, uncond = self._encode_prompts(prompts, cfg, ids, timer)
         latents, unet_calls = self._denoise(latents, sched, timesteps, cond, uncond, guidance, generator,
                                             timer, progress, painting, controls, guidance_rescale)
@@ -608,7 +608,8 @@ class LitePipeline:
                      sizes: SizeConditioning | None = None) -> None:
         """What the folder can make from these pictures and options (before any picture is read): a
         mask needs the picture it repaints; a 9-channel (inpainting) UNet runs only with both; the
-        second prompts and size conditioning are SDXL's; SDXL runs txt2img and img2img."""
+        second prompts and size conditioning are SDXL's; SDXL runs txt2img, img2img and inpainting
+        (its 4-channel UNet blending, as StableDiffusionXLInpaintPipeline with a base model)."""
         if mask and not init_image:
             raise BadInput("--mask needs --init-image (the picture whose masked part is repainted)")
         if self.inpainting_unet and not mask:
@@ -636,9 +637,6 @@ class LitePipeline:
                            f"is an SD 1.x / 2.x folder")
 
     def _check_sdxl_options(self, init_image: bool, mask: bool, controls: int, sizes: SizeConditioning | None) -> None:
-        if mask:
-            raise BadInput(f"--mask: {self.out} is an SDXL folder, and SDXL inpainting is not supported yet "
-                           f"(txt2img and img2img are)")
         if controls:
             raise BadInput(f"--control-image: {self.out} is an SDXL folder, and SDXL ControlNets are not supported yet")
         if sizes is not None:
@@ -881,11 +879,11 @@ def generate(out, prompt: str, output=None, backend: str = "cpu", low_memory: bo
                    "it is black, as diffusers' StableDiffusionInpaintPipeline: the mask is resized to the "
                    "converted size like the picture (any size: lanczos), made grayscale (an RGB or RGBA mask too) "
                    "and binarized at 0.5. An inpainting model's UNet (9 input channels) sees the mask and the "
-                   "masked picture; a text-to-image UNet repaints by blending the kept part back after each step. "
-                   "Needs OUT/vae_encoder.tflite.")
+                   "masked picture; a text-to-image UNet repaints by blending the kept part back after each step "
+                   "(SDXL: as StableDiffusionXLInpaintPipeline). Needs OUT/vae_encoder.tflite.")
 @click.option("--strength", default=None, type=float,
               help="img2img and inpainting: how much of the picture is re-noised, in (0, 1] [default: 0.8; 1.0 "
-                   "with --mask, starting from pure noise; SDXL 0.3: diffusers' defaults].")
+                   "with --mask, starting from pure noise; SDXL 0.3, and 0.9999 with --mask: diffusers' defaults].")
 @click.option("--control-image", "control_images", multiple=True, type=click.Path(),
               help="ControlNet: steer the picture by this image (an edge map, a pose, a depth map...), one per "
                    "ControlNet of OUT (convert --controlnet), in order; repeatable. Resized to the converted size "
@@ -926,8 +924,8 @@ def generate_command(out, prompt, output, steps, seed, guidance, guidance_rescal
                      canny_high, loras, low_memory, as_json):
     """Make a picture from PROMPT with the .tflite files in OUT (txt2img, img2img with
     --init-image, inpainting with --init-image and --mask, steered by ControlNets with
-    --control-image; an SDXL folder: txt2img and img2img, with --prompt-2 and the size
-    conditioning), the same picture diffusers' PyTorch pipeline makes from the same weights."""
+    --control-image; an SDXL folder: txt2img, img2img and inpainting, with --prompt-2 and the
+    size conditioning), the same picture diffusers' PyTorch pipeline makes from the same weights."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,

@@ -32,12 +32,21 @@ CONTEXT = "encoder_hidden_states"
 PENULTIMATE = "penultimate_hidden_state"  # both text encoders' output (compiler.export.PENULTIMATE)
 TEXT_EMBEDS = "text_embeds"
 TIME_IDS = "time_ids"
-# diffusers' defaults: SDXL's guidance scale (StableDiffusionXLPipeline and its img2img pipeline),
-# img2img's strength, and the refiner's aesthetic scores
+# diffusers' defaults: SDXL's guidance scale (StableDiffusionXLPipeline and its img2img and inpainting
+# pipelines), img2img's and inpainting's strength (0.9999: the picture's latents noised at the first
+# kept timestep, one step fewer than asked at 20), and the refiner's aesthetic scores
 GUIDANCE = 5.0
 IMG2IMG_STRENGTH = 0.3
+INPAINT_STRENGTH = 0.9999
 AESTHETIC_SCORE, NEGATIVE_AESTHETIC_SCORE = 6.0, 2.5
 MAX_SIZE = 1 << 20  # a size or crop offset past this is no picture's (the UNet embeds them as floats)
+
+
+def default_strength(inpainting: bool) -> float:
+    """StableDiffusionXLInpaintPipeline's strength, else StableDiffusionXLImg2ImgPipeline's (an
+    init image's; txt2img takes none)."""
+    return INPAINT_STRENGTH if inpainting else IMG2IMG_STRENGTH
+
 
 Size = tuple[int, int]
 
