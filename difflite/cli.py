@@ -217,14 +217,14 @@ def convert(model, out, config, vae, prediction_type, loras, lora_slots, lora_ra
             weights_layout, fuse, no_fuse, device_profile, winograd_budget_mb, keep_onnx, export_cache_dir, seed, as_json):
     """Convert MODEL into .tflite files in OUT.
 
-    MODEL is a local diffusers folder (SD 1.x / 2.x, or SDXL base: StableDiffusionXLPipeline's
-    layout), a .safetensors/.ckpt file (original LDM layout: SD 1.x or 2.x, text-to-image or
-    inpainting, or SDXL base, inferred from its keys and shapes; or --config FOLDER; the SDXL refiner
-    and 9-channel SDXL inpainting models are refused), or preset:NAME
-    (preset:tiny, preset:sd15, preset:sd21, preset:sd21-768, preset:sd15-inpaint,
-    preset:tiny-inpaint: real architectures, seeded random weights; preset:sdxl and preset:sdxl-tiny:
-    SDXL, whose folder adds text_encoder_2 and vae_encoder and which generate runs as diffusers'
-    StableDiffusionXLPipeline). Each
+    MODEL is a local diffusers folder (SD 1.x / 2.x, or SDXL base or inpainting:
+    StableDiffusionXLPipeline's layout), a .safetensors/.ckpt file (original LDM layout: SD 1.x, 2.x
+    or SDXL, text-to-image or inpainting, inferred from its keys and shapes; or --config FOLDER; the
+    SDXL refiner is refused), or preset:NAME (preset:tiny, preset:sd15, preset:sd21,
+    preset:sd21-768, preset:sd15-inpaint, preset:tiny-inpaint: real architectures, seeded random
+    weights; preset:sdxl, preset:sdxl-tiny, preset:sdxl-inpaint, preset:sdxl-tiny-inpaint: SDXL,
+    whose folder adds text_encoder_2 and vae_encoder and which generate runs as diffusers'
+    StableDiffusionXLPipeline / ...InpaintPipeline). Each
     --controlnet adds a component controlnet_N and residual inputs to the UNet.
     """
     from difflite.compiler.convert import ConvertOptions, parse_winograd_budget

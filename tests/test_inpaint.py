@@ -138,7 +138,7 @@ def reference(folders) -> dict[str, Reference]:
 def test_inpaint_presets_are_their_text_to_image_architectures_with_9_channels():
     from difflite.compiler.presets import PRESETS, preset_configs
 
-    for name in ("sd15", "tiny"):
+    for name in ("sd15", "tiny", "sdxl", "sdxl-tiny"):
         assert f"{name}-inpaint" in PRESETS
         plain, inpaint = preset_configs(name), preset_configs(f"{name}-inpaint")
         assert inpaint["unet"] == {**plain["unet"], "in_channels": 9}

@@ -34,15 +34,17 @@ SDXL_COMPONENTS = "text_encoder,text_encoder_2,unet,vae_decoder"
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict:
     """preset:sdxl-tiny at 64x96, builtins only (no op library): batch 1 with its default
-    components (the VAE encoder among them), batch 2 without the VAE encoder; and preset:tiny
-    (SD 1.x) for the SDXL-only options' refusals. Converted side by side by the console script."""
+    components (the VAE encoder among them), batch 2 without the VAE encoder; its 9-channel
+    inpainting form (preset:sdxl-tiny-inpaint); and preset:tiny (SD 1.x) for the SDXL-only
+    options' refusals. Converted side by side by the console script."""
     base = tmp_path_factory.mktemp("sdxl-generate")
-    out = {1: base / "b1", 2: base / "b2", "sd": base / "sd"}
+    out = {1: base / "b1", 2: base / "b2", "sd": base / "sd", "inpaint": base / "inpaint"}
     size = ["--height", HEIGHT, "--width", WIDTH, "--no-fuse"]
     convert_side_by_side({
         "batch 1": ["preset:sdxl-tiny", "-o", out[1], *size],
         "batch 2": ["preset:sdxl-tiny", "-o", out[2], *size, "--batch", 2, "--components", SDXL_COMPONENTS],
         "sd": ["preset:tiny", "-o", out["sd"], "--height", 64, "--width", 64, "--no-fuse"],
+        "inpaint": ["preset:sdxl-tiny-inpaint", "-o", out["inpaint"], *size],
     })
     return out
 
@@ -284,6 +286,29 @@ def test_inpainting_matches_diffusers(lite, reference, scheduler, strength, kwar
     check_parity(result, expected, f"inpainting {scheduler} strength {strength}")
     assert result.settings["inpaint"] and result.settings["strength"] == (0.9999 if strength is None else strength)
     assert result.settings["denoising_steps"] == int(steps * result.settings["strength"])
+
+
+@pytest.mark.parametrize("scheduler,strength", [("euler-a", None), ("dpm++-2m-karras", 1.0)])
+def test_inpainting_unet_matches_diffusers(folders, scheduler, strength):
+    """An SDXL inpainting model (a 9-channel UNet: latents, mask, masked picture's latents) as
+    StableDiffusionXLInpaintPipeline runs it."""
+    from difflite.runtime.generate import LitePipeline
+
+    with LitePipeline(folders["inpaint"]) as pipe:
+        assert pipe.inpainting_unet
+        result = pipe("a red car", steps=4, seed=6, scheduler=scheduler, init_image=init_image(),
+                      mask_image=mask_image(), strength=strength, negative_prompt="blurry")
+    expected = Reference(folders["inpaint"])(scheduler, steps=4, seed=6, image=init_image(), mask_image=mask_image(),
+                                             prompt="a red car", negative_prompt="blurry",
+                                             strength=0.9999 if strength is None else strength)
+    check_parity(result, expected, f"9-channel inpainting {scheduler} strength {strength}")
+    assert result.settings["inpainting_unet"]
+
+
+def test_an_inpainting_unet_needs_the_picture_and_the_mask(folders, tmp_path):
+    run = run_difflite("generate", folders["inpaint"], "a cat", "-o", tmp_path / "x.png", "--backend", "cpu")
+    one_line_exit_2(run, "an inpainting UNet", "--init-image", "--mask")
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_inpainting_keeps_the_unmasked_part(lite):

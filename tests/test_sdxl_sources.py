@@ -150,6 +150,29 @@ def test_sdxl_single_file_round_trips_the_preset(single, sdxl_tiny):
     assert "added embedding: projection 24 + 6 time ids x 8" in arch["reasons"]
 
 
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_sdxl_inpainting_sources_load_as_the_preset(kind, files):
+    """An SDXL inpainting model (a 9-channel UNet) as a single file or a diffusers folder: the
+    preset's weights and configs, inferred as inpainting (the file) or saved as diffusers'
+    StableDiffusionXLInpaintPipeline (the folder)."""
+    reference = build_preset("sdxl-tiny-inpaint", 0)
+    if kind == "file":
+        source = L.write_checkpoint(files / "sdxl-tiny-inpaint.safetensors", L.sdxl_to_ldm(reference))
+    else:
+        source = files / "sdxl-tiny-inpaint"
+        reference.save_pretrained(source)
+        assert json.loads((source / "model_index.json").read_text())["_class_name"] == \
+            "StableDiffusionXLInpaintPipeline"
+    pipe = load_pipeline(str(source))
+    assert pipe.family == "sdxl" and pipe.inpainting
+    _same_weights(pipe, reference)
+    _same_configs(pipe, reference)
+    if kind == "file":
+        arch = pipe.details["architecture"]
+        assert arch["inpainting"] and arch["summary"] == "SDXL (preset:sdxl-tiny-inpaint's architecture), epsilon at 128x128"
+        assert "UNet: 9 input channels (latents 4, mask 1, masked picture's latents 4): inpainting" in arch["reasons"]
+
+
 def test_sdxl_single_file_converts_and_verifies_as_the_preset(single, files, preset_out, lib):
     from difflite.verify import verify
 
@@ -239,9 +262,9 @@ def _refiner_file(t: dict) -> None:
             t["conditioner.embedders.0.model." + key.removeprefix(L.SDXL_OPEN_CLIP)] = t.pop(key)
 
 
-def _inpainting_file(t: dict) -> None:
+def _seven_channels_file(t: dict) -> None:
     key = L.UNET + "input_blocks.0.0.weight"
-    t[key] = torch.zeros(t[key].shape[0], 9, 3, 3)
+    t[key] = torch.zeros(t[key].shape[0], 7, 3, 3)
 
 
 def _five_time_ids(t: dict) -> None:
@@ -263,7 +286,7 @@ def _mid_depth(t: dict) -> None:
 @pytest.mark.parametrize("change, expected", [
     (_refiner_file, "an SDXL refiner (OpenCLIP alone as 'conditioner.embedders.0.model.', aesthetic-score time ids) "
                     "is not supported"),
-    (_inpainting_file, "an SDXL inpainting model (a UNet of 9 input channels) is not supported"),
+    (_seven_channels_file, "UNet with 7 input channels and 4 output channels is not supported"),
     (_five_time_ids, "the UNet's added embedding takes 64 features: text_encoder_2's projection 24 and 40 more, "
                      "not 6 whole time ids"),
     (_no_open_clip, "an SDXL checkpoint without its 'conditioner.embedders.1.model.' text encoder"),
@@ -292,8 +315,8 @@ def _refiner_time_ids(f: Path) -> None:
     _edit_json(f / "unet" / "config.json", projection_class_embeddings_input_dim=24 + 5 * 8)
 
 
-def _inpainting_folder(f: Path) -> None:
-    _edit_json(f / "unet" / "config.json", in_channels=9)
+def _seven_channels_folder(f: Path) -> None:
+    _edit_json(f / "unet" / "config.json", in_channels=7)
 
 
 def _no_text_encoder_2(f: Path) -> None:
@@ -306,7 +329,7 @@ def _no_text_encoder_2(f: Path) -> None:
     (_refiner_folder, "an SDXL refiner (no text_encoder: OpenCLIP's text_encoder_2 only, aesthetic-score time ids) "
                       "is not supported"),
     (_refiner_time_ids, "an SDXL refiner (5 time ids: the aesthetic score's) is not supported"),
-    (_inpainting_folder, "an SDXL inpainting model (a UNet of 9 input channels) is not supported"),
+    (_seven_channels_folder, "an SDXL UNet of 7 input channels and 4 output channels is not supported"),
     (_no_text_encoder_2, "missing (an SDXL folder's second text encoder)"),
 ])
 def test_sdxl_folders_refused(folder, tmp_path, change, expected):

@@ -115,7 +115,8 @@ class Pipeline:
         }
         if sdxl:
             self.save_tokenizer(folder / "tokenizer_2", self.tokenizer_2)
-            index.update({"_class_name": "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
+            index.update({"_class_name": "StableDiffusionXLInpaintPipeline" if self.inpainting
+                          else "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
                           "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
                           "tokenizer_2": ["transformers", "CLIPTokenizer"]})
         else:
@@ -221,7 +222,7 @@ def check_config_folder(folder: Path) -> dict:
 
 def is_sdxl_folder(folder: Path, index: dict) -> bool:
     """An SDXL folder: its UNet is conditioned on text_time (SDXL's pooled text embedding and time
-    ids); an SDXL refiner or inpainting folder (refused by check_sdxl_configs) too."""
+    ids); an SDXL refiner folder (refused by check_sdxl_configs) too."""
     unet = folder / "unet" / "config.json"
     entry = index.get("unet")
     if not isinstance(entry, list) or entry[-1:] != ["UNet2DConditionModel"] or not unet.is_file():
@@ -231,12 +232,14 @@ def is_sdxl_folder(folder: Path, index: dict) -> bool:
 
 def check_sdxl_configs(source: Path, unet: dict, text_encoder_2: dict) -> None:
     """Refuse the SDXL variants difflite does not convert, in one line naming `source`: the refiner
-    (5 time ids: the aesthetic score in place of the target size; no CLIP-L text encoder) and
-    inpainting (a 9-channel UNet)."""
+    (5 time ids: the aesthetic score in place of the target size; no CLIP-L text encoder) and a
+    UNet whose input is neither the latents nor an inpainting UNet's 9 channels."""
     in_channels, out_channels = unet.get("in_channels"), unet.get("out_channels", 4)
-    if isinstance(in_channels, int) and isinstance(out_channels, int) and in_channels != out_channels:
-        raise BadInput(f"{source}: an SDXL inpainting model (a UNet of {in_channels} input channels) is not "
-                       f"supported: SDXL text-to-image only")
+    if isinstance(in_channels, int) and isinstance(out_channels, int) and \
+            in_channels not in (out_channels, inpaint_channels(out_channels)):
+        raise BadInput(f"{source}: an SDXL UNet of {in_channels} input channels and {out_channels} output channels "
+                       f"is not supported: text-to-image ({out_channels}) or inpainting "
+                       f"({inpaint_channels(out_channels)}: latents, mask, masked picture's latents)")
     try:
         ids, rest = divmod(int(unet["projection_class_embeddings_input_dim"]) - int(text_encoder_2["projection_dim"]),
                            int(unet["addition_time_embed_dim"]))

@@ -11,7 +11,8 @@ import torch
 from difflite.compiler.pipeline import BOS, EOS, MAX_LENGTH, SDXL_TIME_IDS, Pipeline
 from difflite.core.errors import BadInput
 
-PRESETS = ("tiny", "sd15", "sd21", "sd21-768", "sd15-inpaint", "tiny-inpaint", "sdxl", "sdxl-tiny")
+PRESETS = ("tiny", "sd15", "sd21", "sd21-768", "sd15-inpaint", "tiny-inpaint", "sdxl", "sdxl-tiny", "sdxl-inpaint",
+           "sdxl-tiny-inpaint")
 # SDXL's UNet takes SDXL_TIME_IDS (6) time ids beside the pooled text embedding: the original size
 # (h, w), the crop's top-left (top, left) and the target size (h, w), each embedded in
 # addition_time_embed_dim
@@ -183,9 +184,9 @@ _PRESET_CONFIGS["sdxl-tiny"] = {
     "scheduler": _SDXL_SCHEDULER,
 }
 
-# SD 1.5's inpainting model (and the tiny one for tests): the same architecture whose UNet takes
-# INPAINT_CHANNELS input channels.
-for _name in ("sd15", "tiny"):
+# SD 1.5's and SDXL's inpainting models (and the tiny ones for tests): the same architectures whose
+# UNet takes INPAINT_CHANNELS input channels.
+for _name in ("sd15", "tiny", "sdxl", "sdxl-tiny"):
     _PRESET_CONFIGS[f"{_name}-inpaint"] = {
         **_PRESET_CONFIGS[_name], "unet": {**_PRESET_CONFIGS[_name]["unet"], "in_channels": INPAINT_CHANNELS}}
 

@@ -14,9 +14,10 @@ SDXL base files (CLIP ViT-L under `conditioner.embedders.0.transformer.`, OpenCL
 `conditioner.embedders.1.model.`) are inferred the same way: the UNet's transformer depth per
 level and its added (text_time) embedding from the shapes, text_encoder_2 as a
 CLIPTextModelWithProjection (every layer, text_projection transposed), SDXL's VAE scaling, 64-wide
-heads and 1024x1024; a file whose shapes are exactly preset:sdxl's or preset:sdxl-tiny's takes that
-preset's heads and image size (and, without CLIP's vocabulary, its tokenizer). The refiner (OpenCLIP
-alone as embedder 0, aesthetic-score time ids) and SDXL inpainting (a 9-channel UNet) are refused."""
+heads and 1024x1024, and SDXL inpainting from a 9-channel UNet; a file whose shapes are exactly an
+SDXL preset's (preset:sdxl, preset:sdxl-tiny or their -inpaint forms) takes that preset's heads and
+image size (and, without CLIP's vocabulary, its tokenizer). The refiner (OpenCLIP alone as embedder
+0, aesthetic-score time ids) is refused."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ _SDXL_HEAD_SIZE = 64  # SDXL's UNet: 64 channels a head (5, 10, 20 heads at 320,
 _SDXL_SIZE = 1024
 # SDXL architectures known by name: a file whose shapes are exactly one of these presets' takes
 # the preset's heads (no weight holds them) and, for a vocabulary other than CLIP's, its tokenizer
-_SDXL_PRESETS = ("sdxl", "sdxl-tiny")
+_SDXL_PRESETS = ("sdxl", "sdxl-tiny", "sdxl-inpaint", "sdxl-tiny-inpaint")
 
 
 def save_single_file(pipe: Pipeline, path: Path) -> None:
@@ -646,7 +647,8 @@ def _infer_sdxl(path: Path, state: dict, meta: dict, requested: str | None,
         reasons.append(stored)
     name = f"SDXL (preset:{known}'s architecture)" if known else "SDXL base (CLIP ViT-L + OpenCLIP ViT-bigG)"
     architecture = {
-        "family": "sdxl", "prediction_type": predicts, "image_size": size, "ema": ema, "inpainting": False,
+        "family": "sdxl", "prediction_type": predicts, "image_size": size, "ema": ema,
+        "inpainting": unet_fields["in_channels"] != unet_fields["out_channels"],
         "tokenizer": tokenizer, "summary": f"{name}, {predicts} at {size}x{size}" + (", EMA weights" if ema else ""),
         "reasons": reasons,
     }
@@ -659,10 +661,7 @@ def _infer_sdxl_unet(path: Path, u: dict) -> tuple[dict, list[str]]:
     shape = Shapes(path, u, _UNET)
     in_channels = shape("input_blocks.0.0.weight", 4)[1]
     out_channels = shape("out.2.weight", 4)[0]
-    if in_channels != out_channels:
-        what = "inpainting model" if in_channels == inpaint_channels(out_channels) else "model"
-        raise shape.refuse(f"an SDXL {what} (a UNet of {in_channels} input channels) is not supported: SDXL "
-                           f"text-to-image only ({out_channels} input channels)")
+    channels_reason = _input_channels_reason(shape, in_channels, out_channels)
     if "label_emb.0.0.weight" not in u:
         raise shape.refuse(f"an SDXL UNet without its added embedding ({_UNET}label_emb.0.0: the pooled text "
                            f"and time ids) is not supported")
@@ -682,7 +681,7 @@ def _infer_sdxl_unet(path: Path, u: dict) -> tuple[dict, list[str]]:
                   projection_class_embeddings_input_dim=added,
                   up_block_types=["CrossAttnUpBlock2D" if a else "UpBlock2D" for a in up_attention])
     depth_reason = f"transformer depth per level {depths} (the mid block {depths[-1]})"
-    return config, [_encoder_summary("UNet", config, down_attention), depth_reason,
+    return config, [_encoder_summary("UNet", config, down_attention), channels_reason, depth_reason,
                     f"added embedding: label_emb {added} -> {time_embed}"]
 
 
