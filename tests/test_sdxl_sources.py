@@ -354,9 +354,9 @@ def test_refusals_exit_2_writing_nothing(kind, sdxl_tiny, folder, tmp_path):
     else:
         import shutil
 
-        source = tmp_path / "inpaint"
+        source = tmp_path / "seven"
         shutil.copytree(folder, source)
-        _inpainting_folder(source)
+        _seven_channels_folder(source)
     out = tmp_path / "OUT"
     result = run_difflite("convert", source, "-o", out)
     lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("[difflite] ")]
