@@ -1,10 +1,10 @@
 """`difflite generate` on an SDXL folder (issue 32, item 6) against diffusers' own
-StableDiffusionXLPipeline / StableDiffusionXLImg2ImgPipeline / StableDiffusionXLInpaintPipeline on the
-same preset weights: txt2img
-with several schedulers, both prompts and negative prompts (and the zero unconditional embeddings
-diffusers uses without one), non-default time ids, guidance rescale, batch-1 and batch-2 UNets,
-img2img, inpainting with the base UNet (StableDiffusionXLInpaintPipeline), SDXL-Turbo-style
-unguided 1-2 step runs; --low-memory; the command line and its refusals."""
+StableDiffusionXLPipeline / StableDiffusionXLImg2ImgPipeline / StableDiffusionXLInpaintPipeline on
+the same preset weights: txt2img with several schedulers, both prompts and negative prompts (and
+the zero unconditional embeddings diffusers uses without one), non-default time ids, guidance
+rescale, batch-1 and batch-2 UNets, img2img, inpainting with the base UNet and with a 9-channel
+inpainting UNet, SDXL-Turbo-style unguided 1-2 step runs; --low-memory; the command line and its
+refusals."""
 
 from __future__ import annotations
 
@@ -103,12 +103,9 @@ class Reference:
                 pipe = self.pipeline(scheduler, kind, spacing, force_zeros)
                 call = {"num_inference_steps": steps, "guidance_scale": guidance, "output_type": "np",
                         "generator": torch.Generator("cpu").manual_seed(seed), **kwargs}
-                if image is None:
-                    result = pipe(height=HEIGHT, width=WIDTH, **call)
-                elif kind == "inpaint":  # its size is the model's default unless given
-                    result = pipe(image=image, height=HEIGHT, width=WIDTH, **call)
-                else:
-                    result = pipe(image=image, **call)
+                # img2img takes the picture's size; the others the model's default unless given
+                sized = {} if kind == "img2img" else {"height": HEIGHT, "width": WIDTH}
+                result = pipe(**({} if image is None else {"image": image}), **sized, **call)
             self.cache[key] = result.images[0]
         return self.cache[key]
 

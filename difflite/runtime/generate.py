@@ -239,8 +239,8 @@ class _Timer:
 
 
 class LitePipeline:
-    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting; an SDXL
-    folder's inpainting blends with its 4-channel UNet) on LiteRT.
+    """An output folder as a Stable Diffusion pipeline (txt2img, img2img and inpainting, SD and
+    SDXL) on LiteRT.
 
     >>> pipe = LitePipeline("out/tiny")
     >>> result = pipe("a photo of an astronaut", steps=20, seed=0, guidance=7.5)
@@ -608,8 +608,7 @@ class LitePipeline:
                      sizes: SizeConditioning | None = None) -> None:
         """What the folder can make from these pictures and options (before any picture is read): a
         mask needs the picture it repaints; a 9-channel (inpainting) UNet runs only with both; the
-        second prompts and size conditioning are SDXL's; SDXL runs txt2img, img2img and inpainting
-        (its 4-channel UNet blending, as StableDiffusionXLInpaintPipeline with a base model)."""
+        second prompts and size conditioning are SDXL's."""
         if mask and not init_image:
             raise BadInput("--mask needs --init-image (the picture whose masked part is repainted)")
         if self.inpainting_unet and not mask:
