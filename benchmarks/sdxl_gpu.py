@@ -22,9 +22,11 @@ WORK/sdxl_gpu.json at once:
 - peer_litert_b1: the batch-1 UNet, difflite against stock LiteRT's GPU engine at fp16 in one call,
   on the --no-fuse UNet written from the batch-1 conversion's ONNX (same weights);
 - peer_int4, picture_int4_low_memory, peer_int8, peer_int8_b1, picture_int8: the quantized UNets'
-  step (peer_int4, peer_int8: and VAE decoders') and pictures (int4 as a phone gets it: the
-  generic profile, batch 1, and --low-memory: one model at a time; int8 at batch 2 and, beside
-  peer_litert_b1, batch 1);
+  step and VAE decoders' call (peer_int4, peer_int8, peer_int8_b1) and pictures (int4 as a phone
+  gets it: the generic profile, batch 1, and --low-memory: one model at a time; int8 at batch 2
+  and, beside peer_litert_b1, batch 1);
+- peer_int4_apart, picture_int4_low_memory_apart: the same with DIFFLITE_WEIGHT_SLABS=off (a
+  device buffer per weight, as before the weight slabs), right after the slabbed runs;
 - picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
@@ -75,7 +77,8 @@ FOLDERS = {  # name: convert flags beyond CONVERT
     # its own memory (notebook §73; on a phone the layout changes nothing)
     "int4": ["--batch", "1", "--weights", "int4", "--device-profile", "generic", "--weights-layout", "appended"],
     "int8": ["--batch", "2", "--weights", "int8"],
-    "int8_b1": ["--batch", "1", "--weights", "int8", "--components", "unet"],  # beside LiteRT's batch-1 UNet
+    # beside LiteRT's batch-1 UNet; its VAE decoder: the int8 one's time at 1024x1024
+    "int8_b1": ["--batch", "1", "--weights", "int8", "--components", "unet,vae_decoder"],
     "b1": ["--batch", "1", "--components", "unet"],
     "turbo": ["--batch", "1"],  # at half the size (SDXL-Turbo's 512x512): its architecture is SDXL's
     "fp32": ["--batch", "2", "--precision", "fp32"],  # the picture PSNR's reference
@@ -85,7 +88,8 @@ TURBO_FLAGS = ["--steps", "4", "--guidance", "0", "--scheduler", "euler-a", "--t
 STEPS = {
     "peer_b2": "fp16", "picture_fp16": "fp16", "peer_litert": "fp16", "peer_litert_vae": "fp16",
     "picture_diffusers_fp16": "fp16",
-    "peer_b1": "b1", "peer_litert_b1": "b1", "peer_int4": "int4", "picture_int4_low_memory": "int4", "peer_int8": "int8",
+    "peer_b1": "b1", "peer_litert_b1": "b1", "peer_int4": "int4", "peer_int4_apart": "int4",
+    "picture_int4_low_memory": "int4", "picture_int4_low_memory_apart": "int4", "peer_int8": "int8",
     "peer_int8_b1": "int8_b1", "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "gpu_context": "int4", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
@@ -98,6 +102,7 @@ UNFUSED_FROM = {"fp16": ("peer", {"unet": "peer_litert", "vae_decoder": "peer_li
 DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "int8_b1": 16, "b1": 22, "turbo": 22, "fp32": 40}  # b1: with its ONNX and --no-fuse UNet
 DISK_MARGIN_GB = 10
 UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
+APART = {"DIFFLITE_WEIGHT_SLABS": "off"}  # a device buffer per weight (no weight slabs)
 # While this file exists another job times the GPU: the steps wait for it to go.
 GPU_BUSY = Path("/tmp/gpu_busy")
 DIFFUSERS_CHILD = """
@@ -371,9 +376,14 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "peer_litert_b1": (peer, work, "peer_litert_b1", "b1", "unet", 1, "torch", peer_runs, min(timeout, 540), None,
                            "fp16"),
         "peer_int4": (peer, work, "peer_int4", "int4", "unet,vae_decoder", 1, "litert,torch", peer_runs, timeout),
+        "peer_int4_apart": (peer, work, "peer_int4_apart", "int4", "unet", 1, "litert,torch", peer_runs, timeout,
+                            APART),
         "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
+        "picture_int4_low_memory_apart": (picture, ["env", *[f"{k}={v}" for k, v in APART.items()],
+                                                    *generate_command(work, "int4", ["--low-memory"])], runs, timeout),
         "peer_int8": (peer, work, "peer_int8", "int8", "unet,vae_decoder", 2, "litert,torch", peer_runs, timeout),
-        "peer_int8_b1": (peer, work, "peer_int8_b1", "int8_b1", "unet", 1, "litert,torch", peer_runs, timeout),
+        "peer_int8_b1": (peer, work, "peer_int8_b1", "int8_b1", "unet,vae_decoder", 1, "litert,torch", peer_runs,
+                         timeout),
         "picture_int8": (picture, generate_command(work, "int8", []), runs, timeout),
         "picture_turbo": (picture, generate_command(work, "turbo", TURBO_FLAGS), runs, timeout),
         "picture_diffusers_turbo": (diffusers_picture, work, runs, timeout, 4, SIZE // 2, 0.0),
@@ -443,7 +453,7 @@ def report(data: dict) -> None:
         print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
     print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
     for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_litert_vae", "peer_b1", "peer_litert_b1", "peer_int4",
-                "peer_int8", "peer_int8_b1"):
+                "peer_int4_apart", "peer_int8", "peer_int8_b1"):
         for name, r in data.get(key, {}).items():
             if isinstance(r, dict) and "median_ms" in r:
                 print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
@@ -451,8 +461,9 @@ def report(data: dict) -> None:
                 print(f"| {key}: {name} | {r['error'][:120]} | | |")
     print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB | host + GPU at once, MiB |"
           "\n|---|---|---|---|---|")
-    for key in ("picture_fp32", "picture_fp16", "picture_int8", "picture_int4_low_memory", "picture_diffusers_fp16", "picture_turbo",
-                "picture_diffusers_turbo", "gpu_context"):
+    for key in ("picture_fp32", "picture_fp16", "picture_int8", "picture_int4_low_memory",
+                "picture_int4_low_memory_apart", "picture_diffusers_fp16", "picture_turbo", "picture_diffusers_turbo",
+                "gpu_context"):
         r = data.get(key)
         if r and "wall_s" in r:
             gpu, both = r["gpu_mib"], r.get("host_plus_gpu_mib")

@@ -1011,7 +1011,7 @@ class Runner:
                               i32(n if splits > 1 else ldc), int4(*([1] * pad), *bdims),
                               int4(*([0] * pad), *a_bs), int4(*([0] * pad), *b_bs),
                               i32(m * n if splits > 1 else c_bs), i32(bias is not None and splits == 1),
-                              i32(a_row * a_sm), i32(0 if splits > 1 else c_row * ldc))]
+                              i32(a_row * a_sm), i32(0 if splits > 1 else c_row * ldc), i32(0))]
         if splits > 1:
             events.append(self._splitk_sum(out, bias, c, m, n, ldc, c_bs, batches, splits, c_row * ldc))
         return events
@@ -1053,7 +1053,7 @@ class Runner:
         local = (tile.tn // tile.wn, tile.tm // tile.wm, 1)
         events = [self.launch(kernel, (ceil_div(cout, tile.tn) * local[0], ceil_div(m, tile.tm) * local[1], splits),
                               local, x, w_ohwi, bias, out, i32(m), i32(cout), i32(k), int4(h, w, cin, h),
-                              int4(w, 3, 1, 1), int4(1, 1, 1, 1), i32(splits == 1))]
+                              int4(w, 3, 1, 1), int4(1, 1, 1, 1), i32(splits == 1), i32(0))]
         if splits > 1:
             events.append(self._splitk_sum(out, bias, y, m, cout, cout, m * cout, 1, splits))
         return events

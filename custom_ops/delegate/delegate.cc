@@ -154,10 +154,13 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       if (!ParseChoice(key, val, {"auto", "off"}, &o->zero_copy, error)) return false;
     } else if (key == "tensor_cores") {
       if (!ParseChoice(key, val, {"auto", "off"}, &o->tensor_cores, error)) return false;
+    } else if (key == "weight_slabs") {
+      if (!ParseChoice(key, val, {"auto", "off"}, &o->weight_slabs, error)) return false;
     } else {
       *error = "unknown option '" + key +
                "' (known: backend, precision, verbose, num_threads, device, "
-               "profile, stats_path, kernels, math, cache_dir, zero_copy, tensor_cores)";
+               "profile, stats_path, kernels, math, cache_dir, zero_copy, tensor_cores, "
+               "weight_slabs)";
       return false;
     }
   }
@@ -177,12 +180,18 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
                    error)) {
     return false;
   }
+  // Weight slabs off without code (benchmarks measuring what they save, side by side).
+  const char* env_slabs = std::getenv("DIFFLITE_WEIGHT_SLABS");
+  if (o->backend == "opencl" && o->weight_slabs == "auto" && env_slabs != nullptr &&
+      !ParseChoice("DIFFLITE_WEIGHT_SLABS", env_slabs, {"auto", "off"}, &o->weight_slabs, error)) {
+    return false;
+  }
   if (o->backend == "cpu" && (o->device != -1 || o->profile || !o->stats_path.empty() ||
                               o->kernels != "auto" || o->math != "auto" ||
                               !o->cache_dir.empty() || o->zero_copy != "auto" ||
-                              o->tensor_cores != "auto")) {
-    *error = "device, profile, stats_path, kernels, math, cache_dir, zero_copy and tensor_cores "
-             "apply to backend=opencl only";
+                              o->tensor_cores != "auto" || o->weight_slabs != "auto")) {
+    *error = "device, profile, stats_path, kernels, math, cache_dir, zero_copy, tensor_cores and "
+             "weight_slabs apply to backend=opencl only";
     return false;
   }
   return true;

@@ -38,6 +38,9 @@ struct Options {
   // opencl: auto (on devices sharing memory with the host, weights whose model
   // bytes need no conversion become buffers over the model file's pages) | off.
   std::string zero_copy = "auto";
+  // opencl: auto (weights that are not zero-copy and whose readers take an offset share a few
+  // large buffers, the weight slabs) | off (a buffer each); DIFFLITE_WEIGHT_SLABS sets it too.
+  std::string weight_slabs = "auto";
   // opencl: auto (GEMMs on tensor cores where GpuContext::TensorCores() allows) | off; on and
   // emulate through DIFFLITE_TENSOR_CORES only: on = without the device's compute-capability
   // answer (PoCL's CUDA driver), emulate = the instruction in OpenCL C (tests).

@@ -102,6 +102,7 @@ class Conv2dOp final : public GpuOp {
   bool UsesInput(size_t input) const override { return !(input == 1 && wt_.planned()); }
   bool PacksInput(size_t input) const override { return input == 1 && wt_.planned(); }
   bool ReadsQuantized(size_t input) const override { return input == 1 && wq_.on(); }
+  bool ReadsAtOffset(size_t input) const override { return input == 1 && !wt_.planned(); }
   std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
     return wt_.Pack(ctx, in[1].mem, in[1].scales);
   }
@@ -112,14 +113,18 @@ class Conv2dOp final : public GpuOp {
     const int m = g_.n * g_.oh * g_.ow;
     const int kk = g_.kh * g_.kw * g_.cin;
     cl_mem bias = has_bias_ ? in[2].mem : nullptr;
-    std::string e;
+    const WeightOffsets at = wt_.planned() ? WeightOffsets() : WeightOffsets::Of(in[1]);
+    int w_base = 0, wq_base = 0;
+    std::string e = WeightBases(at, wq_, ctx.storage(), &w_base, &wq_base);
+    if (!e.empty()) return e;
     cl_mem y = split_.Target(ctx, out[0].mem, &e);
     if (y == nullptr) return e;
     Args args;
     args.Mem(in[0].mem).Mem(wt_.planned() ? wt_.mem() : in[1].mem).Mem(bias).Mem(y).Int(m)
         .Int(g_.cout).Int(kk).Int4(g_.G0()).Int4(g_.G1()).Int4(g_.G2())
-        .Int(has_bias_ && split_.splits() == 1 ? 1 : 0);
-    e = wq_.AppendArgs(args, wt_.planned() ? wt_.scales() : in[1].scales).Set(ctx.cl(), k_);
+        .Int(has_bias_ && split_.splits() == 1 ? 1 : 0).Int(w_base);
+    e = wq_.AppendArgs(args, wt_.planned() ? wt_.scales() : in[1].scales, at.scales)
+            .Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (wt_.planned()) {
       const size_t local[2] = {flat_local_, 1};

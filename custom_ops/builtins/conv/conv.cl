@@ -82,7 +82,9 @@ inline int patch_offset(int base, int y, int x, int3 tap, int ih, int iw, int ci
 #if !VEC
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, __global const DL_T* w, __global const DL_T* bias,
-            __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias) {
+            __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2, int has_bias,
+            int w_base) {
+  w += w_base;
   __local float As[TK][TM + 1];
   __local float Bs[TK][TN + 1];
   CONV_GEOMETRY(g0, g1, g2);
@@ -288,7 +290,9 @@ inline void conv_put_quad_down(__local DL_C* p, float4 q) {
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2,
-            int has_bias DL_WQ_PARAMS) {
+            int has_bias, int w_base DL_WQ_PARAMS) {
+  w += w_base;
+  DL_WQ_AT_BASE;
   MMA_TILE_LOCALS;
   CONV_GEOMETRY(g0, g1, g2);
   TILE_ITEM(tx, ty, tid, n0, m0);
@@ -302,7 +306,9 @@ void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void conv2d(__global const DL_T* x, DL_W_PTR w, __global const DL_T* bias,
             __global DL_T* y, int M, int N, int K, int4 g0, int4 g1, int4 g2,
-            int has_bias DL_WQ_PARAMS) {
+            int has_bias, int w_base DL_WQ_PARAMS) {
+  w += w_base;
+  DL_WQ_AT_BASE;
   __local DL_C4 As[2][TK][LDA / 4];
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
@@ -360,7 +366,9 @@ __kernel void depthwise_conv2d(__global const DL_T* x, __global const DL_T* w,
 #endif
 __kernel void conv2d_rows(__global const DL_T* x, DL_ROWS_W_PTR wt,
                           __global const DL_T* bias, __global DL_T* y, int M, int N, int K,
-                          int4 g0, int4 g1, int4 g2, int has_bias DL_WQ_PARAMS) {
+                          int4 g0, int4 g1, int4 g2, int has_bias, int w_base DL_WQ_PARAMS) {
+  wt += w_base;
+  DL_WQ_AT_BASE;
   const int n0 = get_global_id(0) * 16;
   const int m0 = get_global_id(1) * RM;
   if (n0 >= N) return;

@@ -203,8 +203,30 @@ static bool StagesInQuads(int extent, int other, const std::vector<int>& batch) 
   return std::all_of(batch.begin(), batch.end(), [](int b) { return b % 4 == 0; });
 }
 
-Args& WeightQuant::AppendArgs(Args& args, cl_mem scales) const {
-  return on() ? args.Mem(scales).Int(kg).Int(shift) : args;
+Args& WeightQuant::AppendArgs(Args& args, cl_mem scales, size_t scales_offset) const {
+  if (!on()) return args;
+  return args.Mem(scales).Int(kg).Int(shift).Int(static_cast<int>(scales_offset / ScaleBytes()));
+}
+
+std::string WeightBase(size_t bytes, size_t element_bytes, int* base) {
+  if (bytes % element_bytes != 0 || bytes / element_bytes > static_cast<size_t>(kMaxIndex)) {
+    return "a weight " + std::to_string(bytes) + " bytes into its buffer is not at an element the "
+           "kernels can index";
+  }
+  *base = static_cast<int>(bytes / element_bytes);
+  return "";
+}
+
+size_t WeightPointerBytes(const WeightQuant& wq, DType storage) {
+  return wq.on() ? 1 : DTypeSize(storage);
+}
+
+std::string WeightBases(const WeightOffsets& at, const WeightQuant& wq, DType storage, int* w_base,
+                        int* wq_base) {
+  std::string e = WeightBase(at.w, WeightPointerBytes(wq, storage), w_base);
+  *wq_base = 0;
+  if (e.empty() && wq.on()) e = WeightBase(at.scales, wq.ScaleBytes(), wq_base);
+  return e;
 }
 
 std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
@@ -294,8 +316,12 @@ std::string Gemm::Init(GpuContext& ctx, const GemmShape& s) {
 }
 
 std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
-                      const char* label, cl_mem b_scales, GemmRows rows) const {
+                      const char* label, cl_mem b_scales, GemmRows rows, WeightOffsets b_at) const {
   if (s_.wq.on() && b_scales == nullptr) return "a quantized weight without its scales";
+  int b_base = 0, wq_base = 0;
+  std::string e = WeightBases(b_at, s_.wq, ctx.storage(), &b_base, &wq_base);
+  if (!e.empty()) return e;
+  if (transpose_b_ && b_base != 0) return "a k-major B copied for the flat kernels must start its buffer";
   const int64_t a_base = static_cast<int64_t>(rows.a) * s_.a_sm;
   const int64_t c_base = static_cast<int64_t>(rows.c) * s_.ldc;
   if (a_base < 0 || c_base < 0 || a_base > kMaxIndex || c_base > kMaxIndex ||
@@ -315,8 +341,9 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
   if (skinny_) {
     Args args;
     args.Mem(a).Mem(b).Mem(bias).Mem(c).Int(s_.n).Int(s_.k).Int(s_.a_sm).Int(s_.b_sn)
-        .Int(s_.ldc).Int(has_bias ? 1 : 0).Int(static_cast<int>(a_base)).Int(static_cast<int>(c_base));
-    std::string e = s_.wq.AppendArgs(args, b_scales).Set(ctx.cl(), kernel_);
+        .Int(s_.ldc).Int(has_bias ? 1 : 0).Int(static_cast<int>(a_base)).Int(static_cast<int>(c_base))
+        .Int(b_base);
+    e = s_.wq.AppendArgs(args, b_scales, b_at.scales).Set(ctx.cl(), kernel_);
     if (!e.empty()) return e;
     const size_t local[1] = {kSkinnyGroup};
     const size_t global[1] = {static_cast<size_t>((s_.n + kSkinnyColumns - 1) / kSkinnyColumns) *
@@ -324,7 +351,6 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
     return ctx.Enqueue(kernel_, 1, global, local, label);
   }
   const bool split = split_.splits() > 1;
-  std::string e;
   cl_mem out = split_.Target(ctx, c, &e);
   if (out == nullptr) return e;
   Args args;
@@ -332,8 +358,9 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
       .Int(s_.a_sk).Int(s_.b_sk).Int(s_.b_sn).Int(split ? s_.n : s_.ldc).Int4(s_.bdims, 1)
       .Int4(s_.a_bs).Int4(s_.b_bs).Int(split ? s_.m * s_.n : s_.c_bs)
       .Int(has_bias && !split ? 1 : 0).Int(static_cast<int>(a_base))
-      .Int(split ? 0 : static_cast<int>(c_base));  // split: dense partial planes first
-  e = s_.wq.AppendArgs(args, b_scales).Set(ctx.cl(), kernel_);
+      .Int(split ? 0 : static_cast<int>(c_base))  // split: dense partial planes first
+      .Int(b_base);
+  e = s_.wq.AppendArgs(args, b_scales, b_at.scales).Set(ctx.cl(), kernel_);
   if (!e.empty()) return e;
   if (flat_) {
     const size_t local[3] = {flat_local_, 1, 1};

@@ -64,8 +64,10 @@ inline int batch_offset(int batch, int4 bdims, int4 strides) {
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, __global const DL_T* B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
-          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base, int c_base) {
+          int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base, int c_base,
+          int b_base) {
   A += a_base;
+  B += b_base;
   C += c_base;
   __local float As[TK][TM + 1];
   __local float Bs[TK][TN + 1];
@@ -273,9 +275,11 @@ __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
           int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base,
-          int c_base DL_WQ_PARAMS) {
+          int c_base, int b_base DL_WQ_PARAMS) {
   A += a_base;
+  B += b_base;
   C += c_base;
+  DL_WQ_AT_BASE;
   __local DL_C4 As[2][TK][LDA / 4];
   __local DL_C4 Bs[2][TK][LDB / 4];
   __local DL_C* as = (__local DL_C*)As;
@@ -332,9 +336,11 @@ __kernel void gemm_rows(__global const DL_T* A, DL_ROWS_B_PTR B,
                         __global const DL_T* bias, __global DL_T* C, int M, int N, int K,
                         int a_sm, int a_sk, int b_sk, int b_sn, int ldc, int4 bdims,
                         int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base,
-                        int c_base DL_WQ_PARAMS) {
+                        int c_base, int b_base DL_WQ_PARAMS) {
   A += a_base;
+  B += b_base;
   C += c_base;
+  DL_WQ_AT_BASE;
   const int n0 = get_global_id(0) * 16;
   const int m0 = get_global_id(1) * RM;
   const int batch = get_global_id(2);
@@ -411,9 +417,11 @@ __kernel void gemm_rows(__global const DL_T* A, DL_ROWS_B_PTR B,
 __kernel __attribute__((reqd_work_group_size(SK_WG, 1, 1)))
 void gemm_skinny(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
                  __global DL_T* C, int N, int K, int a_sm, int b_sn, int ldc,
-                 int has_bias, int a_base, int c_base DL_WQ_PARAMS) {
+                 int has_bias, int a_base, int c_base, int b_base DL_WQ_PARAMS) {
   A += a_base;
+  B += b_base;
   C += c_base;
+  DL_WQ_AT_BASE;
   __local float red[SK_WG][SK_M * SK_NC + 1];
   const int t = get_local_id(0);
   const int n0 = get_group_id(0) * SK_NC;

@@ -146,9 +146,30 @@ struct WeightQuant {
   WeightQuant PackedCopy(int np) const;
   // Build options: -DDL_WQ=<bits> (and -DDL_WQ_HALF_SCALES=1), or "" when off.
   std::string Options() const;
-  // The kernels' last arguments (dl_qweights.cl's DL_WQ_PARAMS) where on.
-  Args& AppendArgs(Args& args, cl_mem scales) const;
+  // The kernels' last arguments (dl_qweights.cl's DL_WQ_PARAMS) where on; the scales start
+  // `scales_offset` bytes into their buffer (a whole number of scales: WeightBase checked it).
+  Args& AppendArgs(Args& args, cl_mem scales, size_t scales_offset = 0) const;
+  // Bytes of one scale as the kernels read it.
+  size_t ScaleBytes() const { return half_scales ? 2 : 4; }
 };
+
+// Where a weight and its scales start in their buffers, in bytes (GpuTensor::offset and
+// scales_offset: nonzero in a weight slab, for ops that say GpuOp::ReadsAtOffset).
+struct WeightOffsets {
+  size_t w = 0;
+  size_t scales = 0;
+  static WeightOffsets Of(const GpuTensor& t) { return {t.offset, t.scales_offset}; }
+};
+
+// `bytes` as the kernels' index of its start (w_base, b_base, wq_base): a whole number of
+// `element_bytes` within int range. "" or the reason.
+std::string WeightBase(size_t bytes, size_t element_bytes, int* base);
+// The bytes of one element of a weight as the GEMM-style kernels' pointer sees it: a byte where
+// quantized (int4: two elements a byte, indexed by bytes), else the storage type's.
+size_t WeightPointerBytes(const WeightQuant& wq, DType storage);
+// The kernels' w_base / b_base and wq_base for a weight at `at`: "" or the reason.
+std::string WeightBases(const WeightOffsets& at, const WeightQuant& wq, DType storage, int* w_base,
+                        int* wq_base);
 
 struct GemmShape {
   int m = 0, n = 0, k = 0;
@@ -180,9 +201,14 @@ struct GemmRows {
 class Gemm {
  public:
   std::string Init(GpuContext& ctx, const GemmShape& s);
-  // `b_scales`: the scales of a quantized B (reads_quantized()).
+  // `b_scales`: the scales of a quantized B (reads_quantized()); `b_at`: where B and its scales
+  // start in their buffers (a weight in a slab).
   std::string Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c,
-                  const char* label, cl_mem b_scales = nullptr, GemmRows rows = {}) const;
+                  const char* label, cl_mem b_scales = nullptr, GemmRows rows = {},
+                  WeightOffsets b_at = {}) const;
+  // Whether Run reads B where b_at says: not when it first copies B (the flat kernels' n-major
+  // copy of a k-major B).
+  bool ReadsBAtOffset() const { return !transpose_b_; }
   // Whether B is read quantized: Init turns the shape's wq off where no kernel reads it so.
   bool reads_quantized() const { return s_.wq.on(); }
   size_t ScratchBytes() const { return b_scratch_bytes_ + split_.bytes(); }

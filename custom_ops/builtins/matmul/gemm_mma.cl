@@ -63,9 +63,11 @@ __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm(__global const DL_T* A, DL_B_PTR B, __global const DL_T* bias,
           __global DL_T* C, int M, int N, int K, int a_sm, int a_sk, int b_sk, int b_sn,
           int ldc, int4 bdims, int4 a_bs, int4 b_bs, int c_bs, int has_bias, int a_base,
-          int c_base DL_WQ_PARAMS) {
+          int c_base, int b_base DL_WQ_PARAMS) {
   A += a_base;
+  B += b_base;
   C += c_base;
+  DL_WQ_AT_BASE;
   MMA_TILE_LOCALS;
   TILE_ITEM(tx, ty, tid, n0, m0);
   MMA_ITEM_AND_ACC(tid);

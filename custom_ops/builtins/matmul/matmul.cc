@@ -23,6 +23,9 @@ class GemmOp final : public GpuOp {
   bool ReadsQuantized(size_t input) const override {
     return input == 1 && gemm_.reads_quantized();
   }
+  bool ReadsAtOffset(size_t input) const override {
+    return input == 1 && !own_b_.planned() && gemm_.ReadsBAtOffset();
+  }
   std::string PackWeights(GpuContext& ctx, const std::vector<GpuTensor>& in) override {
     return own_b_.Pack(ctx, in[1].mem, in[1].scales);
   }
@@ -31,9 +34,11 @@ class GemmOp final : public GpuOp {
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     cl_mem bias = bias_input_ >= 0 ? in[bias_input_].mem : nullptr;
-    cl_mem b = own_b_.planned() ? own_b_.mem() : in[1].mem;
-    cl_mem scales = own_b_.planned() ? own_b_.scales() : in[1].scales;
-    return gemm_.Run(ctx, in[0].mem, b, bias, out[0].mem, label_, scales);
+    if (own_b_.planned()) {
+      return gemm_.Run(ctx, in[0].mem, own_b_.mem(), bias, out[0].mem, label_, own_b_.scales());
+    }
+    return gemm_.Run(ctx, in[0].mem, in[1].mem, bias, out[0].mem, label_, in[1].scales, {},
+                     WeightOffsets::Of(in[1]));
   }
 
  private:

@@ -71,6 +71,8 @@ void BackendImpl::WriteStats() {
     up.dequantized_bytes += p->upload.dequantized_bytes;
     up.released_bytes += p->upload.released_bytes;
     up.staging_bytes = std::max(up.staging_bytes, p->upload.staging_bytes);
+    up.slabs += p->upload.slabs;
+    up.slab_bytes += p->upload.slab_bytes;
     up.seconds += p->upload.seconds;
     for (const auto& kv : p->profile()) {
       prof[kv.first].first += kv.second.first;
@@ -102,6 +104,7 @@ void BackendImpl::WriteStats() {
      << ", \"weights_dequantized_bytes\": " << up.dequantized_bytes
      << ", \"model_pages_released_bytes\": " << up.released_bytes
      << ", \"upload_staging_bytes\": " << up.staging_bytes
+     << ", \"weight_slabs\": " << up.slabs << ", \"weight_slab_bytes\": " << up.slab_bytes
      << ", \"upload_seconds\": " << up.seconds << ", \"claim_seconds\": " << claim_seconds
      << ", \"programs_built\": " << programs.built
      << ", \"programs_compiled\": " << programs.compiled

@@ -33,9 +33,10 @@ Partition::~Partition() {
     Slot& s = kv.second;
     if (s.owns_mem && s.mem != nullptr) cl.ReleaseMemObject(s.mem);
     if (s.staging != nullptr) cl.ReleaseMemObject(s.staging);
-    if (s.scales != nullptr) cl.ReleaseMemObject(s.scales);
+    if (s.scales != nullptr && !s.in_slab) cl.ReleaseMemObject(s.scales);
   }
   for (cl_mem object : objects_) cl.ReleaseMemObject(object);
+  for (cl_mem slab : slabs_) cl.ReleaseMemObject(slab);
   auto& ps = be_->partitions;
   ps.erase(std::remove(ps.begin(), ps.end(), this), ps.end());
 }
@@ -125,6 +126,7 @@ tfl::Status Partition::Prepare(tfl::Context* ctx) {
         std::to_string(sum) + " bytes in an arena of " + std::to_string(arena_bytes) +
         " bytes, weights " + std::to_string(weights_bytes) + " bytes (" +
         std::to_string(upload.zero_copy_bytes) + " zero-copy, " +
+        std::to_string(upload.slab_bytes) + " in " + std::to_string(upload.slabs) + " slabs, " +
         std::to_string(upload.released_bytes) + " bytes of model pages released), scratch " +
         std::to_string(scratch_bytes) + " bytes, " + std::to_string(static_cast<long>(ms)) +
         " ms");

@@ -11,6 +11,7 @@
 #define DIFFLITE_OPENCL_PARTITION_H_
 
 #include <climits>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,13 @@ struct Slot {
   bool quantized = false;           // held so on the device
   cl_mem scales = nullptr;
   size_t scale_bytes = 0;
+  // Constants: every reader takes it at an offset (GpuOp::ReadsAtOffset) and none packs it. Such
+  // a constant may live in a weight slab: mem and scales are then the slab, not its own.
+  bool at_offset = true;
+  bool in_slab = false;
+  bool uploaded = false;     // in_slab: its bytes are there
+  size_t offset = 0;         // bytes into mem
+  size_t scales_offset = 0;  // bytes into scales
 };
 
 // Boundary conversions: a float slot whose interpreter type (model) is not its storage type goes
@@ -65,6 +73,8 @@ struct UploadReport {
   size_t zero_copy_bytes = 0;  // of those, buffers over the model file's pages
   size_t released_bytes = 0;   // model pages dropped from this process after upload
   size_t staging_bytes = 0;    // the largest host staging buffer used for conversions
+  size_t slabs = 0;            // weight slabs made
+  size_t slab_bytes = 0;       // their size in all
   double seconds = 0;
 };
 
@@ -99,6 +109,8 @@ class Partition {
   // weights.cc
   std::string UploadConstants();
   std::map<int, int> CountPackers() const;
+  // weight_slabs.cc
+  std::string AllocateWeightSlabs(const std::function<bool(const Slot&)>& zero_copy);
   void DropPackedOnly(int idx, WeightUploader* uploader);
   void DropHostConstants();
   // partition.cc
@@ -121,6 +133,7 @@ class Partition {
   std::vector<int> outputs_;
   std::map<int, Slot> slots_;
   std::vector<cl_mem> objects_;  // the intermediate buffers, each shared by several tensors
+  std::vector<cl_mem> slabs_;    // the weight slabs, each holding several constants
   std::vector<std::vector<GpuTensor>> run_in_, run_out_;
   bool prepared_ = false;
   std::map<std::string, std::pair<double, long>> prof_;  // name -> (ms, kernels)

@@ -111,6 +111,7 @@ std::string Partition::AddConstReader(const ClaimedNode& n, size_t i, Slot* s) {
   s->used = s->used || uses;
   s->packed = s->packed || packs;
   if (!uses && !packs) return "";
+  s->at_offset = s->at_offset && !packs && n.op->ReadsAtOffset(i);
   const bool quantized = n.in_info[i].quant_bits != 0 && n.op->ReadsQuantized(i);
   if (s->readers > 0 && quantized != s->quantized) {
     return "constant tensor " + std::to_string(n.inputs[i]) +
@@ -269,6 +270,8 @@ void Partition::BindRunTensors() {
         t.dtype = s.storage;
         t.shape = s.shape;
         t.scales = s.scales;
+        t.offset = s.offset;
+        t.scales_offset = s.scales_offset;
       } else {
         t.dtype = DType::kOther;
       }

@@ -179,9 +179,21 @@ class WeightUploader {
       *out = nullptr;
       return "cannot allocate " + std::to_string(bytes) + " bytes: " + ClErrorName(err);
     }
-    const std::string e = Write(c, storage, *out);
+    const std::string e = Write(c, storage, *out, 0);
     if (e.empty()) ReleaseModelPages(c);
     return e;
+  }
+
+  // `c` in `storage` written `offset` bytes into `slab` (a weight slab).
+  std::string UploadAt(const HostConst& c, DType storage, cl_mem slab, size_t offset) {
+    const std::string e = Write(c, storage, slab, offset);
+    if (e.empty()) ReleaseModelPages(c);
+    return e;
+  }
+
+  // Whether Upload would make `c`'s buffer over the model's pages (where the driver agrees).
+  bool WillWrap(const HostConst& c, DType storage) const {
+    return SameEncoding(c.model_type, storage) && CanWrapBytes(c.bytes, StorageBytes(c, storage));
   }
 
   // For a constant read once, by one op's PackWeights: written into the one transient buffer
@@ -190,7 +202,7 @@ class WeightUploader {
   // ReserveTransient first.
   std::string UploadTransient(const HostConst& c, DType storage, cl_mem* out) {
     if (StorageBytes(c, storage) > transient_bytes_) return "transient buffer too small";
-    const std::string e = Write(c, storage, transient_);
+    const std::string e = Write(c, storage, transient_, 0);
     if (e.empty()) ReleaseModelPages(c);
     *out = transient_;
     return e;
@@ -214,26 +226,29 @@ class WeightUploader {
   // model's pages where Wrap could, else copied), otherwise float32 (the runtime's own array, or
   // block scales widened).
   std::string UploadScales(const HostConst& c, cl_mem* out) {
-    const QuantScales& qs = c.quant;
-    const size_t count = c.elements() / c.ScaleGroup();
+    if (c.HalfScales() && WrapBytes(c.quant.block_scales, c.ScaleBytes(), out)) return "";
     std::vector<float> widened;
-    const void* host = qs.scale;
-    if (c.HalfScales()) {
-      if (WrapBytes(qs.block_scales, c.ScaleBytes(), out)) return "";
-      host = qs.block_scales;
-    } else if (host == nullptr) {
-      widened.resize(count);
-      for (size_t i = 0; i < count; ++i) widened[i] = qs.Scale(i);
-      host = widened.data();
-    }
+    const void* host = HostScales(c, &widened);
     cl_int err = CL_SUCCESS;
     *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
                                  c.ScaleBytes(), const_cast<void*>(host), &err);
     if (*out == nullptr || err != CL_SUCCESS) {
       *out = nullptr;
-      return "cannot allocate " + std::to_string(count) + " scales: " + ClErrorName(err);
+      return "cannot allocate " + std::to_string(c.ScaleBytes()) + " bytes of scales: " +
+             ClErrorName(err);
     }
-    ReleasePages(qs.block_scales, qs.block_scale_bytes());
+    ReleasePages(c.quant.block_scales, c.quant.block_scale_bytes());
+    return "";
+  }
+
+  // UploadScales' scales written `offset` bytes into `slab`.
+  std::string UploadScalesAt(const HostConst& c, cl_mem slab, size_t offset) {
+    std::vector<float> widened;
+    const void* host = HostScales(c, &widened);
+    const cl_int err = rt_.cl().EnqueueWriteBuffer(rt_.queue(), slab, CL_TRUE, offset,
+                                                   c.ScaleBytes(), host, 0, nullptr, nullptr);
+    if (err != CL_SUCCESS) return "clEnqueueWriteBuffer of scales: " + ClErrorName(err);
+    ReleasePages(c.quant.block_scales, c.quant.block_scale_bytes());
     return "";
   }
 
@@ -261,13 +276,28 @@ class WeightUploader {
     return SameEncoding(c.model_type, storage) && WrapBytes(c.bytes, StorageBytes(c, storage), out);
   }
 
+  // The scales of `c` as the kernels read them, in host memory: the model's float16 block scales,
+  // the runtime's float32 array, or block scales widened into `widened`.
+  static const void* HostScales(const HostConst& c, std::vector<float>* widened) {
+    const QuantScales& qs = c.quant;
+    if (c.HalfScales()) return qs.block_scales;
+    if (qs.scale != nullptr) return qs.scale;
+    const size_t count = c.elements() / c.ScaleGroup();
+    widened->resize(count);
+    for (size_t i = 0; i < count; ++i) (*widened)[i] = qs.Scale(i);
+    return widened->data();
+  }
+
+  // Whether [bytes, bytes + size) is model pages WrapBytes may make a buffer over.
+  bool CanWrapBytes(const void* bytes, size_t size) const {
+    const size_t align = std::max<size_t>(rt_.info().base_align_bytes, 64);
+    return zero_copy_ && size >= 4 && size % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(bytes) % align == 0 && files_.Contains(bytes, size);
+  }
+
   // A read-only buffer over [bytes, bytes + size) of the model's own pages, as Wrap.
   bool WrapBytes(const void* bytes, size_t size, cl_mem* out) {
-    const size_t align = std::max<size_t>(rt_.info().base_align_bytes, 64);
-    if (!zero_copy_ || size < 4 || size % 4 != 0 || reinterpret_cast<uintptr_t>(bytes) % align != 0 ||
-        !files_.Contains(bytes, size)) {
-      return false;
-    }
+    if (!CanWrapBytes(bytes, size)) return false;
     cl_int err = CL_SUCCESS;
     *out = rt_.cl().CreateBuffer(rt_.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, size,
                                  const_cast<void*>(bytes), &err);
@@ -279,12 +309,13 @@ class WeightUploader {
     return true;
   }
 
-  std::string Write(const HostConst& c, DType storage, cl_mem mem) {
+  // `c` in `storage` into `mem` from byte `at`.
+  std::string Write(const HostConst& c, DType storage, cl_mem mem, size_t at) {
     const size_t n = c.elements();
     const size_t es = DTypeSize(storage);
     cl_command_queue q = rt_.queue();
     if (SameEncoding(c.model_type, storage) && (c.model_bytes() >= 4 || c.quantized())) {
-      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, 0, c.model_bytes(),
+      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, at, c.model_bytes(),
                                                      c.bytes, 0, nullptr, nullptr);
       return err == CL_SUCCESS ? "" : "clEnqueueWriteBuffer: " + ClErrorName(err);
     }
@@ -298,7 +329,7 @@ class WeightUploader {
       std::fill(staging_.begin(), staging_.end(), 0);
       ConvertElements(c, first, count, storage, staging_.data());
       const size_t size = std::max<size_t>(count * es, n * es < 4 ? 4 : 0);
-      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, first * es, size,
+      const cl_int err = rt_.cl().EnqueueWriteBuffer(q, mem, CL_TRUE, at + first * es, size,
                                                      staging_.data(), 0, nullptr, nullptr);
       if (err != CL_SUCCESS) return "clEnqueueWriteBuffer: " + ClErrorName(err);
     }
@@ -345,6 +376,9 @@ std::string Partition::UploadConstants() {
     if (!s.used && kv.second == 1) transient_bytes = std::max(transient_bytes, s.bytes);
   }
   std::string e = uploader.ReserveTransient(transient_bytes);
+  if (e.empty()) {
+    e = AllocateWeightSlabs([&uploader](const Slot& s) { return uploader.WillWrap(*s.host, s.storage); });
+  }
   if (!e.empty()) return e;
   for (size_t step : exec_) {
     ClaimedNode& n = *nodes_[step];
@@ -355,7 +389,12 @@ std::string Partition::UploadConstants() {
       if (idx < 0) continue;
       Slot& s = slots_.at(idx);
       if (s.kind != Slot::kConst || !(s.used || s.packed)) continue;
-      if (s.mem == nullptr) {
+      if (s.in_slab && !s.uploaded) {
+        e = uploader.UploadAt(*s.host, s.storage, s.mem, s.offset);
+        if (e.empty() && s.quantized) e = uploader.UploadScalesAt(*s.host, s.scales, s.scales_offset);
+        if (!e.empty()) return "uploading constant tensor " + std::to_string(idx) + ": " + e;
+        s.uploaded = true;
+      } else if (s.mem == nullptr) {
         // Read once, by this node's PackWeights: no buffer of its own.
         const bool transient = !s.used && packers_left.count(idx) && packers_left[idx] == 1;
         e = transient ? uploader.UploadTransient(*s.host, s.storage, &s.mem)
@@ -364,7 +403,7 @@ std::string Partition::UploadConstants() {
         if (!e.empty()) return "uploading constant tensor " + std::to_string(idx) + ": " + e;
         s.owns_mem = !transient;
       }
-      in[i] = {s.mem, s.storage, s.shape, s.scales};
+      in[i] = {s.mem, s.storage, s.shape, s.scales, s.offset, s.scales_offset};
       packs = packs || n.op->PacksInput(i);
     }
     if (!packs) continue;

@@ -130,6 +130,11 @@ struct GpuTensor {
   DType dtype = DType::kFloat32;  // storage type: kFloat32 or kFloat16 (kInt8 / kInt4 weights)
   Shape shape;
   cl_mem scales = nullptr;        // quantized weights only
+  // Where the tensor and its scales start in `mem` and `scales`, in bytes: nonzero only for a
+  // constant the backend placed in one of a partition's weight slabs, which it does only where
+  // every op that reads it says GpuOp::ReadsAtOffset (else 0: the buffer is the tensor's own).
+  size_t offset = 0;
+  size_t scales_offset = 0;
 };
 
 // What an op's GPU side sees of the backend while it enqueues work.
@@ -235,6 +240,11 @@ class GpuOp {
   // was set at creation): it then arrives, at Run and at PackWeights, as the model's integers
   // (GpuTensor dtype kInt8 / kInt4) and their scales, and the op dequantizes in its kernels.
   virtual bool ReadsQuantized(size_t /*input*/) const { return false; }
+  // True when Run reads constant input `input` from GpuTensor::offset (and a quantized one's
+  // scales from scales_offset), so that the backend may sub-allocate it from a weight slab: one
+  // buffer holding many weights, since a driver may round every buffer up (NVIDIA's OpenCL: to
+  // 2 MiB from 1 MiB up) and a UNet has hundreds. Only where no op packs the constant.
+  virtual bool ReadsAtOffset(size_t /*input*/) const { return false; }
   virtual std::string PackWeights(GpuContext& /*ctx*/, const std::vector<GpuTensor>& /*inputs*/) {
     return "";
   }

@@ -23,8 +23,17 @@
 #define DL_WQ_SCALE_AT(i) wq_scale[i]
 #endif
 #if DL_WQ
-#define DL_WQ_PARAMS , DL_WQ_SCALE_PTR wq_scale, int wq_kg, int wq_shift
+#define DL_WQ_PARAMS , DL_WQ_SCALE_PTR wq_scale, int wq_kg, int wq_shift, int wq_base
 #define DL_WQ_SCALE(n, k) DL_WQ_SCALE_AT((n) * wq_kg + ((k) >> wq_shift))
+#endif
+// A weight need not start its buffer: the backend may place it in a weight slab shared with other
+// weights (GpuTensor::offset). A kernel that reads one takes its start (w_base or b_base, in
+// elements of its pointer) and moves the pointer there first; DL_WQ_AT_BASE does the same for
+// the scales (wq_base, in scales).
+#if DL_WQ
+#define DL_WQ_AT_BASE (wq_scale += wq_base)
+#else
+#define DL_WQ_AT_BASE ((void)0)
 #endif
 #if DL_WQ == 8
 #define DL_WQ_PTR __global const char*

@@ -53,7 +53,9 @@ inline void wino_store_row(__global DL_T* out, int r, long plane, float x0, floa
 // Global >= Cin * Cout (1-D), one work-item per (ci, co), co fastest so that the
 // stores coalesce. w: the filter [Cout][3][3][Cin] (as [Cout][9*Cin]);
 // U: [36][Cin][Cout] = G g G^T per (ci, co).
-__kernel void wino_filter(DL_W_PTR w, __global DL_T* U, int Cin, int Cout DL_WQ_PARAMS) {
+__kernel void wino_filter(DL_W_PTR w, __global DL_T* U, int Cin, int Cout, int w_base DL_WQ_PARAMS) {
+  w += w_base;
+  DL_WQ_AT_BASE;
   const int idx = get_global_id(0);
   if (idx >= Cin * Cout) return;
   const int ci = idx / Cout;

@@ -133,6 +133,7 @@ class WinogradGpu final : public GpuOp {
   }
 
   bool ReadsQuantized(size_t input) const override { return input == 1 && wq_.on(); }
+  bool ReadsAtOffset(size_t input) const override { return input == 1; }
   // U (filter form), a full band's V and M, and the larger of the two GEMMs' own scratch.
   size_t ScratchBytes() const override {
     return UBytes() + VBytes() + MBytes() +
@@ -148,11 +149,13 @@ class WinogradGpu final : public GpuOp {
     cl_mem m = ctx.Scratch(MBytes(), 1, &e);
     if (m == nullptr) return "winograd M: " + e;
     cl_mem u = in[1].mem;
+    builtin::WeightOffsets u_at = builtin::WeightOffsets::Of(in[1]);
     if (filter_) {  // once a call, for all the bands
       u = ctx.Scratch(UBytes(), kFilterSlot, &e);
       if (u == nullptr) return "winograd U: " + e;
       e = TransformFilter(ctx, in[1], u);
       if (!e.empty()) return e;
+      u_at = builtin::WeightOffsets();
     }
     const gpu::ClApi& cl = ctx.cl();
     const cl_int h = h_, w = w_, cin = cin_, cout = cout_, th = tiles_h_, tw = tiles_w_;
@@ -166,7 +169,8 @@ class WinogradGpu final : public GpuOp {
       const size_t g1 = gpu::RoundUp(static_cast<size_t>(tiles) * cin_, kTransformGroup);
       e = ctx.Enqueue(input_k_, 1, &g1, &kTransformGroup, "winograd.input");
       if (!e.empty()) return e;
-      e = gemm_[tiles == band_ ? 0 : 1].Run(ctx, v, u, nullptr, m, "winograd.gemm");
+      e = gemm_[tiles == band_ ? 0 : 1].Run(ctx, v, u, nullptr, m, "winograd.gemm", nullptr, {},
+                                            u_at);
       if (!e.empty()) return e;
       e = SetArgs(cl, output_k_,
                   {Arg(m), Arg(in[2].mem), Arg(out[0].mem), Arg(h), Arg(w), Arg(cout), Arg(th),
@@ -182,9 +186,13 @@ class WinogradGpu final : public GpuOp {
  private:
   // U = G g G^T of the filter `w` into `u`.
   std::string TransformFilter(GpuContext& ctx, const GpuTensor& w, cl_mem u) const {
+    const builtin::WeightOffsets at = builtin::WeightOffsets::Of(w);
+    int w_base = 0, wq_base = 0;
+    std::string e = builtin::WeightBases(at, wq_, ctx.storage(), &w_base, &wq_base);
+    if (!e.empty()) return e;
     builtin::Args args;
-    args.Mem(w.mem).Mem(u).Int(cin_).Int(cout_);
-    std::string e = wq_.AppendArgs(args, w.scales).Set(ctx.cl(), filter_k_);
+    args.Mem(w.mem).Mem(u).Int(cin_).Int(cout_).Int(w_base);
+    e = wq_.AppendArgs(args, w.scales, at.scales).Set(ctx.cl(), filter_k_);
     if (!e.empty()) return e;
     const size_t g = gpu::RoundUp(static_cast<size_t>(cin_) * cout_, kTransformGroup);
     return ctx.Enqueue(filter_k_, 1, &g, &kTransformGroup, "winograd.filter");
