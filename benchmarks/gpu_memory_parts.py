@@ -9,6 +9,7 @@ On a phone the first and last parts are the GPU driver's, not the app's files or
     source benchmarks/device_setup.sh
     python benchmarks/gpu_memory_parts.py OUT [--components unet,vae_decoder] [--save parts.json]
     DIFFLITE_TENSOR_CORES=off python benchmarks/gpu_memory_parts.py OUT   # a variant's rest
+    DIFFLITE_WEIGHT_SLABS=off python benchmarks/gpu_memory_parts.py OUT   # a buffer per weight
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def component_parts(out: Path, name: str, context_mib: float) -> dict:
     gpu = measured["gpu_mib"]
     return {"gpu_mib": gpu, "context_mib": context_mib, **buffers,
             "rest_mib": round(gpu - context_mib - sum(buffers.values()), 1) if gpu else None,
+            # the weights in a few large buffers, or one buffer each (DIFFLITE_WEIGHT_SLABS=off)
+            "weight_slabs": (device.get("stats") or {}).get("weight_slabs"),
             "host_peak_mib": round(measured["peak_rss_mib"]), "host_plus_gpu_mib": measured["host_plus_gpu_mib"]}
 
 
