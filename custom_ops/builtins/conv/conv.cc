@@ -123,8 +123,7 @@ class Conv2dOp final : public GpuOp {
     args.Mem(in[0].mem).Mem(wt_.planned() ? wt_.mem() : in[1].mem).Mem(bias).Mem(y).Int(m)
         .Int(g_.cout).Int(kk).Int4(g_.G0()).Int4(g_.G1()).Int4(g_.G2())
         .Int(has_bias_ && split_.splits() == 1 ? 1 : 0).Int(w_base);
-    e = wq_.AppendArgs(args, wt_.planned() ? wt_.scales() : in[1].scales, at.scales)
-            .Set(ctx.cl(), k_);
+    e = wq_.AppendArgs(args, wt_.planned() ? wt_.scales() : in[1].scales, wq_base).Set(ctx.cl(), k_);
     if (!e.empty()) return e;
     if (wt_.planned()) {
       const size_t local[2] = {flat_local_, 1};

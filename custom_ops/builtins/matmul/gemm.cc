@@ -203,12 +203,12 @@ static bool StagesInQuads(int extent, int other, const std::vector<int>& batch) 
   return std::all_of(batch.begin(), batch.end(), [](int b) { return b % 4 == 0; });
 }
 
-Args& WeightQuant::AppendArgs(Args& args, cl_mem scales, size_t scales_offset) const {
-  if (!on()) return args;
-  return args.Mem(scales).Int(kg).Int(shift).Int(static_cast<int>(scales_offset / ScaleBytes()));
+Args& WeightQuant::AppendArgs(Args& args, cl_mem scales, int wq_base) const {
+  return on() ? args.Mem(scales).Int(kg).Int(shift).Int(wq_base) : args;
 }
 
-std::string WeightBase(size_t bytes, size_t element_bytes, int* base) {
+// `bytes` as the kernels' index of its start: a whole number of `element_bytes` within int range.
+static std::string WeightBase(size_t bytes, size_t element_bytes, int* base) {
   if (bytes % element_bytes != 0 || bytes / element_bytes > static_cast<size_t>(kMaxIndex)) {
     return "a weight " + std::to_string(bytes) + " bytes into its buffer is not at an element the "
            "kernels can index";
@@ -217,13 +217,9 @@ std::string WeightBase(size_t bytes, size_t element_bytes, int* base) {
   return "";
 }
 
-size_t WeightPointerBytes(const WeightQuant& wq, DType storage) {
-  return wq.on() ? 1 : DTypeSize(storage);
-}
-
 std::string WeightBases(const WeightOffsets& at, const WeightQuant& wq, DType storage, int* w_base,
                         int* wq_base) {
-  std::string e = WeightBase(at.w, WeightPointerBytes(wq, storage), w_base);
+  std::string e = WeightBase(at.w, wq.on() ? 1 : DTypeSize(storage), w_base);
   *wq_base = 0;
   if (e.empty() && wq.on()) e = WeightBase(at.scales, wq.ScaleBytes(), wq_base);
   return e;
@@ -343,7 +339,7 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
     args.Mem(a).Mem(b).Mem(bias).Mem(c).Int(s_.n).Int(s_.k).Int(s_.a_sm).Int(s_.b_sn)
         .Int(s_.ldc).Int(has_bias ? 1 : 0).Int(static_cast<int>(a_base)).Int(static_cast<int>(c_base))
         .Int(b_base);
-    e = s_.wq.AppendArgs(args, b_scales, b_at.scales).Set(ctx.cl(), kernel_);
+    e = s_.wq.AppendArgs(args, b_scales, wq_base).Set(ctx.cl(), kernel_);
     if (!e.empty()) return e;
     const size_t local[1] = {kSkinnyGroup};
     const size_t global[1] = {static_cast<size_t>((s_.n + kSkinnyColumns - 1) / kSkinnyColumns) *
@@ -360,7 +356,7 @@ std::string Gemm::Run(GpuContext& ctx, cl_mem a, cl_mem b, cl_mem bias, cl_mem c
       .Int(has_bias && !split ? 1 : 0).Int(static_cast<int>(a_base))
       .Int(split ? 0 : static_cast<int>(c_base))  // split: dense partial planes first
       .Int(b_base);
-  e = s_.wq.AppendArgs(args, b_scales, b_at.scales).Set(ctx.cl(), kernel_);
+  e = s_.wq.AppendArgs(args, b_scales, wq_base).Set(ctx.cl(), kernel_);
   if (!e.empty()) return e;
   if (flat_) {
     const size_t local[3] = {flat_local_, 1, 1};

@@ -147,8 +147,8 @@ struct WeightQuant {
   // Build options: -DDL_WQ=<bits> (and -DDL_WQ_HALF_SCALES=1), or "" when off.
   std::string Options() const;
   // The kernels' last arguments (dl_qweights.cl's DL_WQ_PARAMS) where on; the scales start
-  // `scales_offset` bytes into their buffer (a whole number of scales: WeightBase checked it).
-  Args& AppendArgs(Args& args, cl_mem scales, size_t scales_offset = 0) const;
+  // `wq_base` scales into their buffer (WeightBases).
+  Args& AppendArgs(Args& args, cl_mem scales, int wq_base = 0) const;
   // Bytes of one scale as the kernels read it.
   size_t ScaleBytes() const { return half_scales ? 2 : 4; }
 };
@@ -161,13 +161,8 @@ struct WeightOffsets {
   static WeightOffsets Of(const GpuTensor& t) { return {t.offset, t.scales_offset}; }
 };
 
-// `bytes` as the kernels' index of its start (w_base, b_base, wq_base): a whole number of
-// `element_bytes` within int range. "" or the reason.
-std::string WeightBase(size_t bytes, size_t element_bytes, int* base);
-// The bytes of one element of a weight as the GEMM-style kernels' pointer sees it: a byte where
-// quantized (int4: two elements a byte, indexed by bytes), else the storage type's.
-size_t WeightPointerBytes(const WeightQuant& wq, DType storage);
-// The kernels' w_base / b_base and wq_base for a weight at `at`: "" or the reason.
+// The kernels' w_base / b_base (in elements of the weight's pointer: bytes where quantized, int4
+// included) and wq_base (in scales) for a weight at `at`: "" or the reason.
 std::string WeightBases(const WeightOffsets& at, const WeightQuant& wq, DType storage, int* w_base,
                         int* wq_base);
 

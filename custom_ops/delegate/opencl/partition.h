@@ -52,7 +52,6 @@ struct Slot {
   // a constant may live in a weight slab: mem and scales are then the slab, not its own.
   bool at_offset = true;
   bool in_slab = false;
-  bool uploaded = false;     // in_slab: its bytes are there
   size_t offset = 0;         // bytes into mem
   size_t scales_offset = 0;  // bytes into scales
 };

@@ -40,7 +40,7 @@ std::string Partition::AllocateWeightSlabs(const std::function<bool(const Slot&)
   if (info.max_alloc_bytes > 0) cap = std::min<size_t>(cap, info.max_alloc_bytes);
   std::vector<size_t> sizes;  // the slabs' sizes, as planned
   std::vector<std::pair<Slot*, size_t>> placed;  // each constant and its slab
-  for (size_t step : exec_) {  // upload order, so a slab fills with the weights a stage reads
+  for (size_t step : exec_) {  // node order, so a slab fills with the weights a stage reads
     for (int idx : nodes_[step]->inputs) {
       if (idx < 0) continue;
       Slot& s = slots_.at(idx);
@@ -54,7 +54,7 @@ std::string Partition::AllocateWeightSlabs(const std::function<bool(const Slot&)
       if (sizes.empty() || sizes.back() + need > cap) sizes.push_back(0);
       s.in_slab = true;
       s.offset = sizes.back();
-      s.scales_offset = s.offset + weight;
+      s.scales_offset = s.quantized ? s.offset + weight : 0;
       sizes.back() += need;
       placed.emplace_back(&s, sizes.size() - 1);
     }
@@ -72,8 +72,7 @@ std::string Partition::AllocateWeightSlabs(const std::function<bool(const Slot&)
   upload.slabs = slabs_.size();
   for (auto& [s, slab] : placed) {
     s->mem = slabs_[slab];
-    s->scales = s->quantized ? slabs_[slab] : nullptr;
-    if (!s->quantized) s->scales_offset = 0;
+    if (s->quantized) s->scales = slabs_[slab];
   }
   return "";
 }

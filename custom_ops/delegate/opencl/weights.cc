@@ -4,7 +4,8 @@
 // - Upload order follows the nodes: a node's constants are uploaded, then its op
 //   packs its own copy where it keeps one (GpuOp::PackWeights, on the device),
 //   and an upload no op reads at Run is released at once. So at most one weight
-//   is held twice, and only on devices whose kernels want a packed layout.
+//   is held twice, and only on devices whose kernels want a packed layout. The constants in
+//   weight slabs (weight_slabs.cc), which no op packs, are written first.
 // - The model's bytes go to the device as they are where they are already in the
 //   storage type (float16 weights in half storage); otherwise they are converted
 //   through one bounded staging buffer (kStagingBytes), never a whole tensor.
@@ -380,6 +381,12 @@ std::string Partition::UploadConstants() {
     e = AllocateWeightSlabs([&uploader](const Slot& s) { return uploader.WillWrap(*s.host, s.storage); });
   }
   if (!e.empty()) return e;
+  for (auto& [idx, s] : slots_) {  // no op packs these: their upload order does not matter
+    if (!s.in_slab) continue;
+    e = uploader.UploadAt(*s.host, s.storage, s.mem, s.offset);
+    if (e.empty() && s.quantized) e = uploader.UploadScalesAt(*s.host, s.scales, s.scales_offset);
+    if (!e.empty()) return "uploading constant tensor " + std::to_string(idx) + ": " + e;
+  }
   for (size_t step : exec_) {
     ClaimedNode& n = *nodes_[step];
     std::vector<GpuTensor> in(n.inputs.size());
@@ -389,12 +396,7 @@ std::string Partition::UploadConstants() {
       if (idx < 0) continue;
       Slot& s = slots_.at(idx);
       if (s.kind != Slot::kConst || !(s.used || s.packed)) continue;
-      if (s.in_slab && !s.uploaded) {
-        e = uploader.UploadAt(*s.host, s.storage, s.mem, s.offset);
-        if (e.empty() && s.quantized) e = uploader.UploadScalesAt(*s.host, s.scales, s.scales_offset);
-        if (!e.empty()) return "uploading constant tensor " + std::to_string(idx) + ": " + e;
-        s.uploaded = true;
-      } else if (s.mem == nullptr) {
+      if (s.mem == nullptr) {
         // Read once, by this node's PackWeights: no buffer of its own.
         const bool transient = !s.used && packers_left.count(idx) && packers_left[idx] == 1;
         e = transient ? uploader.UploadTransient(*s.host, s.storage, &s.mem)

@@ -192,7 +192,7 @@ class WinogradGpu final : public GpuOp {
     if (!e.empty()) return e;
     builtin::Args args;
     args.Mem(w.mem).Mem(u).Int(cin_).Int(cout_).Int(w_base);
-    e = wq_.AppendArgs(args, w.scales, at.scales).Set(ctx.cl(), filter_k_);
+    e = wq_.AppendArgs(args, w.scales, wq_base).Set(ctx.cl(), filter_k_);
     if (!e.empty()) return e;
     const size_t g = gpu::RoundUp(static_cast<size_t>(cin_) * cout_, kTransformGroup);
     return ctx.Enqueue(filter_k_, 1, &g, &kTransformGroup, "winograd.filter");
