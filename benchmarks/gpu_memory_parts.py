@@ -10,6 +10,7 @@ On a phone the first and last parts are the GPU driver's, not the app's files or
     python benchmarks/gpu_memory_parts.py OUT [--components unet,vae_decoder] [--save parts.json]
     DIFFLITE_TENSOR_CORES=off python benchmarks/gpu_memory_parts.py OUT   # a variant's rest
     DIFFLITE_WEIGHT_SLABS=off python benchmarks/gpu_memory_parts.py OUT   # a buffer per weight
+    DIFFLITE_LEND_SCRATCH=off python benchmarks/gpu_memory_parts.py OUT   # op scratch apart
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def component_parts(out: Path, name: str, context_mib: float) -> dict:
             "rest_mib": round(gpu - context_mib - sum(buffers.values()), 1) if gpu else None,
             # the weights in a few large buffers, or one buffer each (DIFFLITE_WEIGHT_SLABS=off)
             "weight_slabs": (device.get("stats") or {}).get("weight_slabs"),
+            # the op scratch placed in the intermediates' buffers (counted there), or 0 with
+            # DIFFLITE_LEND_SCRATCH=off (then all in the scratch column)
+            "scratch_lent_mb": round(device.get("scratch_lent_mb", 0.0), 1),
             "host_peak_mib": round(measured["peak_rss_mib"]), "host_plus_gpu_mib": measured["host_plus_gpu_mib"]}
 
 

@@ -64,7 +64,8 @@ def profile(folder: Path, component: str, runs: int, detail: bool = False, preci
     gc.collect()
     stats_path.unlink()
     ops = {name: round(ms, 4) for name, ms in stats["profile_ms_per_invoke"].items()}
-    memory = {key: stats[key] for key in ("arena_bytes", "scratch_bytes", "weights_bytes", "storage")}
+    memory = {key: stats[key] for key in ("arena_bytes", "scratch_bytes", "scratch_held_bytes",
+                                          "scratch_lent_bytes", "weights_bytes", "storage")}
     # which OpenCL platform and kernels ran: two ICDs on one machine (NVIDIA's, PoCL's) give the same
     # device name, so a profile says which one it timed
     ran_on = {key: stats.get(key) for key in ("platform", "device", "arithmetic", "tensor_cores", "gemm_tiles")}

@@ -91,7 +91,8 @@ def run_measured(command: list[str], timeout: float) -> dict:
         status = "timed out" if run.timed_out else f"exited {run.returncode}"
         raise RuntimeError(f"{' '.join(command)} {status}:\n{run.stderr[-3000:]}")
     return {"wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mb, "gpu_mib": run.gpu_peak_mb,
-            "host_plus_gpu_mib": run.combined_peak_mb, "stdout": run.stdout, "stderr": run.stderr}
+            "host_plus_gpu_mib": run.combined_peak_mb, "at_combined_peak_mib": run.combined_peak_parts,
+            "stdout": run.stdout, "stderr": run.stderr}
 
 
 def convert(work: Path, model: str, extra: list[str], timeout: float, folders: dict = FOLDERS) -> dict:

@@ -27,6 +27,9 @@ WORK/sdxl_gpu.json at once:
   and, beside peer_litert_b1, batch 1);
 - peer_int4_apart, picture_int4_low_memory_apart: the same with DIFFLITE_WEIGHT_SLABS=off (a
   device buffer per weight, as before the weight slabs), right after the slabbed runs;
+- peer_int4_scratch_apart, picture_int4_low_memory_scratch_apart: the same with
+  DIFFLITE_LEND_SCRATCH=off (the op scratch in buffers of its own, not lent from the
+  intermediates' idle buffers);
 - picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
@@ -90,6 +93,7 @@ STEPS = {
     "picture_diffusers_fp16": "fp16",
     "peer_b1": "b1", "peer_litert_b1": "b1", "peer_int4": "int4", "peer_int4_apart": "int4",
     "picture_int4_low_memory": "int4", "picture_int4_low_memory_apart": "int4", "peer_int8": "int8",
+    "peer_int4_scratch_apart": "int4", "picture_int4_low_memory_scratch_apart": "int4",
     "peer_int8_b1": "int8_b1", "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "gpu_context": "int4", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
@@ -103,6 +107,7 @@ DISK_GB = {"fp16": 24, "int4": 18, "int8": 19, "int8_b1": 16, "b1": 22, "turbo":
 DISK_MARGIN_GB = 10
 UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
 APART = {"DIFFLITE_WEIGHT_SLABS": "off"}  # a device buffer per weight (no weight slabs)
+SCRATCH_APART = {"DIFFLITE_LEND_SCRATCH": "off"}  # op scratch in buffers of its own
 # While this file exists another job times the GPU: the steps wait for it to go.
 GPU_BUSY = Path("/tmp/gpu_busy")
 DIFFUSERS_CHILD = """
@@ -254,7 +259,9 @@ def picture(command: list[str], runs: int, timeout: float, warm_up: bool = True)
               "gpu_mib": summary([t["gpu_mib"] for t in timed]) if all(t["gpu_mib"] for t in timed) else None,
               # host + GPU read at the same poll (what unified memory would hold at once)
               "host_plus_gpu_mib": summary([round(t["host_plus_gpu_mib"]) for t in timed])
-              if all(t["host_plus_gpu_mib"] for t in timed) else None}
+              if all(t["host_plus_gpu_mib"] for t in timed) else None,
+              # the last timed run's poll with the most host + GPU: GPU and host's parts (MiB)
+              "at_combined_peak_mib": timed[-1]["at_combined_peak_mib"]}
     try:
         said = json.loads(timed[-1]["stdout"])
     except ValueError:
@@ -381,6 +388,11 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "picture_int4_low_memory": (picture, generate_command(work, "int4", ["--low-memory"]), runs, timeout),
         "picture_int4_low_memory_apart": (picture, ["env", *[f"{k}={v}" for k, v in APART.items()],
                                                     *generate_command(work, "int4", ["--low-memory"])], runs, timeout),
+        "peer_int4_scratch_apart": (peer, work, "peer_int4_scratch_apart", "int4", "unet,vae_decoder", 1,
+                                    "litert,torch", peer_runs, timeout, SCRATCH_APART),
+        "picture_int4_low_memory_scratch_apart": (picture, ["env", *[f"{k}={v}" for k, v in SCRATCH_APART.items()],
+                                                            *generate_command(work, "int4", ["--low-memory"])], runs,
+                                                  timeout),
         "peer_int8": (peer, work, "peer_int8", "int8", "unet,vae_decoder", 2, "litert,torch", peer_runs, timeout),
         "peer_int8_b1": (peer, work, "peer_int8_b1", "int8_b1", "unet,vae_decoder", 1, "litert,torch", peer_runs,
                          timeout),
@@ -453,7 +465,7 @@ def report(data: dict) -> None:
         print(f"| {name} | {r.get('wall_s')} | {r.get('peak_rss_mb')} | {r.get('total_mib', '-')} |")
     print(f"\n| per call ({where}) | median ms | range | runs |\n|---|---|---|---|")
     for key in ("peer_b2", "peer_vae_unbanded", "peer_litert", "peer_litert_vae", "peer_b1", "peer_litert_b1", "peer_int4",
-                "peer_int4_apart", "peer_int8", "peer_int8_b1"):
+                "peer_int4_apart", "peer_int4_scratch_apart", "peer_int8", "peer_int8_b1"):
         for name, r in data.get(key, {}).items():
             if isinstance(r, dict) and "median_ms" in r:
                 print(f"| {key}: {name} | {r['median_ms']} | {r['min_ms']}-{r['max_ms']} | {r['runs']} |")
@@ -462,7 +474,7 @@ def report(data: dict) -> None:
     print(f"\n| 20-step picture from the shell ({where}) | wall, s | peak RSS, MiB | GPU, MiB | host + GPU at once, MiB |"
           "\n|---|---|---|---|---|")
     for key in ("picture_fp32", "picture_fp16", "picture_int8", "picture_int4_low_memory",
-                "picture_int4_low_memory_apart", "picture_diffusers_fp16", "picture_turbo", "picture_diffusers_turbo",
+                "picture_int4_low_memory_apart", "picture_int4_low_memory_scratch_apart", "picture_diffusers_fp16", "picture_turbo", "picture_diffusers_turbo",
                 "gpu_context"):
         r = data.get(key)
         if r and "wall_s" in r:

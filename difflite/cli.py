@@ -405,7 +405,8 @@ def verify(out, model, config, backend_name, seeds, components, as_json):
                 click.echo(f"{name}: LiteRT GPU accelerator ({gpu['accelerator']}), fully accelerated: {accelerated}")
                 continue
             click.echo(f"{name}: GPU arena {stats.get('arena_bytes', 0) / 2**20:.1f} MiB, weights "
-                       f"{stats.get('weights_bytes', 0) / 2**20:.1f} MiB, scratch {stats.get('scratch_bytes', 0) / 2**20:.1f} MiB, "
+                       f"{stats.get('weights_bytes', 0) / 2**20:.1f} MiB, op scratch of its own "
+                       f"{stats.get('scratch_held_bytes', 0) / 2**20:.1f} MiB, "
                        f"{stats.get('nodes_claimed')}/{stats.get('nodes_total')} nodes in {stats.get('partitions')} partition(s), "
                        f"{stats.get('storage', '?')} storage, {stats.get('arithmetic', '?')} arithmetic")
     if not all(c.passed for c in checks):

@@ -147,7 +147,8 @@ def test_host_bench_opencl_reports_device_memory(outs, tmp_path):
         assert device["weights_mb"] > 0 and device["intermediates_mb"] > 0, (name, device)
         assert device["weights_mb"] * MIB == stats["weights_bytes"], (name, device)
         assert device["intermediates_mb"] * MIB == stats["arena_bytes"], (name, device)
-        assert device["scratch_mb"] * MIB == stats["scratch_bytes"], (name, device)
+        assert device["scratch_mb"] * MIB == stats["scratch_held_bytes"], (name, device)
+        assert device["scratch_lent_mb"] * MIB == stats["scratch_lent_bytes"], (name, device)
         assert device["total_mb"] == pytest.approx(device["weights_mb"] + device["intermediates_mb"]
                                                    + device["scratch_mb"])
         assert stats["nodes_claimed"] == stats["nodes_total"] > 0, (name, stats)

@@ -85,6 +85,11 @@ def test_host_and_gpu_are_read_at_the_same_poll(fake_nvidia_smi):
     assert run.gpu_peak_mb == 777
     # VmRSS and ru_maxrss count a few hundred kB differently (seen: 313.42 against 313.34 MB)
     assert 777 + 300 <= run.combined_peak_mb <= 777 + run.peak_rss_mb + 1
+    # that poll's parts: the 300 MB bytearray is the process's own (anonymous) memory
+    parts = run.combined_peak_parts
+    assert parts["gpu"] == 777 and parts["VmRSS"] == pytest.approx(run.combined_peak_mb - 777), parts
+    assert parts["RssAnon"] >= 300 and parts["RssAnon"] + parts["RssFile"] + parts["RssShmem"] == pytest.approx(
+        parts["VmRSS"], abs=0.01), parts
 
 
 def status_of(pid: int) -> str:

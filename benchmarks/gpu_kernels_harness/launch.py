@@ -881,8 +881,9 @@ class Runner:
 
     def attention_gemm_scratch(self, n: int, lq: int, lk: int, heads: int, dk: int, dv: int,
                                scores_bytes: int = SCORES_BYTES) -> int:
-        """AttentionGpu::ScratchBytes of the GEMM path: S and (N > 1) O' of a full chunk, plus the
-        largest split-K partials of its GEMMs (the tile PickTile takes here, split_k)."""
+        """AttentionGpu::ScratchSlotBytes summed over the slots, on the GEMM path: S and (N > 1) O' of
+        a full chunk, plus the largest split-K partials of its GEMMs (the tile PickTile takes here,
+        split_k)."""
         es = np.dtype(self.storage).itemsize
         rows_c = attention_chunk_rows(n, heads, lq, lk, es, scores_bytes)
         split = 0
@@ -945,8 +946,8 @@ class Runner:
 
     def winograd_scratch_bytes(self, n, h, w, cin, cout, elem: int | None = None,
                                bound: int = WINOGRAD_SCRATCH_BYTES) -> int:
-        """A full band's V and M (WinogradGpu::ScratchBytes without U and the GEMMs' own), in
-        bytes of `elem` (the storage type's where None)."""
+        """A full band's V and M (WinogradGpu::ScratchSlotBytes of slots 0 and 1: without U and the
+        GEMMs' own), in bytes of `elem` (the storage type's where None)."""
         elem = elem or np.dtype(self.storage).itemsize
         tb = winograd_band_tiles(n, h, w, cin, cout, elem, bound)
         return 36 * tb * (cin + cout) * elem

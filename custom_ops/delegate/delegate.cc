@@ -156,42 +156,48 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       if (!ParseChoice(key, val, {"auto", "off"}, &o->tensor_cores, error)) return false;
     } else if (key == "weight_slabs") {
       if (!ParseChoice(key, val, {"auto", "off"}, &o->weight_slabs, error)) return false;
+    } else if (key == "lend_scratch") {
+      if (!ParseChoice(key, val, {"auto", "off"}, &o->lend_scratch, error)) return false;
     } else {
       *error = "unknown option '" + key +
                "' (known: backend, precision, verbose, num_threads, device, "
                "profile, stats_path, kernels, math, cache_dir, zero_copy, tensor_cores, "
-               "weight_slabs)";
+               "weight_slabs, lend_scratch)";
       return false;
     }
   }
-  // A run's kernel style without code: phone-like (tiled) kernels on a CPU OpenCL device, whose
-  // memory then stands in for a phone's (PoCL's buffers are host memory).
-  const char* env_kernels = std::getenv("DIFFLITE_KERNELS");
-  if (o->backend == "opencl" && o->kernels == "auto" && env_kernels != nullptr &&
-      !ParseChoice("DIFFLITE_KERNELS", env_kernels, {"auto", "tiled", "flat"}, &o->kernels, error)) {
-    return false;
-  }
-  // Tensor cores off without code (benchmarks that time the phone profile's own kernels on an
-  // NVIDIA GPU), on without asking the device (PoCL's CUDA driver targeting sm_80, which answers
-  // no cl_nv_device_attribute_query), or emulated (tests of the tiles' indexing on any device).
-  const char* env_tc = std::getenv("DIFFLITE_TENSOR_CORES");
-  if (o->backend == "opencl" && o->tensor_cores == "auto" && env_tc != nullptr &&
-      !ParseChoice("DIFFLITE_TENSOR_CORES", env_tc, {"auto", "off", "on", "emulate"}, &o->tensor_cores,
-                   error)) {
-    return false;
-  }
-  // Weight slabs off without code (benchmarks measuring what they save, side by side).
-  const char* env_slabs = std::getenv("DIFFLITE_WEIGHT_SLABS");
-  if (o->backend == "opencl" && o->weight_slabs == "auto" && env_slabs != nullptr &&
-      !ParseChoice("DIFFLITE_WEIGHT_SLABS", env_slabs, {"auto", "off"}, &o->weight_slabs, error)) {
-    return false;
+  // Environment variables that set an OpenCL option left at auto, without code:
+  // - DIFFLITE_KERNELS: a phone-like (tiled) kernel style on a CPU OpenCL device, whose memory then
+  //   stands in for a phone's (PoCL's buffers are host memory);
+  // - DIFFLITE_TENSOR_CORES: off (benchmarks timing the phone profile's own kernels on an NVIDIA
+  //   GPU), on without asking the device (PoCL's CUDA driver targeting sm_80, which answers no
+  //   cl_nv_device_attribute_query), or emulated (tests of the tiles' indexing on any device);
+  // - DIFFLITE_WEIGHT_SLABS, DIFFLITE_LEND_SCRATCH: off, for benchmarks measuring what they save
+  //   side by side.
+  const struct {
+    const char* name;
+    std::vector<std::string> choices;
+    std::string* field;
+  } env_options[] = {
+      {"DIFFLITE_KERNELS", {"auto", "tiled", "flat"}, &o->kernels},
+      {"DIFFLITE_TENSOR_CORES", {"auto", "off", "on", "emulate"}, &o->tensor_cores},
+      {"DIFFLITE_WEIGHT_SLABS", {"auto", "off"}, &o->weight_slabs},
+      {"DIFFLITE_LEND_SCRATCH", {"auto", "off"}, &o->lend_scratch},
+  };
+  for (const auto& env : env_options) {
+    const char* value = std::getenv(env.name);
+    if (o->backend == "opencl" && *env.field == "auto" && value != nullptr &&
+        !ParseChoice(env.name, value, env.choices, env.field, error)) {
+      return false;
+    }
   }
   if (o->backend == "cpu" && (o->device != -1 || o->profile || !o->stats_path.empty() ||
                               o->kernels != "auto" || o->math != "auto" ||
                               !o->cache_dir.empty() || o->zero_copy != "auto" ||
-                              o->tensor_cores != "auto" || o->weight_slabs != "auto")) {
-    *error = "device, profile, stats_path, kernels, math, cache_dir, zero_copy, tensor_cores and "
-             "weight_slabs apply to backend=opencl only";
+                              o->tensor_cores != "auto" || o->weight_slabs != "auto" ||
+                              o->lend_scratch != "auto")) {
+    *error = "device, profile, stats_path, kernels, math, cache_dir, zero_copy, tensor_cores, "
+             "weight_slabs and lend_scratch apply to backend=opencl only";
     return false;
   }
   return true;

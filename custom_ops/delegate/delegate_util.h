@@ -41,6 +41,10 @@ struct Options {
   // opencl: auto (weights that are not zero-copy and whose readers take an offset share a few
   // large buffers, the weight slabs) | off (a buffer each); DIFFLITE_WEIGHT_SLABS sets it too.
   std::string weight_slabs = "auto";
+  // opencl: auto (op scratch that an op declares, GpuOp::ScratchSlotBytes, is planned with the
+  // intermediates and lent a buffer no tensor holds at the op's step) | off (the context's own
+  // scratch buffers, one per slot); DIFFLITE_LEND_SCRATCH sets it too.
+  std::string lend_scratch = "auto";
   // opencl: auto (GEMMs on tensor cores where GpuContext::TensorCores() allows) | off; on and
   // emulate through DIFFLITE_TENSOR_CORES only: on = without the device's compute-capability
   // answer (PoCL's CUDA driver), emulate = the instruction in OpenCL C (tests).

@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 
 GPU_POLL_S = 0.5
+PEAK_PARTS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
 
 # argv: the report pipe's fd, then the command. Reports "pid N", then "wall_s X", "returncode N"
 # and "maxrss_kb N", one a line.
@@ -47,6 +48,9 @@ class CommandRun:
     # The largest resident set + GPU memory read at the same poll: what a unified-memory device would
     # hold at once, where the two peaks' sum (above) is an upper bound. None without nvidia-smi.
     combined_peak_mb: float | None = None
+    # At that poll: "gpu" and the status' VmRSS, RssAnon (heap, stacks: the process's own),
+    # RssFile (mapped files' pages: libraries, a model's file) and RssShmem, MB. None without it.
+    combined_peak_parts: dict | None = None
 
 
 class _Reports:
@@ -56,6 +60,7 @@ class _Reports:
         self.values: dict[str, str] = {}
         self.gpu_peak_mb: float | None = None
         self.combined_peak_mb: float | None = None
+        self.combined_peak_parts: dict | None = None
         self._fd = fd
         self._done = threading.Event()
         self._threads = [threading.Thread(target=self._read, daemon=True)]
@@ -79,9 +84,11 @@ class _Reports:
             if used is None:
                 continue
             self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, used)
-            resident = read_status(f"/proc/{pid}/status").get("VmRSS")
-            if resident is not None:
-                self.combined_peak_mb = max(self.combined_peak_mb or 0.0, used + resident)
+            status = read_status(f"/proc/{pid}/status")
+            resident = status.get("VmRSS")
+            if resident is not None and used + resident > (self.combined_peak_mb or 0.0):
+                self.combined_peak_mb = used + resident
+                self.combined_peak_parts = {"gpu": used, **{key: status.get(key) for key in PEAK_PARTS}}
 
     def finish(self) -> None:
         self._done.set()
@@ -119,4 +126,5 @@ def measure_command(command: list[str], env: dict | None = None, cwd=None,
         wall_s=float(values["wall_s"]) if "wall_s" in values else None,
         stdout=stdout, stderr=stderr,
         peak_rss_mb=int(peak_kb) / 1024 if peak_kb else None,
-        gpu_peak_mb=reports.gpu_peak_mb, timed_out=timed_out, combined_peak_mb=reports.combined_peak_mb)
+        gpu_peak_mb=reports.gpu_peak_mb, timed_out=timed_out, combined_peak_mb=reports.combined_peak_mb,
+        combined_peak_parts=reports.combined_peak_parts)

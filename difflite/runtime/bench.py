@@ -399,14 +399,17 @@ def sdxl_encode(runner, entry: ComponentEntry, ids, hidden_1, no_lora: dict, une
 
 
 def device_memory(stats: dict | None) -> dict | None:
-    """The op library's stats_path report as MB: weights, intermediates (its arena), op scratch
-    and their total, with the whole report under "stats" (None where it wrote none)."""
+    """The op library's stats_path report as MB: weights, intermediates (its arena, which holds
+    the op scratch lent there too), the op scratch in buffers of its own, and their total; the
+    scratch lent apart ("scratch_lent_mb", within the intermediates), with the whole report under
+    "stats" (None where it wrote none)."""
     if not stats:
         return None
     parts = {"weights_mb": stats.get("weights_bytes", 0) / MIB,
              "intermediates_mb": stats.get("arena_bytes", 0) / MIB,
-             "scratch_mb": stats.get("scratch_bytes", 0) / MIB}
-    return {**parts, "total_mb": sum(parts.values()), "stats": stats}
+             "scratch_mb": stats.get("scratch_held_bytes", 0) / MIB}
+    return {**parts, "total_mb": sum(parts.values()), "scratch_lent_mb": stats.get("scratch_lent_bytes", 0) / MIB,
+            "stats": stats}
 
 
 def read_stats_file(path: Path | None) -> dict | None:
@@ -534,7 +537,8 @@ def stats_line(name: str, device: dict) -> str:
             f"{stats.get('storage', '?')}, arithmetic {stats.get('arithmetic', '?')}, "
             f"{stats.get('nodes_claimed', '?')}/{stats.get('nodes_total', '?')} nodes in "
             f"{stats.get('partitions', '?')} partition(s); intermediates {fmt(device['intermediates_mb'])} MB "
-            f"+ op scratch {fmt(device['scratch_mb'])} MB + weights {fmt(device['weights_mb'])} MB "
+            f"(op scratch lent there: {fmt(device['scratch_lent_mb'])} MB) + op scratch of its own "
+            f"{fmt(device['scratch_mb'])} MB + weights {fmt(device['weights_mb'])} MB "
             f"= device {fmt(device['total_mb'])} MB")
 
 

@@ -24,7 +24,8 @@ def write_stats(path: str, graph: Path, nodes: int, options: dict[str, str]) -> 
     size = graph.stat().st_size
     Path(path).write_text(json.dumps({
         "arena_bytes": size // (8 if half else 4), "weights_bytes": size * (1 if half else 2),
-        "scratch_bytes": size // 16, "nodes_claimed": nodes, "nodes_total": nodes, "partitions": 1,
+        "scratch_bytes": size // 16 + size // 32, "scratch_lent_bytes": size // 32, "scratch_held_bytes": size // 16,
+        "nodes_claimed": nodes, "nodes_total": nodes, "partitions": 1,
         "device": "QUALCOMM Adreno(TM) 740", "platform": "QUALCOMM Snapdragon(TM)",
         "storage": "float16" if half else "float32",
         "arithmetic": "float16" if half and options.get("math", "auto") == "auto" else "float32",

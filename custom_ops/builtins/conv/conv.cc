@@ -107,7 +107,7 @@ class Conv2dOp final : public GpuOp {
     return wt_.Pack(ctx, in[1].mem, in[1].scales);
   }
   size_t WeightBytes() const override { return wt_.bytes(); }
-  size_t ScratchBytes() const override { return split_.bytes(); }
+  size_t ScratchSlotBytes(int slot) const override { return slot == kSplitKSlot ? split_.bytes() : 0; }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     const int m = g_.n * g_.oh * g_.ow;

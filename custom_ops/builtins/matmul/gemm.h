@@ -206,7 +206,10 @@ class Gemm {
   bool ReadsBAtOffset() const { return !transpose_b_; }
   // Whether B is read quantized: Init turns the shape's wq off where no kernel reads it so.
   bool reads_quantized() const { return s_.wq.on(); }
-  size_t ScratchBytes() const { return b_scratch_bytes_ + split_.bytes(); }
+  // What Run asks of scratch slot `slot`: 0, the n-major copy of B; kSplitKSlot, the partials.
+  size_t ScratchSlotBytes(int slot) const {
+    return slot == 0 ? b_scratch_bytes_ : slot == kSplitKSlot ? split_.bytes() : 0;
+  }
   size_t TransposedBBytes() const { return b_scratch_bytes_; }  // its scratch slot 0
 
  private:

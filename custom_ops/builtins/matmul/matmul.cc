@@ -30,7 +30,7 @@ class GemmOp final : public GpuOp {
     return own_b_.Pack(ctx, in[1].mem, in[1].scales);
   }
   size_t WeightBytes() const override { return own_b_.bytes(); }
-  size_t ScratchBytes() const override { return gemm_.ScratchBytes(); }
+  size_t ScratchSlotBytes(int slot) const override { return gemm_.ScratchSlotBytes(slot); }
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
                   const std::vector<GpuTensor>& out) override {
     cl_mem bias = bias_input_ >= 0 ? in[bias_input_].mem : nullptr;

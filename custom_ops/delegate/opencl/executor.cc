@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 #include <string>
 
@@ -55,7 +56,8 @@ BackendImpl* FindImpl(const tfl::Delegate* d) {
 
 void BackendImpl::WriteStats() {
   if (options.stats_path.empty()) return;
-  size_t arena = 0, weights = 0, scratch = 0, staging = 0;
+  size_t arena = 0, weights = 0, scratch = 0, lent = 0, staging = 0;
+  std::vector<size_t> own(kScratchSlots, 0);  // the context's scratch buffers: one per slot
   UploadReport up;
   std::map<std::string, std::pair<double, long>> prof;
   long invokes = 0;
@@ -64,7 +66,9 @@ void BackendImpl::WriteStats() {
     // Device bytes as held: int8 / int4 weights read quantized count their integers and
     // scales, those dequantized at upload count in the storage type.
     weights += p->weights_bytes;
+    for (size_t slot = 0; slot < p->own_scratch.size(); ++slot) own[slot] = std::max(own[slot], p->own_scratch[slot]);
     scratch = std::max(scratch, p->scratch_bytes);
+    lent = std::max(lent, p->lent_scratch_bytes);
     staging += p->staging_bytes;
     up.zero_copy_bytes += p->upload.zero_copy_bytes;
     up.quantized_bytes += p->upload.quantized_bytes;
@@ -83,7 +87,9 @@ void BackendImpl::WriteStats() {
   const Runtime::ProgramCounts programs = rt->programs();
   std::ostringstream os;
   os << "{\"arena_bytes\": " << arena << ", \"weights_bytes\": " << weights
-     << ", \"scratch_bytes\": " << scratch + staging << ", \"nodes_claimed\": " << nodes_claimed
+     << ", \"scratch_bytes\": " << scratch + staging << ", \"scratch_lent_bytes\": " << lent
+     << ", \"scratch_held_bytes\": " << std::accumulate(own.begin(), own.end(), staging)
+     << ", \"nodes_claimed\": " << nodes_claimed
      << ", \"nodes_total\": " << nodes_total << ", \"partitions\": " << partitions.size()
      << ", \"device\": " << JsonString(rt->info().name)
      << ", \"platform\": " << JsonString(rt->info().platform)

@@ -46,6 +46,16 @@ std::string ContextImpl::Enqueue(cl_kernel kernel, cl_uint dims, const size_t* g
 }
 
 cl_mem ContextImpl::Scratch(size_t bytes, int slot, std::string* error) {
+  if (slot < 0 || slot >= kScratchSlots) {
+    if (error) *error = "scratch slot " + std::to_string(slot) + " is not one of 0.." +
+                        std::to_string(kScratchSlots - 1);
+    return nullptr;
+  }
+  if (lent_ != nullptr) {
+    for (const LentScratch& l : *lent_) {
+      if (l.slot == slot && l.bytes >= bytes) return l.mem;
+    }
+  }
   auto& s = scratch_[slot];
   if (s.first != nullptr && s.second >= bytes) return s.first;
   if (s.first != nullptr) {

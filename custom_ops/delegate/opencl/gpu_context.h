@@ -17,6 +17,14 @@
 
 namespace difflite::gpu {
 
+// An intermediates' buffer lent to one op as its scratch slot `slot` (no tensor lives in it at
+// that op's step), `bytes` large.
+struct LentScratch {
+  int slot = 0;
+  cl_mem mem = nullptr;
+  size_t bytes = 0;
+};
+
 class ContextImpl final : public GpuContext {
  public:
   ContextImpl(std::shared_ptr<Runtime> rt, DType storage, bool flat, bool half_math,
@@ -55,6 +63,8 @@ class ContextImpl final : public GpuContext {
   cl_mem Scratch(size_t bytes, int slot, std::string* error) override;
 
   void set_label(const std::string& l) { label_ = l; }
+  // What Scratch hands the op about to run before its own buffers (nullptr: nothing lent).
+  void Lend(const std::vector<LentScratch>* lent) { lent_ = lent; }
   void set_lora_slots(std::shared_ptr<LoraSlots> lora) { lora_ = std::move(lora); }
   // profile=2: events keyed by node label and kernel label, not by op type alone.
   void set_detail(bool on) { detail_ = on; }
@@ -73,6 +83,7 @@ class ContextImpl final : public GpuContext {
   ProgramCache disk_;
   std::shared_ptr<LoraSlots> lora_;  // the delegate's (delegate.cc)
   std::map<int, std::pair<cl_mem, size_t>> scratch_;
+  const std::vector<LentScratch>* lent_ = nullptr;
   std::vector<std::pair<std::string, cl_event>> events_;
   std::string label_;
   bool detail_ = false;

@@ -127,8 +127,9 @@ tfl::Status Partition::Prepare(tfl::Context* ctx) {
         " bytes, weights " + std::to_string(weights_bytes) + " bytes (" +
         std::to_string(upload.zero_copy_bytes) + " zero-copy, " +
         std::to_string(upload.slab_bytes) + " in " + std::to_string(upload.slabs) + " slabs, " +
-        std::to_string(upload.released_bytes) + " bytes of model pages released), scratch " +
-        std::to_string(scratch_bytes) + " bytes, " + std::to_string(static_cast<long>(ms)) +
+        std::to_string(upload.released_bytes) + " bytes of model pages released), op scratch " +
+        std::to_string(scratch_bytes) + " bytes at most (" + std::to_string(lent_scratch_bytes) +
+        " lent in the arena), " + std::to_string(static_cast<long>(ms)) +
         " ms");
   }
   be_->WriteStats();
@@ -166,7 +167,9 @@ std::string Partition::RunNodes() {
   for (size_t step = 0; step < exec_.size(); ++step) {
     ClaimedNode& n = *nodes_[exec_[step]];
     gctx.set_label(be_->options.profile >= 2 ? DetailLabel(n) : n.name);
+    gctx.Lend(&lent_[step]);
     const std::string e = n.op->Run(gctx, run_in_[step], run_out_[step]);
+    gctx.Lend(nullptr);
     if (!e.empty()) return "node " + std::to_string(n.node_index) + " (" + n.name + "): " + e;
   }
   return "";

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "opencl/backend.h"
+#include "opencl/memory_plan.h"
 
 namespace difflite::gpu {
 
@@ -86,9 +87,11 @@ class Partition {
   tfl::Status Prepare(tfl::Context* ctx);
   tfl::Status Invoke(tfl::Context* ctx);
 
-  size_t arena_bytes = 0;
+  size_t arena_bytes = 0;    // the intermediates' buffers, with the op scratch lent in them
   size_t weights_bytes = 0;
-  size_t scratch_bytes = 0;
+  size_t scratch_bytes = 0;         // the most op scratch one step asks (GpuOp::ScratchSlotBytes)
+  size_t lent_scratch_bytes = 0;    // of which lent in the arena at most (within arena_bytes)
+  std::vector<size_t> own_scratch;  // per slot: the largest need not lent (the context's buffers)
   size_t staging_bytes = 0;
   UploadReport upload;
   int nodes() const { return static_cast<int>(nodes_.size()); }
@@ -101,7 +104,14 @@ class Partition {
   std::string AddConstReader(const ClaimedNode& n, size_t i, Slot* s);
   void JoinAliases();
   bool WritableInPlace(const ClaimedNode& n, size_t a, int step);
+  // One op's declared need of one scratch slot, planned as items[item].
+  struct ScratchNeed {
+    int step = 0;
+    int slot = 0;
+    size_t item = 0;
+  };
   std::string AllocateIntermediates();
+  std::vector<ScratchNeed> PlanScratch(std::vector<PlanItem>* items);
   std::string AllocateStaging();
   void BindRunTensors();
   std::string ResizeOutputs(tfl::Context* ctx);
@@ -132,6 +142,7 @@ class Partition {
   std::vector<int> outputs_;
   std::map<int, Slot> slots_;
   std::vector<cl_mem> objects_;  // the intermediate buffers, each shared by several tensors
+  std::vector<std::vector<LentScratch>> lent_;  // per step: the objects lent to its op as scratch
   std::vector<cl_mem> slabs_;    // the weight slabs, each holding several constants
   std::vector<std::vector<GpuTensor>> run_in_, run_out_;
   bool prepared_ = false;

@@ -189,6 +189,7 @@ std::string Partition::AllocateIntermediates() {
     it.last = std::max(it.first, s.last);
     items.push_back(it);
   }
+  const std::vector<ScratchNeed> needs = PlanScratch(&items);
   const ObjectPlan plan = PlanSharedObjects(items);
   // Poison: a read before any write shows up as NaN.
   const cl_uint nan_bits = be_->storage == DType::kFloat16 ? 0x7e007e00u : 0x7fc00000u;
@@ -212,7 +213,41 @@ std::string Partition::AllocateIntermediates() {
     Slot& s = kv.second;
     if (s.kind != Slot::kConst && s.root != kv.first) s.mem = slots_.at(Root(kv.first)).mem;
   }
+  lent_.assign(exec_.size(), {});
+  for (const ScratchNeed& need : needs) {
+    const size_t object = plan.object_of[need.item];
+    lent_[need.step].push_back({need.slot, objects_[object], plan.object_bytes[object]});
+  }
   return "";
+}
+
+// The scratch each op declares (GpuOp::ScratchSlotBytes): with lend_scratch, one more item to
+// place per op and slot, live at the op's step only, so that it shares a buffer with tensors not
+// live then; else the context's own buffer per slot, as large as the slot's largest need.
+std::vector<Partition::ScratchNeed> Partition::PlanScratch(std::vector<PlanItem>* items) {
+  const bool lend = be_->options.lend_scratch != "off";
+  std::vector<ScratchNeed> needs;
+  own_scratch.assign(kScratchSlots, 0);
+  scratch_bytes = 0;
+  lent_scratch_bytes = 0;
+  for (size_t step = 0; step < exec_.size(); ++step) {
+    const GpuOp& op = *nodes_[exec_[step]]->op;
+    scratch_bytes = std::max(scratch_bytes, ScratchBytes(op));
+    size_t lent_here = 0;
+    for (int slot = 0; slot < kScratchSlots; ++slot) {
+      const size_t bytes = op.ScratchSlotBytes(slot);
+      if (bytes == 0) continue;
+      if (!lend) {
+        own_scratch[slot] = std::max(own_scratch[slot], bytes);
+        continue;
+      }
+      needs.push_back({static_cast<int>(step), slot, items->size()});
+      items->push_back({bytes, static_cast<int>(step), static_cast<int>(step)});
+      lent_here += bytes;
+    }
+    lent_scratch_bytes = std::max(lent_scratch_bytes, lent_here);
+  }
+  return needs;
 }
 
 // Twins in the interpreter's type for float tensors crossing the boundary in another storage type
@@ -259,7 +294,6 @@ const char* FromStorageKernel(const Slot& s) {
 void Partition::BindRunTensors() {
   run_in_.assign(exec_.size(), {});
   run_out_.assign(exec_.size(), {});
-  scratch_bytes = 0;
   for (size_t step = 0; step < exec_.size(); ++step) {
     ClaimedNode& n = *nodes_[exec_[step]];
     for (int idx : n.inputs) {
@@ -281,7 +315,6 @@ void Partition::BindRunTensors() {
       const Slot& s = slots_.at(idx);
       run_out_[step].push_back({s.mem, s.storage, s.shape});
     }
-    scratch_bytes = std::max(scratch_bytes, n.op->ScratchBytes());
   }
 }
 

@@ -160,8 +160,10 @@ class GpuContext {
   // program, options and name): set every argument before each Enqueue.
   virtual std::string Enqueue(cl_kernel kernel, cl_uint dims, const size_t* global,
                               const size_t* local, const char* label) = 0;
-  // Device scratch memory for this op, valid until the op's Run returns (the
-  // backend reuses it across ops). nullptr + *error when out of memory.
+  // Device scratch memory for this op in slot `slot` (0 <= slot < kScratchSlots), valid until
+  // the op's Run returns: its contents do not outlive the Run (the backend reuses the memory
+  // across ops, and may lend the op an intermediates' buffer no tensor holds at that step).
+  // nullptr + *error when out of memory.
   virtual cl_mem Scratch(size_t bytes, int slot, std::string* error) = 0;
 
   // Added by the backend.
@@ -203,13 +205,18 @@ inline uint64_t KernelPrivateBytes(const GpuContext& ctx, cl_kernel kernel) {
   return bytes;
 }
 
+// Scratch slots an op may ask GpuContext::Scratch for: 0 .. kScratchSlots - 1.
+constexpr int kScratchSlots = 8;
+
 // The GPU side of one node: created once at Prepare, run at every Invoke.
 class GpuOp {
  public:
   virtual ~GpuOp() = default;
-  // Bytes of op-private scratch memory the op will request (for the memory
-  // report), given the shapes seen at creation.
-  virtual size_t ScratchBytes() const { return 0; }
+  // The most bytes Run will ask of scratch slot `slot` (0: none), given the shapes seen at
+  // creation. The backend plans these with the intermediates: a need it knows may be met by an
+  // intermediates' buffer that no tensor holds at the op's step (delegate option lend_scratch).
+  // A need the op does not declare is still met, by a buffer of the slot's own.
+  virtual size_t ScratchSlotBytes(int /*slot*/) const { return 0; }
   virtual std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& inputs,
                           const std::vector<GpuTensor>& outputs) = 0;
 
@@ -249,6 +256,13 @@ class GpuOp {
     return "";
   }
 };
+
+// All of an op's declared scratch, for the memory report.
+inline size_t ScratchBytes(const GpuOp& op) {
+  size_t bytes = 0;
+  for (int slot = 0; slot < kScratchSlots; ++slot) bytes += op.ScratchSlotBytes(slot);
+  return bytes;
+}
 
 // What the backend hands a GPU op factory about one node.
 struct NodeView {

@@ -619,16 +619,16 @@ class AttentionGpu final : public GpuOp {
     return why;
   }
 
-  size_t ScratchBytes() const override {
+  size_t ScratchSlotBytes(int slot) const override {
     if (gemm_) {  // S, O' and the GEMMs' own (split-K partials), each in a slot of its own
-      size_t g = 0;
+      size_t bytes = slot == kScoresSlot ? ScoresBytes() : slot == kOutSlot ? OutBytes() : 0;
       for (const builtin::Gemm* x : {&scores_[0], &scores_[1], &pv_[0], &pv_[1]}) {
-        g = std::max(g, x->ScratchBytes());
+        bytes = std::max(bytes, x->ScratchSlotBytes(slot));
       }
-      return ScoresBytes() + OutBytes() + g;
+      return bytes;
     }
-    if (plan_.kernel == Kernel::kPartial) return StatsBytes();
-    return plan_.splits > 1 ? SplitBytes() : 0;
+    if (plan_.kernel == Kernel::kPartial) return slot == 0 ? StatsBytes() : 0;
+    return slot == kSplitSlot && plan_.splits > 1 ? SplitBytes() : 0;
   }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,

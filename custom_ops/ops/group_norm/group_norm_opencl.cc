@@ -274,7 +274,9 @@ class GroupNormGpu final : public GpuOp {
     return InitCols(ctx);
   }
 
-  size_t ScratchBytes() const override { return plan_kind_ == Plan::kSplit ? PartialBytes() : 0; }
+  size_t ScratchSlotBytes(int slot) const override {
+    return slot == 0 && plan_kind_ == Plan::kSplit ? PartialBytes() : 0;
+  }
 
   // gn_coop's partial-sum words live as long as the op (a few KB: two per
   // (sample, group, slice)); reported with the memory the op holds.

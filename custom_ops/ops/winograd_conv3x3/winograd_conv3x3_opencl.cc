@@ -134,10 +134,10 @@ class WinogradGpu final : public GpuOp {
 
   bool ReadsQuantized(size_t input) const override { return input == 1 && wq_.on(); }
   bool ReadsAtOffset(size_t input) const override { return input == 1; }
-  // U (filter form), a full band's V and M, and the larger of the two GEMMs' own scratch.
-  size_t ScratchBytes() const override {
-    return UBytes() + VBytes() + MBytes() +
-           std::max(gemm_[0].ScratchBytes(), gemm_[1].ScratchBytes());
+  // A full band's V and M, U (filter form), and the larger of the two GEMMs' own in their slots.
+  size_t ScratchSlotBytes(int slot) const override {
+    const size_t own = slot == 0 ? VBytes() : slot == 1 ? MBytes() : slot == kFilterSlot ? UBytes() : 0;
+    return std::max(own, std::max(gemm_[0].ScratchSlotBytes(slot), gemm_[1].ScratchSlotBytes(slot)));
   }
 
   std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& in,
