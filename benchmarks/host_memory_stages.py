@@ -13,6 +13,8 @@ after each stage:
   trimmed      glibc's malloc_trim(0): what of RssAnon was freed memory the allocator kept
   released     the interpreter and the delegate dropped
 
+and, at each stage, the six mappings holding the most resident memory (smaps' Rss by path).
+
     source benchmarks/device_setup.sh
     python benchmarks/host_memory_stages.py OUT [--components unet,vae_decoder] [--save FILE]
 """
@@ -37,10 +39,22 @@ from difflite.core.procmem import nvidia_smi_mb, read_status
 from difflite.runtime.component import delegate_for
 from difflite.folder.schema import SIGNATURE_KEY
 stages = {}
+def mapped_files(top=6):
+    # Rss per mapped file (smaps), the largest first: which file's pages RssFile holds
+    rss, name = {}, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else "[anon]"
+            elif head and head[0] == "Rss:":
+                rss[name] = rss.get(name, 0) + int(head[1]) / 1024
+    return {k: round(v, 1) for k, v in sorted(rss.items(), key=lambda kv: -kv[1])[:top]}
 def note(stage):
     status = read_status()
     stages[stage] = {key: round(status.get(key, 0.0), 1) for key in PARTS}
     stages[stage]["gpu"] = nvidia_smi_mb()
+    stages[stage]["mappings"] = mapped_files()
 note("start")
 from ai_edge_litert.interpreter import Interpreter
 delegate = delegate_for("opencl", sys.argv[2])
@@ -92,6 +106,8 @@ def main() -> int:
     for name, stages in data["components"].items():
         for stage, p in stages.items():
             print(f"| {name} | {stage} | {p['VmRSS']} | {p['RssAnon']} | {p['RssFile']} | {p['RssShmem']} | {p['gpu']} |")
+    for name, stages in data["components"].items():
+        print(f"\n{name}, after prepare, the largest mappings (MiB): {stages['prepared']['mappings']}")
     return 0
 
 
