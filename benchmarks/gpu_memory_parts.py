@@ -14,13 +14,12 @@ On a phone the first and last parts are the GPU driver's, not the app's files or
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from headline import BARE_CONTEXT, CLI, machine, run_measured
+from headline import BARE_CONTEXT, CLI, folder_arguments, machine, run_measured
 
 TIMEOUT_S = 600
 
@@ -43,13 +42,7 @@ def component_parts(out: Path, name: str, context_mib: float) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="a converted folder")
-    parser.add_argument("--components", help="comma-separated [default: every component of the folder]")
-    parser.add_argument("--save", type=Path, help="write the results as JSON here")
-    args = parser.parse_args()
-    manifest = json.loads((args.out / "manifest.json").read_text())
-    names = args.components.split(",") if args.components else list(manifest["components"])
+    parser, args, manifest, names = folder_arguments(__doc__.split("\n\n")[0])
     context = run_measured([sys.executable, "-c", BARE_CONTEXT], TIMEOUT_S)
     if context["gpu_mib"] is None:
         parser.error("nvidia-smi lists no GPU memory for an OpenCL context here (an NVIDIA GPU is needed)")

@@ -169,6 +169,19 @@ def machine() -> dict:
             "date": datetime.date.today().isoformat()}
 
 
+def folder_arguments(description: str):
+    """(parser, args, manifest, component names) of a benchmark over a converted folder's
+    components: OUT, --components (default: every component of the folder) and --save FILE."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("out", type=Path, help="a converted folder")
+    parser.add_argument("--components", help="comma-separated [default: every component of the folder]")
+    parser.add_argument("--save", type=Path, help="write the results as JSON here")
+    args = parser.parse_args()
+    manifest = json.loads((args.out / "manifest.json").read_text())
+    names = args.components.split(",") if args.components else list(manifest["components"])
+    return parser, args, manifest, names
+
+
 def cell(s: dict | None, unit: str = "", digits: int = 2) -> str:
     """A summary as "median (min-max)"; "-" where there is none."""
     if not s:

@@ -20,14 +20,13 @@ and, at each stage, the six mappings holding the most resident memory (smaps' Rs
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from headline import machine
+from headline import folder_arguments, machine
 
 PARTS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
 
@@ -89,13 +88,7 @@ def stages_of(path: Path, precision: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="a converted folder")
-    parser.add_argument("--components", help="comma-separated [default: every component of the folder]")
-    parser.add_argument("--save", type=Path, help="write the results as JSON here")
-    args = parser.parse_args()
-    manifest = json.loads((args.out / "manifest.json").read_text())
-    names = args.components.split(",") if args.components else list(manifest["components"])
+    parser, args, manifest, names = folder_arguments(__doc__.split("\n\n")[0])
     precision = manifest["options"]["precision"]  # the delegate's, as generate sets it
     data = {"machine": machine(), "out": str(args.out), "precision": precision,
             "components": {name: stages_of(args.out / manifest["components"][name]["file"], precision)

@@ -329,7 +329,7 @@ def _no_text_encoder_2(f: Path) -> None:
     (_refiner_folder, "an SDXL refiner (no text_encoder: OpenCLIP's text_encoder_2 only, aesthetic-score time ids) "
                       "is not supported"),
     (_refiner_time_ids, "an SDXL refiner (5 time ids: the aesthetic score's) is not supported"),
-    (_seven_channels_folder, "an SDXL UNet of 7 input channels and 4 output channels is not supported"),
+    (_seven_channels_folder, "an SDXL UNet with 7 input channels and 4 output channels is not supported"),
     (_no_text_encoder_2, "missing (an SDXL folder's second text encoder)"),
 ])
 def test_sdxl_folders_refused(folder, tmp_path, change, expected):

@@ -14,7 +14,7 @@ import torch
 
 from difflite.core.errors import BadInput
 from difflite.core.jsonfile import loads_json, read_json
-from difflite.folder.output_folder import inpaint_channels
+from difflite.folder.output_folder import inpaint_channels, unsupported_input_channels
 from difflite.folder.tokenizer import check_token_ids
 
 COMPONENTS = ("text_encoder", "unet", "vae")
@@ -235,11 +235,10 @@ def check_sdxl_configs(source: Path, unet: dict, text_encoder_2: dict) -> None:
     (5 time ids: the aesthetic score in place of the target size; no CLIP-L text encoder) and a
     UNet whose input is neither the latents nor an inpainting UNet's 9 channels."""
     in_channels, out_channels = unet.get("in_channels"), unet.get("out_channels", 4)
-    if isinstance(in_channels, int) and isinstance(out_channels, int) and \
-            in_channels not in (out_channels, inpaint_channels(out_channels)):
-        raise BadInput(f"{source}: an SDXL UNet of {in_channels} input channels and {out_channels} output channels "
-                       f"is not supported: text-to-image ({out_channels}) or inpainting "
-                       f"({inpaint_channels(out_channels)}: latents, mask, masked picture's latents)")
+    refused = unsupported_input_channels(in_channels, out_channels) \
+        if isinstance(in_channels, int) and isinstance(out_channels, int) else None
+    if refused:
+        raise BadInput(f"{source}: an SDXL {refused}")
     try:
         ids, rest = divmod(int(unet["projection_class_embeddings_input_dim"]) - int(text_encoder_2["projection_dim"]),
                            int(unet["addition_time_embed_dim"]))

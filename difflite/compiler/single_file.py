@@ -50,7 +50,7 @@ from difflite.compiler.pipeline import (
 from difflite.compiler.presets import preset_configs, preset_tokenizer, tokenizer_vocab
 from difflite.core.errors import BadInput
 from difflite.core.finite import check_finite
-from difflite.folder.output_folder import inpaint_channels
+from difflite.folder.output_folder import unsupported_input_channels
 
 _UNET = "model.diffusion_model."
 _VAE = "first_stage_model."
@@ -512,14 +512,13 @@ def infer_encoder(path: Path, u: dict, prefix: str, what: str) -> tuple[dict, st
 def _input_channels_reason(shape: Shapes, in_channels: int, out_channels: int) -> str:
     """Why the UNet's input channels are those of a text-to-image or an inpainting UNet; a
     refusal for any other (depth-conditioned and other image-conditioned UNets)."""
+    refused = unsupported_input_channels(in_channels, out_channels)
+    if refused:
+        raise shape.refuse(refused)
     if in_channels == out_channels:
         return f"UNet: {in_channels} input channels (the latents): text-to-image"
-    if in_channels == inpaint_channels(out_channels):
-        return (f"UNet: {in_channels} input channels (latents {out_channels}, mask 1, masked picture's latents "
-                f"{out_channels}): inpainting")
-    raise shape.refuse(f"UNet with {in_channels} input channels and {out_channels} output channels is not "
-                       f"supported: {out_channels} (text-to-image) or {inpaint_channels(out_channels)} "
-                       f"(inpainting: latents, mask, masked picture's latents)")
+    return (f"UNet: {in_channels} input channels (latents {out_channels}, mask 1, masked picture's latents "
+            f"{out_channels}): inpainting")
 
 
 def _infer_vae(path: Path, v: dict) -> tuple[dict, str]:

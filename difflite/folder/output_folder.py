@@ -223,6 +223,17 @@ def inpaint_channels(latent_channels: int) -> int:
     return 2 * latent_channels + 1
 
 
+def unsupported_input_channels(in_channels: int, out_channels: int) -> str | None:
+    """Why a UNet of these sample channels is refused (one line, the source's name to be put
+    before it), or None for a text-to-image or an inpainting UNet: depth-conditioned and other
+    image-conditioned UNets take other inputs."""
+    if in_channels in (out_channels, inpaint_channels(out_channels)):
+        return None
+    return (f"UNet with {in_channels} input channels and {out_channels} output channels is not supported: "
+            f"{out_channels} (text-to-image) or {inpaint_channels(out_channels)} (inpainting: latents, mask, "
+            f"masked picture's latents)")
+
+
 @dataclass(frozen=True)
 class OutputFolder:
     path: Path
