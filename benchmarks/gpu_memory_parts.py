@@ -22,11 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headline import BARE_CONTEXT, CLI, folder_arguments, machine, run_measured
 
 TIMEOUT_S = 600
+RUNS = "40"
 
 
 def component_parts(out: Path, name: str, context_mib: float) -> dict:
     """One component's GPU memory in parts, from a fresh bench process."""
-    measured = run_measured([*CLI, "bench", str(out), "--components", name, "--backend", "opencl", "--runs", "2",
+    # RUNS calls keep the buffers held for several of nvidia-smi's 0.5 s polls: with 2, a short
+    # component's (the VAE decoder's 57 ms) peak fell between two polls (notebook §77)
+    measured = run_measured([*CLI, "bench", str(out), "--components", name, "--backend", "opencl", "--runs", RUNS,
                              "--warmup", "1", "--json"], TIMEOUT_S)
     device = json.loads(measured["stdout"])["components"][name]["device"] or {}
     buffers = {key: round(device.get(key, 0.0), 1) for key in ("weights_mb", "intermediates_mb", "scratch_mb")}
