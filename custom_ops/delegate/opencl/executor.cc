@@ -66,7 +66,9 @@ void BackendImpl::WriteStats() {
     // Device bytes as held: int8 / int4 weights read quantized count their integers and
     // scales, those dequantized at upload count in the storage type.
     weights += p->weights_bytes;
-    for (size_t slot = 0; slot < p->own_scratch.size(); ++slot) own[slot] = std::max(own[slot], p->own_scratch[slot]);
+    for (size_t slot = 0; slot < p->own_scratch.size(); ++slot) {
+      own[slot] = std::max(own[slot], p->own_scratch[slot]);
+    }
     scratch = std::max(scratch, p->scratch_bytes);
     lent = std::max(lent, p->lent_scratch_bytes);
     staging += p->staging_bytes;

@@ -274,18 +274,15 @@ class WeightUploader {
     for (size_t i = 0; i < released_.size();) {
       const uintptr_t begin = released_[i].first;
       uintptr_t end = released_[i].second;
-      for (++i; i < released_.size() && released_[i].first < end + page && !KeptBetween(end, released_[i].first);
+      for (++i; i < released_.size() && released_[i].first < end + page &&
+                !KeptBetween(end, released_[i].first);
            ++i) {
         end = std::max(end, released_[i].second);
       }
       // The file's last page too, where this run ends the file (the rest of the page is past it).
       const uintptr_t mapping_end = files_.End(begin);
       const bool ends_file = end + page >= mapping_end && !KeptBetween(end, mapping_end);
-      const uintptr_t first = (begin + page - 1) / page * page;
-      const uintptr_t last = ends_file ? mapping_end : end / page * page;
-      if (last > first && madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0) {
-        report_->released_bytes += last - first;
-      }
+      report_->released_bytes += DropWholePages(begin, ends_file ? mapping_end : end);
     }
   }
 
@@ -296,10 +293,17 @@ class WeightUploader {
     if (bytes == nullptr || !files_.Contains(bytes, size)) return;
     const auto begin = reinterpret_cast<uintptr_t>(bytes);
     released_.emplace_back(begin, begin + size);
-    const size_t page = PageSize();
-    const uintptr_t first = (begin + page - 1) / page * page;
-    const uintptr_t last = (begin + size) / page * page;
-    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    DropWholePages(begin, begin + size);
+  }
+
+  // The pages wholly inside [begin, end) dropped from this process (madvise MADV_DONTNEED): the
+  // bytes dropped.
+  static size_t DropWholePages(uintptr_t begin, uintptr_t end) {
+    const uintptr_t page = PageSize();
+    const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+    return last > first && madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0
+               ? last - first
+               : 0;
   }
 
   // A read-only buffer over the model's own pages, where the device shares memory with the host
