@@ -180,7 +180,7 @@ def test_delegate_winograd_split_k(tmp_path, opencl_lib, monkeypatch):
 
 # ---------------------------------------------------------------------------
 # Bands of whole tile rows (winograd_conv3x3_opencl.cc: BandTiles; V + M of a band within
-# DIFFLITE_WINOGRAD_SCRATCH_BYTES, default 256 MiB)
+# DIFFLITE_WINOGRAD_SCRATCH_BYTES, default 64 MiB)
 
 # n = 2, 13 x 10: 4 x 3 tiles a sample, 8 tile rows, T = 24. A bound of 3.5 tile rows' V + M gives
 # bands of 3 rows (9 tiles): 9, 9 and a last, shorter one of 6; the second runs rows 3-5, from

@@ -565,7 +565,7 @@ def split_k(compute_units: int, work_groups: int, k: int) -> int:
     return max(1, min(ceil_div(target, work_groups), k // SPLIT_K_MIN_DEPTH, SPLIT_K_MAX))
 
 
-WINOGRAD_SCRATCH_BYTES = 268435456  # kScratchBytes: bound on a band's V + M (DIFFLITE_WINOGRAD_SCRATCH_BYTES)
+WINOGRAD_SCRATCH_BYTES = 67108864  # kScratchBytes: bound on a band's V + M (DIFFLITE_WINOGRAD_SCRATCH_BYTES)
 
 
 def winograd_tiles(n: int, h: int, w: int) -> tuple[int, int, int]:

@@ -19,7 +19,7 @@ POSITIONS = (TILE + 2) ** 2  # 36 transformed positions per tile
 # The OpenCL op's bound on the transformed tiles V + M it holds at once (winograd_conv3x3_opencl.cc:
 # kScratchBytes; DIFFLITE_WINOGRAD_SCRATCH_BYTES replaces it at run time): it runs the tiles in bands
 # of whole tile rows within it (band_tiles).
-SCRATCH_BYTES = 268435456  # 256 MiB
+SCRATCH_BYTES = 67108864  # 64 MiB
 
 # Input transform B^T (6x6).
 BT = np.array(

@@ -23,7 +23,7 @@ A plain onnx-ir pass (weight packing is non-local: FACTS). Steps:
                output transform reads M, writes y (+ bias), A^T m A MACs per tile and channel.
    est_speedup = direct time / winograd time; saved = direct - winograd (seconds).
    Intermediates (intermediate_mb) = V + M of the largest band of whole tile rows the OpenCL op
-   runs at once (difflite.core.winograd.band_tiles: all T where 36 T (Cin + Cout) e fits 256 MiB).
+   runs at once (difflite.core.winograd.band_tiles: all T where 36 T (Cin + Cout) e fits 64 MiB).
    Extra weight memory = 36 Cin Cout e - 9 Cin Cout q (q: bytes a value of the direct conv's
    weight takes, e for float, 1 for int8): the transformed weight replaces the 3x3 one.
    With quantized weights (`weight_value_bytes` given) a conv may instead keep its filter as the
@@ -84,7 +84,7 @@ class ConvCost:
     winograd_s: float
     extra_weight_bytes: int
     # V + M, the transformed activations of the OpenCL op's largest band of tiles (all of them where
-    # they fit its 256 MiB bound: wg.band_tiles), + U in the filter form
+    # they fit its 64 MiB bound: wg.band_tiles), + U in the filter form
     intermediate_bytes: int
     form: str = TRANSFORMED
 

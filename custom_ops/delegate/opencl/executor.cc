@@ -56,19 +56,22 @@ BackendImpl* FindImpl(const tfl::Delegate* d) {
 
 void BackendImpl::WriteStats() {
   if (options.stats_path.empty()) return;
-  size_t arena = 0, weights = 0, scratch = 0, lent = 0, staging = 0;
+  size_t arena = 0, tensors_arena = 0, weights = 0, scratch = 0, lent = 0, staging = 0;
+  std::string largest_scratch_op;
   std::vector<size_t> own(kScratchSlots, 0);  // the context's scratch buffers: one per slot
   UploadReport up;
   std::map<std::string, std::pair<double, long>> prof;
   long invokes = 0;
   for (const Partition* p : partitions) {
     arena += p->arena_bytes;
+    tensors_arena += p->tensors_arena_bytes;
     // Device bytes as held: int8 / int4 weights read quantized count their integers and
     // scales, those dequantized at upload count in the storage type.
     weights += p->weights_bytes;
     for (size_t slot = 0; slot < p->own_scratch.size(); ++slot) {
       own[slot] = std::max(own[slot], p->own_scratch[slot]);
     }
+    if (p->scratch_bytes > scratch) largest_scratch_op = p->largest_scratch_op;
     scratch = std::max(scratch, p->scratch_bytes);
     lent = std::max(lent, p->lent_scratch_bytes);
     staging += p->staging_bytes;
@@ -88,9 +91,11 @@ void BackendImpl::WriteStats() {
   }
   const Runtime::ProgramCounts programs = rt->programs();
   std::ostringstream os;
-  os << "{\"arena_bytes\": " << arena << ", \"weights_bytes\": " << weights
+  os << "{\"arena_bytes\": " << arena << ", \"arena_tensors_bytes\": " << tensors_arena
+     << ", \"weights_bytes\": " << weights
      << ", \"scratch_bytes\": " << scratch + staging << ", \"scratch_lent_bytes\": " << lent
      << ", \"scratch_held_bytes\": " << std::accumulate(own.begin(), own.end(), staging)
+     << ", \"scratch_largest_op\": " << JsonString(largest_scratch_op)
      << ", \"nodes_claimed\": " << nodes_claimed
      << ", \"nodes_total\": " << nodes_total << ", \"partitions\": " << partitions.size()
      << ", \"device\": " << JsonString(rt->info().name)

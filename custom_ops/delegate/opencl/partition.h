@@ -88,9 +88,11 @@ class Partition {
   tfl::Status Invoke(tfl::Context* ctx);
 
   size_t arena_bytes = 0;    // the intermediates' buffers, with the op scratch lent in them
+  size_t tensors_arena_bytes = 0;  // what they would be without the lent scratch
   size_t weights_bytes = 0;
   size_t scratch_bytes = 0;         // the most op scratch one step asks (GpuOp::ScratchSlotBytes)
   size_t lent_scratch_bytes = 0;    // of which lent in the arena at most (within arena_bytes)
+  std::string largest_scratch_op;   // DetailLabel of the step that asks the most
   std::vector<size_t> own_scratch;  // per slot: the largest need not lent (the context's buffers)
   size_t staging_bytes = 0;
   UploadReport upload;

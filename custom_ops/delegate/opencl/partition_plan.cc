@@ -189,6 +189,7 @@ std::string Partition::AllocateIntermediates() {
     it.last = std::max(it.first, s.last);
     items.push_back(it);
   }
+  tensors_arena_bytes = PlanSharedObjects(items).total_bytes;
   const std::vector<ScratchNeed> needs = PlanScratch(&items);
   const ObjectPlan plan = PlanSharedObjects(items);
   // Poison: a read before any write shows up as NaN.
@@ -230,8 +231,10 @@ std::vector<Partition::ScratchNeed> Partition::PlanScratch(std::vector<PlanItem>
   own_scratch.assign(kScratchSlots, 0);
   scratch_bytes = 0;
   lent_scratch_bytes = 0;
+  largest_scratch_op.clear();
   for (size_t step = 0; step < exec_.size(); ++step) {
     const GpuOp& op = *nodes_[exec_[step]]->op;
+    if (ScratchBytes(op) > scratch_bytes) largest_scratch_op = DetailLabel(*nodes_[exec_[step]]);
     scratch_bytes = std::max(scratch_bytes, ScratchBytes(op));
     size_t lent_here = 0;
     for (int slot = 0; slot < kScratchSlots; ++slot) {

@@ -16,14 +16,17 @@
 // T = 65536) would take 1.8 GB of them at fp16 (2.43 GB of op scratch in all, unbanded): the
 // main obstacle to SDXL at 1024 within ~2.6 GB on a phone. So the tiles go in bands of whole
 // tile rows, t0 .. t0 + Tb - 1 (Tb a multiple of ceil(W/4); a band may cross from one sample
-// into the next), each band's V and M within kScratchBytes (256 MiB, in the storage type's
+// into the next), each band's V and M within kScratchBytes (64 MiB, in the storage type's
 // bytes; DIFFLITE_WINOGRAD_SCRATCH_BYTES=N replaces it: tests, benchmarks, tighter devices; a
 // value that is not a positive integer refuses the node), at least one tile row a band
 // whatever the bound; all of T in one band where V + M fit (then the launches are those of an
 // unbanded run). The kernels take the band's first tile t0 and index V and M from the band's
 // start (no sub-buffers); the GEMM is one builtin::Gemm for a full band and a second one for
 // the last, shorter band where T is not a multiple of Tb. Only the bound's share of V and M is
-// live at once; U is read once a band.
+// live at once; U is read once a band. Why 64 MiB: the bands are lent the intermediates' idle
+// buffers (GpuOp::ScratchSlotBytes), and at 256 MiB they grew SDXL's 1024 x 1024 VAE decoder's
+// 1,424 MiB of buffers by 156 MiB, at 64 MiB by 31 (PoCL's plan, fp16); a 64 MiB band still holds
+// thousands of tiles, ample work for each of its 36 GEMMs.
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
 #include <memory>
@@ -48,7 +51,7 @@ constexpr size_t kTransformGroup = 128;
 constexpr int kFilterSlot = 3;  // U of the filter form (V, M and split-K hold 0, 1 and 2)
 static_assert(builtin::kSplitKSlot != kFilterSlot, "split-K scratch would overwrite U");
 // The bound on a band's V + M, in bytes of the storage type (see the header comment).
-constexpr size_t kScratchBytes = 268435456;  // 256 MiB
+constexpr size_t kScratchBytes = 67108864;  // 64 MiB
 
 // Tiles per band: all `rows` tile rows (of `tiles_w` tiles) where V + M of all of them, 36
 // (Cin + Cout) elements of `elem` bytes a tile, fit `bound`; else the fewest bands of whole rows
