@@ -120,6 +120,55 @@ def test_winograd_scratch_lent_in_a_chain(opencl_lib, tmp_path, form, kernels, m
     np.testing.assert_array_equal(lent, own)
 
 
+def room_then_winograd(path, r):
+    """a = x * 0.5, b = x + 0.25, c = x * 2 (four tensors live at once: four buffers), e = (a + b) + c,
+    y = WinogradConv3x3(e) (transformed form): at the convolution's step two of the four buffers are
+    idle, each one tensor of FIT_SHAPE. Returns the model's path, x and the float64 reference."""
+    n, h, w, c = FIT_SHAPE
+    x = nonzero(r, FIT_SHAPE)
+    m = QModel()
+    xi = m.activation("x", x.shape)
+    made = {}
+    for name, op, value in (("a", "MUL", 0.5), ("b", "ADD", 0.25), ("c", "MUL", 2.0)):
+        made[name] = m.activation(name, FIT_SHAPE)
+        m.builtin(op, [xi, m.constant(f"k_{name}", np.full((1,), value, np.float32))], [made[name]])
+    d, e, y = (m.activation(name, FIT_SHAPE) for name in ("d", "e", "y"))
+    m.add(made["a"], made["b"], d)
+    m.add(d, made["c"], e)
+    wt, bias = nonzero(r, (c, c, 3, 3), 0.5), nonzero(r, (c,))
+    m.custom("difflite.WinogradConv3x3", [e, m.constant("u", winograd_ref.transform_weights(wt).astype(np.float32)),
+                                          m.constant("bias", bias.astype(np.float32))], [y], {"tile": 4, "activation": "none"})
+    want = 3.5 * x.astype(np.float64) + 0.25
+    return m.save(path, [xi], [y]), x, winograd_ref.conv3x3_nhwc(want, wt, bias)
+
+
+# 32 x 32 x 8: 8 tile rows of 8 tiles; a tile row's V (or M) is 36 * 8 * 8 floats, so a tensor's
+# buffer (32 * 32 * 8 floats) holds 3 rows' V.
+FIT_SHAPE = (1, 32, 32, 8)
+
+
+def test_winograd_bands_fit_the_idle_buffers(opencl_lib, tmp_path, monkeypatch):
+    """GpuOp::FitScratch: with the bound at all tiles' V + M (one band by the rule), the convolution
+    finds two idle buffers of one tensor each and takes bands of 3 tile rows (3, 3, 2), whose V and
+    M fit them: the intermediates' buffers (four, one tensor each) grow by nothing. Without lending, one band of all rows in
+    buffers of their own. Outputs equal to the bit, and to the reference."""
+    n, h, w, c = FIT_SHAPE
+    row = 36 * (w // 4) * c * 4  # one tile row's V (or M), bytes
+    monkeypatch.setenv("DIFFLITE_WINOGRAD_SCRATCH_BYTES", str(2 * 8 * row))  # all 8 rows' V + M
+    monkeypatch.setenv("DIFFLITE_TENSOR_CORES", "off")  # tiles chosen by a GEMM's rows: same sums
+    path, x, want = room_then_winograd(tmp_path / "fit.tflite", np.random.default_rng(8))
+    ((lent,), lent_stats), ((own,), own_stats) = lent_and_own(
+        path, opencl_lib, [x], {"kernels": "tiled", "precision": "fp32"}, monkeypatch)
+    assert lent_stats["nodes_claimed"] == lent_stats["nodes_total"], lent_stats
+    assert lent_stats["scratch_lent_bytes"] == 2 * 3 * row, lent_stats  # V and M of 3 rows
+    assert lent_stats["arena_bytes"] == lent_stats["arena_tensors_bytes"] == own_stats["arena_bytes"] == \
+        4 * n * h * w * c * 4, lent_stats
+    assert 3 * row <= n * h * w * c * 4 < 4 * row  # a tensor's buffer holds 3 rows' V, not 4
+    assert own_stats["scratch_held_bytes"] == 2 * 8 * row and own_stats["scratch_lent_bytes"] == 0, own_stats
+    assert rel_err(lent, want) < TOL
+    np.testing.assert_array_equal(lent, own)
+
+
 def test_the_environment_turns_lending_off(opencl_lib, tmp_path, monkeypatch):
     """DIFFLITE_LEND_SCRATCH=off does what lend_scratch=off does; a bad value of either is refused."""
     path, x, _ = winograd_chain(tmp_path / "chain.tflite", 2, "transformed", np.random.default_rng(6))

@@ -196,7 +196,9 @@ def _row_bytes(n, h, w, cin, cout, elem):
 
 def _banded_run(tmp_path, lib, monkeypatch, form, precision, kernels, bound):
     """The BAND_CASE conv through the delegate with DIFFLITE_WINOGRAD_SCRATCH_BYTES=`bound` (None:
-    unset): (output, stats, float64 reference, x)."""
+    unset): (output, stats, float64 reference, x). Nothing lent (DIFFLITE_LEND_SCRATCH=off): the band
+    rule itself, no band fitted to idle buffers (tests/test_lend_scratch.py)."""
+    monkeypatch.setenv("DIFFLITE_LEND_SCRATCH", "off")
     if bound is None:
         monkeypatch.delenv("DIFFLITE_WINOGRAD_SCRATCH_BYTES", raising=False)
     else:

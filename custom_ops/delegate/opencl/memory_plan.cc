@@ -1,6 +1,7 @@
 #include "memory_plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 namespace difflite::gpu {
@@ -35,6 +36,27 @@ ObjectPlan PlanSharedObjects(const std::vector<PlanItem>& items) {
     plan.object_of[idx] = chosen;
   }
   return plan;
+}
+
+Occupancy::Occupancy(const std::vector<PlanItem>& items, const ObjectPlan& plan)
+    : spans_(plan.object_bytes.size()) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    spans_[plan.object_of[i]].push_back({items[i].first, items[i].last});
+  }
+}
+
+bool Occupancy::Idle(size_t object, int step) const {
+  return std::none_of(spans_[object].begin(), spans_[object].end(),
+                      [&](const std::pair<int, int>& s) { return s.first <= step && step <= s.second; });
+}
+
+std::vector<size_t> Occupancy::IdleBytes(const ObjectPlan& plan, int step) const {
+  std::vector<size_t> bytes;
+  for (size_t o = 0; o < spans_.size(); ++o) {
+    if (Idle(o, step)) bytes.push_back(plan.object_bytes[o]);
+  }
+  std::sort(bytes.begin(), bytes.end(), std::greater<size_t>());
+  return bytes;
 }
 
 }  // namespace difflite::gpu

@@ -5,6 +5,7 @@
 #define DIFFLITE_OPENCL_MEMORY_PLAN_H_
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace difflite::gpu {
@@ -25,6 +26,18 @@ struct ObjectPlan {
   size_t total_bytes = 0;
 };
 ObjectPlan PlanSharedObjects(const std::vector<PlanItem>& items);
+
+// What each buffer of a plan holds when: the room the tensors leave an op's scratch.
+class Occupancy {
+ public:
+  Occupancy(const std::vector<PlanItem>& items, const ObjectPlan& plan);
+  // The sizes of the buffers that hold nothing at `step`, largest first.
+  std::vector<size_t> IdleBytes(const ObjectPlan& plan, int step) const;
+
+ private:
+  bool Idle(size_t object, int step) const;
+  std::vector<std::vector<std::pair<int, int>>> spans_;  // per object: its items' lifetimes
+};
 
 }  // namespace difflite::gpu
 

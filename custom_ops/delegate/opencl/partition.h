@@ -113,7 +113,8 @@ class Partition {
     size_t item = 0;
   };
   std::string AllocateIntermediates();
-  std::vector<ScratchNeed> PlanScratch(std::vector<PlanItem>* items);
+  std::string PlanScratch(std::vector<PlanItem>* items, ObjectPlan* plan,
+                          std::vector<ScratchNeed>* needs);
   std::string AllocateStaging();
   void BindRunTensors();
   std::string ResizeOutputs(tfl::Context* ctx);

@@ -217,6 +217,13 @@ class GpuOp {
   // intermediates' buffer that no tensor holds at the op's step (delegate option lend_scratch).
   // A need the op does not declare is still met, by a buffer of the slot's own.
   virtual size_t ScratchSlotBytes(int /*slot*/) const { return 0; }
+  // Where the scratch is lent: `idle` lists the sizes of the intermediates' buffers that hold no
+  // tensor at this op's step, largest first. An op that can work in smaller pieces may re-plan so
+  // that its needs (ScratchSlotBytes, largest first) each fit one of them, rather than have the
+  // backend grow a buffer for it. "" or the reason it cannot run.
+  virtual std::string FitScratch(GpuContext& /*ctx*/, const std::vector<size_t>& /*idle*/) {
+    return "";
+  }
   virtual std::string Run(GpuContext& ctx, const std::vector<GpuTensor>& inputs,
                           const std::vector<GpuTensor>& outputs) = 0;
 

@@ -26,9 +26,12 @@
 // live at once; U is read once a band. Why 64 MiB: the bands are lent the intermediates' idle
 // buffers (GpuOp::ScratchSlotBytes), and at 256 MiB they grew SDXL's 1024 x 1024 VAE decoder's
 // 1,424 MiB of buffers by 156 MiB, at 64 MiB by 31 (PoCL's plan, fp16); a 64 MiB band still holds
-// thousands of tiles, ample work for each of its 36 GEMMs.
+// thousands of tiles, ample work for each of its 36 GEMMs. Where the scratch is lent, FitScratch
+// may then take fewer rows a band (not under a quarter of the bound's V + M) so that V, M and U
+// each fit a buffer the tensors leave idle at this step.
 // The launch plan is mirrored by benchmarks/gpu_kernels_harness/launch.py.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +55,8 @@ constexpr int kFilterSlot = 3;  // U of the filter form (V, M and split-K hold 0
 static_assert(builtin::kSplitKSlot != kFilterSlot, "split-K scratch would overwrite U");
 // The bound on a band's V + M, in bytes of the storage type (see the header comment).
 constexpr size_t kScratchBytes = 67108864;  // 64 MiB
+// FitScratch shrinks a band to fit idle buffers down to this share of the bound.
+constexpr size_t kMinBandShare = 4;
 
 // Tiles per band: all `rows` tile rows (of `tiles_w` tiles) where V + M of all of them, 36
 // (Cin + Cout) elements of `elem` bytes a tile, fit `bound`; else the fewest bands of whole rows
@@ -86,6 +91,7 @@ class WinogradGpu final : public GpuOp {
     const size_t bound =
         builtin::EnvBytes("DIFFLITE_WINOGRAD_SCRATCH_BYTES", kScratchBytes, &e);
     if (!e.empty()) return e;
+    min_band_bytes_ = bound / kMinBandShare;
     const int64_t band = BandTiles(rows, tiles_w_, cin_, cout_, elem_, bound);
     const int64_t kMax = builtin::kMaxIndex;
     // A band's V and M are indexed with ints across all 36 positions (gemm.cl's batch offsets);
@@ -105,34 +111,24 @@ class WinogradGpu final : public GpuOp {
       e = builtin::GetKernel(ctx, kProgram, "wino_filter", wq_.Options(), &filter_k_);
     }
     if (!e.empty()) return e;
-    // M[p] (Tb x Cout) = V[p] (Tb x Cin) * U[p] (Cin x Cout), batched over the 36 positions p:
-    // gemm_[0] for a band of band_ tiles, gemm_[1] for the last, shorter one (T % band_).
-    const int tail = t_ % band_;
-    for (int c = 0; c < (tail != 0 ? 2 : 1); ++c) {
-      const int tiles = c == 0 ? band_ : tail;
-      builtin::GemmShape s;
-      s.m = tiles;
-      s.n = cout_;
-      s.k = cin_;
-      s.a_sm = cin_;
-      s.a_sk = 1;
-      s.b_sk = cout_;
-      s.b_sn = 1;
-      s.ldc = cout_;
-      s.bdims = {winograd::kPositions};
-      s.a_bs = {tiles * cin_};
-      s.b_bs = {cin_ * cout_};
-      s.c_bs = tiles * cout_;
-      e = gemm_[c].Init(ctx, s);
-      if (!e.empty()) return "winograd GEMM: " + e;
-      // Scratch slots 0 and 1 hold V and M. The GEMM's slot-0 copy of a k-major B (CPU-like
-      // devices) never happens here, U being n-major; its split-K partials use kSplitKSlot.
-      static_assert(builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
-      if (gemm_[c].TransposedBBytes() != 0) {
-        return "winograd GEMM: wants scratch slot 0, which holds V";
-      }
+    return InitGemms(ctx);
+  }
+
+  // Fewer tile rows a band where a band's V and M (with U in the filter form) would not each fit
+  // a buffer idle at this step: the most even bands that fit, but no band's V + M under
+  // min_band_bytes_ (a quarter of the bound), whose launches would cost more than the memory.
+  std::string FitScratch(GpuContext& ctx, const std::vector<size_t>& idle) override {
+    const int64_t rows = static_cast<int64_t>(n_) * tiles_h_;
+    const int64_t row_bytes = static_cast<int64_t>(RowBytes());
+    const int64_t least = std::min<int64_t>(
+        band_ / tiles_w_, std::max<int64_t>(1, CeilDiv(static_cast<int64_t>(min_band_bytes_), row_bytes)));
+    int64_t chosen = band_ / tiles_w_;
+    for (int64_t bands = CeilDiv(rows, chosen); chosen > least && !Fits(chosen, idle); ++bands) {
+      chosen = std::max(least, CeilDiv(rows, bands + 1));
     }
-    return "";
+    if (chosen * tiles_w_ == band_) return "";
+    band_ = static_cast<int>(chosen * tiles_w_);
+    return InitGemms(ctx);
   }
 
   bool ReadsQuantized(size_t input) const override { return input == 1 && wq_.on(); }
@@ -200,6 +196,54 @@ class WinogradGpu final : public GpuOp {
     const size_t g = gpu::RoundUp(static_cast<size_t>(cin_) * cout_, kTransformGroup);
     return ctx.Enqueue(filter_k_, 1, &g, &kTransformGroup, "winograd.filter");
   }
+  // M[p] (Tb x Cout) = V[p] (Tb x Cin) * U[p] (Cin x Cout), batched over the 36 positions p:
+  // gemm_[0] for a band of band_ tiles, gemm_[1] for the last, shorter one (T % band_).
+  std::string InitGemms(GpuContext& ctx) {
+    const int tail = t_ % band_;
+    gemm_[1] = builtin::Gemm();
+    for (int c = 0; c < (tail != 0 ? 2 : 1); ++c) {
+      const int tiles = c == 0 ? band_ : tail;
+      builtin::GemmShape s;
+      s.m = tiles;
+      s.n = cout_;
+      s.k = cin_;
+      s.a_sm = cin_;
+      s.a_sk = 1;
+      s.b_sk = cout_;
+      s.b_sn = 1;
+      s.ldc = cout_;
+      s.bdims = {winograd::kPositions};
+      s.a_bs = {tiles * cin_};
+      s.b_bs = {cin_ * cout_};
+      s.c_bs = tiles * cout_;
+      std::string e = gemm_[c].Init(ctx, s);
+      if (!e.empty()) return "winograd GEMM: " + e;
+      // Scratch slots 0 and 1 hold V and M. The GEMM's slot-0 copy of a k-major B (CPU-like
+      // devices) never happens here, U being n-major; its split-K partials use kSplitKSlot.
+      static_assert(builtin::kSplitKSlot > 1, "split-K scratch would overwrite V or M");
+      if (gemm_[c].TransposedBBytes() != 0) {
+        return "winograd GEMM: wants scratch slot 0, which holds V";
+      }
+    }
+    return "";
+  }
+  // Whether a band of `rows` tile rows has V, M and U each in a buffer of `idle`, largest need in
+  // the largest buffer.
+  bool Fits(int64_t rows, const std::vector<size_t>& idle) const {
+    const size_t tiles = static_cast<size_t>(rows) * tiles_w_;
+    std::vector<size_t> needs = {elem_ * winograd::kPositions * tiles * cin_,
+                                 elem_ * winograd::kPositions * tiles * cout_};
+    if (filter_) needs.push_back(UBytes());
+    std::sort(needs.begin(), needs.end(), std::greater<size_t>());
+    if (needs.size() > idle.size()) return false;
+    for (size_t i = 0; i < needs.size(); ++i) {
+      if (needs[i] > idle[i]) return false;
+    }
+    return true;
+  }
+  size_t RowBytes() const {
+    return elem_ * winograd::kPositions * static_cast<size_t>(tiles_w_) * (cin_ + cout_);
+  }
   size_t UBytes() const {
     return filter_ ? elem_ * winograd::kPositions * static_cast<size_t>(cin_) * cout_ : 0;
   }
@@ -213,6 +257,7 @@ class WinogradGpu final : public GpuOp {
 
   int n_ = 0, h_ = 0, w_ = 0, cin_ = 0, cout_ = 0, tiles_h_ = 0, tiles_w_ = 0, t_ = 0;
   int band_ = 0;  // tiles per band (a multiple of tiles_w_, or T)
+  size_t min_band_bytes_ = 0;  // FitScratch's floor on a band's V + M
   size_t elem_ = 4;
   bool filter_ = false;
   WeightQuant wq_;
