@@ -30,6 +30,9 @@ WORK/sdxl_gpu.json at once:
 - peer_int4_scratch_apart, picture_int4_low_memory_scratch_apart: the same with
   DIFFLITE_LEND_SCRATCH=off (the op scratch in buffers of its own, not lent from the
   intermediates' idle buffers);
+- peer_int4_previous, picture_int4_low_memory_previous: the same with an earlier build of the op
+  library (PREVIOUS_OPLIB: .devcarry/libdifflite_delegate_previous.so, built on the host from the
+  commit a result's note names), side by side with this one's;
 - picture_turbo, picture_diffusers_turbo: SDXL-Turbo's settings (512x512, batch-1 UNet, 4 steps,
   guidance 0, euler-a on trailing timesteps), difflite against diffusers, fresh processes;
 - peer_vae_unbanded: the VAE decoder with Winograd's tiles in one band (its scratch unbounded),
@@ -94,6 +97,7 @@ STEPS = {
     "peer_b1": "b1", "peer_litert_b1": "b1", "peer_int4": "int4", "peer_int4_apart": "int4",
     "picture_int4_low_memory": "int4", "picture_int4_low_memory_apart": "int4", "peer_int8": "int8",
     "peer_int4_scratch_apart": "int4", "picture_int4_low_memory_scratch_apart": "int4",
+    "peer_int4_previous": "int4", "picture_int4_low_memory_previous": "int4",
     "peer_int8_b1": "int8_b1", "picture_int8": "int8", "picture_turbo": "turbo", "picture_diffusers_turbo": "turbo",
     "peer_vae_unbanded": "fp16", "gpu_context": "int4", "picture_fp32": "fp32", "picture_psnr_db": "fp16",
 }
@@ -108,6 +112,8 @@ DISK_MARGIN_GB = 10
 UNBANDED = {"DIFFLITE_WINOGRAD_SCRATCH_BYTES": str(1 << 40)}  # Winograd's V + M in one band, as before bands
 APART = {"DIFFLITE_WEIGHT_SLABS": "off"}  # a device buffer per weight (no weight slabs)
 SCRATCH_APART = {"DIFFLITE_LEND_SCRATCH": "off"}  # op scratch in buffers of its own
+# An earlier build of the op library, for before / after rows in one run
+PREVIOUS_OPLIB = {"DIFFLITE_OPLIB": str(ROOT / ".devcarry" / "libdifflite_delegate_previous.so")}
 # While this file exists another job times the GPU: the steps wait for it to go.
 GPU_BUSY = Path("/tmp/gpu_busy")
 DIFFUSERS_CHILD = """
@@ -231,10 +237,10 @@ def peer(work: Path, name: str, fused: str, components: str, batch: int, skip: s
         (folder / "unfused").mkdir(exist_ok=True)  # none: no CPU reference (gpu_peer converts nothing)
     out = work / f"out_{name}_{skip.replace(',', '-') or 'all'}"
     out.mkdir(exist_ok=True)
+    library = {**os.environ, **(env or {})}.get("DIFFLITE_OPLIB")  # a step's own (PREVIOUS_OPLIB) first
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_peer.py"), "--work", str(folder), "--model", MODEL,
                "--size", str(SIZE), "--components", components, "--batch", str(batch), "--runs", str(runs),
-               "--skip", skip, "--litert-precisions", litert,
-               *(["--library", os.environ["DIFFLITE_OPLIB"]] if os.environ.get("DIFFLITE_OPLIB") else [])]
+               "--skip", skip, "--litert-precisions", litert, *(["--library", library] if library else [])]
     log(" ".join(command))
     try:
         done = subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {}), "OUT": str(out)},
@@ -393,6 +399,11 @@ def step_call(step: str, work: Path, args: argparse.Namespace) -> tuple:
         "picture_int4_low_memory_scratch_apart": (picture, ["env", *[f"{k}={v}" for k, v in SCRATCH_APART.items()],
                                                             *generate_command(work, "int4", ["--low-memory"])], runs,
                                                   timeout),
+        "peer_int4_previous": (peer, work, "peer_int4_previous", "int4", "unet,vae_decoder", 1, "litert,torch",
+                               peer_runs, timeout, PREVIOUS_OPLIB),
+        "picture_int4_low_memory_previous": (picture, ["env", *[f"{k}={v}" for k, v in PREVIOUS_OPLIB.items()],
+                                                       *generate_command(work, "int4", ["--low-memory"])], runs,
+                                             timeout),
         "peer_int8": (peer, work, "peer_int8", "int8", "unet,vae_decoder", 2, "litert,torch", peer_runs, timeout),
         "peer_int8_b1": (peer, work, "peer_int8_b1", "int8_b1", "unet,vae_decoder", 1, "litert,torch", peer_runs,
                          timeout),

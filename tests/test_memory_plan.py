@@ -26,6 +26,18 @@ def test_shared_buffers_reuse_the_smallest_free_buffer():
     assert memory.arena_size(spans, sizes) == 160
 
 
+def test_shared_buffers_by_breadth_when_smaller():
+    # Largest first: 0 and 2 take a buffer each, 1 (free of 0) shares 0's, and 3 overlaps both 1 and
+    # 2: a third buffer, 110 in all. By breadth (the steps where 80 bytes live first): 0 and 2, then
+    # 3 into 0's buffer (free from step 2) and 1 into 2's (free from step 4): 80, the most live at once.
+    spans = {0: (0, 1), 1: (4, 5), 2: (0, 3), 3: (2, 5)}
+    sizes = {0: 40, 1: 40, 2: 40, 3: 30}
+    by_size = sorted(spans, key=lambda t: (-sizes[t], spans[t][0]))
+    assert memory._place_in_order(spans, sizes, by_size) == 110
+    assert memory.shared_buffers_size(spans, sizes) == 80  # offsets by size (arena_size): 110 too
+    assert memory.arena_size(spans, sizes) == 110
+
+
 def chain_model(path, ops: int, shape=(64, 127)) -> None:
     """x -> ADD c -> ADD c -> ... (ops times): every intermediate is dead after the next op."""
     builder = ModelBuilder("chain")

@@ -78,19 +78,48 @@ def arena_size(spans: dict[int, tuple[int, int]], sizes: dict[int, int]) -> int:
     return arena
 
 
-def shared_buffers_size(spans: dict[int, tuple[int, int]], sizes: dict[int, int]) -> int:
-    """Largest first, each tensor into the smallest buffer none of whose tensors is alive at the
-    same time, else a new buffer sized to it (PlanSharedObjects in the OpenCL backend)."""
-    buffers: list[tuple[int, list[tuple[int, int]]]] = []  # (size, spans of its tensors)
-    for t in sorted(spans, key=lambda t: (-sizes[t], spans[t][0])):
+def _place_in_order(spans: dict[int, tuple[int, int]], sizes: dict[int, int], order: list[int]) -> int:
+    """Each tensor in turn into the smallest buffer free for its lifetime that holds it, else the
+    largest free one grown to it, else a new buffer: the buffers' bytes."""
+    buffers: list[list] = []  # [size, spans of its tensors]
+    for t in order:
         first, last = spans[t]
-        free = [i for i, (_, used) in enumerate(buffers)
-                if not any(a <= last and first <= b for a, b in used)]
-        if free:
-            buffers[min(free, key=lambda i: buffers[i][0])][1].append((first, last))
+        free = [b for b in buffers if not any(a <= last and first <= z for a, z in b[1])]
+        holds = [b for b in free if b[0] >= sizes[t]]
+        if holds:
+            chosen = min(holds, key=lambda b: b[0])
+        elif free:
+            chosen = max(free, key=lambda b: b[0])
+            chosen[0] = sizes[t]
         else:
-            buffers.append((sizes[t], [(first, last)]))
+            chosen = [sizes[t], []]
+            buffers.append(chosen)
+        chosen[1].append((first, last))
     return sum(size for size, _ in buffers)
+
+
+def shared_buffers_size(spans: dict[int, tuple[int, int]], sizes: dict[int, int]) -> int:
+    """Whole buffers shared by tensors whose lifetimes do not meet (PlanSharedObjects in the OpenCL
+    backend): the smaller of two greedy placements, tensors taken largest first (no buffer grows),
+    or by breadth (the steps with the most live bytes first, each step's tensors largest first)."""
+    by_size = sorted(spans, key=lambda t: (-sizes[t], spans[t][0]))
+    steps = max((b for _, b in spans.values()), default=-1) + 1
+    live = [0] * (steps + 1)
+    for t, (a, b) in spans.items():
+        live[max(a, 0)] += sizes[t]
+        live[b + 1] -= sizes[t]
+    for i in range(1, steps + 1):
+        live[i] += live[i - 1]
+    taken: set[int] = set()
+    by_breadth: list[int] = []
+    for step in sorted(range(steps), key=lambda i: -live[i]):
+        if len(by_breadth) == len(spans):
+            break
+        for t in by_size:
+            if t not in taken and max(spans[t][0], 0) <= step <= spans[t][1]:
+                taken.add(t)
+                by_breadth.append(t)
+    return min(_place_in_order(spans, sizes, by_size), _place_in_order(spans, sizes, by_breadth))
 
 
 def plan(summary: TFLiteSummary, alignment: int = 64) -> MemoryPlan:
