@@ -18,6 +18,10 @@ ldconfig
 if ! ldconfig -p | grep -q libnvidia-opencl; then echo "device_setup: no libnvidia-opencl" >&2; fi
 mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 export OCL_ICD_VENDORS=/tmp/icd
+# The image also sets OCL_ICD_FILENAMES=libpocl.so.2:libnvidia-opencl.so.1, which the loader reads
+# as well: every process then loaded PoCL and its LLVM 16 and clang (61 MiB of host memory) for a
+# platform it never used (benchmarks/opencl_libraries.sh, notebook §78).
+unset OCL_ICD_FILENAMES
 if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
