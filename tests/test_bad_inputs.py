@@ -806,3 +806,22 @@ def test_a_failed_op_library_build_is_one_line_and_a_log(tmp_path):
     assert "\n" not in message and message.startswith("configuring the op library failed (exit 1): CMake Error")
     assert "no-sources" in message and str(log) in message
     assert "no-sources" in log.read_text() and log.read_text().startswith("$ cmake -S")
+
+
+def test_a_build_after_a_failed_configure_configures_again(tmp_path, monkeypatch):
+    """A configure that failed (a missing package) leaves no CMake cache behind: once the cause is
+    gone, the next build configures again instead of failing with "No rule to make target"."""
+    from difflite.runtime import oplib
+
+    source, build_dir = tmp_path / "src", tmp_path / "build"
+    source.mkdir()
+    (source / "lib.c").write_text("int difflite_probe(void) { return 1; }\n")
+    cmake = "cmake_minimum_required(VERSION 3.16)\nproject(probe C)\n"
+    (source / "CMakeLists.txt").write_text(cmake + 'message(FATAL_ERROR "a package is missing")\n')
+    monkeypatch.setattr(oplib, "SOURCE", source)
+    with pytest.raises(oplib.BuildFailed, match="configuring the op library failed"):
+        oplib.build(build_dir=build_dir)
+    assert not (build_dir / "CMakeCache.txt").exists()
+    (source / "CMakeLists.txt").write_text(cmake + "add_library(difflite_delegate SHARED lib.c)\n")
+    assert oplib.build(build_dir=build_dir) == build_dir / oplib.LIBRARY_NAME
+    assert (build_dir / oplib.LIBRARY_NAME).is_file()

@@ -150,14 +150,30 @@ def build(target: str = "host", build_dir: Path | None = None, jobs: int | None 
         if library.exists() and library.stat().st_mtime >= newest_source_mtime(SOURCE, build_dir):
             return library
         log = build_dir / BUILD_LOG
-        if not (build_dir / "CMakeCache.txt").exists():
-            run("configuring", ["cmake", "-S", str(SOURCE), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-                                *extra], log)
+        if not configured(build_dir):
+            configure(build_dir, extra, log)
         run("building", ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)], log)
         if not library.exists():
             raise BuildFailed(f"the build finished but {library} is missing")
         library.touch()  # an unchanged relink keeps the old mtime
     return library
+
+
+def configured(build_dir: Path) -> bool:
+    """Whether CMake finished configuring build_dir: a failed configure leaves CMakeCache.txt but
+    no Makefile, and building that folder only says 'No rule to make target'."""
+    return (build_dir / "CMakeCache.txt").exists() and (build_dir / "Makefile").exists()
+
+
+def configure(build_dir: Path, extra: list[str], log: Path) -> None:
+    """Configure build_dir; a failure removes the cache, so that the next attempt (after the
+    missing package is installed) searches again from the start."""
+    try:
+        run("configuring", ["cmake", "-S", str(SOURCE), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                            *extra], log)
+    except BuildFailed:
+        (build_dir / "CMakeCache.txt").unlink(missing_ok=True)
+        raise
 
 
 def run(step: str, command: list[str], log: Path) -> None:
