@@ -8,8 +8,9 @@
 # The image has no flatbuffers headers to build the op library with: build it on the host
 # (`difflite oplib build -o .devcarry`) and carry .devcarry/ too; DIFFLITE_OPLIB then names it.
 #
-# Afterwards: NVIDIA's OpenCL is the only ICD (OCL_ICD_VENDORS), Vulkan finds NVIDIA's driver for
-# LiteRT's GPU accelerator, and the wheels are on PYTHONPATH before the image's own packages.
+# Afterwards: NVIDIA's OpenCL is the only ICD (OCL_ICD_FILENAMES; OCL_ICD_VENDORS for other
+# loaders), Vulkan finds NVIDIA's driver for LiteRT's GPU accelerator, and the wheels are on
+# PYTHONPATH before the image's own packages.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "device_setup: wheel install failed" >&2; return 1; }
 export PYTHONPATH=/tmp/site:$PWD
@@ -18,10 +19,15 @@ ldconfig
 if ! ldconfig -p | grep -q libnvidia-opencl; then echo "device_setup: no libnvidia-opencl" >&2; fi
 mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 export OCL_ICD_VENDORS=/tmp/icd
-# The image also sets OCL_ICD_FILENAMES=libpocl.so.2:libnvidia-opencl.so.1, which the loader reads
-# as well: every process then loaded PoCL and its LLVM 16 and clang (61 MiB of host memory) for a
-# platform it never used (benchmarks/opencl_libraries.sh, notebook §78).
-unset OCL_ICD_FILENAMES
+# The image's libOpenCL.so.1 (CUDA's loader) reads OCL_ICD_FILENAMES, not OCL_ICD_VENDORS, and the
+# image sets it to libpocl.so.2:libnvidia-opencl.so.1: every process then loaded PoCL and its LLVM 16
+# and clang (61 MiB of host memory) for a platform it never used (benchmarks/opencl_libraries.sh,
+# notebook §78). Unset, that loader finds no platform at all (checked 2026-12-01): name NVIDIA's only.
+export OCL_ICD_FILENAMES=libnvidia-opencl.so.1
+# Fail here, not minutes later in a job that falls back to the CPU: count the OpenCL platforms.
+python3 -c "import ctypes, sys; n = ctypes.c_uint(0)
+sys.exit(ctypes.CDLL('libOpenCL.so.1').clGetPlatformIDs(0, None, ctypes.byref(n)) != 0 or n.value != 1)" \
+  || { echo "device_setup: the OpenCL loader does not find NVIDIA's platform (alone)" >&2; return 1; }
 if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json

@@ -286,9 +286,10 @@ def gpu_context(runs: int, timeout: float) -> dict:
 
 
 def generate_command(work: Path, folder: str, flags: list[str]) -> list[str]:
-    """`difflite generate` of WORK/folder, 20 steps unless `flags` say otherwise (click takes the last)."""
+    """`difflite generate` of WORK/folder on the GPU (no silent CPU run), 20 steps unless `flags`
+    say otherwise (click takes the last)."""
     return [*CLI, "generate", str(work / folder), PROMPT, "-o", str(work / f"{folder}.png"), "--steps", "20",
-            "--json", *flags]
+            "--json", "--backend", "opencl", *flags]
 
 
 def main() -> int:
