@@ -24,10 +24,13 @@ export OCL_ICD_VENDORS=/tmp/icd
 # and clang (61 MiB of host memory) for a platform it never used (benchmarks/opencl_libraries.sh,
 # notebook §78). Unset, that loader finds no platform at all (checked 2026-12-01): name NVIDIA's only.
 export OCL_ICD_FILENAMES=libnvidia-opencl.so.1
-# Fail here, not minutes later in a job that falls back to the CPU: count the OpenCL platforms.
-python3 -c "import ctypes, sys; n = ctypes.c_uint(0)
-sys.exit(ctypes.CDLL('libOpenCL.so.1').clGetPlatformIDs(0, None, ctypes.byref(n)) != 0 or n.value != 1)" \
-  || { echo "device_setup: the OpenCL loader does not find NVIDIA's platform (alone)" >&2; return 1; }
+# Fail here, not minutes later in a job that falls back to the CPU: one platform, NVIDIA's.
+python3 -c "import ctypes, sys; cl = ctypes.CDLL('libOpenCL.so.1'); n = ctypes.c_uint(0)
+ids = (ctypes.c_void_p * 4)(); name = ctypes.create_string_buffer(256)
+ok = cl.clGetPlatformIDs(4, ids, ctypes.byref(n)) == 0 and n.value == 1
+ok = ok and cl.clGetPlatformInfo(ctypes.c_void_p(ids[0]), 0x0902, 256, name, None) == 0
+sys.exit(not (ok and b'NVIDIA' in name.value))" \
+  || { echo "device_setup: the OpenCL loader does not find NVIDIA's platform alone" >&2; return 1; }
 if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
