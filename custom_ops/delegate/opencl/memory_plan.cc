@@ -1,6 +1,7 @@
 #include "memory_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <numeric>
 
@@ -62,13 +63,13 @@ std::vector<size_t> BySize(const std::vector<PlanItem>& items) {
 std::vector<size_t> ByBreadth(const std::vector<PlanItem>& items) {
   int steps = 0;
   for (const PlanItem& it : items) steps = std::max(steps, it.last + 1);
-  std::vector<long double> delta(static_cast<size_t>(steps) + 1, 0);
+  std::vector<int64_t> delta(static_cast<size_t>(steps) + 1, 0);
   for (const PlanItem& it : items) {
-    delta[static_cast<size_t>(it.first)] += it.bytes;
-    delta[static_cast<size_t>(it.last) + 1] -= it.bytes;
+    delta[static_cast<size_t>(it.first)] += static_cast<int64_t>(it.bytes);
+    delta[static_cast<size_t>(it.last) + 1] -= static_cast<int64_t>(it.bytes);
   }
-  std::vector<long double> live(static_cast<size_t>(steps), 0);
-  long double sum = 0;
+  std::vector<int64_t> live(static_cast<size_t>(steps), 0);
+  int64_t sum = 0;
   for (int s = 0; s < steps; ++s) live[static_cast<size_t>(s)] = sum += delta[static_cast<size_t>(s)];
   std::vector<int> step_order(static_cast<size_t>(steps));
   std::iota(step_order.begin(), step_order.end(), 0);

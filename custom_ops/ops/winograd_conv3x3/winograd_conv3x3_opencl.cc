@@ -125,8 +125,9 @@ class WinogradGpu final : public GpuOp {
     const int64_t rows = static_cast<int64_t>(n_) * tiles_h_;
     int64_t chosen = band_ / tiles_w_;
     const int64_t most_bands = std::max<int64_t>(CeilDiv(rows, chosen), kMaxFitBands);
+    const int64_t row_bytes = static_cast<int64_t>(TransformedBytes(tiles_w_, cin_ + cout_));
     const int64_t least = std::min<int64_t>(
-        chosen, std::max<int64_t>({1, CeilDiv(static_cast<int64_t>(min_band_bytes_), static_cast<int64_t>(RowBytes())),
+        chosen, std::max<int64_t>({1, CeilDiv(static_cast<int64_t>(min_band_bytes_), row_bytes),
                                    CeilDiv(rows, most_bands)}));
     for (int64_t bands = CeilDiv(rows, chosen); chosen > least && !Fits(chosen, idle); ++bands) {
       chosen = std::max(least, CeilDiv(rows, bands + 1));
@@ -235,9 +236,8 @@ class WinogradGpu final : public GpuOp {
   // Whether a band of `rows` tile rows has V, M and U each in a buffer of `idle`, largest need in
   // the largest buffer.
   bool Fits(int64_t rows, const std::vector<size_t>& idle) const {
-    const size_t tiles = static_cast<size_t>(rows) * tiles_w_;
-    std::vector<size_t> needs = {elem_ * winograd::kPositions * tiles * cin_,
-                                 elem_ * winograd::kPositions * tiles * cout_};
+    const int64_t tiles = rows * tiles_w_;
+    std::vector<size_t> needs = {TransformedBytes(tiles, cin_), TransformedBytes(tiles, cout_)};
     if (filter_) needs.push_back(UBytes());
     std::sort(needs.begin(), needs.end(), std::greater<size_t>());
     if (needs.size() > idle.size()) return false;
@@ -246,19 +246,16 @@ class WinogradGpu final : public GpuOp {
     }
     return true;
   }
-  size_t RowBytes() const {
-    return elem_ * winograd::kPositions * static_cast<size_t>(tiles_w_) * (cin_ + cout_);
+  // Bytes of `tiles` transformed tiles of `channels` channels at the 36 positions (V: Cin, M: Cout).
+  size_t TransformedBytes(int64_t tiles, int channels) const {
+    return elem_ * winograd::kPositions * static_cast<size_t>(tiles) * static_cast<size_t>(channels);
   }
   size_t UBytes() const {
     return filter_ ? elem_ * winograd::kPositions * static_cast<size_t>(cin_) * cout_ : 0;
   }
   // V and M of a full band.
-  size_t VBytes() const {
-    return elem_ * winograd::kPositions * static_cast<size_t>(band_) * cin_;
-  }
-  size_t MBytes() const {
-    return elem_ * winograd::kPositions * static_cast<size_t>(band_) * cout_;
-  }
+  size_t VBytes() const { return TransformedBytes(band_, cin_); }
+  size_t MBytes() const { return TransformedBytes(band_, cout_); }
 
   int n_ = 0, h_ = 0, w_ = 0, cin_ = 0, cout_ = 0, tiles_h_ = 0, tiles_w_ = 0, t_ = 0;
   int band_ = 0;  // tiles per band (a multiple of tiles_w_, or T)
