@@ -62,10 +62,8 @@ def run_together(out: Path, pngs: list[Path], args, env: dict) -> list[dict]:
     return [finish(process, started) for process in processes]
 
 
-def cache_contents(xdg_cache: Path) -> dict:
-    """difflite's program cache in XDG_CACHE_HOME (the driver may keep its own beside it: PoCL's
-    kcache)."""
-    cache = xdg_cache / "difflite" / "opencl"
+def cache_contents(cache: Path) -> dict:
+    """difflite's program cache folder (the driver may keep its own beside it: PoCL's kcache)."""
     files = [p for p in cache.rglob("*") if p.is_file()] if cache.is_dir() else []
     temporary = [str(p.relative_to(cache)) for p in files if ".tmp" in p.name or p.name.startswith(".")]
     return {"entries": len(files) - len(temporary), "temporary_files": temporary}
@@ -87,15 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(work)
         temp = work / "tmp"
         temp.mkdir()
-        # a fresh program cache for all of them, and a temporary directory of their own, whose
-        # leftovers are theirs; PoCL's own compiled-kernel cache stays where it was, so that what
-        # is fresh is difflite's cache, not the driver's
+        # a fresh program cache for all of them, named (on PoCL, which keeps its own, difflite
+        # keeps none unless asked), and a temporary directory of their own, whose leftovers are
+        # theirs; PoCL's own compiled-kernel cache stays where it was, so that what is fresh is
+        # difflite's cache, not the driver's
         default_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(temp),
+        cache = work / "cache"
+        env = {**os.environ, "DIFFLITE_PROGRAM_CACHE": str(cache), "TMPDIR": str(temp),
                "POCL_CACHE_DIR": os.environ.get("POCL_CACHE_DIR", str(default_cache / "pocl" / "kcache"))}
         pngs = [work / f"together_{i}.png" for i in range(args.processes)]
         together = run_together(args.out, pngs, args, env)
-        cache_after_together = cache_contents(work / "cache")
+        cache_after_together = cache_contents(cache)
         alone = run_together(args.out, [work / "alone.png"], args, env)[0]
         pictures = [p.read_bytes() if p.is_file() else None for p in [*pngs, work / "alone.png"]]
         identical = None not in pictures and len(set(pictures)) == 1
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             "out": str(args.out), "backend": args.backend, "processes": args.processes, "steps": args.steps,
             "host": platform.node(), "date": time.strftime("%Y-%m-%d"),
             "together": together, "alone": alone, "pictures_identical": identical,
-            "cache_after_together": cache_after_together, "cache_after_alone": cache_contents(work / "cache"),
+            "cache_after_together": cache_after_together, "cache_after_alone": cache_contents(cache),
             "stats_files_left": sorted(p.name for p in temp.glob(STATS_GLOB)),
         }
     # the lone run finds every program the others stored: it adds no entry

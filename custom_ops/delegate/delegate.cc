@@ -191,6 +191,12 @@ bool ParseOptions(char** keys, char** values, size_t n, Options* o,
       return false;
     }
   }
+  // DIFFLITE_PROGRAM_CACHE: a folder, or off, for the processes whose commands pass no cache_dir
+  // (`generate`, `verify`, `bench` on the host); empty counts as unset.
+  const char* cache = std::getenv("DIFFLITE_PROGRAM_CACHE");
+  if (o->backend == "opencl" && o->cache_dir.empty() && cache != nullptr && cache[0] != '\0') {
+    o->cache_dir = cache;
+  }
   if (o->backend == "cpu" && (o->device != -1 || o->profile || !o->stats_path.empty() ||
                               o->kernels != "auto" || o->math != "auto" ||
                               !o->cache_dir.empty() || o->zero_copy != "auto" ||

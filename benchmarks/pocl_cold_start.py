@@ -1,0 +1,93 @@
+"""Benchmark: a first `generate --backend opencl` on PoCL with every cache empty, with and without
+difflite's own program cache beside PoCL's.
+
+PoCL keeps each program it compiles (its kcache); asking it for a program's binary, which difflite's
+cache stores, makes it compile every kernel once more, for any work-group size. Each run gets an
+empty PoCL cache and, in the `difflite_cache` variant, an empty DIFFLITE_PROGRAM_CACHE folder; the
+`default` variant is what `generate` does on PoCL by itself. The variants alternate run by run.
+Figures: the process's wall time and peak RSS, `generate --json`'s load time, and the kernels
+PoCL compiled (the shared objects in its cache).
+
+    python benchmarks/pocl_cold_start.py OUT --runs 3 --save benchmarks/results/pocl_cold_start_$(date +%F).json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from difflite.core.childmem import measure_command  # noqa: E402
+
+VARIANTS = ("default", "difflite_cache")
+
+
+def one_run(out: Path, variant: str, steps: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="difflite-cold-") as work:
+        work = Path(work)
+        env = {k: v for k, v in os.environ.items() if k != "DIFFLITE_PROGRAM_CACHE"}
+        env["POCL_CACHE_DIR"] = str(work / "pocl")
+        if variant == "difflite_cache":
+            env["DIFFLITE_PROGRAM_CACHE"] = str(work / "difflite")
+        command = [sys.executable, "-m", "difflite", "generate", str(out), "a lighthouse", "-o", str(work / "p.png"),
+                   "--steps", str(steps), "--backend", "opencl", "--json"]
+        run = measure_command(command, env=env, cwd=ROOT, timeout=1800)
+        if run.returncode != 0:
+            raise SystemExit(f"pocl_cold_start.py: {variant} failed ({run.returncode}): {run.stderr[-2000:]}")
+        report = json.loads(run.stdout)
+        return {"wall_s": run.wall_s, "peak_rss_mb": run.peak_rss_mb, "load_s": report["timings"]["load"],
+                "kernels_compiled": sum(1 for _ in (work / "pocl").rglob("*.so")),
+                "program_cache": len(list((work / "difflite").glob("*.clbin")))}
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
+def table(result: dict) -> str:
+    rows = [f"| `generate --backend opencl`, first run, {result['steps']} steps (PoCL, {result['host']}, "
+            f"{result['date']}, {result['runs']} runs) | wall, s | load, s | peak RSS, MiB | kernels compiled |",
+            "|---|---|---|---|---|"]
+    for variant in VARIANTS:
+        v = result[variant]
+        cells = [f"{v[k]['median']:.1f} ({v[k]['min']:.1f}-{v[k]['max']:.1f})"
+                 for k in ("wall_s", "load_s", "peak_rss_mb", "kernels_compiled")]
+        rows.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="A converted output folder.")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--save", type=Path)
+    args = parser.parse_args(argv)
+    if not (args.out / "manifest.json").is_file():
+        parser.exit(2, f"pocl_cold_start.py: {args.out}: not an output folder (no manifest.json)\n")
+    if args.runs < 1:
+        parser.exit(2, "pocl_cold_start.py: --runs must be at least 1\n")
+    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for _ in range(args.runs):
+        for variant in VARIANTS:
+            runs[variant].append(one_run(args.out, variant, args.steps))
+    result = {"out": str(args.out), "steps": args.steps, "runs": args.runs, "host": platform.node(),
+              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "raw": runs}
+    for variant, rows in runs.items():
+        result[variant] = {key: summary([row[key] for row in rows]) for key in rows[0]}
+    if args.save:
+        args.save.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
