@@ -85,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(work)
         temp = work / "tmp"
         temp.mkdir()
-        # a fresh program cache for all of them, named (on PoCL, which keeps its own, difflite
-        # keeps none unless asked), and a temporary directory of their own, whose leftovers are
-        # theirs; PoCL's own compiled-kernel cache stays where it was, so that what is fresh is
-        # difflite's cache, not the driver's
+        # a fresh program cache for all of them, and a temporary directory of their own, whose
+        # leftovers are theirs; PoCL's own compiled-kernel cache stays where it was, so that what
+        # is fresh is difflite's cache, not the driver's
         default_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
         cache = work / "cache"
         env = {**os.environ, "DIFFLITE_PROGRAM_CACHE": str(cache), "TMPDIR": str(temp),

@@ -16,10 +16,13 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from support import ROOT, TESTS
+
+DEFAULT_DIR = Path.home() / ".cache" / "difflite" / "intel-cpu-opencl-2026.2.0"
 
 # (test files, -k expression, at least this many tests must pass)
 LANES = {
@@ -28,6 +31,16 @@ LANES = {
     "kernels": (("test_op_group_norm.py", "test_op_gelu.py", "test_op_attention.py", "test_opencl_programs.py"),
                 "half_io or fp16", 11),
 }
+
+
+@pytest.fixture(scope="module")
+def fp16_vendors() -> Path:
+    root = Path(os.environ.get("DIFFLITE_FP16_OPENCL_DIR", DEFAULT_DIR))
+    icd = root / "vendors" / "intel-cpu.icd"
+    if not icd.is_file() or not (root / "lib" / "libintelocl.so").is_file():
+        pytest.fail(f"no OpenCL runtime with cl_khr_fp16 at {root}: run scripts/fetch_fp16_opencl.sh "
+                    "(scripts/setup.sh --test does), or set DIFFLITE_FP16_OPENCL_DIR")
+    return icd.parent
 
 
 @pytest.mark.parametrize("lane", sorted(LANES))

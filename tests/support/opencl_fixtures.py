@@ -7,21 +7,15 @@ one of them in the "opencl" xdist group (one worker, before anything loads tenso
 * runner: its Runner on the OpenCL device: PoCL (the CPU OpenCL device), or the platform / device
   whose name holds $DIFFLITE_OPENCL_DEVICE; float32 storage (-DDL_T=float -DDL_T4=float4);
 * half_runner: the same device with half storage through vload_half / vstore_half
-  (-DDL_HALF_IO=1, no cl_khr_fp16 needed);
-* fp16_vendors: the folder of the ICD file of Intel's CPU runtime for OpenCL
-  (scripts/fetch_fp16_opencl.sh), for a child process's OCL_ICD_VENDORS: a device with cl_khr_fp16,
-  and a driver other than PoCL (tests/test_fp16_device.py, tests/test_runtime_memory.py).
+  (-DDL_HALF_IO=1, no cl_khr_fp16 needed).
 
 No OpenCL (pyopencl missing, no ICD, no matching device) is a failure with the reason, never a skip.
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-
-FP16_OPENCL_DIR = Path.home() / ".cache" / "difflite" / "intel-cpu-opencl-2026.2.0"
 
 
 @pytest.fixture(scope="session")
@@ -50,13 +44,3 @@ def runner(launch):
 @pytest.fixture(scope="session")
 def half_runner(launch, runner):
     return launch.Runner(runner.ctx, runner.device, half_io=True)
-
-
-@pytest.fixture(scope="session")
-def fp16_vendors() -> Path:
-    root = Path(os.environ.get("DIFFLITE_FP16_OPENCL_DIR", FP16_OPENCL_DIR))
-    icd = root / "vendors" / "intel-cpu.icd"
-    if not icd.is_file() or not (root / "lib" / "libintelocl.so").is_file():
-        pytest.fail(f"no OpenCL runtime with cl_khr_fp16 at {root}: run scripts/fetch_fp16_opencl.sh "
-                    "(scripts/setup.sh --test does), or set DIFFLITE_FP16_OPENCL_DIR")
-    return icd.parent

@@ -196,8 +196,8 @@ std::unique_ptr<Backend> Backend::Create(const Options& options, std::shared_ptr
   impl.storage = options.precision == "fp16" ? DType::kFloat16 : DType::kFloat32;
   impl.half_math = impl.storage == DType::kFloat16 && rt->info().has_fp16 && options.math == "auto";
   const bool flat = options.kernels == "flat" || (options.kernels == "auto" && !rt->info().is_gpu);
-  ProgramCache disk = ProgramCache::Open(
-      options.cache_dir.empty() ? ProgramCache::DefaultDir(rt->info().platform) : options.cache_dir);
+  ProgramCache disk =
+      ProgramCache::Open(options.cache_dir.empty() ? ProgramCache::DefaultDir() : options.cache_dir);
   if (!disk.refused().empty()) {
     Log("program cache: not using " + disk.dir() + ": " + disk.refused() +
         "; every program is compiled from source");

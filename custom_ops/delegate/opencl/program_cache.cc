@@ -217,16 +217,10 @@ ProgramCache ProgramCache::Open(const std::string& dir) {
   return cache;
 }
 
-bool ProgramCache::DriverKeepsPrograms(const std::string& platform) {
-  return platform.find("Portable Computing Language") != std::string::npos;
-}
-
-std::string ProgramCache::DefaultDir(const std::string& platform) {
+std::string ProgramCache::DefaultDir() {
 #ifdef __ANDROID__
-  (void)platform;
   return "";
 #else
-  if (DriverKeepsPrograms(platform)) return "";
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   if (xdg != nullptr && xdg[0] == '/') return std::string(xdg) + "/difflite/opencl";
   const char* home = std::getenv("HOME");

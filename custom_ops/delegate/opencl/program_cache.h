@@ -41,13 +41,8 @@ class ProgramCache {
   static ProgramCache Open(const std::string& dir);
 
   // $XDG_CACHE_HOME/difflite/opencl, else $HOME/.cache/difflite/opencl; "" on
-  // Android (the app or benchmark_model passes cache_dir), without a home, or
-  // for a platform that keeps its own (DriverKeepsPrograms).
-  static std::string DefaultDir(const std::string& platform);
-  // PoCL caches every program it compiles (its kcache, keyed by source and
-  // options); asking it for a binary to store makes it compile each kernel once
-  // more, for any work-group size, and saves nothing on the next start.
-  static bool DriverKeepsPrograms(const std::string& platform);
+  // Android (the app or benchmark_model passes cache_dir) or without a home.
+  static std::string DefaultDir();
 
   bool enabled() const { return folder_ != nullptr; }
   const std::string& dir() const { return dir_; }  // as asked for, "" for none
