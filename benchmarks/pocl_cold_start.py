@@ -17,16 +17,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from difflite.core.childmem import measure_command  # noqa: E402
+from headline import ROOT, measure_command, summary
 
 VARIANTS = ("difflite_cache", "off")
 PHASES = ("cold", "warm")
@@ -50,10 +46,6 @@ def run_pair(out: Path, variant: str, steps: int) -> dict:
                            "kernels_compiled": sum(1 for _ in (work / "pocl").rglob("*.so")),
                            "program_cache_entries": len(list((work / "difflite").glob("*.clbin")))}
         return pair
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
 
 
 def table(result: dict) -> str:

@@ -59,10 +59,14 @@ def models(tmp_path_factory) -> dict[str, Path]:
             "warm": chain_model(folder / "warm.tflite", 64, 2, seed=1)}
 
 
-def run_child(lib: Path, model: Path, cache: Path, warm: Path | None = None, **options) -> dict:
+def run_child(lib: Path, model: Path, cache: Path | str, warm: Path | None = None, env: dict | None = None,
+              **options) -> dict:
+    """runtime_child.py with the option cache_dir `cache` (none when ""), in `env` over this
+    process's environment less DIFFLITE_PROGRAM_CACHE."""
     args = [sys.executable, str(CHILD), str(lib), str(model), str(cache), str(warm or ""),
             json.dumps({k: str(v) for k, v in options.items()})]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    base = {k: v for k, v in os.environ.items() if k != "DIFFLITE_PROGRAM_CACHE"}
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env={**base, **(env or {})})
     assert done.returncode == 0, done.stderr[-3000:]
     return {**json.loads(done.stdout.splitlines()[-1]), "stderr": done.stderr}
 
@@ -232,19 +236,9 @@ def test_cache_dir_off_and_bad_values(opencl_lib, models, tmp_path):
         load_delegate(str(opencl_lib), {"backend": "cpu", "cache_dir": str(tmp_path)})
 
 
-def default_cache_child(lib: Path, model: Path, cache_dir: str = "", **env: str) -> dict:
-    """runtime_child.py with the option cache_dir (none when ""), in `env` over this process's
-    (DIFFLITE_PROGRAM_CACHE dropped): the delegate's stats."""
-    base = {k: v for k, v in os.environ.items() if k != "DIFFLITE_PROGRAM_CACHE"}
-    done = subprocess.run([sys.executable, str(CHILD), str(lib), str(model), cache_dir, "", "{}"],
-                          capture_output=True, text=True, timeout=900, env={**base, **env})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1])["stats"]
-
-
 def test_default_cache_dir_is_under_the_users_cache(opencl_lib, models, tmp_path):
     env_cache = tmp_path / "xdg"
-    stats = default_cache_child(opencl_lib, models["warm"], XDG_CACHE_HOME=str(env_cache))
+    stats = run_child(opencl_lib, models["warm"], "", env={"XDG_CACHE_HOME": str(env_cache)})["stats"]
     assert stats["program_cache"] == str(env_cache / "difflite" / "opencl")
     assert len(entries(env_cache / "difflite" / "opencl")) == stats["programs_compiled"] > 0, stats
 
@@ -253,15 +247,16 @@ def test_program_cache_named_by_the_environment(opencl_lib, models, tmp_path):
     """DIFFLITE_PROGRAM_CACHE names the folder for commands that pass no cache_dir (`generate`);
     off, none (nothing in the user's cache folder); an explicit cache_dir wins over it."""
     named = tmp_path / "named"
-    first = default_cache_child(opencl_lib, models["warm"], DIFFLITE_PROGRAM_CACHE=str(named))
+    first = run_child(opencl_lib, models["warm"], "", env={"DIFFLITE_PROGRAM_CACHE": str(named)})["stats"]
     assert first["program_cache"] == str(named) and len(entries(named)) == first["programs_compiled"] > 0, first
-    again = default_cache_child(opencl_lib, models["warm"], DIFFLITE_PROGRAM_CACHE=str(named))
+    again = run_child(opencl_lib, models["warm"], "", env={"DIFFLITE_PROGRAM_CACHE": str(named)})["stats"]
     assert again["programs_compiled"] == 0 and again["programs_from_cache"] == first["programs_compiled"], again
     xdg = tmp_path / "xdg"
-    off = default_cache_child(opencl_lib, models["warm"], DIFFLITE_PROGRAM_CACHE="off", XDG_CACHE_HOME=str(xdg))
+    off = run_child(opencl_lib, models["warm"], "",
+                    env={"DIFFLITE_PROGRAM_CACHE": "off", "XDG_CACHE_HOME": str(xdg)})["stats"]
     assert off["program_cache"] == "" and off["programs_from_cache"] == 0 and not (xdg / "difflite").exists(), off
     explicit = tmp_path / "explicit"
-    got = default_cache_child(opencl_lib, models["warm"], str(explicit), DIFFLITE_PROGRAM_CACHE=str(named))
+    got = run_child(opencl_lib, models["warm"], str(explicit), env={"DIFFLITE_PROGRAM_CACHE": str(named)})["stats"]
     assert got["program_cache"] == str(explicit) and len(entries(explicit)) == got["programs_compiled"] > 0, got
 
 
